@@ -1,0 +1,44 @@
+"""Exceptions that the CLI turns into one-line messages.
+
+`UsageError` is bad input from the user (exit code 2, nothing written);
+`RunError` is a run that started correctly and had to stop (exit code 1).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class ResstreamError(Exception):
+    """Base class: the message is shown to the user as one line."""
+
+    exit_code = 1
+
+
+class UsageError(ResstreamError):
+    """Bad input: a value the user gave is not allowed. Exit code 2."""
+
+    exit_code = 2
+
+
+class RunError(ResstreamError):
+    """A run that was set up correctly but could not finish. Exit code 1."""
+
+    exit_code = 1
+
+
+def closest(name: str, allowed: Iterable[str]) -> str:
+    """A ' (did you mean X?)' suffix naming the closest allowed spelling, or ''."""
+    match = difflib.get_close_matches(name, list(allowed), n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def check_choice(what: str, value: str, allowed: Iterable[str]) -> str:
+    """Return `value` if it is one of `allowed`, else raise a UsageError listing them."""
+    allowed = list(allowed)
+    if value not in allowed:
+        raise UsageError(
+            f"unknown {what} {value!r}{closest(value, allowed)}; allowed: {', '.join(allowed)}"
+        )
+    return value

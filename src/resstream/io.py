@@ -1,0 +1,105 @@
+"""Atomic file writing and the run record (`run.json`) shared by every command."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; move it into place only if the block succeeds.
+
+    An interrupted writer (exception, Ctrl-C, kill) leaves any previous file intact and
+    never a half-written one under the final name.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp_path, path)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write `text` to `path` atomically (UTF-8)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write `obj` as indented JSON, atomically."""
+    write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def file_fingerprint(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
+    """sha256 of a file's bytes (hex, first 16 characters)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def git_revision() -> str | None:
+    """The git commit of the installed source tree, or None outside a checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries whose behaviour a result depends on."""
+    import importlib.metadata as md
+
+    versions = {"python": platform.python_version()}
+    for name in ("resstream", "torch", "transformers", "tokenizers", "numpy"):
+        try:
+            versions[name] = md.version(name)
+        except md.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def run_record(config: dict[str, Any], *, seed: int | None, device: str,
+               dataset_fingerprint: str | None) -> dict[str, Any]:
+    """The content of `run.json`: resolved config, seed, versions, device, git, data."""
+    return {
+        "config": config,
+        "seed": seed,
+        "versions": library_versions(),
+        "device": device,
+        "git_revision": git_revision(),
+        "dataset_fingerprint": dataset_fingerprint,
+    }

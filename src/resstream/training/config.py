@@ -1,0 +1,343 @@
+"""Typed training configuration: dataclasses, presets, YAML files and command-line flags.
+
+A config has four sections. `model`, `data` and `tokenizer` fix what a checkpoint means:
+resuming with any of them changed is refused. `optim` and `run` may change between runs.
+
+Every field can be set three ways, later ones winning: a preset, a YAML file (sections as
+mappings, or flat keys), and flags (`--n-layer 4`; each field's name with `_` → `-`).
+Field names are unique across sections so a flat name is enough.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from resstream.errors import UsageError, closest
+
+GateKind = Literal["none", "fixed", "learned", "router"]
+NormKind = Literal["layernorm", "rmsnorm"]
+NormPosition = Literal["pre", "post"]
+PosEmbKind = Literal["learned", "rotary", "none"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of the GPT-2-style decoder and of its residual gate."""
+
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 128
+    d_mlp: int = 0  # 0 means 4 * d_model
+    block_size: int = 128
+    vocab_size: int = 0  # 0 means "take it from the tokenizer"
+    norm: NormKind = "layernorm"
+    norm_position: NormPosition = "pre"
+    pos_emb: PosEmbKind = "learned"
+    bias: bool = True
+    dropout: float = 0.0
+    gate: GateKind = "none"
+    alpha: float = 0.5  # `fixed`: identity-path scale at `cut_layer`
+    cut_layer: int = -1  # `fixed`: the layer whose identity path is scaled (-1: middle layer)
+    gate_strength: float = 0.5  # `learned`/`router`: s in alpha_l = 1 - s * p_l
+
+    @property
+    def mlp_width(self) -> int:
+        """Hidden width of the MLP."""
+        return self.d_mlp or 4 * self.d_model
+
+    @property
+    def resolved_cut_layer(self) -> int:
+        """`cut_layer`, with -1 resolved to the middle layer."""
+        return self.n_layer // 2 if self.cut_layer == -1 else self.cut_layer
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the training tokens come from."""
+
+    dataset: str = "shakespeare"
+    val_fraction: float = 0.1
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """Which tokenizer: a Hugging Face name/directory, or `bpe` trained on the corpus."""
+
+    tokenizer: str = "bpe"
+    bpe_vocab_size: int = 4096
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with linear warmup and cosine decay."""
+
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    gate_lr: float = 1e-2
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    warmup_steps: int = 20
+    grad_clip: float = 1.0  # 0 disables clipping
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How long, how big a batch, where and how often."""
+
+    max_steps: int = 200
+    batch_size: int = 16  # sequences per optimizer step, over all processes
+    grad_accum: int = 1
+    seed: int = 0
+    eval_interval: int = 50
+    eval_batches: int = 8
+    checkpoint_interval: int = 100
+    log_interval: int = 1
+    device: str = "auto"
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # autocast dtype; auto = bf16 on CUDA
+    compile: Literal["auto", "on", "off"] = "auto"  # auto = on CUDA only
+    peak_flops: float = 0.0  # for MFU; 0 = known GPU peak, else MFU is not reported
+    threads: int = 0  # torch CPU threads; 0 leaves torch's default
+    data_dir: str | None = None  # local corpora (else env RESSTREAM_DATA, then Hugging Face)
+    cache_dir: str | None = None  # token caches; None: env RESSTREAM_CACHE or ~/.cache/resstream
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A whole training run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Nested plain-data form (what run.json and checkpoints store)."""
+        return dataclasses.asdict(self)
+
+
+SECTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrainConfig))
+#: Sections whose change makes a checkpoint incompatible.
+IDENTITY_SECTIONS: tuple[str, ...] = ("model", "data", "tokenizer")
+
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    # The shipped built-in model: trains on the built-in corpus in < 15 min on 2 CPU cores.
+    "reference": {
+        "model": {"n_layer": 6, "n_head": 4, "d_model": 128, "block_size": 128},
+        "tokenizer": {"tokenizer": "bpe", "bpe_vocab_size": 4096},
+        "optim": {"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 50},
+        "run": {"max_steps": 1500, "batch_size": 32, "eval_interval": 250,
+                "checkpoint_interval": 250},
+    },
+    # A seconds-long run for smoke tests and demos.
+    "tiny": {
+        "model": {"n_layer": 2, "n_head": 2, "d_model": 32, "block_size": 32},
+        "tokenizer": {"tokenizer": "bpe", "bpe_vocab_size": 512},
+        "run": {"max_steps": 20, "batch_size": 8, "eval_interval": 10, "eval_batches": 2,
+                "checkpoint_interval": 10},
+    },
+    # Laptop-scale sweeps: small enough to train L + 2 models in minutes.
+    "laptop": {
+        "model": {"n_layer": 4, "n_head": 4, "d_model": 64, "block_size": 64},
+        "tokenizer": {"tokenizer": "bpe", "bpe_vocab_size": 2048},
+        "optim": {"lr": 3e-3, "warmup_steps": 20},
+        "run": {"max_steps": 300, "batch_size": 16, "eval_interval": 100, "eval_batches": 16,
+                "checkpoint_interval": 300},
+    },
+    # GPT-2 small (124M) on one GPU with the GPT-2 tokenizer.
+    "gpt2-124m": {
+        "model": {"n_layer": 12, "n_head": 12, "d_model": 768, "block_size": 1024,
+                  "vocab_size": 50304},
+        "data": {"dataset": "fineweb-edu"},
+        "tokenizer": {"tokenizer": "gpt2"},
+        "optim": {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 700, "weight_decay": 0.1},
+        "run": {"max_steps": 19073, "batch_size": 512, "grad_accum": 8, "eval_interval": 500,
+                "checkpoint_interval": 1000, "eval_batches": 20},
+    },
+}
+
+
+def _field_index() -> dict[str, tuple[str, dataclasses.Field[Any]]]:
+    """Flat field name -> (section, field)."""
+    index: dict[str, tuple[str, dataclasses.Field[Any]]] = {}
+    for section in dataclasses.fields(TrainConfig):
+        for fld in dataclasses.fields(section.default_factory()):  # type: ignore[misc]
+            index[fld.name] = (section.name, fld)
+    return index
+
+
+FIELDS = _field_index()
+
+
+def _field_type(section: str, name: str) -> Any:
+    cls = type(getattr(TrainConfig(), section))
+    return typing.get_type_hints(cls)[name]
+
+
+def coerce(name: str, value: Any) -> Any:
+    """Convert `value` (from YAML or a flag string) to the type of field `name`."""
+    section, _ = FIELDS[name]
+    hint = _field_type(section, name)
+    flag = "--" + name.replace("_", "-")
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is Literal:
+        if str(value) not in args:
+            raise UsageError(
+                f"{flag}: {value!r} is not allowed{closest(str(value), args)}; "
+                f"allowed: {', '.join(args)}"
+            )
+        return str(value)
+    optional = typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args
+    if optional:
+        if value is None or str(value).lower() in ("none", "null", ""):
+            return None
+        hint = next(a for a in args if a is not type(None))
+    try:
+        if hint is bool:
+            return _to_bool(value)
+        if hint is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        if hint is float:
+            result = float(value)
+            if not math.isfinite(result):
+                raise ValueError
+            return result
+        return str(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{flag}: {value!r} is not a valid {hint.__name__}") from None
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(value)
+
+
+def unknown_key_error(key: str, where: str) -> UsageError:
+    """The error for a config key that does not exist, with the closest known one."""
+    shown = key if where == "YAML" else "--" + key.replace("_", "-")
+    candidates = list(FIELDS) if where == "YAML" else ["--" + k.replace("_", "-") for k in FIELDS]
+    return UsageError(f"unknown config key {shown!r} in {where}{closest(shown, candidates)}")
+
+
+def flatten(tree: dict[str, Any], where: str) -> dict[str, Any]:
+    """Accept sectioned or flat mappings and return flat field -> value."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        key = str(key).replace("-", "_")
+        if key in SECTIONS and isinstance(value, dict):
+            for sub_key, sub_value in value.items():
+                sub_key = str(sub_key).replace("-", "_")
+                if sub_key not in FIELDS or FIELDS[sub_key][0] != key:
+                    raise unknown_key_error(f"{key}.{sub_key}", where)
+                flat[sub_key] = sub_value
+        elif key in FIELDS:
+            flat[key] = value
+        else:
+            raise unknown_key_error(key, where)
+    return flat
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config file into a flat mapping (keys checked, values not yet coerced)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"config file {str(path)!r} does not exist")
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UsageError(f"config file {str(path)!r} is not valid YAML: {first_line}") from None
+    if not isinstance(tree, dict):
+        raise UsageError(f"config file {str(path)!r} must hold a mapping, not {type(tree).__name__}")
+    return flatten(tree, "YAML")
+
+
+def build_config(*layers: dict[str, Any], preset: str | None = None) -> TrainConfig:
+    """Build a validated config from an optional preset and flat override mappings."""
+    values: dict[str, Any] = {}
+    if preset is not None:
+        if preset not in PRESETS:
+            raise UsageError(
+                f"unknown preset {preset!r}{closest(preset, PRESETS)}; allowed: {', '.join(PRESETS)}"
+            )
+        values.update(flatten(PRESETS[preset], "preset"))
+    for layer in layers:
+        values.update(layer)
+    sections: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    for name, value in values.items():
+        sections[FIELDS[name][0]][name] = coerce(name, value)
+    defaults = TrainConfig()
+    config = TrainConfig(**{
+        name: dataclasses.replace(getattr(defaults, name), **sections[name]) for name in SECTIONS
+    })
+    validate(config)
+    return config
+
+
+def from_dict(tree: dict[str, Any]) -> TrainConfig:
+    """Rebuild a config saved with `TrainConfig.to_dict` (checkpoints, run.json)."""
+    return build_config(flatten(tree, "saved config"))
+
+
+def _positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+
+
+def validate(config: TrainConfig) -> None:
+    """Refuse values that no model or run can use, with a one-line message."""
+    m, o, r = config.model, config.optim, config.run
+    for name in ("n_layer", "n_head", "d_model", "block_size"):
+        _positive(name, getattr(m, name))
+    for name in ("max_steps", "batch_size", "grad_accum", "eval_batches", "eval_interval",
+                 "checkpoint_interval", "log_interval"):
+        _positive(name, getattr(r, name))
+    if m.d_model % m.n_head:
+        raise UsageError(f"--d-model {m.d_model} must be divisible by --n-head {m.n_head}")
+    if m.pos_emb == "rotary" and (m.d_model // m.n_head) % 2:
+        raise UsageError(f"rotary embeddings need an even head size, got {m.d_model // m.n_head}")
+    if not 0 < m.alpha <= 1:
+        raise UsageError(f"--alpha {m.alpha} is outside (0, 1]")
+    if m.gate == "fixed" and not 0 <= m.resolved_cut_layer < m.n_layer:
+        raise UsageError(f"--cut-layer {m.cut_layer} is outside [0, {m.n_layer}) for {m.n_layer} layers")
+    if not 0 < m.gate_strength < 1:
+        raise UsageError(f"--gate-strength {m.gate_strength} is outside (0, 1)")
+    if not 0 <= m.dropout < 1:
+        raise UsageError(f"--dropout {m.dropout} is outside [0, 1)")
+    if r.batch_size % r.grad_accum:
+        raise UsageError(f"--batch-size {r.batch_size} must be divisible by --grad-accum {r.grad_accum}")
+    if o.lr <= 0 or o.min_lr < 0 or o.min_lr > o.lr or o.gate_lr < 0:
+        raise UsageError(f"learning rates must satisfy 0 <= --min-lr <= --lr and --lr > 0, --gate-lr >= 0 "
+                         f"(got lr={o.lr}, min_lr={o.min_lr}, gate_lr={o.gate_lr})")
+    if o.warmup_steps < 0 or o.grad_clip < 0 or o.weight_decay < 0:
+        raise UsageError("--warmup-steps, --grad-clip and --weight-decay must be >= 0")
+    if not 0 < config.data.val_fraction <= 0.5:
+        raise UsageError(f"--val-fraction {config.data.val_fraction} is outside (0, 0.5]")
+
+
+def identity_diff(old: TrainConfig, new: TrainConfig) -> list[str]:
+    """Fields of the checkpoint-defining sections that differ, as 'section.field: old -> new'."""
+    diffs = []
+    for section in IDENTITY_SECTIONS:
+        a, b = getattr(old, section), getattr(new, section)
+        for fld in dataclasses.fields(a):
+            if getattr(a, fld.name) != getattr(b, fld.name):
+                diffs.append(f"{section}.{fld.name}: {getattr(a, fld.name)!r} -> {getattr(b, fld.name)!r}")
+    return diffs
