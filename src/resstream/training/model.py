@@ -118,15 +118,19 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(config.vocab_size, config.d_model)
         self.wpe = nn.Embedding(config.block_size, config.d_model) if config.pos_emb == "learned" else None
         self.drop = nn.Dropout(config.dropout)
-        self.gate = gate if gate is not None else make_gate(config)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.final_norm = make_norm(config) if config.norm_position == "pre" else nn.Identity()
+        # The gate draws no random numbers, so every gate variant gets the same weights.
+        with torch.random.fork_rng(devices=[]):
+            self.gate = gate if gate is not None else make_gate(config)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """GPT-2 initialisation with scaled residual projections; gates start uniform."""
+        """GPT-2 initialisation with scaled residual projections; gates start uniform (no RNG)."""
         residual_std = INIT_STD / math.sqrt(2 * self.config.n_layer)
         for name, module in self.named_modules():
+            if name.startswith("gate"):
+                continue
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 std = residual_std if name.endswith("c_proj") else INIT_STD
                 nn.init.normal_(module.weight, mean=0.0, std=std)

@@ -1,0 +1,438 @@
+"""The training loop: data, model, AdamW, schedule, logging, checkpoints, resume, DDP.
+
+Single process: `train(config, out_dir)`. Several processes: launch the same command with
+`torchrun --nproc_per_node N`; each process reads RANK / WORLD_SIZE / LOCAL_RANK, the global
+batch (`batch_size` sequences) is split evenly over processes and accumulation steps, and
+only rank 0 writes files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from tqdm.auto import tqdm
+
+from resstream.data import build_token_cache, load_corpus, load_tokenizer, save_tokenizer, train_bpe
+from resstream.data.tokenizer import tokenizer_fingerprint
+from resstream.errors import RunError, UsageError
+from resstream.io import run_record, write_json
+from resstream.training import checkpoint as ckpt
+from resstream.training.config import TrainConfig, from_dict, identity_diff
+from resstream.training.data import check_enough_tokens, eval_starts, micro_batch, windows
+from resstream.training.model import GPT
+from resstream.training.optim import lr_scale, make_optimizer, set_lr
+
+#: Dense bf16 peak FLOP/s of known accelerators, for the MFU estimate.
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """This process's place in a torchrun job (rank 0 of 1 when run directly)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a finished run reports."""
+
+    run_dir: Path
+    steps: int
+    final_val_loss: float
+    train_losses: tuple[float, ...]  # losses of the steps this call ran
+    tokens_per_s: float
+
+
+def init_distributed(device_kind: str) -> Distributed:
+    """Join the torchrun process group when launched by torchrun, else a single process."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return Distributed()
+    info = Distributed(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+                       int(os.environ.get("LOCAL_RANK", 0)))
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device_kind == "cuda" else "gloo")
+    return info
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """`auto` picks this process's CUDA device when there is one, else the CPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda was asked for, but no CUDA device is available")
+        return torch.device("cuda", local_rank)
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"--device {name!r} is not a device (allowed: auto, cpu, cuda, cuda:N)") from None
+
+
+def default_cache_dir(config: TrainConfig) -> Path:
+    """Where token caches live: --cache-dir, env RESSTREAM_CACHE, or ~/.cache/resstream."""
+    if config.run.cache_dir:
+        return Path(config.run.cache_dir)
+    return Path(os.environ.get("RESSTREAM_CACHE", Path.home() / ".cache" / "resstream"))
+
+
+def prepare_tokenizer(config: TrainConfig, corpus_documents: tuple[str, ...], out_dir: Path, resume: bool):
+    """The run's tokenizer: the saved one when resuming, else trained (`bpe`) or loaded."""
+    saved = out_dir / ckpt.TOKENIZER_DIR
+    if resume and saved.is_dir():
+        return load_tokenizer(str(saved))
+    if config.tokenizer.tokenizer == "bpe":
+        return train_bpe(corpus_documents, config.tokenizer.bpe_vocab_size)
+    return load_tokenizer(config.tokenizer.tokenizer, data_dir=config.run.data_dir)
+
+
+def resolve_vocab(config: TrainConfig, tokenizer_size: int) -> TrainConfig:
+    """Fill in `vocab_size` from the tokenizer (0), or check a padded one is large enough."""
+    vocab = config.model.vocab_size
+    if vocab == 0:
+        vocab = tokenizer_size
+    elif vocab < tokenizer_size:
+        raise UsageError(f"--vocab-size {vocab} is smaller than the tokenizer's {tokenizer_size} tokens")
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=vocab))
+
+
+def check_batch_layout(config: TrainConfig, world: int) -> None:
+    """The global batch must split evenly over processes and accumulation steps."""
+    parts = config.run.grad_accum * world
+    if config.run.batch_size % parts:
+        raise UsageError(
+            f"--batch-size {config.run.batch_size} must be divisible by --grad-accum x processes = {parts}"
+        )
+
+
+def peak_flops(config: TrainConfig, device: torch.device) -> float | None:
+    """The FLOP/s to compute MFU against: --peak-flops, else a known GPU's bf16 peak."""
+    if config.run.peak_flops > 0:
+        return config.run.peak_flops
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, value in PEAK_FLOPS.items():
+            if key in name:
+                return value
+    return None
+
+
+def layer_grad_norms(model: GPT) -> list[float]:
+    """L2 norm of the gradient of each block's parameters."""
+    norms = []
+    for block in model.blocks:
+        grads = [p.grad for p in block.parameters() if p.grad is not None]
+        norms.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))) if grads else 0.0)
+    return norms
+
+
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """The random-number state that dropout draws from."""
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+class MetricsLog:
+    """Appends JSON records to metrics.jsonl (rank 0 only); on resume, drops later records."""
+
+    def __init__(self, path: Path, enabled: bool, resume_step: int | None) -> None:
+        self.path, self.enabled = path, enabled
+        if enabled and resume_step is not None and path.exists():
+            kept = [line for line in path.read_text(encoding="utf-8").splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        elif enabled and resume_step is None:
+            path.write_text("", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.enabled:
+            with self.path.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(record) + "\n")
+                fh.flush()
+
+
+class Trainer:
+    """One training run. `run()` trains from the start or from the latest checkpoint."""
+
+    def __init__(self, config: TrainConfig, out_dir: str | os.PathLike[str], *, resume: bool = False,
+                 progress: bool = True) -> None:
+        self.out_dir = Path(out_dir)
+        self.resume = resume
+        self.progress = progress
+        self.checkpoint = self._check_out_dir(config)
+        device_kind = resolve_device(config.run.device).type
+        self.dist = init_distributed(device_kind)
+        self.device = resolve_device(config.run.device, self.dist.local_rank)
+        if config.run.threads > 0:
+            torch.set_num_threads(config.run.threads)
+        check_batch_layout(config, self.dist.world)
+        self.corpus = load_corpus(config.data.dataset, data_dir=config.run.data_dir)
+        self.tokenizer = prepare_tokenizer(config, self.corpus.documents, self.out_dir, resume)
+        self.config = resolve_vocab(config, len(self.tokenizer))
+        self._check_resume_compatible()
+        self.splits = build_token_cache(self.corpus, self.tokenizer, default_cache_dir(self.config),
+                                        val_fraction=self.config.data.val_fraction)
+        check_enough_tokens(self.splits.train, self.config.model.block_size, "training")
+        check_enough_tokens(self.splits.val, self.config.model.block_size, "validation")
+        self._build_model()
+
+    # ----------------------------------------------------------------- set-up
+    def _check_out_dir(self, config: TrainConfig) -> ckpt.Checkpoint | None:
+        has_run = ckpt.latest_checkpoint_step(self.out_dir) is not None or (self.out_dir / ckpt.MODEL_FILE).exists()
+        if self.resume:
+            return ckpt.load_checkpoint(self.out_dir)
+        if has_run:
+            raise UsageError(f"--out {str(self.out_dir)!r} already holds a run; pass --resume to continue "
+                             f"it or choose another --out")
+        return None
+
+    def _check_resume_compatible(self) -> None:
+        if self.checkpoint is None:
+            return
+        state = self.checkpoint.state
+        diffs = identity_diff(from_dict(state["config"]), self.config)
+        if state.get("tokenizer_fingerprint") not in (None, tokenizer_fingerprint(self.tokenizer)):
+            diffs.append("tokenizer fingerprint differs")
+        if state.get("corpus_fingerprint") not in (None, self.corpus.fingerprint):
+            diffs.append("corpus text differs (fingerprint)")
+        if diffs:
+            raise UsageError("cannot resume: the checkpoint was trained with a different config: "
+                             + "; ".join(diffs))
+
+    def _build_model(self) -> None:
+        torch.manual_seed(self.config.run.seed)
+        self.model = GPT(self.config.model).to(self.device)
+        fused = self.device.type == "cuda"
+        self.optimizer = make_optimizer(self.model, self.config.optim, fused=fused)
+        self.start_step = 0
+        if self.checkpoint is not None:
+            self.model.load_state_dict(self.checkpoint.model_state)
+            self.optimizer.load_state_dict(self.checkpoint.optimizer_state)
+            set_rng_state(self.checkpoint.rng_state, self.device)
+            self.start_step = self.checkpoint.step
+        self.forward_model: nn.Module = self.model
+        if self._compile():
+            self.forward_model = torch.compile(self.model)
+        if self.dist.world > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.forward_model = DDP(self.forward_model, device_ids=ids)
+        self.amp_dtype = self._amp_dtype()
+        self.peak = peak_flops(self.config, self.device)
+        self.flops_per_token = self.model.flops_per_token()
+
+    def _compile(self) -> bool:
+        mode = self.config.run.compile
+        return mode == "on" or (mode == "auto" and self.device.type == "cuda")
+
+    def _amp_dtype(self) -> torch.dtype | None:
+        dtype = self.config.run.dtype
+        if dtype == "bfloat16" or (dtype == "auto" and self.device.type == "cuda"):
+            return torch.bfloat16
+        return None
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    # ------------------------------------------------------------------- steps
+    def _batch(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        r = self.config.run
+        x, y = micro_batch(self.splits.train, self.config.model.block_size, r.batch_size, seed=r.seed,
+                           step=step, micro=micro, grad_accum=r.grad_accum, rank=self.dist.rank,
+                           world=self.dist.world)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def train_step(self, step: int) -> tuple[float, float]:
+        """One optimizer step; returns (mean loss over the global batch, gradient norm)."""
+        r, o = self.config.run, self.config.optim
+        set_lr(self.optimizer, lr_scale(step, warmup_steps=o.warmup_steps, max_steps=r.max_steps,
+                                        min_ratio=o.min_lr / o.lr))
+        total = torch.zeros((), device=self.device)
+        for micro in range(r.grad_accum):
+            x, y = self._batch(step, micro)
+            sync = micro == r.grad_accum - 1 or self.dist.world == 1
+            context = contextlib.nullcontext() if sync else self.forward_model.no_sync()
+            with context, self._autocast():
+                _, loss = self.forward_model(x, y)
+                (loss / r.grad_accum).backward()
+            total += loss.detach() / r.grad_accum
+        if self.dist.world > 1:
+            dist.all_reduce(total, op=dist.ReduceOp.AVG)
+        loss_value = float(total)
+        if not math.isfinite(loss_value):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise RunError(self._divergence_message(step + 1, loss_value))
+        if o.grad_clip > 0:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), o.grad_clip))
+        else:
+            grad_norm = float(torch.linalg.vector_norm(torch.stack(
+                [p.grad.norm() for p in self.model.parameters() if p.grad is not None])))
+        return loss_value, grad_norm
+
+    def _divergence_message(self, step: int, loss: float) -> str:
+        last = ckpt.latest_checkpoint_step(self.out_dir)
+        kept = (f"last good checkpoint: step {last} in {str(self.out_dir / ckpt.CHECKPOINTS)!r}"
+                if last is not None else "no checkpoint had been saved yet")
+        return f"non-finite training loss ({loss}) at step {step}; stopped, {kept}"
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean validation loss over fixed, evenly spaced windows (the same for every run)."""
+        r, block = self.config.run, self.config.model.block_size
+        starts = eval_starts(len(self.splits.val), block, r.eval_batches * r.batch_size)
+        mine = starts[self.dist.rank :: self.dist.world]
+        self.model.eval()
+        sums = torch.zeros(2, device=self.device, dtype=torch.float64)
+        for chunk in mine.split(r.batch_size):
+            x, y = windows(self.splits.val, chunk, block)
+            with self._autocast():
+                _, loss = self.model(x.to(self.device), y.to(self.device))
+            sums += torch.tensor([float(loss) * len(chunk), len(chunk)], device=self.device, dtype=torch.float64)
+        self.model.train()
+        if self.dist.world > 1:
+            dist.all_reduce(sums)
+        return float(sums[0] / sums[1])
+
+    # --------------------------------------------------------------- the loop
+    def run(self) -> TrainResult:
+        """Train to `max_steps`, logging, evaluating and checkpointing on the way."""
+        r = self.config.run
+        main = self.dist.is_main
+        if main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self._write_run_files()
+        log = MetricsLog(self.out_dir / "metrics.jsonl", main, self.checkpoint.step if self.checkpoint else None)
+        tokens_per_step = r.batch_size * self.config.model.block_size
+        losses: list[float] = []
+        val_loss = math.nan
+        bar = tqdm(total=r.max_steps, initial=self.start_step, disable=not (self.progress and main),
+                   desc="train", unit="step", dynamic_ncols=True)
+        self.model.train()
+        window_start, window_tokens = time.perf_counter(), 0
+        for step in range(self.start_step, r.max_steps):
+            loss, grad_norm = self.train_step(step)
+            done = step + 1
+            per_layer = layer_grad_norms(self.model) if done % r.log_interval == 0 or done == r.max_steps else None
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            losses.append(loss)
+            window_tokens += tokens_per_step
+            if per_layer is not None:
+                elapsed = time.perf_counter() - window_start
+                tps = window_tokens / elapsed
+                log.write(self._step_record(done, loss, grad_norm, per_layer, tps))
+                window_start, window_tokens = time.perf_counter(), 0
+                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}")
+            if done % r.eval_interval == 0 or done == r.max_steps:
+                val_loss = self.evaluate()
+                log.write({"step": done, "val_loss": val_loss})
+                bar.set_postfix(loss=f"{loss:.3f}", val=f"{val_loss:.3f}")
+            if done % r.checkpoint_interval == 0 or done == r.max_steps:
+                self._save_checkpoint(done, val_loss)
+            bar.update(1)
+        bar.close()
+        if main:
+            self._save_final(val_loss)
+        return TrainResult(self.out_dir, r.max_steps, val_loss, tuple(losses),
+                           self._mean_tokens_per_s())
+
+    def _step_record(self, step: int, loss: float, grad_norm: float, per_layer: list[float],
+                     tps: float) -> dict[str, Any]:
+        dist_p = self.model.gate.distribution()
+        return {
+            "step": step,
+            "loss": loss,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "tokens_per_s": tps,
+            "mfu": self.flops_per_token * tps / self.peak if self.peak else None,
+            "grad_norm": grad_norm,
+            "grad_norm_layers": per_layer,
+            "gate": dist_p.tolist() if dist_p is not None else None,
+            "time": time.time(),
+        }
+
+    def _mean_tokens_per_s(self) -> float:
+        path = self.out_dir / "metrics.jsonl"
+        if not path.exists():
+            return math.nan
+        rates = [rec["tokens_per_s"] for rec in map(json.loads, path.read_text().splitlines())
+                 if "tokens_per_s" in rec]
+        return float(np.median(rates)) if rates else math.nan
+
+    def _state(self, val_loss: float) -> dict[str, Any]:
+        return {
+            "config": self.config.to_dict(),
+            "tokenizer_fingerprint": tokenizer_fingerprint(self.tokenizer),
+            "corpus_fingerprint": self.corpus.fingerprint,
+            "tokens_fingerprint": self.splits.fingerprint,
+            "val_loss": val_loss,
+        }
+
+    def _save_checkpoint(self, step: int, val_loss: float) -> None:
+        if not self.dist.is_main:
+            return
+        ckpt.save_checkpoint(self.out_dir, step=step, model_state=self.model.state_dict(),
+                             optimizer_state=self.optimizer.state_dict(),
+                             rng_state=rng_state(self.device), state=self._state(val_loss))
+
+    def _write_run_files(self) -> None:
+        tok_dir = self.out_dir / ckpt.TOKENIZER_DIR
+        if not tok_dir.is_dir():
+            save_tokenizer(self.tokenizer, tok_dir)
+        record = run_record(self.config.to_dict(), seed=self.config.run.seed, device=str(self.device),
+                            dataset_fingerprint=self.splits.fingerprint)
+        record.update(corpus={"name": self.corpus.name, "origin": self.corpus.origin,
+                              "fingerprint": self.corpus.fingerprint},
+                      tokens={"train": int(len(self.splits.train)), "val": int(len(self.splits.val))},
+                      world_size=self.dist.world, parameters=self.model.num_params())
+        write_json(self.out_dir / "run.json", record)
+
+    def _save_final(self, val_loss: float) -> None:
+        meta = {**self._state(val_loss), "steps": self.config.run.max_steps, "format": "resstream-gpt",
+                "parameters": self.model.num_params()}
+        ckpt.save_model(self.out_dir, self.model.state_dict(), meta)
+
+
+def train(config: TrainConfig, out_dir: str | os.PathLike[str], *, resume: bool = False,
+          progress: bool = True) -> TrainResult:
+    """Train a resstream GPT as `config` says, writing the run into `out_dir`."""
+    return Trainer(config, out_dir, resume=resume, progress=progress).run()
+
+
+def iter_metrics(run_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """The records of a run's metrics.jsonl, in order."""
+    path = Path(run_dir) / "metrics.jsonl"
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                yield json.loads(line)

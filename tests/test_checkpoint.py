@@ -1,0 +1,127 @@
+"""Checkpoints: round trip, interrupted saves, corrupt files, refusal of pickled code."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from resstream.errors import UsageError
+from resstream.training import checkpoint as ckpt
+
+
+def _save(run_dir, step, value):
+    model_state = {"w": torch.full((3, 2), float(value))}
+    optimizer_state = {
+        "state": {0: {"step": torch.tensor(float(step)), "exp_avg": torch.ones(3, 2) * value}},
+        "param_groups": [{"lr": 0.1, "params": [0], "name": "decay"}],
+    }
+    return ckpt.save_checkpoint(run_dir, step=step, model_state=model_state,
+                                optimizer_state=optimizer_state,
+                                rng_state={"cpu": torch.get_rng_state()}, state={"config": {"x": 1}})
+
+
+def test_round_trip_and_latest_pointer(tmp_path):
+    _save(tmp_path, 5, 1.0)
+    _save(tmp_path, 10, 2.0)
+    loaded = ckpt.load_checkpoint(tmp_path)
+    assert loaded.step == 10
+    assert torch.equal(loaded.model_state["w"], torch.full((3, 2), 2.0))
+    assert torch.equal(loaded.optimizer_state["state"][0]["exp_avg"], torch.full((3, 2), 2.0))
+    assert loaded.optimizer_state["param_groups"] == [{"lr": 0.1, "params": [0], "name": "decay"}]
+    assert torch.equal(loaded.rng_state["cpu"], torch.get_rng_state())
+    assert loaded.state["config"] == {"x": 1}
+
+
+def test_only_the_newest_checkpoints_are_kept(tmp_path):
+    for step in (1, 2, 3, 4):
+        _save(tmp_path, step, step)
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir())
+    assert kept == ["step-0000003", "step-0000004"]
+
+
+_KILLED_WRITER = textwrap.dedent(
+    """
+    import sys, time, torch
+    from resstream.training import checkpoint as ckpt
+    import safetensors.torch as st
+
+    run_dir = sys.argv[1]
+    def save(step, value):
+        ckpt.save_checkpoint(run_dir, step=step, model_state={"w": torch.full((4,), value)},
+                             optimizer_state={"state": {}, "param_groups": []},
+                             rng_state={"cpu": torch.get_rng_state()}, state={"config": {}})
+    save(1, 1.0)
+    real = st.save_file
+    def slow_save(tensors, path, metadata=None):
+        real(tensors, path, metadata=metadata)
+        print("writing", flush=True)
+        time.sleep(60)  # killed here, in the middle of saving step 2
+    ckpt.save_file = slow_save
+    save(2, 2.0)
+    """
+)
+
+
+def test_killing_the_process_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "writing"
+        time.sleep(0.2)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    loaded = ckpt.load_checkpoint(tmp_path)
+    assert loaded.step == 1
+    assert torch.equal(loaded.model_state["w"], torch.full((4,), 1.0))
+    # The next save cleans up the interrupted one.
+    _save(tmp_path, 3, 3.0)
+    assert not list((tmp_path / "checkpoints").glob(".step-*"))
+
+
+def test_missing_checkpoint_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="no checkpoint in"):
+        ckpt.load_checkpoint(tmp_path)
+
+
+def test_corrupt_checkpoint_is_a_usage_error(tmp_path):
+    path = _save(tmp_path, 1, 1.0)
+    (path / "model.safetensors").write_bytes(b"\x00garbage")
+    with pytest.raises(UsageError, match="corrupt or not safetensors"):
+        ckpt.load_checkpoint(tmp_path)
+    (tmp_path / "checkpoints" / "latest.json").write_text("{not json")
+    with pytest.raises(UsageError, match="is corrupt"):
+        ckpt.load_checkpoint(tmp_path)
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_torch_checkpoint_needing_unpickling_is_refused(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"w": torch.ones(2), "payload": _Payload()}, path)
+    with pytest.raises(UsageError, match="would need unsafe unpickling"):
+        ckpt.load_tensors(path)
+
+
+def test_plain_torch_tensor_dict_loads(tmp_path):
+    path = tmp_path / "weights.pt"
+    torch.save({"w": torch.arange(3.0)}, path)
+    assert torch.equal(ckpt.load_tensors(path)["w"], torch.arange(3.0))
+
+
+def test_latest_step_reads_the_pointer(tmp_path):
+    assert ckpt.latest_checkpoint_step(tmp_path) is None
+    _save(tmp_path, 7, 1.0)
+    assert ckpt.latest_checkpoint_step(tmp_path) == 7
+    assert json.loads((tmp_path / "checkpoints" / "latest.json").read_text())["dir"] == "step-0000007"

@@ -1,0 +1,113 @@
+"""Typed config: presets, YAML, flags, coercion and the refusal of bad values."""
+
+from __future__ import annotations
+
+import pytest
+
+from resstream.errors import UsageError
+from resstream.training.config import (
+    PRESETS,
+    TrainConfig,
+    build_config,
+    from_dict,
+    identity_diff,
+    load_yaml,
+)
+
+
+def test_defaults_build_and_round_trip():
+    config = build_config()
+    assert config == TrainConfig()
+    assert from_dict(config.to_dict()) == config
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_is_valid(preset):
+    config = build_config(preset=preset)
+    assert from_dict(config.to_dict()) == config
+
+
+def test_later_layers_win_and_values_are_coerced():
+    config = build_config({"n_layer": "6", "lr": "1e-3"}, {"n_layer": 8, "bias": "false"}, preset="tiny")
+    assert config.model.n_layer == 8
+    assert config.optim.lr == 1e-3
+    assert config.model.bias is False
+    assert config.model.d_model == PRESETS["tiny"]["model"]["d_model"]
+
+
+def test_yaml_accepts_sections_and_flat_keys(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  n_layer: 5\n  gate: learned\nlr: 0.002\nrun:\n  max_steps: 7\n")
+    config = build_config(load_yaml(path))
+    assert (config.model.n_layer, config.model.gate, config.optim.lr, config.run.max_steps) == (5, "learned", 0.002, 7)
+
+
+def test_unknown_yaml_key_suggests_the_closest(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  n_layr: 5\n")
+    with pytest.raises(UsageError, match=r"unknown config key 'model.n_layr'"):
+        load_yaml(path)
+    path.write_text("n_layr: 5\n")
+    with pytest.raises(UsageError, match=r"'n_layr'.*did you mean 'n_layer'"):
+        load_yaml(path)
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    with pytest.raises(UsageError, match="does not exist"):
+        load_yaml(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(UsageError, match="not valid YAML"):
+        load_yaml(bad)
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- 1\n- 2\n")
+    with pytest.raises(UsageError, match="must hold a mapping"):
+        load_yaml(listing)
+
+
+@pytest.mark.parametrize("alpha", [0.0, -0.5, 1.01])
+def test_alpha_outside_unit_interval_is_refused(alpha):
+    with pytest.raises(UsageError, match=r"--alpha .* outside \(0, 1\]"):
+        build_config({"gate": "fixed", "alpha": alpha})
+
+
+@pytest.mark.parametrize("cut", [4, 10, -2])
+def test_cut_layer_outside_range_is_refused(cut):
+    with pytest.raises(UsageError, match=r"--cut-layer .* outside \[0, 4\)"):
+        build_config({"gate": "fixed", "cut_layer": cut, "n_layer": 4})
+
+
+def test_cut_layer_minus_one_means_middle_layer():
+    assert build_config({"n_layer": 6}).model.resolved_cut_layer == 3
+
+
+@pytest.mark.parametrize(
+    ("values", "pattern"),
+    [
+        ({"gate": "fancy"}, r"--gate: 'fancy' is not allowed.*allowed: none, fixed, learned, router"),
+        ({"n_layer": "two"}, r"--n-layer: 'two' is not a valid int"),
+        ({"n_layer": 2.5}, r"--n-layer: 2.5 is not a valid int"),
+        ({"lr": "nan"}, r"--lr: 'nan' is not a valid float"),
+        ({"bias": "maybe"}, r"--bias: 'maybe' is not a valid bool"),
+        ({"d_model": 30, "n_head": 4}, r"--d-model 30 must be divisible by --n-head 4"),
+        ({"batch_size": 6, "grad_accum": 4}, r"--batch-size 6 must be divisible by --grad-accum 4"),
+        ({"gate_strength": 1.0}, r"--gate-strength 1.0 is outside \(0, 1\)"),
+        ({"val_fraction": 0.9}, r"--val-fraction 0.9 is outside"),
+        ({"max_steps": 0}, r"--max-steps must be > 0"),
+    ],
+)
+def test_bad_values_are_refused_with_their_flag(values, pattern):
+    with pytest.raises(UsageError, match=pattern):
+        build_config(values)
+
+
+def test_unknown_preset_suggests():
+    with pytest.raises(UsageError, match=r"unknown preset 'refrence'.*did you mean 'reference'"):
+        build_config(preset="refrence")
+
+
+def test_identity_diff_lists_model_data_tokenizer_changes_only():
+    old = build_config()
+    new = build_config({"n_layer": 6, "dataset": "x.txt", "lr": 1.0e-3, "max_steps": 9})
+    diffs = identity_diff(old, new)
+    assert diffs == ["model.n_layer: 4 -> 6", "data.dataset: 'shakespeare' -> 'x.txt'"]
