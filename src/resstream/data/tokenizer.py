@@ -1,0 +1,222 @@
+"""Tokenizers: GPT-2's BPE from local files, saved directories, hub names, and new BPEs.
+
+`load_tokenizer(spec)` accepts:
+
+* ``"gpt2"``: built from ``gpt2-tokenizer/encoder.json`` + ``vocab.bpe`` in the data
+  directory when they are there (offline), else ``AutoTokenizer.from_pretrained("gpt2")``.
+* a directory (one written by `save_tokenizer`, or any Hugging Face tokenizer folder);
+* a ``tokenizer.json`` file (the `tokenizers` library's format). Its eos token is the first
+  of ``<|endoftext|>``, ``</s>``, ``<eos>``, ``<|end_of_text|>`` that it holds as a special
+  token (none: ``eos_token_id`` is None and documents are concatenated with no separator);
+* anything else: a Hugging Face hub name. Offline (``HF_HUB_OFFLINE`` set, or the hub host
+  unreachable) only the local Hugging Face cache is consulted, so this fails at once.
+
+Every result is a fast (Rust-backed) `PreTrainedTokenizerFast`.
+
+Note on transformers 5.x: ``GPT2TokenizerFast(vocab_file=..., merges_file=...)`` silently
+builds an empty tokenizer, so GPT-2 is assembled here with the `tokenizers` library and
+wrapped with ``PreTrainedTokenizerFast(tokenizer_object=...)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from resstream.data.sources import data_dir as resolve_data_dir
+from resstream.data.sources import hub_offline_reason
+from resstream.errors import UsageError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+EOS_TOKEN = "<|endoftext|>"
+GPT2_DIR = "gpt2-tokenizer"
+GPT2_MAX_LENGTH = 1024
+_EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
+
+
+def load_tokenizer(spec: str, *, data_dir: str | os.PathLike[str] | None = None,
+                   ) -> PreTrainedTokenizerFast:
+    """A fast tokenizer from `spec` (see the module docstring); UsageError when none fits."""
+    spec = str(spec).strip()
+    if not spec:
+        raise UsageError("tokenizer '' is empty: give 'gpt2', a directory, a tokenizer.json "
+                         "file or a Hugging Face name")
+    if spec == "gpt2":
+        local = _gpt2_files(data_dir)
+        if local is not None:
+            return gpt2_from_files(*local)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return _from_directory(path, spec)
+    if path.is_file():
+        return _from_file(path, spec)
+    if _looks_like_path(spec):
+        raise UsageError(f"tokenizer {spec!r} not found: no such directory or file")
+    return _from_hub(spec)
+
+
+def gpt2_from_files(encoder_json: str | os.PathLike[str], vocab_bpe: str | os.PathLike[str],
+                    ) -> PreTrainedTokenizerFast:
+    """GPT-2's byte-level BPE from OpenAI's `encoder.json` and `vocab.bpe` (offline)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    try:
+        model = models.BPE.from_file(str(encoder_json), str(vocab_bpe))
+    except Exception as exc:  # noqa: BLE001 - the Rust error types are not exported
+        raise UsageError(f"GPT-2 tokenizer files {str(encoder_json)!r} / {str(vocab_bpe)!r} "
+                         f"cannot be read: {exc}") from None
+    backend = Tokenizer(model)
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.post_processor = processors.ByteLevel(trim_offsets=False)
+    return _wrap(backend, eos=EOS_TOKEN, model_max_length=GPT2_MAX_LENGTH)
+
+
+def train_bpe(documents: Sequence[str], vocab_size: int, *, eos_token: str = EOS_TOKEN,
+              ) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE (GPT-2 style) on `documents`; deterministic for the same input.
+
+    The vocabulary holds the 256 byte symbols, `eos_token` (a special token) and
+    `vocab_size - 257` merges (fewer when the text has no more pairs to merge).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    if vocab_size < 258:
+        raise UsageError(f"BPE vocabulary size {vocab_size} is too small: it must be at least "
+                         f"258 (256 bytes + the eos token + 1 merge)")
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[eos_token], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=0,
+    )
+    backend.train_from_iterator(documents, trainer=trainer, length=len(documents))
+    return _wrap(backend, eos=eos_token)
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerFast, directory: str | os.PathLike[str]) -> None:
+    """Write `tokenizer` into `directory` so that `load_tokenizer(directory)` gives it back.
+
+    Files are written to a temporary folder first and then moved into place one by one, so
+    an interrupted save never leaves a half-written file.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tokenizer.", dir=directory.parent))
+    try:
+        tokenizer.save_pretrained(str(staging))
+        for item in sorted(staging.iterdir()):
+            os.replace(item, directory / item.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerFast) -> str:
+    """sha256 (16 hex characters) of what decides the token ids.
+
+    Covers the normaliser, pre-tokeniser, model (vocabulary and merges), added and special
+    tokens; not the per-call truncation/padding state. Stable across processes.
+    """
+    state = json.loads(tokenizer.backend_tokenizer.to_str())
+    state.pop("truncation", None)
+    state.pop("padding", None)
+    state["special_tokens_map"] = dict(getattr(tokenizer, "special_tokens_map", {}) or {})
+    state["eos_token_id"] = tokenizer.eos_token_id
+    canonical = json.dumps(state, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _wrap(backend: Any, *, eos: str | None, model_max_length: int | None = None,
+          ) -> PreTrainedTokenizerFast:
+    from transformers import PreTrainedTokenizerFast
+
+    kwargs: dict[str, Any] = {"tokenizer_object": backend}
+    if eos is not None:
+        kwargs.update(eos_token=eos, bos_token=eos, unk_token=eos)
+    if model_max_length is not None:
+        kwargs["model_max_length"] = model_max_length
+    return PreTrainedTokenizerFast(**kwargs)
+
+
+def _gpt2_files(explicit: str | os.PathLike[str] | None) -> tuple[Path, Path] | None:
+    directory = resolve_data_dir(explicit)
+    if directory is None:
+        return None
+    encoder, merges = directory / GPT2_DIR / "encoder.json", directory / GPT2_DIR / "vocab.bpe"
+    return (encoder, merges) if encoder.is_file() and merges.is_file() else None
+
+
+def _from_directory(path: Path, spec: str) -> PreTrainedTokenizerFast:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types here
+        raise UsageError(f"tokenizer directory {spec!r} cannot be loaded: {_short(exc)}") from None
+    return _check_fast(tokenizer, spec)
+
+
+def _from_file(path: Path, spec: str) -> PreTrainedTokenizerFast:
+    if path.name == "tokenizer.json" and (path.parent / "tokenizer_config.json").is_file():
+        return _from_directory(path.parent, spec)
+    from tokenizers import Tokenizer
+
+    try:
+        backend = Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - the Rust error types are not exported
+        raise UsageError(f"tokenizer file {spec!r} is not a tokenizers JSON file: {_short(exc)}") \
+            from None
+    specials = {t.content for t in backend.get_added_tokens_decoder().values() if t.special}
+    eos = next((t for t in _EOS_CANDIDATES if t in specials), None)
+    return _wrap(backend, eos=eos)
+
+
+def _from_hub(spec: str) -> PreTrainedTokenizerFast:
+    from transformers import AutoTokenizer
+
+    offline = hub_offline_reason()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(spec, local_files_only=offline is not None)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types here
+        reason = offline or _short(exc)
+        if offline:
+            reason += "; not in the local Hugging Face cache either"
+        raise UsageError(f"tokenizer {spec!r} not found: not a local directory or file, and the "
+                         f"Hugging Face hub could not provide it ({reason})") from None
+    return _check_fast(tokenizer, spec)
+
+
+def _check_fast(tokenizer: Any, spec: str) -> PreTrainedTokenizerFast:
+    from transformers import PreTrainedTokenizerFast
+
+    if not isinstance(tokenizer, PreTrainedTokenizerFast):
+        raise UsageError(f"tokenizer {spec!r} has no fast (Rust) implementation "
+                         f"({type(tokenizer).__name__}); resstream needs one")
+    return tokenizer
+
+
+def _looks_like_path(spec: str) -> bool:
+    """A spec that can only be a filesystem path (hub names look like `org/name`)."""
+    return spec.startswith((".", "/", "~")) or spec.endswith(".json") or "\\" in spec
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+__all__ = ["EOS_TOKEN", "gpt2_from_files", "load_tokenizer", "save_tokenizer",
+           "tokenizer_fingerprint", "train_bpe"]

@@ -1,0 +1,229 @@
+"""Token ids for training: tokenisation, the train/validation split and an on-disk cache.
+
+Rules
+-----
+* Documents are encoded without the tokenizer's own special tokens (no BOS) and
+  concatenated, with the tokenizer's eos id after every document when it has one.
+* Validation is the contiguous tail of that stream: the last
+  ``floor(n_tokens * val_fraction)`` tokens (0 < val_fraction <= 0.5); training is the
+  rest. The split ignores document boundaries, so a document may straddle it.
+* The cache file ``<cache_dir>/tokens-<fingerprint>.bin`` holds the ids as raw
+  little-endian ``uint16`` (vocabulary <= 65536) or ``uint32``; a sidecar
+  ``tokens-<fingerprint>.json`` records counts, dtype and where the ids came from. The
+  fingerprint covers the corpus text, the tokenizer, `val_fraction` and the format
+  version, so changed inputs never reuse an old file. The sidecar is written last: a
+  `.bin` without a matching sidecar (or of the wrong size) is rebuilt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from resstream.data.sources import Corpus
+from resstream.data.tokenizer import tokenizer_fingerprint
+from resstream.errors import UsageError
+from resstream.io import atomic_path, write_json
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+FORMAT_VERSION = 1
+MIN_VAL_TOKENS = 2
+_BATCH_CHARS = 1 << 22       # encode about 4 MB of text per batch
+_BATCH_DOCS = 1024
+_PROGRESS_DOCS = 1000        # show a progress bar from this many documents on
+
+
+@dataclass(frozen=True)
+class TokenSplits:
+    """The cached token stream, split into training and validation parts."""
+
+    train: np.ndarray    # 1-D read-only np.memmap of token ids
+    val: np.ndarray      # 1-D read-only np.memmap, the tail of the stream
+    fingerprint: str     # of (corpus, tokenizer, val_fraction, format version)
+    path: Path           # the cache file (.bin)
+    vocab_size: int      # len(tokenizer), added tokens included
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits (vocabulary <= 65536), else uint32."""
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+
+def tokenize_documents(documents: Sequence[str], tokenizer: PreTrainedTokenizerFast, *,
+                       progress: bool | None = None) -> np.ndarray:
+    """All documents' ids concatenated, eos after each one (when the tokenizer has an eos).
+
+    Encodes in batches with the Rust tokenizer (no truncation, no special tokens added).
+    Returns uint16 ids when the vocabulary has at most 65536 tokens, else uint32.
+    `progress`: show a tqdm bar; None shows one from 1000 documents on.
+    """
+    eos = tokenizer.eos_token_id
+    dtype = token_dtype(len(tokenizer))
+    show = len(documents) >= _PROGRESS_DOCS if progress is None else progress
+    parts: list[np.ndarray] = []
+    with _plain_backend(tokenizer) as backend, _progress(len(documents), show) as bar:
+        encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+        for batch in _batches(documents):
+            for encoding in encode(list(batch), add_special_tokens=False):
+                ids = encoding.ids if eos is None else [*encoding.ids, eos]
+                parts.append(np.asarray(ids, dtype=np.uint32))
+            bar.update(len(batch))
+    tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
+    return _narrow(tokens, dtype)
+
+
+def split_tokens(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val): validation is the last ``floor(len * val_fraction)`` tokens.
+
+    Raises UsageError when `val_fraction` is outside (0, 0.5] or the tail would hold
+    fewer than 2 tokens.
+    """
+    check_val_fraction(val_fraction)
+    n_val = validation_size(len(tokens), val_fraction)
+    if n_val < MIN_VAL_TOKENS:
+        raise UsageError(f"{len(tokens)} tokens are too few to split: val_fraction "
+                         f"{val_fraction} leaves {n_val} validation tokens "
+                         f"(at least {MIN_VAL_TOKENS} needed)")
+    cut = len(tokens) - n_val
+    return tokens[:cut], tokens[cut:]
+
+
+def validation_size(n_tokens: int, val_fraction: float) -> int:
+    """floor(n_tokens * val_fraction), robust to float rounding (0.1 * 30 gives 3)."""
+    return math.floor(n_tokens * val_fraction + 1e-9)
+
+
+def check_val_fraction(val_fraction: float) -> float:
+    """`val_fraction` if it lies in (0, 0.5], else a UsageError."""
+    if not isinstance(val_fraction, (int, float)) or not 0 < val_fraction <= 0.5:
+        raise UsageError(f"val_fraction {val_fraction!r} is not allowed: it must be in (0, 0.5]")
+    return float(val_fraction)
+
+
+def cache_fingerprint(corpus: Corpus, tokenizer: PreTrainedTokenizerFast, val_fraction: float,
+                      ) -> str:
+    """sha256 (16 hex) of corpus, tokenizer, val_fraction and the cache format version."""
+    key = {"format": FORMAT_VERSION, "corpus": corpus.fingerprint,
+           "tokenizer": tokenizer_fingerprint(tokenizer), "val_fraction": repr(float(val_fraction))}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def build_token_cache(corpus: Corpus, tokenizer: PreTrainedTokenizerFast,
+                      cache_dir: str | os.PathLike[str], *, val_fraction: float = 0.1,
+                      ) -> TokenSplits:
+    """Tokenise `corpus` into `cache_dir` once, or reuse the cached file for the same inputs.
+
+    Returns read-only memory maps of the training and validation ids.
+    """
+    val_fraction = check_val_fraction(val_fraction)
+    fingerprint = cache_fingerprint(corpus, tokenizer, val_fraction)
+    path = Path(cache_dir) / f"tokens-{fingerprint}.bin"
+    meta = _read_sidecar(path, fingerprint)
+    if meta is None:
+        meta = _build(corpus, tokenizer, path, fingerprint, val_fraction)
+    return _open(path, meta)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _build(corpus: Corpus, tokenizer: PreTrainedTokenizerFast, path: Path, fingerprint: str,
+           val_fraction: float) -> dict[str, Any]:
+    tokens = tokenize_documents(corpus.documents, tokenizer)
+    n_val = validation_size(len(tokens), val_fraction)
+    if n_val < MIN_VAL_TOKENS:
+        raise UsageError(f"dataset {corpus.name!r} is too small: {len(tokens)} tokens give "
+                         f"{n_val} validation tokens at val_fraction {val_fraction} "
+                         f"(at least {MIN_VAL_TOKENS} needed)")
+    tokens = tokens.astype(tokens.dtype.newbyteorder("<"), copy=False)
+    with atomic_path(path) as tmp:
+        tokens.tofile(tmp)
+    meta = {
+        "format": FORMAT_VERSION, "fingerprint": fingerprint, "dtype": tokens.dtype.name,
+        "n_tokens": int(len(tokens)), "n_train": int(len(tokens) - n_val), "n_val": int(n_val),
+        "val_fraction": val_fraction, "vocab_size": len(tokenizer),
+        "eos_token_id": tokenizer.eos_token_id, "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+        "corpus": {"name": corpus.name, "origin": corpus.origin, "fingerprint": corpus.fingerprint,
+                   "n_documents": len(corpus.documents)},
+    }
+    write_json(path.with_suffix(".json"), meta)
+    return meta
+
+
+def _read_sidecar(path: Path, fingerprint: str) -> dict[str, Any] | None:
+    """The sidecar of a complete, consistent cache file, or None (then rebuild)."""
+    try:
+        meta = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+        dtype = np.dtype(meta["dtype"])
+        ok = (meta["format"] == FORMAT_VERSION and meta["fingerprint"] == fingerprint
+              and dtype in (np.uint16, np.uint32)
+              and meta["n_train"] + meta["n_val"] == meta["n_tokens"]
+              and meta["n_val"] >= MIN_VAL_TOKENS
+              and path.stat().st_size == meta["n_tokens"] * dtype.itemsize)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return meta if ok else None
+
+
+def _open(path: Path, meta: dict[str, Any]) -> TokenSplits:
+    dtype = np.dtype(meta["dtype"]).newbyteorder("<")
+    data = np.memmap(path, dtype=dtype, mode="r", shape=(meta["n_tokens"],))
+    cut = meta["n_train"]
+    return TokenSplits(train=data[:cut], val=data[cut:], fingerprint=meta["fingerprint"],
+                       path=path, vocab_size=int(meta["vocab_size"]))
+
+
+def _narrow(tokens: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if tokens.size and int(tokens.max()) >= np.iinfo(dtype).max + 1:
+        dtype = np.dtype(np.uint32)
+    return tokens.astype(dtype)
+
+
+def _batches(documents: Sequence[str]) -> Iterator[Sequence[str]]:
+    """Consecutive runs of documents of about `_BATCH_CHARS` characters."""
+    start, size = 0, 0
+    for i, doc in enumerate(documents):
+        size += len(doc)
+        if size >= _BATCH_CHARS or i + 1 - start >= _BATCH_DOCS:
+            yield documents[start:i + 1]
+            start, size = i + 1, 0
+    if start < len(documents):
+        yield documents[start:]
+
+
+@contextlib.contextmanager
+def _plain_backend(tokenizer: PreTrainedTokenizerFast) -> Iterator[Any]:
+    """The tokenizer's Rust backend with truncation and padding off (restored afterwards)."""
+    backend = tokenizer.backend_tokenizer
+    truncation, padding = backend.truncation, backend.padding
+    backend.no_truncation()
+    backend.no_padding()
+    try:
+        yield backend
+    finally:
+        if truncation:
+            backend.enable_truncation(**truncation)
+        if padding:
+            backend.enable_padding(**padding)
+
+
+def _progress(total: int, show: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, disable=not show, unit="doc", desc="tokenising", leave=False)
+
+
+__all__ = ["FORMAT_VERSION", "TokenSplits", "build_token_cache", "cache_fingerprint",
+           "check_val_fraction", "split_tokens", "token_dtype", "tokenize_documents",
+           "validation_size"]

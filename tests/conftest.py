@@ -1,0 +1,44 @@
+"""Shared pytest fixtures.
+
+`shared_data`: the offline data copies in ``../shared/data`` beside the repository (or
+``$RESSTREAM_DATA``); tests that use it are skipped, not failed, when it is absent.
+`hf_offline`: Hugging Face offline mode, so that fallbacks fail at once.
+`no_data_dir`: no ``RESSTREAM_DATA`` in the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+def shared_data_path() -> Path:
+    """``$RESSTREAM_DATA`` if set, else ``shared/data`` beside the repository root."""
+    env = os.environ.get("RESSTREAM_DATA")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """Path of the offline data directory; skips the test when it is absent."""
+    path = shared_data_path()
+    if not path.is_dir():
+        pytest.skip(f"offline data directory {path} is absent")
+    return path
+
+
+@pytest.fixture
+def hf_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hugging Face offline mode: hub look-ups fail fast instead of retrying."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+
+
+@pytest.fixture
+def no_data_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No data directory from the environment."""
+    monkeypatch.delenv("RESSTREAM_DATA", raising=False)

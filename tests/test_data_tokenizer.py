@@ -1,0 +1,168 @@
+"""Tokenizers: GPT-2 from local files, save/load round trips, BPE training, fingerprints."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from resstream.data import load_tokenizer, save_tokenizer, tokenizer_fingerprint, train_bpe
+from resstream.errors import UsageError
+
+REFERENCE = "Hello world, this is a test"
+REFERENCE_IDS = [15496, 995, 11, 428, 318, 257, 1332]
+TEXT = ("The quick brown fox jumps over the lazy dog. The dog sleeps; the fox runs.\n"
+        "Pack my box with five dozen liquor jugs! How vexingly quick daft zebras jump.\n")
+
+
+@pytest.fixture(scope="module")
+def small_bpe():
+    return train_bpe([TEXT] * 4, 300)
+
+
+@pytest.fixture(scope="module")
+def gpt2(shared_data: Path):
+    return load_tokenizer("gpt2", data_dir=shared_data)
+
+
+# --------------------------------------------------------------------------- GPT-2
+
+
+def test_gpt2_from_local_files_encodes_reference(gpt2) -> None:
+    assert gpt2(REFERENCE)["input_ids"] == REFERENCE_IDS
+    assert gpt2.eos_token_id == 50256
+    assert len(gpt2) == 50257
+    assert gpt2.decode(REFERENCE_IDS) == REFERENCE
+
+
+def test_gpt2_via_environment(shared_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RESSTREAM_DATA", str(shared_data))
+    assert load_tokenizer("gpt2")(REFERENCE)["input_ids"] == REFERENCE_IDS
+
+
+def test_gpt2_without_files_falls_back_to_hub(hf_offline: None, tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"tokenizer 'gpt2' not found: .*offline mode is set"):
+        load_tokenizer("gpt2", data_dir=tmp_path)
+
+
+def test_gpt2_round_trips_through_a_directory(gpt2, tmp_path: Path) -> None:
+    save_tokenizer(gpt2, tmp_path / "tok")
+    loaded = load_tokenizer(str(tmp_path / "tok"))
+    assert loaded(REFERENCE)["input_ids"] == REFERENCE_IDS
+    assert tokenizer_fingerprint(loaded) == tokenizer_fingerprint(gpt2)
+
+
+# --------------------------------------------------------------------------- train_bpe
+
+
+def test_train_bpe_by_hand() -> None:
+    # byte-level pieces: "ab", "Ġab", "Ġab"; merge 1 = a+b (3 times), merge 2 = Ġ+ab (twice)
+    tok = train_bpe(["ab ab ab"], 259)
+    assert tok.eos_token_id == 0 and tok.eos_token == "<|endoftext|>"
+    assert tok.convert_ids_to_tokens([257, 258]) == ["ab", "Ġab"]
+    assert tok("ab ab")["input_ids"] == [257, 258]
+    assert len(train_bpe(["ab ab ab"], 258)) == 258
+
+
+def test_train_bpe_size_and_round_trip(small_bpe) -> None:
+    assert len(small_bpe) == 300
+    text = "Zebras café — naïve ✓ unseen bytes\n"
+    assert small_bpe.decode(small_bpe(text)["input_ids"]) == text
+    assert small_bpe("<|endoftext|>")["input_ids"] == [small_bpe.eos_token_id]
+
+
+def test_train_bpe_is_deterministic(small_bpe) -> None:
+    again = train_bpe([TEXT] * 4, 300)
+    assert again.backend_tokenizer.to_str() == small_bpe.backend_tokenizer.to_str()
+    assert tokenizer_fingerprint(again) == tokenizer_fingerprint(small_bpe)
+
+
+def test_train_bpe_custom_eos() -> None:
+    tok = train_bpe([TEXT], 280, eos_token="</s>")
+    assert tok.eos_token == "</s>" and tok.eos_token_id == 0
+
+
+def test_train_bpe_rejects_tiny_vocab() -> None:
+    with pytest.raises(UsageError, match="BPE vocabulary size 100 is too small"):
+        train_bpe([TEXT], 100)
+
+
+def test_bpe_and_fingerprint_are_the_same_in_another_process(small_bpe) -> None:
+    code = ("import sys, json; from resstream.data import train_bpe, tokenizer_fingerprint; "
+            "print(tokenizer_fingerprint(train_bpe([json.loads(sys.argv[1])] * 4, 300)))")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(TEXT)], capture_output=True,
+                         text=True, check=True, timeout=120)
+    assert out.stdout.strip() == tokenizer_fingerprint(small_bpe)
+
+
+# --------------------------------------------------------------------------- save / load
+
+
+def test_save_load_round_trip(small_bpe, tmp_path: Path) -> None:
+    save_tokenizer(small_bpe, tmp_path / "saved")
+    loaded = load_tokenizer(str(tmp_path / "saved"))
+    assert loaded.is_fast
+    assert loaded(TEXT)["input_ids"] == small_bpe(TEXT)["input_ids"]
+    assert loaded.eos_token_id == small_bpe.eos_token_id
+    assert tokenizer_fingerprint(loaded) == tokenizer_fingerprint(small_bpe)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
+
+
+def test_tokenizer_json_file(small_bpe, tmp_path: Path) -> None:
+    small_bpe.backend_tokenizer.save(str(tmp_path / "my-bpe.json"))
+    loaded = load_tokenizer(str(tmp_path / "my-bpe.json"))
+    assert loaded.eos_token == "<|endoftext|>" and loaded.eos_token_id == 0
+    assert loaded(TEXT)["input_ids"] == small_bpe(TEXT)["input_ids"]
+
+
+def test_bad_tokenizer_file(tmp_path: Path) -> None:
+    (tmp_path / "junk.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(UsageError, match=r"tokenizer file '.*junk\.json' is not a tokenizers JSON file"):
+        load_tokenizer(str(tmp_path / "junk.json"))
+
+
+def test_unknown_spec_fails_fast_offline(hf_offline: None) -> None:
+    with pytest.raises(UsageError, match=(
+            r"^tokenizer 'no-such-tokenizer-xyz' not found: not a local directory or file, and "
+            r"the Hugging Face hub could not provide it \(offline mode is set")):
+        load_tokenizer("no-such-tokenizer-xyz")
+
+
+def test_missing_path_spec(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"tokenizer '.*absent' not found: no such directory or file"):
+        load_tokenizer(str(tmp_path / "absent"))
+
+
+# --------------------------------------------------------------------------- fingerprint
+
+
+def test_fingerprint_is_stable(small_bpe) -> None:
+    first = tokenizer_fingerprint(small_bpe)
+    assert len(first) == 16 and int(first, 16) >= 0
+    small_bpe(TEXT, truncation=True, max_length=4)  # per-call state must not matter
+    assert tokenizer_fingerprint(small_bpe) == first
+
+
+def test_fingerprint_changes_with_vocab_merges_and_specials(small_bpe) -> None:
+    base = tokenizer_fingerprint(small_bpe)
+    assert tokenizer_fingerprint(train_bpe([TEXT] * 4, 299)) != base
+    assert tokenizer_fingerprint(train_bpe([TEXT.upper()] * 4, 300)) != base
+    assert tokenizer_fingerprint(train_bpe([TEXT] * 4, 300, eos_token="</s>")) != base
+    extended = train_bpe([TEXT] * 4, 300)
+    extended.add_special_tokens({"additional_special_tokens": ["<pad>"]})
+    assert tokenizer_fingerprint(extended) != base
+
+
+def test_train_bpe_on_the_builtin_corpus_is_quick() -> None:
+    import time
+
+    from resstream.data import load_corpus
+
+    documents = load_corpus("shakespeare").documents  # about 5 MB
+    start = time.perf_counter()
+    tok = train_bpe(documents, 4096)
+    assert time.perf_counter() - start < 30
+    assert len(tok) == 4096
