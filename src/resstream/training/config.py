@@ -134,9 +134,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "reference": {
         "model": {"n_layer": 6, "n_head": 4, "d_model": 128, "block_size": 128},
         "tokenizer": {"tokenizer": "bpe", "bpe_vocab_size": 4096},
-        "optim": {"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 50},
-        "run": {"max_steps": 1500, "batch_size": 32, "eval_interval": 250,
-                "checkpoint_interval": 250},
+        "optim": {"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 100},
+        "run": {"max_steps": 2000, "batch_size": 16, "eval_interval": 250,
+                "checkpoint_interval": 250, "log_interval": 10},
     },
     # A seconds-long run for smoke tests and demos.
     "tiny": {

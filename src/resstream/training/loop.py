@@ -334,7 +334,9 @@ class Trainer:
         log = MetricsLog(self.out_dir / "metrics.jsonl", main, self.checkpoint.step if self.checkpoint else None)
         tokens_per_step = r.batch_size * self.config.model.block_size
         losses: list[float] = []
-        val_loss = math.nan
+        val_loss = self.checkpoint.state.get("val_loss", math.nan) if self.checkpoint else math.nan
+        if self.start_step >= r.max_steps:  # resuming a finished run: nothing to train
+            val_loss = self.evaluate()
         bar = tqdm(total=r.max_steps, initial=self.start_step, disable=not (self.progress and main),
                    desc="train", unit="step", dynamic_ncols=True)
         self.model.train()

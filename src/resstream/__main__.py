@@ -1,0 +1,5 @@
+"""`python -m resstream`: the command-line interface."""
+
+from resstream.cli.main import run
+
+run()

@@ -1,0 +1,94 @@
+"""The `resstream` command: one Typer app, one module per command.
+
+`main(argv)` runs a command in-process and returns its exit code: 0 on success, 2 for bad
+input (one line on stderr, nothing written), 1 for a run that had to stop, 130 on Ctrl-C.
+`--debug` anywhere on the command line shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import typer
+
+from resstream.cli import compare as compare_cmd
+from resstream.cli import eval as eval_cmd
+from resstream.cli import sweep as sweep_cmd
+from resstream.cli import train as train_cmd
+from resstream.errors import ResstreamError
+
+# typer >= 0.20 ships its own copy of click: catch both families.
+_EXIT = (click.exceptions.Exit, typer.Exit)
+_ABORT = (click.exceptions.Abort, typer.Abort)
+_CLI_ERRORS = (click.exceptions.ClickException, typer.exceptions.TyperException)
+
+app = typer.Typer(
+    name="resstream",
+    help="Residual-stream analysis and residual-attenuation training for causal Transformer LMs.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+for module in (train_cmd, eval_cmd, sweep_cmd, compare_cmd):
+    module.register(app)
+
+
+def _error(message: str) -> None:
+    print(f"resstream: error: {message}", file=sys.stderr)
+
+
+def _raw_value(args: list[str], opts: list[str]) -> str | None:
+    """The text the user gave for an option (`--opt value` or `--opt=value`)."""
+    for i, arg in enumerate(args):
+        for opt in opts:
+            if arg == opt and i + 1 < len(args):
+                return args[i + 1]
+            if arg.startswith(opt + "="):
+                return arg[len(opt) + 1 :]
+    return None
+
+
+def _describe(exc: Exception, args: list[str]) -> str:
+    """One line for a parsing error, naming the value the user gave when there is one."""
+    message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    message = message.splitlines()[0] if message else type(exc).__name__
+    param = getattr(exc, "param", None)
+    raw = _raw_value(args, list(getattr(param, "opts", []))) if param is not None else None
+    if raw is not None and repr(raw) not in message:
+        message = f"{message} (got {raw!r})"
+    return message
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI on `argv` (default: sys.argv[1:]) and return the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    args = [a for a in args if a != "--debug"]
+    try:
+        result = app(args=args, prog_name="resstream", standalone_mode=False)
+    except _EXIT as exc:
+        return exc.exit_code
+    except _CLI_ERRORS as exc:
+        if debug:
+            raise
+        _error(_describe(exc, args))
+        return 2
+    except (KeyboardInterrupt, *_ABORT):
+        _error("interrupted; files already written are complete, partial ones were discarded")
+        return 130
+    except ResstreamError as exc:
+        if debug:
+            raise
+        _error(str(exc).splitlines()[0])
+        return exc.exit_code
+    return int(result or 0)
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,102 @@
+"""`resstream sweep`: baseline, a fixed cut at every layer and the learned gate, per seed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+from resstream.cli.train import _field_help, parse_field_flags, resolve_train_config
+from resstream.errors import UsageError
+
+if TYPE_CHECKING:
+    from resstream.training.sweep import SweepResult
+
+
+def split_names(text: str | None) -> list[str]:
+    """'a,b' (or repeated spaces) into ['a', 'b']; None into []."""
+    if text is None:
+        return []
+    return [item.strip() for item in text.replace(" ", ",").split(",") if item.strip()]
+
+
+def check_out_dir(out: Path) -> None:
+    """--out must be a directory or not exist yet."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {str(out)!r} is a file; give a directory")
+
+
+def _echo_err(message: str) -> None:
+    typer.echo(message, err=True)
+
+
+def sweep(
+    ctx: typer.Context,
+    out: Annotated[Path, typer.Option("--out", help="Sweep directory (created if missing).")],
+    preset: Annotated[Optional[str], typer.Option(help="Preset: reference, tiny, laptop, gpt2-124m.")] = None,
+    config: Annotated[Optional[Path], typer.Option("--config", help="YAML config file.")] = None,
+    seeds: Annotated[
+        Optional[str],
+        typer.Option(help="Comma-separated seeds, e.g. 0,1,2 (default: the config's seed).")] = None,
+    alpha: Annotated[
+        Optional[str],
+        typer.Option(metavar="A", help="Identity-path scale at the cut layer, in (0, 1].")] = None,
+    layers: Annotated[
+        Optional[str],
+        typer.Option(help="Comma-separated cut layers in [0, n_layer) (default: all).")] = None,
+    no_learned: Annotated[
+        bool,
+        typer.Option("--no-learned", help="Do not train the learned-gate model.")] = False,
+    benchmarks: Annotated[
+        Optional[str],
+        typer.Option(help="Comma-separated benchmarks to evaluate every run on, or 'all' (default: none).")] = None,
+    max_eval_tokens: Annotated[
+        Optional[str],
+        typer.Option(metavar="N", help="Evaluate at most this many tokens per benchmark.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False,
+) -> None:
+    """Train baseline, fixed-cut and learned-gate models per seed; write sweep.json, sweep.csv and plots."""
+    from resstream.io import write_text
+    from resstream.reporting.plots import plot_gate_heatmap, plot_sweep_val_loss
+    from resstream.reporting.tables import sweep_csv
+    from resstream.training import sweep as sw
+
+    extra = list(ctx.args)
+    sw.check_sweep_flags(parse_field_flags(extra))
+    base = resolve_train_config(preset, config, {"alpha": alpha}, extra)
+    seed_list = sw.parse_int_list(seeds, "--seeds") if seeds is not None else None
+    layer_list = sw.parse_int_list(layers, "--layers") if layers is not None else None
+    names = sw.check_benchmarks(split_names(benchmarks)) if benchmarks is not None else ()
+    if benchmarks is not None and not names:
+        raise UsageError(f"--benchmarks: {benchmarks!r} names no benchmark")
+    max_tokens = sw.check_max_eval_tokens(max_eval_tokens)
+    check_out_dir(out)
+    plan = sw.plan_sweep(base, seeds=seed_list, layers=layer_list, learned=not no_learned)
+    sw.check_existing(plan, out)
+    if names:
+        sw.check_benchmark_data(names, base.run.data_dir)
+    result = sw.run_sweep(plan, out, benchmarks=names, max_eval_tokens=max_tokens, progress=not quiet,
+                          log=None if quiet else _echo_err)
+    write_text(out / "sweep.csv", sweep_csv(result))
+    plot_sweep_val_loss(result, out / "sweep_val_loss.png")
+    if any(h.steps for h in result.gate_histories.values()):
+        plot_gate_heatmap(result.gate_histories, out / "learned_gate_heatmap.png")
+    _summary(result, out)
+
+
+def _summary(result: SweepResult, out: Path) -> None:
+    """Print each seed's final validation losses and where the sweep is."""
+    for seed in result.seeds:
+        losses = ", ".join(f"{r.name} {r.val_loss:.4f}" for r in result.runs if r.seed == seed)
+        typer.echo(f"seed {seed}: val loss {losses}")
+    typer.echo(f"sweep of {len(result.runs)} runs finished; results in {out}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `sweep` to the app."""
+    app.command(
+        "sweep",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        epilog=_field_help(),
+    )(sweep)

@@ -1,0 +1,94 @@
+"""`resstream train`: train a GPT-2-style model, optionally with residual attenuation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from resstream.errors import UsageError
+from resstream.training.config import FIELDS, build_config, flatten, load_yaml
+
+#: Fields that have typed options of their own; every other field is an extra `--flag`.
+_TYPED = ("gate", "alpha", "cut_layer", "max_steps", "seed")
+
+
+def _field_help() -> str:
+    lines = ["Every config field is also a flag (value after it, booleans also as --no-NAME):"]
+    for name, (section, fld) in FIELDS.items():
+        if name not in _TYPED:
+            lines.append(f"  --{name.replace('_', '-')} ({section}, default {fld.default!r})")
+    return "\n\n".join(lines)
+
+
+def parse_field_flags(args: list[str]) -> dict[str, str | bool]:
+    """Turn `--name value`, `--name=value` and `--no-name` into {field: raw value}."""
+    values: dict[str, str | bool] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--"):
+            raise UsageError(f"unexpected argument {arg!r}; config fields are given as --name value")
+        key, eq, inline = arg[2:].partition("=")
+        name = key.replace("-", "_")
+        if name.startswith("no_") and name[3:] in FIELDS and not eq:
+            values[name[3:]] = False
+            i += 1
+            continue
+        if eq:
+            values[name] = inline
+            i += 1
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            values[name] = args[i + 1]
+            i += 2
+        else:
+            values[name] = True
+            i += 1
+    return flatten(values, "flags")
+
+
+def resolve_train_config(preset: str | None, config_file: Path | None, typed: dict, extra: list[str],
+                         saved: dict | None = None):
+    """Layer saved config (on resume), preset, YAML file, extra flags and typed options."""
+    layers = []
+    if saved is not None:
+        layers.append(flatten(saved, "saved config"))
+    if config_file is not None:
+        layers.append(load_yaml(config_file))
+    layers.append(parse_field_flags(extra))
+    layers.append({k: v for k, v in typed.items() if v is not None})
+    return build_config(*layers, preset=preset)
+
+
+def train(
+    ctx: typer.Context,
+    out: Annotated[Path, typer.Option("--out", help="Run directory (created if missing).")],
+    preset: Annotated[Optional[str], typer.Option(help="Preset: reference, tiny, laptop, gpt2-124m.")] = None,
+    config: Annotated[Optional[Path], typer.Option("--config", help="YAML config file.")] = None,
+    gate: Annotated[Optional[str], typer.Option(help="Residual gate: none, fixed, learned, router.")] = None,
+    alpha: Annotated[Optional[float], typer.Option(help="Identity-path scale of the fixed gate, in (0, 1].")] = None,
+    cut_layer: Annotated[Optional[int], typer.Option(help="Layer of the fixed gate, in [0, n_layer).")] = None,
+    max_steps: Annotated[Optional[int], typer.Option(help="Optimizer steps.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seed of initialisation and data order.")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its latest checkpoint.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+) -> None:
+    """Train a model; writes weights, tokenizer, metrics.jsonl and run.json into --out."""
+    from resstream.training import checkpoint as ckpt
+    from resstream.training.loop import train as run_training
+
+    saved = ckpt.load_checkpoint(out).state["config"] if resume else None
+    typed = {"gate": gate, "alpha": alpha, "cut_layer": cut_layer, "max_steps": max_steps, "seed": seed}
+    cfg = resolve_train_config(preset, config, typed, list(ctx.args), saved)
+    result = run_training(cfg, out, resume=resume, progress=not quiet)
+    typer.echo(f"trained {result.steps} steps; validation loss {result.final_val_loss:.4f}; run in {out}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `train` to the app."""
+    app.command(
+        "train",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        epilog=_field_help(),
+    )(train)

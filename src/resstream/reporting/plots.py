@@ -1,0 +1,141 @@
+"""Plots of sweep results: validation loss against cut layer, and the learned gate over training.
+
+Figures are built on matplotlib's Agg canvas without pyplot (no GUI backend is touched and
+no figure stays registered anywhere); `save_figure` writes a PNG atomically and then closes
+(clears) the figure. The `*_figure` functions return the figure unsaved, so callers and tests
+can inspect what is drawn.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from resstream.io import atomic_path
+from resstream.training.sweep import GateHistory, RunRecord, SweepResult
+
+DPI = 120
+
+
+def new_figure(width: float = 6.4, height: float = 4.2) -> Figure:
+    """A figure attached to an Agg canvas."""
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
+    """Write `fig` as PNG to `path` atomically, then close (clear) it; return the path."""
+    path = Path(path)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=DPI, bbox_inches="tight")
+    finally:
+        fig.clear()
+    return path
+
+
+def gate_matrix(history: GateHistory) -> np.ndarray:
+    """The gate distribution as a (layers × steps) array: column j is p at `history.steps[j]`."""
+    return np.asarray(history.p, dtype=float).T
+
+
+# ---------------------------------------------------------------------- val loss vs cut
+def _mean_std(values: list[float]) -> tuple[float, float | None]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) >= 2 else None)
+
+
+def _finite(runs: list[RunRecord]) -> list[float]:
+    return [r.val_loss for r in runs if np.isfinite(r.val_loss)]
+
+
+def _draw_reference(ax, runs: list[RunRecord], label: str, style: str, color: str) -> None:
+    values = _finite(runs)
+    if not values:
+        return
+    mean, std = _mean_std(values)
+    spread = f" ± {std:.3f}" if std is not None else ""
+    ax.axhline(mean, linestyle=style, color=color, linewidth=1.6, label=f"{label}: {mean:.3f}{spread}")
+    if std is not None:
+        ax.axhspan(mean - std, mean + std, color=color, alpha=0.08, linewidth=0)
+
+
+def _draw_fixed(ax, result: SweepResult) -> None:
+    fixed = [r for r in result.runs if r.gate == "fixed" and np.isfinite(r.val_loss)]
+    layers = sorted({int(r.cut_layer) for r in fixed})
+    seeds = sorted({r.seed for r in fixed})
+    for i, seed in enumerate(seeds):
+        mine = sorted((r for r in fixed if r.seed == seed), key=lambda r: r.cut_layer)
+        ax.plot([r.cut_layer for r in mine], [r.val_loss for r in mine], marker="o", linestyle="none"
+                if len(seeds) > 1 else "-", color=f"C{i % 10}", alpha=0.55 if len(seeds) > 1 else 1.0,
+                label=f"fixed cut, seed {seed}")
+    if len(seeds) > 1:
+        stats = [_mean_std([r.val_loss for r in fixed if r.cut_layer == k]) for k in layers]
+        ax.errorbar(layers, [m for m, _ in stats], yerr=[s or 0.0 for _, s in stats], color="black",
+                    marker="s", capsize=4, label=f"fixed cut, mean ± std ({len(seeds)} seeds)")
+    ax.set_xticks(layers if layers else range(result.n_layer))
+
+
+def sweep_val_loss_figure(result: SweepResult) -> Figure:
+    """Validation loss (y) against the fixed cut layer (x), baseline dotted, learned gate dashed."""
+    fig = new_figure()
+    ax = fig.add_subplot()
+    _draw_fixed(ax, result)
+    _draw_reference(ax, [r for r in result.runs if r.gate == "none"], "baseline (no cut)", ":", "tab:gray")
+    _draw_reference(ax, [r for r in result.runs if r.gate == "learned"], "learned gate", "--", "tab:red")
+    ax.set_xlim(-0.5, result.n_layer - 0.5)
+    ax.set_xlabel(f"cut layer k (identity path scaled by α = {result.alpha:g} at layer k)")
+    ax.set_ylabel("validation loss")
+    ax.set_title(f"Residual attenuation sweep ({len(result.seeds)} seed{'s' * (len(result.seeds) > 1)})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return fig
+
+
+def plot_sweep_val_loss(result: SweepResult, path: str | os.PathLike[str]) -> Path:
+    """Write sweep_val_loss.png."""
+    return save_figure(sweep_val_loss_figure(result), path)
+
+
+# -------------------------------------------------------------------------- gate heatmap
+def gate_heatmap_figure(histories: Mapping[int, GateHistory]) -> Figure:
+    """One heatmap per seed of the learned p: rows = layers, columns = training steps."""
+    shown = {seed: h for seed, h in sorted(histories.items()) if h.steps}
+    if not shown:
+        raise ValueError("no gate records to plot")
+    matrices = {seed: gate_matrix(h) for seed, h in shown.items()}
+    low = min(float(m.min()) for m in matrices.values())
+    high = max(float(m.max()) for m in matrices.values())
+    if high - low < 1e-9:
+        low, high = low - 1e-3, high + 1e-3
+    fig = new_figure(width=max(6.4, 4.2 * len(shown)), height=3.6)
+    axes = fig.subplots(1, len(shown), squeeze=False)[0]
+    image = None
+    for ax, (seed, history) in zip(axes, shown.items(), strict=True):
+        image = _draw_heatmap(ax, history, matrices[seed], low, high)
+        ax.set_title(f"learned gate p, seed {seed}")
+    fig.colorbar(image, ax=list(axes), label="gate probability p_l")
+    return fig
+
+
+def _draw_heatmap(ax, history: GateHistory, matrix: np.ndarray, low: float, high: float):
+    steps = history.steps
+    width = (steps[-1] - steps[0]) / (len(steps) - 1) if len(steps) > 1 else 1.0
+    extent = (steps[0] - width / 2, steps[-1] + width / 2, matrix.shape[0] - 0.5, -0.5)
+    image = ax.imshow(matrix, aspect="auto", interpolation="nearest", cmap="viridis", vmin=low,
+                      vmax=high, extent=extent)
+    ax.set_yticks(range(matrix.shape[0]))
+    ax.set_xlabel("training step")
+    ax.set_ylabel("layer")
+    return image
+
+
+def plot_gate_heatmap(histories: Mapping[int, GateHistory], path: str | os.PathLike[str]) -> Path:
+    """Write learned_gate_heatmap.png."""
+    return save_figure(gate_heatmap_figure(histories), path)

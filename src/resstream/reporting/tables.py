@@ -1,0 +1,282 @@
+"""Tables of sweep results: the per-run sweep CSV and the baseline / best fixed cut / learned
+gate comparison (Markdown, CSV, JSON).
+
+These functions only aggregate numbers already computed (validation losses from training,
+benchmark scores from evaluation); they run no model.
+
+Convention: a cell is the mean over seeds ± the sample standard deviation (ddof = 1), the ±
+part only when at least two seeds contribute; n is the number of seeds.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from resstream.training.sweep import EVAL_METRICS, RunRecord, SweepResult
+
+DIGITS = 3
+CONVENTION = ("mean ± sample standard deviation (ddof = 1) over seeds; ± shown only with ≥ 2 seeds; "
+              "n = number of seeds")
+BOLD_RULE = ("bold: best value per column (lowest loss / perplexity, highest accuracy); "
+             "accuracies in percent")
+
+
+# --------------------------------------------------------------------------- statistics
+@dataclass(frozen=True)
+class Stat:
+    """Values of one metric over seeds."""
+
+    values: tuple[float, ...]
+
+    @property
+    def n(self) -> int:
+        """Number of seeds."""
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        """Arithmetic mean."""
+        return statistics.fmean(self.values)
+
+    @property
+    def std(self) -> float | None:
+        """Sample standard deviation (ddof = 1); None with fewer than two values."""
+        return statistics.stdev(self.values) if self.n >= 2 else None
+
+    def format(self, digits: int = DIGITS) -> str:
+        """'3.000 ± 1.414' (or '3.000' for a single seed)."""
+        text = f"{self.mean:.{digits}f}"
+        return text if self.std is None else f"{text} ± {self.std:.{digits}f}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """{"mean", "std", "n", "values"}."""
+        return {"mean": self.mean, "std": self.std, "n": self.n, "values": list(self.values)}
+
+
+def make_stat(values: Iterable[float | int | None]) -> Stat | None:
+    """A Stat over the finite values, or None when there are none."""
+    kept = tuple(float(v) for v in values if v is not None and math.isfinite(float(v)))
+    return Stat(kept) if kept else None
+
+
+# ------------------------------------------------------------------------------ columns
+@dataclass(frozen=True)
+class Column:
+    """One metric column of the comparison table."""
+
+    key: str  # "val_loss" or "<benchmark>/<metric>"
+    label: str
+    higher_is_better: bool = False
+
+    def value(self, record: RunRecord) -> float | int | None:
+        """This column's value for one run (None when missing)."""
+        if self.key == "val_loss":
+            return record.val_loss
+        benchmark, metric = self.key.split("/", 1)
+        return (record.evals.get(benchmark) or {}).get(metric)
+
+
+def compare_columns(records: Sequence[RunRecord], benchmarks: Sequence[str]) -> tuple[Column, ...]:
+    """Validation loss, then per benchmark perplexity and last-word accuracy (where present)."""
+    columns = [Column("val_loss", "val loss")]
+    for name in benchmarks:
+        columns.append(Column(f"{name}/perplexity", f"{name} ppl"))
+        accuracy = Column(f"{name}/last_word_accuracy", f"{name} last-word acc (%)", higher_is_better=True)
+        if any(accuracy.value(r) is not None for r in records):
+            columns.append(accuracy)
+    return tuple(columns)
+
+
+# --------------------------------------------------------------------------- comparison
+@dataclass(frozen=True)
+class CompareRow:
+    """One model variant of the comparison, aggregated over seeds."""
+
+    key: str  # baseline | fixed | learned
+    label: str
+    cut_layer: int | None
+    alpha: float | None
+    seeds: tuple[int, ...]
+    cells: dict[str, Stat | None]
+
+    @property
+    def n(self) -> int:
+        """Number of seeds of this row."""
+        return len(self.seeds)
+
+
+@dataclass(frozen=True)
+class FixedCut:
+    """Mean validation loss of the fixed-cut runs at one (layer, α)."""
+
+    cut_layer: int
+    alpha: float | None
+    val_loss: Stat | None
+
+
+@dataclass(frozen=True)
+class CompareTable:
+    """Baseline / best fixed cut / learned gate across benchmarks."""
+
+    rows: tuple[CompareRow, ...]
+    columns: tuple[Column, ...]
+    fixed_cuts: tuple[FixedCut, ...]
+    best_fixed: FixedCut | None
+
+    def best_rows(self, column: Column) -> set[str]:
+        """Keys of the rows holding the best mean of `column` (several on an exact tie)."""
+        means = {row.key: row.cells[column.key].mean for row in self.rows if row.cells.get(column.key)}
+        if not means:
+            return set()
+        target = max(means.values()) if column.higher_is_better else min(means.values())
+        return {key for key, mean in means.items() if mean == target}
+
+    def cell_text(self, row: CompareRow, column: Column, bold: bool = True) -> str:
+        """Formatted cell: mean ± std, '(n=k)' when fewer seeds than the row, bold when best."""
+        stat = row.cells.get(column.key)
+        if stat is None:
+            return "—"
+        text = stat.format()
+        if stat.n != row.n:
+            text += f" (n={stat.n})"
+        return f"**{text}**" if bold and row.key in self.best_rows(column) else text
+
+    def footer(self) -> str:
+        """The conventions and the fixed-cut ranking, as one paragraph."""
+        ranking = ", ".join(f"k={cut.cut_layer}: {cut.val_loss.format() if cut.val_loss else '—'}"
+                            for cut in self.fixed_cuts)
+        parts = [CONVENTION, BOLD_RULE]
+        if self.best_fixed is not None:
+            parts.append("best fixed cut: the fixed layer with the lowest mean validation loss "
+                         f"(val loss by layer: {ranking})")
+        return "; ".join(parts) + "."
+
+    def to_markdown(self) -> str:
+        """The table as GitHub Markdown with a footer line."""
+        header = ["model", "n", *(c.label for c in self.columns)]
+        lines = ["| " + " | ".join(header) + " |",
+                 "|" + "|".join([":---", "---:", *["---:"] * len(self.columns)]) + "|"]
+        for row in self.rows:
+            cells = [row.label, str(row.n), *(self.cell_text(row, c) for c in self.columns)]
+            lines.append("| " + " | ".join(cells) + " |")
+        return "\n".join(lines) + "\n\n" + self.footer() + "\n"
+
+    def to_csv(self) -> str:
+        """One line per row: label, cut layer, α, n, then mean, std, n of every column."""
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        head = ["row", "label", "cut_layer", "alpha", "n"]
+        for column in self.columns:
+            head += [f"{column.key} mean", f"{column.key} std", f"{column.key} n"]
+        writer.writerow(head)
+        for row in self.rows:
+            line: list[Any] = [row.key, row.label, _blank(row.cut_layer), _blank(row.alpha), row.n]
+            for column in self.columns:
+                stat = row.cells.get(column.key)
+                line += [_blank(stat and stat.mean), _blank(stat and stat.std), stat.n if stat else 0]
+            writer.writerow(line)
+        return buffer.getvalue()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Machine-readable form (compare.json)."""
+        return {
+            "convention": CONVENTION,
+            "columns": [{"key": c.key, "label": c.label, "higher_is_better": c.higher_is_better}
+                        for c in self.columns],
+            "best_fixed_cut": _cut_dict(self.best_fixed) if self.best_fixed else None,
+            "fixed_cuts": [_cut_dict(cut) for cut in self.fixed_cuts],
+            "rows": [self._row_dict(row) for row in self.rows],
+        }
+
+    def _row_dict(self, row: CompareRow) -> dict[str, Any]:
+        cells = {}
+        for column in self.columns:
+            stat = row.cells.get(column.key)
+            cells[column.key] = None if stat is None else {
+                **stat.to_dict(), "best": row.key in self.best_rows(column)}
+        return {"row": row.key, "label": row.label, "cut_layer": row.cut_layer, "alpha": row.alpha,
+                "n": row.n, "seeds": list(row.seeds), "cells": cells}
+
+
+def _blank(value: Any) -> Any:
+    return "" if value is None else value
+
+
+def _cut_dict(cut: FixedCut) -> dict[str, Any]:
+    return {"cut_layer": cut.cut_layer, "alpha": cut.alpha,
+            "val_loss": cut.val_loss.to_dict() if cut.val_loss else None}
+
+
+def _fixed_groups(records: Sequence[RunRecord]) -> dict[tuple[int, float | None], list[RunRecord]]:
+    groups: dict[tuple[int, float | None], list[RunRecord]] = {}
+    for record in records:
+        if record.gate == "fixed" and record.cut_layer is not None:
+            groups.setdefault((int(record.cut_layer), record.alpha), []).append(record)
+    return dict(sorted(groups.items(), key=lambda item: (item[0][0], item[0][1] or 0.0)))
+
+
+def fixed_cuts(records: Sequence[RunRecord]) -> tuple[FixedCut, ...]:
+    """Every fixed (layer, α) with its validation loss over seeds, by layer."""
+    return tuple(FixedCut(k, alpha, make_stat(r.val_loss for r in runs))
+                 for (k, alpha), runs in _fixed_groups(records).items())
+
+
+def best_fixed_cut(cuts: Sequence[FixedCut]) -> FixedCut | None:
+    """The cut with the lowest mean validation loss (the lower layer on a tie)."""
+    scored = [cut for cut in cuts if cut.val_loss is not None]
+    return min(scored, key=lambda cut: (cut.val_loss.mean, cut.cut_layer)) if scored else None
+
+
+def _row(key: str, label: str, runs: Sequence[RunRecord], columns: Sequence[Column],
+         cut_layer: int | None = None, alpha: float | None = None) -> CompareRow:
+    seeds = tuple(sorted({r.seed for r in runs}))
+    cells = {c.key: make_stat(c.value(r) for r in runs) for c in columns}
+    return CompareRow(key, label, cut_layer, alpha, seeds, cells)
+
+
+def compare_table(records: Sequence[RunRecord], benchmarks: Sequence[str]) -> CompareTable:
+    """Aggregate runs into the baseline / best fixed cut / learned gate table."""
+    columns = compare_columns(records, benchmarks)
+    cuts = fixed_cuts(records)
+    best = best_fixed_cut(cuts)
+    rows = []
+    baseline = [r for r in records if r.gate == "none"]
+    if baseline:
+        rows.append(_row("baseline", "baseline", baseline, columns))
+    if best is not None:
+        runs = _fixed_groups(records)[(best.cut_layer, best.alpha)]
+        alpha = f", α={best.alpha:g}" if best.alpha is not None else ""
+        rows.append(_row("fixed", f"best fixed cut (k={best.cut_layer}{alpha})", runs, columns,
+                         best.cut_layer, best.alpha))
+    learned = [r for r in records if r.gate == "learned"]
+    if learned:
+        rows.append(_row("learned", "learned gate", learned, columns))
+    return CompareTable(tuple(rows), columns, cuts, best)
+
+
+def saved_benchmarks(records: Sequence[RunRecord], known: Sequence[str]) -> tuple[str, ...]:
+    """Benchmarks that some run already has scores for, in the order of `known` (then others)."""
+    found = {name for r in records for name in r.evals}
+    return tuple([b for b in known if b in found] + sorted(found - set(known)))
+
+
+# ---------------------------------------------------------------------------- sweep CSV
+def sweep_csv(result: SweepResult) -> str:
+    """One line per run: seed, name, gate, cut layer, α, val loss, then every benchmark metric."""
+    benchmarks = list(result.benchmarks) or sorted({b for r in result.runs for b in r.evals})
+    metrics = [m for m in EVAL_METRICS]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["seed", "name", "gate", "cut_layer", "alpha", "val_loss",
+                     *(f"{b}/{m}" for b in benchmarks for m in metrics)])
+    for run in result.runs:
+        scores = [_blank((run.evals.get(b) or {}).get(m)) for b in benchmarks for m in metrics]
+        writer.writerow([run.seed, run.name, run.gate, _blank(run.cut_layer), _blank(run.alpha),
+                         run.val_loss, *scores])
+    return buffer.getvalue()

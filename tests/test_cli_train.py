@@ -1,0 +1,101 @@
+"""`resstream train` end to end, in-process, and its answers to bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from resstream.cli.main import main
+from resstream.training import checkpoint as ckpt
+from tests.test_train import corpus_text
+
+TINY = ["--n-layer", "2", "--n-head", "2", "--d-model", "16", "--block-size", "16",
+        "--bpe-vocab-size", "300", "--batch-size", "4", "--eval-interval", "3",
+        "--eval-batches", "1", "--checkpoint-interval", "3", "--quiet"]
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text(corpus_text(), encoding="utf-8")
+    return path
+
+
+def run_train(tmp_path, corpus, *extra):
+    return main(["train", "--dataset", str(corpus), "--cache-dir", str(tmp_path / "cache"),
+                 "--out", str(tmp_path / "run"), *TINY, *extra])
+
+
+def test_train_then_resume_end_to_end(tmp_path, corpus, capsys):
+    assert run_train(tmp_path, corpus, "--max-steps", "3", "--gate", "fixed", "--alpha", "0.5",
+                     "--cut-layer", "1") == 0
+    assert "trained 3 steps" in capsys.readouterr().out
+    meta = json.loads((tmp_path / "run" / "model.json").read_text())
+    assert meta["config"]["model"]["gate"] == "fixed" and meta["config"]["model"]["cut_layer"] == 1
+    # --resume needs no repeated flags: the saved config is the base, --max-steps extends it.
+    assert main(["train", "--resume", "--out", str(tmp_path / "run"), "--max-steps", "6", "--quiet"]) == 0
+    assert ckpt.latest_checkpoint_step(tmp_path / "run") == 6
+
+
+def test_yaml_config_and_flag_override(tmp_path, corpus):
+    config = tmp_path / "c.yaml"
+    config.write_text("model:\n  gate: learned\nrun:\n  max_steps: 2\n")
+    assert run_train(tmp_path, corpus, "--config", str(config), "--max-steps", "3") == 0
+    meta = json.loads((tmp_path / "run" / "model.json").read_text())
+    assert meta["config"]["model"]["gate"] == "learned" and meta["steps"] == 3
+
+
+def _bad(tmp_path, capsys, args, pattern):
+    code = main(args)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("resstream: error:"), err
+    assert pattern in err, err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "pattern"),
+    [
+        (["--n-layr", "3"], "unknown config key '--n-layr' in flags (did you mean '--n-layer'?)"),
+        (["--alpha", "0", "--gate", "fixed"], "--alpha 0.0 is outside (0, 1]"),
+        (["--alpha", "1.5", "--gate", "fixed"], "--alpha 1.5 is outside (0, 1]"),
+        (["--gate", "fixed", "--cut-layer", "2"], "--cut-layer 2 is outside [0, 2) for 2 layers"),
+        (["--gate", "sometimes"], "--gate: 'sometimes' is not allowed"),
+        (["--preset", "huge"], "unknown preset 'huge'"),
+        (["--block-size", "100000"], "fewer than one sequence"),
+        (["--max-steps", "-1"], "--max-steps must be > 0"),
+    ],
+)
+def test_bad_train_input(tmp_path, corpus, capsys, extra, pattern):
+    _bad(tmp_path, capsys, ["train", "--dataset", str(corpus), "--cache-dir", str(tmp_path / "cache"),
+                            "--out", str(tmp_path / "run"), *TINY, *extra], pattern)
+
+
+def test_bad_corpora(tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n\n", encoding="utf-8")
+    _bad(tmp_path, capsys, ["train", "--dataset", str(empty), "--out", str(tmp_path / "run"), *TINY], "empty.txt")
+    binary = tmp_path / "latin1.txt"
+    binary.write_bytes(b"caf\xe9 au lait\n")
+    _bad(tmp_path, capsys, ["train", "--dataset", str(binary), "--out", str(tmp_path / "run"), *TINY], "byte offset 3")
+    _bad(tmp_path, capsys, ["train", "--dataset", "no-such-corpus", "--out", str(tmp_path / "run"), *TINY],
+         "no-such-corpus")
+
+
+def test_resume_problems(tmp_path, corpus, capsys):
+    _bad(tmp_path, capsys, ["train", "--resume", "--out", str(tmp_path / "run")], "no checkpoint in")
+    assert run_train(tmp_path, corpus, "--max-steps", "3") == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", "--out", str(tmp_path / "run"), "--n-layer", "3"]) == 2
+    assert "model.n_layer: 2 -> 3" in capsys.readouterr().err
+    (tmp_path / "run" / "checkpoints" / "step-0000003" / "model.safetensors").write_bytes(b"junk")
+    code = main(["train", "--resume", "--out", str(tmp_path / "run"), "--max-steps", "6", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "corrupt or not safetensors" in err
+
+
+def test_debug_shows_the_traceback(tmp_path, corpus):
+    with pytest.raises(Exception, match="outside"):
+        run_train(tmp_path, corpus, "--alpha", "2", "--gate", "fixed", "--debug")

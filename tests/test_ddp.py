@@ -1,0 +1,48 @@
+"""Data parallel training: 2 CPU processes (gloo, launched by torchrun) make the same update
+as one process with the same global batch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from resstream.training import checkpoint as ckpt
+from tests.test_cli_train import TINY
+from tests.test_train import corpus_text
+
+
+def _args(corpus, cache, out):
+    return ["train", "--dataset", str(corpus), "--cache-dir", str(cache), "--out", str(out), *TINY,
+            "--max-steps", "3", "--batch-size", "8", "--grad-accum", "2", "--device", "cpu",
+            "--threads", "1"]
+
+
+def test_two_gloo_processes_match_one_process(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus_text(), encoding="utf-8")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "resstream.cli.main", *_args(corpus, tmp_path / "cache", tmp_path / "ddp")]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    single = subprocess.run([sys.executable, "-m", "resstream.cli.main",
+                             *_args(corpus, tmp_path / "cache", tmp_path / "single")],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr[-3000:]
+
+    a = ckpt.load_run(tmp_path / "ddp").model.state_dict()
+    b = ckpt.load_run(tmp_path / "single").model.state_dict()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
+    init = ckpt.load_run(tmp_path / "single")
+    assert init.meta["steps"] == 3
+    ddp_record = (tmp_path / "ddp" / "run.json").read_text()
+    assert '"world_size": 2' in ddp_record
+
+
+if not hasattr(torch.distributed, "is_available") or not torch.distributed.is_available():
+    pytestmark = pytest.mark.skip("torch.distributed is not available")

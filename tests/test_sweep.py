@@ -1,0 +1,282 @@
+"""Sweeps: the runs they train, same-seed data order, restart, sweep.json, gate history, evals."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from resstream.errors import UsageError
+from resstream.training import sweep as sw
+from resstream.training.config import build_config
+from resstream.training.loop import iter_metrics
+
+BENCHMARKS = ("openwebtext", "lambada")
+
+
+def corpus_text() -> str:
+    """A small, repetitive English text: enough tokens for 16-token windows."""
+    words = ("a small river runs past the old mill where two millers grind corn every morning "
+             "and sing about the weather the harvest and the price of bread").split()
+    lines = [" ".join(words[(i * 5 + j) % len(words)] for j in range(14)) for i in range(300)]
+    return "\n".join(lines) + "\n"
+
+
+def write_corpus(root):
+    path = root / "corpus.txt"
+    path.write_text(corpus_text(), encoding="utf-8")
+    return path
+
+
+def write_data_dir(root):
+    """A local data directory with tiny openwebtext and lambada files."""
+    data = root / "data"
+    (data / "openwebtext").mkdir(parents=True)
+    (data / "openwebtext" / "openwebtext_first100docs.txt").write_text(corpus_text()[:3000], encoding="utf-8")
+    (data / "lambada").mkdir()
+    passages = ["the miller sings about the weather every morning",
+                "two millers grind corn and sing about the price of bread",
+                "a small river runs past the old mill"]
+    (data / "lambada" / "lambada_test.jsonl").write_text(
+        "".join(json.dumps({"text": p}) + "\n" for p in passages), encoding="utf-8")
+    return data
+
+
+def tiny_values(root, **overrides):
+    """Flat config values of a seconds-long run on the corpus in `root`."""
+    values = dict(dataset=str(root / "corpus.txt"), n_layer=2, n_head=2, d_model=16, block_size=16,
+                  bpe_vocab_size=300, max_steps=3, batch_size=4, eval_interval=3, eval_batches=1,
+                  checkpoint_interval=3, warmup_steps=1, cache_dir=str(root / "cache"), threads=1,
+                  device="cpu")
+    values.update(overrides)
+    return values
+
+
+def tiny_config(root, **overrides):
+    return build_config(tiny_values(root, **overrides), preset="tiny")
+
+
+def step_losses(run_dir) -> list[float]:
+    return [rec["loss"] for rec in iter_metrics(run_dir) if "loss" in rec]
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """One sweep, shared by the tests below: 2 seeds, both cut layers, learned gate, evals."""
+    root = tmp_path_factory.mktemp("sweep")
+    write_corpus(root)
+    data = write_data_dir(root)
+    plan = sw.plan_sweep(tiny_config(root, max_steps=4, eval_interval=2, data_dir=str(data)),
+                         seeds=(0, 1))
+    lines: list[str] = []
+    result = sw.run_sweep(plan, root / "out", benchmarks=BENCHMARKS, max_eval_tokens=200,
+                          progress=False, log=lines.append)
+    return plan, result, root / "out", lines
+
+
+def test_plan_names_and_configs(tmp_path):
+    plan = sw.plan_sweep(tiny_config(tmp_path, n_layer=3, alpha=0.25), seeds=(3, 5), layers=(2, 0))
+    assert [(r.seed, r.name) for r in plan.runs] == [
+        (3, "baseline"), (3, "fixed-k0"), (3, "fixed-k2"), (3, "learned"),
+        (5, "baseline"), (5, "fixed-k0"), (5, "fixed-k2"), (5, "learned")]
+    fixed = plan.runs[2].config.model
+    assert (fixed.gate, fixed.cut_layer, fixed.alpha) == ("fixed", 2, 0.25)
+    assert plan.runs[0].config.model.gate == "none" and plan.runs[3].config.model.gate == "learned"
+    assert {r.config.run.seed for r in plan.runs[:4]} == {3}
+    assert plan.runs[1].path(tmp_path) == tmp_path / "seed-3" / "fixed-k0"
+    no_learned = sw.plan_sweep(tiny_config(tmp_path), learned=False)
+    assert [r.name for r in no_learned.runs] == ["baseline", "fixed-k0", "fixed-k1"]
+    assert no_learned.seeds == (0,)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("0,x", "--seeds: 'x' is not an integer"),
+    ("1.5", "--seeds: '1.5' is not an integer"),
+    ("", "--seeds: '' is empty"),
+])
+def test_parse_int_list_rejects(text, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        sw.parse_int_list(text, "--seeds")
+
+
+def test_parse_int_list_and_layers():
+    assert sw.parse_int_list(" 2, 0,2 ", "--layers") == (2, 0)
+    assert sw.check_layers((2, 0), 3) == (0, 2)
+    with pytest.raises(UsageError, match=r"--layers: 3 is outside \[0, 3\) for 3 layers"):
+        sw.check_layers((0, 3), 3)
+    with pytest.raises(UsageError, match=r"--layers: -1 is outside"):
+        sw.check_layers((-1,), 3)
+
+
+def test_sweep_owned_flags_refused():
+    sw.check_sweep_flags({"n_layer": "2"})
+    with pytest.raises(UsageError, match="--gate is set by the sweep"):
+        sw.check_sweep_flags({"gate": "fixed"})
+    with pytest.raises(UsageError, match="use --seeds"):
+        sw.check_sweep_flags({"seed": "1"})
+
+
+def test_run_directories(swept):
+    _, result, out, lines = swept
+    found = {str(p.parent.relative_to(out)) for p in out.glob("seed-*/*/model.json")}
+    assert found == {f"seed-{s}/{n}" for s in (0, 1) for n in ("baseline", "fixed-k0", "fixed-k1", "learned")}
+    assert [line.split(":")[0] for line in lines[:2]] == ["sweep [1/8] seed 0 baseline",
+                                                          "sweep [2/8] seed 0 fixed-k0"]
+    assert any(line.startswith("evaluate [8/8] seed 1 learned") for line in lines)
+    assert [(r.seed, r.name) for r in result.runs][:4] == [
+        (0, "baseline"), (0, "fixed-k0"), (0, "fixed-k1"), (0, "learned")]
+
+
+def test_alpha_one_reproduces_the_baseline(tmp_path):
+    """Same seed => same initial weights and the same batches; α = 1 changes nothing at all."""
+    write_corpus(tmp_path)
+    plan = sw.plan_sweep(tiny_config(tmp_path, alpha=1.0), seeds=(0, 1), layers=(1,), learned=False)
+    sw.run_sweep(plan, tmp_path / "out", progress=False)
+    for seed in (0, 1):
+        base = step_losses(tmp_path / "out" / f"seed-{seed}" / "baseline")
+        fixed = step_losses(tmp_path / "out" / f"seed-{seed}" / "fixed-k1")
+        assert len(base) == 3 and base == fixed  # exact, step by step
+    assert step_losses(tmp_path / "out" / "seed-0" / "baseline")[0] != \
+        step_losses(tmp_path / "out" / "seed-1" / "baseline")[0]
+
+
+def test_same_seed_same_first_batch_with_cut(swept):
+    """With α < 1 the losses differ, but only through the model: step 1 starts from equal
+    weights on equal batches, so the first losses are close; a different seed is not."""
+    _, _, out, _ = swept
+    first = {(s, n): step_losses(out / f"seed-{s}" / n)[0]
+             for s in (0, 1) for n in ("baseline", "fixed-k1")}
+    assert first[(0, "baseline")] != first[(1, "baseline")]
+    assert abs(first[(0, "baseline")] - first[(0, "fixed-k1")]) < 0.05
+
+
+def test_sweep_json(swept):
+    plan, result, out, _ = swept
+    data = json.loads((out / "sweep.json").read_text())
+    assert data["format"] == "resstream-sweep" and data["n_layer"] == 2 and data["alpha"] == 0.5
+    assert data["seeds"] == [0, 1] and data["layers"] == [0, 1] and data["learned"] is True
+    assert data["benchmarks"] == list(BENCHMARKS)
+    assert "gate" not in data["config"]["model"] and "seed" not in data["config"]["run"]
+    assert set(data["runs"]) == {"0", "1"}
+    for seed in ("0", "1"):
+        runs = data["runs"][seed]
+        assert list(runs) == ["baseline", "fixed-k0", "fixed-k1", "learned"]
+        assert (runs["baseline"]["gate"], runs["baseline"]["cut_layer"], runs["baseline"]["alpha"]) == ("none", None, None)
+        assert (runs["fixed-k1"]["gate"], runs["fixed-k1"]["cut_layer"], runs["fixed-k1"]["alpha"]) == ("fixed", 1, 0.5)
+        assert runs["learned"]["gate"] == "learned"
+        for name, run in runs.items():
+            meta = json.loads((out / f"seed-{seed}" / name / "model.json").read_text())
+            assert run["val_loss"] == meta["val_loss"]
+            assert run["dir"] == f"seed-{seed}/{name}"
+            saved = json.loads((out / f"seed-{seed}" / name / "eval.json").read_text())
+            assert saved["max_tokens"] == 200
+            by_name = {b["name"]: b for b in saved["benchmarks"]}
+            assert set(run["eval"]) == set(BENCHMARKS)
+            for bench in BENCHMARKS:
+                assert run["eval"][bench]["perplexity"] == by_name[bench]["perplexity"]
+            assert run["eval"]["lambada"]["num_examples"] == 3
+        gates = [rec["gate"] for rec in iter_metrics(out / f"seed-{seed}" / "learned") if "gate" in rec]
+        assert runs["learned"]["gate_p"] == gates[-1]
+    assert json.loads((out / "run.json").read_text())["config"]["seeds"] == [0, 1]
+
+
+def test_gate_history_equals_metrics(swept):
+    _, result, out, _ = swept
+    for seed in (0, 1):
+        run = out / f"seed-{seed}" / "learned"
+        records = [rec for rec in iter_metrics(run) if isinstance(rec.get("gate"), list)]
+        saved = json.loads((run / "gate_history.json").read_text())
+        assert saved == {"steps": [r["step"] for r in records], "p": [r["gate"] for r in records]}
+        assert saved["steps"] == [1, 2, 3, 4] and len(saved["p"][0]) == 2
+        assert result.gate_histories[seed].to_dict() == saved
+        assert saved["p"][-1] != saved["p"][0]  # the gate did learn something
+
+
+def test_restart_skips_finished_runs(tmp_path, monkeypatch):
+    from resstream.training import loop
+
+    write_corpus(tmp_path)
+    out = tmp_path / "out"
+    plan = sw.plan_sweep(tiny_config(tmp_path, max_steps=4, checkpoint_interval=2), layers=(0,))
+    first = sw.run_sweep(plan, out, progress=False)
+    weights = {r.name: (out / "seed-0" / r.name / "model.safetensors").stat().st_mtime_ns for r in plan.runs}
+    # Interrupt `learned` after its step-2 checkpoint, and lose `fixed-k0` entirely.
+    learned = out / "seed-0" / "learned"
+    (learned / "model.json").unlink()
+    (learned / "model.safetensors").unlink()
+    (learned / "checkpoints" / "latest.json").write_text(json.dumps({"step": 2, "dir": "step-0000002"}))
+    shutil.rmtree(out / "seed-0" / "fixed-k0")
+    calls = []
+
+    class RecordingTrainer(loop.Trainer):
+        def __init__(self, config, out_dir, *, resume=False, progress=True):
+            calls.append((out_dir.name, resume))
+            super().__init__(config, out_dir, resume=resume, progress=progress)
+
+    monkeypatch.setattr(loop, "Trainer", RecordingTrainer)
+    lines: list[str] = []
+    second = sw.run_sweep(plan, out, progress=False, log=lines.append)
+    assert calls == [("fixed-k0", False), ("learned", True)]
+    assert lines[0] == "sweep [1/3] seed 0 baseline: finished earlier, skipped"
+    assert (out / "seed-0" / "baseline" / "model.safetensors").stat().st_mtime_ns == weights["baseline"]
+    # A resumed run and a retrained run end exactly where the uninterrupted sweep ended.
+    assert [r.val_loss for r in second.runs] == [r.val_loss for r in first.runs]
+    # A third call has nothing left to do.
+    calls.clear()
+    sw.run_sweep(plan, out, progress=False)
+    assert calls == []
+
+
+def test_restart_with_another_config_is_refused(tmp_path):
+    write_corpus(tmp_path)
+    plan = sw.plan_sweep(tiny_config(tmp_path), layers=(0,), learned=False)
+    sw.run_sweep(plan, tmp_path / "out", progress=False)
+    other = sw.plan_sweep(tiny_config(tmp_path, max_steps=5), layers=(0,), learned=False)
+    with pytest.raises(UsageError, match=r"seed-0/baseline trained with a different config \(run.max_steps: 3 -> 5\)"):
+        sw.check_existing(other, tmp_path / "out")
+
+
+def test_find_runs_from_sweep_and_seed_dirs(swept):
+    _, result, out, _ = swept
+    everything = sw.find_runs(out)
+    assert len(everything) == 8
+    seed1 = sw.find_runs(out / "seed-1")
+    assert {(r.seed, r.name) for r in seed1} == {(1, n) for n in ("baseline", "fixed-k0", "fixed-k1", "learned")}
+    assert len(sw.load_runs([out, out / "seed-1"])) == 8  # listed twice, counted once
+    lossless = {(r.seed, r.name): r.val_loss for r in result.runs}
+    assert {(r.seed, r.name): r.val_loss for r in everything} == lossless
+    assert all(set(r.evals) == set(BENCHMARKS) for r in everything)
+
+
+def test_find_runs_without_sweep_json(swept, tmp_path):
+    """An interrupted sweep (no sweep.json yet) is read from its finished run folders."""
+    _, result, out, _ = swept
+    copy = tmp_path / "copy"
+    shutil.copytree(out / "seed-0", copy / "seed-0")
+    records = sw.find_runs(copy)
+    assert {r.name: (r.gate, r.cut_layer, r.alpha) for r in records} == {
+        "baseline": ("none", None, None), "fixed-k0": ("fixed", 0, 0.5), "fixed-k1": ("fixed", 1, 0.5),
+        "learned": ("learned", None, None)}
+    expected = {r.name: r.val_loss for r in result.runs if r.seed == 0}
+    assert {r.name: r.val_loss for r in records} == expected
+
+
+@pytest.mark.parametrize("make", ["missing", "empty", "file", "bad_json"])
+def test_find_runs_rejects_non_sweeps(tmp_path, make):
+    target = tmp_path / "thing"
+    if make == "empty":
+        target.mkdir()
+    elif make == "file":
+        target.write_text("x")
+    elif make == "bad_json":
+        target.mkdir()
+        (target / "sweep.json").write_text('{"format": "something-else"}')
+    with pytest.raises(UsageError, match="thing"):
+        sw.find_runs(target)
+
+
+def test_load_runs_with_no_finished_runs(tmp_path):
+    (tmp_path / "sweep" / "seed-0" / "baseline").mkdir(parents=True)
+    with pytest.raises(UsageError, match="no finished runs found"):
+        sw.load_runs([tmp_path / "sweep"])

@@ -1,0 +1,148 @@
+"""The trainer: golden losses, exact resume, divergence handling, refusal of mismatched resumes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from resstream.errors import RunError, UsageError
+from resstream.training import checkpoint as ckpt
+from resstream.training import loop
+from resstream.training.config import build_config
+from resstream.training.loop import iter_metrics, train
+
+#: Losses of the first four steps of `tiny_config()` on `corpus`; any change to the model,
+#: initialisation, data order, tokenizer or optimizer shows up here.
+GOLDEN_LOSSES = [5.715660572052002, 5.68874454498291, 5.6462931632995605, 5.565759658813477]
+
+
+def corpus_text() -> str:
+    words = ("the quick brown fox jumps over the lazy dog while seven wizards quietly judge "
+             "boxing matches and a king of england sings of love and war").split()
+    lines = [" ".join(words[(i * 7 + j) % len(words)] for j in range(12)) for i in range(400)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text(corpus_text(), encoding="utf-8")
+    return path
+
+
+def tiny_config(corpus, tmp_path, **overrides):
+    values = dict(dataset=str(corpus), n_layer=2, n_head=2, d_model=16, block_size=16,
+                  bpe_vocab_size=300, max_steps=8, batch_size=4, eval_interval=4, eval_batches=2,
+                  checkpoint_interval=4, warmup_steps=2, cache_dir=str(tmp_path / "cache"), threads=1)
+    values.update(overrides)
+    return build_config(values)
+
+
+def losses(run_dir) -> list[float]:
+    return [rec["loss"] for rec in iter_metrics(run_dir) if "loss" in rec]
+
+
+def test_golden_four_step_loss(corpus, tmp_path):
+    result = train(tiny_config(corpus, tmp_path, max_steps=4), tmp_path / "run", progress=False)
+    if GOLDEN_LOSSES is None:
+        pytest.fail(f"record GOLDEN_LOSSES = {list(result.train_losses)!r}")
+    assert list(result.train_losses) == pytest.approx(GOLDEN_LOSSES, rel=1e-5)
+
+
+def test_run_directory_contents_and_metrics(corpus, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(corpus, tmp_path, gate="learned", max_steps=4), run, progress=False)
+    for name in ("run.json", "metrics.jsonl", "model.safetensors", "model.json", "tokenizer"):
+        assert (run / name).exists(), name
+    records = list(iter_metrics(run))
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    first = steps[0]
+    assert set(first) >= {"loss", "lr", "tokens_per_s", "mfu", "grad_norm", "grad_norm_layers", "gate"}
+    assert len(first["grad_norm_layers"]) == 2 and all(g > 0 for g in first["grad_norm_layers"])
+    assert first["mfu"] is None  # CPU: no known peak
+    assert sum(first["gate"]) == pytest.approx(1.0)
+    assert [r["step"] for r in records if "val_loss" in r] == [4]
+    record = json.loads((run / "run.json").read_text())
+    assert record["config"]["model"]["gate"] == "learned"
+    assert record["dataset_fingerprint"] and record["versions"]["torch"]
+    loaded = ckpt.load_run(run)
+    assert loaded.config.model.vocab_size == len(loaded.tokenizer)
+
+
+def test_resume_continues_exactly(corpus, tmp_path, monkeypatch):
+    config = tiny_config(corpus, tmp_path, dropout=0.1)
+    whole = train(config, tmp_path / "whole", progress=False)
+
+    real_batch = loop.micro_batch
+
+    def interrupt_at_step_5(*args, **kwargs):
+        if kwargs["step"] == 5:
+            raise KeyboardInterrupt
+        return real_batch(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "micro_batch", interrupt_at_step_5)
+    with pytest.raises(KeyboardInterrupt):
+        train(config, tmp_path / "parts", progress=False)
+    monkeypatch.setattr(loop, "micro_batch", real_batch)
+    assert ckpt.latest_checkpoint_step(tmp_path / "parts") == 4
+    resumed = train(config, tmp_path / "parts", resume=True, progress=False)
+
+    assert resumed.train_losses == whole.train_losses[4:]
+    assert losses(tmp_path / "parts") == losses(tmp_path / "whole")
+    a = ckpt.load_run(tmp_path / "whole").model.state_dict()
+    b = ckpt.load_run(tmp_path / "parts").model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, monkeypatch):
+    real_step = loop.Trainer.train_step
+
+    def poisoned(self, step):
+        if step == 5:  # the sixth step
+            with torch.no_grad():
+                self.model.wte.weight.fill_(float("nan"))
+        return real_step(self, step)
+
+    monkeypatch.setattr(loop.Trainer, "train_step", poisoned)
+    run = tmp_path / "run"
+    with pytest.raises(RunError, match=r"non-finite training loss \(nan\) at step 6; stopped, last good checkpoint: step 4"):
+        train(tiny_config(corpus, tmp_path), run, progress=False)
+    good = ckpt.load_checkpoint(run)
+    assert good.step == 4
+    assert all(torch.isfinite(v).all() for v in good.model_state.values())
+    assert not (run / "model.safetensors").exists()
+
+
+def test_resume_with_changed_model_config_lists_the_fields(corpus, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(corpus, tmp_path, max_steps=4), run, progress=False)
+    changed = tiny_config(corpus, tmp_path, max_steps=8, n_layer=3, bpe_vocab_size=301)
+    with pytest.raises(UsageError, match=r"model.n_layer: 2 -> 3; tokenizer.bpe_vocab_size: 300 -> 301"):
+        train(changed, run, resume=True, progress=False)
+
+
+def test_training_into_an_existing_run_is_refused(corpus, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(corpus, tmp_path, max_steps=4), run, progress=False)
+    with pytest.raises(UsageError, match="already holds a run"):
+        train(tiny_config(corpus, tmp_path, max_steps=4), run, progress=False)
+
+
+def test_corpus_smaller_than_one_sequence_is_refused(tmp_path):
+    small = tmp_path / "small.txt"
+    small.write_text("a b c d e f g h i j k l m n o p\n" * 3, encoding="utf-8")
+    with pytest.raises(UsageError, match="fewer than one sequence"):
+        train(tiny_config(small, tmp_path, block_size=64), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_resuming_a_finished_run_keeps_its_validation_loss(corpus, tmp_path):
+    run = tmp_path / "run"
+    first = train(tiny_config(corpus, tmp_path, max_steps=4), run, progress=False)
+    again = train(tiny_config(corpus, tmp_path, max_steps=4), run, resume=True, progress=False)
+    assert again.train_losses == ()
+    assert again.final_val_loss == pytest.approx(first.final_val_loss, rel=1e-6)
+    assert json.loads((run / "model.json").read_text())["val_loss"] == pytest.approx(first.final_val_loss)
