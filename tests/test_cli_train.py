@@ -99,3 +99,34 @@ def test_resume_problems(tmp_path, corpus, capsys):
 def test_debug_shows_the_traceback(tmp_path, corpus):
     with pytest.raises(Exception, match="outside"):
         run_train(tmp_path, corpus, "--alpha", "2", "--gate", "fixed", "--debug")
+
+
+def test_eval_refuses_a_pickled_checkpoint_that_needs_unpickling(tmp_path, corpus, capsys):
+    import os
+
+    import torch
+
+    assert run_train(tmp_path, corpus, "--max-steps", "3") == 0
+    run = tmp_path / "run"
+    state = ckpt.load_tensors(run / "model.safetensors")
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    (run / "model.safetensors").unlink()
+    torch.save({**state, "payload": Payload()}, run / "model.pt")
+    code = main(["eval", "--model", str(run), "--benchmarks", "shakespeare", "--out", str(tmp_path / "ev")])
+    err = capsys.readouterr().err
+    assert code == 2 and "would need unsafe unpickling" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "ev").exists()
+    torch.save(state, run / "model.pt")  # plain tensors: loads without unpickling code
+    assert ckpt.load_run(run).config.model.n_layer == 2
+
+
+def test_resume_with_a_longer_block_than_the_positional_table_is_refused(tmp_path, corpus, capsys):
+    assert run_train(tmp_path, corpus, "--max-steps", "3") == 0
+    capsys.readouterr()
+    code = main(["train", "--resume", "--out", str(tmp_path / "run"), "--block-size", "32", "--max-steps", "6"])
+    assert code == 2
+    assert "model.block_size: 16 -> 32" in capsys.readouterr().err

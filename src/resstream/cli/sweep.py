@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from resstream.cli.train import _field_help, parse_field_flags, resolve_train_config
+from resstream.cli.train import field_help, parse_field_flags, resolve_train_config
 from resstream.errors import UsageError
 
 if TYPE_CHECKING:
@@ -98,5 +98,5 @@ def register(app: typer.Typer) -> None:
     app.command(
         "sweep",
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-        epilog=_field_help(),
+        epilog=field_help(),
     )(sweep)

@@ -14,7 +14,7 @@ from resstream.training.config import FIELDS, build_config, flatten, load_yaml
 _TYPED = ("gate", "alpha", "cut_layer", "max_steps", "seed")
 
 
-def _field_help() -> str:
+def field_help() -> str:
     lines = ["Every config field is also a flag (value after it, booleans also as --no-NAME):"]
     for name, (section, fld) in FIELDS.items():
         if name not in _TYPED:
@@ -90,5 +90,5 @@ def register(app: typer.Typer) -> None:
     app.command(
         "train",
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-        epilog=_field_help(),
+        epilog=field_help(),
     )(train)

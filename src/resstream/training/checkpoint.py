@@ -187,6 +187,17 @@ class TrainedModel:
     path: Path
 
 
+def _weights_file(root: Path) -> Path:
+    """model.safetensors, else a torch weights file (loaded only if it needs no unpickling)."""
+    if (root / MODEL_FILE).is_file():
+        return root / MODEL_FILE
+    for suffix in PICKLE_SUFFIXES:
+        candidates = sorted(root.glob(f"*{suffix}"))
+        if candidates:
+            return candidates[0]
+    raise UsageError(f"{str(root)!r} has no weights ({MODEL_FILE} is missing)")
+
+
 def load_run(run_dir: str | os.PathLike[str], *, device: str | torch.device = "cpu") -> TrainedModel:
     """Load the final model of a run directory (or the built-in reference model's folder)."""
     from resstream.data import load_tokenizer
@@ -206,7 +217,7 @@ def load_run(run_dir: str | os.PathLike[str], *, device: str | torch.device = "c
     except (ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"{str(meta_path)!r} is corrupt ({type(exc).__name__}: {exc})") from None
     model = GPT(config.model)
-    model.load_state_dict(load_tensors(root / MODEL_FILE))
+    model.load_state_dict(load_tensors(_weights_file(root)))
     model.to(device).eval()
     tokenizer = load_tokenizer(str(root / TOKENIZER_DIR))
     return TrainedModel(model=model, tokenizer=tokenizer, config=config, meta=meta, path=root)
