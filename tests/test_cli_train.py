@@ -64,7 +64,11 @@ def _bad(tmp_path, capsys, args, pattern):
         (["--gate", "fixed", "--cut-layer", "2"], "--cut-layer 2 is outside [0, 2) for 2 layers"),
         (["--gate", "sometimes"], "--gate: 'sometimes' is not allowed"),
         (["--preset", "huge"], "unknown preset 'huge'"),
-        (["--block-size", "100000"], "fewer than one sequence"),
+        (["--block-size", "100000"], "fewer than one batch (4 sequences)"),
+        (["--batch-size", "4000"], "fewer than one batch (4000 sequences)"),
+        (["--alpha", "0.5"], "--alpha only apply to --gate fixed (the gate is 'none')"),
+        (["--gate", "learned", "--cut-layer", "1"], "--cut-layer only apply to --gate fixed"),
+        (["--d-mlp", "-1"], "--d-mlp -1 must be >= 0"),
         (["--max-steps", "-1"], "--max-steps must be > 0"),
     ],
 )
@@ -94,6 +98,18 @@ def test_resume_problems(tmp_path, corpus, capsys):
     code = main(["train", "--resume", "--out", str(tmp_path / "run"), "--max-steps", "6", "--quiet"])
     err = capsys.readouterr().err
     assert code == 2 and "corrupt or not safetensors" in err
+
+
+def test_out_that_is_a_file_and_preset_on_resume_are_refused(tmp_path, corpus, capsys):
+    target = tmp_path / "run"
+    target.write_text("not a directory")
+    code = run_train(tmp_path, corpus)
+    assert code == 2 and "is a file" in capsys.readouterr().err
+    target.unlink()
+    assert run_train(tmp_path, corpus, "--max-steps", "3") == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", "--preset", "laptop", "--out", str(target)]) == 2
+    assert "--preset 'laptop' cannot be combined with --resume" in capsys.readouterr().err
 
 
 def test_debug_shows_the_traceback(tmp_path, corpus):

@@ -100,11 +100,11 @@ def test_resume_continues_exactly(corpus, tmp_path, monkeypatch):
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, monkeypatch):
     real_step = loop.Trainer.train_step
 
-    def poisoned(self, step):
+    def poisoned(self, step, **kwargs):
         if step == 5:  # the sixth step
             with torch.no_grad():
                 self.model.wte.weight.fill_(float("nan"))
-        return real_step(self, step)
+        return real_step(self, step, **kwargs)
 
     monkeypatch.setattr(loop.Trainer, "train_step", poisoned)
     run = tmp_path / "run"
@@ -134,7 +134,7 @@ def test_training_into_an_existing_run_is_refused(corpus, tmp_path):
 def test_corpus_smaller_than_one_sequence_is_refused(tmp_path):
     small = tmp_path / "small.txt"
     small.write_text("a b c d e f g h i j k l m n o p\n" * 3, encoding="utf-8")
-    with pytest.raises(UsageError, match="fewer than one sequence"):
+    with pytest.raises(UsageError, match="fewer than one batch"):
         train(tiny_config(small, tmp_path, block_size=64), tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
 
@@ -146,3 +146,57 @@ def test_resuming_a_finished_run_keeps_its_validation_loss(corpus, tmp_path):
     assert again.train_losses == ()
     assert again.final_val_loss == pytest.approx(first.final_val_loss, rel=1e-6)
     assert json.loads((run / "model.json").read_text())["val_loss"] == pytest.approx(first.final_val_loss)
+
+
+def test_resume_applies_changed_optimizer_settings(corpus, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(corpus, tmp_path, max_steps=4), run, progress=False)
+    trainer = loop.Trainer(tiny_config(corpus, tmp_path, max_steps=8, lr=1e-3, min_lr=1e-4,
+                                       weight_decay=0.0, beta2=0.99), run, resume=True, progress=False)
+    groups = {g["name"]: g for g in trainer.optimizer.param_groups}
+    assert groups["decay"]["base_lr"] == 1e-3 and groups["decay"]["weight_decay"] == 0.0
+    assert groups["no_decay"]["betas"] == (0.9, 0.99)
+
+
+def test_non_finite_gradient_with_finite_loss_stops_before_the_update(corpus, tmp_path, monkeypatch):
+    real_step = loop.Trainer.train_step
+
+    def poisoned(self, step, **kwargs):
+        if step == 5:
+            self.model.final_norm.weight.register_hook(lambda g: g * float("inf"))
+        return real_step(self, step, **kwargs)
+
+    monkeypatch.setattr(loop.Trainer, "train_step", poisoned)
+    with pytest.raises(RunError, match=r"non-finite gradient norm \(\w+\) at step 6; stopped, last good checkpoint: step 4"):
+        train(tiny_config(corpus, tmp_path), tmp_path / "run", progress=False)
+
+
+def test_a_truncated_metrics_line_does_not_break_resume(corpus, tmp_path, monkeypatch):
+    config = tiny_config(corpus, tmp_path)
+    real_batch = loop.micro_batch
+
+    def interrupt(*args, **kwargs):
+        if kwargs["step"] == 5:
+            raise KeyboardInterrupt
+        return real_batch(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "micro_batch", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train(config, tmp_path / "run", progress=False)
+    monkeypatch.setattr(loop, "micro_batch", real_batch)
+    with (tmp_path / "run" / "metrics.jsonl").open("a") as fh:
+        fh.write('{"step": 5, "loss": 1.2')  # a writer killed mid-line
+    train(config, tmp_path / "run", resume=True, progress=False)
+    assert [r["step"] for r in iter_metrics(tmp_path / "run") if "loss" in r] == list(range(1, 9))
+
+
+def test_a_fresh_run_replaces_a_leftover_tokenizer(corpus, tmp_path):
+    from resstream.data import train_bpe
+
+    run = tmp_path / "run"
+    from resstream.data import save_tokenizer
+
+    save_tokenizer(train_bpe(["a b c d e f"] * 10, 270), run / "tokenizer")
+    train(tiny_config(corpus, tmp_path, max_steps=2), run, progress=False)
+    loaded = ckpt.load_run(run)
+    assert len(loaded.tokenizer) == loaded.config.model.vocab_size

@@ -61,6 +61,13 @@ def resolve_train_config(preset: str | None, config_file: Path | None, typed: di
     return build_config(*layers, preset=preset)
 
 
+def check_fixed_gate_options(gate: str, *, alpha: float | None, cut_layer: int | None) -> None:
+    """--alpha and --cut-layer only mean something for the fixed gate: refuse them elsewhere."""
+    given = [name for name, value in (("--alpha", alpha), ("--cut-layer", cut_layer)) if value is not None]
+    if given and gate != "fixed":
+        raise UsageError(f"{' and '.join(given)} only apply to --gate fixed (the gate is {gate!r})")
+
+
 def train(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", help="Run directory (created if missing).")],
@@ -78,9 +85,13 @@ def train(
     from resstream.training import checkpoint as ckpt
     from resstream.training.loop import train as run_training
 
+    if resume and preset is not None:
+        raise UsageError(f"--preset {preset!r} cannot be combined with --resume: the run continues "
+                         f"with its saved config (change fields with flags)")
     saved = ckpt.load_checkpoint(out).state["config"] if resume else None
     typed = {"gate": gate, "alpha": alpha, "cut_layer": cut_layer, "max_steps": max_steps, "seed": seed}
     cfg = resolve_train_config(preset, config, typed, list(ctx.args), saved)
+    check_fixed_gate_options(cfg.model.gate, alpha=alpha, cut_layer=cut_layer)
     result = run_training(cfg, out, resume=resume, progress=not quiet)
     typer.echo(f"trained {result.steps} steps; validation loss {result.final_val_loss:.4f}; run in {out}")
 

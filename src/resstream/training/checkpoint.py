@@ -160,12 +160,15 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
         latest = json.loads(pointer.read_text(encoding="utf-8"))
         path = root / latest["dir"]
         state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+        groups = state.pop("param_groups")
+        if "step" not in state or "config" not in state:
+            raise KeyError("step and config are required")
     except (ValueError, KeyError, TypeError, OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot resume: checkpoint in {str(root)!r} is corrupt ({type(exc).__name__}: {exc})") from None
     model_state = load_tensors(path / MODEL_FILE)
     trainer = load_tensors(path / "trainer.safetensors")
     rng = {k.removeprefix("rng."): v for k, v in trainer.items() if k.startswith("rng.")}
-    optimizer_state = _unflatten_optimizer(trainer, state.pop("param_groups"))
+    optimizer_state = _unflatten_optimizer(trainer, groups)
     return Checkpoint(step=int(state["step"]), model_state=model_state,
                       optimizer_state=optimizer_state, rng_state=rng, state=state, path=path)
 
@@ -185,6 +188,15 @@ class TrainedModel:
     config: Any  # resstream.training.config.TrainConfig
     meta: dict[str, Any]
     path: Path
+
+
+def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], where: Path) -> None:
+    """Load a state dict; missing, unexpected or mis-shaped tensors are a UsageError."""
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise UsageError(f"weights in {str(where)!r} do not match the model's config: {detail}") from None
 
 
 def _weights_file(root: Path) -> Path:
@@ -217,7 +229,7 @@ def load_run(run_dir: str | os.PathLike[str], *, device: str | torch.device = "c
     except (ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"{str(meta_path)!r} is corrupt ({type(exc).__name__}: {exc})") from None
     model = GPT(config.model)
-    model.load_state_dict(load_tensors(_weights_file(root)))
+    load_weights(model, load_tensors(_weights_file(root)), root)
     model.to(device).eval()
     tokenizer = load_tokenizer(str(root / TOKENIZER_DIR))
     return TrainedModel(model=model, tokenizer=tokenizer, config=config, meta=meta, path=root)

@@ -135,7 +135,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "model": {"n_layer": 6, "n_head": 4, "d_model": 128, "block_size": 128},
         "tokenizer": {"tokenizer": "bpe", "bpe_vocab_size": 4096},
         "optim": {"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 100},
-        "run": {"max_steps": 2000, "batch_size": 16, "eval_interval": 250,
+        "run": {"max_steps": 1500, "batch_size": 16, "eval_interval": 250,
                 "checkpoint_interval": 250, "log_interval": 10},
     },
     # A seconds-long run for smoke tests and demos.
@@ -309,6 +309,8 @@ def validate(config: TrainConfig) -> None:
     for name in ("max_steps", "batch_size", "grad_accum", "eval_batches", "eval_interval",
                  "checkpoint_interval", "log_interval"):
         _positive(name, getattr(r, name))
+    if m.d_mlp < 0:
+        raise UsageError(f"--d-mlp {m.d_mlp} must be >= 0 (0 means 4 x --d-model)")
     if m.d_model % m.n_head:
         raise UsageError(f"--d-model {m.d_model} must be divisible by --n-head {m.n_head}")
     if m.pos_emb == "rotary" and (m.d_model // m.n_head) % 2:

@@ -17,12 +17,16 @@ from resstream.errors import UsageError
 _STEP_STRIDE = 1_000_003  # a prime, so (seed, step) pairs do not collide for realistic runs
 
 
-def check_enough_tokens(tokens: np.ndarray, block_size: int, what: str) -> None:
-    """Refuse a split that cannot hold one window of block_size + 1 tokens."""
-    if len(tokens) < block_size + 2:
+def check_enough_tokens(tokens: np.ndarray, block_size: int, what: str, *, sequences: int = 1) -> None:
+    """Refuse a split smaller than `sequences` disjoint windows of block_size tokens, plus
+    the one more token that window sampling needs (`window_starts` draws from
+    [0, len - block_size - 1))."""
+    needed = sequences * block_size + 2
+    if len(tokens) < needed:
+        unit = "one sequence" if sequences == 1 else f"one batch ({sequences} sequences)"
         raise UsageError(
-            f"the {what} split has {len(tokens)} tokens, fewer than one sequence of "
-            f"block_size + 1 = {block_size + 1}; use a larger corpus or a smaller --block-size"
+            f"the {what} split has {len(tokens)} tokens, fewer than {unit} of --block-size "
+            f"{block_size} needs ({needed}); use a larger corpus or a smaller --block-size/--batch-size"
         )
 
 

@@ -5,6 +5,8 @@ Benchmarks (`BENCHMARKS`): ``wikitext-2`` (test split), ``lambada`` (OpenAI test
 built-in corpus, cut by the rule the trainer uses
 (``split_tokens(tokenize_documents(corpus.documents, tokenizer), config.data.val_fraction)``).
 It is held-out text only for a run that trained on ``shakespeare``; the result says so either way.
+The same rule applies to any benchmark whose text is the run's own training corpus (same
+fingerprint, e.g. ``fineweb-edu`` for the ``gpt2-124m`` preset): only its validation tail is scored.
 
 Every benchmark reports the mean next-token cross-entropy in nats (``loss``), its exponential
 (``perplexity``), next-token top-1 accuracy in percent (``accuracy``; ties go to the lowest
@@ -433,10 +435,13 @@ def prepare_benchmark(name: str, corpus: Any, trained: Any, *, max_tokens: int |
         return PreparedBenchmark(name, corpus.origin, corpus.fingerprint, examples=tuple(examples))
     tokens = tokenize_documents(corpus.documents, trained.tokenizer, progress=None if progress else False)
     note = None
-    if name == "shakespeare":
-        val_fraction = trained.config.data.val_fraction
+    val_fraction = trained.config.data.val_fraction
+    trained_on_it = corpus.fingerprint == trained.meta.get("corpus_fingerprint")
+    if name == "shakespeare" or trained_on_it:  # score only the tail the trainer held out
         tokens = split_tokens(tokens, val_fraction)[1]
-        note = _shakespeare_note(trained, corpus.fingerprint, val_fraction)
+        note = (_shakespeare_note(trained, corpus.fingerprint, val_fraction) if name == "shakespeare"
+                else f"the run trained on this corpus: only its validation tail "
+                     f"(val_fraction={val_fraction}) is scored")
     if max_tokens is not None:
         tokens = tokens[:max_tokens]
     if len(tokens) < 2:

@@ -99,7 +99,7 @@ class RouterGate(ResidualGate):
 
     def forward(self, h0: Tensor) -> Alphas:
         p = torch.softmax(self.router(h0).float(), dim=-1)  # (batch, seq, L)
-        self._last_mean = p.detach().mean(dim=(0, 1)).cpu()
+        self._last_mean = p.detach().mean(dim=(0, 1))  # stays on the device: no sync per step
         alpha = (1.0 - self.strength * p).to(h0.dtype)
         return list(alpha.unsqueeze(-1).unbind(-2))
 
@@ -107,7 +107,7 @@ class RouterGate(ResidualGate):
         """Mean over tokens of the last batch seen (uniform before any)."""
         if self._last_mean is None:
             return torch.full((self.n_layer,), 1.0 / self.n_layer)
-        return self._last_mean
+        return self._last_mean.cpu()
 
 
 def make_gate(config: ModelConfig) -> ResidualGate:

@@ -28,12 +28,12 @@ from tqdm.auto import tqdm
 from resstream.data import build_token_cache, load_corpus, load_tokenizer, save_tokenizer, train_bpe
 from resstream.data.tokenizer import tokenizer_fingerprint
 from resstream.errors import RunError, UsageError
-from resstream.io import run_record, write_json
+from resstream.io import run_record, write_json, write_text
 from resstream.training import checkpoint as ckpt
 from resstream.training.config import TrainConfig, from_dict, identity_diff
 from resstream.training.data import check_enough_tokens, eval_starts, micro_batch, windows
 from resstream.training.model import GPT
-from resstream.training.optim import lr_scale, make_optimizer, set_lr
+from resstream.training.optim import apply_optim_config, lr_scale, make_optimizer, set_lr
 
 #: Dense bf16 peak FLOP/s of known accelerators, for the MFU estimate.
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
@@ -69,6 +69,8 @@ def init_distributed(device_kind: str) -> Distributed:
         return Distributed()
     info = Distributed(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
                        int(os.environ.get("LOCAL_RANK", 0)))
+    if device_kind == "cuda":
+        torch.cuda.set_device(info.local_rank)  # before NCCL, so each process owns its GPU
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device_kind == "cuda" else "gloo")
     return info
@@ -165,11 +167,10 @@ class MetricsLog:
     def __init__(self, path: Path, enabled: bool, resume_step: int | None) -> None:
         self.path, self.enabled = path, enabled
         if enabled and resume_step is not None and path.exists():
-            kept = [line for line in path.read_text(encoding="utf-8").splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
-            path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+            kept = [json.dumps(rec) for rec in read_records(path) if rec.get("step", 0) <= resume_step]
+            write_text(path, "".join(line + "\n" for line in kept))
         elif enabled and resume_step is None:
-            path.write_text("", encoding="utf-8")
+            write_text(path, "")
 
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:
@@ -199,12 +200,15 @@ class Trainer:
         self._check_resume_compatible()
         self.splits = build_token_cache(self.corpus, self.tokenizer, default_cache_dir(self.config),
                                         val_fraction=self.config.data.val_fraction)
-        check_enough_tokens(self.splits.train, self.config.model.block_size, "training")
+        check_enough_tokens(self.splits.train, self.config.model.block_size, "training",
+                            sequences=self.config.run.batch_size)
         check_enough_tokens(self.splits.val, self.config.model.block_size, "validation")
         self._build_model()
 
     # ----------------------------------------------------------------- set-up
     def _check_out_dir(self, config: TrainConfig) -> ckpt.Checkpoint | None:
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise UsageError(f"--out {str(self.out_dir)!r} is a file; give a directory")
         has_run = ckpt.latest_checkpoint_step(self.out_dir) is not None or (self.out_dir / ckpt.MODEL_FILE).exists()
         if self.resume:
             return ckpt.load_checkpoint(self.out_dir)
@@ -233,8 +237,9 @@ class Trainer:
         self.optimizer = make_optimizer(self.model, self.config.optim, fused=fused)
         self.start_step = 0
         if self.checkpoint is not None:
-            self.model.load_state_dict(self.checkpoint.model_state)
+            ckpt.load_weights(self.model, self.checkpoint.model_state, self.checkpoint.path)
             self.optimizer.load_state_dict(self.checkpoint.optimizer_state)
+            apply_optim_config(self.optimizer, self.config.optim)
             set_rng_state(self.checkpoint.rng_state, self.device)
             self.start_step = self.checkpoint.step
         self.forward_model: nn.Module = self.model
@@ -272,8 +277,12 @@ class Trainer:
                            world=self.dist.world)
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
-    def train_step(self, step: int) -> tuple[float, float]:
-        """One optimizer step; returns (mean loss over the global batch, gradient norm)."""
+    def train_step(self, step: int, *, layer_norms: bool = False) -> tuple[float, float, list[float] | None]:
+        """Forward and backward of step `step` over the global batch, then gradient clipping.
+
+        Returns the mean loss, the gradient norm before clipping and, when `layer_norms`,
+        each block's gradient norm before clipping. The caller steps the optimizer.
+        """
         r, o = self.config.run, self.config.optim
         set_lr(self.optimizer, lr_scale(step, warmup_steps=o.warmup_steps, max_steps=r.max_steps,
                                         min_ratio=o.min_lr / o.lr))
@@ -291,19 +300,20 @@ class Trainer:
         loss_value = float(total)
         if not math.isfinite(loss_value):
             self.optimizer.zero_grad(set_to_none=True)
-            raise RunError(self._divergence_message(step + 1, loss_value))
-        if o.grad_clip > 0:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), o.grad_clip))
-        else:
-            grad_norm = float(torch.linalg.vector_norm(torch.stack(
-                [p.grad.norm() for p in self.model.parameters() if p.grad is not None])))
-        return loss_value, grad_norm
+            raise RunError(self._divergence_message(step + 1, loss_value, "training loss"))
+        per_layer = layer_grad_norms(self.model) if layer_norms else None
+        max_norm = o.grad_clip if o.grad_clip > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise RunError(self._divergence_message(step + 1, grad_norm, "gradient norm"))
+        return loss_value, grad_norm, per_layer
 
-    def _divergence_message(self, step: int, loss: float) -> str:
+    def _divergence_message(self, step: int, value: float, what: str) -> str:
         last = ckpt.latest_checkpoint_step(self.out_dir)
         kept = (f"last good checkpoint: step {last} in {str(self.out_dir / ckpt.CHECKPOINTS)!r}"
                 if last is not None else "no checkpoint had been saved yet")
-        return f"non-finite training loss ({loss}) at step {step}; stopped, {kept}"
+        return f"non-finite {what} ({value}) at step {step}; stopped, {kept}"
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -340,20 +350,21 @@ class Trainer:
         bar = tqdm(total=r.max_steps, initial=self.start_step, disable=not (self.progress and main),
                    desc="train", unit="step", dynamic_ncols=True)
         self.model.train()
-        window_start, window_tokens = time.perf_counter(), 0
+        window_time, window_tokens = 0.0, 0  # training time only: evals and saves excluded
         for step in range(self.start_step, r.max_steps):
-            loss, grad_norm = self.train_step(step)
             done = step + 1
-            per_layer = layer_grad_norms(self.model) if done % r.log_interval == 0 or done == r.max_steps else None
+            logging = done % r.log_interval == 0 or done == r.max_steps
+            started = time.perf_counter()
+            loss, grad_norm, per_layer = self.train_step(step, layer_norms=logging)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             losses.append(loss)
+            window_time += time.perf_counter() - started
             window_tokens += tokens_per_step
-            if per_layer is not None:
-                elapsed = time.perf_counter() - window_start
-                tps = window_tokens / elapsed
+            if logging:
+                tps = window_tokens / window_time
                 log.write(self._step_record(done, loss, grad_norm, per_layer, tps))
-                window_start, window_tokens = time.perf_counter(), 0
+                window_time, window_tokens = 0.0, 0
                 bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}")
             if done % r.eval_interval == 0 or done == r.max_steps:
                 val_loss = self.evaluate()
@@ -375,8 +386,8 @@ class Trainer:
             "step": step,
             "loss": loss,
             "lr": self.optimizer.param_groups[0]["lr"],
-            "tokens_per_s": tps,
-            "mfu": self.flops_per_token * tps / self.peak if self.peak else None,
+            "tokens_per_s": tps,  # over all processes
+            "mfu": self.flops_per_token * tps / (self.peak * self.dist.world) if self.peak else None,
             "grad_norm": grad_norm,
             "grad_norm_layers": per_layer,
             "gate": dist_p.tolist() if dist_p is not None else None,
@@ -387,8 +398,7 @@ class Trainer:
         path = self.out_dir / "metrics.jsonl"
         if not path.exists():
             return math.nan
-        rates = [rec["tokens_per_s"] for rec in map(json.loads, path.read_text().splitlines())
-                 if "tokens_per_s" in rec]
+        rates = [rec["tokens_per_s"] for rec in read_records(path) if "tokens_per_s" in rec]
         return float(np.median(rates)) if rates else math.nan
 
     def _state(self, val_loss: float) -> dict[str, Any]:
@@ -409,7 +419,7 @@ class Trainer:
 
     def _write_run_files(self) -> None:
         tok_dir = self.out_dir / ckpt.TOKENIZER_DIR
-        if not tok_dir.is_dir():
+        if self.checkpoint is None or not tok_dir.is_dir():  # a fresh run replaces any leftover
             save_tokenizer(self.tokenizer, tok_dir)
         record = run_record(self.config.to_dict(), seed=self.config.run.seed, device=str(self.device),
                             dataset_fingerprint=self.splits.fingerprint)
@@ -431,10 +441,18 @@ def train(config: TrainConfig, out_dir: str | os.PathLike[str], *, resume: bool 
     return Trainer(config, out_dir, resume=resume, progress=progress).run()
 
 
-def iter_metrics(run_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """The records of a run's metrics.jsonl, in order."""
-    path = Path(run_dir) / "metrics.jsonl"
+def read_records(path: Path) -> Iterator[dict[str, Any]]:
+    """JSON records of a .jsonl log, in order; a line cut short by a killed writer is skipped."""
     with path.open(encoding="utf-8") as fh:
         for line in fh:
-            if line.strip():
-                yield json.loads(line)
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                yield record
+
+
+def iter_metrics(run_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """The records of a run's metrics.jsonl, in order."""
+    return read_records(Path(run_dir) / "metrics.jsonl")

@@ -53,3 +53,14 @@ def set_lr(optimizer: torch.optim.Optimizer, scale: float) -> None:
     """Apply the schedule multiplier to every group's base learning rate."""
     for group in optimizer.param_groups:
         group["lr"] = group["base_lr"] * scale
+
+
+def apply_optim_config(optimizer: torch.optim.Optimizer, config: OptimConfig) -> None:
+    """Set every group's hyper-parameters from `config` (after loading a checkpoint's state,
+    whose groups carry the values it was saved with)."""
+    for group in optimizer.param_groups:
+        is_gate = group.get("name") == "gate"
+        group["base_lr"] = config.gate_lr if is_gate else config.lr
+        group["betas"] = (config.beta1, config.beta2)
+        if group.get("name") == "decay":
+            group["weight_decay"] = config.weight_decay
