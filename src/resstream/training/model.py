@@ -99,12 +99,19 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: Tensor, alpha: Tensor | None = None) -> Tensor:
-        identity = x if alpha is None else alpha * x
+        attn_out = self.attn(self.ln1(x) if self.pre_norm else x)
+        y = scaled_residual(x, attn_out, alpha)
         if self.pre_norm:
-            y = identity + self.attn(self.ln1(x))
             return y + self.mlp(self.ln2(y))
-        y = self.ln1(identity + self.attn(x))
+        y = self.ln1(y)
         return self.ln2(y + self.mlp(y))
+
+
+def scaled_residual(x: Tensor, update: Tensor, alpha: Tensor | None) -> Tensor:
+    """α·x + update in one fused pass (x + update when α is None)."""
+    if alpha is None:
+        return x + update
+    return torch.addcmul(update, alpha, x)
 
 
 class GPT(nn.Module):
