@@ -154,7 +154,9 @@ class CompareTable:
         parts = [CONVENTION, BOLD_RULE]
         if self.best_fixed is not None:
             parts.append("best fixed cut: the fixed layer with the lowest mean validation loss "
-                         f"(val loss by layer: {ranking})")
+                         f"(val loss by layer: {ranking}); it is chosen on the split its val loss "
+                         "and the shakespeare column are measured on, so those two cells are "
+                         "optimistically biased for that row")
         return "; ".join(parts) + "."
 
     def to_markdown(self) -> str:
