@@ -209,9 +209,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--d-model", type=int, default=CPU_SHAPE["d_model"], help="width of the CPU shape")
+    parser.add_argument("--n-layer", type=int, default=CPU_SHAPE["n_layer"], help="depth of the CPU shape")
     parser.add_argument("--cuda", action="store_true", help="also run the gpt2-124m GPU benchmark")
     parser.add_argument("--cuda-batch", type=int, default=16)
     args = parser.parse_args()
+    CPU_SHAPE.update(d_model=args.d_model, n_layer=args.n_layer)
     cpu_benchmark(args)
     if args.cuda and torch.cuda.is_available():
         cuda_benchmark(args)
