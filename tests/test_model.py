@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from resstream.training.config import ModelConfig
-from resstream.training.gates import FixedGate, LearnedGate, RouterGate
+from resstream.training.gates import FixedGate, LearnedGate
 from resstream.training.model import GPT
 
 

@@ -7,12 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from resstream.cli.sweep import check_out_dir, split_names
+from resstream.cli.common import check_out_dir, echo_err, split_names
 from resstream.errors import UsageError
-
-
-def _echo_err(message: str) -> None:
-    typer.echo(message, err=True)
 
 
 def compare(
@@ -49,7 +45,7 @@ def compare(
     sw.check_benchmark_data(sw.missing_benchmarks(records, names), str(data_dir) if data_dir else None)
     records = sw.fill_evals(records, names, max_tokens=max_tokens, device=dev,
                             data_dir=str(data_dir) if data_dir else None, progress=not quiet,
-                            log=None if quiet else _echo_err)
+                            log=None if quiet else echo_err)
     table = compare_table(records, names)
     markdown = table.to_markdown()
     write_text(out / "compare.md", markdown)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from resstream.errors import UsageError
+from resstream.cli.common import check_out_dir
 
 if TYPE_CHECKING:
     from resstream.training.evaluate import EvalPlan, EvalReport
@@ -22,12 +22,6 @@ if TYPE_CHECKING:
 #: Columns of eval.csv, in order.
 CSV_FIELDS = ("name", "loss", "perplexity", "accuracy", "num_tokens", "last_word_accuracy",
               "num_examples", "origin", "fingerprint", "note")
-
-
-def check_out(out: Path) -> None:
-    """--out must be a directory or not exist yet."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {str(out)!r} exists and is not a directory")
 
 
 def csv_text(report: EvalReport) -> str:
@@ -90,7 +84,7 @@ def eval_command(
     """Evaluate a trained model: loss, perplexity, top-1 accuracy (and LAMBADA last-word accuracy)."""
     from resstream.training.evaluate import BENCHMARKS, prepare, run_plan
 
-    check_out(out)
+    check_out_dir(out)
     if model is None:
         from resstream.assets import reference_model_dir
 

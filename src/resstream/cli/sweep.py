@@ -8,27 +8,11 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from resstream.cli.train import field_help, parse_field_flags, resolve_train_config
+from resstream.cli.common import check_out_dir, echo_err, split_names
 from resstream.errors import UsageError
 
 if TYPE_CHECKING:
     from resstream.training.sweep import SweepResult
-
-
-def split_names(text: str | None) -> list[str]:
-    """'a,b' (or repeated spaces) into ['a', 'b']; None into []."""
-    if text is None:
-        return []
-    return [item.strip() for item in text.replace(" ", ",").split(",") if item.strip()]
-
-
-def check_out_dir(out: Path) -> None:
-    """--out must be a directory or not exist yet."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {str(out)!r} is a file; give a directory")
-
-
-def _echo_err(message: str) -> None:
-    typer.echo(message, err=True)
 
 
 def sweep(
@@ -77,7 +61,7 @@ def sweep(
     if names:
         sw.check_benchmark_data(names, base.run.data_dir)
     result = sw.run_sweep(plan, out, benchmarks=names, max_eval_tokens=max_tokens, progress=not quiet,
-                          log=None if quiet else _echo_err)
+                          log=None if quiet else echo_err)
     write_text(out / "sweep.csv", sweep_csv(result))
     plot_sweep_val_loss(result, out / "sweep_val_loss.png")
     if any(h.steps for h in result.gate_histories.values()):
