@@ -40,6 +40,21 @@ def tiny_config(corpus, tmp_path, **overrides):
     return build_config(values)
 
 
+def interrupted_run(config, run_dir, monkeypatch, *, at_step: int) -> None:
+    """Train until step `at_step` (0-based) asks for its batch, then stop as Ctrl-C would."""
+    real_batch = loop.micro_batch
+
+    def interrupt(*args, **kwargs):
+        if kwargs["step"] == at_step:
+            raise KeyboardInterrupt
+        return real_batch(*args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(loop, "micro_batch", interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            train(config, run_dir, progress=False)
+
+
 def losses(run_dir) -> list[float]:
     return [rec["loss"] for rec in iter_metrics(run_dir) if "loss" in rec]
 
@@ -76,17 +91,7 @@ def test_resume_continues_exactly(corpus, tmp_path, monkeypatch):
     config = tiny_config(corpus, tmp_path, dropout=0.1)
     whole = train(config, tmp_path / "whole", progress=False)
 
-    real_batch = loop.micro_batch
-
-    def interrupt_at_step_5(*args, **kwargs):
-        if kwargs["step"] == 5:
-            raise KeyboardInterrupt
-        return real_batch(*args, **kwargs)
-
-    monkeypatch.setattr(loop, "micro_batch", interrupt_at_step_5)
-    with pytest.raises(KeyboardInterrupt):
-        train(config, tmp_path / "parts", progress=False)
-    monkeypatch.setattr(loop, "micro_batch", real_batch)
+    interrupted_run(config, tmp_path / "parts", monkeypatch, at_step=5)
     assert ckpt.latest_checkpoint_step(tmp_path / "parts") == 4
     resumed = train(config, tmp_path / "parts", resume=True, progress=False)
 
@@ -173,17 +178,7 @@ def test_non_finite_gradient_with_finite_loss_stops_before_the_update(corpus, tm
 
 def test_a_truncated_metrics_line_does_not_break_resume(corpus, tmp_path, monkeypatch):
     config = tiny_config(corpus, tmp_path)
-    real_batch = loop.micro_batch
-
-    def interrupt(*args, **kwargs):
-        if kwargs["step"] == 5:
-            raise KeyboardInterrupt
-        return real_batch(*args, **kwargs)
-
-    monkeypatch.setattr(loop, "micro_batch", interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        train(config, tmp_path / "run", progress=False)
-    monkeypatch.setattr(loop, "micro_batch", real_batch)
+    interrupted_run(config, tmp_path / "run", monkeypatch, at_step=5)
     with (tmp_path / "run" / "metrics.jsonl").open("a") as fh:
         fh.write('{"step": 5, "loss": 1.2')  # a writer killed mid-line
     train(config, tmp_path / "run", resume=True, progress=False)
