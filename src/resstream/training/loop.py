@@ -187,7 +187,7 @@ class Trainer:
         self.out_dir = Path(out_dir)
         self.resume = resume
         self.progress = progress
-        self.checkpoint = self._check_out_dir(config)
+        self.checkpoint = self._check_out_dir()
         device_kind = resolve_device(config.run.device).type
         self.dist = init_distributed(device_kind)
         self.device = resolve_device(config.run.device, self.dist.local_rank)
@@ -206,7 +206,7 @@ class Trainer:
         self._build_model()
 
     # ----------------------------------------------------------------- set-up
-    def _check_out_dir(self, config: TrainConfig) -> ckpt.Checkpoint | None:
+    def _check_out_dir(self) -> ckpt.Checkpoint | None:
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise UsageError(f"--out {str(self.out_dir)!r} is a file; give a directory")
         has_run = ckpt.latest_checkpoint_step(self.out_dir) is not None or (self.out_dir / ckpt.MODEL_FILE).exists()
