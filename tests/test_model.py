@@ -170,3 +170,13 @@ def test_rotary_attention_is_causal_and_rmsnorm_works():
 def test_sequence_longer_than_block_size_is_refused():
     with pytest.raises(ValueError, match="block_size"):
         build()(torch.zeros(1, 13, dtype=torch.long))
+
+
+def test_a_model_without_normalisation_has_no_norm_parameters_and_trains(tokens):
+    model = build(norm="none", pos_emb="none")
+    assert not [n for n, _ in model.named_parameters() if "ln" in n or "final_norm" in n]
+    states = model.hidden_states(tokens)
+    logits, loss = model(tokens, tokens)
+    assert torch.equal(logits, F.linear(states[-1], model.W_U))  # no final norm either
+    loss.backward()
+    assert torch.isfinite(model.wte.weight.grad).all()

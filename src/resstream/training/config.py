@@ -23,7 +23,7 @@ import yaml
 from resstream.errors import UsageError, closest
 
 GateKind = Literal["none", "fixed", "learned", "router"]
-NormKind = Literal["layernorm", "rmsnorm"]
+NormKind = Literal["layernorm", "rmsnorm", "none"]
 NormPosition = Literal["pre", "post"]
 PosEmbKind = Literal["learned", "rotary", "none"]
 

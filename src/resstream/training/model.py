@@ -22,7 +22,9 @@ INIT_STD = 0.02
 
 
 def make_norm(config: ModelConfig) -> nn.Module:
-    """LayerNorm (with or without bias) or RMSNorm of width d_model."""
+    """LayerNorm (with or without bias), RMSNorm, or none (identity) of width d_model."""
+    if config.norm == "none":
+        return nn.Identity()
     if config.norm == "rmsnorm":
         return nn.RMSNorm(config.d_model, eps=1e-5)
     return nn.LayerNorm(config.d_model, eps=1e-5, bias=config.bias)
