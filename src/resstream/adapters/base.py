@@ -1,0 +1,73 @@
+"""The common view of a causal LM's residual stream that every analysis works through.
+
+An adapter maps one model family onto `ModelView`. Residual states follow DESIGN.md:
+h_0 is the input of block 0 (after any embedding scaling or positional embedding the model
+applies); h_l (l = 1..L) is the output of block l, taken before the final norm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class BlockView:
+    """One Transformer block.
+
+    `ln1`/`ln2` are the norms before attention / MLP (None where a family has none);
+    `attn` and `mlp` the sub-modules whose outputs are added to the residual stream (for
+    families with post-sublayer norms, e.g. Gemma-2, the extra norms are `post_attn_norm` /
+    `post_mlp_norm`). `W_O` is the attention output projection as (n_heads, d_head, d_model),
+    so head h writes z_h @ W_O[h]; `b_O` its bias (d_model) or None.
+    """
+
+    module: nn.Module
+    ln1: nn.Module | None
+    attn: nn.Module
+    ln2: nn.Module | None
+    mlp: nn.Module
+    W_O: Tensor
+    b_O: Tensor | None = None
+    post_attn_norm: nn.Module | None = None
+    post_mlp_norm: nn.Module | None = None
+
+
+@dataclass(frozen=True)
+class ModelView:
+    """A model seen through its residual stream (see the module docstring)."""
+
+    family: str
+    model: nn.Module
+    embed: Callable[[Tensor], Tensor]  # token ids (batch, seq) -> h_0 (batch, seq, d_model)
+    blocks: tuple[BlockView, ...]
+    final_norm: nn.Module
+    W_U: Tensor  # (vocab, d_model)
+    W_E: Tensor  # (vocab, d_model)
+    tied: bool
+    n_heads: int
+    d_model: int
+    max_positions: int | None
+    b_U: Tensor | None = None  # (vocab,)
+    logit_softcap: float | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    def unembed(self, h: Tensor) -> Tensor:
+        """Logits from residual states: final_norm, W_U (+ b_U), soft-capping if any."""
+        logits = self.final_norm(h) @ self.W_U.T.to(h.dtype)
+        if self.b_U is not None:
+            logits = logits + self.b_U.to(logits.dtype)
+        if self.logit_softcap is not None:
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+        return logits

@@ -1,0 +1,125 @@
+"""Seeded samples of N token sequences of length T for corpus-level analysis.
+
+Rule (documented for users in docs/metrics.md):
+
+1. Documents are tokenised one at a time, in corpus order, without special tokens, and
+   concatenated with the tokenizer's eos id after each document (when it has one) — the same
+   stream the trainer builds.
+2. The stream is cut into consecutive, non-overlapping windows of `T − b` tokens, where b = 1
+   when a BOS token is prepended and 0 otherwise; a final partial window is dropped.
+3. N windows are chosen uniformly at random without replacement by reservoir sampling
+   (Algorithm R, `random.Random(seed)`), in one pass over the stream with memory for N windows
+   only; the chosen windows are returned in stream order.
+4. BOS policy (`bos`): `auto` prepends the tokenizer's BOS id when the tokenizer itself adds one to
+   encoded text (Llama, Gemma, Mistral do; GPT-2 and resstream's BPE do not); `always` prepends it
+   whenever the tokenizer has one; `never` does not.
+
+A `.jsonl` file whose rows all carry `input_ids` is used exactly as given: one sequence per
+row, no re-tokenisation, no BOS, no sampling (`sample_token_rows`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from resstream.errors import UsageError
+
+BosPolicy = Literal["auto", "always", "never"]
+
+
+@dataclass(frozen=True)
+class SequenceSample:
+    """Token sequences for analysis, with how they were obtained."""
+
+    sequences: tuple[torch.Tensor, ...]  # 1-D int64 tensors
+    rule: str  # a one-line description of how they were chosen
+    bos_prepended: bool
+    windows_available: int | None  # windows in the stream (None for pinned rows)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s) for s in self.sequences)
+
+
+def prepends_bos(tokenizer: Any, policy: BosPolicy) -> bool:
+    """Whether sequences start with the tokenizer's BOS id under `policy`."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if policy == "never" or bos is None:
+        return False
+    if policy == "always":
+        return True
+    ids = tokenizer("a", add_special_tokens=True)["input_ids"]
+    return bool(ids) and ids[0] == bos
+
+
+def token_stream(documents: Iterable[str], tokenizer: Any) -> Iterator[int]:
+    """Token ids of the documents, one document at a time, eos after each (if any)."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    for document in documents:
+        yield from tokenizer(document, add_special_tokens=False)["input_ids"]
+        if eos is not None:
+            yield eos
+
+
+def windows(stream: Iterable[int], length: int) -> Iterator[list[int]]:
+    """Consecutive non-overlapping windows of `length` ids; a final partial one is dropped."""
+    window: list[int] = []
+    for token in stream:
+        window.append(token)
+        if len(window) == length:
+            yield window
+            window = []
+
+
+def reservoir(items: Iterable[list[int]], count: int, seed: int) -> tuple[list[tuple[int, list[int]]], int]:
+    """`count` items chosen uniformly without replacement (Algorithm R), with their indices,
+    and the number of items seen."""
+    rng = random.Random(seed)
+    chosen: list[tuple[int, list[int]]] = []
+    seen = 0
+    for index, item in enumerate(items):
+        seen = index + 1
+        if index < count:
+            chosen.append((index, item))
+        else:
+            slot = rng.randrange(seen)
+            if slot < count:
+                chosen[slot] = (index, item)
+    return sorted(chosen), seen
+
+
+def sample_sequences(documents: Iterable[str], tokenizer: Any, *, num_seqs: int, seq_len: int,
+                     seed: int = 0, bos: BosPolicy = "auto", corpus_name: str = "corpus") -> SequenceSample:
+    """Choose `num_seqs` windows of `seq_len` tokens from the documents' token stream."""
+    if num_seqs < 1:
+        raise UsageError(f"--num-seqs {num_seqs} must be >= 1")
+    add_bos = prepends_bos(tokenizer, bos)
+    content = seq_len - int(add_bos)
+    if content < 2:
+        raise UsageError(f"--seq-len {seq_len} is too short: at least {2 + int(add_bos)} tokens are needed")
+    chosen, available = reservoir(windows(token_stream(documents, tokenizer), content), num_seqs, seed)
+    if available < num_seqs:
+        raise UsageError(
+            f"--num-seqs {num_seqs} is more than {corpus_name!r} holds: it has {available} "
+            f"non-overlapping sequences of {seq_len} tokens"
+        )
+    prefix = [tokenizer.bos_token_id] if add_bos else []
+    sequences = tuple(torch.tensor(prefix + window, dtype=torch.long) for _, window in chosen)
+    rule = (f"{num_seqs} of {available} non-overlapping {content}-token windows of {corpus_name!r}, "
+            f"reservoir-sampled with seed {seed}" + ("; BOS prepended" if add_bos else "; no BOS"))
+    return SequenceSample(sequences, rule, add_bos, available)
+
+
+def sample_token_rows(rows: list[list[int]], *, source: str) -> SequenceSample:
+    """Pinned sequences from a `.jsonl` with `input_ids`: exactly as given, one per row."""
+    sequences = tuple(torch.tensor(row, dtype=torch.long) for row in rows)
+    short = [i + 1 for i, s in enumerate(sequences) if len(s) < 2]
+    if short:
+        raise UsageError(f"{source!r}: row {short[0]} has fewer than 2 input_ids (nothing to score)")
+    return SequenceSample(sequences, f"{len(rows)} rows of {source!r} used exactly as given",
+                          False, None)
