@@ -1,0 +1,124 @@
+"""Render causal-shift results (`AlignmentResult`s): plots and the per-layer CSV.
+
+Plots: top-k match with the input and the next token against depth (95% CI bands, shift layer
+marked); cosine similarities and the input→output projection against depth; the distribution of
+per-token shift depths; and, with several models, one comparison on a relative-depth axis
+(layer / L) so models of different depth share an axis. Nothing here computes model outputs.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from resstream.io import atomic_path
+
+Result = Any  # resstream.analysis.alignment.AlignmentResult (duck-typed: rendering only)
+
+
+def _save(fig: Figure, path: str | Path) -> None:
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+
+
+def _band(ax, layers, ci, colour) -> None:
+    low = [lo for lo, _ in ci]
+    high = [hi for _, hi in ci]
+    ax.fill_between(layers, low, high, color=colour, alpha=0.2, linewidth=0)
+
+
+def plot_match_rates(result: Result, path: str | Path) -> None:
+    """in_match and out_match (top-k) against depth, with 95% CI bands and the shift layer."""
+    fig = Figure(figsize=(6.4, 4.0))
+    ax = fig.add_subplot()
+    layers = list(result.layers)
+    ax.plot(layers, result.in_match, "o-", color="tab:blue", label=f"input token t_i in top-{result.top_k}")
+    _band(ax, layers, result.in_match_ci, "tab:blue")
+    ax.plot(layers, result.out_match, "s-", color="tab:green", label=f"next token t_i+1 in top-{result.top_k}")
+    _band(ax, layers, result.out_match_ci, "tab:green")
+    if result.shift_layer is not None:
+        ax.axvline(result.shift_layer, color="grey", linestyle=":", label=f"shift layer {result.shift_layer:.2f}")
+    ax.set_xlabel("layer (0 = embedding)")
+    ax.set_ylabel("match rate")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"{result.model}: {result.decoder} decoding, {result.num_tokens:,} tokens", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def plot_similarity(result: Result, path: str | Path) -> None:
+    """Cosine with the input embedding and the output unembedding, and the projection."""
+    fig = Figure(figsize=(6.4, 4.0))
+    ax = fig.add_subplot()
+    layers = list(result.layers)
+    ax.plot(layers, result.cos_in, "o-", color="tab:blue", label="cos(h, W_E[t_i])")
+    ax.plot(layers, result.cos_out, "s-", color="tab:green", label="cos(h, W_U[t_i+1])")
+    ax.plot(layers, result.projection, "^-", color="tab:red", label="projection on input→output (0 = input, 1 = output)")
+    ax.axhline(0, color="black", linewidth=0.6)
+    ax.set_xlabel("layer (0 = embedding)")
+    ax.set_ylabel("mean over positions")
+    ax.set_title(f"{result.model}: similarity to input and output tokens", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def plot_shift_depths(result: Result, path: str | Path) -> None:
+    """Histogram of the first layer at which each position ranks t_i+1 above t_i."""
+    fig = Figure(figsize=(6.4, 3.6))
+    ax = fig.add_subplot()
+    counts = list(result.shift_depths) + [result.never_shifted]
+    labels = [str(layer) for layer in result.layers] + ["never"]
+    total = max(1, sum(counts))
+    ax.bar(range(len(counts)), [c / total for c in counts],
+           color=["tab:purple"] * (len(counts) - 1) + ["tab:grey"])
+    ax.set_xticks(range(len(counts)))
+    ax.set_xticklabels(labels)
+    ax.set_xlabel("per-token shift depth (first layer ranking t_i+1 above t_i)")
+    ax.set_ylabel("fraction of positions")
+    ax.set_title(f"{result.model}: tokens shift at different depths", fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    _save(fig, path)
+
+
+def plot_comparison(results: Sequence[Result], path: str | Path) -> None:
+    """out_match − in_match of several models against relative depth (layer / L)."""
+    fig = Figure(figsize=(6.4, 4.0))
+    ax = fig.add_subplot()
+    for result in results:
+        depth = [layer / result.num_layers for layer in result.layers]
+        diff = [o - i for o, i in zip(result.out_match, result.in_match, strict=True)]
+        ax.plot(depth, diff, "o-", markersize=3, label=f"{result.model} (L={result.num_layers})")
+    ax.axhline(0, color="black", linewidth=0.6)
+    ax.set_xlabel("relative depth (layer / L)")
+    ax.set_ylabel("out_match − in_match")
+    ax.set_title("where the causal shift happens", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+CSV_COLUMNS = ("model", "layer", "relative_depth", "in_match", "in_match_lo", "in_match_hi", "out_match",
+               "out_match_lo", "out_match_hi", "cos_in", "cos_out", "projection", "shift_depth_count")
+
+
+def shift_csv(results: Sequence[Result]) -> str:
+    """One row per model and layer."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for r in results:
+        for index, layer in enumerate(r.layers):
+            writer.writerow([
+                r.model, layer, layer / r.num_layers, r.in_match[index], *r.in_match_ci[index],
+                r.out_match[index], *r.out_match_ci[index], r.cos_in[index], r.cos_out[index],
+                r.projection[index], r.shift_depths[index],
+            ])
+    return buffer.getvalue()

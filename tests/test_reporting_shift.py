@@ -1,0 +1,46 @@
+"""Shift renderers on hand-made results (duck-typed like AlignmentResult)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from types import SimpleNamespace
+
+from resstream.reporting.shift import (
+    plot_comparison,
+    plot_match_rates,
+    plot_shift_depths,
+    plot_similarity,
+    shift_csv,
+)
+
+
+def fake(model: str, layers: int) -> SimpleNamespace:
+    n = layers + 1
+    return SimpleNamespace(
+        model=model, num_layers=layers, layers=tuple(range(n)), top_k=5, decoder="logit-lens",
+        num_tokens=1000, in_match=tuple(1 - i / layers for i in range(n)),
+        out_match=tuple(i / layers for i in range(n)),
+        in_match_ci=tuple((max(0, 1 - i / layers - 0.05), min(1, 1 - i / layers + 0.05)) for i in range(n)),
+        out_match_ci=tuple((max(0, i / layers - 0.05), min(1, i / layers + 0.05)) for i in range(n)),
+        cos_in=tuple(1 - i / n for i in range(n)), cos_out=tuple(i / n for i in range(n)),
+        projection=tuple(i / layers for i in range(n)), shift_layer=layers / 2,
+        shift_depths=tuple([0] + [10] * layers), never_shifted=3,
+    )
+
+
+def test_plots_are_pngs(tmp_path):
+    results = [fake("a", 4), fake("b", 8)]
+    for name, draw in (("m.png", plot_match_rates), ("s.png", plot_similarity), ("h.png", plot_shift_depths)):
+        draw(results[0], tmp_path / name)
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+    plot_comparison(results, tmp_path / "c.png")
+    assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+def test_csv_rows_and_values():
+    rows = list(csv.DictReader(io.StringIO(shift_csv([fake("a", 4), fake("b", 2)]))))
+    assert len(rows) == 5 + 3
+    assert rows[2]["model"] == "a" and float(rows[2]["relative_depth"]) == 0.5
+    assert float(rows[2]["in_match"]) == 0.5 and float(rows[2]["out_match_hi"]) == 0.55
+    assert rows[5]["model"] == "b" and rows[5]["shift_depth_count"] == "0"
