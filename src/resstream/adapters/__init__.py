@@ -1,1 +1,29 @@
-"""resstream.adapters"""
+"""resstream.adapters: one module per model family, each mapping a model to a `ModelView`.
+
+`view_of(model)` picks the adapter from the registry (keyed by `config.model_type`;
+resstream's own GPT is "resstream"); `load_model(spec)` loads a model by directory or hub
+name and returns its view with the tokenizer. Importing this package does not import
+`transformers`.
+"""
+
+from resstream.adapters.base import BlockView, ModelView
+from resstream.adapters.loading import (
+    DTYPES,
+    LoadedModel,
+    is_causal_config,
+    load_model,
+    resolve_device,
+)
+from resstream.adapters.registry import (
+    ADAPTERS,
+    family_of,
+    register,
+    supported_families,
+    view_of,
+)
+
+__all__ = [
+    "ADAPTERS", "DTYPES", "BlockView", "LoadedModel", "ModelView", "family_of",
+    "is_causal_config", "load_model", "register", "resolve_device", "supported_families",
+    "view_of",
+]

@@ -1,0 +1,91 @@
+"""Adapter for Gemma and Gemma-2.
+
+Both: RMSNorm with a (1 + weight) scale, token embeddings multiplied by sqrt(hidden_size)
+(in transformers 5.x inside `Gemma*TextScaledWordEmbedding.forward`, in 4.x inside the model's
+forward: both are handled), rotary positions, tied unembedding, no biases.
+Gemma: Llama's block layout (`input_layernorm`, `self_attn`, `post_attention_layernorm` =
+the norm before the MLP, `mlp`).
+Gemma-2: four norms per block: `input_layernorm` before attention, `post_attention_layernorm`
+on the attention output before it is added, `pre_feedforward_layernorm` before the MLP,
+`post_feedforward_layernorm` on the MLP output; final logits are soft-capped with
+`final_logit_softcapping` (tanh(x / c) * c).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from resstream.adapters.base import BlockView, ModelView
+from resstream.adapters.registry import (
+    bias_of,
+    linear_W_O,
+    max_positions_of,
+    register,
+    same_tensor,
+    tie_notes,
+    trunk_forward,
+    unembedding,
+)
+
+
+def _embedder(trunk: nn.Module, d_model: int) -> tuple[Callable[[Tensor], Tensor], float]:
+    """The embedding function (scaled as the model scales it) and its scale."""
+    module = trunk.embed_tokens
+    if hasattr(module, "embed_scale"):  # transformers 5.x: the module scales its output
+        scale = float(getattr(module, "scalar_embed_scale", module.embed_scale))
+        return module, scale
+    scale = d_model**0.5  # transformers 4.x: the model multiplies by a normaliser of h's dtype
+
+    def embed(input_ids: Tensor) -> Tensor:
+        h = module(input_ids)
+        return h * torch.tensor(scale, dtype=h.dtype, device=h.device)
+
+    return embed, scale
+
+
+def _gemma_view(model: nn.Module, family: str, *, sandwich: bool) -> ModelView:
+    config = model.config
+    trunk = model.model
+    n_heads = config.num_attention_heads
+    blocks = tuple(
+        BlockView(
+            module=layer, ln1=layer.input_layernorm, attn=layer.self_attn,
+            ln2=layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm,
+            mlp=layer.mlp,
+            W_O=linear_W_O(layer.self_attn.o_proj, n_heads), b_O=bias_of(layer.self_attn.o_proj),
+            post_attn_norm=layer.post_attention_layernorm if sandwich else None,
+            post_mlp_norm=layer.post_feedforward_layernorm if sandwich else None,
+            out_proj=layer.self_attn.o_proj,
+        )
+        for layer in trunk.layers
+    )
+    embed, scale = _embedder(trunk, config.hidden_size)
+    W_U, b_U = unembedding(model)
+    tied = same_tensor(W_U, trunk.embed_tokens.weight)
+    softcap = getattr(config, "final_logit_softcapping", None) if sandwich else None
+    notes = tie_notes(tied, model) + (f"token embeddings are scaled by sqrt(d_model) = {scale:g}",)
+    if softcap is not None:
+        notes += (f"final logits are soft-capped: tanh(x / {softcap:g}) * {softcap:g}",)
+    return ModelView(
+        family=family, model=model, embed=embed, blocks=blocks, final_norm=trunk.norm,
+        W_U=W_U, W_E=trunk.embed_tokens.weight, tied=tied, n_heads=n_heads,
+        d_model=config.hidden_size,
+        max_positions=max_positions_of(config, "max_position_embeddings"),
+        b_U=b_U, logit_softcap=float(softcap) if softcap is not None else None, notes=notes,
+        embed_scale=scale, forward=trunk_forward(trunk),
+    )
+
+
+@register("gemma")
+def gemma_view(model: nn.Module) -> ModelView:
+    """The view of a Gemma causal LM."""
+    return _gemma_view(model, "gemma", sandwich=False)
+
+
+@register("gemma2")
+def gemma2_view(model: nn.Module) -> ModelView:
+    """The view of a Gemma-2 causal LM (post-sublayer norms, logit soft-capping)."""
+    return _gemma_view(model, "gemma2", sandwich=True)

@@ -1,0 +1,53 @@
+"""Adapter for GPT-2 (`GPT2LMHeadModel`).
+
+Pre-norm LayerNorm blocks (`ln_1`, `attn`, `ln_2`, `mlp`) with biases everywhere; learned
+absolute positions added to the token embedding (h_0 = wte[t] + wpe[i]); final norm `ln_f`.
+Attention's `c_proj` is a `Conv1D`, whose weight is stored (in, out). Tied by default.
+Hugging Face's last `hidden_states` entry is after `ln_f`; h_L here is the last block's output.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from resstream.adapters.base import BlockView, ModelView
+from resstream.adapters.registry import (
+    bias_of,
+    conv1d_W_O,
+    max_positions_of,
+    positions,
+    register,
+    same_tensor,
+    tie_notes,
+    trunk_forward,
+    unembedding,
+)
+
+
+@register("gpt2")
+def gpt2_view(model: nn.Module) -> ModelView:
+    """The view of a GPT-2 causal LM."""
+    config = model.config
+    trunk = model.transformer
+    n_heads = config.n_head
+    blocks = tuple(
+        BlockView(
+            module=block, ln1=block.ln_1, attn=block.attn, ln2=block.ln_2, mlp=block.mlp,
+            W_O=conv1d_W_O(block.attn.c_proj, n_heads), b_O=bias_of(block.attn.c_proj),
+            out_proj=block.attn.c_proj,
+        )
+        for block in trunk.h
+    )
+
+    def embed(input_ids: Tensor) -> Tensor:
+        pos = trunk.wpe(positions(input_ids))
+        return trunk.drop(trunk.wte(input_ids) + pos.to(input_ids.device))
+
+    W_U, b_U = unembedding(model)
+    tied = same_tensor(W_U, trunk.wte.weight)
+    return ModelView(
+        family="gpt2", model=model, embed=embed, blocks=blocks, final_norm=trunk.ln_f,
+        W_U=W_U, W_E=trunk.wte.weight, tied=tied, n_heads=n_heads, d_model=config.n_embd,
+        max_positions=max_positions_of(config, "n_positions", "max_position_embeddings"),
+        b_U=b_U, notes=tie_notes(tied, model), forward=trunk_forward(trunk),
+    )

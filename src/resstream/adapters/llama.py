@@ -1,0 +1,72 @@
+"""Adapter for Llama and the families that share its layout: Mistral and Qwen2.
+
+Pre-norm RMSNorm blocks: `input_layernorm`, `self_attn` (q/k/v/o projections as
+`nn.Linear`; rotary positions, grouped-query attention), `post_attention_layernorm` (the norm
+before the MLP), gated `mlp`; final norm `model.norm`. h_0 is the plain token embedding.
+Biases: none in Llama/Mistral by default (Llama's `attention_bias` may add them, o_proj
+included); Qwen2 has q/k/v biases but no o_proj bias. Llama and Mistral are untied by
+default, small Qwen2 models tied. `head_dim` may differ from hidden_size / n_heads.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from resstream.adapters.base import BlockView, ModelView
+from resstream.adapters.registry import (
+    bias_of,
+    linear_W_O,
+    max_positions_of,
+    register,
+    same_tensor,
+    tie_notes,
+    trunk_forward,
+    unembedding,
+)
+
+
+def llama_like_view(model: nn.Module, family: str) -> ModelView:
+    """The view of a model with Llama's layout (`model.model.layers[l].self_attn.o_proj` ...)."""
+    config = model.config
+    trunk = model.model
+    n_heads = config.num_attention_heads
+    blocks = tuple(
+        BlockView(
+            module=layer, ln1=layer.input_layernorm, attn=layer.self_attn,
+            ln2=layer.post_attention_layernorm, mlp=layer.mlp,
+            W_O=linear_W_O(layer.self_attn.o_proj, n_heads), b_O=bias_of(layer.self_attn.o_proj),
+            out_proj=layer.self_attn.o_proj,
+        )
+        for layer in trunk.layers
+    )
+
+    def embed(input_ids: Tensor) -> Tensor:
+        return trunk.embed_tokens(input_ids)
+
+    W_U, b_U = unembedding(model)
+    tied = same_tensor(W_U, trunk.embed_tokens.weight)
+    return ModelView(
+        family=family, model=model, embed=embed, blocks=blocks, final_norm=trunk.norm,
+        W_U=W_U, W_E=trunk.embed_tokens.weight, tied=tied, n_heads=n_heads,
+        d_model=config.hidden_size,
+        max_positions=max_positions_of(config, "max_position_embeddings"),
+        b_U=b_U, notes=tie_notes(tied, model), forward=trunk_forward(trunk),
+    )
+
+
+@register("llama")
+def llama_view(model: nn.Module) -> ModelView:
+    """The view of a Llama causal LM."""
+    return llama_like_view(model, "llama")
+
+
+@register("mistral")
+def mistral_view(model: nn.Module) -> ModelView:
+    """The view of a Mistral causal LM."""
+    return llama_like_view(model, "mistral")
+
+
+@register("qwen2")
+def qwen2_view(model: nn.Module) -> ModelView:
+    """The view of a Qwen2 causal LM."""
+    return llama_like_view(model, "qwen2")

@@ -1,0 +1,291 @@
+"""Loading a model for analysis: `load_model(spec)` -> `LoadedModel` (view + tokenizer).
+
+`spec` is resolved in this order:
+
+* ``None``: the built-in reference model shipped with resstream (offline, always present);
+* a directory holding resstream's ``model.json``: a finished resstream training run;
+* a directory holding ``config.json``: a local Hugging Face model (with its tokenizer);
+* anything else that does not look like a path: a Hugging Face hub name (online users; with
+  ``HF_HUB_OFFLINE=1`` or no route to the hub only the local cache is consulted, so an
+  uncached name fails at once).
+
+Every refusal is a one-line `UsageError` naming the value and what is allowed: a path that
+does not exist or has no config, a model that is not a causal LM, an unsupported family, a
+missing tokenizer, an unknown dtype or device. ``trust_remote_code`` is off unless asked for.
+
+``dtype="auto"`` is float32 on the CPU; on a GPU it is the dtype the checkpoint was saved in
+(resstream's own models: float32). ``device="auto"`` picks CUDA when it is available.
+``device_map`` (e.g. ``"auto"``) is passed to Hugging Face for models larger than one device
+and needs the `accelerate` package; resstream's own models always load onto `device`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from resstream.adapters.base import ModelView
+from resstream.adapters.registry import same_tensor, supported_families, view_of
+from resstream.errors import UsageError, check_choice
+
+DTYPES: dict[str, torch.dtype | None] = {
+    "auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+}
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+RESSTREAM_META = "model.json"
+HF_CONFIG = "config.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
+                   "spiece.model")
+_CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready for analysis: its view, tokenizer, a display name and where it came from.
+
+    `source` is "reference" (the built-in model), "resstream" (a resstream run directory),
+    "local" (a Hugging Face directory) or "hub" (a Hugging Face hub name).
+    """
+
+    view: ModelView
+    tokenizer: Any  # transformers.PreTrainedTokenizerFast
+    name: str
+    source: str
+    dtype: str = "float32"
+    device: str = "cpu"
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The underlying model (eval mode)."""
+        return self.view.model
+
+
+def load_model(spec: str | os.PathLike[str] | None, *, dtype: str = "auto", device: str = "auto",
+               device_map: str | None = None, trust_remote_code: bool = False) -> LoadedModel:
+    """Load `spec` (see the module docstring) in eval mode; UsageError for bad input."""
+    check_choice("dtype", dtype, DTYPES)
+    device = resolve_device(device)
+    if device_map is not None:
+        check_choice("device_map", device_map, DEVICE_MAPS)
+    if spec is None:
+        from resstream.assets import reference_model_dir
+
+        return _load_resstream(reference_model_dir(), "reference", "reference", dtype, device)
+    text = str(spec).strip()
+    if not text:
+        raise UsageError("model '' is empty: give a model directory or a Hugging Face hub name, "
+                         "or leave it out for the built-in reference model")
+    path = Path(text).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise UsageError(f"model path {text!r} is a file; allowed: a model directory (with "
+                             f"{HF_CONFIG} or resstream's {RESSTREAM_META}) or a hub name")
+        if (path / RESSTREAM_META).is_file():
+            return _load_resstream(path, text, "resstream", dtype, device)
+        if not (path / HF_CONFIG).is_file():
+            raise UsageError(f"model directory {text!r} has no {HF_CONFIG} (nor resstream's "
+                             f"{RESSTREAM_META}); allowed: a Hugging Face model directory or a "
+                             f"resstream run directory")
+        return _load_hf(str(path), text, "local", dtype, device, device_map, trust_remote_code)
+    if _looks_like_path(text):
+        raise UsageError(f"model path {text!r} does not exist; allowed: an existing model "
+                         f"directory or a Hugging Face hub name (e.g. 'gpt2')")
+    return _load_hf(text, text, "hub", dtype, device, device_map, trust_remote_code)
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> 'cuda' when available, else 'cpu'; UsageError for an unknown/absent device."""
+    allowed = "auto, cpu, cuda, cuda:N, mps"
+    name = str(device).strip()
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        parsed = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"unknown device {name!r}; allowed: {allowed}") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"device {name!r} is not available: no CUDA GPU is visible; "
+                             f"allowed here: auto, cpu")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise UsageError(f"device {name!r} does not exist: {torch.cuda.device_count()} "
+                             f"CUDA device(s) visible")
+    elif parsed.type == "mps":
+        if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+            raise UsageError(f"device {name!r} is not available on this machine; allowed "
+                             f"here: auto, cpu")
+    elif parsed.type != "cpu":
+        raise UsageError(f"unsupported device {name!r}; allowed: {allowed}")
+    return name
+
+
+# --------------------------------------------------------------------------- resstream runs
+
+
+def _load_resstream(path: Path, name: str, source: str, dtype: str, device: str) -> LoadedModel:
+    from resstream.training.checkpoint import load_run
+
+    run = load_run(path, device=device)
+    model = run.model
+    torch_dtype = DTYPES[dtype] or torch.float32
+    model.to(dtype=torch_dtype).eval()
+    return LoadedModel(view=view_of(model), tokenizer=run.tokenizer, name=name, source=source,
+                       dtype=_dtype_name(torch_dtype), device=device)
+
+
+# --------------------------------------------------------------------------- Hugging Face
+
+
+def _load_hf(where: str, name: str, source: str, dtype: str, device: str,
+             device_map: str | None, trust_remote_code: bool) -> LoadedModel:
+    local_only = False
+    if source == "hub":
+        from resstream.data.sources import hub_offline_reason
+
+        offline = hub_offline_reason()
+        local_only = offline is not None
+    config = _load_config(where, name, source, local_only, trust_remote_code)
+    family = getattr(config, "model_type", None) or "?"
+    families = supported_families()
+    if family not in families:
+        if not is_causal_config(config):
+            raise UsageError(f"model {name!r} is not a causal LM (model_type {family!r}, "
+                             f"architectures {_archs(config)}); resstream analyses decoder-only "
+                             f"causal language models: {', '.join(families)}")
+        raise UsageError(f"model {name!r} has unsupported family {family!r}; supported "
+                         f"families: {', '.join(families)}")
+    if not is_causal_config(config):
+        raise UsageError(f"model {name!r} is not a causal LM (architectures {_archs(config)}); "
+                         f"allowed: a checkpoint with a language-model head "
+                         f"(*ForCausalLM / *LMHeadModel)")
+    tokenizer = _load_hf_tokenizer(where, name, source)
+    model = _load_hf_model(where, name, config, dtype, device, device_map, local_only,
+                           trust_remote_code)
+    view = view_of(model)
+    return LoadedModel(view=view, tokenizer=tokenizer, name=name, source=source,
+                       dtype=_dtype_name(view.W_U.dtype),
+                       device=device if device_map is None else f"device_map={device_map}")
+
+
+def is_causal_config(config: Any) -> bool:
+    """Whether a Hugging Face config describes a causal (decoder-only) LM.
+
+    Its `architectures` decide when present (a causal-LM head, or a bare trunk of a family
+    that has one); otherwise the family must have a causal-LM class, and encoder families
+    (BERT, RoBERTa, ...) count only when configured as decoders.
+    """
+    if getattr(config, "is_encoder_decoder", False):
+        return False
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    model_type = getattr(config, "model_type", None)
+    encoder_family = model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    archs = list(getattr(config, "architectures", None) or [])
+    if archs:
+        if any(a.endswith(_CAUSAL_SUFFIXES) for a in archs):
+            return not encoder_family or bool(getattr(config, "is_decoder", False))
+        bare_trunk = any(a.endswith("Model") and "For" not in a for a in archs)
+        return bare_trunk and model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not encoder_family
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return False
+    return not encoder_family or bool(getattr(config, "is_decoder", False))
+
+
+def _load_config(where: str, name: str, source: str, local_only: bool,
+                 trust_remote_code: bool) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code,
+                                          local_files_only=local_only)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types here
+        raise _hf_error(exc, name, source, local_only, "config") from None
+
+
+def _load_hf_tokenizer(where: str, name: str, source: str) -> Any:
+    from resstream.data import load_tokenizer
+
+    if source == "local" and not any((Path(where) / f).is_file() for f in TOKENIZER_FILES):
+        raise UsageError(f"model directory {name!r} has no tokenizer (none of "
+                         f"{', '.join(TOKENIZER_FILES)}); allowed: a directory holding the model "
+                         f"and its tokenizer (save both with save_pretrained)")
+    try:
+        return load_tokenizer(where)
+    except UsageError as exc:
+        raise UsageError(f"model {name!r} has no usable tokenizer: {exc}") from None
+
+
+def _load_hf_model(where: str, name: str, config: Any, dtype: str, device: str,
+                   device_map: str | None, local_only: bool, trust_remote_code: bool) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    if device_map is not None and importlib.util.find_spec("accelerate") is None:
+        raise UsageError(f"device_map={device_map!r} needs the 'accelerate' package "
+                         f"(pip install accelerate); allowed without it: device_map=None")
+    torch_dtype: Any = DTYPES[dtype]
+    if torch_dtype is None:
+        on_gpu = device_map is not None or not device.startswith("cpu")
+        torch_dtype = "auto" if on_gpu else torch.float32
+    kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code,
+                              "local_files_only": local_only}
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(where, config=config,
+                                                           output_loading_info=True, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types here
+        raise _hf_error(exc, name, "local" if Path(where).is_dir() else "hub", local_only,
+                        "weights") from None
+    missing = [k for k in (info or {}).get("missing_keys", []) if "lm_head" in k or "embed_out" in k]
+    head = model.get_output_embeddings()
+    tied = head is not None and same_tensor(head.weight, model.get_input_embeddings().weight)
+    if missing and not tied:
+        raise UsageError(f"model {name!r} has no trained language-model head ({missing[0]} is "
+                         f"missing from its weights); allowed: a causal-LM checkpoint")
+    if device_map is None:
+        model.to(device)
+    return model.eval()
+
+
+def _hf_error(exc: BaseException, name: str, source: str, local_only: bool, what: str,
+              ) -> UsageError:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if "trust_remote_code" in text:
+        return UsageError(f"model {name!r} needs custom code from its repository; allowed only "
+                          f"with trust_remote_code=True (--trust-remote-code), if you trust it")
+    short = text if len(text) <= 200 else text[:197] + "..."
+    if source == "hub":
+        reason = short
+        if local_only:
+            from resstream.data.sources import hub_offline_reason
+
+            reason = f"{hub_offline_reason()}; not in the local Hugging Face cache either"
+        return UsageError(f"model {name!r} not found: not a local directory, and the Hugging "
+                          f"Face hub could not provide its {what} ({reason})")
+    return UsageError(f"model directory {name!r}: cannot load its {what} ({short})")
+
+
+def _archs(config: Any) -> str:
+    archs = getattr(config, "architectures", None)
+    return ", ".join(archs) if archs else "none given"
+
+
+def _looks_like_path(spec: str) -> bool:
+    """A spec that can only be a filesystem path (hub names look like `org/name`)."""
+    return (spec.startswith((".", "/", "~")) or "\\" in spec or spec.count("/") > 1
+            or spec.endswith(os.sep))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+__all__ = ["DTYPES", "LoadedModel", "is_causal_config", "load_model", "resolve_device"]

@@ -1,0 +1,60 @@
+"""Adapter for GPT-NeoX / Pythia (`GPTNeoXForCausalLM`).
+
+Pre-norm LayerNorm blocks: `input_layernorm` before `attention`, `post_attention_layernorm`
+before `mlp` (despite its name). With `use_parallel_residual` (Pythia's default) attention
+and MLP both read the block input: out = x + attn(ln1(x)) + mlp(ln2(x)) (`BlockView.parallel`).
+Rotary positions inside attention, so h_0 is the token embedding `embed_in[t]`. Attention's
+`dense` output projection is an `nn.Linear` with bias. The unembedding (`lm_head` in
+transformers 5.x, `embed_out` in 4.x checkpoints' naming) is untied in Pythia; final norm
+`final_layer_norm`.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from resstream.adapters.base import BlockView, ModelView
+from resstream.adapters.registry import (
+    bias_of,
+    linear_W_O,
+    max_positions_of,
+    register,
+    same_tensor,
+    tie_notes,
+    trunk_forward,
+    unembedding,
+)
+
+
+@register("gpt_neox")
+def neox_view(model: nn.Module) -> ModelView:
+    """The view of a GPT-NeoX causal LM."""
+    config = model.config
+    trunk = model.gpt_neox
+    n_heads = config.num_attention_heads
+    parallel = bool(getattr(config, "use_parallel_residual", False))
+    blocks = tuple(
+        BlockView(
+            module=layer, ln1=layer.input_layernorm, attn=layer.attention,
+            ln2=layer.post_attention_layernorm, mlp=layer.mlp,
+            W_O=linear_W_O(layer.attention.dense, n_heads), b_O=bias_of(layer.attention.dense),
+            out_proj=layer.attention.dense, parallel=parallel,
+        )
+        for layer in trunk.layers
+    )
+
+    def embed(input_ids: Tensor) -> Tensor:
+        return trunk.emb_dropout(trunk.embed_in(input_ids))
+
+    W_U, b_U = unembedding(model)
+    tied = same_tensor(W_U, trunk.embed_in.weight)
+    notes = tie_notes(tied, model)
+    if parallel:
+        notes += ("parallel residual: attention and MLP both read the block input",)
+    return ModelView(
+        family="gpt_neox", model=model, embed=embed, blocks=blocks,
+        final_norm=trunk.final_layer_norm, W_U=W_U, W_E=trunk.embed_in.weight, tied=tied,
+        n_heads=n_heads, d_model=config.hidden_size,
+        max_positions=max_positions_of(config, "max_position_embeddings"),
+        b_U=b_U, notes=notes, forward=trunk_forward(trunk),
+    )

@@ -1,0 +1,161 @@
+"""The adapter registry: one entry per model family, keyed by `config.model_type`.
+
+A family module registers its adapter with `@register("model_type")`; `view_of(model)`
+looks the model's family up and returns its `ModelView`. resstream's own `GPT` carries no
+Hugging Face config and is registered as ``"resstream"``.
+
+Helpers shared by the family modules (weights orientation, tied check, the default forward
+that runs only the transformer trunk) live here too, so each family module stays a short
+declaration of where its pieces are.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from resstream.adapters.base import ModelView
+from resstream.errors import UsageError
+
+Adapter = Callable[[nn.Module], ModelView]
+
+#: model_type -> adapter. Filled by the family modules when they are imported.
+ADAPTERS: dict[str, Adapter] = {}
+
+#: The modules that hold the built-in adapters (imported on first use).
+BUILTIN_MODULES: tuple[str, ...] = ("resstream_gpt", "gpt2", "neox", "llama", "gemma")
+
+RESSTREAM_FAMILY = "resstream"
+
+_loaded = False
+
+
+def register(model_type: str) -> Callable[[Adapter], Adapter]:
+    """Decorator: register `adapter` as the view builder for models of `model_type`."""
+
+    def decorate(adapter: Adapter) -> Adapter:
+        ADAPTERS[model_type] = adapter
+        return adapter
+
+    return decorate
+
+
+def _load_builtin() -> None:
+    global _loaded
+    if not _loaded:
+        for name in BUILTIN_MODULES:
+            importlib.import_module(f"resstream.adapters.{name}")
+        _loaded = True
+
+
+def supported_families() -> list[str]:
+    """The registered model types, sorted."""
+    _load_builtin()
+    return sorted(ADAPTERS)
+
+
+def is_resstream_gpt(model: object) -> bool:
+    """Whether `model` is resstream's own GPT (recognised without importing `training`)."""
+    return any(
+        cls.__name__ == "GPT" and cls.__module__ == "resstream.training.model"
+        for cls in type(model).__mro__
+    )
+
+
+def family_of(model: nn.Module) -> str | None:
+    """The registry key of `model`: its `config.model_type`, or "resstream" for resstream's GPT."""
+    if is_resstream_gpt(model):
+        return RESSTREAM_FAMILY
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    return model_type if isinstance(model_type, str) and model_type else None
+
+
+def view_of(model: nn.Module) -> ModelView:
+    """The `ModelView` of `model`; UsageError naming the supported families when there is none."""
+    family = family_of(model)
+    families = supported_families()
+    if family is None or family not in ADAPTERS:
+        what = f"model family {family!r}" if family else f"model type {type(model).__name__!r}"
+        raise UsageError(f"unsupported {what}; supported families: {', '.join(families)}")
+    return ADAPTERS[family](model)
+
+
+# --------------------------------------------------------------------------- family helpers
+
+
+def linear_W_O(proj: nn.Module, n_heads: int) -> Tensor:
+    """W_O as (n_heads, d_head, d_model) from an `nn.Linear` (weight stored as (out, in))."""
+    weight = proj.weight  # (d_model, n_heads * d_head)
+    return weight.T.view(n_heads, weight.shape[1] // n_heads, weight.shape[0])
+
+
+def conv1d_W_O(proj: nn.Module, n_heads: int) -> Tensor:
+    """W_O from a GPT-2 style `Conv1D` (weight stored as (in, out): y = x @ W + b)."""
+    weight = proj.weight  # (n_heads * d_head, d_model)
+    return weight.view(n_heads, weight.shape[0] // n_heads, weight.shape[1])
+
+
+def bias_of(module: nn.Module | None) -> Tensor | None:
+    """The module's `bias` parameter, or None."""
+    bias = getattr(module, "bias", None)
+    return bias if isinstance(bias, Tensor) else None
+
+
+def same_tensor(a: Tensor, b: Tensor) -> bool:
+    """Whether two parameters are one tensor (tied weights)."""
+    if a is b:
+        return True
+    if a.shape != b.shape or a.device != b.device or a.device.type == "meta":
+        return False
+    return a.data_ptr() == b.data_ptr() and a.stride() == b.stride()
+
+
+def unembedding(model: nn.Module) -> tuple[Tensor, Tensor | None]:
+    """W_U (vocab, d_model) and its bias from a Hugging Face model's output embeddings."""
+    head = model.get_output_embeddings()
+    if head is None:
+        raise UsageError(f"model {type(model).__name__!r} has no language-model head")
+    return head.weight, bias_of(head)
+
+
+def tie_notes(tied: bool, model: nn.Module | None = None) -> tuple[str, ...]:
+    """The note that an untied model decodes with its own unembedding (named from `model`)."""
+    if tied:
+        return ()
+    name = "lm_head"
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None:
+        name = next((n for n, m in model.named_modules() if m is head), name)
+    note = (f"untied embeddings: hidden states are decoded with the model's own unembedding "
+            f"({name}.weight), not with the input embedding W_E")
+    return (note,)
+
+
+def trunk_forward(trunk: nn.Module) -> Callable[[Tensor, Tensor | None], object]:
+    """A forward that runs a Hugging Face base model (embeddings + blocks + final norm) and
+    skips the LM head, whose logits residual-state capture does not need."""
+
+    def forward(input_ids: Tensor, attention_mask: Tensor | None = None) -> object:
+        return trunk(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+
+    return forward
+
+
+def max_positions_of(config: object, *names: str) -> int | None:
+    """The first of `names` that the config sets to an int."""
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def positions(input_ids: Tensor) -> Tensor:
+    """Default position ids (1, seq) on the ids' device, as Hugging Face models build them."""
+    return torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+
+
+__all__ = ["ADAPTERS", "Adapter", "family_of", "register", "supported_families", "view_of"]

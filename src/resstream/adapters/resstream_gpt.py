@@ -1,0 +1,69 @@
+"""Adapter for resstream's own GPT (`resstream.training.model.GPT`).
+
+Layout: `wte` (+ learned `wpe`, or rotary inside attention), blocks with `ln1`, `attn`
+(`c_attn`, `c_proj` as `nn.Linear`), `ln2`, `mlp`; `final_norm`; the unembedding is tied to
+`wte.weight`. Pre-norm by default; the post-norm variant applies `ln1`/`ln2` to the residual
+sums (`BlockView.norm_position == "post"`) and has an identity final norm. Gated models scale
+the identity path of their blocks by α from `model.gate` (stated in the notes).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from resstream.adapters.base import BlockView, ModelView
+from resstream.adapters.registry import RESSTREAM_FAMILY, bias_of, linear_W_O, register
+
+
+@register(RESSTREAM_FAMILY)
+def resstream_view(model: nn.Module) -> ModelView:
+    """The view of a resstream GPT."""
+    config = model.config
+    norm_position = getattr(config, "norm_position", "pre")
+    post = norm_position == "post"
+    blocks = tuple(
+        BlockView(
+            module=block,
+            ln1=block.ln1,
+            attn=block.attn,
+            ln2=block.ln2,
+            mlp=block.mlp,
+            W_O=linear_W_O(block.attn.c_proj, config.n_head),
+            b_O=bias_of(block.attn.c_proj),
+            out_proj=block.attn.c_proj,
+            norm_position="post" if post else "pre",
+        )
+        for block in model.blocks
+    )
+    notes = []
+    if post:
+        notes.append("post-norm blocks: ln1/ln2 normalise the residual sums and the final norm "
+                     "is the identity")
+    gate = getattr(config, "gate", "none")
+    if gate != "none":
+        notes.append(f"residual gate {gate!r}: each block scales its identity path by alpha_l "
+                     f"from model.gate (y = alpha_l*x + attn(ln1(x)))")
+
+    def embed(input_ids: Tensor) -> Tensor:
+        return model.embed(input_ids)
+
+    def forward(input_ids: Tensor, attention_mask: Tensor | None = None) -> object:
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError("resstream GPT models take no padding: attention_mask must be all ones")
+        return model.hidden_states(input_ids)
+
+    return ModelView(
+        family=RESSTREAM_FAMILY,
+        model=model,
+        embed=embed,
+        blocks=blocks,
+        final_norm=model.final_norm,
+        W_U=model.W_U,
+        W_E=model.wte.weight,
+        tied=True,
+        n_heads=config.n_head,
+        d_model=config.d_model,
+        max_positions=config.block_size,
+        notes=tuple(notes),
+        forward=forward,
+    )

@@ -1,0 +1,162 @@
+"""The Python API the CLI mirrors: `resstream.lens(...)` and `resstream.shift(...)`.
+
+Both load models through the adapters (a run directory, a local Hugging Face directory, a hub
+name, or None for the built-in reference model), capture the residual stream with hooks and
+hand it to the pure functions of `resstream.analysis`, returning frozen result objects.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from tqdm.auto import tqdm
+
+from resstream.errors import UsageError, check_choice
+
+DecoderKind = Literal["logit-lens", "embedding"]
+DECODERS: tuple[str, ...] = ("logit-lens", "embedding")
+#: The split analysed for named corpora that have several (others: their only/train text).
+ANALYSIS_SPLITS = {"wikitext-2": "test", "lambada": "test", "ptb": "test"}
+
+
+@dataclass(frozen=True)
+class ShiftReport:
+    """`shift` over one or several models on one sample of sequences."""
+
+    results: tuple[Any, ...]  # AlignmentResult per model
+    dataset: str
+    sample_rule: str
+    dataset_fingerprint: str | None
+    num_seqs: int
+    seq_len: int | None  # None for pinned rows of varying length
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "sample": self.sample_rule,
+            "dataset_fingerprint": self.dataset_fingerprint,
+            "num_seqs": self.num_seqs,
+            "seq_len": self.seq_len,
+            "models": [r.to_dict() for r in self.results],
+        }
+
+
+def make_decoder(view: Any, kind: str) -> Any:
+    """The analysis Decoder of a ModelView: logit lens (final norm, W_U, bias) or embedding."""
+    from resstream.analysis.alignment import Decoder
+
+    check_choice("decoder", kind, DECODERS)
+    return Decoder.from_view(view, kind)
+
+
+def decode_scores(decoder: Any) -> Any:
+    """A function (n, d) states -> (n, vocab) fp32 scores for `decoder` (used by the lens)."""
+    def decode(h: torch.Tensor) -> torch.Tensor:
+        x = decoder.norm(h) if decoder.norm is not None else h
+        scores = x.float() @ decoder.matrix.float().T
+        return scores + decoder.bias.float() if decoder.bias is not None else scores
+
+    return decode
+
+
+def check_top_k(top_k: int, vocab: int) -> None:
+    if not 1 <= top_k <= vocab:
+        raise UsageError(f"--top-k {top_k} is outside [1, {vocab}] (the model's vocabulary)")
+
+
+def check_length(length: int, view: Any, what: str) -> None:
+    if view.max_positions is not None and length > view.max_positions:
+        raise UsageError(f"{what} {length} is longer than the model's context of {view.max_positions} tokens")
+
+
+def lens(text: str, *, model: str | None = None, positions: range | None = None, top_k: int = 1,
+         decoder: str = "logit-lens", dtype: str = "auto", device: str = "auto") -> tuple[Any, Any]:
+    """Decoding trajectories of `text`: returns (LensResult, tokenizer)."""
+    from resstream.adapters import load_model
+    from resstream.analysis.lens import trajectories
+    from resstream.capture import residual_states
+
+    if not text.strip():
+        raise UsageError("--text is empty")
+    loaded = load_model(model, dtype=dtype, device=device)
+    view = loaded.view
+    ids = loaded.tokenizer(text, add_special_tokens=True, return_tensors="pt")["input_ids"]
+    check_length(ids.shape[1], view, "the text has")
+    check_top_k(top_k, view.W_U.shape[0])
+    if positions is not None and (positions.start < 0 or positions.stop > ids.shape[1] or len(positions) == 0):
+        raise UsageError(f"--positions {positions.start}:{positions.stop} is outside the text's "
+                         f"0:{ids.shape[1]} tokens")
+    device_of = next(view.model.parameters()).device
+    states = residual_states(view, ids.to(device_of))[:, 0]
+    result = trajectories(states, ids[0], decode_scores(make_decoder(view, decoder)), top_k=top_k,
+                          positions=positions, model=loaded.name, decoder=decoder)
+    return result, loaded.tokenizer
+
+
+def _sample(dataset: str, tokenizer: Any, *, num_seqs: int, seq_len: int, seed: int,
+            data_dir: str | os.PathLike[str] | None) -> tuple[Any, str | None]:
+    from resstream.data import load_corpus, load_token_rows
+    from resstream.data.sampling import sample_sequences, sample_token_rows
+
+    if dataset.endswith(".jsonl") and Path(dataset).is_file():
+        rows = load_token_rows(dataset)
+        if rows is not None:
+            return sample_token_rows(rows, source=dataset), None
+    corpus = load_corpus(dataset, split=ANALYSIS_SPLITS.get(dataset, "train"), data_dir=data_dir)
+    sample = sample_sequences(corpus.documents, tokenizer, num_seqs=num_seqs, seq_len=seq_len, seed=seed,
+                              corpus_name=dataset)
+    return sample, corpus.fingerprint
+
+
+def _batches(sequences: Sequence[torch.Tensor], batch_size: int) -> Iterator[torch.Tensor]:
+    """Stack sequences of equal length into batches (pinned rows may differ in length)."""
+    by_length: dict[int, list[torch.Tensor]] = {}
+    for seq in sequences:
+        by_length.setdefault(len(seq), []).append(seq)
+    for group in by_length.values():
+        for start in range(0, len(group), batch_size):
+            yield torch.stack(group[start : start + batch_size])
+
+
+def shift(models: Sequence[str | None] = (None,), *, dataset: str = "shakespeare", num_seqs: int = 64,
+          seq_len: int = 128, top_k: int = 5, decoder: str = "logit-lens", batch_size: int = 8,
+          seed: int = 0, data_dir: str | os.PathLike[str] | None = None, dtype: str = "auto",
+          device: str = "auto", progress: bool = True) -> ShiftReport:
+    """Layer-wise alignment with the input and the next token over a corpus sample."""
+    from resstream.adapters import load_model
+    from resstream.analysis.alignment import AlignmentAccumulator
+    from resstream.capture import residual_states
+
+    check_choice("decoder", decoder, DECODERS)
+    if batch_size < 1:
+        raise UsageError(f"--batch-size {batch_size} must be >= 1")
+    results, rule, fingerprint, sample = [], "", None, None
+    for spec in models:
+        loaded = load_model(spec, dtype=dtype, device=device)
+        view = loaded.view
+        check_top_k(top_k, view.W_U.shape[0])
+        check_length(seq_len, view, "--seq-len")
+        # every model sees the same text; token ids differ only between tokenizers
+        sample, fingerprint = _sample(dataset, loaded.tokenizer, num_seqs=num_seqs, seq_len=seq_len, seed=seed,
+                                      data_dir=data_dir)
+        rule = sample.rule
+        accumulator = AlignmentAccumulator(num_layers=view.n_layers, top_k=top_k,
+                                           decoder=make_decoder(view, decoder), W_E=view.W_E.detach(),
+                                           W_U=view.W_U.detach())
+        device_of = next(view.model.parameters()).device
+        bar = tqdm(total=len(sample.sequences), desc=f"shift {loaded.name}", unit="seq", disable=not progress)
+        for batch in _batches(sample.sequences, batch_size):
+            with torch.inference_mode():
+                states = residual_states(view, batch.to(device_of))
+                accumulator.update(states, batch.to(device_of))
+            bar.update(len(batch))
+        bar.close()
+        results.append(accumulator.result(loaded.name))
+    lengths = {len(s) for s in sample.sequences} if sample is not None else set()
+    return ShiftReport(tuple(results), dataset, rule, fingerprint, len(sample.sequences) if sample else 0,
+                       lengths.pop() if len(lengths) == 1 else None)

@@ -1,0 +1,83 @@
+"""`resstream lens`: the decoding trajectory of a text, layer by layer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from resstream.cli.common import check_out_dir
+from resstream.errors import UsageError
+
+
+def parse_positions(text: str | None) -> range | None:
+    """'A:B' (either side optional) into range(A, B); None stays None (all positions)."""
+    if text is None:
+        return None
+    start, sep, stop = text.partition(":")
+    try:
+        if not sep:
+            first = int(start)
+            return range(first, first + 1)
+        return range(int(start) if start else 0, int(stop) if stop else 1 << 30)
+    except ValueError:
+        raise UsageError(f"--positions {text!r} is not A:B with integers A < B (e.g. 3:10)") from None
+
+
+def read_text(text: str | None, text_file: Path | None) -> str:
+    """Exactly one of --text / --text-file; the file must be UTF-8."""
+    if (text is None) == (text_file is None):
+        raise UsageError("give exactly one of --text or --text-file")
+    if text is not None:
+        return text
+    if not text_file.is_file():
+        raise UsageError(f"--text-file {str(text_file)!r} does not exist")
+    raw = text_file.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--text-file {str(text_file)!r} is not UTF-8 text: byte 0x{raw[exc.start]:02x} "
+                         f"at byte offset {exc.start}") from None
+
+
+def lens(
+    out: Annotated[Path, typer.Option("--out", help="Output directory (created if missing).")],
+    model: Annotated[Optional[str], typer.Option(help="Run dir, HF directory or hub name (default: built-in reference model).")] = None,
+    text: Annotated[Optional[str], typer.Option(help="The text to decode.")] = None,
+    text_file: Annotated[Optional[Path], typer.Option(help="A UTF-8 file holding the text.")] = None,
+    positions: Annotated[Optional[str], typer.Option(help="Token positions A:B (default: all).")] = None,
+    top_k: Annotated[int, typer.Option(help="Decodings kept per cell (lens.json); tables show top-1.")] = 1,
+    decoder: Annotated[str, typer.Option(help="logit-lens or embedding.")] = "logit-lens",
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
+    no_colour: Annotated[bool, typer.Option("--no-colour", help="Mark cells with [in]/[next] instead of colour.")] = False,
+) -> None:
+    """Decode every layer's hidden state of a text: which layers hold the input token, which the next."""
+    from resstream import api
+    from resstream.io import run_record, write_json
+    from resstream.reporting.lens import plot_lens, terminal_lines, write_html
+
+    check_out_dir(out)
+    content = read_text(text, text_file)
+    result, tokenizer = api.lens(content, model=model, positions=parse_positions(positions), top_k=top_k,
+                                 decoder=decoder, dtype=dtype, device=device)
+
+    def token_text(token_id: int) -> str:
+        return tokenizer.decode([token_id])
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "lens.json", result.to_dict(token_text))
+    write_html(result, token_text, out / "lens.html")
+    plot_lens(result, token_text, out / "lens.png")
+    settings = {"command": "lens", "model": model, "positions": positions, "top_k": top_k, "decoder": decoder,
+                "text_file": str(text_file) if text_file else None, "dtype": dtype}
+    write_json(out / "run.json", run_record(settings, seed=None, device=device, dataset_fingerprint=None))
+    for line in terminal_lines(result, token_text, colour=not no_colour):
+        typer.echo(line)
+    typer.echo(f"wrote lens.json, lens.html, lens.png and run.json to {out}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `lens` to the app."""
+    app.command("lens")(lens)
