@@ -42,3 +42,11 @@ def hf_offline(monkeypatch: pytest.MonkeyPatch) -> None:
 def no_data_dir(monkeypatch: pytest.MonkeyPatch) -> None:
     """No data directory from the environment."""
     monkeypatch.delenv("RESSTREAM_DATA", raising=False)
+
+
+@pytest.fixture(scope="session")
+def gpt2_tokenizer(shared_data: Path):
+    """The GPT-2 BPE built from the offline copy of its files; skips when they are absent."""
+    from resstream.data import load_tokenizer
+
+    return load_tokenizer("gpt2", data_dir=shared_data)

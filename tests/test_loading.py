@@ -177,3 +177,30 @@ def test_messages_are_one_line(tmp_path: Path) -> None:
     with pytest.raises(UsageError) as info:
         load_model(str(tmp_path))
     assert "\n" not in str(info.value)
+
+
+def test_check_model_refuses_what_load_model_refuses_without_reading_weights(tmp_path: Path, gpt2_dir) -> None:
+    from transformers import BertConfig
+
+    from resstream.adapters import check_model
+
+    check_model(None)
+    check_model(str(reference_model_dir()))
+    path, _ = gpt2_dir
+    unread = tmp_path / "unread"
+    unread.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (unread / name).write_bytes((path / name).read_bytes())
+    (unread / "model.safetensors").write_bytes(b"not weights")  # never opened by check_model
+    check_model(str(unread))
+    with pytest.raises(UsageError, match="cannot load its weights"):
+        load_model(str(unread))
+    bert = tmp_path / "bert"
+    BertConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2, intermediate_size=32,
+               vocab_size=50).save_pretrained(bert)
+    no_tokenizer = tmp_path / "no-tokenizer"
+    _tiny_gpt2(300).save_pretrained(no_tokenizer)
+    for spec, message in [(tmp_path / "nope", "does not exist"), (bert, "is not a causal LM"),
+                          (no_tokenizer, "has no tokenizer"), (tmp_path, "has no config.json")]:
+        with pytest.raises(UsageError, match=message):
+            check_model(str(spec))

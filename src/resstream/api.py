@@ -70,23 +70,31 @@ def check_top_k(top_k: int, vocab: int) -> None:
 
 
 def check_length(length: int, view: Any, what: str) -> None:
+    """UsageError when `length` tokens exceed the model's context; `what` names them ({n})."""
     if view.max_positions is not None and length > view.max_positions:
-        raise UsageError(f"{what} {length} is longer than the model's context of {view.max_positions} tokens")
+        raise UsageError(f"{what.format(n=length)} is longer than the model's context of "
+                         f"{view.max_positions} tokens; allowed: 2..{view.max_positions}")
 
 
 def lens(text: str, *, model: str | None = None, positions: range | None = None, top_k: int = 1,
-         decoder: str = "logit-lens", dtype: str = "auto", device: str = "auto") -> tuple[Any, Any]:
-    """Decoding trajectories of `text`: returns (LensResult, tokenizer)."""
+         decoder: str = "logit-lens", dtype: str = "auto", device: str = "auto",
+         device_map: str | None = None, trust_remote_code: bool = False) -> tuple[Any, Any]:
+    """Decoding trajectories of `text`: returns (LensResult, tokenizer).
+
+    `model`, `dtype`, `device`, `device_map` and `trust_remote_code` are those of
+    `resstream.adapters.load_model`.
+    """
     from resstream.adapters import load_model
     from resstream.analysis.lens import trajectories
     from resstream.capture import residual_states
 
     if not text.strip():
         raise UsageError("--text is empty")
-    loaded = load_model(model, dtype=dtype, device=device)
+    loaded = load_model(model, dtype=dtype, device=device, device_map=device_map,
+                        trust_remote_code=trust_remote_code)
     view = loaded.view
     ids = loaded.tokenizer(text, add_special_tokens=True, return_tensors="pt")["input_ids"]
-    check_length(ids.shape[1], view, "the text has")
+    check_length(ids.shape[1], view, "the text ({n} tokens)")
     check_top_k(top_k, view.W_U.shape[0])
     if positions is not None and (positions.start < 0 or positions.stop > ids.shape[1] or len(positions) == 0):
         raise UsageError(f"--positions {positions.start}:{positions.stop} is outside the text's "
@@ -100,15 +108,15 @@ def lens(text: str, *, model: str | None = None, positions: range | None = None,
 
 def _sample(dataset: str, tokenizer: Any, *, num_seqs: int, seq_len: int, seed: int,
             data_dir: str | os.PathLike[str] | None) -> tuple[Any, str | None]:
-    from resstream.data import load_corpus, load_token_rows
+    from resstream.data import load_token_rows, stream_corpus
     from resstream.data.sampling import sample_sequences, sample_token_rows
 
     if dataset.endswith(".jsonl") and Path(dataset).is_file():
         rows = load_token_rows(dataset)
         if rows is not None:
             return sample_token_rows(rows, source=dataset), None
-    corpus = load_corpus(dataset, split=ANALYSIS_SPLITS.get(dataset, "train"), data_dir=data_dir)
-    sample = sample_sequences(corpus.documents, tokenizer, num_seqs=num_seqs, seq_len=seq_len, seed=seed,
+    corpus = stream_corpus(dataset, split=ANALYSIS_SPLITS.get(dataset, "train"), data_dir=data_dir)
+    sample = sample_sequences(corpus, tokenizer, num_seqs=num_seqs, seq_len=seq_len, seed=seed,
                               corpus_name=dataset)
     return sample, corpus.fingerprint
 
@@ -126,37 +134,58 @@ def _batches(sequences: Sequence[torch.Tensor], batch_size: int) -> Iterator[tor
 def shift(models: Sequence[str | None] = (None,), *, dataset: str = "shakespeare", num_seqs: int = 64,
           seq_len: int = 128, top_k: int = 5, decoder: str = "logit-lens", batch_size: int = 8,
           seed: int = 0, data_dir: str | os.PathLike[str] | None = None, dtype: str = "auto",
-          device: str = "auto", progress: bool = True) -> ShiftReport:
-    """Layer-wise alignment with the input and the next token over a corpus sample."""
-    from resstream.adapters import load_model
-    from resstream.analysis.alignment import AlignmentAccumulator
-    from resstream.capture import residual_states
+          device: str = "auto", device_map: str | None = None, trust_remote_code: bool = False,
+          progress: bool = True) -> ShiftReport:
+    """Layer-wise alignment with the input and the next token over a corpus sample.
+
+    Every model sees the same text: `num_seqs` windows of `seq_len` tokens sampled from
+    `dataset` with `seed` (see `resstream.data.sampling`), or a `.jsonl` of `input_ids` rows
+    used as given. Models are loaded one at a time (`resstream.adapters.load_model`) and
+    freed before the next; `progress` shows a bar per model.
+    """
+    from resstream.adapters import check_model, load_model
 
     check_choice("decoder", decoder, DECODERS)
     if batch_size < 1:
         raise UsageError(f"--batch-size {batch_size} must be >= 1")
+    models = list(models) or [None]
+    for spec in models:  # refuse a bad model before spending time on the others
+        check_model(spec, trust_remote_code=trust_remote_code)
     results, rule, fingerprint, sample = [], "", None, None
     for spec in models:
-        loaded = load_model(spec, dtype=dtype, device=device)
-        view = loaded.view
-        check_top_k(top_k, view.W_U.shape[0])
-        check_length(seq_len, view, "--seq-len")
+        loaded = load_model(spec, dtype=dtype, device=device, device_map=device_map,
+                            trust_remote_code=trust_remote_code)
+        check_top_k(top_k, loaded.view.W_U.shape[0])
+        if not dataset.endswith(".jsonl"):  # pinned rows are checked once read
+            check_length(seq_len, loaded.view, "--seq-len {n}")
         # every model sees the same text; token ids differ only between tokenizers
         sample, fingerprint = _sample(dataset, loaded.tokenizer, num_seqs=num_seqs, seq_len=seq_len, seed=seed,
                                       data_dir=data_dir)
+        check_length(max(len(s) for s in sample.sequences), loaded.view,
+                     "--seq-len {n}" if sample.windows_available is not None else "a pinned row of {n} tokens")
         rule = sample.rule
-        accumulator = AlignmentAccumulator(num_layers=view.n_layers, top_k=top_k,
-                                           decoder=make_decoder(view, decoder), W_E=view.W_E.detach(),
-                                           W_U=view.W_U.detach())
-        device_of = next(view.model.parameters()).device
-        bar = tqdm(total=len(sample.sequences), desc=f"shift {loaded.name}", unit="seq", disable=not progress)
-        for batch in _batches(sample.sequences, batch_size):
-            with torch.inference_mode():
-                states = residual_states(view, batch.to(device_of))
-                accumulator.update(states, batch.to(device_of))
-            bar.update(len(batch))
-        bar.close()
-        results.append(accumulator.result(loaded.name))
+        results.append(_align(loaded, sample.sequences, top_k=top_k, decoder=decoder, batch_size=batch_size,
+                              progress=progress))
+        del loaded  # free this model before loading the next
     lengths = {len(s) for s in sample.sequences} if sample is not None else set()
     return ShiftReport(tuple(results), dataset, rule, fingerprint, len(sample.sequences) if sample else 0,
                        lengths.pop() if len(lengths) == 1 else None)
+
+
+def _align(loaded: Any, sequences: Sequence[torch.Tensor], *, top_k: int, decoder: str, batch_size: int,
+           progress: bool) -> Any:
+    """The AlignmentResult of one loaded model over the sequences."""
+    from resstream.analysis.alignment import AlignmentAccumulator
+    from resstream.capture import residual_states
+
+    view = loaded.view
+    accumulator = AlignmentAccumulator(num_layers=view.n_layers, top_k=top_k, decoder=make_decoder(view, decoder),
+                                       W_E=view.W_E.detach(), W_U=view.W_U.detach())
+    device_of = view.W_E.device
+    with tqdm(total=len(sequences), desc=f"shift {loaded.name}", unit="seq", disable=not progress) as bar:
+        for batch in _batches(sequences, batch_size):
+            with torch.inference_mode():
+                batch = batch.to(device_of)
+                accumulator.update(residual_states(view, batch), batch)
+            bar.update(len(batch))
+    return accumulator.result(loaded.name)

@@ -10,6 +10,7 @@ from resstream.adapters.base import BlockView, ModelView
 from resstream.adapters.loading import (
     DTYPES,
     LoadedModel,
+    check_model,
     is_causal_config,
     load_model,
     resolve_device,
@@ -23,7 +24,7 @@ from resstream.adapters.registry import (
 )
 
 __all__ = [
-    "ADAPTERS", "DTYPES", "BlockView", "LoadedModel", "ModelView", "family_of",
+    "ADAPTERS", "DTYPES", "BlockView", "LoadedModel", "ModelView", "check_model", "family_of",
     "is_causal_config", "load_model", "register", "resolve_device", "supported_families",
     "view_of",
 ]

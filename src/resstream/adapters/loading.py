@@ -72,10 +72,31 @@ def load_model(spec: str | os.PathLike[str] | None, *, dtype: str = "auto", devi
     device = resolve_device(device)
     if device_map is not None:
         check_choice("device_map", device_map, DEVICE_MAPS)
+    where, name, source = _locate(spec)
+    if source in ("reference", "resstream"):
+        return _load_resstream(Path(where), name, source, dtype, device)
+    return _load_hf(where, name, source, dtype, device, device_map, trust_remote_code)
+
+
+def check_model(spec: str | os.PathLike[str] | None, *, trust_remote_code: bool = False) -> None:
+    """Every refusal `load_model` would make before reading weights, without reading them.
+
+    Lets a command that analyses several models reject a bad one before working on the
+    others: path, config, family, causal-LM head and tokenizer files are checked.
+    """
+    where, name, source = _locate(spec)
+    if source in ("local", "hub"):
+        _checked_hf_config(where, name, source, trust_remote_code)
+        if source == "local":
+            _check_tokenizer_files(where, name)
+
+
+def _locate(spec: str | os.PathLike[str] | None) -> tuple[str, str, str]:
+    """(where to load from, display name, source) of a model spec; UsageError if impossible."""
     if spec is None:
         from resstream.assets import reference_model_dir
 
-        return _load_resstream(reference_model_dir(), "reference", "reference", dtype, device)
+        return str(reference_model_dir()), "reference", "reference"
     text = str(spec).strip()
     if not text:
         raise UsageError("model '' is empty: give a model directory or a Hugging Face hub name, "
@@ -86,16 +107,16 @@ def load_model(spec: str | os.PathLike[str] | None, *, dtype: str = "auto", devi
             raise UsageError(f"model path {text!r} is a file; allowed: a model directory (with "
                              f"{HF_CONFIG} or resstream's {RESSTREAM_META}) or a hub name")
         if (path / RESSTREAM_META).is_file():
-            return _load_resstream(path, text, "resstream", dtype, device)
+            return str(path), text, "resstream"
         if not (path / HF_CONFIG).is_file():
             raise UsageError(f"model directory {text!r} has no {HF_CONFIG} (nor resstream's "
                              f"{RESSTREAM_META}); allowed: a Hugging Face model directory or a "
                              f"resstream run directory")
-        return _load_hf(str(path), text, "local", dtype, device, device_map, trust_remote_code)
+        return str(path), text, "local"
     if _looks_like_path(text):
         raise UsageError(f"model path {text!r} does not exist; allowed: an existing model "
                          f"directory or a Hugging Face hub name (e.g. 'gpt2')")
-    return _load_hf(text, text, "hub", dtype, device, device_map, trust_remote_code)
+    return text, text, "hub"
 
 
 def resolve_device(device: str) -> str:
@@ -143,12 +164,23 @@ def _load_resstream(path: Path, name: str, source: str, dtype: str, device: str)
 
 def _load_hf(where: str, name: str, source: str, dtype: str, device: str,
              device_map: str | None, trust_remote_code: bool) -> LoadedModel:
+    config, local_only = _checked_hf_config(where, name, source, trust_remote_code)
+    tokenizer = _load_hf_tokenizer(where, name, source)
+    model = _load_hf_model(where, name, config, dtype, device, device_map, local_only,
+                           trust_remote_code)
+    view = view_of(model)
+    return LoadedModel(view=view, tokenizer=tokenizer, name=name, source=source,
+                       dtype=_dtype_name(view.W_U.dtype),
+                       device=device if device_map is None else f"device_map={device_map}")
+
+
+def _checked_hf_config(where: str, name: str, source: str, trust_remote_code: bool) -> tuple[Any, bool]:
+    """The config of a supported causal LM, and whether only the local cache may be used."""
     local_only = False
     if source == "hub":
         from resstream.data.sources import hub_offline_reason
 
-        offline = hub_offline_reason()
-        local_only = offline is not None
+        local_only = hub_offline_reason() is not None
     config = _load_config(where, name, source, local_only, trust_remote_code)
     family = getattr(config, "model_type", None) or "?"
     families = supported_families()
@@ -163,13 +195,7 @@ def _load_hf(where: str, name: str, source: str, dtype: str, device: str,
         raise UsageError(f"model {name!r} is not a causal LM (architectures {_archs(config)}); "
                          f"allowed: a checkpoint with a language-model head "
                          f"(*ForCausalLM / *LMHeadModel)")
-    tokenizer = _load_hf_tokenizer(where, name, source)
-    model = _load_hf_model(where, name, config, dtype, device, device_map, local_only,
-                           trust_remote_code)
-    view = view_of(model)
-    return LoadedModel(view=view, tokenizer=tokenizer, name=name, source=source,
-                       dtype=_dtype_name(view.W_U.dtype),
-                       device=device if device_map is None else f"device_map={device_map}")
+    return config, local_only
 
 
 def is_causal_config(config: Any) -> bool:
@@ -213,14 +239,19 @@ def _load_config(where: str, name: str, source: str, local_only: bool,
 def _load_hf_tokenizer(where: str, name: str, source: str) -> Any:
     from resstream.data import load_tokenizer
 
-    if source == "local" and not any((Path(where) / f).is_file() for f in TOKENIZER_FILES):
-        raise UsageError(f"model directory {name!r} has no tokenizer (none of "
-                         f"{', '.join(TOKENIZER_FILES)}); allowed: a directory holding the model "
-                         f"and its tokenizer (save both with save_pretrained)")
+    if source == "local":
+        _check_tokenizer_files(where, name)
     try:
         return load_tokenizer(where)
     except UsageError as exc:
         raise UsageError(f"model {name!r} has no usable tokenizer: {exc}") from None
+
+
+def _check_tokenizer_files(where: str, name: str) -> None:
+    if not any((Path(where) / f).is_file() for f in TOKENIZER_FILES):
+        raise UsageError(f"model directory {name!r} has no tokenizer (none of "
+                         f"{', '.join(TOKENIZER_FILES)}); allowed: a directory holding the model "
+                         f"and its tokenizer (save both with save_pretrained)")
 
 
 def _load_hf_model(where: str, name: str, config: Any, dtype: str, device: str,
@@ -288,4 +319,4 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-__all__ = ["DTYPES", "LoadedModel", "is_causal_config", "load_model", "resolve_device"]
+__all__ = ["DTYPES", "LoadedModel", "check_model", "is_causal_config", "load_model", "resolve_device"]

@@ -51,6 +51,10 @@ def lens(
     decoder: Annotated[str, typer.Option(help="logit-lens or embedding.")] = "logit-lens",
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
+    device_map: Annotated[Optional[str], typer.Option(
+        help="Spread a Hugging Face model over devices: auto, balanced, sequential (needs accelerate).")] = None,
+    trust_remote_code: Annotated[bool, typer.Option(
+        "--trust-remote-code", help="Run a hub model's own code (only for repositories you trust).")] = False,
     no_colour: Annotated[bool, typer.Option("--no-colour", help="Mark cells with [in]/[next] instead of colour.")] = False,
 ) -> None:
     """Decode every layer's hidden state of a text: which layers hold the input token, which the next."""
@@ -61,7 +65,8 @@ def lens(
     check_out_dir(out)
     content = read_text(text, text_file)
     result, tokenizer = api.lens(content, model=model, positions=parse_positions(positions), top_k=top_k,
-                                 decoder=decoder, dtype=dtype, device=device)
+                                 decoder=decoder, dtype=dtype, device=device, device_map=device_map,
+                                 trust_remote_code=trust_remote_code)
 
     def token_text(token_id: int) -> str:
         return tokenizer.decode([token_id])
@@ -71,7 +76,8 @@ def lens(
     write_html(result, token_text, out / "lens.html")
     plot_lens(result, token_text, out / "lens.png")
     settings = {"command": "lens", "model": model, "positions": positions, "top_k": top_k, "decoder": decoder,
-                "text_file": str(text_file) if text_file else None, "dtype": dtype}
+                "text_file": str(text_file) if text_file else None, "dtype": dtype,
+                "device_map": device_map}
     write_json(out / "run.json", run_record(settings, seed=None, device=device, dataset_fingerprint=None))
     for line in terminal_lines(result, token_text, colour=not no_colour):
         typer.echo(line)

@@ -24,6 +24,10 @@ def shift(
     data_dir: Annotated[Optional[Path], typer.Option(help="Local corpora (else env RESSTREAM_DATA).")] = None,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
+    device_map: Annotated[Optional[str], typer.Option(
+        help="Spread a Hugging Face model over devices: auto, balanced, sequential (needs accelerate).")] = None,
+    trust_remote_code: Annotated[bool, typer.Option(
+        "--trust-remote-code", help="Run a hub model's own code (only for repositories you trust).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
 ) -> None:
     """Per layer: top-k match with the input and the next token, cosines, projection, shift depth."""
@@ -41,7 +45,7 @@ def shift(
     specs = list(model) if model else [None]
     report = api.shift(specs, dataset=dataset, num_seqs=num_seqs, seq_len=seq_len, top_k=top_k, decoder=decoder,
                        batch_size=batch_size, seed=seed, data_dir=data_dir, dtype=dtype, device=device,
-                       progress=not quiet)
+                       device_map=device_map, trust_remote_code=trust_remote_code, progress=not quiet)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "shift.json", report.to_dict())
     write_text(out / "shift.csv", shift_csv(report.results))
@@ -53,7 +57,7 @@ def shift(
     if len(report.results) > 1:
         plot_comparison(report.results, out / "comparison.png")
     settings = {"command": "shift", "models": specs, "dataset": dataset, "num_seqs": num_seqs, "seq_len": seq_len,
-                "top_k": top_k, "decoder": decoder, "batch_size": batch_size, "dtype": dtype,
+                "top_k": top_k, "decoder": decoder, "batch_size": batch_size, "dtype": dtype, "device_map": device_map,
                 "data_dir": str(data_dir) if data_dir else None, "sample": report.sample_rule}
     write_json(out / "run.json", run_record(settings, seed=seed, device=device,
                                             dataset_fingerprint=report.dataset_fingerprint))

