@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,6 +52,16 @@ def make_decoder(view: Any, kind: str) -> Any:
 
     check_choice("decoder", kind, DECODERS)
     return Decoder.from_view(view, kind)
+
+
+def decoding_note(view: Any, kind: str) -> str:
+    """What decoder `kind` applies to a state of this model, in words (saved with results)."""
+    if kind == "embedding":
+        return "W_E · h (input embedding matrix, no norm)"
+    matrix = "W_U = W_E (tied)" if view.tied else "the model's own unembedding W_U (untied from W_E)"
+    bias = " + b_U" if getattr(view, "b_U", None) is not None else ""
+    cap = "; logit soft-capping ignored (monotone, ranks unchanged)" if getattr(view, "logit_softcap", None) else ""
+    return f"final norm, then {matrix}{bias}{cap}"
 
 
 def decode_scores(decoder: Any) -> Any:
@@ -103,7 +113,7 @@ def lens(text: str, *, model: str | None = None, positions: range | None = None,
     states = residual_states(view, ids.to(device_of))[:, 0]
     result = trajectories(states, ids[0], decode_scores(make_decoder(view, decoder)), top_k=top_k,
                           positions=positions, model=loaded.name, decoder=decoder)
-    return result, loaded.tokenizer
+    return replace(result, decoding=decoding_note(view, decoder)), loaded.tokenizer
 
 
 def _sample(dataset: str, tokenizer: Any, *, num_seqs: int, seq_len: int, seed: int,
@@ -188,4 +198,4 @@ def _align(loaded: Any, sequences: Sequence[torch.Tensor], *, top_k: int, decode
                 batch = batch.to(device_of)
                 accumulator.update(residual_states(view, batch), batch)
             bar.update(len(batch))
-    return accumulator.result(loaded.name)
+    return replace(accumulator.result(loaded.name), tied=view.tied, decoding=decoding_note(view, decoder))

@@ -678,6 +678,8 @@ class AlignmentResult:
     top_k: int
     decoder: str
     num_projection_tokens: int = 0
+    tied: bool | None = None  # whether W_U is W_E (None: not known to the accumulator)
+    decoding: str = ""  # what the decoder applies, in words (e.g. "untied: the model's own W_U")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (lists instead of tuples, None instead of nan)."""

@@ -62,6 +62,7 @@ class LensResult:
     top_k: int
     num_layers: int
     trajectories: tuple[PositionTrajectory, ...]
+    decoding: str = ""  # what the decoder applies, in words
 
     def to_dict(self, token_text: Callable[[int], str] | None = None) -> dict:
         """Plain data for lens.json; `token_text` adds the decoded strings."""
@@ -73,6 +74,7 @@ class LensResult:
             "decoder": self.decoder,
             "top_k": self.top_k,
             "num_layers": self.num_layers,
+            "decoding": self.decoding,
             "positions": [
                 {
                     "position": t.position,

@@ -65,6 +65,8 @@ def shift(
         where = f"{result.shift_layer:.2f}" if result.shift_layer is not None else "never"
         typer.echo(f"{result.model}: shift layer {where} of {result.num_layers} "
                    f"({result.num_tokens:,} positions, {report.sample_rule})")
+        if result.tied is False and decoder == "logit-lens":
+            typer.echo(f"  {result.model} is untied: decoded with {result.decoding}")
     typer.echo(f"wrote shift.json, shift.csv, plots and run.json to {out}")
 
 

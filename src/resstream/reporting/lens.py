@@ -36,7 +36,8 @@ def _show(text: str) -> str:
 
 def terminal_lines(result: LensResult, token_text: TokenText, *, colour: bool = True) -> list[str]:
     """One line per position: input → next, then the merged layer ranges."""
-    lines = [f"decoder {result.decoder}, {result.num_layers} layers; "
+    how = f" ({result.decoding})" if result.decoding else ""
+    lines = [f"decoder {result.decoder}{how}, {result.num_layers} layers; "
              f"{'blue' if colour else '[in]'} = input token, {'green' if colour else '[next]'} = next token"]
     for t in result.trajectories:
         head = f"{t.position:>4} {_show(token_text(t.input_id))!r:>14} → "
@@ -72,7 +73,8 @@ def write_html(result: LensResult, token_text: TokenText, path: str | Path) -> N
         "<!doctype html><meta charset='utf-8'><title>resstream lens</title>"
         "<style>body{font-family:sans-serif}td,th{border:1px solid #ccc;padding:2px 6px;"
         "font-family:monospace;white-space:pre}table{border-collapse:collapse}</style>"
-        f"<p>{html.escape(result.model)} — decoder {html.escape(result.decoder)}; "
+        f"<p>{html.escape(result.model)} — decoder {html.escape(result.decoder)}"
+        f"{html.escape(f' ({result.decoding})' if result.decoding else '')}; "
         f"<span style='background:{INPUT_COLOUR}'>input token</span> "
         f"<span style='background:{NEXT_COLOUR}'>next token</span></p>"
         f"<table><tr><th>pos</th><th>input</th><th>next</th>{head}</tr>{''.join(rows)}</table>"
