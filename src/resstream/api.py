@@ -86,7 +86,7 @@ def check_length(length: int, view: Any, what: str) -> None:
                          f"{view.max_positions} tokens; allowed: 2..{view.max_positions}")
 
 
-def lens(text: str, *, model: str | None = None, positions: range | None = None, top_k: int = 1,
+def lens(text: str, *, model: str | None = None, positions: range | slice | None = None, top_k: int = 1,
          decoder: str = "logit-lens", dtype: str = "auto", device: str = "auto",
          device_map: str | None = None, trust_remote_code: bool = False) -> tuple[Any, Any]:
     """Decoding trajectories of `text`: returns (LensResult, tokenizer).
@@ -106,14 +106,34 @@ def lens(text: str, *, model: str | None = None, positions: range | None = None,
     ids = loaded.tokenizer(text, add_special_tokens=True, return_tensors="pt")["input_ids"]
     check_length(ids.shape[1], view, "the text ({n} tokens)")
     check_top_k(top_k, view.W_U.shape[0])
-    if positions is not None and (positions.start < 0 or positions.stop > ids.shape[1] or len(positions) == 0):
-        raise UsageError(f"--positions {positions.start}:{positions.stop} is outside the text's "
-                         f"0:{ids.shape[1]} tokens")
+    positions = _position_range(positions, ids.shape[1])
     device_of = next(view.model.parameters()).device
     states = residual_states(view, ids.to(device_of))[:, 0]
     result = trajectories(states, ids[0], decode_scores(make_decoder(view, decoder)), top_k=top_k,
                           positions=positions, model=loaded.name, decoder=decoder)
     return replace(result, decoding=decoding_note(view, decoder)), loaded.tokenizer
+
+
+def _position_range(positions: range | slice | None, length: int) -> range | None:
+    """A non-empty range inside 0..length (a slice's missing stop: the end); UsageError if not."""
+    if positions is None:
+        return None
+    start = positions.start or 0
+    stop = length if positions.stop is None else positions.stop
+    if start < 0 or stop > length or stop <= start:
+        raise UsageError(f"--positions {start}:{stop} is outside the text's 0:{length} tokens; "
+                         f"allowed: A:B with 0 <= A < B <= {length}")
+    return range(start, stop)
+
+
+def _check_vocabulary(sample: Any, vocab: int, source: str) -> None:
+    """Every token id must index the model's vocabulary (pinned rows may hold any integer)."""
+    for row, seq in enumerate(sample.sequences, start=1):
+        top = int(seq.max())
+        if top >= vocab:
+            where = f"row {row} of {source!r}" if sample.windows_available is None else f"{source!r}"
+            raise UsageError(f"{where} holds token id {top}, outside the model's vocabulary of {vocab} "
+                             f"(allowed: 0..{vocab - 1})")
 
 
 def _sample(dataset: str, tokenizer: Any, *, num_seqs: int, seq_len: int, seed: int,
@@ -125,7 +145,8 @@ def _sample(dataset: str, tokenizer: Any, *, num_seqs: int, seq_len: int, seed: 
         rows = load_token_rows(dataset)
         if rows is not None:
             return sample_token_rows(rows, source=dataset), None
-    corpus = stream_corpus(dataset, split=ANALYSIS_SPLITS.get(dataset, "train"), data_dir=data_dir)
+    corpus = stream_corpus(dataset, split=ANALYSIS_SPLITS.get(dataset.strip().lower(), "train"),
+                           data_dir=data_dir)
     sample = sample_sequences(corpus, tokenizer, num_seqs=num_seqs, seq_len=seq_len, seed=seed,
                               corpus_name=dataset)
     return sample, corpus.fingerprint
@@ -148,9 +169,10 @@ def shift(models: Sequence[str | None] = (None,), *, dataset: str = "shakespeare
           progress: bool = True) -> ShiftReport:
     """Layer-wise alignment with the input and the next token over a corpus sample.
 
-    Every model sees the same text: `num_seqs` windows of `seq_len` tokens sampled from
-    `dataset` with `seed` (see `resstream.data.sampling`), or a `.jsonl` of `input_ids` rows
-    used as given. Models are loaded one at a time (`resstream.adapters.load_model`) and
+    Each model gets `num_seqs` windows of `seq_len` tokens sampled from `dataset` with `seed`
+    by the same rule (see `resstream.data.sampling`) from its own tokenizer's token stream, so
+    models that share a tokenizer see identical windows; or a `.jsonl` of `input_ids` rows used
+    as given. Each model's entry records its own sample. Models are loaded one at a time (`resstream.adapters.load_model`) and
     freed before the next; `progress` shows a bar per model.
     """
     from resstream.adapters import check_model, load_model
@@ -168,14 +190,15 @@ def shift(models: Sequence[str | None] = (None,), *, dataset: str = "shakespeare
         check_top_k(top_k, loaded.view.W_U.shape[0])
         if not dataset.endswith(".jsonl"):  # pinned rows are checked once read
             check_length(seq_len, loaded.view, "--seq-len {n}")
-        # every model sees the same text; token ids differ only between tokenizers
         sample, fingerprint = _sample(dataset, loaded.tokenizer, num_seqs=num_seqs, seq_len=seq_len, seed=seed,
                                       data_dir=data_dir)
+        _check_vocabulary(sample, loaded.view.W_U.shape[0], dataset)
         check_length(max(len(s) for s in sample.sequences), loaded.view,
                      "--seq-len {n}" if sample.windows_available is not None else "a pinned row of {n} tokens")
         rule = sample.rule
-        results.append(_align(loaded, sample.sequences, top_k=top_k, decoder=decoder, batch_size=batch_size,
-                              progress=progress))
+        result = _align(loaded, sample.sequences, top_k=top_k, decoder=decoder, batch_size=batch_size,
+                        progress=progress)
+        results.append(replace(result, sample=rule))
         del loaded  # free this model before loading the next
     lengths = {len(s) for s in sample.sequences} if sample is not None else set()
     return ShiftReport(tuple(results), dataset, rule, fingerprint, len(sample.sequences) if sample else 0,

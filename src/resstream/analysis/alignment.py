@@ -680,6 +680,7 @@ class AlignmentResult:
     num_projection_tokens: int = 0
     tied: bool | None = None  # whether W_U is W_E (None: not known to the accumulator)
     decoding: str = ""  # what the decoder applies, in words (e.g. "untied: the model's own W_U")
+    sample: str = ""  # how the scored sequences were chosen, in words
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (lists instead of tuples, None instead of nan)."""

@@ -25,3 +25,10 @@ def split_names(text: str | None) -> list[str]:
 def echo_err(message: str) -> None:
     """A progress line on stderr (stdout stays for results)."""
     typer.echo(message, err=True)
+
+
+def resolved_device(device: str, device_map: str | None = None) -> str:
+    """The device a run actually used, for run.json ('auto' resolved; a device map named)."""
+    from resstream.adapters import resolve_device
+
+    return f"device_map={device_map}" if device_map else resolve_device(device)

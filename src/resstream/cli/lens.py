@@ -7,20 +7,20 @@ from typing import Annotated, Optional
 
 import typer
 
-from resstream.cli.common import check_out_dir
+from resstream.cli.common import check_out_dir, resolved_device
 from resstream.errors import UsageError
 
 
-def parse_positions(text: str | None) -> range | None:
-    """'A:B' (either side optional) into range(A, B); None stays None (all positions)."""
+def parse_positions(text: str | None) -> slice | None:
+    """'A:B' (either side optional: 'A:' runs to the end) or 'N' into a slice; None: all."""
     if text is None:
         return None
     start, sep, stop = text.partition(":")
     try:
         if not sep:
             first = int(start)
-            return range(first, first + 1)
-        return range(int(start) if start else 0, int(stop) if stop else 1 << 30)
+            return slice(first, first + 1)
+        return slice(int(start) if start.strip() else 0, int(stop) if stop.strip() else None)
     except ValueError:
         raise UsageError(f"--positions {text!r} is not A:B with integers A < B (e.g. 3:10)") from None
 
@@ -55,7 +55,7 @@ def lens(
         help="Spread a Hugging Face model over devices: auto, balanced, sequential (needs accelerate).")] = None,
     trust_remote_code: Annotated[bool, typer.Option(
         "--trust-remote-code", help="Run a hub model's own code (only for repositories you trust).")] = False,
-    no_colour: Annotated[bool, typer.Option("--no-colour", help="Mark cells with [in]/[next] instead of colour.")] = False,
+    no_colour: Annotated[bool, typer.Option("--no-colour", help="Mark cells with [input]/[next] instead of colour.")] = False,
 ) -> None:
     """Decode every layer's hidden state of a text: which layers hold the input token, which the next."""
     from resstream import api
@@ -78,7 +78,8 @@ def lens(
     settings = {"command": "lens", "model": model, "positions": positions, "top_k": top_k, "decoder": decoder,
                 "text_file": str(text_file) if text_file else None, "dtype": dtype,
                 "device_map": device_map}
-    write_json(out / "run.json", run_record(settings, seed=None, device=device, dataset_fingerprint=None))
+    write_json(out / "run.json", run_record(settings, seed=None, device=resolved_device(device, device_map),
+                                            dataset_fingerprint=None))
     for line in terminal_lines(result, token_text, colour=not no_colour):
         typer.echo(line)
     typer.echo(f"wrote lens.json, lens.html, lens.png and run.json to {out}")

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from resstream.cli.common import check_out_dir
+from resstream.cli.common import check_out_dir, resolved_device
 
 
 def shift(
@@ -59,7 +59,7 @@ def shift(
     settings = {"command": "shift", "models": specs, "dataset": dataset, "num_seqs": num_seqs, "seq_len": seq_len,
                 "top_k": top_k, "decoder": decoder, "batch_size": batch_size, "dtype": dtype, "device_map": device_map,
                 "data_dir": str(data_dir) if data_dir else None, "sample": report.sample_rule}
-    write_json(out / "run.json", run_record(settings, seed=seed, device=device,
+    write_json(out / "run.json", run_record(settings, seed=seed, device=resolved_device(device, device_map),
                                             dataset_fingerprint=report.dataset_fingerprint))
     for result in report.results:
         where = f"{result.shift_layer:.2f}" if result.shift_layer is not None else "never"

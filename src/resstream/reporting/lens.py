@@ -38,7 +38,7 @@ def terminal_lines(result: LensResult, token_text: TokenText, *, colour: bool = 
     """One line per position: input → next, then the merged layer ranges."""
     how = f" ({result.decoding})" if result.decoding else ""
     lines = [f"decoder {result.decoder}{how}, {result.num_layers} layers; "
-             f"{'blue' if colour else '[in]'} = input token, {'green' if colour else '[next]'} = next token"]
+             f"{'blue' if colour else '[input]'} = input token, {'green' if colour else '[next]'} = next token"]
     for t in result.trajectories:
         head = f"{t.position:>4} {_show(token_text(t.input_id))!r:>14} → "
         head += f"{_show(token_text(t.next_id))!r:<14}" if t.next_id is not None else f"{'':<14}"

@@ -1,0 +1,40 @@
+"""The Python API on the built-in reference model: inputs the CLI passes through unchanged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import resstream
+from resstream.errors import UsageError
+
+
+def test_lens_positions_may_run_to_the_end() -> None:
+    result, _ = resstream.lens("To be, or not to be", positions=slice(3, None))
+    assert [t.position for t in result.trajectories][0] == 3
+    assert result.trajectories[-1].next_id is None  # the last token of the text
+    with pytest.raises(UsageError, match=r"--positions 4:2 is outside the text's 0:\d+ tokens"):
+        resstream.lens("To be, or not to be", positions=slice(4, 2))
+
+
+def test_pinned_ids_outside_the_vocabulary_are_refused(tmp_path: Path) -> None:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"input_ids": [1, 2, 3]}) + "\n" + json.dumps({"input_ids": [4, 99999]}) + "\n")
+    with pytest.raises(UsageError, match=r"row 2 of '.*rows\.jsonl' holds token id 99999, outside the model's "
+                                         r"vocabulary of \d+"):
+        resstream.shift(dataset=str(rows), progress=False)
+
+
+def test_each_model_entry_records_its_sample_and_decoding() -> None:
+    report = resstream.shift(num_seqs=2, seq_len=16, progress=False)
+    entry = report.to_dict()["models"][0]
+    assert entry["sample"] == report.sample_rule and "reservoir-sampled with seed 0" in entry["sample"]
+    assert entry["tied"] is True and entry["decoding"] == "final norm, then W_U = W_E (tied)"
+
+
+def test_named_dataset_is_case_insensitive_for_its_split(shared_data: Path) -> None:
+    lower = resstream.shift(dataset="wikitext-2", num_seqs=2, seq_len=16, data_dir=shared_data, progress=False)
+    upper = resstream.shift(dataset="WikiText-2", num_seqs=2, seq_len=16, data_dir=shared_data, progress=False)
+    assert lower.dataset_fingerprint == upper.dataset_fingerprint
