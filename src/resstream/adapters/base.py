@@ -68,6 +68,10 @@ class ModelView:
     # Runs the model's own forward once through every block: (input_ids, attention_mask) ->
     # anything (the LM head may be skipped). `capture.residual_states` hooks the blocks around it.
     forward: Callable[[Tensor, Tensor | None], object] | None = None
+    # (input_ids) -> per-layer attention probabilities, each (batch, heads, query, key), for
+    # models whose own forward cannot return them; None: Hugging Face's output_attentions
+    # under the eager attention implementation (`capture.attention_probs`).
+    attention: Callable[[Tensor], tuple[Tensor, ...]] | None = None
 
     @property
     def n_layers(self) -> int:

@@ -52,6 +52,21 @@ def resstream_view(model: nn.Module) -> ModelView:
             raise ValueError("resstream GPT models take no padding: attention_mask must be all ones")
         return model.hidden_states(input_ids)
 
+    def attention(input_ids: Tensor) -> tuple[Tensor, ...]:
+        """Each block's attention probabilities, recomputed from the input its attention gets."""
+        probs: list[Tensor] = []
+        handles = [
+            block.attn.register_forward_pre_hook(
+                lambda module, args: probs.append(module.attention_probs(args[0])))
+            for block in model.blocks
+        ]
+        try:
+            model.hidden_states(input_ids)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return tuple(probs)
+
     return ModelView(
         family=RESSTREAM_FAMILY,
         model=model,
@@ -66,4 +81,5 @@ def resstream_view(model: nn.Module) -> ModelView:
         max_positions=config.block_size,
         notes=tuple(notes),
         forward=forward,
+        attention=attention,
     )

@@ -63,12 +63,27 @@ class CausalSelfAttention(nn.Module):
             Rotary(self.head_dim, config.block_size) if config.pos_emb == "rotary" else None
         )
 
-    def forward(self, x: Tensor) -> Tensor:
+    def _heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v of x (batch, seq, d_model) as (batch, heads, seq, head_dim), rotary applied."""
         batch, seq, width = x.shape
         q, k, v = self.c_attn(x).split(width, dim=2)
         q, k, v = (t.view(batch, seq, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
+        return q, k, v
+
+    def attention_probs(self, x: Tensor) -> Tensor:
+        """The attention probabilities (batch, heads, query, key) that `forward` applies to x,
+        computed explicitly in fp32 (no dropout): softmax(causal(q·kᵀ/√head_dim))."""
+        q, k, _ = self._heads(x)
+        scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(self.head_dim)
+        seq = x.shape[1]
+        future = torch.ones(seq, seq, dtype=torch.bool, device=x.device).triu(1)
+        return scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch, seq, width = x.shape
+        q, k, v = self._heads(x)
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
         )
