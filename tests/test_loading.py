@@ -216,3 +216,9 @@ def test_decoding_note_says_whether_the_unembedding_is_tied(gpt2_dir) -> None:
     note = decoding_note(untied, "logit-lens")
     assert note.startswith("final norm, then the model's own unembedding W_U (untied from W_E) + b_U")
     assert "soft-capping ignored" in note
+
+
+def test_reference_is_the_built_in_models_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    loaded = load_model("reference")
+    assert (loaded.name, loaded.source) == ("reference", "reference")

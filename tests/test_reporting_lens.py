@@ -33,3 +33,11 @@ def test_html_and_png(tmp_path):
     assert page.count("<tr>") == 4 and "#a1d99b" in page and "␣the" in page
     plot_lens(result(), text, tmp_path / "lens.png")
     assert (tmp_path / "lens.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_control_characters_are_shown_as_escapes() -> None:
+    from resstream.reporting.lens import _show
+
+    assert _show(" the\n") == "␣the↵"
+    assert _show("a\x1db\u2028") == "a\\x1db\\u2028"
+    assert len(_show("x\x1dy").splitlines()) == 1

@@ -88,11 +88,12 @@ def check_length(length: int, view: Any, what: str) -> None:
 
 def lens(text: str, *, model: str | None = None, positions: range | slice | None = None, top_k: int = 1,
          decoder: str = "logit-lens", dtype: str = "auto", device: str = "auto",
-         device_map: str | None = None, trust_remote_code: bool = False) -> tuple[Any, Any]:
+         device_map: str | None = None, trust_remote_code: bool = False,
+         progress: bool = True) -> tuple[Any, Any]:
     """Decoding trajectories of `text`: returns (LensResult, tokenizer).
 
-    `model`, `dtype`, `device`, `device_map` and `trust_remote_code` are those of
-    `resstream.adapters.load_model`.
+    `model`, `dtype`, `device`, `device_map`, `trust_remote_code` and `progress` are those
+    of `resstream.adapters.load_model`.
     """
     from resstream.adapters import load_model
     from resstream.analysis.lens import trajectories
@@ -101,7 +102,7 @@ def lens(text: str, *, model: str | None = None, positions: range | slice | None
     if not text.strip():
         raise UsageError("--text is empty")
     loaded = load_model(model, dtype=dtype, device=device, device_map=device_map,
-                        trust_remote_code=trust_remote_code)
+                        trust_remote_code=trust_remote_code, progress=progress)
     view = loaded.view
     ids = loaded.tokenizer(text, add_special_tokens=True, return_tensors="pt")["input_ids"]
     check_length(ids.shape[1], view, "the text ({n} tokens)")
@@ -124,6 +125,15 @@ def _position_range(positions: range | slice | None, length: int) -> range | Non
         raise UsageError(f"--positions {start}:{stop} is outside the text's 0:{length} tokens; "
                          f"allowed: A:B with 0 <= A < B <= {length}")
     return range(start, stop)
+
+
+def _check_sample_length(sample: Any, view: Any, source: str) -> None:
+    """The longest sampled sequence (or pinned row, named by number) must fit the context."""
+    lengths = [len(seq) for seq in sample.sequences]
+    longest = max(range(len(lengths)), key=lengths.__getitem__)
+    what = "--seq-len {n}" if sample.windows_available is not None else \
+        f"row {longest + 1} of {source!r} ({{n}} tokens)"
+    check_length(lengths[longest], view, what)
 
 
 def _check_vocabulary(sample: Any, vocab: int, source: str) -> None:
@@ -186,15 +196,14 @@ def shift(models: Sequence[str | None] = (None,), *, dataset: str = "shakespeare
     results, rule, fingerprint, sample = [], "", None, None
     for spec in models:
         loaded = load_model(spec, dtype=dtype, device=device, device_map=device_map,
-                            trust_remote_code=trust_remote_code)
+                            trust_remote_code=trust_remote_code, progress=progress)
         check_top_k(top_k, loaded.view.W_U.shape[0])
         if not dataset.endswith(".jsonl"):  # pinned rows are checked once read
             check_length(seq_len, loaded.view, "--seq-len {n}")
         sample, fingerprint = _sample(dataset, loaded.tokenizer, num_seqs=num_seqs, seq_len=seq_len, seed=seed,
                                       data_dir=data_dir)
         _check_vocabulary(sample, loaded.view.W_U.shape[0], dataset)
-        check_length(max(len(s) for s in sample.sequences), loaded.view,
-                     "--seq-len {n}" if sample.windows_available is not None else "a pinned row of {n} tokens")
+        _check_sample_length(sample, loaded.view, dataset)
         rule = sample.rule
         result = _align(loaded, sample.sequences, top_k=top_k, decoder=decoder, batch_size=batch_size,
                         progress=progress)

@@ -2,7 +2,8 @@
 
 `spec` is resolved in this order:
 
-* ``None``: the built-in reference model shipped with resstream (offline, always present);
+* ``None`` or ``"reference"``: the built-in reference model shipped with resstream (offline,
+  always present);
 * a directory holding resstream's ``model.json``: a finished resstream training run;
 * a directory holding ``config.json``: a local Hugging Face model (with its tokenizer);
 * anything else that does not look like a path: a Hugging Face hub name (online users; with
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,7 @@ DTYPES: dict[str, torch.dtype | None] = {
 }
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 RESSTREAM_META = "model.json"
+REFERENCE_NAME = "reference"  # `--model reference`: the built-in model (as does no --model)
 HF_CONFIG = "config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
                    "spiece.model")
@@ -66,8 +70,12 @@ class LoadedModel:
 
 
 def load_model(spec: str | os.PathLike[str] | None, *, dtype: str = "auto", device: str = "auto",
-               device_map: str | None = None, trust_remote_code: bool = False) -> LoadedModel:
-    """Load `spec` (see the module docstring) in eval mode; UsageError for bad input."""
+               device_map: str | None = None, trust_remote_code: bool = False,
+               progress: bool = True) -> LoadedModel:
+    """Load `spec` (see the module docstring) in eval mode; UsageError for bad input.
+
+    `progress=False` silences Hugging Face's weight-loading bar.
+    """
     check_choice("dtype", dtype, DTYPES)
     device = resolve_device(device)
     if device_map is not None:
@@ -75,7 +83,23 @@ def load_model(spec: str | os.PathLike[str] | None, *, dtype: str = "auto", devi
     where, name, source = _locate(spec)
     if source in ("reference", "resstream"):
         return _load_resstream(Path(where), name, source, dtype, device)
-    return _load_hf(where, name, source, dtype, device, device_map, trust_remote_code)
+    with _hf_progress_bars(progress):
+        return _load_hf(where, name, source, dtype, device, device_map, trust_remote_code)
+
+
+@contextmanager
+def _hf_progress_bars(enabled: bool) -> Iterator[None]:
+    """Hugging Face's progress bars on or off for the block, restored afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.is_progress_bar_enabled()
+    if before and not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if before and not enabled:
+            hf_logging.enable_progress_bar()
 
 
 def check_model(spec: str | os.PathLike[str] | None, *, trust_remote_code: bool = False) -> None:
@@ -93,11 +117,11 @@ def check_model(spec: str | os.PathLike[str] | None, *, trust_remote_code: bool 
 
 def _locate(spec: str | os.PathLike[str] | None) -> tuple[str, str, str]:
     """(where to load from, display name, source) of a model spec; UsageError if impossible."""
-    if spec is None:
+    text = None if spec is None else str(spec).strip()
+    if text is None or (text == REFERENCE_NAME and not Path(text).exists()):
         from resstream.assets import reference_model_dir
 
-        return str(reference_model_dir()), "reference", "reference"
-    text = str(spec).strip()
+        return str(reference_model_dir()), REFERENCE_NAME, "reference"
     if not text:
         raise UsageError("model '' is empty: give a model directory or a Hugging Face hub name, "
                          "or leave it out for the built-in reference model")

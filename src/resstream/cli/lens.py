@@ -35,10 +35,13 @@ def read_text(text: str | None, text_file: Path | None) -> str:
         raise UsageError(f"--text-file {str(text_file)!r} does not exist")
     raw = text_file.read_bytes()
     try:
-        return raw.decode("utf-8")
+        content = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UsageError(f"--text-file {str(text_file)!r} is not UTF-8 text: byte 0x{raw[exc.start]:02x} "
                          f"at byte offset {exc.start}") from None
+    if not content.strip():
+        raise UsageError(f"--text-file {str(text_file)!r} holds no text; give a file with the text to decode")
+    return content
 
 
 def lens(
@@ -55,6 +58,7 @@ def lens(
         help="Spread a Hugging Face model over devices: auto, balanced, sequential (needs accelerate).")] = None,
     trust_remote_code: Annotated[bool, typer.Option(
         "--trust-remote-code", help="Run a hub model's own code (only for repositories you trust).")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
     no_colour: Annotated[bool, typer.Option("--no-colour", help="Mark cells with [input]/[next] instead of colour.")] = False,
 ) -> None:
     """Decode every layer's hidden state of a text: which layers hold the input token, which the next."""
@@ -66,7 +70,7 @@ def lens(
     content = read_text(text, text_file)
     result, tokenizer = api.lens(content, model=model, positions=parse_positions(positions), top_k=top_k,
                                  decoder=decoder, dtype=dtype, device=device, device_map=device_map,
-                                 trust_remote_code=trust_remote_code)
+                                 trust_remote_code=trust_remote_code, progress=not quiet)
 
     def token_text(token_id: int) -> str:
         return tokenizer.decode([token_id])

@@ -24,6 +24,7 @@ from resstream.errors import ResstreamError
 _EXIT = (click.exceptions.Exit, typer.Exit)
 _ABORT = (click.exceptions.Abort, typer.Abort)
 _CLI_ERRORS = (click.exceptions.ClickException, typer.exceptions.TyperException)
+_INTERRUPTED = "interrupted; files already written are complete, partial ones were discarded"
 
 app = typer.Typer(
     name="resstream",
@@ -70,20 +71,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = app(args=args, prog_name="resstream", standalone_mode=False)
     except _EXIT as exc:
-        return exc.exit_code
+        result = exc.exit_code
     except _CLI_ERRORS as exc:
         if debug:
             raise
         _error(_describe(exc, args))
         return 2
     except (KeyboardInterrupt, *_ABORT):
-        _error("interrupted; files already written are complete, partial ones were discarded")
+        _error(_INTERRUPTED)
         return 130
     except ResstreamError as exc:
         if debug:
             raise
         _error(str(exc).splitlines()[0])
         return exc.exit_code
+    if result == 130:  # typer turns Ctrl-C (KeyboardInterrupt) into exit code 130, silently
+        _error(_INTERRUPTED)
     return int(result or 0)
 
 

@@ -30,8 +30,10 @@ def _kind(trajectory: PositionTrajectory, token_id: int) -> str | None:
 
 
 def _show(text: str) -> str:
-    """Visible whitespace: a token ' the' is shown as '␣the'."""
-    return text.replace(" ", "␣").replace("\n", "↵")
+    """Visible whitespace and control characters: ' the' is shown as '␣the', a newline as
+    '↵', other control characters as escapes ('\\x1d'), so a token never breaks a line."""
+    text = text.replace(" ", "␣").replace("\n", "↵")
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 def terminal_lines(result: LensResult, token_text: TokenText, *, colour: bool = True) -> list[str]:
