@@ -4,8 +4,8 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    """`resstream.shift` and `resstream.lens`, imported on first use (torch is heavy)."""
-    if name in ("shift", "lens"):
+    """`resstream.shift`, `.lens`, `.simulate` and `.recency`, imported on first use (torch is heavy)."""
+    if name in ("shift", "lens", "simulate", "recency"):
         from resstream import api
 
         return getattr(api, name)

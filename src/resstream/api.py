@@ -231,3 +231,115 @@ def _align(loaded: Any, sequences: Sequence[torch.Tensor], *, top_k: int, decode
                 accumulator.update(residual_states(view, batch), batch)
             bar.update(len(batch))
     return replace(accumulator.result(loaded.name), tied=view.tied, decoding=decoding_note(view, decoder))
+
+
+# --------------------------------------------------------------------------- positional bias
+
+#: The four standard configurations of `resstream simulate --grid` (label, overrides).
+GRID_GAMMA = 0.5
+
+
+def grid_configurations(gamma: float = GRID_GAMMA) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """No LayerNorm; LayerNorm with γ = 0; LayerNorm with γ > 0; the same with the residual."""
+    return (
+        ("no LayerNorm", {"layernorm": False, "gamma": 0.0, "residual": False}),
+        ("LayerNorm, γ = 0", {"layernorm": True, "gamma": 0.0, "residual": False}),
+        (f"LayerNorm, γ = {gamma:g}", {"layernorm": True, "gamma": gamma, "residual": False}),
+        (f"LayerNorm, γ = {gamma:g}, residual", {"layernorm": True, "gamma": gamma, "residual": True}),
+    )
+
+
+def simulate(*, grid: bool = False, progress: bool = True, **config: Any) -> tuple[tuple[str, Any], ...]:
+    """Parameter-free causal attention stacks: ((label, SimulationResult), ...).
+
+    `config` holds `resstream.simulation.SimulationConfig` fields. With `grid`, the four
+    standard configurations (`grid_configurations`, γ from `config["gamma"]` when it is > 0)
+    are run with the other fields shared; otherwise the one configuration given. Every config
+    is checked before any is run.
+    """
+    from resstream.simulation import SimulationConfig
+    from resstream.simulation import simulate as run_simulation
+
+    if grid:
+        gamma = config.get("gamma") or GRID_GAMMA
+        runs = [(label, {**config, **overrides}) for label, overrides in grid_configurations(gamma)]
+    else:
+        runs = [(_simulation_label(config), config)]
+    configs = [(label, SimulationConfig(**fields)) for label, fields in runs]
+    results = []
+    for label, cfg in configs:
+        with tqdm(total=cfg.simulations, desc=f"simulate {label}", unit="sim", disable=not progress) as bar:
+            results.append((label, run_simulation(cfg, progress=bar.update)))
+    return tuple(results)
+
+
+def _simulation_label(config: dict[str, Any]) -> str:
+    norm = "LayerNorm" if config.get("layernorm", True) else "no LayerNorm"
+    parts = [norm, f"γ = {config.get('gamma', 0.0):g}"]
+    if config.get("residual", False):
+        parts.append(f"residual λ = {config.get('residual_scale', 1.0):g}")
+    return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class RecencyReport:
+    """`recency` over one or several models on a corpus sample."""
+
+    results: tuple[Any, ...]  # RecencyResult per model
+    dataset: str
+    dataset_fingerprint: str | None
+    seq_len: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dataset": self.dataset, "dataset_fingerprint": self.dataset_fingerprint,
+                "seq_len": self.seq_len, "models": [r.to_dict() for r in self.results]}
+
+
+def recency(models: Sequence[str | None] = (None,), *, dataset: str = "shakespeare", num_seqs: int = 64,
+            seq_len: int = 64, batch_size: int = 8, seed: int = 0, threshold: float = 3.0,
+            data_dir: str | os.PathLike[str] | None = None, dtype: str = "auto", device: str = "auto",
+            device_map: str | None = None, trust_remote_code: bool = False,
+            progress: bool = True) -> RecencyReport:
+    """Mean attention by query and key position, per layer and head, over a corpus sample.
+
+    The sample is drawn as for `shift` (all sequences must have one length: pinned rows of
+    different lengths are refused). Each sequence is one sample of the statistics, so the
+    verdicts are the simulation's (`resstream.analysis.recency`).
+    """
+    from resstream.adapters import check_model, load_model
+    from resstream.analysis.recency import RecencyAccumulator
+    from resstream.capture import attention_probs
+
+    if batch_size < 1:
+        raise UsageError(f"--batch-size {batch_size} must be >= 1")
+    if not threshold > 0:
+        raise UsageError(f"--threshold {threshold} must be > 0 (standard errors)")
+    models = list(models) or [None]
+    for spec in models:
+        check_model(spec, trust_remote_code=trust_remote_code)
+    results, fingerprint, length = [], None, seq_len
+    for spec in models:
+        loaded = load_model(spec, dtype=dtype, device=device, device_map=device_map,
+                            trust_remote_code=trust_remote_code, progress=progress)
+        view = loaded.view
+        if not dataset.endswith(".jsonl"):
+            check_length(seq_len, view, "--seq-len {n}")
+        sample, fingerprint = _sample(dataset, loaded.tokenizer, num_seqs=num_seqs, seq_len=seq_len, seed=seed,
+                                      data_dir=data_dir)
+        _check_vocabulary(sample, view.W_U.shape[0], dataset)
+        _check_sample_length(sample, view, dataset)
+        lengths = {len(s) for s in sample.sequences}
+        if len(lengths) != 1:
+            raise UsageError(f"{dataset!r}: pinned rows have {len(lengths)} different lengths; recency "
+                             f"averages position by position and needs one length")
+        length = lengths.pop()
+        accumulator = RecencyAccumulator(num_layers=view.n_layers, num_heads=view.n_heads, seq_len=length,
+                                         threshold=threshold)
+        with tqdm(total=len(sample.sequences), desc=f"recency {loaded.name}", unit="seq",
+                  disable=not progress) as bar:
+            for batch in _batches(sample.sequences, batch_size):
+                accumulator.update(attention_probs(view, batch))
+                bar.update(len(batch))
+        results.append(accumulator.result(loaded.name, sample=sample.rule, notes=view.notes))
+        del loaded, view
+    return RecencyReport(tuple(results), dataset, fingerprint, length)

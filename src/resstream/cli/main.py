@@ -15,7 +15,9 @@ import typer
 from resstream.cli import compare as compare_cmd
 from resstream.cli import eval as eval_cmd
 from resstream.cli import lens as lens_cmd
+from resstream.cli import recency as recency_cmd
 from resstream.cli import shift as shift_cmd
+from resstream.cli import simulate as simulate_cmd
 from resstream.cli import sweep as sweep_cmd
 from resstream.cli import train as train_cmd
 from resstream.errors import ResstreamError
@@ -33,7 +35,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-for module in (train_cmd, eval_cmd, sweep_cmd, compare_cmd, shift_cmd, lens_cmd):
+for module in (train_cmd, eval_cmd, sweep_cmd, compare_cmd, shift_cmd, lens_cmd, simulate_cmd, recency_cmd):
     module.register(app)
 
 

@@ -1,0 +1,166 @@
+"""Measured positional bias of trained models: mean attention by query and key position.
+
+`RecencyAccumulator.update(probs)` takes the attention probabilities of a batch of sequences,
+(L, batch, heads, T, T) from `resstream.capture.attention_probs`, and keeps, per layer and
+head and for the head average, the streaming mean and standard error of every score A[i][j],
+of every step A[i][j+1] − A[i][j] and of every spread A[i][i−1] − A[i][0] — the statistics
+the parameter-free simulation reports (`resstream.simulation.statistics`), with one sequence
+playing the part of one simulation. So the recency / primacy verdicts of a trained model and of
+the simulation are the same test (`resstream.simulation.results`): a row shows recency when
+every step is positive by at least `threshold` standard errors.
+
+`by_distance[δ]` is the mean over queries i ≥ δ of mean[i][i − δ]: how much attention goes
+δ tokens back, averaged over the positions where that distance exists (δ = 0: the token
+itself).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from resstream.simulation.results import LayerAttention
+from resstream.simulation.statistics import (
+    MomentAccumulator,
+    attention_features,
+    feature_width,
+    summarise_layer,
+)
+
+__all__ = ["HeadAttention", "RecencyAccumulator", "RecencyResult", "distance_profile"]
+
+Matrix = tuple[tuple[float, ...], ...]
+
+
+def distance_profile(mean: Matrix) -> tuple[float, ...]:
+    """by_distance[δ] = mean over queries i ≥ δ of mean[i][i − δ] (module docstring)."""
+    n = len(mean)
+    return tuple(sum(mean[i][i - delta] for i in range(delta, n)) / (n - delta) for delta in range(n))
+
+
+@dataclass(frozen=True)
+class HeadAttention:
+    """Mean attention of one layer: its head average and every head (layers from 1)."""
+
+    layer: int
+    average: LayerAttention  # attention averaged over heads, per sequence, then over sequences
+    heads: tuple[LayerAttention, ...]
+
+    @property
+    def by_distance(self) -> tuple[float, ...]:
+        return distance_profile(self.average.mean)
+
+    def head_by_distance(self) -> tuple[tuple[float, ...], ...]:
+        return tuple(distance_profile(head.mean) for head in self.heads)
+
+
+@dataclass(frozen=True)
+class RecencyResult:
+    """Positional attention of one model over a corpus sample (module docstring)."""
+
+    model: str
+    num_layers: int
+    num_heads: int
+    seq_len: int
+    num_sequences: int
+    threshold: float
+    layers: tuple[HeadAttention, ...]
+    sample: str = ""
+    notes: tuple[str, ...] = ()
+
+    @property
+    def mean_attention(self) -> tuple[Matrix, ...]:
+        """mean_attention[l][i][j]: head-averaged mean score of key j for query i in layer l + 1."""
+        return tuple(layer.average.mean for layer in self.layers)
+
+    @property
+    def stderr(self) -> tuple[Matrix, ...]:
+        return tuple(layer.average.stderr for layer in self.layers)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: per layer the head average (matrix, stderr, verdicts, distance profile)
+        and per head its verdicts and distance profile (the per-head matrices go to the .npz)."""
+        layers = []
+        for layer in self.layers:
+            entry = layer.average.to_dict()
+            entry["by_distance"] = list(layer.by_distance)
+            entry["heads"] = [
+                {"head": h, "recency": head.recency.to_dict(), "primacy": head.primacy.to_dict(),
+                 "by_distance": list(profile)}
+                for h, (head, profile) in enumerate(zip(layer.heads, layer.head_by_distance(), strict=True))
+            ]
+            layers.append(entry)
+        return _jsonable({
+            "model": self.model, "num_layers": self.num_layers, "num_heads": self.num_heads,
+            "seq_len": self.seq_len, "num_sequences": self.num_sequences, "threshold": self.threshold,
+            "sample": self.sample, "notes": list(self.notes),
+            "mean_attention": [list(map(list, m)) for m in self.mean_attention],
+            "stderr": [list(map(list, m)) for m in self.stderr],
+            "layers": layers,
+        })
+
+    def head_arrays(self) -> dict[str, Tensor]:
+        """(L, H, T, T) tensors of the per-head means and standard errors (for the .npz)."""
+        mean = torch.tensor([[head.mean for head in layer.heads] for layer in self.layers])
+        stderr = torch.tensor([[head.stderr for head in layer.heads] for layer in self.layers])
+        return {"mean_attention_heads": mean, "stderr_heads": stderr}
+
+
+class RecencyAccumulator:
+    """Streams batches of attention probabilities into per-layer, per-head statistics."""
+
+    def __init__(self, *, num_layers: int, num_heads: int, seq_len: int, threshold: float = 3.0) -> None:
+        if seq_len < 2:
+            raise ValueError(f"seq_len {seq_len}; allowed: >= 2 (a single key has no order)")
+        self.num_layers, self.num_heads, self.seq_len = num_layers, num_heads, seq_len
+        self.threshold = threshold
+        width = feature_width(seq_len)
+        # slot H of each layer is the head average
+        self._moments = [[MomentAccumulator(width) for _ in range(num_heads + 1)] for _ in range(num_layers)]
+
+    def update(self, probs: Tensor) -> None:
+        """Add a batch: probs (L, batch, heads, T, T), each sequence one sample."""
+        expected = (self.num_layers, self.num_heads, self.seq_len, self.seq_len)
+        if probs.ndim != 5 or (probs.shape[0], *probs.shape[2:]) != expected:
+            raise ValueError(f"attention of shape {tuple(probs.shape)}; expected (L, batch, H, T, T) "
+                             f"with (L, H, T, T) = {expected}")
+        probs = probs.detach().float().cpu()
+        for layer in range(self.num_layers):
+            maps = probs[layer]
+            for head in range(self.num_heads):
+                self._moments[layer][head].add(attention_features(maps[:, head]))
+            self._moments[layer][self.num_heads].add(attention_features(maps.mean(dim=1)))
+
+    @property
+    def num_sequences(self) -> int:
+        return self._moments[0][0].count if self.num_layers else 0
+
+    def result(self, model: str, *, sample: str = "", notes: tuple[str, ...] = ()) -> RecencyResult:
+        """The statistics so far (layers numbered from 1)."""
+        if self.num_sequences == 0:
+            raise ValueError("no batches were added: call update() with at least one batch first")
+        layers = tuple(
+            HeadAttention(
+                layer=layer + 1,
+                average=summarise_layer(layer + 1, moments[self.num_heads], self.seq_len, self.threshold),
+                heads=tuple(summarise_layer(layer + 1, m, self.seq_len, self.threshold)
+                            for m in moments[: self.num_heads]),
+            )
+            for layer, moments in enumerate(self._moments)
+        )
+        return RecencyResult(model, self.num_layers, self.num_heads, self.seq_len, self.num_sequences,
+                             self.threshold, layers, sample, notes)
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj

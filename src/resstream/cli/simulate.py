@@ -1,0 +1,96 @@
+"""`resstream simulate`: parameter-free stacked causal attention, with and without LayerNorm."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from resstream.cli.common import check_out_dir, resolved_device
+
+
+def simulate(
+    out: Annotated[Path, typer.Option("--out", help="Output directory (created if missing).")],
+    layers: Annotated[int, typer.Option(help="Attention layers.")] = 6,
+    tokens: Annotated[int, typer.Option(help="Tokens n per simulated sequence.")] = 10,
+    dim: Annotated[int, typer.Option(help="Width d of the embeddings.")] = 64,
+    sims: Annotated[int, typer.Option(help="Number of simulations.")] = 100_000,
+    gamma: Annotated[float, typer.Option(help="Anisotropy γ in [0, 1): expected cosine between two tokens.")] = 0.0,
+    sigma: Annotated[float, typer.Option(help="Scale σ of the embeddings.")] = 1.0,
+    layernorm: Annotated[bool, typer.Option("--layernorm/--no-layernorm", help="Parameter-free LayerNorm before each layer.")] = True,
+    residual: Annotated[bool, typer.Option("--residual/--no-residual", help="Add λ·X after each layer.")] = False,
+    residual_scale: Annotated[float, typer.Option(help="λ of the residual connection.")] = 1.0,
+    grid: Annotated[bool, typer.Option("--grid", help="The four standard configurations in one run "
+                                       "(no LN; LN γ=0; LN γ>0; LN γ>0 + residual; γ = --gamma or 0.5).")] = False,
+    threshold: Annotated[float, typer.Option(help="Standard errors a step needs for a verdict.")] = 3.0,
+    chunk_size: Annotated[int, typer.Option(help="Simulations per vectorised chunk (0: default).")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the random embeddings.")] = 0,
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N.")] = "cpu",
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
+) -> None:
+    """Mean attention of every layer (± standard error) and a recency verdict per layer."""
+    from resstream import api
+    from resstream.io import run_record, write_json
+    from resstream.reporting.attention import plot_attention_grid
+
+    check_out_dir(out)
+    config: dict[str, Any] = {
+        "layers": layers, "tokens": tokens, "dim": dim, "simulations": sims, "gamma": gamma, "sigma": sigma,
+        "layernorm": layernorm, "residual": residual, "residual_scale": residual_scale, "seed": seed,
+        "device": device, "chunk_size": chunk_size or None, "threshold": threshold,
+    }
+    runs = api.simulate(grid=grid, progress=not quiet, **config)
+    out.mkdir(parents=True, exist_ok=True)
+    entries = [simulation_entry(label, result) for label, result in runs]
+    write_json(out / "simulate.json", entries[0] if not grid else {"configurations": entries})
+    write_arrays(out / "simulate.npz", runs)
+    plot_attention_grid([(label, result.mean_attention) for label, result in runs], out / "simulate.png",
+                        title=f"mean attention over {sims:,} simulations (query ↓, key →)")
+    write_json(out / "run.json", run_record({"command": "simulate", "grid": grid, **config}, seed=seed,
+                                            device=resolved_device(device), dataset_fingerprint=None))
+    for label, result in runs:
+        typer.echo(label)
+        for line in verdict_lines(result.layers):
+            typer.echo(f"  {line}")
+    typer.echo(f"wrote simulate.json, simulate.npz, simulate.png and run.json to {out}")
+
+
+def simulation_entry(label: str, result: Any) -> dict[str, Any]:
+    """One configuration in simulate.json: mean_attention[layer][query][key], stderr, verdicts."""
+    data = result.to_dict()
+    return {"label": label, "config": data["config"], "method": data["method"],
+            "mean_attention": [layer["mean"] for layer in data["layers"]],
+            "stderr": [layer["stderr"] for layer in data["layers"]],
+            "layers": data["layers"]}
+
+
+def write_arrays(path: Path, runs: Any) -> None:
+    """mean_attention and stderr as (configs, layers, n, n) arrays in an .npz, written atomically."""
+    import numpy as np
+
+    from resstream.io import atomic_path
+
+    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+        np.savez(handle, labels=np.array([label for label, _ in runs]),
+                 mean_attention=np.array([result.mean_attention for _, result in runs], dtype=np.float64),
+                 stderr=np.array([result.stderr for _, result in runs], dtype=np.float64))
+
+
+def verdict_lines(layers: Any) -> list[str]:
+    """One line per layer: recency (rows that hold, weakest z) and primacy (the same)."""
+    lines = []
+    for layer in layers:
+        parts = []
+        for verdict in (layer.recency, layer.primacy):
+            testable = len(verdict.rows) - len(verdict.untestable_rows)
+            held = len(verdict.holding_rows)
+            state = "holds" if verdict.holds else f"{held}/{testable} rows"
+            parts.append(f"{verdict.direction} {state} (min z {verdict.min_z:.1f})")
+        lines.append(f"layer {layer.layer}: " + "; ".join(parts))
+    return lines
+
+
+def register(app: typer.Typer) -> None:
+    """Add `simulate` to the app."""
+    app.command("simulate")(simulate)

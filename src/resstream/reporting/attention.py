@@ -1,0 +1,83 @@
+"""Heatmaps of mean attention (simulated stacks and trained models) and distance profiles.
+
+`plot_attention_grid` draws the classic figure: one row per configuration or model, one
+column per layer, each panel the mean attention matrix (query down, key across, the masked
+future blank). Every row has its own colour scale, from 0 to the largest score outside query
+0 (whose only key always gets 1), so the structure of the later rows stays visible.
+`plot_distance_profiles` draws, per layer, the mean attention δ tokens back.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from resstream.reporting.plots import new_figure, save_figure
+
+Matrix = Sequence[Sequence[float]]
+
+
+def _masked(matrix: Matrix) -> np.ndarray:
+    """The matrix with the future (key > query) as NaN, so it is drawn blank."""
+    array = np.asarray(matrix, dtype=float)
+    array[np.triu_indices(array.shape[0], k=1)] = np.nan
+    return array
+
+
+def _row_scale(maps: Sequence[Matrix]) -> float:
+    top = max((float(np.nanmax(_masked(m)[1:])) for m in maps if len(m) > 1), default=1.0)
+    return top if math.isfinite(top) and top > 0 else 1.0
+
+
+def plot_attention_grid(rows: Sequence[tuple[str, Sequence[Matrix]]], path: str | os.PathLike[str], *,
+                        title: str = "mean attention (query ↓, key →)") -> Path:
+    """Rows = (label, one matrix per layer); columns = layers 1..L. Writes a PNG."""
+    if not rows or not all(maps for _, maps in rows):
+        raise ValueError("plot_attention_grid needs at least one row with at least one layer")
+    columns = max(len(maps) for _, maps in rows)
+    fig = new_figure(width=1.6 * columns + 1.6, height=1.6 * len(rows) + 0.8)
+    axes = fig.subplots(len(rows), columns, squeeze=False)
+    for r, (label, maps) in enumerate(rows):
+        vmax = _row_scale(maps)
+        image = None
+        for c in range(columns):
+            ax = axes[r][c]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if c >= len(maps):
+                ax.axis("off")
+                continue
+            image = ax.imshow(_masked(maps[c]), cmap="viridis", vmin=0.0, vmax=vmax, interpolation="nearest")
+            if r == 0:
+                ax.set_title(f"layer {c + 1}", fontsize=9)
+        axes[r][0].set_ylabel(label, fontsize=8, rotation=0, ha="right", va="center", labelpad=6)
+        if image is not None:
+            fig.colorbar(image, ax=list(axes[r]), fraction=0.02, pad=0.01)
+    fig.suptitle(title, fontsize=10)
+    return save_figure(fig, path)
+
+
+def plot_distance_profiles(profiles: Sequence[Sequence[float]], path: str | os.PathLike[str], *,
+                           head_profiles: Sequence[Sequence[Sequence[float]]] | None = None,
+                           title: str = "attention by distance") -> Path:
+    """Per layer (one panel each), mean attention δ tokens back (δ = 0: the token itself);
+    thin grey lines for single heads when `head_profiles` is given. Log scale."""
+    layers = len(profiles)
+    fig = new_figure(width=min(2.2 * layers, 13.0) + 0.6, height=2.8)
+    axes = fig.subplots(1, layers, squeeze=False, sharey=True)[0]
+    for layer, ax in enumerate(axes):
+        if head_profiles is not None:
+            for head in head_profiles[layer]:
+                ax.plot(range(len(head)), head, color="0.7", linewidth=0.6)
+        ax.plot(range(len(profiles[layer])), profiles[layer], color="tab:blue", linewidth=1.6)
+        ax.set_yscale("log")
+        ax.set_title(f"layer {layer + 1}", fontsize=9)
+        ax.set_xlabel("distance δ = i − j", fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("mean attention", fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    return save_figure(fig, path)

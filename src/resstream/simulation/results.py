@@ -1,0 +1,234 @@
+"""Result objects of a simulation and the recency / primacy verdicts (pure Python, JSON-ready).
+
+Conventions: layers are numbered from 1 (layer 1 is the first attention layer, computed from
+the embeddings); token positions (query i, key j) from 0, so row i has the keys j = 0..i.
+
+Verdict. A *step* of row i is the per-simulation difference A[i][j+1] − A[i][j] (j < i); its
+mean and standard error come from the per-simulation differences themselves (the two scores
+are strongly correlated, so the marginal standard errors would be wrong). Row i shows
+
+* recency when every step is positive with z = mean / stderr ≥ threshold (default 3): the
+  score strictly increases with the key position over all keys j ≤ i, self included;
+* primacy when every step is negative with −z ≥ threshold: the score strictly decreases.
+
+Row 0 has a single key and is not testable; row 1 has one step (the query against itself
+versus token 0). A layer verdict `holds` when every testable row holds. The margin of a row is
+its weakest step in the tested direction (`min_margin`, and `min_z` in standard errors).
+Every step must pass on its own, so a row "holds" by chance only if all its steps are ≥ 3
+standard errors off by chance; a weak true trend can instead fail on its noisiest step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from resstream.errors import UsageError, check_choice
+from resstream.simulation.config import SimulationConfig
+
+__all__ = [
+    "DIRECTIONS",
+    "Direction",
+    "LayerAttention",
+    "RowTrend",
+    "SimulationResult",
+    "TrendVerdict",
+    "row_trend",
+    "trend_verdict",
+]
+
+Direction = Literal["recency", "primacy"]
+DIRECTIONS: tuple[str, ...] = ("recency", "primacy")
+
+Matrix = tuple[tuple[float, ...], ...]
+
+
+@dataclass(frozen=True)
+class RowTrend:
+    """Whether one query row orders its keys in one direction, and by how much at worst.
+
+    `min_margin`: the smallest step in the tested direction (positive when every step points
+    that way); `min_z`: the smallest step / standard error ratio; `weakest_key`: j of the step
+    with that ratio (keys j → j + 1). nan / None for the untestable row 0.
+    """
+
+    query: int
+    testable: bool
+    holds: bool
+    min_margin: float
+    min_z: float
+    weakest_key: int | None
+
+
+@dataclass(frozen=True)
+class TrendVerdict:
+    """Recency or primacy of every query row of one layer (module docstring)."""
+
+    layer: int
+    direction: Direction
+    threshold: float
+    rows: tuple[RowTrend, ...]
+
+    @property
+    def holding_rows(self) -> tuple[int, ...]:
+        """Queries whose scores are strictly ordered in `direction`."""
+        return tuple(r.query for r in self.rows if r.holds)
+
+    @property
+    def failing_rows(self) -> tuple[int, ...]:
+        """Testable queries whose scores are not (decisively) ordered in `direction`."""
+        return tuple(r.query for r in self.rows if r.testable and not r.holds)
+
+    @property
+    def untestable_rows(self) -> tuple[int, ...]:
+        """Queries with a single key (row 0)."""
+        return tuple(r.query for r in self.rows if not r.testable)
+
+    @property
+    def holds(self) -> bool:
+        """True when every testable row holds."""
+        return not self.failing_rows
+
+    @property
+    def min_z(self) -> float:
+        """The smallest `min_z` over testable rows (nan if any is nan)."""
+        return _nan_min(r.min_z for r in self.rows if r.testable)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (None instead of nan/inf), with the summary properties."""
+        return _jsonable(
+            {
+                **asdict(self),
+                "holds": self.holds,
+                "holding_rows": self.holding_rows,
+                "failing_rows": self.failing_rows,
+                "untestable_rows": self.untestable_rows,
+                "min_z": self.min_z,
+            }
+        )
+
+
+def _nan_min(values: Any) -> float:
+    values = list(values)
+    if not values or any(math.isnan(v) for v in values):
+        return math.nan
+    return min(values)
+
+
+def _z_score(mean: float, stderr: float) -> float:
+    if stderr > 0:
+        return mean / stderr
+    return math.nan if mean == 0 or math.isnan(mean) else math.copysign(math.inf, mean)
+
+
+def row_trend(
+    query: int, steps: Sequence[float], stderrs: Sequence[float], direction: str, threshold: float
+) -> RowTrend:
+    """The verdict of one row from its step means and standard errors (module docstring)."""
+    check_choice("direction", direction, DIRECTIONS)
+    if not steps:
+        return RowTrend(query, False, False, math.nan, math.nan, None)
+    sign = 1.0 if direction == "recency" else -1.0
+    margins = [sign * s for s in steps]
+    zs = [_z_score(m, e) for m, e in zip(margins, stderrs, strict=True)]
+    if any(math.isnan(z) for z in zs):
+        weakest = next(j for j, z in enumerate(zs) if math.isnan(z))
+    else:
+        weakest = min(range(len(zs)), key=zs.__getitem__)
+    min_z = _nan_min(zs)
+    holds = not math.isnan(min_z) and min_z >= threshold
+    return RowTrend(query, True, holds, min(margins), min_z, weakest)
+
+
+def trend_verdict(
+    layer: int,
+    step_mean: Sequence[Sequence[float]],
+    step_stderr: Sequence[Sequence[float]],
+    direction: str,
+    threshold: float = 3.0,
+) -> TrendVerdict:
+    """Recency or primacy verdict of a layer from its steps (`LayerAttention.step_mean`,
+    `.step_stderr`: row i holds the i steps A[i][j+1] − A[i][j], j < i)."""
+    check_choice("direction", direction, DIRECTIONS)
+    rows = tuple(
+        row_trend(i, steps, errs, direction, threshold)
+        for i, (steps, errs) in enumerate(zip(step_mean, step_stderr, strict=True))
+    )
+    return TrendVerdict(layer, direction, threshold, rows)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """Mean attention of one layer over the simulations, with standard errors and verdicts.
+
+    `mean[i][j]`, `stderr[i][j]`: score of key j for query i (0 for j > i). `step_mean[i][j]`,
+    `step_stderr[i][j]` (j < i, so row i has i entries): A[i][j+1] − A[i][j].
+    `spread_mean[i]`, `spread_stderr[i]`: A[i][i−1] − A[i][0], the most recent earlier token
+    minus the first token (self excluded), nan for rows 0 and 1.
+    """
+
+    layer: int
+    mean: Matrix
+    stderr: Matrix
+    step_mean: Matrix
+    step_stderr: Matrix
+    spread_mean: tuple[float, ...]
+    spread_stderr: tuple[float, ...]
+    recency: TrendVerdict
+    primacy: TrendVerdict
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (lists, None instead of nan)."""
+        fields = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        fields["recency"], fields["primacy"] = self.recency.to_dict(), self.primacy.to_dict()
+        return _jsonable(fields)
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """Per-layer mean attention of a simulated stack (`layers[0]` is layer 1).
+
+    `method`: "vectorised" (`simulate`) or "reference loop" (`simulate_reference`).
+    """
+
+    config: SimulationConfig
+    layers: tuple[LayerAttention, ...]
+    method: str
+
+    @property
+    def mean_attention(self) -> tuple[Matrix, ...]:
+        """mean_attention[l][i][j]: mean score of key j for query i in layer l + 1."""
+        return tuple(layer.mean for layer in self.layers)
+
+    @property
+    def stderr(self) -> tuple[Matrix, ...]:
+        """stderr[l][i][j]: standard error of mean_attention[l][i][j]."""
+        return tuple(layer.stderr for layer in self.layers)
+
+    def layer(self, number: int) -> LayerAttention:
+        """The layer with 1-based `number`."""
+        if not 1 <= number <= len(self.layers):
+            raise UsageError(f"layer {number} does not exist; allowed: 1..{len(self.layers)}")
+        return self.layers[number - 1]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict: the config, the method and every layer."""
+        return _jsonable(
+            {
+                "config": self.config.to_dict(),
+                "method": self.method,
+                "layers": [layer.to_dict() for layer in self.layers],
+            }
+        )
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
