@@ -87,3 +87,12 @@ def test_batches_give_the_same_result_as_one() -> None:
     a, b = whole.result("m").layers[1].heads[3], parts.result("m").layers[1].heads[3]
     torch.testing.assert_close(torch.tensor(a.mean), torch.tensor(b.mean), atol=1e-7, rtol=0)
     torch.testing.assert_close(torch.tensor(a.stderr), torch.tensor(b.stderr), atol=1e-7, rtol=0, equal_nan=True)
+
+
+def test_uniform_profile_equals_the_profile_of_uniform_attention() -> None:
+    from resstream.reporting.attention import uniform_profile
+
+    n = 5
+    uniform = tuple(tuple(1 / (i + 1) if j <= i else 0.0 for j in range(n)) for i in range(n))
+    assert uniform_profile(n) == pytest.approx(distance_profile(uniform))
+    assert uniform_profile(3) == pytest.approx(((1 + 1 / 2 + 1 / 3) / 3, (1 / 2 + 1 / 3) / 2, 1 / 3))

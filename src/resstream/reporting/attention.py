@@ -2,9 +2,11 @@
 
 `plot_attention_grid` draws the classic figure: one row per configuration or model, one
 column per layer, each panel the mean attention matrix (query down, key across, the masked
-future blank). Every row has its own colour scale, from 0 to the largest score outside query
-0 (whose only key always gets 1), so the structure of the later rows stays visible.
-`plot_distance_profiles` draws, per layer, the mean attention δ tokens back.
+future blank). Every row has its own colour scale, from 0 to the largest score a query gives
+an earlier token: self-attention, which can take most of the mass, saturates the colour, so
+the structure among the earlier keys stays visible.
+`plot_distance_profiles` draws, per layer, the mean attention δ tokens back, beside what
+uniform causal attention would give.
 """
 
 from __future__ import annotations
@@ -29,7 +31,15 @@ def _masked(matrix: Matrix) -> np.ndarray:
 
 
 def _row_scale(maps: Sequence[Matrix]) -> float:
-    top = max((float(np.nanmax(_masked(m)[1:])) for m in maps if len(m) > 1), default=1.0)
+    """The largest score to an earlier token (self excluded) over a row's maps, so the
+    structure among earlier keys stays visible; larger self scores saturate the colour."""
+    tops = []
+    for matrix in maps:
+        earlier = _masked(matrix)
+        np.fill_diagonal(earlier, np.nan)
+        if np.isfinite(earlier).any():
+            tops.append(float(np.nanmax(earlier)))
+    top = max(tops, default=1.0)
     return top if math.isfinite(top) and top > 0 else 1.0
 
 
@@ -61,11 +71,18 @@ def plot_attention_grid(rows: Sequence[tuple[str, Sequence[Matrix]]], path: str 
     return save_figure(fig, path)
 
 
+def uniform_profile(tokens: int) -> list[float]:
+    """The distance profile of uniform causal attention (query i gives 1/(i+1) to each key):
+    it falls with δ too, because long distances exist only for late queries with many keys."""
+    return [sum(1.0 / (i + 1) for i in range(delta, tokens)) / (tokens - delta) for delta in range(tokens)]
+
+
 def plot_distance_profiles(profiles: Sequence[Sequence[float]], path: str | os.PathLike[str], *,
                            head_profiles: Sequence[Sequence[Sequence[float]]] | None = None,
                            title: str = "attention by distance") -> Path:
     """Per layer (one panel each), mean attention δ tokens back (δ = 0: the token itself);
-    thin grey lines for single heads when `head_profiles` is given. Log scale."""
+    thin grey lines for single heads when `head_profiles` is given, a dotted line for uniform
+    causal attention (`uniform_profile`), the no-bias reference. Log scale."""
     layers = len(profiles)
     fig = new_figure(width=min(2.2 * layers, 13.0) + 0.6, height=2.8)
     axes = fig.subplots(1, layers, squeeze=False, sharey=True)[0]
@@ -74,10 +91,12 @@ def plot_distance_profiles(profiles: Sequence[Sequence[float]], path: str | os.P
             for head in head_profiles[layer]:
                 ax.plot(range(len(head)), head, color="0.7", linewidth=0.6)
         ax.plot(range(len(profiles[layer])), profiles[layer], color="tab:blue", linewidth=1.6)
+        ax.plot(range(len(profiles[layer])), uniform_profile(len(profiles[layer])), color="black",
+                linestyle=":", linewidth=1.0)
         ax.set_yscale("log")
         ax.set_title(f"layer {layer + 1}", fontsize=9)
         ax.set_xlabel("distance δ = i − j", fontsize=8)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("mean attention", fontsize=8)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=10, y=1.04)
     return save_figure(fig, path)
