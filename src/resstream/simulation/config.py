@@ -24,6 +24,7 @@ __all__ = [
     "Sampling",
     "SimulationConfig",
     "chunk_bytes",
+    "available_memory_bytes",
     "physical_memory_bytes",
 ]
 
@@ -46,8 +47,21 @@ _MAX_SEED = 2**62
 
 
 def physical_memory_bytes() -> int:
-    """Physical memory of this machine in bytes (os.sysconf), the default memory limit."""
+    """Physical memory of this machine in bytes (os.sysconf)."""
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def available_memory_bytes() -> int:
+    """Memory a new allocation can get now (Linux MemAvailable), the default memory limit;
+    the physical memory where /proc/meminfo is absent."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return physical_memory_bytes()
 
 
 def padded_to_16(count: int) -> int:
@@ -97,7 +111,7 @@ class SimulationConfig:
     simulations per vectorised chunk (None: `DEFAULT_CHUNK_SIZE`, at most `simulations`);
     results do not depend on it beyond float rounding. `threshold`: the z-score a step must
     reach for a recency/primacy verdict. `memory_limit_bytes`: refuse a chunk whose buffers
-    need more (None: the physical memory).
+    need more (None: the memory available when the config is made).
     """
 
     layers: int = 6
@@ -150,8 +164,8 @@ class SimulationConfig:
 
     @property
     def memory_limit(self) -> int:
-        """`memory_limit_bytes`, or the physical memory when it is None."""
-        return self.memory_limit_bytes or physical_memory_bytes()
+        """`memory_limit_bytes`, or the memory available now when it is None."""
+        return self.memory_limit_bytes or available_memory_bytes()
 
     def _check_chunk_memory(self) -> None:
         chunk, limit = self.resolved_chunk_size, self.memory_limit
