@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import platform
 import subprocess
@@ -110,3 +111,15 @@ def run_record(config: dict[str, Any], *, seed: int | None, device: str,
         "git_revision": git_revision(),
         "dataset_fingerprint": dataset_fingerprint,
     }
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain JSON data from nested dicts, lists and tuples: tuples become lists, and
+    non-finite floats (nan, ±inf) become None (JSON has no nan)."""
+    if isinstance(obj, dict):
+        return {k: jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj

@@ -52,6 +52,7 @@ import torch
 from torch import Tensor
 
 from resstream.analysis.stats import cluster_ratio, cluster_ratio_ci
+from resstream.io import jsonable
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -69,7 +70,7 @@ __all__ = [
 DecoderKind = Literal["logit-lens", "embedding"]
 LowPrecision = torch.dtype | None | Literal["auto"]
 
-DEFAULT_CHUNK_BYTES = 64 * 2**20  # one (positions × vocab) score block
+DEFAULT_CHUNK_BYTES = 32 * 2**20  # one (positions × vocab) score block
 _TOPK_MAX = 256  # above this, `limit` queries use the counting path instead of a top-k
 _HEAVY_FRACTION = (
     16  # a band above vocab/16 entries is re-scored by an fp64 matmul instead
@@ -355,15 +356,21 @@ class RankScreen:
         return w, b
 
     def _row_norm_maxima(self, bias: Tensor | None) -> tuple[float, float]:
-        """max_j ‖w'_j‖ and max_j ‖w'_j − w̃_j‖, in fp64, a block of rows at a time."""
-        rows = max(1, self.chunk_bytes // (16 * self.d_eff))
+        """max_j ‖w'_j‖ and max_j ‖w'_j − w̃_j‖, in fp64, a block of rows at a time (small
+        blocks: this runs once per model, and its temporaries should not raise the peak).
+        A screen in the matrix's own precision rounds nothing, so δw = 0 there."""
+        rows = max(1, self.chunk_bytes // (128 * self.d_eff))
+        rounds = self._screen_w.dtype != self.matrix.dtype or self._augment
         w_max = dw_max = 0.0
         for start in range(0, self.vocab, rows):
             stop = min(self.vocab, start + rows)
             exact = self.matrix[start:stop].to(torch.float64)
-            screen = self._screen_w[start:stop, : self.d_model].to(torch.float64)
             sq = exact.square().sum(1)
-            dsq = (exact - screen).square().sum(1)
+            if rounds:
+                screen = self._screen_w[start:stop, : self.d_model].to(torch.float64)
+                dsq = exact.sub_(screen).square_().sum(1)
+            else:
+                dsq = torch.zeros_like(sq)
             if bias is not None:
                 b = bias[start:stop].to(self.device, torch.float64)
                 sq += b.square()
@@ -684,17 +691,8 @@ class AlignmentResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (lists instead of tuples, None instead of nan)."""
-        return _jsonable(asdict(self))
+        return jsonable(asdict(self))
 
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 def shift_layer_from_rates(

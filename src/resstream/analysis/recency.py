@@ -16,13 +16,13 @@ itself).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from resstream.io import jsonable
 from resstream.simulation.results import LayerAttention
 from resstream.simulation.statistics import (
     MomentAccumulator,
@@ -94,7 +94,7 @@ class RecencyResult:
                 for h, (head, profile) in enumerate(zip(layer.heads, layer.head_by_distance(), strict=True))
             ]
             layers.append(entry)
-        return _jsonable({
+        return jsonable({
             "model": self.model, "num_layers": self.num_layers, "num_heads": self.num_heads,
             "seq_len": self.seq_len, "num_sequences": self.num_sequences, "threshold": self.threshold,
             "sample": self.sample, "notes": list(self.notes),
@@ -155,12 +155,3 @@ class RecencyAccumulator:
         return RecencyResult(model, self.num_layers, self.num_heads, self.seq_len, self.num_sequences,
                              self.threshold, layers, sample, notes)
 
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj

@@ -17,17 +17,12 @@ import torch
 from torch import Tensor, nn
 
 from resstream.adapters.base import ModelView
-from resstream.errors import UsageError
+from resstream.capture.hooks import check_input_ids
 
 
 def attention_probs(view: ModelView, input_ids: Tensor) -> Tensor:
     """(L, batch, heads, query, key) attention probabilities of `input_ids` (batch, seq)."""
-    if input_ids.ndim != 2:
-        raise ValueError(f"input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
-    seq = input_ids.shape[1]
-    if view.max_positions is not None and seq > view.max_positions:
-        raise UsageError(f"sequence length {seq} is over the model's context of "
-                         f"{view.max_positions} tokens; allowed: 1..{view.max_positions}")
+    check_input_ids(view, input_ids)
     input_ids = input_ids.to(view.W_E.device)
     with torch.inference_mode():
         if view.attention is not None:

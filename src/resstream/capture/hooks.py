@@ -60,6 +60,16 @@ def run_forward(view: ModelView, input_ids: Tensor, attention_mask: Tensor | Non
     return view.model(input_ids=input_ids, attention_mask=attention_mask)
 
 
+def check_input_ids(view: ModelView, input_ids: Tensor) -> None:
+    """input_ids must be (batch, seq) and fit the model's context (UsageError if longer)."""
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
+    seq = input_ids.shape[1]
+    if view.max_positions is not None and seq > view.max_positions:
+        raise UsageError(f"sequence length {seq} is over the model's context of "
+                         f"{view.max_positions} tokens; allowed: 1..{view.max_positions}")
+
+
 def residual_states(view: ModelView, input_ids: Tensor,
                     attention_mask: Tensor | None = None) -> Tensor:
     """h_0..h_L of `input_ids` (batch, seq) as a tensor (L+1, batch, seq, d_model).
@@ -69,12 +79,7 @@ def residual_states(view: ModelView, input_ids: Tensor,
     feed later computations with or without autograd. `input_ids` is moved to the embedding's
     device. A sequence longer than the model's context is a UsageError.
     """
-    if input_ids.ndim != 2:
-        raise ValueError(f"input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
-    seq = input_ids.shape[1]
-    if view.max_positions is not None and seq > view.max_positions:
-        raise UsageError(f"sequence length {seq} is over the model's context of "
-                         f"{view.max_positions} tokens; allowed: 1..{view.max_positions}")
+    check_input_ids(view, input_ids)
     device = view.W_E.device
     if device.type != "meta":
         input_ids = input_ids.to(device)

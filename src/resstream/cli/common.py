@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
 
@@ -32,3 +33,23 @@ def resolved_device(device: str, device_map: str | None = None) -> str:
     from resstream.adapters import resolve_device
 
     return f"device_map={device_map}" if device_map else resolve_device(device)
+
+
+# Options shared by the analysis commands (shift, lens, recency): one declaration each.
+OutOption = Annotated[Path, typer.Option("--out", help="Output directory (created if missing).")]
+ModelsOption = Annotated[Optional[list[str]], typer.Option(
+    "--model", help="Run dir, HF directory or hub name; repeat for several (default: built-in reference model).")]
+DatasetOption = Annotated[str, typer.Option(
+    help="Named corpus, .txt/.jsonl path (.jsonl input_ids rows used as given).")]
+NumSeqsOption = Annotated[int, typer.Option(help="Sequences sampled from the corpus.")]
+SeqLenOption = Annotated[int, typer.Option(help="Tokens per sequence.")]
+BatchSizeOption = Annotated[int, typer.Option(help="Sequences per forward pass.")]
+SampleSeedOption = Annotated[int, typer.Option(help="Seed of the sequence sample.")]
+DataDirOption = Annotated[Optional[Path], typer.Option(help="Local corpora (else env RESSTREAM_DATA).")]
+DtypeOption = Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")]
+DeviceOption = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")]
+DeviceMapOption = Annotated[Optional[str], typer.Option(
+    help="Spread a Hugging Face model over devices: auto, balanced, sequential (needs accelerate).")]
+TrustRemoteCodeOption = Annotated[bool, typer.Option(
+    "--trust-remote-code", help="Run a hub model's own code (only for repositories you trust).")]
+QuietOption = Annotated[bool, typer.Option("--quiet", help="No progress bars.")]

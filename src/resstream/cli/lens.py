@@ -7,7 +7,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from resstream.cli.common import check_out_dir, resolved_device
+from resstream.cli.common import (
+    DeviceMapOption,
+    DeviceOption,
+    DtypeOption,
+    OutOption,
+    QuietOption,
+    TrustRemoteCodeOption,
+    check_out_dir,
+    resolved_device,
+)
 from resstream.errors import UsageError
 
 
@@ -45,20 +54,18 @@ def read_text(text: str | None, text_file: Path | None) -> str:
 
 
 def lens(
-    out: Annotated[Path, typer.Option("--out", help="Output directory (created if missing).")],
+    out: OutOption,
     model: Annotated[Optional[str], typer.Option(help="Run dir, HF directory or hub name (default: built-in reference model).")] = None,
     text: Annotated[Optional[str], typer.Option(help="The text to decode.")] = None,
     text_file: Annotated[Optional[Path], typer.Option(help="A UTF-8 file holding the text.")] = None,
     positions: Annotated[Optional[str], typer.Option(help="Token positions A:B (default: all).")] = None,
     top_k: Annotated[int, typer.Option(help="Decodings kept per cell (lens.json); tables show top-1.")] = 1,
     decoder: Annotated[str, typer.Option(help="logit-lens or embedding.")] = "logit-lens",
-    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")] = "auto",
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
-    device_map: Annotated[Optional[str], typer.Option(
-        help="Spread a Hugging Face model over devices: auto, balanced, sequential (needs accelerate).")] = None,
-    trust_remote_code: Annotated[bool, typer.Option(
-        "--trust-remote-code", help="Run a hub model's own code (only for repositories you trust).")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
+    dtype: DtypeOption = "auto",
+    device: DeviceOption = "auto",
+    device_map: DeviceMapOption = None,
+    trust_remote_code: TrustRemoteCodeOption = False,
+    quiet: QuietOption = False,
     no_colour: Annotated[bool, typer.Option("--no-colour", help="Mark cells with [input]/[next] instead of colour.")] = False,
 ) -> None:
     """Decode every layer's hidden state of a text: which layers hold the input token, which the next."""

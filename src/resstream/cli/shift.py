@@ -2,33 +2,45 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from resstream.cli.common import check_out_dir, resolved_device
+from resstream.cli.common import (
+    BatchSizeOption,
+    DataDirOption,
+    DatasetOption,
+    DeviceMapOption,
+    DeviceOption,
+    DtypeOption,
+    ModelsOption,
+    NumSeqsOption,
+    OutOption,
+    QuietOption,
+    SampleSeedOption,
+    SeqLenOption,
+    TrustRemoteCodeOption,
+    check_out_dir,
+    resolved_device,
+)
 
 
 def shift(
-    out: Annotated[Path, typer.Option("--out", help="Output directory (created if missing).")],
-    model: Annotated[Optional[list[str]], typer.Option(
-        "--model", help="Run dir, HF directory or hub name; repeat for several (default: built-in reference model).")] = None,
-    dataset: Annotated[str, typer.Option(help="Named corpus, .txt/.jsonl path (.jsonl input_ids rows used as given).")] = "shakespeare",
-    num_seqs: Annotated[int, typer.Option(help="Sequences sampled from the corpus.")] = 64,
-    seq_len: Annotated[int, typer.Option(help="Tokens per sequence.")] = 128,
+    out: OutOption,
+    model: ModelsOption = None,
+    dataset: DatasetOption = "shakespeare",
+    num_seqs: NumSeqsOption = 64,
+    seq_len: SeqLenOption = 128,
     top_k: Annotated[int, typer.Option(help="k of the top-k match rates.")] = 5,
     decoder: Annotated[str, typer.Option(help="logit-lens or embedding.")] = "logit-lens",
-    batch_size: Annotated[int, typer.Option(help="Sequences per forward pass.")] = 8,
-    seed: Annotated[int, typer.Option(help="Seed of the sequence sample.")] = 0,
-    data_dir: Annotated[Optional[Path], typer.Option(help="Local corpora (else env RESSTREAM_DATA).")] = None,
-    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")] = "auto",
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
-    device_map: Annotated[Optional[str], typer.Option(
-        help="Spread a Hugging Face model over devices: auto, balanced, sequential (needs accelerate).")] = None,
-    trust_remote_code: Annotated[bool, typer.Option(
-        "--trust-remote-code", help="Run a hub model's own code (only for repositories you trust).")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
+    batch_size: BatchSizeOption = 8,
+    seed: SampleSeedOption = 0,
+    data_dir: DataDirOption = None,
+    dtype: DtypeOption = "auto",
+    device: DeviceOption = "auto",
+    device_map: DeviceMapOption = None,
+    trust_remote_code: TrustRemoteCodeOption = False,
+    quiet: QuietOption = False,
 ) -> None:
     """Per layer: top-k match with the input and the next token, cosines, projection, shift depth."""
     from resstream import api

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from resstream.cli.train import field_help, parse_field_flags, resolve_train_config
 from resstream.cli.common import check_out_dir, echo_err, split_names
+from resstream.cli.train import field_help, parse_field_flags, resolve_train_config
 from resstream.errors import UsageError
 
 if TYPE_CHECKING:

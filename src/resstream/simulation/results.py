@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from resstream.errors import UsageError, check_choice
+from resstream.io import jsonable
 from resstream.simulation.config import SimulationConfig
 
 __all__ = [
@@ -98,7 +99,7 @@ class TrendVerdict:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (None instead of nan/inf), with the summary properties."""
-        return _jsonable(
+        return jsonable(
             {
                 **asdict(self),
                 "holds": self.holds,
@@ -183,7 +184,7 @@ class LayerAttention:
         """JSON-ready dict (lists, None instead of nan)."""
         fields = {k: getattr(self, k) for k in self.__dataclass_fields__}
         fields["recency"], fields["primacy"] = self.recency.to_dict(), self.primacy.to_dict()
-        return _jsonable(fields)
+        return jsonable(fields)
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,7 @@ class SimulationResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: the config, the method and every layer."""
-        return _jsonable(
+        return jsonable(
             {
                 "config": self.config.to_dict(),
                 "method": self.method,
@@ -223,12 +224,3 @@ class SimulationResult:
             }
         )
 
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
