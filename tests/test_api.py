@@ -38,3 +38,11 @@ def test_named_dataset_is_case_insensitive_for_its_split(shared_data: Path) -> N
     lower = resstream.shift(dataset="wikitext-2", num_seqs=2, seq_len=16, data_dir=shared_data, progress=False)
     upper = resstream.shift(dataset="WikiText-2", num_seqs=2, seq_len=16, data_dir=shared_data, progress=False)
     assert lower.dataset_fingerprint == upper.dataset_fingerprint
+
+
+def test_pinned_rows_are_fingerprinted_by_the_file(tmp_path: Path) -> None:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"input_ids": [1, 2, 3, 4]}) + "\n")
+    first = resstream.shift(dataset=str(rows), progress=False).dataset_fingerprint
+    rows.write_text(json.dumps({"input_ids": [1, 2, 3, 5]}) + "\n")
+    assert first is not None and resstream.shift(dataset=str(rows), progress=False).dataset_fingerprint != first

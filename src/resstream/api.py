@@ -7,6 +7,7 @@ hand it to the pure functions of `resstream.analysis`, returning frozen result o
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -154,7 +155,8 @@ def _sample(dataset: str, tokenizer: Any, *, num_seqs: int, seq_len: int, seed: 
     if dataset.endswith(".jsonl") and Path(dataset).is_file():
         rows = load_token_rows(dataset)
         if rows is not None:
-            return sample_token_rows(rows, source=dataset), None
+            digest = hashlib.sha256(Path(dataset).read_bytes()).hexdigest()[:16]
+            return sample_token_rows(rows, source=dataset), digest
     corpus = stream_corpus(dataset, split=ANALYSIS_SPLITS.get(dataset.strip().lower(), "train"),
                            data_dir=data_dir)
     sample = sample_sequences(corpus, tokenizer, num_seqs=num_seqs, seq_len=seq_len, seed=seed,

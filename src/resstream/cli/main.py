@@ -44,14 +44,16 @@ def _error(message: str) -> None:
 
 
 def _raw_value(args: list[str], opts: list[str]) -> str | None:
-    """The text the user gave for an option (`--opt value` or `--opt=value`)."""
+    """The text the user gave for an option (`--opt value` or `--opt=value`); the last one
+    when it is given several times, as the parser keeps the last."""
+    found = None
     for i, arg in enumerate(args):
         for opt in opts:
             if arg == opt and i + 1 < len(args):
-                return args[i + 1]
-            if arg.startswith(opt + "="):
-                return arg[len(opt) + 1 :]
-    return None
+                found = args[i + 1]
+            elif arg.startswith(opt + "="):
+                found = arg[len(opt) + 1 :]
+    return found
 
 
 def _describe(exc: Exception, args: list[str]) -> str:

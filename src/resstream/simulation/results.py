@@ -119,9 +119,13 @@ def _nan_min(values: Any) -> float:
 
 
 def _z_score(mean: float, stderr: float) -> float:
+    """mean / stderr; ±inf for a certain nonzero step (stderr 0), nan when untestable (a nan
+    stderr, e.g. from a single sample, or a zero step with zero stderr)."""
+    if math.isnan(stderr) or math.isnan(mean):
+        return math.nan
     if stderr > 0:
         return mean / stderr
-    return math.nan if mean == 0 or math.isnan(mean) else math.copysign(math.inf, mean)
+    return math.nan if mean == 0 else math.copysign(math.inf, mean)
 
 
 def row_trend(

@@ -1,0 +1,391 @@
+"""`resstream simulate` end to end, in-process, and its answers to bad input.
+
+Spec (issue): `simulate` writes simulate.json (`mean_attention[layer][query][key]`,
+`stderr[layer][query][key]`; with `--grid`, `{"configurations": [...]}` of four entries, each
+with those keys and a `label`), simulate.npz (`labels`, `mean_attention` and `stderr` of shape
+(configs, layers, n, n)), simulate.png and run.json, and prints a recency verdict per layer.
+Bad input is one line on stderr naming the value and what is allowed, exit code 2, nothing
+written to --out; Ctrl-C is exit code 130 and leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from resstream.cli.main import main
+from tests.test_cli_shift import assert_complete_files, assert_nothing_written
+
+#: Small, fast runs (2 shared CPU cores): a few hundred simulations of a short, shallow stack.
+FAST = ["--quiet", "--sims", "400", "--tokens", "5", "--layers", "2"]
+OUTPUTS = ("simulate.json", "simulate.npz", "simulate.png", "run.json")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """One intra-op torch thread (see tests/test_cli_shift.py); results do not change."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def no_plots(monkeypatch):
+    """Skip rendering simulate.png in tests that only read the numbers."""
+    import resstream.reporting.attention as rendering
+
+    monkeypatch.setattr(rendering, "plot_attention_grid", lambda *args, **kwargs: None)
+
+
+def run_simulate(out: Path, *args: str) -> int:
+    return main(["simulate", *FAST, *args, "--out", str(out)])
+
+
+def strict_json(path: Path):
+    """The file parsed as strict JSON (NaN / Infinity are not JSON)."""
+    def refuse(constant):
+        raise ValueError(f"{path.name} holds {constant}, which is not JSON")
+
+    return json.loads(path.read_text(encoding="utf-8"), parse_constant=refuse)
+
+
+def check_attention(mean: list, stderr: list, *, layers: int, tokens: int) -> None:
+    """(layers, n, n) causal attention: rows are distributions over keys j <= i."""
+    assert len(mean) == layers and len(stderr) == layers
+    for layer_mean, layer_err in zip(mean, stderr):
+        assert len(layer_mean) == tokens and all(len(row) == tokens for row in layer_mean)
+        assert len(layer_err) == tokens and all(len(row) == tokens for row in layer_err)
+        for i, row in enumerate(layer_mean):
+            assert abs(sum(row) - 1.0) <= 1e-6, (i, sum(row))
+            assert all(value == 0.0 for value in row[i + 1 :]), (i, row)  # causal: no future keys
+            assert all(0.0 <= value <= 1.0 + 1e-6 for value in row[: i + 1]), (i, row)
+        for i, row in enumerate(layer_err):
+            assert all(e is not None and math.isfinite(e) and e >= 0.0 for e in row), (i, row)
+            assert all(e == 0.0 for e in row[i + 1 :]), (i, row)
+    # the first query has a single key: all of its attention, with no spread
+    assert all(layer[0][0] == pytest.approx(1.0, abs=1e-6) for layer in mean)
+
+
+def verdict_layers(text: str) -> list[int]:
+    """Layer numbers of the printed verdict lines, in order."""
+    return [int(n) for n in re.findall(r"^\s+layer (\d+): .*recency", text, flags=re.MULTILINE)]
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def test_single_configuration(tmp_path, capsys):
+    out = tmp_path / "a" / "b"  # nested, created on demand
+    code = main(["simulate", "--quiet", "--sims", "600", "--tokens", "5", "--layers", "3", "--dim", "16",
+                 "--gamma", "0.2", "--seed", "3", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    for name in OUTPUTS:
+        assert (out / name).is_file(), name
+    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS)
+    assert_complete_files(out)
+
+    report = strict_json(out / "simulate.json")
+    assert "configurations" not in report
+    assert {"label", "mean_attention", "stderr"} <= set(report)
+    check_attention(report["mean_attention"], report["stderr"], layers=3, tokens=5)
+    assert "LayerNorm" in report["label"] and "0.2" in report["label"]
+    if "config" in report:
+        config = report["config"]
+        assert (config["layers"], config["tokens"], config["dim"], config["simulations"]) == (3, 5, 16, 600)
+        assert config["gamma"] == 0.2 and config["seed"] == 3 and config["layernorm"] is True
+
+    with np.load(out / "simulate.npz") as arrays:  # no pickled objects needed
+        assert set(arrays.files) >= {"labels", "mean_attention", "stderr"}
+        assert arrays["mean_attention"].shape == (1, 3, 5, 5)
+        assert arrays["stderr"].shape == (1, 3, 5, 5)
+        assert list(arrays["labels"]) == [report["label"]]
+        np.testing.assert_allclose(arrays["mean_attention"][0], np.array(report["mean_attention"]), atol=1e-12)
+        np.testing.assert_allclose(arrays["stderr"][0], np.array(report["stderr"]), atol=1e-12)
+
+    record = strict_json(out / "run.json")
+    assert record["config"]["command"] == "simulate" and record["seed"] == 3
+    assert record["config"]["layers"] == 3 and record["config"]["gamma"] == 0.2
+    assert record["device"] == "cpu" and "versions" in record
+
+    # a verdict line per layer, each naming its layer
+    assert verdict_layers(captured.out) == [1, 2, 3], captured.out
+    assert "wrote simulate.json" in captured.out
+
+
+def test_grid_gives_the_four_standard_configurations(tmp_path, capsys):
+    out = tmp_path / "out"
+    code = run_simulate(out, "--grid", "--gamma", "0.3")
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS)
+    assert_complete_files(out)
+
+    report = strict_json(out / "simulate.json")
+    assert set(report) == {"configurations"}
+    configurations = report["configurations"]
+    assert len(configurations) == 4
+    labels = [entry["label"] for entry in configurations]
+    assert len(set(labels)) == 4, labels
+    for entry in configurations:
+        assert {"label", "mean_attention", "stderr"} <= set(entry)
+        check_attention(entry["mean_attention"], entry["stderr"], layers=2, tokens=5)
+    no_ln, ln_iso, ln_aniso, ln_residual = labels
+    assert "no LayerNorm" in no_ln
+    assert all("LayerNorm" in label and "no LayerNorm" not in label for label in labels[1:]), labels
+    assert "γ = 0" in ln_iso and "0.3" in ln_aniso and "0.3" in ln_residual, labels
+    assert "residual" in ln_residual and not any("residual" in label for label in labels[:3]), labels
+    if "config" in configurations[0]:
+        flags = [(e["config"]["layernorm"], e["config"]["gamma"], e["config"]["residual"]) for e in configurations]
+        assert flags == [(False, 0.0, False), (True, 0.0, False), (True, 0.3, False), (True, 0.3, True)]
+
+    with np.load(out / "simulate.npz") as arrays:
+        assert arrays["mean_attention"].shape == (4, 2, 5, 5)
+        assert arrays["stderr"].shape == (4, 2, 5, 5)
+        assert list(arrays["labels"]) == labels
+        np.testing.assert_allclose(arrays["mean_attention"],
+                                   np.array([e["mean_attention"] for e in configurations]), atol=1e-12)
+
+    assert strict_json(out / "run.json")["config"]["grid"] is True
+    # every configuration is named and gets a verdict line for each of its layers
+    for label in labels:
+        assert label in captured.out, label
+    assert verdict_layers(captured.out) == [1, 2] * 4, captured.out
+
+
+def test_grid_without_gamma_uses_a_positive_one(tmp_path, capsys, no_plots):
+    out = tmp_path / "out"
+    assert run_simulate(out, "--grid") == 0, capsys.readouterr().err
+    labels = [e["label"] for e in strict_json(out / "simulate.json")["configurations"]]
+    assert len(labels) == 4 and "γ = 0" in labels[1]
+    # the anisotropic configurations do not silently fall back to γ = 0
+    assert all(re.search(r"γ = 0\.\d*[1-9]", label) for label in labels[2:]), labels
+
+
+def test_same_seed_gives_identical_results(tmp_path, capsys, no_plots):
+    texts = []
+    for name in ("first", "second"):
+        out = tmp_path / name
+        assert run_simulate(out, "--seed", "7", "--gamma", "0.4") == 0, capsys.readouterr().err
+        texts.append((out / "simulate.json").read_text(encoding="utf-8"))
+    assert texts[0] == texts[1]
+    # ... and another seed draws other embeddings
+    other = tmp_path / "other"
+    assert run_simulate(other, "--seed", "8", "--gamma", "0.4") == 0, capsys.readouterr().err
+    assert (other / "simulate.json").read_text(encoding="utf-8") != texts[0]
+
+
+def test_means_do_not_depend_on_the_chunk_size(tmp_path, capsys, no_plots):
+    means = []
+    for chunk in ("0", "128", "1000"):  # 0: the default (one chunk of all 1000 simulations)
+        out = tmp_path / f"chunk{chunk}"
+        code = main(["simulate", "--quiet", "--sims", "1000", "--tokens", "6", "--layers", "3",
+                     "--chunk-size", chunk, "--out", str(out)])
+        assert code == 0, capsys.readouterr().err
+        report = strict_json(out / "simulate.json")
+        means.append((np.array(report["mean_attention"]), np.array(report["stderr"])))
+    (base, base_err), *others = means
+    for mean, err in others:
+        np.testing.assert_allclose(mean, base, atol=1e-6, rtol=0)
+        np.testing.assert_allclose(err, base_err, atol=1e-6, rtol=0)
+
+
+def test_residual_and_no_layernorm_flags_reach_the_run(tmp_path, capsys, no_plots):
+    out = tmp_path / "out"
+    code = run_simulate(out, "--no-layernorm", "--residual", "--residual-scale", "0.5", "--sigma", "0.5")
+    assert code == 0, capsys.readouterr().err
+    report = strict_json(out / "simulate.json")
+    check_attention(report["mean_attention"], report["stderr"], layers=2, tokens=5)
+    assert "no LayerNorm" in report["label"] and "residual" in report["label"], report["label"]
+    config = strict_json(out / "run.json")["config"]
+    assert config["layernorm"] is False and config["residual"] is True
+    assert config["residual_scale"] == 0.5 and config["sigma"] == 0.5
+
+
+def test_one_simulation_claims_no_trend(tmp_path, capsys, no_plots):
+    """--sims 1 is allowed, but one sample has no standard error: no row can pass a z-test."""
+    out = tmp_path / "out"
+    assert run_simulate(out, "--sims", "1") == 0, capsys.readouterr().err
+    report = strict_json(out / "simulate.json")
+    for layer in report["layers"]:
+        for direction in ("recency", "primacy"):
+            assert not any(row["holds"] for row in layer[direction]["rows"]), (layer["layer"], direction)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _bad(tmp_path: Path, capsys, args: list[str], *patterns: str | tuple[str, ...], out: Path | None = None) -> str:
+    """Exit code 2, one line on stderr naming the value and what is allowed, nothing written."""
+    out = out or tmp_path / "out"
+    capsys.readouterr()
+    code = main(["simulate", *FAST, *args, "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("resstream: error:"), err
+    assert "Traceback" not in err, err
+    for pattern in patterns:  # a tuple: any one of its spellings
+        options = pattern if isinstance(pattern, tuple) else (pattern,)
+        assert any(option in err for option in options), (pattern, err)
+    assert_nothing_written(out)
+    return err
+
+
+@pytest.mark.parametrize(
+    ("extra", "patterns"),
+    [
+        (["--gamma", "1.0"], ["gamma 1.0", "0 <= gamma < 1"]),
+        (["--gamma", "-0.1"], ["gamma -0.1", "0 <= gamma < 1"]),
+        (["--gamma", "nan"], ["gamma nan", "0 <= gamma < 1"]),
+        (["--tokens", "1"], ["tokens 1", ">= 2"]),
+        (["--dim", "1"], ["dim 1", ">= 2"]),
+        (["--layers", "0"], ["layers 0", ">= 1"]),
+        (["--sims", "0"], [("--sims 0", "simulations 0"), ">= 1"]),
+        (["--sigma", "0"], ["sigma 0", "> 0"]),
+        (["--sigma", "-1"], ["sigma -1", "> 0"]),
+        (["--residual-scale", "0", "--residual"], [("--residual-scale 0", "residual_scale 0"), "> 0"]),
+        (["--residual-scale", "-0.5", "--residual"], [("--residual-scale -0.5", "residual_scale -0.5"), "> 0"]),
+        (["--threshold", "0"], ["threshold 0", "> 0"]),
+        (["--chunk-size", "-3"], [("--chunk-size -3", "chunk_size -3"), ">= 1"]),
+        (["--seed", "-1"], ["seed -1"]),
+        (["--device", "tpu"], ["'tpu'", "cpu"]),
+        (["--device", "nonsense"], ["'nonsense'", "cpu"]),
+        (["--dim", "two"], ["--dim", "'two'"]),
+    ],
+)
+def test_bad_options(tmp_path, capsys, extra, patterns):
+    err = _bad(tmp_path, capsys, extra, *patterns)
+    assert "allowed" in err or "'two'" in err, err
+
+
+def test_repeated_option_names_the_value_that_was_used(tmp_path, capsys):
+    # FAST already holds --layers 2; the later --layers two is the one click parses
+    _bad(tmp_path, capsys, ["--layers", "two"], "--layers", "'two'")
+
+
+def test_unavailable_cuda_device(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is available here")
+    _bad(tmp_path, capsys, ["--device", "cuda"], "'cuda'", "cpu")
+
+
+def test_bad_value_in_a_grid_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
+    import resstream.simulation
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a simulation ran although a configuration was bad")
+
+    monkeypatch.setattr(resstream.simulation, "simulate", must_not_run)
+    _bad(tmp_path, capsys, ["--grid", "--gamma", "1.0"], "gamma 1.0", "0 <= gamma < 1")
+
+
+def test_chunk_that_cannot_fit_in_memory_says_how_much_it_needs(tmp_path, capsys):
+    err = _bad(tmp_path, capsys, ["--sims", "100000000", "--chunk-size", "100000000", "--tokens", "1000"],
+               ("--chunk-size 100000000", "chunk_size 100000000"), "GB")
+    need = re.search(r"needs ([\d.]+) GB", err)
+    assert need and float(need.group(1)) > 1000, err
+    fits = re.search(r"chunk_size <= (\d+)", err)
+    assert fits and 0 < int(fits.group(1)) < 100_000_000, err
+
+
+def test_out_is_an_existing_file(tmp_path, capsys):
+    target = tmp_path / "out"
+    target.write_text("keep me")
+    code = run_simulate(target)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "--out" in err and str(target) in err, err
+    assert target.read_text() == "keep me"
+
+
+def test_bad_input_into_an_existing_empty_out_dir_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    _bad(tmp_path, capsys, ["--tokens", "1"], "tokens", out=out)
+
+
+# --------------------------------------------------------------------------- Ctrl-C
+
+
+def _interrupt(*_args, **_kwargs):
+    raise KeyboardInterrupt
+
+
+def _check_interrupted(code: int, capsys) -> None:
+    err = capsys.readouterr().err.strip()
+    assert code == 130, err
+    assert "Traceback" not in err, err
+    assert len(err.splitlines()) == 1 and err.startswith("resstream: error: interrupted"), err
+
+
+def test_ctrl_c_during_the_simulation_writes_nothing(tmp_path, capsys, monkeypatch):
+    import resstream.simulation
+
+    monkeypatch.setattr(resstream.simulation, "simulate", _interrupt)
+    out = tmp_path / "out"
+    _check_interrupted(run_simulate(out), capsys)
+    assert_nothing_written(out)
+
+
+def test_ctrl_c_in_the_last_grid_configuration_writes_nothing(tmp_path, capsys, monkeypatch):
+    import resstream.simulation
+
+    real = resstream.simulation.simulate
+    calls = []
+
+    def simulate(config, progress=None):
+        calls.append(config)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(config, progress=progress)
+
+    monkeypatch.setattr(resstream.simulation, "simulate", simulate)
+    out = tmp_path / "out"
+    _check_interrupted(run_simulate(out, "--grid"), capsys)
+    assert len(calls) == 4
+    assert_nothing_written(out)
+
+
+def test_ctrl_c_while_plotting_leaves_only_complete_files(tmp_path, capsys, monkeypatch):
+    import resstream.reporting.attention
+
+    monkeypatch.setattr(resstream.reporting.attention, "plot_attention_grid", _interrupt)
+    out = tmp_path / "out"
+    _check_interrupted(run_simulate(out), capsys)
+    assert_complete_files(out)
+    with np.load(out / "simulate.npz") as arrays:  # the arrays written before the plot are whole
+        assert arrays["mean_attention"].shape == (1, 2, 5, 5)
+    assert not (out / "simulate.png").exists() and not (out / "run.json").exists()
+
+
+def test_ctrl_c_inside_a_file_write_leaves_no_partial_file(tmp_path, capsys, monkeypatch, no_plots):
+    import resstream.io
+
+    real = resstream.io.write_text
+    written: list[str] = []
+
+    def write_text(path, text):
+        written.append(Path(path).name)
+        if len(written) == 2:  # the second text file: half written into its temporary, then Ctrl-C
+            with resstream.io.atomic_path(path) as tmp:
+                tmp.write_text(text[: len(text) // 2], encoding="utf-8")
+                raise KeyboardInterrupt
+        real(path, text)
+
+    monkeypatch.setattr(resstream.io, "write_text", write_text)
+    out = tmp_path / "out"
+    _check_interrupted(run_simulate(out), capsys)
+    assert len(written) == 2
+    assert not (out / written[1]).exists()
+    assert (out / written[0]).is_file()
+    assert_complete_files(out)
