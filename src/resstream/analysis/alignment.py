@@ -70,7 +70,7 @@ __all__ = [
 DecoderKind = Literal["logit-lens", "embedding"]
 LowPrecision = torch.dtype | None | Literal["auto"]
 
-DEFAULT_CHUNK_BYTES = 32 * 2**20  # one (positions × vocab) score block
+DEFAULT_CHUNK_BYTES = 64 * 2**20  # one (positions × vocab) score block
 _TOPK_MAX = 256  # above this, `limit` queries use the counting path instead of a top-k
 _HEAVY_FRACTION = (
     16  # a band above vocab/16 entries is re-scored by an fp64 matmul instead
