@@ -184,36 +184,78 @@ def shift(models: Sequence[str | None] = (None,), *, dataset: str = "shakespeare
     Each model gets `num_seqs` windows of `seq_len` tokens sampled from `dataset` with `seed`
     by the same rule (see `resstream.data.sampling`) from its own tokenizer's token stream, so
     models that share a tokenizer see identical windows; or a `.jsonl` of `input_ids` rows used
-    as given. Each model's entry records its own sample. Models are loaded one at a time (`resstream.adapters.load_model`) and
-    freed before the next; `progress` shows a bar per model.
+    as given. Each model's entry records its own sample. Models are loaded one at a time
+    (`_each_model`) and freed before the next; `progress` shows a bar per model.
     """
-    from resstream.adapters import check_model, load_model
-
     check_choice("decoder", decoder, DECODERS)
-    if batch_size < 1:
-        raise UsageError(f"--batch-size {batch_size} must be >= 1")
-    models = list(models) or [None]
-    for spec in models:  # refuse a bad model before spending time on the others
-        check_model(spec, trust_remote_code=trust_remote_code)
-    results, rule, fingerprint, sample = [], "", None, None
-    for spec in models:
-        loaded = load_model(spec, dtype=dtype, device=device, device_map=device_map,
-                            trust_remote_code=trust_remote_code, progress=progress)
-        check_top_k(top_k, loaded.view.W_U.shape[0])
-        if not dataset.endswith(".jsonl"):  # pinned rows are checked once read
-            check_length(seq_len, loaded.view, "--seq-len {n}")
-        sample, fingerprint = _sample(dataset, loaded.tokenizer, num_seqs=num_seqs, seq_len=seq_len, seed=seed,
-                                      data_dir=data_dir)
-        _check_vocabulary(sample, loaded.view.W_U.shape[0], dataset)
-        _check_sample_length(sample, loaded.view, dataset)
+    results, rule, sample, fingerprint = [], "", None, None
+    corpus = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir)
+    for loaded, sample, fingerprint in _each_model(
+            models, corpus, batch_size=batch_size, dtype=dtype, device=device, device_map=device_map,
+            trust_remote_code=trust_remote_code, progress=progress,
+            check=lambda view: check_top_k(top_k, view.W_U.shape[0])):
         rule = sample.rule
         result = _align(loaded, sample.sequences, top_k=top_k, decoder=decoder, batch_size=batch_size,
                         progress=progress)
         results.append(replace(result, sample=rule))
-        del loaded  # free this model before loading the next
+        del loaded  # free this model before the next is loaded
     lengths = {len(s) for s in sample.sequences} if sample is not None else set()
     return ShiftReport(tuple(results), dataset, rule, fingerprint, len(sample.sequences) if sample else 0,
                        lengths.pop() if len(lengths) == 1 else None)
+
+
+@dataclass(frozen=True)
+class CorpusRequest:
+    """What to sample for an analysis: `num_seqs` windows of `seq_len` tokens of `dataset`
+    with `seed`, or the rows of a pinned `.jsonl` (see `_sample`)."""
+
+    dataset: str
+    num_seqs: int
+    seq_len: int
+    seed: int
+    data_dir: str | os.PathLike[str] | None
+
+
+def _each_model(models: Sequence[str | None], corpus: CorpusRequest, *, batch_size: int, dtype: str,
+                device: str, device_map: str | None, trust_remote_code: bool, progress: bool,
+                check: Any = None) -> Iterator[tuple[Any, Any, str | None]]:
+    """(loaded model, its sample, dataset fingerprint) for each model in turn.
+
+    Every model is checked before any is loaded, so a bad one is refused before time is spent
+    on the others. Each loaded model passes `check(view)` (if given), gets its own sample of
+    the corpus (its tokenizer's token stream), and the sample must fit its vocabulary and
+    context. The generator drops its reference to a model before loading the next; the caller
+    should too.
+    """
+    from resstream.adapters import check_model, load_model
+
+    if batch_size < 1:
+        raise UsageError(f"--batch-size {batch_size} must be >= 1")
+    models = list(models) or [None]
+    for spec in models:
+        check_model(spec, trust_remote_code=trust_remote_code)
+    for spec in models:
+        loaded = load_model(spec, dtype=dtype, device=device, device_map=device_map,
+                            trust_remote_code=trust_remote_code, progress=progress)
+        if check is not None:
+            check(loaded.view)
+        if not corpus.dataset.endswith(".jsonl"):  # pinned rows are checked once read
+            check_length(corpus.seq_len, loaded.view, "--seq-len {n}")
+        sample, fingerprint = _sample(corpus.dataset, loaded.tokenizer, num_seqs=corpus.num_seqs,
+                                      seq_len=corpus.seq_len, seed=corpus.seed, data_dir=corpus.data_dir)
+        _check_vocabulary(sample, loaded.view.W_U.shape[0], corpus.dataset)
+        _check_sample_length(sample, loaded.view, corpus.dataset)
+        yield loaded, sample, fingerprint
+        del loaded
+
+
+def _each_batch(sequences: Sequence[torch.Tensor], batch_size: int, desc: str,
+                progress: bool) -> Iterator[torch.Tensor]:
+    """The sequences in batches (`_batches`), with a progress bar counting sequences."""
+    with tqdm(total=len(sequences), desc=desc, unit="seq", disable=not progress) as bar:
+        for batch in _batches(sequences, batch_size):
+            yield batch
+            bar.update(len(batch))
 
 
 def _align(loaded: Any, sequences: Sequence[torch.Tensor], *, top_k: int, decoder: str, batch_size: int,
@@ -225,13 +267,10 @@ def _align(loaded: Any, sequences: Sequence[torch.Tensor], *, top_k: int, decode
     view = loaded.view
     accumulator = AlignmentAccumulator(num_layers=view.n_layers, top_k=top_k, decoder=make_decoder(view, decoder),
                                        W_E=view.W_E.detach(), W_U=view.W_U.detach())
-    device_of = view.W_E.device
-    with tqdm(total=len(sequences), desc=f"shift {loaded.name}", unit="seq", disable=not progress) as bar:
-        for batch in _batches(sequences, batch_size):
-            with torch.inference_mode():
-                batch = batch.to(device_of)
-                accumulator.update(residual_states(view, batch), batch)
-            bar.update(len(batch))
+    for batch in _each_batch(sequences, batch_size, f"shift {loaded.name}", progress):
+        with torch.inference_mode():
+            batch = batch.to(view.W_E.device)
+            accumulator.update(residual_states(view, batch), batch)
     return replace(accumulator.result(loaded.name), tied=view.tied, decoding=decoding_note(view, decoder))
 
 
@@ -308,28 +347,17 @@ def recency(models: Sequence[str | None] = (None,), *, dataset: str = "shakespea
     different lengths are refused). Each sequence is one sample of the statistics, so the
     verdicts are the simulation's (`resstream.analysis.recency`).
     """
-    from resstream.adapters import check_model, load_model
     from resstream.analysis.recency import RecencyAccumulator
     from resstream.capture import attention_probs
 
-    if batch_size < 1:
-        raise UsageError(f"--batch-size {batch_size} must be >= 1")
     if not threshold > 0:
         raise UsageError(f"--threshold {threshold} must be > 0 (standard errors)")
-    models = list(models) or [None]
-    for spec in models:
-        check_model(spec, trust_remote_code=trust_remote_code)
     results, fingerprint, length = [], None, seq_len
-    for spec in models:
-        loaded = load_model(spec, dtype=dtype, device=device, device_map=device_map,
-                            trust_remote_code=trust_remote_code, progress=progress)
+    corpus = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir)
+    for loaded, sample, fingerprint in _each_model(
+            models, corpus, batch_size=batch_size, dtype=dtype, device=device, device_map=device_map,
+            trust_remote_code=trust_remote_code, progress=progress):
         view = loaded.view
-        if not dataset.endswith(".jsonl"):
-            check_length(seq_len, view, "--seq-len {n}")
-        sample, fingerprint = _sample(dataset, loaded.tokenizer, num_seqs=num_seqs, seq_len=seq_len, seed=seed,
-                                      data_dir=data_dir)
-        _check_vocabulary(sample, view.W_U.shape[0], dataset)
-        _check_sample_length(sample, view, dataset)
         lengths = {len(s) for s in sample.sequences}
         if len(lengths) != 1:
             raise UsageError(f"{dataset!r}: pinned rows have {len(lengths)} different lengths; recency "
@@ -337,11 +365,8 @@ def recency(models: Sequence[str | None] = (None,), *, dataset: str = "shakespea
         length = lengths.pop()
         accumulator = RecencyAccumulator(num_layers=view.n_layers, num_heads=view.n_heads, seq_len=length,
                                          threshold=threshold)
-        with tqdm(total=len(sample.sequences), desc=f"recency {loaded.name}", unit="seq",
-                  disable=not progress) as bar:
-            for batch in _batches(sample.sequences, batch_size):
-                accumulator.update(attention_probs(view, batch))
-                bar.update(len(batch))
+        for batch in _each_batch(sample.sequences, batch_size, f"recency {loaded.name}", progress):
+            accumulator.update(attention_probs(view, batch))
         results.append(accumulator.result(loaded.name, sample=sample.rule, notes=view.notes))
-        del loaded, view
+        del loaded, view  # free this model before the next is loaded
     return RecencyReport(tuple(results), dataset, fingerprint, length)
