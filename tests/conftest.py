@@ -50,3 +50,16 @@ def gpt2_tokenizer(shared_data: Path):
     from resstream.data import load_tokenizer
 
     return load_tokenizer("gpt2", data_dir=shared_data)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op torch thread for a module: on a small shared machine two threads
+    oversubscribe the cores and a tiny forward pass stalls (observed ~0.5 s instead of ~5 ms);
+    results do not change."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -14,27 +14,16 @@ from pathlib import Path
 import pytest
 
 from resstream.cli.main import main
-from tests.test_cli_shift import assert_complete_files, assert_nothing_written
+from tests.cli_support import (
+    assert_complete_files,
+    expect_usage_error,
+)
 
 TEXT = "the residual stream carries the input token forward to the last layer"
 FAST = ["--device", "cpu"]
 
-
-@pytest.fixture(autouse=True)
-def _offline(hf_offline):
-    """No test here may reach the network: the hub fails at once."""
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """One intra-op torch thread: on a small shared machine two threads oversubscribe the cores
-    and a tiny forward pass stalls (observed ~0.5 s instead of ~5 ms); results do not change."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+#: No test here may reach the network (the hub fails at once); one torch thread.
+pytestmark = pytest.mark.usefixtures("hf_offline", "one_torch_thread")
 
 
 @pytest.fixture
@@ -147,16 +136,8 @@ def test_open_ended_positions(tmp_path, capsys, no_plot):
 
 
 def _bad(tmp_path: Path, capsys, args: list[str], *patterns: str, out: Path | None = None) -> str:
-    out = out or tmp_path / "out"
-    capsys.readouterr()
-    code = main(["lens", *FAST, *args, "--out", str(out)])
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
-    assert len(err.splitlines()) == 1 and err.startswith("resstream: error:"), err
-    for pattern in patterns:
-        assert pattern in err, (pattern, err)
-    assert_nothing_written(out)
-    return err
+    """Exit code 2, one line on stderr naming the value and what is allowed, nothing written."""
+    return expect_usage_error(["lens", *FAST, *args], out or tmp_path / "out", capsys, *patterns)
 
 
 @pytest.mark.parametrize(

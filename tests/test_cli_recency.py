@@ -19,33 +19,24 @@ import numpy as np
 import pytest
 
 from resstream.cli.main import main
-from tests.test_cli_shift import (
-    TEXT,
+from tests.cli_support import (
     assert_complete_files,
     assert_nothing_written,
-    write_rows,
+    check_interrupted,
+    expect_usage_error,
+    interrupt,
+    strict_json,
+    verdict_layers,
 )
+from tests.test_cli_shift import TEXT, write_rows
 from tests.test_loading import SENTENCES, _tiny_gpt2
 
 FAST = ["--device", "cpu", "--quiet"]
+
+#: No test here may reach the network (the hub fails at once); one torch thread.
+pytestmark = pytest.mark.usefixtures("hf_offline", "one_torch_thread")
 MODEL_KEYS = {"model", "num_layers", "num_heads", "seq_len", "num_sequences", "mean_attention", "stderr", "layers"}
 HEAD_KEYS = {"head", "recency", "primacy", "by_distance"}
-
-
-@pytest.fixture(autouse=True)
-def _offline(hf_offline):
-    """No test here may reach the network: the hub fails at once."""
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """One intra-op torch thread (see tests/test_cli_shift.py); results do not change."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -79,14 +70,6 @@ def no_plots(monkeypatch):
 
 def run_recency(out: Path, *args: str) -> int:
     return main(["recency", *FAST, *args, "--out", str(out)])
-
-
-def strict_json(path: Path):
-    """The file parsed as strict JSON (NaN / Infinity are not JSON)."""
-    def refuse(constant):
-        raise ValueError(f"{path.name} holds {constant}, which is not JSON")
-
-    return json.loads(path.read_text(encoding="utf-8"), parse_constant=refuse)
 
 
 def check_model_entry(entry: dict, *, num_layers: int, num_heads: int, seq_len: int, num_sequences: int) -> None:
@@ -135,10 +118,6 @@ def check_head_arrays(out: Path, report: dict) -> None:
                     first = np.mean(np.diag(matrix))
                     assert head["by_distance"][0] == pytest.approx(first, abs=1e-6)
                     assert head["by_distance"][t - 1] == pytest.approx(matrix[t - 1, 0], abs=1e-6)
-
-
-def verdict_layers(text: str) -> list[int]:
-    return [int(n) for n in re.findall(r"^\s+layer (\d+): .*recency", text, flags=re.MULTILINE)]
 
 
 # --------------------------------------------------------------------------- end to end
@@ -267,18 +246,8 @@ def test_one_sequence_claims_no_trend(tmp_path, corpus, capsys, no_plots):
 
 
 def _bad(tmp_path: Path, capsys, args: list[str], *patterns: str, out: Path | None = None) -> str:
-    """Exit code 2, one line on stderr naming the value, nothing written to --out."""
-    out = out or tmp_path / "out"
-    capsys.readouterr()
-    code = main(["recency", *FAST, *args, "--out", str(out)])
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
-    assert len(err.splitlines()) == 1 and err.startswith("resstream: error:"), err
-    assert "Traceback" not in err, err
-    for pattern in patterns:
-        assert pattern in err, (pattern, err)
-    assert_nothing_written(out)
-    return err
+    """Exit code 2, one line on stderr naming the value and what is allowed, nothing written."""
+    return expect_usage_error(["recency", *FAST, *args], out or tmp_path / "out", capsys, *patterns)
 
 
 @pytest.mark.parametrize(
@@ -368,32 +337,21 @@ def test_bad_input_into_an_existing_empty_out_dir_writes_nothing(tmp_path, corpu
 # --------------------------------------------------------------------------- Ctrl-C
 
 
-def _interrupt(*_args, **_kwargs):
-    raise KeyboardInterrupt
-
-
-def _check_interrupted(code: int, capsys) -> None:
-    err = capsys.readouterr().err.strip()
-    assert code == 130, err
-    assert "Traceback" not in err, err
-    assert len(err.splitlines()) == 1 and err.startswith("resstream: error: interrupted"), err
-
-
 def test_ctrl_c_during_the_forward_pass_writes_nothing(tmp_path, corpus, capsys, monkeypatch):
     import resstream.capture
 
-    monkeypatch.setattr(resstream.capture, "attention_probs", _interrupt)
+    monkeypatch.setattr(resstream.capture, "attention_probs", interrupt)
     out = tmp_path / "out"
-    _check_interrupted(run_recency(out, "--dataset", str(corpus), "--num-seqs", "2", "--seq-len", "8"), capsys)
+    check_interrupted(run_recency(out, "--dataset", str(corpus), "--num-seqs", "2", "--seq-len", "8"), capsys)
     assert_nothing_written(out)
 
 
 def test_ctrl_c_while_plotting_leaves_only_complete_files(tmp_path, corpus, capsys, monkeypatch):
     import resstream.reporting.attention
 
-    monkeypatch.setattr(resstream.reporting.attention, "plot_distance_profiles", _interrupt)
+    monkeypatch.setattr(resstream.reporting.attention, "plot_distance_profiles", interrupt)
     out = tmp_path / "out"
-    _check_interrupted(run_recency(out, "--dataset", str(corpus), "--num-seqs", "2", "--seq-len", "8"), capsys)
+    check_interrupted(run_recency(out, "--dataset", str(corpus), "--num-seqs", "2", "--seq-len", "8"), capsys)
     assert_complete_files(out)
     assert (out / "recency.json").is_file() and not (out / "run.json").exists()
     with np.load(out / "recency.npz") as arrays:

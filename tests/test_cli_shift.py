@@ -16,14 +16,19 @@ from pathlib import Path
 import pytest
 
 from resstream.cli.main import main
+from tests.cli_support import (
+    assert_complete_files,
+    assert_nothing_written,
+    check_interrupted,
+    expect_usage_error,
+    interrupt,
+)
 from tests.conftest import shared_data_path
 from tests.test_loading import SENTENCES, _tiny_gpt2
 
 #: Keys every per-model entry of shift.json must carry (the issue's schema).
 MODEL_KEYS = {"model", "num_layers", "layers", "in_match", "out_match", "in_match_ci", "out_match_ci",
               "cos_in", "cos_out", "projection", "shift_layer", "num_tokens"}
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-PNG_END = b"IEND\xaeB`\x82"
 
 TEXT = "\n".join(
     SENTENCES
@@ -38,22 +43,8 @@ TEXT = "\n".join(
 #: Fast, deterministic options shared by the runs below.
 FAST = ["--device", "cpu", "--quiet"]
 
-
-@pytest.fixture(autouse=True)
-def _offline(hf_offline):
-    """No test here may reach the network: the hub fails at once."""
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """One intra-op torch thread: on a small shared machine two threads oversubscribe the cores
-    and a tiny forward pass stalls (observed ~0.5 s instead of ~5 ms); results do not change."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+#: No test here may reach the network (the hub fails at once); one torch thread.
+pytestmark = pytest.mark.usefixtures("hf_offline", "one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -87,24 +78,6 @@ def no_plots(monkeypatch):
 
 def run_shift(out: Path, *args: str) -> int:
     return main(["shift", *FAST, *args, "--out", str(out)])
-
-
-def assert_nothing_written(out: Path) -> None:
-    assert not out.exists() or (out.is_dir() and not any(out.iterdir())), sorted(out.iterdir())
-
-
-def assert_complete_files(out: Path) -> None:
-    """Every file under `out` is complete and parseable; no temporary file is left."""
-    for path in out.iterdir():
-        assert not path.name.startswith(".") and not path.name.endswith(".tmp"), path.name
-        data = path.read_bytes()
-        if path.suffix == ".json":
-            json.loads(data)
-        elif path.suffix == ".csv":
-            rows = list(csv.DictReader(data.decode("utf-8").splitlines()))
-            assert rows and all(None not in row.values() for row in rows), path.name
-        elif path.suffix == ".png":
-            assert data.startswith(PNG_MAGIC) and data.endswith(PNG_END), path.name
 
 
 def check_model_entry(entry: dict, *, top_k: int, num_tokens: int | None = None) -> None:
@@ -269,23 +242,9 @@ def test_real_corpus_wikitext2(tmp_path, capsys, no_plots):
 
 def _bad(tmp_path: Path, capsys, args: list[str], *patterns: str, out: Path | None = None,
          one_line: bool = True) -> str:
-    """Exit code 2, one line on stderr naming the value, nothing written to --out.
-
-    `one_line=False` checks only the last line of stderr (the error message itself).
-    """
-    out = out or tmp_path / "out"
-    capsys.readouterr()  # drop what the test's own setup printed (e.g. save_pretrained's bars)
-    code = main(["shift", *FAST, *args, "--out", str(out)])
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
-    if not one_line:
-        err = err.splitlines()[-1]
-    assert len(err.splitlines()) == 1 and err.startswith("resstream: error:"), err
-    assert "Traceback" not in err, err
-    for pattern in patterns:
-        assert pattern in err, (pattern, err)
-    assert_nothing_written(out)
-    return err
+    """Exit code 2, one line on stderr naming the value, nothing written to --out."""
+    return expect_usage_error(["shift", *FAST, *args], out or tmp_path / "out", capsys, *patterns,
+                              one_line=one_line)
 
 
 @pytest.mark.parametrize(
@@ -493,30 +452,20 @@ def test_bad_input_into_an_existing_empty_out_dir_writes_nothing(tmp_path, corpu
 # --------------------------------------------------------------------------- Ctrl-C
 
 
-def _interrupt(*_args, **_kwargs):
-    raise KeyboardInterrupt
-
-
-def _check_interrupted(code: int, capsys) -> None:
-    err = capsys.readouterr().err
-    assert code == 130, err
-    assert "Traceback" not in err, err
-
-
 def test_ctrl_c_during_the_forward_pass_writes_nothing(tmp_path, corpus, capsys, monkeypatch):
     import resstream.capture
 
-    monkeypatch.setattr(resstream.capture, "residual_states", _interrupt)
+    monkeypatch.setattr(resstream.capture, "residual_states", interrupt)
     out = tmp_path / "out"
     code = run_shift(out, "--dataset", str(corpus), "--num-seqs", "2", "--seq-len", "16")
-    _check_interrupted(code, capsys)
+    check_interrupted(code, capsys)
     assert_nothing_written(out)
 
 
 def test_ctrl_c_says_it_was_interrupted(tmp_path, corpus, capsys, monkeypatch):
     import resstream.capture
 
-    monkeypatch.setattr(resstream.capture, "residual_states", _interrupt)
+    monkeypatch.setattr(resstream.capture, "residual_states", interrupt)
     code = run_shift(tmp_path / "out", "--dataset", str(corpus), "--num-seqs", "2", "--seq-len", "16")
     err = capsys.readouterr().err.strip()
     assert code == 130
@@ -526,10 +475,10 @@ def test_ctrl_c_says_it_was_interrupted(tmp_path, corpus, capsys, monkeypatch):
 def test_ctrl_c_while_plotting_leaves_only_complete_files(tmp_path, corpus, capsys, monkeypatch):
     import resstream.reporting.shift
 
-    monkeypatch.setattr(resstream.reporting.shift, "plot_similarity", _interrupt)
+    monkeypatch.setattr(resstream.reporting.shift, "plot_similarity", interrupt)
     out = tmp_path / "out"
     code = run_shift(out, "--dataset", str(corpus), "--num-seqs", "2", "--seq-len", "16")
-    _check_interrupted(code, capsys)
+    check_interrupted(code, capsys)
     assert_complete_files(out)
     assert not (out / "run.json").exists()
 
@@ -551,7 +500,7 @@ def test_ctrl_c_inside_a_file_write_leaves_no_partial_file(tmp_path, corpus, cap
     monkeypatch.setattr(resstream.io, "write_text", write_text)
     out = tmp_path / "out"
     code = run_shift(out, "--dataset", str(corpus), "--num-seqs", "2", "--seq-len", "16")
-    _check_interrupted(code, capsys)
+    check_interrupted(code, capsys)
     assert len(written) == 2
     assert not (out / written[1]).exists()
     assert (out / written[0]).is_file()

@@ -10,7 +10,6 @@ written to --out; Ctrl-C is exit code 130 and leaves nothing half-written.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -19,22 +18,22 @@ import numpy as np
 import pytest
 
 from resstream.cli.main import main
-from tests.test_cli_shift import assert_complete_files, assert_nothing_written
+from tests.cli_support import (
+    assert_complete_files,
+    assert_nothing_written,
+    check_interrupted,
+    expect_usage_error,
+    interrupt,
+    strict_json,
+    verdict_layers,
+)
 
 #: Small, fast runs (2 shared CPU cores): a few hundred simulations of a short, shallow stack.
 FAST = ["--quiet", "--sims", "400", "--tokens", "5", "--layers", "2"]
+
+#: No test here may reach the network (the hub fails at once); one torch thread.
+pytestmark = pytest.mark.usefixtures("hf_offline", "one_torch_thread")
 OUTPUTS = ("simulate.json", "simulate.npz", "simulate.png", "run.json")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """One intra-op torch thread (see tests/test_cli_shift.py); results do not change."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture
@@ -47,14 +46,6 @@ def no_plots(monkeypatch):
 
 def run_simulate(out: Path, *args: str) -> int:
     return main(["simulate", *FAST, *args, "--out", str(out)])
-
-
-def strict_json(path: Path):
-    """The file parsed as strict JSON (NaN / Infinity are not JSON)."""
-    def refuse(constant):
-        raise ValueError(f"{path.name} holds {constant}, which is not JSON")
-
-    return json.loads(path.read_text(encoding="utf-8"), parse_constant=refuse)
 
 
 def check_attention(mean: list, stderr: list, *, layers: int, tokens: int) -> None:
@@ -72,11 +63,6 @@ def check_attention(mean: list, stderr: list, *, layers: int, tokens: int) -> No
             assert all(e == 0.0 for e in row[i + 1 :]), (i, row)
     # the first query has a single key: all of its attention, with no spread
     assert all(layer[0][0] == pytest.approx(1.0, abs=1e-6) for layer in mean)
-
-
-def verdict_layers(text: str) -> list[int]:
-    """Layer numbers of the printed verdict lines, in order."""
-    return [int(n) for n in re.findall(r"^\s+layer (\d+): .*recency", text, flags=re.MULTILINE)]
 
 
 # --------------------------------------------------------------------------- end to end
@@ -225,18 +211,7 @@ def test_one_simulation_claims_no_trend(tmp_path, capsys, no_plots):
 
 def _bad(tmp_path: Path, capsys, args: list[str], *patterns: str | tuple[str, ...], out: Path | None = None) -> str:
     """Exit code 2, one line on stderr naming the value and what is allowed, nothing written."""
-    out = out or tmp_path / "out"
-    capsys.readouterr()
-    code = main(["simulate", *FAST, *args, "--out", str(out)])
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
-    assert len(err.splitlines()) == 1 and err.startswith("resstream: error:"), err
-    assert "Traceback" not in err, err
-    for pattern in patterns:  # a tuple: any one of its spellings
-        options = pattern if isinstance(pattern, tuple) else (pattern,)
-        assert any(option in err for option in options), (pattern, err)
-    assert_nothing_written(out)
-    return err
+    return expect_usage_error(["simulate", *FAST, *args], out or tmp_path / "out", capsys, *patterns)
 
 
 @pytest.mark.parametrize(
@@ -317,23 +292,12 @@ def test_bad_input_into_an_existing_empty_out_dir_writes_nothing(tmp_path, capsy
 # --------------------------------------------------------------------------- Ctrl-C
 
 
-def _interrupt(*_args, **_kwargs):
-    raise KeyboardInterrupt
-
-
-def _check_interrupted(code: int, capsys) -> None:
-    err = capsys.readouterr().err.strip()
-    assert code == 130, err
-    assert "Traceback" not in err, err
-    assert len(err.splitlines()) == 1 and err.startswith("resstream: error: interrupted"), err
-
-
 def test_ctrl_c_during_the_simulation_writes_nothing(tmp_path, capsys, monkeypatch):
     import resstream.simulation
 
-    monkeypatch.setattr(resstream.simulation, "simulate", _interrupt)
+    monkeypatch.setattr(resstream.simulation, "simulate", interrupt)
     out = tmp_path / "out"
-    _check_interrupted(run_simulate(out), capsys)
+    check_interrupted(run_simulate(out), capsys)
     assert_nothing_written(out)
 
 
@@ -351,7 +315,7 @@ def test_ctrl_c_in_the_last_grid_configuration_writes_nothing(tmp_path, capsys, 
 
     monkeypatch.setattr(resstream.simulation, "simulate", simulate)
     out = tmp_path / "out"
-    _check_interrupted(run_simulate(out, "--grid"), capsys)
+    check_interrupted(run_simulate(out, "--grid"), capsys)
     assert len(calls) == 4
     assert_nothing_written(out)
 
@@ -359,9 +323,9 @@ def test_ctrl_c_in_the_last_grid_configuration_writes_nothing(tmp_path, capsys, 
 def test_ctrl_c_while_plotting_leaves_only_complete_files(tmp_path, capsys, monkeypatch):
     import resstream.reporting.attention
 
-    monkeypatch.setattr(resstream.reporting.attention, "plot_attention_grid", _interrupt)
+    monkeypatch.setattr(resstream.reporting.attention, "plot_attention_grid", interrupt)
     out = tmp_path / "out"
-    _check_interrupted(run_simulate(out), capsys)
+    check_interrupted(run_simulate(out), capsys)
     assert_complete_files(out)
     with np.load(out / "simulate.npz") as arrays:  # the arrays written before the plot are whole
         assert arrays["mean_attention"].shape == (1, 2, 5, 5)
@@ -384,7 +348,7 @@ def test_ctrl_c_inside_a_file_write_leaves_no_partial_file(tmp_path, capsys, mon
 
     monkeypatch.setattr(resstream.io, "write_text", write_text)
     out = tmp_path / "out"
-    _check_interrupted(run_simulate(out), capsys)
+    check_interrupted(run_simulate(out), capsys)
     assert len(written) == 2
     assert not (out / written[1]).exists()
     assert (out / written[0]).is_file()
