@@ -123,3 +123,12 @@ def jsonable(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
+
+
+def write_npz(path: str | os.PathLike[str], **arrays: Any) -> Path:
+    """Write numpy arrays (or tensors) to an uncompressed `.npz` atomically."""
+    import numpy as np
+
+    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+        np.savez(handle, **{name: np.asarray(value) for name, value in arrays.items()})
+    return Path(path)

@@ -44,11 +44,11 @@ def recency(
 ) -> None:
     """Mean attention by query and key position (and distance), per layer and head, over a corpus."""
     from resstream import api
-    from resstream.cli.simulate import verdict_lines
     from resstream.io import run_record, write_json
     from resstream.reporting.attention import (
         plot_attention_grid,
         plot_distance_profiles,
+        verdict_lines,
     )
 
     check_out_dir(out)
@@ -80,17 +80,14 @@ def recency(
 
 
 def write_head_arrays(path: Path, results: tuple) -> None:
-    """Per-head (L, H, T, T) means and standard errors of every model, written atomically."""
+    """Per-head (L, H, T, T) means and standard errors of every model, suffixed by model index."""
     import numpy as np
 
-    from resstream.io import atomic_path
+    from resstream.io import write_npz
 
-    arrays = {}
-    for index, result in enumerate(results):
-        for name, tensor in result.head_arrays().items():
-            arrays[f"{name}_{index}"] = tensor.numpy()
-    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
-        np.savez(handle, models=np.array([r.model for r in results]), **arrays)
+    arrays = {f"{name}_{index}": tensor.numpy()
+              for index, result in enumerate(results) for name, tensor in result.head_arrays().items()}
+    write_npz(path, models=np.array([r.model for r in results]), **arrays)
 
 
 def register(app: typer.Typer) -> None:

@@ -33,7 +33,7 @@ def simulate(
     """Mean attention of every layer (± standard error) and a recency verdict per layer."""
     from resstream import api
     from resstream.io import run_record, write_json
-    from resstream.reporting.attention import plot_attention_grid
+    from resstream.reporting.attention import plot_attention_grid, verdict_lines
 
     check_out_dir(out)
     config: dict[str, Any] = {
@@ -82,29 +82,14 @@ def simulation_entry(label: str, result: Any) -> dict[str, Any]:
 
 
 def write_arrays(path: Path, runs: Any) -> None:
-    """mean_attention and stderr as (configs, layers, n, n) arrays in an .npz, written atomically."""
+    """mean_attention and stderr as (configs, layers, n, n) arrays in an .npz."""
     import numpy as np
 
-    from resstream.io import atomic_path
+    from resstream.io import write_npz
 
-    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
-        np.savez(handle, labels=np.array([label for label, _ in runs]),
-                 mean_attention=np.array([result.mean_attention for _, result in runs], dtype=np.float64),
-                 stderr=np.array([result.stderr for _, result in runs], dtype=np.float64))
-
-
-def verdict_lines(layers: Any) -> list[str]:
-    """One line per layer: recency (rows that hold, weakest z) and primacy (the same)."""
-    lines = []
-    for layer in layers:
-        parts = []
-        for verdict in (layer.recency, layer.primacy):
-            testable = len(verdict.rows) - len(verdict.untestable_rows)
-            held = len(verdict.holding_rows)
-            state = "holds" if verdict.holds else f"{held}/{testable} rows"
-            parts.append(f"{verdict.direction} {state} (min z {verdict.min_z:.1f})")
-        lines.append(f"layer {layer.layer}: " + "; ".join(parts))
-    return lines
+    write_npz(path, labels=np.array([label for label, _ in runs]),
+              mean_attention=np.array([result.mean_attention for _, result in runs], dtype=np.float64),
+              stderr=np.array([result.stderr for _, result in runs], dtype=np.float64))
 
 
 def register(app: typer.Typer) -> None:

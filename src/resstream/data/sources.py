@@ -121,7 +121,7 @@ class CorpusStream:
         for document in self._documents():
             if isinstance(document, str):
                 seen_text.append(bool(document.strip()))
-                _digest_update(digest, len(document.encode("utf-8")), document)
+                _digest_document(digest, document)
                 yield document
             else:
                 digest.update(document.length.to_bytes(8, "little"))
@@ -131,9 +131,11 @@ class CorpusStream:
         self.fingerprint = digest.hexdigest()[:16]
 
 
-def _digest_update(digest: Any, length: int, text: str) -> None:
-    digest.update(length.to_bytes(8, "little"))
-    digest.update(text.encode("utf-8"))
+def _digest_document(digest: Any, document: str) -> None:
+    """Hash one whole document as `corpus_fingerprint` does: its byte length, then its bytes."""
+    data = document.encode("utf-8")
+    digest.update(len(data).to_bytes(8, "little"))
+    digest.update(data)
 
 
 def _hashed(pieces: Iterable[str], digest: Any, seen_text: list[bool]) -> Iterator[str]:
@@ -220,9 +222,7 @@ def corpus_fingerprint(documents: Iterable[str]) -> str:
     """sha256 (16 hex characters) of the documents and their boundaries."""
     digest = hashlib.sha256()
     for doc in documents:
-        data = doc.encode("utf-8")
-        digest.update(len(data).to_bytes(8, "little"))
-        digest.update(data)
+        _digest_document(digest, doc)
     return digest.hexdigest()[:16]
 
 
@@ -378,13 +378,20 @@ def _normalise_split(split: str) -> str:
 
 def _load_named(name: str, split: str, explicit_dir: str | os.PathLike[str] | None,
                 ) -> tuple[list[str], str]:
+    path = _local_file(name, split, explicit_dir)
+    if path is not None:
+        return _read_named_file(name, path), str(path)
+    return _load_from_hub(name, split, data_dir(explicit_dir))
+
+
+def _local_file(name: str, split: str, explicit_dir: str | os.PathLike[str] | None) -> Path | None:
+    """The file of a named corpus's split in the data directory, or None when it is not there."""
     directory = data_dir(explicit_dir)
     files = _LOCAL[name]
     rel = files.get(split, files.get(_ANY))
-    if directory is not None and rel is not None and (directory / rel).is_file():
-        path = directory / rel
-        return _read_named_file(name, path), str(path)
-    return _load_from_hub(name, split, directory)
+    if directory is None or rel is None or not (directory / rel).is_file():
+        return None
+    return directory / rel
 
 
 def _read_named_file(name: str, path: Path) -> list[str]:
@@ -522,12 +529,7 @@ def _named_plain_file(name: str, split: str, explicit_dir: str | os.PathLike[str
     """The local file of a named corpus that is read as plain text or rows (None: parse it)."""
     if name in ("shakespeare", "wikitext-2"):
         return None
-    directory = data_dir(explicit_dir)
-    files = _LOCAL[name]
-    rel = files.get(split, files.get(_ANY))
-    if directory is None or rel is None or not (directory / rel).is_file():
-        return None
-    return directory / rel
+    return _local_file(name, split, explicit_dir)
 
 
 def _not_utf8(path: Path, data: bytes, index: int, offset: int) -> UsageError:

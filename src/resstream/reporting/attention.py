@@ -15,6 +15,7 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -100,3 +101,17 @@ def plot_distance_profiles(profiles: Sequence[Sequence[float]], path: str | os.P
     axes[0].set_ylabel("mean attention", fontsize=8)
     fig.suptitle(title, fontsize=10, y=1.04)
     return save_figure(fig, path)
+
+
+def verdict_lines(layers: Any) -> list[str]:
+    """One line per layer: recency (rows that hold, weakest z) and primacy (the same)."""
+    lines = []
+    for layer in layers:
+        parts = []
+        for verdict in (layer.recency, layer.primacy):
+            testable = len(verdict.rows) - len(verdict.untestable_rows)
+            held = len(verdict.holding_rows)
+            state = "holds" if verdict.holds else f"{held}/{testable} rows"
+            parts.append(f"{verdict.direction} {state} (min z {verdict.min_z:.1f})")
+        lines.append(f"layer {layer.layer}: " + "; ".join(parts))
+    return lines
