@@ -46,3 +46,15 @@ def test_pinned_rows_are_fingerprinted_by_the_file(tmp_path: Path) -> None:
     first = resstream.shift(dataset=str(rows), progress=False).dataset_fingerprint
     rows.write_text(json.dumps({"input_ids": [1, 2, 3, 5]}) + "\n")
     assert first is not None and resstream.shift(dataset=str(rows), progress=False).dataset_fingerprint != first
+
+
+def test_models_sharing_a_tokenizer_share_one_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    from resstream import api
+    from resstream.assets import reference_model_dir
+
+    calls = []
+    real = api._sample
+    monkeypatch.setattr(api, "_sample", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    report = resstream.shift([None, str(reference_model_dir())], num_seqs=2, seq_len=16, progress=False)
+    assert len(calls) == 1
+    assert report.results[0].in_match == report.results[1].in_match

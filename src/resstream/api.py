@@ -223,17 +223,20 @@ def _each_model(models: Sequence[str | None], corpus: CorpusRequest, *, batch_si
 
     Every model is checked before any is loaded, so a bad one is refused before time is spent
     on the others. Each loaded model passes `check(view)` (if given), gets its own sample of
-    the corpus (its tokenizer's token stream), and the sample must fit its vocabulary and
-    context. The generator drops its reference to a model before loading the next; the caller
+    the corpus (its tokenizer's token stream, tokenised once per distinct tokenizer), and the
+    sample must fit its vocabulary and context. The generator drops its reference to a model before loading the next; the caller
     should too.
     """
     from resstream.adapters import check_model, load_model
 
     if batch_size < 1:
         raise UsageError(f"--batch-size {batch_size} must be >= 1")
+    from resstream.data import tokenizer_fingerprint
+
     models = list(models) or [None]
     for spec in models:
         check_model(spec, trust_remote_code=trust_remote_code)
+    samples: dict[str, tuple[Any, str | None]] = {}  # models sharing a tokenizer share a sample
     for spec in models:
         loaded = load_model(spec, dtype=dtype, device=device, device_map=device_map,
                             trust_remote_code=trust_remote_code, progress=progress)
@@ -241,8 +244,11 @@ def _each_model(models: Sequence[str | None], corpus: CorpusRequest, *, batch_si
             check(loaded.view)
         if not corpus.dataset.endswith(".jsonl"):  # pinned rows are checked once read
             check_length(corpus.seq_len, loaded.view, "--seq-len {n}")
-        sample, fingerprint = _sample(corpus.dataset, loaded.tokenizer, num_seqs=corpus.num_seqs,
-                                      seq_len=corpus.seq_len, seed=corpus.seed, data_dir=corpus.data_dir)
+        key = tokenizer_fingerprint(loaded.tokenizer)
+        if key not in samples:
+            samples[key] = _sample(corpus.dataset, loaded.tokenizer, num_seqs=corpus.num_seqs,
+                                   seq_len=corpus.seq_len, seed=corpus.seed, data_dir=corpus.data_dir)
+        sample, fingerprint = samples[key]
         _check_vocabulary(sample, loaded.view.W_U.shape[0], corpus.dataset)
         _check_sample_length(sample, loaded.view, corpus.dataset)
         yield loaded, sample, fingerprint
