@@ -71,8 +71,15 @@ from resstream.analysis.alignment import (
 from resstream.capture import residual_states
 from resstream.training.loop import PEAK_FLOPS
 
-SHAPE = {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024,
-         "batch": 8, "seq": 128}
+SHAPE = {
+    "n_layer": 12,
+    "n_embd": 768,
+    "n_head": 12,
+    "vocab_size": 50257,
+    "n_positions": 1024,
+    "batch": 8,
+    "seq": 128,
+}
 TOP_K = 5
 ALL_VARIANTS = ("forward", "unembed", "shift", "shift-bf16", "naive", "transformer_lens")
 TARGETS = {"shift_vs_forward": 2.5, "tl_vs_shift": 3.5, "extra_peak_gb": 0.25, "gpu_vs_floor": 1.5}
@@ -98,8 +105,13 @@ def build_setup(device: torch.device, dtype: torch.dtype, batch: int, seq: int) 
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    config = GPT2Config(n_layer=SHAPE["n_layer"], n_embd=SHAPE["n_embd"], n_head=SHAPE["n_head"],
-                        vocab_size=SHAPE["vocab_size"], n_positions=SHAPE["n_positions"])
+    config = GPT2Config(
+        n_layer=SHAPE["n_layer"],
+        n_embd=SHAPE["n_embd"],
+        n_head=SHAPE["n_head"],
+        vocab_size=SHAPE["vocab_size"],
+        n_positions=SHAPE["n_positions"],
+    )
     model = GPT2LMHeadModel(config).eval().to(device=device, dtype=dtype)
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(0, SHAPE["vocab_size"], (batch, seq), generator=generator).to(device)
@@ -127,23 +139,32 @@ def make_forward(setup: Setup) -> Variant:
     def run() -> None:
         with torch.inference_mode():
             setup.model(input_ids=setup.ids)
+
     return run
 
 
 def make_unembed(setup: Setup) -> Variant:
     w = setup.view.W_U.detach()  # fp32 on the CPU, the model's bf16 on a GPU
-    x = torch.randn(setup.ids.shape[0] * (setup.ids.shape[1] - 1), setup.view.d_model,
-                    device=setup.device, dtype=w.dtype)
+    x = torch.randn(
+        setup.ids.shape[0] * (setup.ids.shape[1] - 1), setup.view.d_model, device=setup.device, dtype=w.dtype
+    )
 
     def run() -> None:
         with torch.inference_mode():
             x @ w.T
+
     return run
 
 
 def new_accumulator(view: ModelView, low_precision: Any = "auto") -> AlignmentAccumulator:
-    return AlignmentAccumulator(num_layers=view.n_layers, top_k=TOP_K, decoder=Decoder.from_view(view, "logit-lens"),
-                                W_E=view.W_E.detach(), W_U=view.W_U.detach(), low_precision=low_precision)
+    return AlignmentAccumulator(
+        num_layers=view.n_layers,
+        top_k=TOP_K,
+        decoder=Decoder.from_view(view, "logit-lens"),
+        W_E=view.W_E.detach(),
+        W_U=view.W_U.detach(),
+        low_precision=low_precision,
+    )
 
 
 def make_shift(setup: Setup, low_precision: Any = "auto") -> Variant:
@@ -153,6 +174,7 @@ def make_shift(setup: Setup, low_precision: Any = "auto") -> Variant:
             states = residual_states(setup.view, setup.ids)
             accumulator.update(states, setup.ids)
             return accumulator.result("bench")
+
     return run
 
 
@@ -171,6 +193,7 @@ def make_naive(setup: Setup) -> Variant:
                     logits += b
                 tops.append(logits.softmax(-1).topk(TOP_K, dim=-1).indices)
             return memberships(torch.stack(tops), setup.ids)
+
     return run
 
 
@@ -187,6 +210,7 @@ def make_transformer_lens(setup: Setup, build_bridge: Callable[..., Any]) -> Var
             resid = cache.accumulated_resid(apply_ln=True)  # (L+1, B, T, d)
             logits = bridge.unembed(resid).float()
             return memberships(logits.softmax(-1).topk(TOP_K, dim=-1).indices, setup.ids)
+
     return run
 
 
@@ -212,7 +236,13 @@ def make_variants(setup: Setup, names: list[str]) -> tuple[dict[str, Variant], d
                 continue
             try:
                 variants[name] = make_transformer_lens(setup, build_bridge)
-            except (AttributeError, KeyError, RuntimeError, TypeError, ValueError) as error:  # installed, unusable
+            except (
+                AttributeError,
+                KeyError,
+                RuntimeError,
+                TypeError,
+                ValueError,
+            ) as error:  # installed, unusable
                 skipped[name] = f"{reason} imports but cannot wrap the model: {type(error).__name__}: {error}"
     return variants, skipped
 
@@ -223,8 +253,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(variants: dict[str, Variant], *, rounds: int,
-            device: torch.device) -> tuple[dict[str, list[float]], dict[str, Any]]:
+def measure(
+    variants: dict[str, Variant], *, rounds: int, device: torch.device
+) -> tuple[dict[str, list[float]], dict[str, Any]]:
     """Seconds of one call of each variant per round, after one warm-up call, interleaved; and
     each variant's output of its last call."""
     outputs = {name: run() for name, run in variants.items()}
@@ -232,7 +263,7 @@ def measure(variants: dict[str, Variant], *, rounds: int,
     times: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
     for index in range(rounds):
-        order = names[index % len(names):] + names[:index % len(names)]  # rotate who goes first
+        order = names[index % len(names) :] + names[: index % len(names)]  # rotate who goes first
         for name in order:
             sync(device)
             start = time.perf_counter()
@@ -271,8 +302,16 @@ def memory_child(name: str, threads: int) -> None:
     before = _status_kib("VmRSS")
     run()
     peak = _status_kib("VmHWM")
-    print(json.dumps({"variant": name, "rss_before_kib": before, "peak_kib": peak,
-                      "extra_gb": (peak - before) * 1024 / 1e9}))
+    print(
+        json.dumps(
+            {
+                "variant": name,
+                "rss_before_kib": before,
+                "peak_kib": peak,
+                "extra_gb": (peak - before) * 1024 / 1e9,
+            }
+        )
+    )
 
 
 def extra_peak_memory(names: list[str], threads: int, repeats: int) -> dict[str, float]:
@@ -282,11 +321,17 @@ def extra_peak_memory(names: list[str], threads: int, repeats: int) -> dict[str,
     for name in names:
         values = []
         for _ in range(repeats):
-            done = subprocess.run([sys.executable, __file__, "--measure-memory", name, "--threads", str(threads)],
-                                  capture_output=True, text=True, check=False)
+            done = subprocess.run(
+                [sys.executable, __file__, "--measure-memory", name, "--threads", str(threads)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
             if done.returncode != 0 or not lines:
-                print(f"memory of {name}: subprocess failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+                print(
+                    f"memory of {name}: subprocess failed ({done.returncode}): {done.stderr.strip()[-500:]}"
+                )
                 break
             record = json.loads(lines[-1])
             if "extra_gb" not in record:
@@ -294,7 +339,9 @@ def extra_peak_memory(names: list[str], threads: int, repeats: int) -> dict[str,
             values.append(record["extra_gb"])
         if values:
             out[name] = statistics.median(values)
-            print(f"extra peak memory of {name} (GB), {len(values)} processes: {' '.join(f'{v:.3f}' for v in values)}")
+            print(
+                f"extra peak memory of {name} (GB), {len(values)} processes: {' '.join(f'{v:.3f}' for v in values)}"
+            )
     return out
 
 
@@ -317,7 +364,9 @@ def shift_memberships(setup: Setup) -> tuple[Membership, AlignmentAccumulator]:
     return (torch.stack(ins), torch.stack(outs)), accumulator
 
 
-def explain_disagreements(setup: Setup, reference: Membership, other: Membership, limit: int = 10) -> list[str]:
+def explain_disagreements(
+    setup: Setup, reference: Membership, other: Membership, limit: int = 10
+) -> list[str]:
     """For positions where `other` differs from the exact `reference`: fp64 rank and fp32 gap."""
     view, ids = setup.view, setup.ids
     lines = []
@@ -328,13 +377,18 @@ def explain_disagreements(setup: Setup, reference: Membership, other: Membership
             for layer, bi, ti in torch.nonzero(ref != oth).tolist()[:limit]:
                 token = int(ids[bi, ti + which])
                 x = view.final_norm(states[layer, bi, ti][None])
-                rank = int(exact_ranks(x, w, None if b is None else b.detach(), torch.tensor([token],
-                                                                                             device=x.device))[0])
+                rank = int(
+                    exact_ranks(
+                        x, w, None if b is None else b.detach(), torch.tensor([token], device=x.device)
+                    )[0]
+                )
                 logits = (x.float() @ w.float().T)[0]
                 kth = logits.topk(TOP_K + 1).values
-                lines.append(f"layer {layer} seq {bi} pos {ti} {'t_i+1' if which else 't_i'}: fp64 rank {rank}, "
-                             f"reference says {bool(ref[layer, bi, ti])}; fp32 logit {float(logits[token]):.6g}, "
-                             f"{TOP_K}th/{TOP_K + 1}th fp32 logits {float(kth[-2]):.6g}/{float(kth[-1]):.6g}")
+                lines.append(
+                    f"layer {layer} seq {bi} pos {ti} {'t_i+1' if which else 't_i'}: fp64 rank {rank}, "
+                    f"reference says {bool(ref[layer, bi, ti])}; fp32 logit {float(logits[token]):.6g}, "
+                    f"{TOP_K}th/{TOP_K + 1}th fp32 logits {float(kth[-2]):.6g}/{float(kth[-1]):.6g}"
+                )
     return lines
 
 
@@ -344,16 +398,22 @@ def agreement(setup: Setup, outputs: dict[str, Any]) -> None:
     n = reference[0].numel()
     layers = reference[0].shape[0]
     stats = accumulator.screen.stats
-    print(f"\nagreement of top-{TOP_K} membership: {layers} layers x {n // layers} positions x 2 targets "
-          f"(t_i, t_i+1) = {2 * n} memberships")
-    print(f"  screen: {stats.rows} queries, {stats.rescored_rows} re-scored rows, "
-          f"{stats.rescored_entries} entries re-scored in fp64, {stats.heavy_rows} heavy rows")
+    print(
+        f"\nagreement of top-{TOP_K} membership: {layers} layers x {n // layers} positions x 2 targets "
+        f"(t_i, t_i+1) = {2 * n} memberships"
+    )
+    print(
+        f"  screen: {stats.rows} queries, {stats.rescored_rows} re-scored rows, "
+        f"{stats.rescored_entries} entries re-scored in fp64, {stats.heavy_rows} heavy rows"
+    )
     result = outputs.get("shift")
     if result is not None:
         rates_in = tuple(float(v) for v in reference[0].double().flatten(1).mean(1))
         rates_out = tuple(float(v) for v in reference[1].double().flatten(1).mean(1))
-        same = all(math.isclose(a, c, abs_tol=1e-12) for a, c in zip(rates_in + rates_out,
-                                                                     result.in_match + result.out_match))
+        same = all(
+            math.isclose(a, c, abs_tol=1e-12)
+            for a, c in zip(rates_in + rates_out, result.in_match + result.out_match)
+        )
         print(f"  shift's AlignmentResult rates == per-position exact memberships: {same}")
         print(f"  in_match  {[round(v, 4) for v in result.in_match]}")
         print(f"  out_match {[round(v, 4) for v in result.out_match]}")
@@ -377,18 +437,29 @@ def flops(batch: int, seq: int) -> dict[str, float]:
     attention = 4 * layers * batch * seq * seq * d  # QKᵀ and AV, full (unmasked) squares
     lm_head = 2 * tokens * d * vocab
     unembed = 2 * batch * (seq - 1) * d * vocab
-    return {"trunk": trunk + attention, "lm_head": lm_head, "unembed": unembed,
-            "forward": trunk + attention + lm_head, "shift_floor": trunk + attention + (layers + 1) * unembed}
+    return {
+        "trunk": trunk + attention,
+        "lm_head": lm_head,
+        "unembed": unembed,
+        "forward": trunk + attention + lm_head,
+        "shift_floor": trunk + attention + (layers + 1) * unembed,
+    }
 
 
 def print_flops(batch: int, seq: int) -> None:
     f = flops(batch, seq)
-    print(f"\nFLOPs (matmuls only): trunk {f['trunk'] / 1e9:.1f} G, LM head {f['lm_head'] / 1e9:.1f} G, "
-          f"one unembedding of the {batch}x{seq - 1} scored positions {f['unembed'] / 1e9:.1f} G")
-    print(f"forward = trunk + LM head = {f['forward'] / 1e9:.1f} G; shift floor = trunk + "
-          f"{SHAPE['n_layer'] + 1} unembeddings = {f['shift_floor'] / 1e9:.1f} G")
-    print(f"arithmetic floor of shift / forward at one matmul speed: {f['shift_floor'] / f['forward']:.2f}x "
-          f"(target <= {TARGETS['shift_vs_forward']}x)")
+    print(
+        f"\nFLOPs (matmuls only): trunk {f['trunk'] / 1e9:.1f} G, LM head {f['lm_head'] / 1e9:.1f} G, "
+        f"one unembedding of the {batch}x{seq - 1} scored positions {f['unembed'] / 1e9:.1f} G"
+    )
+    print(
+        f"forward = trunk + LM head = {f['forward'] / 1e9:.1f} G; shift floor = trunk + "
+        f"{SHAPE['n_layer'] + 1} unembeddings = {f['shift_floor'] / 1e9:.1f} G"
+    )
+    print(
+        f"arithmetic floor of shift / forward at one matmul speed: {f['shift_floor'] / f['forward']:.2f}x "
+        f"(target <= {TARGETS['shift_vs_forward']}x)"
+    )
 
 
 # ----------------------------------------------------------------------- reports
@@ -397,8 +468,9 @@ def round_ratio(rounds: dict[str, list[float]], num: str, den: str) -> float:
     return statistics.median(a / b for a, b in zip(rounds[num], rounds[den]))
 
 
-def report(rounds: dict[str, list[float]], memory: dict[str, float], skipped: dict[str, str], batch: int,
-           seq: int) -> None:
+def report(
+    rounds: dict[str, list[float]], memory: dict[str, float], skipped: dict[str, str], batch: int, seq: int
+) -> None:
     """Medians, per-round times, ratios against the targets, the floor, and a Markdown table."""
     f = flops(batch, seq)
     times = {name: statistics.median(values) for name, values in rounds.items()}
@@ -418,20 +490,26 @@ def report(rounds: dict[str, list[float]], memory: dict[str, float], skipped: di
     if "transformer_lens" in skipped:
         print(f"TransformerLens: not installable here ({skipped['transformer_lens']})")
     if "shift" in times and "forward" in times:
-        print(f"shift / forward: {times['shift'] / times['forward']:.2f}x (target <= {TARGETS['shift_vs_forward']}x)")
+        print(
+            f"shift / forward: {times['shift'] / times['forward']:.2f}x (target <= {TARGETS['shift_vs_forward']}x)"
+        )
     if "shift" in times and "naive" in times:
         print(f"naive / shift: {times['naive'] / times['shift']:.2f}x")
     if "shift" in times and "transformer_lens" in times:
-        print(f"TransformerLens / shift: {times['transformer_lens'] / times['shift']:.2f}x "
-              f"(target >= {TARGETS['tl_vs_shift']}x)")
+        print(
+            f"TransformerLens / shift: {times['transformer_lens'] / times['shift']:.2f}x "
+            f"(target >= {TARGETS['tl_vs_shift']}x)"
+        )
     if "shift" in memory:
         print(f"shift extra peak memory: {memory['shift']:.3f} GB (target <= {TARGETS['extra_peak_gb']} GB)")
     if {"forward", "unembed", "shift"} <= set(times):
         # measured floor: a forward's trunk (forward minus its LM head) + L+1 unembeddings
         trunk_time = times["forward"] - times["unembed"] * f["lm_head"] / f["unembed"]
         floor = trunk_time + (SHAPE["n_layer"] + 1) * times["unembed"]
-        print(f"estimated time floor (forward - its LM head + {SHAPE['n_layer'] + 1} unembeddings) {floor * 1e3:.1f} ms: "
-              f"floor / forward {floor / times['forward']:.2f}x, shift / floor {times['shift'] / floor:.2f}x")
+        print(
+            f"estimated time floor (forward - its LM head + {SHAPE['n_layer'] + 1} unembeddings) {floor * 1e3:.1f} ms: "
+            f"floor / forward {floor / times['forward']:.2f}x, shift / floor {times['shift'] / floor:.2f}x"
+        )
         print(f"unembedding matmul: {f['unembed'] / times['unembed'] / 1e9:.1f} GFLOP/s")
     print("\nMarkdown:\n")
     print("| variant | ms | ÷ forward | ÷ shift | extra peak memory (GB) |")
@@ -449,13 +527,17 @@ def cpu_benchmark(args: argparse.Namespace, names: list[str]) -> None:
     torch.set_num_threads(args.threads)
     setup = build_setup(torch.device("cpu"), torch.float32, SHAPE["batch"], SHAPE["seq"])
     variants, skipped = make_variants(setup, names)
-    print(f"CPU, {args.threads} threads, torch {torch.__version__}, shape {SHAPE}, top-{TOP_K}, "
-          f"{args.rounds} rounds; variants {list(variants)}")
+    print(
+        f"CPU, {args.threads} threads, torch {torch.__version__}, shape {SHAPE}, top-{TOP_K}, "
+        f"{args.rounds} rounds; variants {list(variants)}"
+    )
     for name, reason in skipped.items():
         print(f"{name}: skipped ({reason})")
     start = time.perf_counter()
     new_accumulator(setup.view)
-    print(f"AlignmentAccumulator construction (part of `shift`): {(time.perf_counter() - start) * 1e3:.0f} ms")
+    print(
+        f"AlignmentAccumulator construction (part of `shift`): {(time.perf_counter() - start) * 1e3:.0f} ms"
+    )
     rounds, outputs = measure(variants, rounds=args.rounds, device=setup.device)
     agreement(setup, outputs)
     memory = {} if args.no_memory else extra_peak_memory(list(variants), args.threads, args.memory_repeats)
@@ -484,18 +566,25 @@ def cuda_benchmark(args: argparse.Namespace, names: list[str]) -> None:
     report(rounds, memory, skipped, args.cuda_batch, SHAPE["seq"])
     if peak and "shift" in times:
         floor = flops(args.cuda_batch, SHAPE["seq"])["shift_floor"] / peak
-        print(f"shift {times['shift'] * 1e3:.2f} ms vs FLOP floor {floor * 1e3:.3f} ms at {peak / 1e12:.0f} "
-              f"TFLOP/s bf16: {times['shift'] / floor:.2f}x (target <= {TARGETS['gpu_vs_floor']}x)")
+        print(
+            f"shift {times['shift'] * 1e3:.2f} ms vs FLOP floor {floor * 1e3:.3f} ms at {peak / 1e12:.0f} "
+            f"TFLOP/s bf16: {times['shift'] / floor:.2f}x (target <= {TARGETS['gpu_vs_floor']}x)"
+        )
     elif "shift" in times:
         print(f"no known bf16 peak for {name}: pass --peak-flops")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--variants", default="forward,unembed,shift,naive,transformer_lens",
-                        help=f"comma-separated, from {','.join(ALL_VARIANTS)}")
+    parser.add_argument(
+        "--variants",
+        default="forward,unembed,shift,naive,transformer_lens",
+        help=f"comma-separated, from {','.join(ALL_VARIANTS)}",
+    )
     parser.add_argument("--bf16-screen", action="store_true", help="add shift-bf16 (bf16 screening matmul)")
     parser.add_argument("--no-memory", action="store_true", help="skip the extra-peak-memory subprocesses")
     parser.add_argument("--memory-repeats", type=int, default=1, help="fresh processes per variant (median)")

@@ -71,9 +71,7 @@ def scaled_loop_seconds(config: SimulationConfig, at_most: int, budget: float) -
     return spent / done * config.simulations
 
 
-def dimension_variants(
-    config: SimulationConfig, args: argparse.Namespace
-) -> dict[str, Callable[[], float]]:
+def dimension_variants(config: SimulationConfig, args: argparse.Namespace) -> dict[str, Callable[[], float]]:
     variants = {
         "chunked": lambda: seconds(lambda: simulate(config)),
         "plain": lambda: seconds(lambda: simulate(replace(config, chunk_size=config.simulations))),
@@ -93,8 +91,7 @@ def compare_dimensions(args: argparse.Namespace) -> None:
     )
     extra = f" {'embeddings':>11}" if args.with_embeddings else ""
     print(
-        f"{'d':>6} {'chunked':>9} {'plain':>9} {'loop*':>9}{extra}"
-        f" {'plain/chunked':>14} {'loop/chunked':>13}"
+        f"{'d':>6} {'chunked':>9} {'plain':>9} {'loop*':>9}{extra} {'plain/chunked':>14} {'loop/chunked':>13}"
     )
     for dim in args.dims:
         config = SimulationConfig(
@@ -141,8 +138,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"load average {os.getloadavg()[0]:.2f}"
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}"
     )
     if args.chunks:
         compare_chunk_sizes(args)

@@ -74,11 +74,15 @@ class PlainRunner:
         c = trainer.config
         torch.manual_seed(0)
         self.trainer = trainer
-        self.model = PlainGPT(c.model.vocab_size, c.model.d_model, c.model.n_layer, c.model.n_head,
-                              c.model.block_size).to(trainer.device)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=c.optim.lr,
-                                           betas=(c.optim.beta1, c.optim.beta2),
-                                           fused=trainer.device.type == "cuda")
+        self.model = PlainGPT(
+            c.model.vocab_size, c.model.d_model, c.model.n_layer, c.model.n_head, c.model.block_size
+        ).to(trainer.device)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=c.optim.lr,
+            betas=(c.optim.beta1, c.optim.beta2),
+            fused=trainer.device.type == "cuda",
+        )
 
     def step(self, step: int) -> float:
         accum = self.trainer.config.run.grad_accum
@@ -107,8 +111,13 @@ class ResstreamRunner:
 
 # ------------------------------------------------------------------- measuring
 def make_trainer(workdir: Path, corpus: Path, overrides: dict) -> Trainer:
-    values = dict(dataset=str(corpus), cache_dir=str(workdir / "cache"), max_steps=10_000,
-                  warmup_steps=10, log_interval=10_000)
+    values = dict(
+        dataset=str(corpus),
+        cache_dir=str(workdir / "cache"),
+        max_steps=10_000,
+        warmup_steps=10,
+        log_interval=10_000,
+    )
     values.update(overrides)
     return Trainer(build_config(values), workdir / f"run-{len(list(workdir.iterdir()))}", progress=False)
 
@@ -127,7 +136,7 @@ def measure(runners: dict, *, warmup: int, steps: int, rounds: int, device: torc
     next_step = warmup
     names = list(runners)
     for index in range(rounds):
-        order = names[index % len(names):] + names[:index % len(names)]  # rotate who goes first
+        order = names[index % len(names) :] + names[: index % len(names)]  # rotate who goes first
         for name in order:
             runner = runners[name]
             sync(device)
@@ -162,15 +171,18 @@ def cpu_benchmark(args: argparse.Namespace) -> None:
             "learned": ResstreamRunner(make_trainer(work, corpus, dict(base, gate="learned"))),
             "router": ResstreamRunner(make_trainer(work, corpus, dict(base, gate="router"))),
         }
-        times = measure(runners, warmup=args.warmup, steps=args.steps, rounds=args.rounds,
-                        device=torch.device("cpu"))
+        times = measure(
+            runners, warmup=args.warmup, steps=args.steps, rounds=args.rounds, device=torch.device("cpu")
+        )
     tokens = CPU_SHAPE["batch_size"] * CPU_SHAPE["block_size"]
     print(f"CPU, {args.threads} threads, shape {CPU_SHAPE}, {args.rounds} rounds x {args.steps} steps")
     print(f"{'variant':10s} {'ms/step':>9s} {'tokens/s':>10s}  ratio")
     for name, t in times.items():
         ratio = "" if name == "plain" else f"{times['plain'] / t:.3f}x plain tokens/s"
         print(f"{name:10s} {t * 1e3:9.2f} {tokens / t:10.0f}  {ratio}")
-    print(f"resstream baseline vs plain (tokens/s): {times['plain'] / times['baseline']:.3f} (target >= 0.95)")
+    print(
+        f"resstream baseline vs plain (tokens/s): {times['plain'] / times['baseline']:.3f} (target >= 0.95)"
+    )
     print(f"control vs baseline step time: {times['control'] / times['baseline']:.3f} (noise floor)")
     reference = (times["baseline"] + times["control"]) / 2
     for gate in ("learned", "router"):
@@ -183,8 +195,14 @@ def cuda_benchmark(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         corpus = write_corpus(work / "corpus.txt")
-        overrides = dict(flatten_preset("gpt2-124m"), dataset=str(corpus), tokenizer="bpe",
-                         bpe_vocab_size=8192, batch_size=args.cuda_batch, grad_accum=1)
+        overrides = dict(
+            flatten_preset("gpt2-124m"),
+            dataset=str(corpus),
+            tokenizer="bpe",
+            bpe_vocab_size=8192,
+            batch_size=args.cuda_batch,
+            grad_accum=1,
+        )
         trainer = make_trainer(work, corpus, overrides)
         runners = {"plain": PlainRunner(trainer), "baseline": ResstreamRunner(trainer)}
         times = measure(runners, warmup=5, steps=10, rounds=3, device=device)
@@ -204,7 +222,9 @@ def flatten_preset(name: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)

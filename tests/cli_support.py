@@ -36,8 +36,9 @@ def assert_complete_files(out: Path) -> None:
             assert data.startswith(PNG_MAGIC) and data.endswith(PNG_END), path.name
 
 
-def expect_usage_error(args: list[str], out: Path, capsys, *patterns: str | tuple[str, ...],
-                       one_line: bool = True) -> str:
+def expect_usage_error(
+    args: list[str], out: Path, capsys, *patterns: str | tuple[str, ...], one_line: bool = True
+) -> str:
     """Run `resstream ARGS --out OUT` and check the bad-input contract; return the error line.
 
     Each pattern must occur in the message (a tuple: any one of its spellings).
@@ -73,6 +74,7 @@ def check_interrupted(code: int, capsys) -> None:
 
 def strict_json(path: Path):
     """The file parsed as strict JSON (NaN / Infinity are not JSON)."""
+
     def refuse(constant):
         raise ValueError(f"{path.name} holds {constant}, which is not JSON")
 

@@ -14,28 +14,58 @@ from resstream.errors import UsageError
 
 VOCAB = 128
 SEQ = 12
-HF_FAMILIES = ("gpt2", "gpt_neox", "gpt_neox_serial", "llama", "llama_tied", "mistral", "qwen2",
-               "gemma", "gemma2")
-RESSTREAM_VARIANTS = ("resstream", "resstream_rotary_rms", "resstream_post", "resstream_learned",
-                      "resstream_fixed")
+HF_FAMILIES = (
+    "gpt2",
+    "gpt_neox",
+    "gpt_neox_serial",
+    "llama",
+    "llama_tied",
+    "mistral",
+    "qwen2",
+    "gemma",
+    "gemma2",
+)
+RESSTREAM_VARIANTS = (
+    "resstream",
+    "resstream_rotary_rms",
+    "resstream_post",
+    "resstream_learned",
+    "resstream_fixed",
+)
 ALL_CASES = HF_FAMILIES + RESSTREAM_VARIANTS
 
 
 def _hf_config(case: str):
     import transformers as tf
 
-    llama_like = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
-                  "num_key_value_heads": 2, "intermediate_size": 48, "vocab_size": VOCAB,
-                  "max_position_embeddings": 64, "pad_token_id": 0, "bos_token_id": 1,
-                  "eos_token_id": 2}
+    llama_like = {
+        "num_hidden_layers": 2,
+        "hidden_size": 32,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 48,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 64,
+        "pad_token_id": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
     if case == "gpt2":
-        return tf.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=64,
-                             bos_token_id=1, eos_token_id=2)
+        return tf.GPT2Config(
+            n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=64, bos_token_id=1, eos_token_id=2
+        )
     if case in ("gpt_neox", "gpt_neox_serial"):
-        return tf.GPTNeoXConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
-                                intermediate_size=48, vocab_size=VOCAB, max_position_embeddings=64,
-                                use_parallel_residual=case == "gpt_neox", bos_token_id=1,
-                                eos_token_id=2)
+        return tf.GPTNeoXConfig(
+            num_hidden_layers=2,
+            hidden_size=32,
+            num_attention_heads=4,
+            intermediate_size=48,
+            vocab_size=VOCAB,
+            max_position_embeddings=64,
+            use_parallel_residual=case == "gpt_neox",
+            bos_token_id=1,
+            eos_token_id=2,
+        )
     if case == "llama":
         return tf.LlamaConfig(**llama_like, attention_bias=True)
     if case == "llama_tied":
@@ -47,9 +77,14 @@ def _hf_config(case: str):
     if case == "gemma":
         return tf.GemmaConfig(**{**llama_like, "num_key_value_heads": 1}, head_dim=16)
     if case == "gemma2":
-        return tf.Gemma2Config(**llama_like, head_dim=16, final_logit_softcapping=3.0,
-                               attn_logit_softcapping=50.0, sliding_window=32,
-                               query_pre_attn_scalar=16)
+        return tf.Gemma2Config(
+            **llama_like,
+            head_dim=16,
+            final_logit_softcapping=3.0,
+            attn_logit_softcapping=50.0,
+            sliding_window=32,
+            query_pre_attn_scalar=16,
+        )
     raise KeyError(case)
 
 
@@ -64,8 +99,7 @@ def _resstream_model(case: str):
         "resstream_learned": {"gate": "learned"},
         "resstream_fixed": {"gate": "fixed", "alpha": 0.5, "cut_layer": 1},
     }[case]
-    return GPT(ModelConfig(n_layer=2, n_head=2, d_model=32, block_size=16, vocab_size=VOCAB,
-                           **extra))
+    return GPT(ModelConfig(n_layer=2, n_head=2, d_model=32, block_size=16, vocab_size=VOCAB, **extra))
 
 
 @cache
@@ -97,8 +131,16 @@ def model_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 
 def test_registry_lists_every_family() -> None:
-    assert set(supported_families()) >= {"resstream", "gpt2", "gpt_neox", "llama", "mistral",
-                                         "qwen2", "gemma", "gemma2"}
+    assert set(supported_families()) >= {
+        "resstream",
+        "gpt2",
+        "gpt_neox",
+        "llama",
+        "mistral",
+        "qwen2",
+        "gemma",
+        "gemma2",
+    }
 
 
 @pytest.mark.parametrize("case", ALL_CASES)
@@ -142,10 +184,20 @@ def test_W_O_per_head_reproduces_the_output_projection(case: str) -> None:
         torch.testing.assert_close(per_head, direct, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize(("case", "tied"), [
-    ("gpt2", True), ("gpt_neox", False), ("llama", False), ("llama_tied", True),
-    ("mistral", False), ("qwen2", False), ("gemma", True), ("gemma2", True), ("resstream", True),
-])
+@pytest.mark.parametrize(
+    ("case", "tied"),
+    [
+        ("gpt2", True),
+        ("gpt_neox", False),
+        ("llama", False),
+        ("llama_tied", True),
+        ("mistral", False),
+        ("qwen2", False),
+        ("gemma", True),
+        ("gemma2", True),
+        ("resstream", True),
+    ],
+)
 def test_tied_flag_and_untied_note(case: str, tied: bool) -> None:
     view = view_of(tiny_model(case))
     assert view.tied is tied
@@ -177,9 +229,16 @@ def test_family_specific_fields() -> None:
     assert any("gate" in n for n in view_of(tiny_model("resstream_learned")).notes)
 
 
-@pytest.mark.parametrize(("case", "expected"), [
-    ("gpt2", 64), ("gpt_neox", 64), ("llama", 64), ("gemma2", 64), ("resstream", 16),
-])
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("gpt2", 64),
+        ("gpt_neox", 64),
+        ("llama", 64),
+        ("gemma2", 64),
+        ("resstream", 16),
+    ],
+)
 def test_max_positions_and_sizes(case: str, expected: int) -> None:
     view = view_of(tiny_model(case))
     assert view.max_positions == expected
@@ -190,9 +249,17 @@ def test_max_positions_and_sizes(case: str, expected: int) -> None:
 def test_unknown_family_lists_the_supported_ones() -> None:
     from transformers import OPTConfig, OPTForCausalLM
 
-    model = OPTForCausalLM(OPTConfig(num_hidden_layers=1, hidden_size=16, ffn_dim=32,
-                                     num_attention_heads=2, vocab_size=32, word_embed_proj_dim=16,
-                                     max_position_embeddings=16))
+    model = OPTForCausalLM(
+        OPTConfig(
+            num_hidden_layers=1,
+            hidden_size=16,
+            ffn_dim=32,
+            num_attention_heads=2,
+            vocab_size=32,
+            word_embed_proj_dim=16,
+            max_position_embeddings=16,
+        )
+    )
     with pytest.raises(UsageError, match=r"unsupported model family 'opt'.*gpt2.*gpt_neox.*llama"):
         view_of(model)
     with pytest.raises(UsageError, match=r"unsupported model type 'Linear'.*resstream"):

@@ -31,9 +31,7 @@ S2, S3, S5 = math.sqrt(2), math.sqrt(3), math.sqrt(5)
 # identity final norm. Scores of h = (h1, h2, h3): (2h1, 2h2, 2h3, −2h1, −2h2 + 0.5).
 # Sequences A = [0, 1, 2], B = [1, 1, 3]; scored positions A0 (0→1), A1 (1→2), B0 (1→1),
 # B1 (1→3). The last position holds NaN: it must never be read.
-W_E_TOY = torch.tensor(
-    [[1.0, 0, 0], [0, 1, 0], [0, 0, 1], [-1, 0, 0], [0, -1, 0]], dtype=torch.float32
-)
+W_E_TOY = torch.tensor([[1.0, 0, 0], [0, 1, 0], [0, 0, 1], [-1, 0, 0], [0, -1, 0]], dtype=torch.float32)
 W_U_TOY = 2 * W_E_TOY
 B_U_TOY = torch.tensor([0, 0, 0, 0, 0.5])
 TOKENS_TOY = torch.tensor([[0, 1, 2], [1, 1, 3]])
@@ -120,9 +118,7 @@ def test_toy_projection_by_hand():
     # layer 1: A0 (1 − √3)/5, A1 (1 + 3/√5)/5, B1 (1 + 1/√2)/5; layer 2: (1 + √5)/5, 3/5, 3/5.
     assert r.num_projection_tokens == 3
     assert r.projection[0] == 0.0
-    assert r.projection[1] == pytest.approx(
-        ((1 - S3) + (1 + 3 / S5) + (1 + 1 / S2)) / 15, rel=1e-12
-    )
+    assert r.projection[1] == pytest.approx(((1 - S3) + (1 + 3 / S5) + (1 + 1 / S2)) / 15, rel=1e-12)
     assert r.projection[2] == pytest.approx((7 + S5) / 15, rel=1e-12)
 
 
@@ -139,19 +135,13 @@ def test_toy_confidence_intervals():
 
 def test_toy_single_sequence_ci_is_nan_and_json_has_null():
     decoder = Decoder("logit-lens", W_U_TOY, B_U_TOY, lambda h: h)
-    acc = AlignmentAccumulator(
-        num_layers=2, top_k=2, decoder=decoder, W_E=W_E_TOY, W_U=W_U_TOY
-    )
+    acc = AlignmentAccumulator(num_layers=2, top_k=2, decoder=decoder, W_E=W_E_TOY, W_U=W_U_TOY)
     acc.update(STATES_TOY[:, :1], TOKENS_TOY[:1])
     r = acc.result("one")
     assert all(math.isnan(lo) and math.isnan(hi) for lo, hi in r.in_match_ci)
     d = r.to_dict()
     assert d["in_match_ci"][0] == [None, None]
-    assert (
-        d["model"] == "one"
-        and d["layers"] == [0, 1, 2]
-        and d["in_match"] == [1.0, 1.0, 0.0]
-    )
+    assert d["model"] == "one" and d["layers"] == [0, 1, 2] and d["in_match"] == [1.0, 1.0, 0.0]
     import json
 
     json.dumps(d, allow_nan=False)
@@ -170,15 +160,11 @@ def test_cluster_ci_by_hand():
     # t(0.975, 3) = 3.182446305284263
     lo, hi = cluster_ratio_ci([3, 5, 8, 6], [10, 10, 10, 10])
     half = 3.182446305284263 * math.sqrt(0.13 / 3) / 2
-    assert lo == pytest.approx(0.55 - half, rel=1e-9) and hi == pytest.approx(
-        0.55 + half, rel=1e-9
-    )
+    assert lo == pytest.approx(0.55 - half, rel=1e-9) and hi == pytest.approx(0.55 + half, rel=1e-9)
     # unequal sizes: R = 6/10, residuals y − R·n = (1 − .6·2, 2 − .6·3, 3 − .6·5) = (−.2, .2, 0)
     lo, hi = cluster_ratio_ci([1, 2, 3], [2, 3, 5])
     se = math.sqrt(3 / 2 * 0.08) / 10
-    assert (lo, hi) == pytest.approx(
-        (0.6 - 4.302652729911275 * se, 0.6 + 4.302652729911275 * se), rel=1e-9
-    )
+    assert (lo, hi) == pytest.approx((0.6 - 4.302652729911275 * se, 0.6 + 4.302652729911275 * se), rel=1e-9)
     assert cluster_ratio_ci([2, 4], [4, 8]) == (0.5, 0.5)  # equal rates: zero width
     assert all(math.isnan(v) for v in cluster_ratio_ci([2], [4]))  # one sequence
 
@@ -208,9 +194,7 @@ def test_t_quantile_against_scipy():
 def test_shift_layer_interpolation():
     assert shift_layer_from_rates([0.2, 0.5], [0.3, 0.1]) == 0.0
     # differences (−0.8, −0.2, 0.6): zero crossing at 1 + 0.2 / 0.8
-    assert shift_layer_from_rates([0.9, 0.6, 0.2], [0.1, 0.4, 0.8]) == pytest.approx(
-        1.25
-    )
+    assert shift_layer_from_rates([0.9, 0.6, 0.2], [0.1, 0.4, 0.8]) == pytest.approx(1.25)
     assert shift_layer_from_rates([1, 1], [0, 1]) is None  # never positive (0 is not)
 
 
@@ -338,9 +322,7 @@ def test_decoder_from_view():
 def gpt2_like(n=256, vocab=50257, d=768, seed=0):
     g = torch.Generator().manual_seed(seed)
     W = torch.randn(vocab, d, generator=g) * 0.02
-    x = torch.nn.functional.layer_norm(
-        torch.randn(n, d, generator=g) * 2 + torch.randn(d, generator=g), (d,)
-    )
+    x = torch.nn.functional.layer_norm(torch.randn(n, d, generator=g) * 2 + torch.randn(d, generator=g), (d,))
     ids = torch.randint(0, vocab, (n,), generator=g)
     ids[: n // 4] = (x[: n // 4] @ W.T).argmax(1)  # some targets at the top: members
     return x, W, ids
@@ -408,9 +390,7 @@ def test_fast_ranks_equal_exact_on_near_ties(low_precision):
     ref = exact_ranks(x, W, None, ids)
     scores = (x.double() @ W.double().T)[:, 3000:]
     gaps = (scores[:, :, None] - scores[:, None, :]).abs()
-    assert (
-        gaps[gaps > 0] < 1e-5 * scores.abs().amax()
-    ).any()  # there are ~ulp-level gaps
+    assert (gaps[gaps > 0] < 1e-5 * scores.abs().amax()).any()  # there are ~ulp-level gaps
     assert len(set(ref.tolist())) > 10  # the ties really spread the ranks
     assert torch.equal(fast_ranks(x, W, None, ids, low_precision=low_precision), ref)
     for k in (1, 2, 5, 17, 40):
@@ -427,9 +407,7 @@ def test_fast_ranks_with_bias_and_bf16_weights(low_precision):
     ids = torch.randint(0, 700, (50,), generator=g)
     for mat, xx in ((W, x), (W.bfloat16(), x.bfloat16())):
         ref = exact_ranks(xx, mat, b, ids)
-        assert torch.equal(
-            fast_ranks(xx, mat, b, ids, low_precision=low_precision), ref
-        )
+        assert torch.equal(fast_ranks(xx, mat, b, ids, low_precision=low_precision), ref)
         assert torch.equal(
             fast_ranks(xx, mat, b, ids, limit=3, low_precision=low_precision),
             ref.clamp_max(3),
@@ -440,9 +418,7 @@ def test_fast_ranks_with_bias_and_bf16_weights(low_precision):
         fast_ranks(x, W, b, ids, limit=300, low_precision=low_precision),
         ref.clamp_max(300),
     )
-    assert torch.equal(
-        fast_ranks(x, W, b, ids, limit=700, low_precision=low_precision), ref
-    )
+    assert torch.equal(fast_ranks(x, W, b, ids, limit=700, low_precision=low_precision), ref)
 
 
 @pytest.mark.parametrize("low_precision", [None, torch.bfloat16])
@@ -459,9 +435,7 @@ def test_screen_error_bound_holds_entrywise(low_precision):
     u = 2.0**-8 if low_precision is torch.bfloat16 else 2.0**-24
     bound = u / (1 - u) * z.abs() + screen._bound(x.double(), xs)[:, None]
     assert ((z - s).abs() <= bound).all()
-    print(
-        f"\nscreen {low_precision}: max |z − s| / bound = {((z - s).abs() / bound).max():.3f}"
-    )
+    print(f"\nscreen {low_precision}: max |z − s| / bound = {((z - s).abs() / bound).max():.3f}")
 
 
 # --------------------------------------------------------------------------- bad input
@@ -474,9 +448,7 @@ def test_bad_top_k():
         with pytest.raises(ValueError, match="top_k"):
             AlignmentAccumulator(num_layers=1, top_k=k, decoder=dec, W_E=W, W_U=W)
     with pytest.raises(ValueError, match="limit"):
-        fast_ranks(
-            torch.randn(3, 4), W, None, torch.zeros(3, dtype=torch.long), limit=0
-        )
+        fast_ranks(torch.randn(3, 4), W, None, torch.zeros(3, dtype=torch.long), limit=0)
 
 
 def test_mismatched_shapes():
@@ -499,9 +471,7 @@ def test_mismatched_shapes():
     with pytest.raises(ValueError, match="no batches"):
         acc.result("m")
     with pytest.raises(ValueError, match="W_U has shape"):
-        AlignmentAccumulator(
-            num_layers=1, top_k=2, decoder=dec, W_E=W, W_U=torch.randn(10, 5)
-        )
+        AlignmentAccumulator(num_layers=1, top_k=2, decoder=dec, W_E=W, W_U=torch.randn(10, 5))
     with pytest.raises(ValueError, match="decoder kind"):
         Decoder("tuned-lens", W)
     with pytest.raises(ValueError, match="bias has shape"):
@@ -522,9 +492,7 @@ def test_mismatched_shapes():
 
 def test_non_finite_states_are_rejected():
     W = torch.randn(10, 4)
-    acc = AlignmentAccumulator(
-        num_layers=1, top_k=2, decoder=Decoder("embedding", W), W_E=W, W_U=W
-    )
+    acc = AlignmentAccumulator(num_layers=1, top_k=2, decoder=Decoder("embedding", W), W_E=W, W_U=W)
     states = torch.randn(2, 1, 3, 4)
     states[1, 0, 0, 0] = math.inf
     with pytest.raises(ValueError, match="layer 1"):

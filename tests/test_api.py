@@ -21,9 +21,14 @@ def test_lens_positions_may_run_to_the_end() -> None:
 
 def test_pinned_ids_outside_the_vocabulary_are_refused(tmp_path: Path) -> None:
     rows = tmp_path / "rows.jsonl"
-    rows.write_text(json.dumps({"input_ids": [1, 2, 3]}) + "\n" + json.dumps({"input_ids": [4, 99999]}) + "\n")
-    with pytest.raises(UsageError, match=r"row 2 of '.*rows\.jsonl' holds token id 99999, outside the model's "
-                                         r"vocabulary of \d+"):
+    rows.write_text(
+        json.dumps({"input_ids": [1, 2, 3]}) + "\n" + json.dumps({"input_ids": [4, 99999]}) + "\n"
+    )
+    with pytest.raises(
+        UsageError,
+        match=r"row 2 of '.*rows\.jsonl' holds token id 99999, outside the model's "
+        r"vocabulary of \d+",
+    ):
         resstream.shift(dataset=str(rows), progress=False)
 
 
@@ -35,8 +40,12 @@ def test_each_model_entry_records_its_sample_and_decoding() -> None:
 
 
 def test_named_dataset_is_case_insensitive_for_its_split(shared_data: Path) -> None:
-    lower = resstream.shift(dataset="wikitext-2", num_seqs=2, seq_len=16, data_dir=shared_data, progress=False)
-    upper = resstream.shift(dataset="WikiText-2", num_seqs=2, seq_len=16, data_dir=shared_data, progress=False)
+    lower = resstream.shift(
+        dataset="wikitext-2", num_seqs=2, seq_len=16, data_dir=shared_data, progress=False
+    )
+    upper = resstream.shift(
+        dataset="WikiText-2", num_seqs=2, seq_len=16, data_dir=shared_data, progress=False
+    )
     assert lower.dataset_fingerprint == upper.dataset_fingerprint
 
 
@@ -45,7 +54,9 @@ def test_pinned_rows_are_fingerprinted_by_the_file(tmp_path: Path) -> None:
     rows.write_text(json.dumps({"input_ids": [1, 2, 3, 4]}) + "\n")
     first = resstream.shift(dataset=str(rows), progress=False).dataset_fingerprint
     rows.write_text(json.dumps({"input_ids": [1, 2, 3, 5]}) + "\n")
-    assert first is not None and resstream.shift(dataset=str(rows), progress=False).dataset_fingerprint != first
+    assert (
+        first is not None and resstream.shift(dataset=str(rows), progress=False).dataset_fingerprint != first
+    )
 
 
 def test_models_sharing_a_tokenizer_share_one_sample(monkeypatch: pytest.MonkeyPatch) -> None:

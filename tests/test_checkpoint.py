@@ -23,9 +23,14 @@ def _save(run_dir, step, value):
         "state": {0: {"step": torch.tensor(float(step)), "exp_avg": torch.ones(3, 2) * value}},
         "param_groups": [{"lr": 0.1, "params": [0], "name": "decay"}],
     }
-    return ckpt.save_checkpoint(run_dir, step=step, model_state=model_state,
-                                optimizer_state=optimizer_state,
-                                rng_state={"cpu": torch.get_rng_state()}, state={"config": {"x": 1}})
+    return ckpt.save_checkpoint(
+        run_dir,
+        step=step,
+        model_state=model_state,
+        optimizer_state=optimizer_state,
+        rng_state={"cpu": torch.get_rng_state()},
+        state={"config": {"x": 1}},
+    )
 
 
 def test_round_trip_and_latest_pointer(tmp_path):
@@ -71,8 +76,9 @@ _KILLED_WRITER = textwrap.dedent(
 
 
 def test_killing_the_process_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(tmp_path)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline().strip() == "writing"
         time.sleep(0.2)

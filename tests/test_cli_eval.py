@@ -40,14 +40,33 @@ def small_shakespeare(monkeypatch):
 
     real = data.load_corpus
     small = data.Corpus("shakespeare", (TEXT,) * 3, "0123456789abcdef", "test corpus")
-    monkeypatch.setattr(data, "load_corpus",
-                        lambda name, **kw: small if name == "shakespeare" else real(name, **kw))
+    monkeypatch.setattr(
+        data, "load_corpus", lambda name, **kw: small if name == "shakespeare" else real(name, **kw)
+    )
 
 
 def test_eval_end_to_end(run_dir, data_dir, tmp_path, capsys, small_shakespeare):
     out = tmp_path / "out" / "nested"
-    code = main(["eval", "--model", str(run_dir), "--data-dir", str(data_dir), "--max-tokens", "120",
-                 "--batch-size", "3", "--stride", "4", "--device", "cpu", "--out", str(out), "--quiet"])
+    code = main(
+        [
+            "eval",
+            "--model",
+            str(run_dir),
+            "--data-dir",
+            str(data_dir),
+            "--max-tokens",
+            "120",
+            "--batch-size",
+            "3",
+            "--stride",
+            "4",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     for name in ("eval.json", "eval.csv", "run.json"):
@@ -74,8 +93,23 @@ def test_eval_end_to_end(run_dir, data_dir, tmp_path, capsys, small_shakespeare)
 
 def test_default_stride_and_subset(run_dir, data_dir, tmp_path, capsys):
     out = tmp_path / "out"
-    assert main(["eval", "--model", str(run_dir), "--data-dir", str(data_dir), "--benchmarks",
-                 "openwebtext,lambada", "--out", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(run_dir),
+                "--data-dir",
+                str(data_dir),
+                "--benchmarks",
+                "openwebtext,lambada",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     report = json.loads((out / "eval.json").read_text())
     assert report["stride"] == 8 and [b["name"] for b in report["benchmarks"]] == ["openwebtext", "lambada"]
 
@@ -138,12 +172,17 @@ def test_unavailable_dataset_offline(run_dir, data_dir, tmp_path, capsys, monkey
     name = "wikitext-2-raw-v1.test.hf-rows.txt"
     (partial / "wikitext-2" / name).write_bytes((data_dir / "wikitext-2" / name).read_bytes())
     # wikitext-2 is there, fineweb-edu is not: refused before anything is scored or written
-    _bad(tmp_path, capsys, ["--model", str(run_dir), "--data-dir", str(partial), "--benchmarks",
-                            "wikitext-2,fineweb-edu"], "fineweb-edu")
+    _bad(
+        tmp_path,
+        capsys,
+        ["--model", str(run_dir), "--data-dir", str(partial), "--benchmarks", "wikitext-2,fineweb-edu"],
+        "fineweb-edu",
+    )
 
 
-needs_shared_data = pytest.mark.skipif(shared_data() is None,
-                                       reason="shared/data (offline corpora) is not present")
+needs_shared_data = pytest.mark.skipif(
+    shared_data() is None, reason="shared/data (offline corpora) is not present"
+)
 
 
 def check_real_report(out: Path, names: list[str], max_tokens: int) -> dict:
@@ -164,9 +203,22 @@ def check_real_report(out: Path, names: list[str], max_tokens: int) -> dict:
 @needs_shared_data
 def test_real_corpora(run_dir, tmp_path, capsys):
     out = tmp_path / "out"
-    code = main(["eval", "--model", str(run_dir), "--data-dir", str(shared_data()),
-                 "--benchmarks", "wikitext-2,lambada", "--max-tokens", "400", "--out", str(out),
-                 "--quiet"])
+    code = main(
+        [
+            "eval",
+            "--model",
+            str(run_dir),
+            "--data-dir",
+            str(shared_data()),
+            "--benchmarks",
+            "wikitext-2,lambada",
+            "--max-tokens",
+            "400",
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     by_name = check_real_report(out, ["wikitext-2", "lambada"], 400)
     assert by_name["wikitext-2"]["origin"].endswith("wikitext-2-raw-v1.test.hf-rows.txt")

@@ -207,8 +207,15 @@ def test_unsupported_family(tmp_path, capsys):
     from resstream.adapters.registry import supported_families
 
     path = tmp_path / "tiny-opt"
-    OPTConfig(num_hidden_layers=1, hidden_size=16, ffn_dim=32, num_attention_heads=2, vocab_size=50,
-              word_embed_proj_dim=16, architectures=["OPTForCausalLM"]).save_pretrained(path)
+    OPTConfig(
+        num_hidden_layers=1,
+        hidden_size=16,
+        ffn_dim=32,
+        num_attention_heads=2,
+        vocab_size=50,
+        word_embed_proj_dim=16,
+        architectures=["OPTForCausalLM"],
+    ).save_pretrained(path)
     err = _bad(tmp_path, capsys, ["--model", str(path), "--text", TEXT], str(path), "'opt'")
     assert all(family in err for family in supported_families()), err
 

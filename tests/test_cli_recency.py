@@ -35,7 +35,16 @@ FAST = ["--device", "cpu", "--quiet"]
 
 #: No test here may reach the network (the hub fails at once); one torch thread.
 pytestmark = pytest.mark.usefixtures("hf_offline", "one_torch_thread")
-MODEL_KEYS = {"model", "num_layers", "num_heads", "seq_len", "num_sequences", "mean_attention", "stderr", "layers"}
+MODEL_KEYS = {
+    "model",
+    "num_layers",
+    "num_heads",
+    "seq_len",
+    "num_sequences",
+    "mean_attention",
+    "stderr",
+    "layers",
+}
 HEAD_KEYS = {"head", "recency", "primacy", "by_distance"}
 
 
@@ -72,11 +81,17 @@ def run_recency(out: Path, *args: str) -> int:
     return main(["recency", *FAST, *args, "--out", str(out)])
 
 
-def check_model_entry(entry: dict, *, num_layers: int, num_heads: int, seq_len: int, num_sequences: int) -> None:
+def check_model_entry(
+    entry: dict, *, num_layers: int, num_heads: int, seq_len: int, num_sequences: int
+) -> None:
     """The issue's per-model schema, with causal rows that are distributions over keys j <= i."""
     assert MODEL_KEYS <= set(entry), MODEL_KEYS - set(entry)
     assert (entry["num_layers"], entry["num_heads"], entry["seq_len"], entry["num_sequences"]) == (
-        num_layers, num_heads, seq_len, num_sequences)
+        num_layers,
+        num_heads,
+        seq_len,
+        num_sequences,
+    )
     mean, stderr = np.array(entry["mean_attention"], dtype=float), np.array(entry["stderr"], dtype=float)
     assert mean.shape == stderr.shape == (num_layers, seq_len, seq_len)
     np.testing.assert_allclose(mean.sum(-1), 1.0, atol=1e-5)
@@ -127,7 +142,9 @@ def test_reference_model_on_the_built_in_corpus(tmp_path, capsys, monkeypatch):
     # the whole 5 MB corpus is tokenised (seconds); tokenizers' threads only contend on 2 cores
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     out = tmp_path / "a" / "b"  # nested, created on demand
-    code = run_recency(out, "--dataset", "shakespeare", "--num-seqs", "3", "--seq-len", "12", "--batch-size", "2")
+    code = run_recency(
+        out, "--dataset", "shakespeare", "--num-seqs", "3", "--seq-len", "12", "--batch-size", "2"
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     names = sorted(p.name for p in out.iterdir())
@@ -157,13 +174,30 @@ def test_two_models_write_one_distance_plot_each(tmp_path, corpus, gpt2_dir, cap
 
     out = tmp_path / "out"
     ref_dir = reference_model_dir()
-    code = run_recency(out, "--model", str(ref_dir), "--model", str(gpt2_dir), "--dataset", str(corpus),
-                       "--num-seqs", "3", "--seq-len", "10")
+    code = run_recency(
+        out,
+        "--model",
+        str(ref_dir),
+        "--model",
+        str(gpt2_dir),
+        "--dataset",
+        str(corpus),
+        "--num-seqs",
+        "3",
+        "--seq-len",
+        "10",
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["distance_0.png", "distance_1.png", "recency.json", "recency.npz", "recency.png",
-                     "run.json"], names
+    assert names == [
+        "distance_0.png",
+        "distance_1.png",
+        "recency.json",
+        "recency.npz",
+        "recency.png",
+        "run.json",
+    ], names
     assert_complete_files(out)
 
     report = strict_json(out / "recency.json")
@@ -190,8 +224,24 @@ def test_model_trained_without_positional_embeddings(tmp_path, capsys, no_plots,
     corpus.write_text(corpus_text(), encoding="utf-8")
     run_dir = tmp_path / "run"
     start = time.perf_counter()
-    code = main(["train", "--preset", "tiny", "--pos-emb", "none", "--max-steps", "2", "--dataset", str(corpus),
-                 "--cache-dir", str(tmp_path / "cache"), "--out", str(run_dir), "--quiet"])
+    code = main(
+        [
+            "train",
+            "--preset",
+            "tiny",
+            "--pos-emb",
+            "none",
+            "--max-steps",
+            "2",
+            "--dataset",
+            str(corpus),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--out",
+            str(run_dir),
+            "--quiet",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     if time.perf_counter() - start > 20:
         pytest.skip("training the tiny model took over 20 s on this machine")
@@ -199,7 +249,9 @@ def test_model_trained_without_positional_embeddings(tmp_path, capsys, no_plots,
     assert meta["config"]["model"]["pos_emb"] == "none"
 
     out = tmp_path / "out"
-    code = run_recency(out, "--model", str(run_dir), "--dataset", str(corpus), "--num-seqs", "3", "--seq-len", "12")
+    code = run_recency(
+        out, "--model", str(run_dir), "--dataset", str(corpus), "--num-seqs", "3", "--seq-len", "12"
+    )
     assert code == 0, capsys.readouterr().err
     report = strict_json(out / "recency.json")
     entry = report["models"][0]
@@ -225,7 +277,9 @@ def test_results_do_not_depend_on_the_batch_size(tmp_path, corpus, capsys, no_pl
     reports = []
     for batch in ("1", "3"):
         out = tmp_path / f"b{batch}"
-        code = run_recency(out, "--dataset", str(corpus), "--num-seqs", "3", "--seq-len", "8", "--batch-size", batch)
+        code = run_recency(
+            out, "--dataset", str(corpus), "--num-seqs", "3", "--seq-len", "8", "--batch-size", batch
+        )
         assert code == 0, capsys.readouterr().err
         reports.append(strict_json(out / "recency.json"))
     first, second = (np.array(r["models"][0]["mean_attention"]) for r in reports)
@@ -235,11 +289,15 @@ def test_results_do_not_depend_on_the_batch_size(tmp_path, corpus, capsys, no_pl
 
 def test_one_sequence_claims_no_trend(tmp_path, corpus, capsys, no_plots):
     out = tmp_path / "out"
-    assert run_recency(out, "--dataset", str(corpus), "--num-seqs", "1", "--seq-len", "8") == 0, \
+    assert run_recency(out, "--dataset", str(corpus), "--num-seqs", "1", "--seq-len", "8") == 0, (
         capsys.readouterr().err
+    )
     for layer in strict_json(out / "recency.json")["models"][0]["layers"]:
         for direction in ("recency", "primacy"):
-            assert not layer[direction]["holds"] and not layer[direction]["holding_rows"], (layer["layer"], direction)
+            assert not layer[direction]["holds"] and not layer[direction]["holding_rows"], (
+                layer["layer"],
+                direction,
+            )
 
 
 # --------------------------------------------------------------------------- bad input
@@ -277,26 +335,64 @@ def test_more_sequences_than_the_corpus_holds_says_how_many_it_holds(tmp_path, c
 
 def test_seq_len_over_a_hf_models_context(tmp_path, corpus, gpt2_dir, capsys):
     # the tiny GPT-2's context is 32
-    _bad(tmp_path, capsys, ["--model", str(gpt2_dir), "--dataset", str(corpus), "--num-seqs", "2",
-                            "--seq-len", "33"], "--seq-len 33", "32")
+    _bad(
+        tmp_path,
+        capsys,
+        ["--model", str(gpt2_dir), "--dataset", str(corpus), "--num-seqs", "2", "--seq-len", "33"],
+        "--seq-len 33",
+        "32",
+    )
 
 
 def test_seq_len_over_the_second_models_context_writes_nothing(tmp_path, corpus, gpt2_dir, capsys):
     from resstream.assets import reference_model_dir
 
-    _bad(tmp_path, capsys, ["--model", str(reference_model_dir()), "--model", str(gpt2_dir), "--dataset",
-                            str(corpus), "--num-seqs", "2", "--seq-len", "40"], "--seq-len 40", "32")
+    _bad(
+        tmp_path,
+        capsys,
+        [
+            "--model",
+            str(reference_model_dir()),
+            "--model",
+            str(gpt2_dir),
+            "--dataset",
+            str(corpus),
+            "--num-seqs",
+            "2",
+            "--seq-len",
+            "40",
+        ],
+        "--seq-len 40",
+        "32",
+    )
 
 
 def test_model_path_that_does_not_exist(tmp_path, corpus, capsys):
     missing = tmp_path / "nowhere"
-    _bad(tmp_path, capsys, ["--model", str(missing), "--dataset", str(corpus)], str(missing), "does not exist")
+    _bad(
+        tmp_path, capsys, ["--model", str(missing), "--dataset", str(corpus)], str(missing), "does not exist"
+    )
 
 
 def test_a_bad_second_model_writes_nothing(tmp_path, corpus, capsys):
     missing = tmp_path / "nowhere"
-    _bad(tmp_path, capsys, ["--model", "reference", "--model", str(missing), "--dataset", str(corpus),
-                            "--num-seqs", "2", "--seq-len", "8"], str(missing))
+    _bad(
+        tmp_path,
+        capsys,
+        [
+            "--model",
+            "reference",
+            "--model",
+            str(missing),
+            "--dataset",
+            str(corpus),
+            "--num-seqs",
+            "2",
+            "--seq-len",
+            "8",
+        ],
+        str(missing),
+    )
 
 
 def test_unknown_dataset_name_suggests_and_lists(tmp_path, capsys):

@@ -27,18 +27,34 @@ from tests.conftest import shared_data_path
 from tests.test_loading import SENTENCES, _tiny_gpt2
 
 #: Keys every per-model entry of shift.json must carry (the issue's schema).
-MODEL_KEYS = {"model", "num_layers", "layers", "in_match", "out_match", "in_match_ci", "out_match_ci",
-              "cos_in", "cos_out", "projection", "shift_layer", "num_tokens"}
+MODEL_KEYS = {
+    "model",
+    "num_layers",
+    "layers",
+    "in_match",
+    "out_match",
+    "in_match_ci",
+    "out_match_ci",
+    "cos_in",
+    "cos_out",
+    "projection",
+    "shift_layer",
+    "num_tokens",
+}
 
-TEXT = "\n".join(
-    SENTENCES
-    + [
-        "to be or not to be that is the question",
-        "whether tis nobler in the mind to suffer the slings and arrows of outrageous fortune",
-        "or to take arms against a sea of troubles and by opposing end them",
-        "now is the winter of our discontent made glorious summer by this sun of york",
-    ] * 3
-) + "\n"
+TEXT = (
+    "\n".join(
+        SENTENCES
+        + [
+            "to be or not to be that is the question",
+            "whether tis nobler in the mind to suffer the slings and arrows of outrageous fortune",
+            "or to take arms against a sea of troubles and by opposing end them",
+            "now is the winter of our discontent made glorious summer by this sun of york",
+        ]
+        * 3
+    )
+    + "\n"
+)
 
 #: Fast, deterministic options shared by the runs below.
 FAST = ["--device", "cpu", "--quiet"]
@@ -110,8 +126,19 @@ def test_shift_reference_model_on_the_built_in_corpus(tmp_path, capsys, monkeypa
     # the whole 5 MB corpus is tokenised (seconds); tokenizers' threads only contend on 2 cores
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     out = tmp_path / "a" / "b"  # nested, created on demand
-    code = run_shift(out, "--dataset", "shakespeare", "--num-seqs", "3", "--seq-len", "24",
-                     "--top-k", "3", "--batch-size", "2")
+    code = run_shift(
+        out,
+        "--dataset",
+        "shakespeare",
+        "--num-seqs",
+        "3",
+        "--seq-len",
+        "24",
+        "--top-k",
+        "3",
+        "--batch-size",
+        "2",
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     for name in ("shift.json", "shift.csv", "run.json"):
@@ -150,8 +177,21 @@ def test_two_models_in_one_run(tmp_path, corpus, gpt2_dir, capsys, monkeypatch):
 
     out = tmp_path / "out"
     ref_dir = reference_model_dir()  # the built-in reference model, named by its directory
-    code = run_shift(out, "--model", str(ref_dir), "--model", str(gpt2_dir), "--dataset", str(corpus),
-                     "--num-seqs", "3", "--seq-len", "16", "--top-k", "2")
+    code = run_shift(
+        out,
+        "--model",
+        str(ref_dir),
+        "--model",
+        str(gpt2_dir),
+        "--dataset",
+        str(corpus),
+        "--num-seqs",
+        "3",
+        "--seq-len",
+        "16",
+        "--top-k",
+        "2",
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert (out / "comparison.png").is_file()
@@ -183,8 +223,9 @@ def test_pinned_jsonl_rows_are_used_exactly_as_given(tmp_path, capsys, no_plots)
     reports = []
     for i, (num_seqs, seq_len) in enumerate([("2", "16"), ("50", "64")]):
         out = tmp_path / f"out{i}"
-        code = run_shift(out, "--dataset", str(rows), "--num-seqs", num_seqs, "--seq-len", seq_len,
-                         "--top-k", "2")
+        code = run_shift(
+            out, "--dataset", str(rows), "--num-seqs", num_seqs, "--seq-len", seq_len, "--top-k", "2"
+        )
         assert code == 0, capsys.readouterr().err
         reports.append(json.loads((out / "shift.json").read_text()))
     first, second = reports
@@ -200,7 +241,9 @@ def test_pinned_jsonl_rows_are_used_exactly_as_given(tmp_path, capsys, no_plots)
 
 def test_embedding_decoder(tmp_path, corpus, capsys, no_plots):
     out = tmp_path / "out"
-    code = run_shift(out, "--dataset", str(corpus), "--num-seqs", "2", "--seq-len", "16", "--decoder", "embedding")
+    code = run_shift(
+        out, "--dataset", str(corpus), "--num-seqs", "2", "--seq-len", "16", "--decoder", "embedding"
+    )
     assert code == 0, capsys.readouterr().err
     entry = json.loads((out / "shift.json").read_text())["models"][0]
     check_model_entry(entry, top_k=5, num_tokens=2 * 15)
@@ -212,8 +255,19 @@ def test_results_do_not_depend_on_the_batch_size(tmp_path, corpus, capsys, no_pl
     reports = []
     for batch in ("1", "3"):
         out = tmp_path / f"b{batch}"
-        code = run_shift(out, "--dataset", str(corpus), "--num-seqs", "3", "--seq-len", "16", "--top-k", "3",
-                         "--batch-size", batch)
+        code = run_shift(
+            out,
+            "--dataset",
+            str(corpus),
+            "--num-seqs",
+            "3",
+            "--seq-len",
+            "16",
+            "--top-k",
+            "3",
+            "--batch-size",
+            batch,
+        )
         assert code == 0, capsys.readouterr().err
         reports.append(json.loads((out / "shift.json").read_text()))
     assert reports[0] == reports[1]
@@ -221,14 +275,26 @@ def test_results_do_not_depend_on_the_batch_size(tmp_path, corpus, capsys, no_pl
 
 needs_shared_data = pytest.mark.skipif(
     not (shared_data_path() / "wikitext-2" / "wikitext-2-raw-v1.test.hf-rows.txt").is_file(),
-    reason="shared/data (offline corpora) is not present")
+    reason="shared/data (offline corpora) is not present",
+)
 
 
 @needs_shared_data
 def test_real_corpus_wikitext2(tmp_path, capsys, no_plots):
     out = tmp_path / "out"
-    code = run_shift(out, "--dataset", "wikitext-2", "--data-dir", str(shared_data_path()),
-                     "--num-seqs", "4", "--seq-len", "32", "--top-k", "5")
+    code = run_shift(
+        out,
+        "--dataset",
+        "wikitext-2",
+        "--data-dir",
+        str(shared_data_path()),
+        "--num-seqs",
+        "4",
+        "--seq-len",
+        "32",
+        "--top-k",
+        "5",
+    )
     assert code == 0, capsys.readouterr().err
     report = json.loads((out / "shift.json").read_text())
     assert report["dataset"] == "wikitext-2" and "wikitext-2" in report["sample"]
@@ -240,11 +306,13 @@ def test_real_corpus_wikitext2(tmp_path, capsys, no_plots):
 # --------------------------------------------------------------------------- bad input
 
 
-def _bad(tmp_path: Path, capsys, args: list[str], *patterns: str, out: Path | None = None,
-         one_line: bool = True) -> str:
+def _bad(
+    tmp_path: Path, capsys, args: list[str], *patterns: str, out: Path | None = None, one_line: bool = True
+) -> str:
     """Exit code 2, one line on stderr naming the value, nothing written to --out."""
-    return expect_usage_error(["shift", *FAST, *args], out or tmp_path / "out", capsys, *patterns,
-                              one_line=one_line)
+    return expect_usage_error(
+        ["shift", *FAST, *args], out or tmp_path / "out", capsys, *patterns, one_line=one_line
+    )
 
 
 @pytest.mark.parametrize(
@@ -264,7 +332,9 @@ def _bad(tmp_path: Path, capsys, args: list[str], *patterns: str, out: Path | No
     ],
 )
 def test_bad_options(tmp_path, corpus, capsys, extra, patterns):
-    _bad(tmp_path, capsys, ["--dataset", str(corpus), "--num-seqs", "2", "--seq-len", "16", *extra], *patterns)
+    _bad(
+        tmp_path, capsys, ["--dataset", str(corpus), "--num-seqs", "2", "--seq-len", "16", *extra], *patterns
+    )
 
 
 def test_more_sequences_than_the_corpus_holds_says_how_many_it_holds(tmp_path, corpus, capsys):
@@ -284,14 +354,23 @@ HF_BAD = [
 @pytest.mark.parametrize(("extra", "patterns"), HF_BAD)
 def test_bad_options_for_a_hf_model(tmp_path, corpus, gpt2_dir, capsys, extra, patterns):
     # the message itself (the strict one-line rule is checked just below)
-    _bad(tmp_path, capsys, ["--model", str(gpt2_dir), "--dataset", str(corpus), "--num-seqs", "2",
-                            "--seq-len", "16", *extra], *patterns, one_line=False)
+    _bad(
+        tmp_path,
+        capsys,
+        ["--model", str(gpt2_dir), "--dataset", str(corpus), "--num-seqs", "2", "--seq-len", "16", *extra],
+        *patterns,
+        one_line=False,
+    )
 
 
 @pytest.mark.parametrize(("extra", "patterns"), HF_BAD[:1])
 def test_bad_options_for_a_hf_model_one_line(tmp_path, corpus, gpt2_dir, capsys, extra, patterns):
-    _bad(tmp_path, capsys, ["--model", str(gpt2_dir), "--dataset", str(corpus), "--num-seqs", "2",
-                            "--seq-len", "16", *extra], *patterns)
+    _bad(
+        tmp_path,
+        capsys,
+        ["--model", str(gpt2_dir), "--dataset", str(corpus), "--num-seqs", "2", "--seq-len", "16", *extra],
+        *patterns,
+    )
 
 
 # ----- models
@@ -299,12 +378,19 @@ def test_bad_options_for_a_hf_model_one_line(tmp_path, corpus, gpt2_dir, capsys,
 
 def test_model_path_that_does_not_exist(tmp_path, corpus, capsys):
     missing = tmp_path / "nowhere"
-    _bad(tmp_path, capsys, ["--model", str(missing), "--dataset", str(corpus)], str(missing), "does not exist")
+    _bad(
+        tmp_path, capsys, ["--model", str(missing), "--dataset", str(corpus)], str(missing), "does not exist"
+    )
 
 
 def test_hub_name_offline(tmp_path, corpus, capsys):
-    _bad(tmp_path, capsys, ["--model", "no-such-org/no-such-model", "--dataset", str(corpus)],
-         "'no-such-org/no-such-model'", "offline")
+    _bad(
+        tmp_path,
+        capsys,
+        ["--model", "no-such-org/no-such-model", "--dataset", str(corpus)],
+        "'no-such-org/no-such-model'",
+        "offline",
+    )
 
 
 def test_directory_without_config(tmp_path, corpus, capsys):
@@ -329,9 +415,18 @@ def test_unsupported_causal_family_lists_the_supported_ones(tmp_path, corpus, ca
 
     from resstream.adapters.registry import supported_families
 
-    opt = _save_config(tmp_path / "tiny-opt", OPTConfig(
-        num_hidden_layers=1, hidden_size=16, ffn_dim=32, num_attention_heads=2, vocab_size=50,
-        word_embed_proj_dim=16, architectures=["OPTForCausalLM"]))
+    opt = _save_config(
+        tmp_path / "tiny-opt",
+        OPTConfig(
+            num_hidden_layers=1,
+            hidden_size=16,
+            ffn_dim=32,
+            num_attention_heads=2,
+            vocab_size=50,
+            word_embed_proj_dim=16,
+            architectures=["OPTForCausalLM"],
+        ),
+    )
     err = _bad(tmp_path, capsys, ["--model", str(opt), "--dataset", str(corpus)], str(opt), "'opt'")
     for family in supported_families():
         assert family in err, family
@@ -340,10 +435,27 @@ def test_unsupported_causal_family_lists_the_supported_ones(tmp_path, corpus, ca
 def test_decoder_configured_bert_is_an_unsupported_family(tmp_path, corpus, capsys):
     from transformers import BertConfig
 
-    bert = _save_config(tmp_path / "bert-decoder", BertConfig(
-        num_hidden_layers=1, hidden_size=16, num_attention_heads=2, intermediate_size=32, vocab_size=50,
-        is_decoder=True, architectures=["BertLMHeadModel"]))
-    _bad(tmp_path, capsys, ["--model", str(bert), "--dataset", str(corpus)], str(bert), "'bert'", "gpt2", "llama")
+    bert = _save_config(
+        tmp_path / "bert-decoder",
+        BertConfig(
+            num_hidden_layers=1,
+            hidden_size=16,
+            num_attention_heads=2,
+            intermediate_size=32,
+            vocab_size=50,
+            is_decoder=True,
+            architectures=["BertLMHeadModel"],
+        ),
+    )
+    _bad(
+        tmp_path,
+        capsys,
+        ["--model", str(bert), "--dataset", str(corpus)],
+        str(bert),
+        "'bert'",
+        "gpt2",
+        "llama",
+    )
 
 
 @pytest.mark.parametrize("kind", ["bert-mlm", "t5"])
@@ -351,11 +463,24 @@ def test_non_causal_models(tmp_path, corpus, capsys, kind):
     from transformers import BertConfig, T5Config
 
     if kind == "bert-mlm":
-        config = BertConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2, intermediate_size=32,
-                            vocab_size=50, architectures=["BertForMaskedLM"])
+        config = BertConfig(
+            num_hidden_layers=1,
+            hidden_size=16,
+            num_attention_heads=2,
+            intermediate_size=32,
+            vocab_size=50,
+            architectures=["BertForMaskedLM"],
+        )
     else:
-        config = T5Config(num_layers=1, d_model=16, d_ff=32, num_heads=2, d_kv=8, vocab_size=50,
-                          architectures=["T5ForConditionalGeneration"])
+        config = T5Config(
+            num_layers=1,
+            d_model=16,
+            d_ff=32,
+            num_heads=2,
+            d_kv=8,
+            vocab_size=50,
+            architectures=["T5ForConditionalGeneration"],
+        )
     path = _save_config(tmp_path / kind, config)
     _bad(tmp_path, capsys, ["--model", str(path), "--dataset", str(corpus)], str(path), "not a causal LM")
 
@@ -370,8 +495,23 @@ def test_a_bad_second_model_writes_nothing(tmp_path, corpus, capsys):
     from resstream.assets import reference_model_dir
 
     missing = tmp_path / "nowhere"
-    _bad(tmp_path, capsys, ["--model", str(reference_model_dir()), "--model", str(missing), "--dataset",
-                            str(corpus), "--num-seqs", "2", "--seq-len", "16"], str(missing))
+    _bad(
+        tmp_path,
+        capsys,
+        [
+            "--model",
+            str(reference_model_dir()),
+            "--model",
+            str(missing),
+            "--dataset",
+            str(corpus),
+            "--num-seqs",
+            "2",
+            "--seq-len",
+            "16",
+        ],
+        str(missing),
+    )
 
 
 # ----- datasets

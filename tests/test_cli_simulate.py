@@ -70,8 +70,26 @@ def check_attention(mean: list, stderr: list, *, layers: int, tokens: int) -> No
 
 def test_single_configuration(tmp_path, capsys):
     out = tmp_path / "a" / "b"  # nested, created on demand
-    code = main(["simulate", "--quiet", "--sims", "600", "--tokens", "5", "--layers", "3", "--dim", "16",
-                 "--gamma", "0.2", "--seed", "3", "--out", str(out)])
+    code = main(
+        [
+            "simulate",
+            "--quiet",
+            "--sims",
+            "600",
+            "--tokens",
+            "5",
+            "--layers",
+            "3",
+            "--dim",
+            "16",
+            "--gamma",
+            "0.2",
+            "--seed",
+            "3",
+            "--out",
+            str(out),
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     for name in OUTPUTS:
@@ -94,7 +112,9 @@ def test_single_configuration(tmp_path, capsys):
         assert arrays["mean_attention"].shape == (1, 3, 5, 5)
         assert arrays["stderr"].shape == (1, 3, 5, 5)
         assert list(arrays["labels"]) == [report["label"]]
-        np.testing.assert_allclose(arrays["mean_attention"][0], np.array(report["mean_attention"]), atol=1e-12)
+        np.testing.assert_allclose(
+            arrays["mean_attention"][0], np.array(report["mean_attention"]), atol=1e-12
+        )
         np.testing.assert_allclose(arrays["stderr"][0], np.array(report["stderr"]), atol=1e-12)
 
     record = strict_json(out / "run.json")
@@ -130,15 +150,18 @@ def test_grid_gives_the_four_standard_configurations(tmp_path, capsys):
     assert "γ = 0" in ln_iso and "0.3" in ln_aniso and "0.3" in ln_residual, labels
     assert "residual" in ln_residual and not any("residual" in label for label in labels[:3]), labels
     if "config" in configurations[0]:
-        flags = [(e["config"]["layernorm"], e["config"]["gamma"], e["config"]["residual"]) for e in configurations]
+        flags = [
+            (e["config"]["layernorm"], e["config"]["gamma"], e["config"]["residual"]) for e in configurations
+        ]
         assert flags == [(False, 0.0, False), (True, 0.0, False), (True, 0.3, False), (True, 0.3, True)]
 
     with np.load(out / "simulate.npz") as arrays:
         assert arrays["mean_attention"].shape == (4, 2, 5, 5)
         assert arrays["stderr"].shape == (4, 2, 5, 5)
         assert list(arrays["labels"]) == labels
-        np.testing.assert_allclose(arrays["mean_attention"],
-                                   np.array([e["mean_attention"] for e in configurations]), atol=1e-12)
+        np.testing.assert_allclose(
+            arrays["mean_attention"], np.array([e["mean_attention"] for e in configurations]), atol=1e-12
+        )
 
     assert strict_json(out / "run.json")["config"]["grid"] is True
     # every configuration is named and gets a verdict line for each of its layers
@@ -173,8 +196,22 @@ def test_means_do_not_depend_on_the_chunk_size(tmp_path, capsys, no_plots):
     means = []
     for chunk in ("0", "128", "1000"):  # 0: the default (one chunk of all 1000 simulations)
         out = tmp_path / f"chunk{chunk}"
-        code = main(["simulate", "--quiet", "--sims", "1000", "--tokens", "6", "--layers", "3",
-                     "--chunk-size", chunk, "--out", str(out)])
+        code = main(
+            [
+                "simulate",
+                "--quiet",
+                "--sims",
+                "1000",
+                "--tokens",
+                "6",
+                "--layers",
+                "3",
+                "--chunk-size",
+                chunk,
+                "--out",
+                str(out),
+            ]
+        )
         assert code == 0, capsys.readouterr().err
         report = strict_json(out / "simulate.json")
         means.append((np.array(report["mean_attention"]), np.array(report["stderr"])))
@@ -209,7 +246,9 @@ def test_one_simulation_claims_no_trend(tmp_path, capsys, no_plots):
 # --------------------------------------------------------------------------- bad input
 
 
-def _bad(tmp_path: Path, capsys, args: list[str], *patterns: str | tuple[str, ...], out: Path | None = None) -> str:
+def _bad(
+    tmp_path: Path, capsys, args: list[str], *patterns: str | tuple[str, ...], out: Path | None = None
+) -> str:
     """Exit code 2, one line on stderr naming the value and what is allowed, nothing written."""
     return expect_usage_error(["simulate", *FAST, *args], out or tmp_path / "out", capsys, *patterns)
 
@@ -227,7 +266,10 @@ def _bad(tmp_path: Path, capsys, args: list[str], *patterns: str | tuple[str, ..
         (["--sigma", "0"], ["sigma 0", "> 0"]),
         (["--sigma", "-1"], ["sigma -1", "> 0"]),
         (["--residual-scale", "0", "--residual"], [("--residual-scale 0", "residual_scale 0"), "> 0"]),
-        (["--residual-scale", "-0.5", "--residual"], [("--residual-scale -0.5", "residual_scale -0.5"), "> 0"]),
+        (
+            ["--residual-scale", "-0.5", "--residual"],
+            [("--residual-scale -0.5", "residual_scale -0.5"), "> 0"],
+        ),
         (["--threshold", "0"], ["threshold 0", "> 0"]),
         (["--chunk-size", "-3"], [("--chunk-size -3", "chunk_size -3"), ">= 1"]),
         (["--seed", "-1"], ["seed -1"]),
@@ -265,8 +307,13 @@ def test_bad_value_in_a_grid_is_refused_before_anything_runs(tmp_path, capsys, m
 
 
 def test_chunk_that_cannot_fit_in_memory_says_how_much_it_needs(tmp_path, capsys):
-    err = _bad(tmp_path, capsys, ["--sims", "100000000", "--chunk-size", "100000000", "--tokens", "1000"],
-               ("--chunk-size 100000000", "chunk_size 100000000"), "GB")
+    err = _bad(
+        tmp_path,
+        capsys,
+        ["--sims", "100000000", "--chunk-size", "100000000", "--tokens", "1000"],
+        ("--chunk-size 100000000", "chunk_size 100000000"),
+        "GB",
+    )
     need = re.search(r"needs ([\d.]+) GB", err)
     assert need and float(need.group(1)) > 1000, err
     fits = re.search(r"chunk_size <= (\d+)", err)

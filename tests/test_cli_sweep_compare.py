@@ -11,10 +11,34 @@ from resstream.cli.main import main
 from tests.test_reporting import EVALS, VAL, write_sweep
 from tests.test_sweep import write_corpus, write_data_dir
 
-TINY = ["--n-layer", "2", "--n-head", "2", "--d-model", "16", "--block-size", "16",
-        "--bpe-vocab-size", "300", "--batch-size", "4", "--max-steps", "3", "--eval-interval", "3",
-        "--eval-batches", "1", "--checkpoint-interval", "3", "--warmup-steps", "1", "--threads", "1",
-        "--device", "cpu"]
+TINY = [
+    "--n-layer",
+    "2",
+    "--n-head",
+    "2",
+    "--d-model",
+    "16",
+    "--block-size",
+    "16",
+    "--bpe-vocab-size",
+    "300",
+    "--batch-size",
+    "4",
+    "--max-steps",
+    "3",
+    "--eval-interval",
+    "3",
+    "--eval-batches",
+    "1",
+    "--checkpoint-interval",
+    "3",
+    "--warmup-steps",
+    "1",
+    "--threads",
+    "1",
+    "--device",
+    "cpu",
+]
 
 
 @pytest.fixture
@@ -29,15 +53,40 @@ def setup(tmp_path, monkeypatch):
 
 
 def sweep_args(root, *extra):
-    return ["sweep", "--preset", "tiny", "--dataset", str(root / "corpus.txt"),
-            "--cache-dir", str(root / "cache"), "--data-dir", str(root / "data"), *TINY, *extra]
+    return [
+        "sweep",
+        "--preset",
+        "tiny",
+        "--dataset",
+        str(root / "corpus.txt"),
+        "--cache-dir",
+        str(root / "cache"),
+        "--data-dir",
+        str(root / "data"),
+        *TINY,
+        *extra,
+    ]
 
 
 def test_sweep_then_compare(setup, capsys):
     out = setup / "out"
-    code = main(sweep_args(setup, "--seeds", "0,1", "--layers", "1", "--alpha", "0.25",
-                           "--benchmarks", "openwebtext,lambada", "--max-eval-tokens", "150",
-                           "--out", str(out)))
+    code = main(
+        sweep_args(
+            setup,
+            "--seeds",
+            "0,1",
+            "--layers",
+            "1",
+            "--alpha",
+            "0.25",
+            "--benchmarks",
+            "openwebtext,lambada",
+            "--max-eval-tokens",
+            "150",
+            "--out",
+            str(out),
+        )
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "sweep [1/6] seed 0 baseline: training" in captured.err
@@ -63,7 +112,9 @@ def test_sweep_then_compare(setup, capsys):
     cmp = setup / "cmp"
     assert main(["compare", str(out), "--out", str(cmp), "--quiet"]) == 0
     printed = capsys.readouterr().out
-    assert printed.startswith("| model | n | val loss | lambada ppl | lambada last-word acc (%) | openwebtext ppl |")
+    assert printed.startswith(
+        "| model | n | val loss | lambada ppl | lambada last-word acc (%) | openwebtext ppl |"
+    )
     assert "| best fixed cut (k=1, α=0.25) | 2 |" in printed
     assert {r: (out / r / "eval.json").stat().st_mtime_ns for r in runs} == stamps
     for name in ("compare.md", "compare.csv", "compare.json", "run.json"):
@@ -73,9 +124,24 @@ def test_sweep_then_compare(setup, capsys):
 
     # A seed folder works as input, and a benchmark nobody evaluated yet is evaluated now.
     cmp2 = setup / "cmp2"
-    assert main(["compare", str(out / "seed-1"), "--benchmarks", "openwebtext",
-                 "--data-dir", str(setup / "data"), "--max-eval-tokens", "100", "--out", str(cmp2),
-                 "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                str(out / "seed-1"),
+                "--benchmarks",
+                "openwebtext",
+                "--data-dir",
+                str(setup / "data"),
+                "--max-eval-tokens",
+                "100",
+                "--out",
+                str(cmp2),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert "| baseline | 1 |" in (cmp2 / "compare.md").read_text()
 
 
@@ -113,23 +179,26 @@ def assert_refused(tmp_path, capsys, args, *patterns, out_name="out"):
     assert not (tmp_path / out_name).exists()
 
 
-@pytest.mark.parametrize(("extra", "patterns"), [
-    (["--seeds", "0,x"], ["--seeds: 'x' is not an integer"]),
-    (["--seeds", "0.5"], ["--seeds: '0.5' is not an integer"]),
-    (["--layers", "0,2"], ["--layers: 2 is outside [0, 2) for 2 layers"]),
-    (["--layers", "-1"], ["--layers: -1 is outside [0, 2)"]),
-    (["--layers", "one"], ["--layers: 'one' is not an integer"]),
-    (["--preset", "huge"], ["unknown preset 'huge'"]),
-    (["--n-layr", "3"], ["unknown config key '--n-layr'", "'--n-layer'"]),
-    (["--alpha", "0"], ["--alpha 0.0 is outside (0, 1]"]),
-    (["--gate", "fixed"], ["--gate is set by the sweep"]),
-    (["--seed", "3"], ["--seed is set by the sweep", "--seeds"]),
-    (["--benchmarks", "wikitxt-2"], ["unknown benchmark 'wikitxt-2'", "did you mean 'wikitext-2'"]),
-    (["--benchmarks", "wikitext-2"], ["benchmark 'wikitext-2' is not available"]),
-    (["--benchmarks", "lambada", "--max-eval-tokens", "1"], ["--max-eval-tokens must be >= 2, got 1"]),
-    (["--max-eval-tokens", "many"], ["--max-eval-tokens: 'many' is not an integer"]),
-    (["--alpha", "half"], ["--alpha: 'half' is not a valid float"]),
-])
+@pytest.mark.parametrize(
+    ("extra", "patterns"),
+    [
+        (["--seeds", "0,x"], ["--seeds: 'x' is not an integer"]),
+        (["--seeds", "0.5"], ["--seeds: '0.5' is not an integer"]),
+        (["--layers", "0,2"], ["--layers: 2 is outside [0, 2) for 2 layers"]),
+        (["--layers", "-1"], ["--layers: -1 is outside [0, 2)"]),
+        (["--layers", "one"], ["--layers: 'one' is not an integer"]),
+        (["--preset", "huge"], ["unknown preset 'huge'"]),
+        (["--n-layr", "3"], ["unknown config key '--n-layr'", "'--n-layer'"]),
+        (["--alpha", "0"], ["--alpha 0.0 is outside (0, 1]"]),
+        (["--gate", "fixed"], ["--gate is set by the sweep"]),
+        (["--seed", "3"], ["--seed is set by the sweep", "--seeds"]),
+        (["--benchmarks", "wikitxt-2"], ["unknown benchmark 'wikitxt-2'", "did you mean 'wikitext-2'"]),
+        (["--benchmarks", "wikitext-2"], ["benchmark 'wikitext-2' is not available"]),
+        (["--benchmarks", "lambada", "--max-eval-tokens", "1"], ["--max-eval-tokens must be >= 2, got 1"]),
+        (["--max-eval-tokens", "many"], ["--max-eval-tokens: 'many' is not an integer"]),
+        (["--alpha", "half"], ["--alpha: 'half' is not a valid float"]),
+    ],
+)
 def test_bad_sweep_input(setup, capsys, extra, patterns):
     assert_refused(setup, capsys, sweep_args(setup, *extra, "--out", str(setup / "out")), *patterns)
 
@@ -168,8 +237,14 @@ def test_bad_compare_input(tmp_path, capsys, monkeypatch):
 
 
 def test_compare_refuses_unavailable_benchmark_for_runs_to_evaluate(setup, capsys):
-    assert main(sweep_args(setup, "--layers", "0", "--no-learned", "--out", str(setup / "out"), "--quiet")) == 0
+    assert (
+        main(sweep_args(setup, "--layers", "0", "--no-learned", "--out", str(setup / "out"), "--quiet")) == 0
+    )
     capsys.readouterr()
-    assert_refused(setup, capsys, ["compare", str(setup / "out"), "--benchmarks", "fineweb-edu",
-                                   "--out", str(setup / "cmp")], "benchmark 'fineweb-edu' is not available",
-                   out_name="cmp")
+    assert_refused(
+        setup,
+        capsys,
+        ["compare", str(setup / "out"), "--benchmarks", "fineweb-edu", "--out", str(setup / "cmp")],
+        "benchmark 'fineweb-edu' is not available",
+        out_name="cmp",
+    )

@@ -10,9 +10,27 @@ from resstream.cli.main import main
 from resstream.training import checkpoint as ckpt
 from tests.test_train import corpus_text
 
-TINY = ["--n-layer", "2", "--n-head", "2", "--d-model", "16", "--block-size", "16",
-        "--bpe-vocab-size", "300", "--batch-size", "4", "--eval-interval", "3",
-        "--eval-batches", "1", "--checkpoint-interval", "3", "--quiet"]
+TINY = [
+    "--n-layer",
+    "2",
+    "--n-head",
+    "2",
+    "--d-model",
+    "16",
+    "--block-size",
+    "16",
+    "--bpe-vocab-size",
+    "300",
+    "--batch-size",
+    "4",
+    "--eval-interval",
+    "3",
+    "--eval-batches",
+    "1",
+    "--checkpoint-interval",
+    "3",
+    "--quiet",
+]
 
 
 @pytest.fixture
@@ -23,13 +41,28 @@ def corpus(tmp_path):
 
 
 def run_train(tmp_path, corpus, *extra):
-    return main(["train", "--dataset", str(corpus), "--cache-dir", str(tmp_path / "cache"),
-                 "--out", str(tmp_path / "run"), *TINY, *extra])
+    return main(
+        [
+            "train",
+            "--dataset",
+            str(corpus),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--out",
+            str(tmp_path / "run"),
+            *TINY,
+            *extra,
+        ]
+    )
 
 
 def test_train_then_resume_end_to_end(tmp_path, corpus, capsys):
-    assert run_train(tmp_path, corpus, "--max-steps", "3", "--gate", "fixed", "--alpha", "0.5",
-                     "--cut-layer", "1") == 0
+    assert (
+        run_train(
+            tmp_path, corpus, "--max-steps", "3", "--gate", "fixed", "--alpha", "0.5", "--cut-layer", "1"
+        )
+        == 0
+    )
     assert "trained 3 steps" in capsys.readouterr().out
     meta = json.loads((tmp_path / "run" / "model.json").read_text())
     assert meta["config"]["model"]["gate"] == "fixed" and meta["config"]["model"]["cut_layer"] == 1
@@ -73,19 +106,47 @@ def _bad(tmp_path, capsys, args, pattern):
     ],
 )
 def test_bad_train_input(tmp_path, corpus, capsys, extra, pattern):
-    _bad(tmp_path, capsys, ["train", "--dataset", str(corpus), "--cache-dir", str(tmp_path / "cache"),
-                            "--out", str(tmp_path / "run"), *TINY, *extra], pattern)
+    _bad(
+        tmp_path,
+        capsys,
+        [
+            "train",
+            "--dataset",
+            str(corpus),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--out",
+            str(tmp_path / "run"),
+            *TINY,
+            *extra,
+        ],
+        pattern,
+    )
 
 
 def test_bad_corpora(tmp_path, capsys):
     empty = tmp_path / "empty.txt"
     empty.write_text("  \n\n", encoding="utf-8")
-    _bad(tmp_path, capsys, ["train", "--dataset", str(empty), "--out", str(tmp_path / "run"), *TINY], "empty.txt")
+    _bad(
+        tmp_path,
+        capsys,
+        ["train", "--dataset", str(empty), "--out", str(tmp_path / "run"), *TINY],
+        "empty.txt",
+    )
     binary = tmp_path / "latin1.txt"
     binary.write_bytes(b"caf\xe9 au lait\n")
-    _bad(tmp_path, capsys, ["train", "--dataset", str(binary), "--out", str(tmp_path / "run"), *TINY], "byte offset 3")
-    _bad(tmp_path, capsys, ["train", "--dataset", "no-such-corpus", "--out", str(tmp_path / "run"), *TINY],
-         "no-such-corpus")
+    _bad(
+        tmp_path,
+        capsys,
+        ["train", "--dataset", str(binary), "--out", str(tmp_path / "run"), *TINY],
+        "byte offset 3",
+    )
+    _bad(
+        tmp_path,
+        capsys,
+        ["train", "--dataset", "no-such-corpus", "--out", str(tmp_path / "run"), *TINY],
+        "no-such-corpus",
+    )
 
 
 def test_resume_problems(tmp_path, corpus, capsys):
@@ -143,6 +204,8 @@ def test_eval_refuses_a_pickled_checkpoint_that_needs_unpickling(tmp_path, corpu
 def test_resume_with_a_longer_block_than_the_positional_table_is_refused(tmp_path, corpus, capsys):
     assert run_train(tmp_path, corpus, "--max-steps", "3") == 0
     capsys.readouterr()
-    code = main(["train", "--resume", "--out", str(tmp_path / "run"), "--block-size", "32", "--max-steps", "6"])
+    code = main(
+        ["train", "--resume", "--out", str(tmp_path / "run"), "--block-size", "32", "--max-steps", "6"]
+    )
     assert code == 2
     assert "model.block_size: 16 -> 32" in capsys.readouterr().err

@@ -39,7 +39,12 @@ def test_yaml_accepts_sections_and_flat_keys(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("model:\n  n_layer: 5\n  gate: learned\nlr: 0.002\nrun:\n  max_steps: 7\n")
     config = build_config(load_yaml(path))
-    assert (config.model.n_layer, config.model.gate, config.optim.lr, config.run.max_steps) == (5, "learned", 0.002, 7)
+    assert (config.model.n_layer, config.model.gate, config.optim.lr, config.run.max_steps) == (
+        5,
+        "learned",
+        0.002,
+        7,
+    )
 
 
 def test_unknown_yaml_key_suggests_the_closest(tmp_path):

@@ -55,8 +55,10 @@ def test_shakespeare_is_deterministic_and_ignores_split(shakespeare: Corpus) -> 
 
 
 def test_strip_play_markdown_by_hand() -> None:
-    md = ("# Title\n\n## ACT I\n\n### SCENE I. A room.\n\n_Enter A and B_\n\n"
-          "**A**  \nWhat, ho!  \nGood _\\[Aside]_  \n'Tis so.'\\--no.\n\n*Exit.*\n")
+    md = (
+        "# Title\n\n## ACT I\n\n### SCENE I. A room.\n\n_Enter A and B_\n\n"
+        "**A**  \nWhat, ho!  \nGood _\\[Aside]_  \n'Tis so.'\\--no.\n\n*Exit.*\n"
+    )
     assert strip_play_markdown(md) == (
         "Title\n\nACT I\n\nSCENE I. A room.\n\nEnter A and B\n\n"
         "A\nWhat, ho!\nGood [Aside]\n'Tis so.'--no.\n\nExit.\n"
@@ -148,7 +150,9 @@ def test_empty_corpus_is_refused(tmp_path: Path) -> None:
 
 def test_unknown_name_lists_names_and_suggests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(UsageError, match=r"unknown dataset 'wikitxt-2' \(did you mean 'wikitext-2'\?\)") as err:
+    with pytest.raises(
+        UsageError, match=r"unknown dataset 'wikitxt-2' \(did you mean 'wikitext-2'\?\)"
+    ) as err:
         load_corpus("wikitxt-2")
     assert all(name in str(err.value) for name in NAMED_CORPORA)
     assert "\n" not in str(err.value)
@@ -197,18 +201,26 @@ def test_single_file_corpus_answers_every_split(tmp_path: Path, monkeypatch: pyt
 
 
 def test_absent_dataset_fails_fast_offline(hf_offline: None, no_data_dir: None) -> None:
-    with pytest.raises(UsageError, match=(
+    with pytest.raises(
+        UsageError,
+        match=(
             r"^dataset 'lambada' split 'test' is not in the data directory \(none set; set "
-            r"--data-dir or RESSTREAM_DATA\) and could not be loaded from Hugging Face: .+")):
+            r"--data-dir or RESSTREAM_DATA\) and could not be loaded from Hugging Face: .+"
+        ),
+    ):
         load_corpus("lambada", split="test")
 
 
 def test_absent_split_names_what_the_directory_holds(hf_offline: None, tmp_path: Path) -> None:
     (tmp_path / "ptb").mkdir()
     write(tmp_path / "ptb" / "ptb.valid.txt", " a b \n")
-    with pytest.raises(UsageError, match=(
+    with pytest.raises(
+        UsageError,
+        match=(
             r"dataset 'ptb' split 'train' is not in the data directory \(.*, which holds "
-            r"split\(s\) valid of it; .*could not be loaded from Hugging Face")):
+            r"split\(s\) valid of it; .*could not be loaded from Hugging Face"
+        ),
+    ):
         load_corpus("ptb", split="train", data_dir=tmp_path)
 
 
@@ -273,11 +285,14 @@ def test_ptb(shared_data: Path, split: str, n_tokens: int) -> None:
     assert sum(len(line.split()) + 1 for line in text.splitlines()) == n_tokens
 
 
-@pytest.mark.parametrize("name, start, n_chars", [
-    ("openwebtext", "Port-au-Prince, Haiti (CNN)", None),
-    ("fineweb-edu", "The Independent Jane", 1_000_000),
-    ("tinyshakespeare", "First Citizen:", 1_115_394),
-])
+@pytest.mark.parametrize(
+    "name, start, n_chars",
+    [
+        ("openwebtext", "Port-au-Prince, Haiti (CNN)", None),
+        ("fineweb-edu", "The Independent Jane", 1_000_000),
+        ("tinyshakespeare", "First Citizen:", 1_115_394),
+    ],
+)
 def test_single_file_corpora(shared_data: Path, name: str, start: str, n_chars: int | None) -> None:
     corpus = load_corpus(name, split="test", data_dir=shared_data)
     (text,) = corpus.documents

@@ -16,13 +16,16 @@ def _joined(stream) -> list[str]:
     return ["".join(doc) if isinstance(doc, Pieces) else doc for doc in stream]
 
 
-@pytest.mark.parametrize(("text", "cut"), [
-    ("ab\ncd", 3),            # after the newline, before a non-blank character
-    ("ab\n\ncd", 4),          # the last newline of the run
-    ("ab\n cd", 0),           # followed by a space: no cut (a pre-tokeniser keeps "\n " whole)
-    ("ab\ncd\n", 3),          # a trailing newline has nothing after it yet
-    ("abc", 0),
-])
+@pytest.mark.parametrize(
+    ("text", "cut"),
+    [
+        ("ab\ncd", 3),  # after the newline, before a non-blank character
+        ("ab\n\ncd", 4),  # the last newline of the run
+        ("ab\n cd", 0),  # followed by a space: no cut (a pre-tokeniser keeps "\n " whole)
+        ("ab\ncd\n", 3),  # a trailing newline has nothing after it yet
+        ("abc", 0),
+    ],
+)
 def test_cut_points(text: str, cut: int) -> None:
     assert _last_cut(text) == cut
 
@@ -101,7 +104,12 @@ def test_sampling_a_streamed_file_equals_sampling_it_loaded(tmp_path: Path, gpt2
 
 
 def test_named_plain_files_stream_with_the_loaded_fingerprint(shared_data: Path) -> None:
-    for name, split in [("openwebtext", "train"), ("lambada", "test"), ("ptb", "test"), ("wikitext-2", "test")]:
+    for name, split in [
+        ("openwebtext", "train"),
+        ("lambada", "test"),
+        ("ptb", "test"),
+        ("wikitext-2", "test"),
+    ]:
         stream = stream_corpus(name, split=split, data_dir=shared_data)
         for document in stream:
             for _ in (document,) if isinstance(document, str) else document:

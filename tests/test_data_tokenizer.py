@@ -14,8 +14,10 @@ from resstream.errors import UsageError
 
 REFERENCE = "Hello world, this is a test"
 REFERENCE_IDS = [15496, 995, 11, 428, 318, 257, 1332]
-TEXT = ("The quick brown fox jumps over the lazy dog. The dog sleeps; the fox runs.\n"
-        "Pack my box with five dozen liquor jugs! How vexingly quick daft zebras jump.\n")
+TEXT = (
+    "The quick brown fox jumps over the lazy dog. The dog sleeps; the fox runs.\n"
+    "Pack my box with five dozen liquor jugs! How vexingly quick daft zebras jump.\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -91,10 +93,17 @@ def test_train_bpe_rejects_tiny_vocab() -> None:
 
 
 def test_bpe_and_fingerprint_are_the_same_in_another_process(small_bpe) -> None:
-    code = ("import sys, json; from resstream.data import train_bpe, tokenizer_fingerprint; "
-            "print(tokenizer_fingerprint(train_bpe([json.loads(sys.argv[1])] * 4, 300)))")
-    out = subprocess.run([sys.executable, "-c", code, json.dumps(TEXT)], capture_output=True,
-                         text=True, check=True, timeout=120)
+    code = (
+        "import sys, json; from resstream.data import train_bpe, tokenizer_fingerprint; "
+        "print(tokenizer_fingerprint(train_bpe([json.loads(sys.argv[1])] * 4, 300)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(TEXT)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     assert out.stdout.strip() == tokenizer_fingerprint(small_bpe)
 
 
@@ -125,9 +134,13 @@ def test_bad_tokenizer_file(tmp_path: Path) -> None:
 
 
 def test_unknown_spec_fails_fast_offline(hf_offline: None) -> None:
-    with pytest.raises(UsageError, match=(
+    with pytest.raises(
+        UsageError,
+        match=(
             r"^tokenizer 'no-such-tokenizer-xyz' not found: not a local directory or file, and "
-            r"the Hugging Face hub could not provide it \(offline mode is set")):
+            r"the Hugging Face hub could not provide it \(offline mode is set"
+        ),
+    ):
         load_tokenizer("no-such-tokenizer-xyz")
 
 

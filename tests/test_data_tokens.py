@@ -33,8 +33,7 @@ def ab_tokenizer():
 
 
 def corpus_of(*documents: str, name: str = "tiny") -> Corpus:
-    return Corpus(name=name, documents=documents, fingerprint=corpus_fingerprint(documents),
-                  origin="test")
+    return Corpus(name=name, documents=documents, fingerprint=corpus_fingerprint(documents), origin="test")
 
 
 # ten documents "ab ab ab ab" -> 4 tokens + eos each = 50 tokens
@@ -51,7 +50,9 @@ def test_tokenize_documents_by_hand(ab_tokenizer) -> None:
 
 
 def test_tokenize_without_eos_concatenates(ab_tokenizer) -> None:
-    plain = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(ab_tokenizer.backend_tokenizer.to_str()))
+    plain = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(ab_tokenizer.backend_tokenizer.to_str())
+    )
     assert plain.eos_token_id is None
     assert tokenize_documents(["ab ab", "ab"], plain).tolist() == [257, 258, 257]
 
@@ -91,7 +92,9 @@ def test_split_is_the_tail() -> None:
 
 @pytest.mark.parametrize("fraction", [0, -0.1, 0.51, 1.0])
 def test_split_rejects_bad_fraction(fraction: float) -> None:
-    with pytest.raises(UsageError, match=rf"val_fraction {fraction!r} is not allowed: it must be in \(0, 0\.5\]"):
+    with pytest.raises(
+        UsageError, match=rf"val_fraction {fraction!r} is not allowed: it must be in \(0, 0\.5\]"
+    ):
         split_tokens(np.arange(100), fraction)
 
 
@@ -163,8 +166,9 @@ def test_damaged_cache_is_rebuilt(ab_tokenizer, tmp_path: Path, damage: str) -> 
     assert path.stat().st_size == 100
 
 
-def test_cache_checks_fraction_before_tokenising(ab_tokenizer, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cache_checks_fraction_before_tokenising(
+    ab_tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(tokens_module, "tokenize_documents", lambda *a, **k: pytest.fail("tokenised"))
     with pytest.raises(UsageError, match=r"val_fraction 0\.6 is not allowed"):
         build_token_cache(TEN, ab_tokenizer, tmp_path, val_fraction=0.6)

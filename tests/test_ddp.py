@@ -16,22 +16,52 @@ from tests.test_train import corpus_text
 
 
 def _args(corpus, cache, out):
-    return ["train", "--dataset", str(corpus), "--cache-dir", str(cache), "--out", str(out), *TINY,
-            "--max-steps", "3", "--batch-size", "8", "--grad-accum", "2", "--device", "cpu",
-            "--threads", "1"]
+    return [
+        "train",
+        "--dataset",
+        str(corpus),
+        "--cache-dir",
+        str(cache),
+        "--out",
+        str(out),
+        *TINY,
+        "--max-steps",
+        "3",
+        "--batch-size",
+        "8",
+        "--grad-accum",
+        "2",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+    ]
 
 
 def test_two_gloo_processes_match_one_process(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(corpus_text(), encoding="utf-8")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "resstream.cli.main", *_args(corpus, tmp_path / "cache", tmp_path / "ddp")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "resstream.cli.main",
+        *_args(corpus, tmp_path / "cache", tmp_path / "ddp"),
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    single = subprocess.run([sys.executable, "-m", "resstream.cli.main",
-                             *_args(corpus, tmp_path / "cache", tmp_path / "single")],
-                            env=env, capture_output=True, text=True, timeout=300)
+    single = subprocess.run(
+        [sys.executable, "-m", "resstream.cli.main", *_args(corpus, tmp_path / "cache", tmp_path / "single")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert single.returncode == 0, single.stderr[-3000:]
 
     a = ckpt.load_run(tmp_path / "ddp").model.state_dict()

@@ -34,8 +34,10 @@ from resstream.training.evaluate import (
 )
 from resstream.training.model import GPT
 
-TEXT = ("the cat sat on the mat and the dog ran to the park while a bird sang in the tree "
-        "near the old house by the river where children play every day ") * 20
+TEXT = (
+    "the cat sat on the mat and the dog ran to the park while a bird sang in the tree "
+    "near the old house by the river where children play every day "
+) * 20
 
 # --------------------------------------------------------------------------- helpers
 
@@ -56,11 +58,21 @@ def tiny_gpt(vocab: int, *, block: int = 16, seed: int = 0, zero: bool = False) 
 def make_run(run_dir: Path, *, dataset: str = "shakespeare", zero: bool = False, block: int = 16) -> Path:
     """A finished run directory without the trainer: weights, model.json and tokenizer."""
     tok = tiny_tokenizer()
-    config = build_config({"n_layer": 2, "n_head": 2, "d_model": 32, "block_size": block,
-                           "vocab_size": len(tok), "bpe_vocab_size": 300, "dataset": dataset})
+    config = build_config(
+        {
+            "n_layer": 2,
+            "n_head": 2,
+            "d_model": 32,
+            "block_size": block,
+            "vocab_size": len(tok),
+            "bpe_vocab_size": 300,
+            "dataset": dataset,
+        }
+    )
     model = tiny_gpt(len(tok), block=block, zero=zero)
-    save_model(run_dir, model.state_dict(), {"config": config.to_dict(), "steps": 0,
-                                             "format": "resstream-gpt"})
+    save_model(
+        run_dir, model.state_dict(), {"config": config.to_dict(), "steps": 0, "format": "resstream-gpt"}
+    )
     save_tokenizer(tok, run_dir / "tokenizer")
     return run_dir
 
@@ -69,18 +81,29 @@ def write_data_dir(root: Path) -> Path:
     """A small data directory with the layout of shared/data (four named benchmarks)."""
     words = TEXT.split()
     (root / "wikitext-2").mkdir(parents=True)
-    rows = [" = Cats = \n", "", f" {' '.join(words[:60])} \n", "", " = Dogs = \n", "",
-            f" {' '.join(words[60:140])} \n"]
+    rows = [
+        " = Cats = \n",
+        "",
+        f" {' '.join(words[:60])} \n",
+        "",
+        " = Dogs = \n",
+        "",
+        f" {' '.join(words[60:140])} \n",
+    ]
     (root / "wikitext-2" / "wikitext-2-raw-v1.test.hf-rows.txt").write_text(
-        "".join(row + "\n" for row in rows), encoding="utf-8")
+        "".join(row + "\n" for row in rows), encoding="utf-8"
+    )
     (root / "lambada").mkdir()
     passages = [" ".join(words[i : i + 12]) for i in range(0, 120, 12)]
     (root / "lambada" / "lambada_test.jsonl").write_text(
-        "".join(json.dumps({"text": p}) + "\n" for p in passages), encoding="utf-8")
+        "".join(json.dumps({"text": p}) + "\n" for p in passages), encoding="utf-8"
+    )
     (root / "openwebtext").mkdir()
     (root / "openwebtext" / "openwebtext_first100docs.txt").write_text(TEXT[:900] + "\n\n", encoding="utf-8")
     (root / "fineweb-edu").mkdir()
-    (root / "fineweb-edu" / "fineweb-edu_sample-10BT_first1Mchars.txt").write_text(TEXT[100:1200], encoding="utf-8")
+    (root / "fineweb-edu" / "fineweb-edu_sample-10BT_first1Mchars.txt").write_text(
+        TEXT[100:1200], encoding="utf-8"
+    )
     return root
 
 
@@ -306,8 +329,9 @@ def test_evaluate_run_on_local_data(tmp_path):
 def test_evaluate_run_max_tokens_and_stride(tmp_path):
     run = make_run(tmp_path / "run")
     data = write_data_dir(tmp_path / "data")
-    report = evaluate_run(run, "wikitext-2,lambada", data_dir=data, max_tokens=50, stride=16,
-                          batch_size=2, progress=False)
+    report = evaluate_run(
+        run, "wikitext-2,lambada", data_dir=data, max_tokens=50, stride=16, batch_size=2, progress=False
+    )
     wiki, lam = report.results
     assert wiki.num_tokens == 49 and report.stride == 16
     assert lam.num_examples is not None and 1 <= lam.num_examples < 10
@@ -343,6 +367,7 @@ def test_shakespeare_is_the_trainers_validation_tail(tmp_path, monkeypatch):
     assert result.num_tokens == len(val) - 1
     assert result.accuracy == pytest.approx(100.0 * np.mean(np.asarray(val[1:]) == 0))
     assert result.loss == pytest.approx(math.log(len(tok)), abs=1e-6)
+
 
 def test_shakespeare_note_says_whether_the_tail_is_held_out():
     def trained(dataset, fingerprint=None):

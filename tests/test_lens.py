@@ -21,11 +21,13 @@ def identity_decoder(x):
 def test_trajectories_by_hand():
     # vocab = d = 4; text = [0, 2, 3]; 2 layers (3 depths)
     e = torch.eye(4)
-    states = torch.stack([
-        torch.stack([e[0], e[2], e[3]]),                 # h_0: the input tokens
-        torch.stack([e[0] + 2 * e[2], e[2], e[1]]),       # h_1
-        torch.stack([e[2] + 0.5 * e[0], e[3], e[1]]),     # h_2
-    ])
+    states = torch.stack(
+        [
+            torch.stack([e[0], e[2], e[3]]),  # h_0: the input tokens
+            torch.stack([e[0] + 2 * e[2], e[2], e[1]]),  # h_1
+            torch.stack([e[2] + 0.5 * e[0], e[3], e[1]]),  # h_2
+        ]
+    )
     tokens = torch.tensor([0, 2, 3])
     result = trajectories(states, tokens, identity_decoder, top_k=2)
     first, second, last = result.trajectories
@@ -37,8 +39,13 @@ def test_trajectories_by_hand():
     assert second.top1 == (2, 2, 3) and second.first_layer_of(second.next_id) == 2
     assert last.next_id is None and last.first_layer_of(None) is None
     data = result.to_dict(token_text=lambda t: f"<{t}>")
-    assert data["positions"][0]["ranges"][1] == {"layers": "1–2", "token_id": 2, "token": "<2>",
-                                                  "is_input": False, "is_next": True}
+    assert data["positions"][0]["ranges"][1] == {
+        "layers": "1–2",
+        "token_id": 2,
+        "token": "<2>",
+        "is_input": False,
+        "is_next": True,
+    }
 
 
 def test_position_range_and_bad_input():

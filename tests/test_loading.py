@@ -25,8 +25,9 @@ def _tiny_gpt2(vocab_size: int):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    config = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=vocab_size, n_positions=32,
-                        bos_token_id=0, eos_token_id=0)
+    config = GPT2Config(
+        n_layer=2, n_embd=32, n_head=4, vocab_size=vocab_size, n_positions=32, bos_token_id=0, eos_token_id=0
+    )
     return GPT2LMHeadModel(config).eval()
 
 
@@ -50,8 +51,7 @@ def test_local_hf_directory_loads_with_its_tokenizer(gpt2_dir) -> None:
     path, original = gpt2_dir
     loaded = load_model(str(path), device="cpu")
     view = loaded.view
-    assert (loaded.source, loaded.name, loaded.dtype, loaded.device) == (
-        "local", str(path), "float32", "cpu")
+    assert (loaded.source, loaded.name, loaded.dtype, loaded.device) == ("local", str(path), "float32", "cpu")
     assert view.family == "gpt2" and view.tied and not view.model.training
     assert view.max_positions == 32
     ids = torch.tensor([loaded.tokenizer.encode("the residual stream predicts the next token")])
@@ -74,11 +74,14 @@ def test_resstream_run_directory_and_reference_model() -> None:
     assert ref.view.n_layers == run.view.n_layers
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"dtype": "float64"}, r"unknown dtype 'float64'.*allowed: auto, float32, bfloat16, float16"),
-    ({"device": "tpu"}, r"unknown device 'tpu'; allowed: auto, cpu, cuda"),
-    ({"device_map": "everywhere"}, r"unknown device_map 'everywhere'.*allowed: auto"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"dtype": "float64"}, r"unknown dtype 'float64'.*allowed: auto, float32, bfloat16, float16"),
+        ({"device": "tpu"}, r"unknown device 'tpu'; allowed: auto, cpu, cuda"),
+        ({"device_map": "everywhere"}, r"unknown device_map 'everywhere'.*allowed: auto"),
+    ],
+)
 def test_bad_options(kwargs: dict, message: str) -> None:
     with pytest.raises(UsageError, match=message):
         load_model(None, **kwargs)
@@ -90,8 +93,7 @@ def test_cuda_without_a_gpu() -> None:
         load_model(None, device="cuda")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("accelerate") is not None,
-                    reason="accelerate is installed")
+@pytest.mark.skipif(importlib.util.find_spec("accelerate") is not None, reason="accelerate is installed")
 def test_device_map_needs_accelerate(gpt2_dir) -> None:
     with pytest.raises(UsageError, match=r"device_map='auto' needs the 'accelerate' package"):
         load_model(str(gpt2_dir[0]), device_map="auto")
@@ -129,8 +131,9 @@ def test_missing_tokenizer(tmp_path: Path) -> None:
 def test_non_causal_model(tmp_path: Path) -> None:
     from transformers import BertConfig
 
-    BertConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2, intermediate_size=32,
-               vocab_size=50).save_pretrained(tmp_path)
+    BertConfig(
+        num_hidden_layers=1, hidden_size=16, num_attention_heads=2, intermediate_size=32, vocab_size=50
+    ).save_pretrained(tmp_path)
     with pytest.raises(UsageError, match=r"is not a causal LM \(model_type 'bert'"):
         load_model(str(tmp_path))
 
@@ -148,27 +151,46 @@ def test_registered_family_without_a_causal_head(tmp_path: Path) -> None:
 def test_unsupported_causal_family(tmp_path: Path) -> None:
     from transformers import OPTConfig
 
-    OPTConfig(num_hidden_layers=1, hidden_size=16, ffn_dim=32, num_attention_heads=2,
-              vocab_size=50, word_embed_proj_dim=16).save_pretrained(tmp_path)
-    with pytest.raises(UsageError, match=r"unsupported family 'opt'; supported families: "
-                                         r"gemma, gemma2, gpt2, gpt_neox, llama, mistral, qwen2, "
-                                         r"resstream"):
+    OPTConfig(
+        num_hidden_layers=1,
+        hidden_size=16,
+        ffn_dim=32,
+        num_attention_heads=2,
+        vocab_size=50,
+        word_embed_proj_dim=16,
+    ).save_pretrained(tmp_path)
+    with pytest.raises(
+        UsageError,
+        match=r"unsupported family 'opt'; supported families: "
+        r"gemma, gemma2, gpt2, gpt_neox, llama, mistral, qwen2, "
+        r"resstream",
+    ):
         load_model(str(tmp_path))
 
 
 def test_custom_code_needs_trust_remote_code(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "my_custom_lm", "architectures": ["MyCustomForCausalLM"],
-        "auto_map": {"AutoConfig": "configuration_my.MyConfig",
-                     "AutoModelForCausalLM": "modeling_my.MyForCausalLM"},
-    }))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "my_custom_lm",
+                "architectures": ["MyCustomForCausalLM"],
+                "auto_map": {
+                    "AutoConfig": "configuration_my.MyConfig",
+                    "AutoModelForCausalLM": "modeling_my.MyForCausalLM",
+                },
+            }
+        )
+    )
     with pytest.raises(UsageError, match=r"needs custom code.*trust_remote_code=True"):
         load_model(str(tmp_path))
 
 
 def test_hub_name_fails_fast_offline(hf_offline) -> None:
-    with pytest.raises(UsageError, match=r"model 'no-such-org/no-such-model' not found: .*"
-                                         r"offline mode is set \(HF_HUB_OFFLINE\)"):
+    with pytest.raises(
+        UsageError,
+        match=r"model 'no-such-org/no-such-model' not found: .*"
+        r"offline mode is set \(HF_HUB_OFFLINE\)",
+    ):
         load_model("no-such-org/no-such-model")
 
 
@@ -179,7 +201,9 @@ def test_messages_are_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(info.value)
 
 
-def test_check_model_refuses_what_load_model_refuses_without_reading_weights(tmp_path: Path, gpt2_dir) -> None:
+def test_check_model_refuses_what_load_model_refuses_without_reading_weights(
+    tmp_path: Path, gpt2_dir
+) -> None:
     from transformers import BertConfig
 
     from resstream.adapters import check_model
@@ -196,12 +220,17 @@ def test_check_model_refuses_what_load_model_refuses_without_reading_weights(tmp
     with pytest.raises(UsageError, match="cannot load its weights"):
         load_model(str(unread))
     bert = tmp_path / "bert"
-    BertConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2, intermediate_size=32,
-               vocab_size=50).save_pretrained(bert)
+    BertConfig(
+        num_hidden_layers=1, hidden_size=16, num_attention_heads=2, intermediate_size=32, vocab_size=50
+    ).save_pretrained(bert)
     no_tokenizer = tmp_path / "no-tokenizer"
     _tiny_gpt2(300).save_pretrained(no_tokenizer)
-    for spec, message in [(tmp_path / "nope", "does not exist"), (bert, "is not a causal LM"),
-                          (no_tokenizer, "has no tokenizer"), (tmp_path, "has no config.json")]:
+    for spec, message in [
+        (tmp_path / "nope", "does not exist"),
+        (bert, "is not a causal LM"),
+        (no_tokenizer, "has no tokenizer"),
+        (tmp_path, "has no config.json"),
+    ]:
         with pytest.raises(UsageError, match=message):
             check_model(str(spec))
 

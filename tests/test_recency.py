@@ -86,7 +86,9 @@ def test_batches_give_the_same_result_as_one() -> None:
         parts.update(attention_probs(view, ids[i : i + 1]))
     a, b = whole.result("m").layers[1].heads[3], parts.result("m").layers[1].heads[3]
     torch.testing.assert_close(torch.tensor(a.mean), torch.tensor(b.mean), atol=1e-7, rtol=0)
-    torch.testing.assert_close(torch.tensor(a.stderr), torch.tensor(b.stderr), atol=1e-7, rtol=0, equal_nan=True)
+    torch.testing.assert_close(
+        torch.tensor(a.stderr), torch.tensor(b.stderr), atol=1e-7, rtol=0, equal_nan=True
+    )
 
 
 def test_uniform_profile_equals_the_profile_of_uniform_attention() -> None:

@@ -17,15 +17,27 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 #: (seed, run) -> validation loss. Fixed-cut means: k0 3.6, k1 2.6, k2 2.8 -> best k = 1.
 VAL = {
-    (0, "baseline"): 2.0, (0, "fixed-k0"): 3.5, (0, "fixed-k1"): 2.5, (0, "fixed-k2"): 2.0, (0, "learned"): 3.0,
-    (1, "baseline"): 4.0, (1, "fixed-k0"): 3.7, (1, "fixed-k1"): 2.7, (1, "fixed-k2"): 3.6, (1, "learned"): 3.0,
+    (0, "baseline"): 2.0,
+    (0, "fixed-k0"): 3.5,
+    (0, "fixed-k1"): 2.5,
+    (0, "fixed-k2"): 2.0,
+    (0, "learned"): 3.0,
+    (1, "baseline"): 4.0,
+    (1, "fixed-k0"): 3.7,
+    (1, "fixed-k1"): 2.7,
+    (1, "fixed-k2"): 3.6,
+    (1, "learned"): 3.0,
 }
 #: (seed, run) -> (wikitext-2 ppl, lambada ppl, lambada last-word accuracy %).
 EVALS = {
-    (0, "baseline"): (10.0, 30.0, 20.0), (1, "baseline"): (20.0, 50.0, 30.0),
-    (0, "fixed-k1"): (12.0, 35.0, 40.0), (1, "fixed-k1"): (14.0, 45.0, 50.0),
-    (0, "learned"): (11.0, 60.0, 10.0), (1, "learned"): (13.0, 40.0, 20.0),
-    (0, "fixed-k0"): (1.0, 1.0, 99.0), (1, "fixed-k0"): (1.0, 1.0, 99.0),  # not the best cut: unused
+    (0, "baseline"): (10.0, 30.0, 20.0),
+    (1, "baseline"): (20.0, 50.0, 30.0),
+    (0, "fixed-k1"): (12.0, 35.0, 40.0),
+    (1, "fixed-k1"): (14.0, 45.0, 50.0),
+    (0, "learned"): (11.0, 60.0, 10.0),
+    (1, "learned"): (13.0, 40.0, 20.0),
+    (0, "fixed-k0"): (1.0, 1.0, 99.0),
+    (1, "fixed-k0"): (1.0, 1.0, 99.0),  # not the best cut: unused
 }
 
 
@@ -40,8 +52,16 @@ def run_entry(name: str, val: float) -> dict:
 
 
 def bench(name: str, perplexity: float, **extra) -> dict:
-    return {"name": name, "loss": math.log(perplexity), "perplexity": perplexity, "accuracy": 5.0,
-            "num_tokens": 100, "last_word_accuracy": None, "num_examples": None, **extra}
+    return {
+        "name": name,
+        "loss": math.log(perplexity),
+        "perplexity": perplexity,
+        "accuracy": 5.0,
+        "num_tokens": 100,
+        "last_word_accuracy": None,
+        "num_examples": None,
+        **extra,
+    }
 
 
 def write_sweep(root: Path, val: dict, evals: dict, *, in_sweep_json: set = frozenset()) -> Path:
@@ -54,18 +74,32 @@ def write_sweep(root: Path, val: dict, evals: dict, *, in_sweep_json: set = froz
         run_dir.mkdir(parents=True)
         if (seed, name) in evals:
             wiki, lam_ppl, lam_acc = evals[(seed, name)]
-            scores = [bench("wikitext-2", wiki),
-                      bench("lambada", lam_ppl, last_word_accuracy=lam_acc, num_examples=10)]
+            scores = [
+                bench("wikitext-2", wiki),
+                bench("lambada", lam_ppl, last_word_accuracy=lam_acc, num_examples=10),
+            ]
             if (seed, name) in in_sweep_json:
                 entry["eval"] = {s["name"]: s for s in scores}
             else:
                 (run_dir / "eval.json").write_text(json.dumps({"model": str(run_dir), "benchmarks": scores}))
         runs.setdefault(str(seed), {})[name] = entry
     seeds = sorted({seed for seed, _ in val})
-    (root / "sweep.json").write_text(json.dumps({
-        "format": "resstream-sweep", "version": 1, "n_layer": 3, "alpha": 0.5, "seeds": seeds,
-        "layers": [0, 1, 2], "learned": True, "benchmarks": ["wikitext-2", "lambada"], "config": {},
-        "runs": runs}))
+    (root / "sweep.json").write_text(
+        json.dumps(
+            {
+                "format": "resstream-sweep",
+                "version": 1,
+                "n_layer": 3,
+                "alpha": 0.5,
+                "seeds": seeds,
+                "layers": [0, 1, 2],
+                "learned": True,
+                "benchmarks": ["wikitext-2", "lambada"],
+                "config": {},
+                "runs": runs,
+            }
+        )
+    )
     return root
 
 
@@ -98,23 +132,36 @@ def test_best_fixed_cut_is_lowest_mean_val_loss(sweep_dir):
 def test_cells_mean_std_and_bold(sweep_dir):
     table = table_for(sweep_dir)
     assert [c.key for c in table.columns] == [
-        "val_loss", "wikitext-2/perplexity", "lambada/perplexity", "lambada/last_word_accuracy"]
+        "val_loss",
+        "wikitext-2/perplexity",
+        "lambada/perplexity",
+        "lambada/last_word_accuracy",
+    ]
     markdown = table.to_markdown()
     lines = markdown.splitlines()
-    assert lines[0] == ("| model | n | val loss | wikitext-2 ppl | lambada ppl | "
-                        "lambada last-word acc (%) |")
+    assert lines[0] == ("| model | n | val loss | wikitext-2 ppl | lambada ppl | lambada last-word acc (%) |")
     # Hand-computed: mean ± sample std (ddof = 1); std of (a, b) is |a - b| / sqrt(2).
-    assert lines[2] == "| baseline | 2 | 3.000 ± 1.414 | 15.000 ± 7.071 | **40.000 ± 14.142** | 25.000 ± 7.071 |"
-    assert lines[3] == ("| best fixed cut (k=1, α=0.5) | 2 | **2.600 ± 0.141** | 13.000 ± 1.414 | "
-                        "**40.000 ± 7.071** | **45.000 ± 7.071** |")
-    assert lines[4] == "| learned gate | 2 | 3.000 ± 0.000 | **12.000 ± 1.414** | 50.000 ± 14.142 | 15.000 ± 7.071 |"
+    assert (
+        lines[2] == "| baseline | 2 | 3.000 ± 1.414 | 15.000 ± 7.071 | **40.000 ± 14.142** | 25.000 ± 7.071 |"
+    )
+    assert lines[3] == (
+        "| best fixed cut (k=1, α=0.5) | 2 | **2.600 ± 0.141** | 13.000 ± 1.414 | "
+        "**40.000 ± 7.071** | **45.000 ± 7.071** |"
+    )
+    assert (
+        lines[4]
+        == "| learned gate | 2 | 3.000 ± 0.000 | **12.000 ± 1.414** | 50.000 ± 14.142 | 15.000 ± 7.071 |"
+    )
     assert "sample standard deviation (ddof = 1)" in markdown
     assert "k=0: 3.600 ± 0.141, k=1: 2.600 ± 0.141, k=2: 2.800 ± 1.131" in markdown
 
 
 def test_more_seeds_from_several_inputs(sweep_dir, tmp_path):
-    other = write_sweep(tmp_path / "other", {(2, "baseline"): 3.0, (2, "fixed-k1"): 2.6, (2, "learned"): 3.3},
-                        {(2, "baseline"): (15.0, 40.0, 25.0)})
+    other = write_sweep(
+        tmp_path / "other",
+        {(2, "baseline"): 3.0, (2, "fixed-k1"): 2.6, (2, "learned"): 3.3},
+        {(2, "baseline"): (15.0, 40.0, 25.0)},
+    )
     table = table_for(sweep_dir, other / "seed-2")
     baseline = table.rows[0]
     assert baseline.seeds == (0, 1, 2)
@@ -133,7 +180,10 @@ def test_single_seed_shows_no_std(sweep_dir):
 
 
 def test_missing_rows_and_columns():
-    records = [sw.RunRecord(0, "fixed-k0", "fixed", 0, 0.5, 2.0), sw.RunRecord(0, "fixed-k1", "fixed", 1, 0.5, 1.0)]
+    records = [
+        sw.RunRecord(0, "fixed-k0", "fixed", 0, 0.5, 2.0),
+        sw.RunRecord(0, "fixed-k1", "fixed", 1, 0.5, 1.0),
+    ]
     table = tables.compare_table(records, ["wikitext-2"])
     assert [row.key for row in table.rows] == ["fixed"]
     assert [c.key for c in table.columns] == ["val_loss", "wikitext-2/perplexity"]  # no accuracy: none saved
@@ -146,7 +196,7 @@ def test_csv_and_json(sweep_dir):
     rows = table.to_csv().splitlines()
     assert rows[0].startswith("row,label,cut_layer,alpha,n,val_loss mean,val_loss std,val_loss n")
     assert rows[1].startswith("baseline,baseline,,,2,3.0,1.414213562373")
-    assert rows[2].startswith("fixed,\"best fixed cut (k=1, α=0.5)\",1,0.5,2,2.6")
+    assert rows[2].startswith('fixed,"best fixed cut (k=1, α=0.5)",1,0.5,2,2.6')
     data = table.to_dict()
     assert data["best_fixed_cut"]["cut_layer"] == 1
     cell = data["rows"][2]["cells"]["wikitext-2/perplexity"]
@@ -157,17 +207,36 @@ def test_csv_and_json(sweep_dir):
 
 def test_saved_benchmarks(sweep_dir):
     records = sw.load_runs([sweep_dir])
-    assert tables.saved_benchmarks(records, ("wikitext-2", "lambada", "shakespeare")) == ("wikitext-2", "lambada")
+    assert tables.saved_benchmarks(records, ("wikitext-2", "lambada", "shakespeare")) == (
+        "wikitext-2",
+        "lambada",
+    )
 
 
 # ----------------------------------------------------------------------------- plots
 def hand_result(root: Path) -> sw.SweepResult:
-    runs = tuple(sw.RunRecord(seed, name, **{k: v for k, v in run_entry(name, loss).items()
-                                              if k in ("gate", "cut_layer", "alpha")}, val_loss=loss)
-                 for (seed, name), loss in VAL.items())
+    runs = tuple(
+        sw.RunRecord(
+            seed,
+            name,
+            **{k: v for k, v in run_entry(name, loss).items() if k in ("gate", "cut_layer", "alpha")},
+            val_loss=loss,
+        )
+        for (seed, name), loss in VAL.items()
+    )
     history = sw.GateHistory((1, 2, 3), ((0.4, 0.3, 0.3), (0.5, 0.3, 0.2), (0.6, 0.3, 0.1)))
-    return sw.SweepResult(root=root, n_layer=3, alpha=0.5, seeds=(0, 1), layers=(0, 1, 2), learned=True,
-                          benchmarks=(), runs=runs, gate_histories={0: history, 1: history}, config={})
+    return sw.SweepResult(
+        root=root,
+        n_layer=3,
+        alpha=0.5,
+        seeds=(0, 1),
+        layers=(0, 1, 2),
+        learned=True,
+        benchmarks=(),
+        runs=runs,
+        gate_histories={0: history, 1: history},
+        config={},
+    )
 
 
 def check_png(path: Path) -> np.ndarray:
@@ -198,8 +267,12 @@ def test_val_loss_plot(tmp_path):
 def test_gate_heatmap_data_and_png(tmp_path):
     run = tmp_path / "learned"
     run.mkdir()
-    records = [{"step": 1, "loss": 5.0, "gate": [0.5, 0.5]}, {"step": 2, "loss": 4.9, "gate": [0.6, 0.4]},
-               {"step": 2, "val_loss": 4.8}, {"step": 3, "loss": 4.7, "gate": [0.7, 0.3]}]
+    records = [
+        {"step": 1, "loss": 5.0, "gate": [0.5, 0.5]},
+        {"step": 2, "loss": 4.9, "gate": [0.6, 0.4]},
+        {"step": 2, "val_loss": 4.8},
+        {"step": 3, "loss": 4.7, "gate": [0.7, 0.3]},
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     history = sw.gate_history(run)
     assert history.to_dict() == {"steps": [1, 2, 3], "p": [[0.5, 0.5], [0.6, 0.4], [0.7, 0.3]]}
@@ -219,10 +292,21 @@ def test_heatmap_without_records_refused():
 
 def test_sweep_csv(tmp_path):
     result = hand_result(tmp_path)
-    result = sw.SweepResult(**{**result.__dict__, "benchmarks": ("wikitext-2",), "runs": (
-        sw.RunRecord(0, "baseline", "none", None, None, 2.0, evals={"wikitext-2": {"perplexity": 9.5}}),
-        sw.RunRecord(0, "fixed-k1", "fixed", 1, 0.5, 2.5))})
+    result = sw.SweepResult(
+        **{
+            **result.__dict__,
+            "benchmarks": ("wikitext-2",),
+            "runs": (
+                sw.RunRecord(
+                    0, "baseline", "none", None, None, 2.0, evals={"wikitext-2": {"perplexity": 9.5}}
+                ),
+                sw.RunRecord(0, "fixed-k1", "fixed", 1, 0.5, 2.5),
+            ),
+        }
+    )
     lines = tables.sweep_csv(result).splitlines()
-    assert lines[0].startswith("seed,name,gate,cut_layer,alpha,val_loss,wikitext-2/loss,wikitext-2/perplexity")
+    assert lines[0].startswith(
+        "seed,name,gate,cut_layer,alpha,val_loss,wikitext-2/loss,wikitext-2/perplexity"
+    )
     assert lines[1].startswith("0,baseline,none,,,2.0,,9.5,")
     assert lines[2].startswith("0,fixed-k1,fixed,1,0.5,2.5,,,")

@@ -10,8 +10,7 @@ from resstream.reporting.lens import plot_lens, terminal_lines, write_html
 
 def result():
     e = torch.eye(4)
-    states = torch.stack([torch.stack([e[0], e[2], e[3]]),
-                          torch.stack([e[2], e[3], e[1]])])
+    states = torch.stack([torch.stack([e[0], e[2], e[3]]), torch.stack([e[2], e[3], e[1]])])
     return trajectories(states, torch.tensor([0, 2, 3]), lambda x: x, model="toy")
 
 

@@ -18,14 +18,22 @@ from resstream.reporting.shift import (
 def fake(model: str, layers: int) -> SimpleNamespace:
     n = layers + 1
     return SimpleNamespace(
-        model=model, num_layers=layers, layers=tuple(range(n)), top_k=5, decoder="logit-lens",
-        num_tokens=1000, in_match=tuple(1 - i / layers for i in range(n)),
+        model=model,
+        num_layers=layers,
+        layers=tuple(range(n)),
+        top_k=5,
+        decoder="logit-lens",
+        num_tokens=1000,
+        in_match=tuple(1 - i / layers for i in range(n)),
         out_match=tuple(i / layers for i in range(n)),
         in_match_ci=tuple((max(0, 1 - i / layers - 0.05), min(1, 1 - i / layers + 0.05)) for i in range(n)),
         out_match_ci=tuple((max(0, i / layers - 0.05), min(1, i / layers + 0.05)) for i in range(n)),
-        cos_in=tuple(1 - i / n for i in range(n)), cos_out=tuple(i / n for i in range(n)),
-        projection=tuple(i / layers for i in range(n)), shift_layer=layers / 2,
-        shift_depths=tuple([0] + [10] * layers), never_shifted=3,
+        cos_in=tuple(1 - i / n for i in range(n)),
+        cos_out=tuple(i / n for i in range(n)),
+        projection=tuple(i / layers for i in range(n)),
+        shift_layer=layers / 2,
+        shift_depths=tuple([0] + [10] * layers),
+        never_shifted=3,
     )
 
 

@@ -68,8 +68,12 @@ def test_sample_sequences_with_and_without_bos():
     with_bos = sample_sequences(docs, WordTokenizer(adds_bos=True), num_seqs=5, seq_len=5, seed=0)
     assert with_bos.bos_prepended and with_bos.windows_available == 5
     assert [s.tolist() for s in with_bos.sequences] == [
-        [1, 10, 11, 12, 13], [1, 14, 15, 16, 17], [1, 18, 19, 20, 21],
-        [1, 22, 23, 24, 25], [1, 26, 27, 28, 29]]
+        [1, 10, 11, 12, 13],
+        [1, 14, 15, 16, 17],
+        [1, 18, 19, 20, 21],
+        [1, 22, 23, 24, 25],
+        [1, 26, 27, 28, 29],
+    ]
     never = sample_sequences(docs, WordTokenizer(adds_bos=True), num_seqs=1, seq_len=5, bos="never")
     assert not never.bos_prepended
 
@@ -86,10 +90,13 @@ def test_asking_for_more_sequences_than_the_corpus_holds_says_how_many_it_holds(
         sample_sequences(["1 2 3 4 5 6 7 8"], WordTokenizer(), num_seqs=5, seq_len=2, corpus_name="tiny")
 
 
-@pytest.mark.parametrize(("kwargs", "pattern"), [
-    ({"num_seqs": 0, "seq_len": 4}, "--num-seqs 0 must be >= 1"),
-    ({"num_seqs": 1, "seq_len": 1}, "--seq-len 1 is too short"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"num_seqs": 0, "seq_len": 4}, "--num-seqs 0 must be >= 1"),
+        ({"num_seqs": 1, "seq_len": 1}, "--seq-len 1 is too short"),
+    ],
+)
 def test_bad_sizes(kwargs, pattern):
     with pytest.raises(UsageError, match=pattern):
         sample_sequences(["1 2 3"], WordTokenizer(), **kwargs)

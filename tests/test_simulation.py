@@ -152,18 +152,14 @@ def test_vectorised_simulation_matches_the_reference_loop(layernorm, residual):
     assert slow.method == "reference loop" and fast.method == "vectorised"
     for a, b in zip(fast.layers, slow.layers, strict=True):
         torch.testing.assert_close(torch.tensor(a.mean), torch.tensor(b.mean), rtol=0, atol=1e-6)
-        torch.testing.assert_close(
-            torch.tensor(a.stderr), torch.tensor(b.stderr), rtol=0, atol=1e-6
-        )
+        torch.testing.assert_close(torch.tensor(a.stderr), torch.tensor(b.stderr), rtol=0, atol=1e-6)
 
 
 # ------------------------------------------------------------- inputs and chunk sizes
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 64])
-@pytest.mark.parametrize(
-    ("tokens", "dim", "layernorm"), [(5, 7, True), (6, 3, False), (4, 2, True)]
-)
+@pytest.mark.parametrize(("tokens", "dim", "layernorm"), [(5, 7, True), (6, 3, False), (4, 2, True)])
 def test_random_draws_do_not_depend_on_the_chunk_size(chunk, tokens, dim, layernorm):
     base = SimulationConfig(tokens=tokens, dim=dim, simulations=101, gamma=0.3, layernorm=layernorm)
     whole, chunked = replace(base, chunk_size=101), replace(base, chunk_size=chunk)
@@ -186,9 +182,7 @@ def test_results_do_not_depend_on_the_chunk_size(sampling):
     for chunk in (7, 256):
         other = simulate(replace(base, chunk_size=chunk))
         for a, b in zip(reference.layers, other.layers, strict=True):
-            torch.testing.assert_close(
-                torch.tensor(a.mean), torch.tensor(b.mean), rtol=0, atol=1e-6
-            )
+            torch.testing.assert_close(torch.tensor(a.mean), torch.tensor(b.mean), rtol=0, atol=1e-6)
             torch.testing.assert_close(
                 torch.tensor(a.step_stderr[-1]), torch.tensor(b.step_stderr[-1]), rtol=1e-4, atol=0
             )
@@ -220,9 +214,7 @@ def test_embeddings_have_mean_pairwise_cosine_gamma(gamma):
 def test_gram_sampler_has_the_anisotropy_convention(gamma):
     # E[G_ij] = γ·E[G_ii] = σ²·d·γ exactly: the per-simulation G_ij − γ·(G_ii + G_jj)/2 has
     # mean 0, and G_ii has mean σ²·d.
-    config = SimulationConfig(
-        tokens=5, dim=9, simulations=40_000, gamma=gamma, sigma=0.5, layernorm=False
-    )
+    config = SimulationConfig(tokens=5, dim=9, simulations=40_000, gamma=gamma, sigma=0.5, layernorm=False)
     g = torch.cat(list(input_grams(config)), dim=-1).double()
     diagonal = torch.diagonal(g, dim1=0, dim2=1).T
     i, j = torch.triu_indices(5, 5, offset=1)
@@ -238,9 +230,7 @@ def test_token_mixing_is_a_square_root_of_the_token_covariance():
     torch.testing.assert_close(root @ root.T, covariance.double())
 
 
-@pytest.mark.parametrize(
-    ("tokens", "dim", "layernorm"), [(5, 7, True), (5, 7, False), (6, 3, True)]
-)
+@pytest.mark.parametrize(("tokens", "dim", "layernorm"), [(5, 7, True), (5, 7, False), (6, 3, True)])
 def test_gram_sampler_matches_embedding_grams_in_distribution(tokens, dim, layernorm):
     # Bartlett (incl. the rank-deficient d − 1 < n case) against X·Xᵀ / X·C·Xᵀ of drawn
     # embeddings: first and second moments of every entry agree within 4 standard errors.
@@ -262,9 +252,7 @@ def test_gram_sampler_matches_embedding_grams_in_distribution(tokens, dim, layer
 
 
 def test_both_samplings_give_the_same_attention_in_distribution():
-    base = SimulationConfig(
-        layers=3, tokens=6, dim=5, simulations=20_000, gamma=0.4, residual=True, seed=1
-    )
+    base = SimulationConfig(layers=3, tokens=6, dim=5, simulations=20_000, gamma=0.4, residual=True, seed=1)
     a = simulate(base)
     b = simulate(replace(base, sampling="embeddings", seed=2))
     for la, lb in zip(a.layers, b.layers, strict=True):
@@ -321,9 +309,7 @@ def test_moment_accumulator_merges_chunks_without_cancellation():
         accumulator.add(part.clone())
     exact = values.double()
     torch.testing.assert_close(accumulator.mean, exact.mean(1), rtol=1e-7, atol=0)
-    torch.testing.assert_close(
-        accumulator.stderr(), exact.std(1) / math.sqrt(5000), rtol=1e-3, atol=0
-    )
+    torch.testing.assert_close(accumulator.stderr(), exact.std(1) / math.sqrt(5000), rtol=1e-3, atol=0)
     single = MomentAccumulator(1)
     single.add(torch.ones(1, 1))
     assert math.isnan(single.stderr().item())

@@ -17,8 +17,10 @@ BENCHMARKS = ("openwebtext", "lambada")
 
 def corpus_text() -> str:
     """A small, repetitive English text: enough tokens for 16-token windows."""
-    words = ("a small river runs past the old mill where two millers grind corn every morning "
-             "and sing about the weather the harvest and the price of bread").split()
+    words = (
+        "a small river runs past the old mill where two millers grind corn every morning "
+        "and sing about the weather the harvest and the price of bread"
+    ).split()
     lines = [" ".join(words[(i * 5 + j) % len(words)] for j in range(14)) for i in range(300)]
     return "\n".join(lines) + "\n"
 
@@ -35,20 +37,36 @@ def write_data_dir(root):
     (data / "openwebtext").mkdir(parents=True)
     (data / "openwebtext" / "openwebtext_first100docs.txt").write_text(corpus_text()[:3000], encoding="utf-8")
     (data / "lambada").mkdir()
-    passages = ["the miller sings about the weather every morning",
-                "two millers grind corn and sing about the price of bread",
-                "a small river runs past the old mill"]
+    passages = [
+        "the miller sings about the weather every morning",
+        "two millers grind corn and sing about the price of bread",
+        "a small river runs past the old mill",
+    ]
     (data / "lambada" / "lambada_test.jsonl").write_text(
-        "".join(json.dumps({"text": p}) + "\n" for p in passages), encoding="utf-8")
+        "".join(json.dumps({"text": p}) + "\n" for p in passages), encoding="utf-8"
+    )
     return data
 
 
 def tiny_values(root, **overrides):
     """Flat config values of a seconds-long run on the corpus in `root`."""
-    values = dict(dataset=str(root / "corpus.txt"), n_layer=2, n_head=2, d_model=16, block_size=16,
-                  bpe_vocab_size=300, max_steps=3, batch_size=4, eval_interval=3, eval_batches=1,
-                  checkpoint_interval=3, warmup_steps=1, cache_dir=str(root / "cache"), threads=1,
-                  device="cpu")
+    values = dict(
+        dataset=str(root / "corpus.txt"),
+        n_layer=2,
+        n_head=2,
+        d_model=16,
+        block_size=16,
+        bpe_vocab_size=300,
+        max_steps=3,
+        batch_size=4,
+        eval_interval=3,
+        eval_batches=1,
+        checkpoint_interval=3,
+        warmup_steps=1,
+        cache_dir=str(root / "cache"),
+        threads=1,
+        device="cpu",
+    )
     values.update(overrides)
     return values
 
@@ -67,19 +85,26 @@ def swept(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
     write_corpus(root)
     data = write_data_dir(root)
-    plan = sw.plan_sweep(tiny_config(root, max_steps=4, eval_interval=2, data_dir=str(data)),
-                         seeds=(0, 1))
+    plan = sw.plan_sweep(tiny_config(root, max_steps=4, eval_interval=2, data_dir=str(data)), seeds=(0, 1))
     lines: list[str] = []
-    result = sw.run_sweep(plan, root / "out", benchmarks=BENCHMARKS, max_eval_tokens=200,
-                          progress=False, log=lines.append)
+    result = sw.run_sweep(
+        plan, root / "out", benchmarks=BENCHMARKS, max_eval_tokens=200, progress=False, log=lines.append
+    )
     return plan, result, root / "out", lines
 
 
 def test_plan_names_and_configs(tmp_path):
     plan = sw.plan_sweep(tiny_config(tmp_path, n_layer=3, alpha=0.25), seeds=(3, 5), layers=(2, 0))
     assert [(r.seed, r.name) for r in plan.runs] == [
-        (3, "baseline"), (3, "fixed-k0"), (3, "fixed-k2"), (3, "learned"),
-        (5, "baseline"), (5, "fixed-k0"), (5, "fixed-k2"), (5, "learned")]
+        (3, "baseline"),
+        (3, "fixed-k0"),
+        (3, "fixed-k2"),
+        (3, "learned"),
+        (5, "baseline"),
+        (5, "fixed-k0"),
+        (5, "fixed-k2"),
+        (5, "learned"),
+    ]
     fixed = plan.runs[2].config.model
     assert (fixed.gate, fixed.cut_layer, fixed.alpha) == ("fixed", 2, 0.25)
     assert plan.runs[0].config.model.gate == "none" and plan.runs[3].config.model.gate == "learned"
@@ -90,11 +115,14 @@ def test_plan_names_and_configs(tmp_path):
     assert no_learned.seeds == (0,)
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("0,x", "--seeds: 'x' is not an integer"),
-    ("1.5", "--seeds: '1.5' is not an integer"),
-    ("", "--seeds: '' is empty"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("0,x", "--seeds: 'x' is not an integer"),
+        ("1.5", "--seeds: '1.5' is not an integer"),
+        ("", "--seeds: '' is empty"),
+    ],
+)
 def test_parse_int_list_rejects(text, message):
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(".", r"\.")):
         sw.parse_int_list(text, "--seeds")
@@ -121,11 +149,17 @@ def test_run_directories(swept):
     _, result, out, lines = swept
     found = {str(p.parent.relative_to(out)) for p in out.glob("seed-*/*/model.json")}
     assert found == {f"seed-{s}/{n}" for s in (0, 1) for n in ("baseline", "fixed-k0", "fixed-k1", "learned")}
-    assert [line.split(":")[0] for line in lines[:2]] == ["sweep [1/8] seed 0 baseline",
-                                                          "sweep [2/8] seed 0 fixed-k0"]
+    assert [line.split(":")[0] for line in lines[:2]] == [
+        "sweep [1/8] seed 0 baseline",
+        "sweep [2/8] seed 0 fixed-k0",
+    ]
     assert any(line.startswith("evaluate [8/8] seed 1 learned") for line in lines)
     assert [(r.seed, r.name) for r in result.runs][:4] == [
-        (0, "baseline"), (0, "fixed-k0"), (0, "fixed-k1"), (0, "learned")]
+        (0, "baseline"),
+        (0, "fixed-k0"),
+        (0, "fixed-k1"),
+        (0, "learned"),
+    ]
 
 
 def test_alpha_one_reproduces_the_baseline(tmp_path):
@@ -137,16 +171,17 @@ def test_alpha_one_reproduces_the_baseline(tmp_path):
         base = step_losses(tmp_path / "out" / f"seed-{seed}" / "baseline")
         fixed = step_losses(tmp_path / "out" / f"seed-{seed}" / "fixed-k1")
         assert len(base) == 3 and base == fixed  # exact, step by step
-    assert step_losses(tmp_path / "out" / "seed-0" / "baseline")[0] != \
-        step_losses(tmp_path / "out" / "seed-1" / "baseline")[0]
+    assert (
+        step_losses(tmp_path / "out" / "seed-0" / "baseline")[0]
+        != step_losses(tmp_path / "out" / "seed-1" / "baseline")[0]
+    )
 
 
 def test_same_seed_same_first_batch_with_cut(swept):
     """With α < 1 the losses differ, but only through the model: step 1 starts from equal
     weights on equal batches, so the first losses are close; a different seed is not."""
     _, _, out, _ = swept
-    first = {(s, n): step_losses(out / f"seed-{s}" / n)[0]
-             for s in (0, 1) for n in ("baseline", "fixed-k1")}
+    first = {(s, n): step_losses(out / f"seed-{s}" / n)[0] for s in (0, 1) for n in ("baseline", "fixed-k1")}
     assert first[(0, "baseline")] != first[(1, "baseline")]
     assert abs(first[(0, "baseline")] - first[(0, "fixed-k1")]) < 0.05
 
@@ -162,8 +197,16 @@ def test_sweep_json(swept):
     for seed in ("0", "1"):
         runs = data["runs"][seed]
         assert list(runs) == ["baseline", "fixed-k0", "fixed-k1", "learned"]
-        assert (runs["baseline"]["gate"], runs["baseline"]["cut_layer"], runs["baseline"]["alpha"]) == ("none", None, None)
-        assert (runs["fixed-k1"]["gate"], runs["fixed-k1"]["cut_layer"], runs["fixed-k1"]["alpha"]) == ("fixed", 1, 0.5)
+        assert (runs["baseline"]["gate"], runs["baseline"]["cut_layer"], runs["baseline"]["alpha"]) == (
+            "none",
+            None,
+            None,
+        )
+        assert (runs["fixed-k1"]["gate"], runs["fixed-k1"]["cut_layer"], runs["fixed-k1"]["alpha"]) == (
+            "fixed",
+            1,
+            0.5,
+        )
         assert runs["learned"]["gate"] == "learned"
         for name, run in runs.items():
             meta = json.loads((out / f"seed-{seed}" / name / "model.json").read_text())
@@ -233,7 +276,9 @@ def test_restart_with_another_config_is_refused(tmp_path):
     plan = sw.plan_sweep(tiny_config(tmp_path), layers=(0,), learned=False)
     sw.run_sweep(plan, tmp_path / "out", progress=False)
     other = sw.plan_sweep(tiny_config(tmp_path, max_steps=5), layers=(0,), learned=False)
-    with pytest.raises(UsageError, match=r"seed-0/baseline trained with a different config \(run.max_steps: 3 -> 5\)"):
+    with pytest.raises(
+        UsageError, match=r"seed-0/baseline trained with a different config \(run.max_steps: 3 -> 5\)"
+    ):
         sw.check_existing(other, tmp_path / "out")
 
 
@@ -242,7 +287,9 @@ def test_find_runs_from_sweep_and_seed_dirs(swept):
     everything = sw.find_runs(out)
     assert len(everything) == 8
     seed1 = sw.find_runs(out / "seed-1")
-    assert {(r.seed, r.name) for r in seed1} == {(1, n) for n in ("baseline", "fixed-k0", "fixed-k1", "learned")}
+    assert {(r.seed, r.name) for r in seed1} == {
+        (1, n) for n in ("baseline", "fixed-k0", "fixed-k1", "learned")
+    }
     assert len(sw.load_runs([out, out / "seed-1"])) == 8  # listed twice, counted once
     lossless = {(r.seed, r.name): r.val_loss for r in result.runs}
     assert {(r.seed, r.name): r.val_loss for r in everything} == lossless
@@ -256,8 +303,11 @@ def test_find_runs_without_sweep_json(swept, tmp_path):
     shutil.copytree(out / "seed-0", copy / "seed-0")
     records = sw.find_runs(copy)
     assert {r.name: (r.gate, r.cut_layer, r.alpha) for r in records} == {
-        "baseline": ("none", None, None), "fixed-k0": ("fixed", 0, 0.5), "fixed-k1": ("fixed", 1, 0.5),
-        "learned": ("learned", None, None)}
+        "baseline": ("none", None, None),
+        "fixed-k0": ("fixed", 0, 0.5),
+        "fixed-k1": ("fixed", 1, 0.5),
+        "learned": ("learned", None, None),
+    }
     expected = {r.name: r.val_loss for r in result.runs if r.seed == 0}
     assert {r.name: r.val_loss for r in records} == expected
 

@@ -19,8 +19,10 @@ GOLDEN_LOSSES = [5.715660572052002, 5.68874454498291, 5.6462931632995605, 5.5657
 
 
 def corpus_text() -> str:
-    words = ("the quick brown fox jumps over the lazy dog while seven wizards quietly judge "
-             "boxing matches and a king of england sings of love and war").split()
+    words = (
+        "the quick brown fox jumps over the lazy dog while seven wizards quietly judge "
+        "boxing matches and a king of england sings of love and war"
+    ).split()
     lines = [" ".join(words[(i * 7 + j) % len(words)] for j in range(12)) for i in range(400)]
     return "\n".join(lines) + "\n"
 
@@ -33,9 +35,22 @@ def corpus(tmp_path):
 
 
 def tiny_config(corpus, tmp_path, **overrides):
-    values = dict(dataset=str(corpus), n_layer=2, n_head=2, d_model=16, block_size=16,
-                  bpe_vocab_size=300, max_steps=8, batch_size=4, eval_interval=4, eval_batches=2,
-                  checkpoint_interval=4, warmup_steps=2, cache_dir=str(tmp_path / "cache"), threads=1)
+    values = dict(
+        dataset=str(corpus),
+        n_layer=2,
+        n_head=2,
+        d_model=16,
+        block_size=16,
+        bpe_vocab_size=300,
+        max_steps=8,
+        batch_size=4,
+        eval_interval=4,
+        eval_batches=2,
+        checkpoint_interval=4,
+        warmup_steps=2,
+        cache_dir=str(tmp_path / "cache"),
+        threads=1,
+    )
     values.update(overrides)
     return build_config(values)
 
@@ -113,7 +128,9 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, 
 
     monkeypatch.setattr(loop.Trainer, "train_step", poisoned)
     run = tmp_path / "run"
-    with pytest.raises(RunError, match=r"non-finite training loss \(nan\) at step 6; stopped, last good checkpoint: step 4"):
+    with pytest.raises(
+        RunError, match=r"non-finite training loss \(nan\) at step 6; stopped, last good checkpoint: step 4"
+    ):
         train(tiny_config(corpus, tmp_path), run, progress=False)
     good = ckpt.load_checkpoint(run)
     assert good.step == 4
@@ -156,8 +173,12 @@ def test_resuming_a_finished_run_keeps_its_validation_loss(corpus, tmp_path):
 def test_resume_applies_changed_optimizer_settings(corpus, tmp_path):
     run = tmp_path / "run"
     train(tiny_config(corpus, tmp_path, max_steps=4), run, progress=False)
-    trainer = loop.Trainer(tiny_config(corpus, tmp_path, max_steps=8, lr=1e-3, min_lr=1e-4,
-                                       weight_decay=0.0, beta2=0.99), run, resume=True, progress=False)
+    trainer = loop.Trainer(
+        tiny_config(corpus, tmp_path, max_steps=8, lr=1e-3, min_lr=1e-4, weight_decay=0.0, beta2=0.99),
+        run,
+        resume=True,
+        progress=False,
+    )
     groups = {g["name"]: g for g in trainer.optimizer.param_groups}
     assert groups["decay"]["base_lr"] == 1e-3 and groups["decay"]["weight_decay"] == 0.0
     assert groups["no_decay"]["betas"] == (0.9, 0.99)
@@ -172,7 +193,9 @@ def test_non_finite_gradient_with_finite_loss_stops_before_the_update(corpus, tm
         return real_step(self, step, **kwargs)
 
     monkeypatch.setattr(loop.Trainer, "train_step", poisoned)
-    with pytest.raises(RunError, match=r"non-finite gradient norm \(\w+\) at step 6; stopped, last good checkpoint: step 4"):
+    with pytest.raises(
+        RunError, match=r"non-finite gradient norm \(\w+\) at step 6; stopped, last good checkpoint: step 4"
+    ):
         train(tiny_config(corpus, tmp_path), tmp_path / "run", progress=False)
 
 

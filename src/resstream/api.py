@@ -61,12 +61,17 @@ def decoding_note(view: Any, kind: str) -> str:
         return "W_E · h (input embedding matrix, no norm)"
     matrix = "W_U = W_E (tied)" if view.tied else "the model's own unembedding W_U (untied from W_E)"
     bias = " + b_U" if getattr(view, "b_U", None) is not None else ""
-    cap = "; logit soft-capping ignored (monotone, ranks unchanged)" if getattr(view, "logit_softcap", None) else ""
+    cap = (
+        "; logit soft-capping ignored (monotone, ranks unchanged)"
+        if getattr(view, "logit_softcap", None)
+        else ""
+    )
     return f"final norm, then {matrix}{bias}{cap}"
 
 
 def decode_scores(decoder: Any) -> Any:
     """A function (n, d) states -> (n, vocab) fp32 scores for `decoder` (used by the lens)."""
+
     def decode(h: torch.Tensor) -> torch.Tensor:
         x = decoder.norm(h) if decoder.norm is not None else h
         scores = x.float() @ decoder.matrix.float().T
@@ -83,14 +88,25 @@ def check_top_k(top_k: int, vocab: int) -> None:
 def check_length(length: int, view: Any, what: str) -> None:
     """UsageError when `length` tokens exceed the model's context; `what` names them ({n})."""
     if view.max_positions is not None and length > view.max_positions:
-        raise UsageError(f"{what.format(n=length)} is longer than the model's context of "
-                         f"{view.max_positions} tokens; allowed: 2..{view.max_positions}")
+        raise UsageError(
+            f"{what.format(n=length)} is longer than the model's context of "
+            f"{view.max_positions} tokens; allowed: 2..{view.max_positions}"
+        )
 
 
-def lens(text: str, *, model: str | None = None, positions: range | slice | None = None, top_k: int = 1,
-         decoder: str = "logit-lens", dtype: str = "auto", device: str = "auto",
-         device_map: str | None = None, trust_remote_code: bool = False,
-         progress: bool = True) -> tuple[Any, Any]:
+def lens(
+    text: str,
+    *,
+    model: str | None = None,
+    positions: range | slice | None = None,
+    top_k: int = 1,
+    decoder: str = "logit-lens",
+    dtype: str = "auto",
+    device: str = "auto",
+    device_map: str | None = None,
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> tuple[Any, Any]:
     """Decoding trajectories of `text`: returns (LensResult, tokenizer).
 
     `model`, `dtype`, `device`, `device_map`, `trust_remote_code` and `progress` are those
@@ -102,8 +118,14 @@ def lens(text: str, *, model: str | None = None, positions: range | slice | None
 
     if not text.strip():
         raise UsageError("--text is empty")
-    loaded = load_model(model, dtype=dtype, device=device, device_map=device_map,
-                        trust_remote_code=trust_remote_code, progress=progress)
+    loaded = load_model(
+        model,
+        dtype=dtype,
+        device=device,
+        device_map=device_map,
+        trust_remote_code=trust_remote_code,
+        progress=progress,
+    )
     view = loaded.view
     ids = loaded.tokenizer(text, add_special_tokens=True, return_tensors="pt")["input_ids"]
     check_length(ids.shape[1], view, "the text ({n} tokens)")
@@ -111,8 +133,15 @@ def lens(text: str, *, model: str | None = None, positions: range | slice | None
     positions = _position_range(positions, ids.shape[1])
     device_of = next(view.model.parameters()).device
     states = residual_states(view, ids.to(device_of))[:, 0]
-    result = trajectories(states, ids[0], decode_scores(make_decoder(view, decoder)), top_k=top_k,
-                          positions=positions, model=loaded.name, decoder=decoder)
+    result = trajectories(
+        states,
+        ids[0],
+        decode_scores(make_decoder(view, decoder)),
+        top_k=top_k,
+        positions=positions,
+        model=loaded.name,
+        decoder=decoder,
+    )
     return replace(result, decoding=decoding_note(view, decoder)), loaded.tokenizer
 
 
@@ -123,8 +152,10 @@ def _position_range(positions: range | slice | None, length: int) -> range | Non
     start = positions.start or 0
     stop = length if positions.stop is None else positions.stop
     if start < 0 or stop > length or stop <= start:
-        raise UsageError(f"--positions {start}:{stop} is outside the text's 0:{length} tokens; "
-                         f"allowed: A:B with 0 <= A < B <= {length}")
+        raise UsageError(
+            f"--positions {start}:{stop} is outside the text's 0:{length} tokens; "
+            f"allowed: A:B with 0 <= A < B <= {length}"
+        )
     return range(start, stop)
 
 
@@ -132,8 +163,11 @@ def _check_sample_length(sample: Any, view: Any, source: str) -> None:
     """The longest sampled sequence (or pinned row, named by number) must fit the context."""
     lengths = [len(seq) for seq in sample.sequences]
     longest = max(range(len(lengths)), key=lengths.__getitem__)
-    what = "--seq-len {n}" if sample.windows_available is not None else \
-        f"row {longest + 1} of {source!r} ({{n}} tokens)"
+    what = (
+        "--seq-len {n}"
+        if sample.windows_available is not None
+        else f"row {longest + 1} of {source!r} ({{n}} tokens)"
+    )
     check_length(lengths[longest], view, what)
 
 
@@ -143,12 +177,21 @@ def _check_vocabulary(sample: Any, vocab: int, source: str) -> None:
         top = int(seq.max())
         if top >= vocab:
             where = f"row {row} of {source!r}" if sample.windows_available is None else f"{source!r}"
-            raise UsageError(f"{where} holds token id {top}, outside the model's vocabulary of {vocab} "
-                             f"(allowed: 0..{vocab - 1})")
+            raise UsageError(
+                f"{where} holds token id {top}, outside the model's vocabulary of {vocab} "
+                f"(allowed: 0..{vocab - 1})"
+            )
 
 
-def _sample(dataset: str, tokenizer: Any, *, num_seqs: int, seq_len: int, seed: int,
-            data_dir: str | os.PathLike[str] | None) -> tuple[Any, str | None]:
+def _sample(
+    dataset: str,
+    tokenizer: Any,
+    *,
+    num_seqs: int,
+    seq_len: int,
+    seed: int,
+    data_dir: str | os.PathLike[str] | None,
+) -> tuple[Any, str | None]:
     from resstream.data import load_token_rows, stream_corpus
     from resstream.data.sampling import sample_sequences, sample_token_rows
 
@@ -157,10 +200,12 @@ def _sample(dataset: str, tokenizer: Any, *, num_seqs: int, seq_len: int, seed: 
         if rows is not None:
             digest = hashlib.sha256(Path(dataset).read_bytes()).hexdigest()[:16]
             return sample_token_rows(rows, source=dataset), digest
-    corpus = stream_corpus(dataset, split=ANALYSIS_SPLITS.get(dataset.strip().lower(), "train"),
-                           data_dir=data_dir)
-    sample = sample_sequences(corpus, tokenizer, num_seqs=num_seqs, seq_len=seq_len, seed=seed,
-                              corpus_name=dataset)
+    corpus = stream_corpus(
+        dataset, split=ANALYSIS_SPLITS.get(dataset.strip().lower(), "train"), data_dir=data_dir
+    )
+    sample = sample_sequences(
+        corpus, tokenizer, num_seqs=num_seqs, seq_len=seq_len, seed=seed, corpus_name=dataset
+    )
     return sample, corpus.fingerprint
 
 
@@ -174,11 +219,23 @@ def _batches(sequences: Sequence[torch.Tensor], batch_size: int) -> Iterator[tor
             yield torch.stack(group[start : start + batch_size])
 
 
-def shift(models: Sequence[str | None] = (None,), *, dataset: str = "shakespeare", num_seqs: int = 64,
-          seq_len: int = 128, top_k: int = 5, decoder: str = "logit-lens", batch_size: int = 8,
-          seed: int = 0, data_dir: str | os.PathLike[str] | None = None, dtype: str = "auto",
-          device: str = "auto", device_map: str | None = None, trust_remote_code: bool = False,
-          progress: bool = True) -> ShiftReport:
+def shift(
+    models: Sequence[str | None] = (None,),
+    *,
+    dataset: str = "shakespeare",
+    num_seqs: int = 64,
+    seq_len: int = 128,
+    top_k: int = 5,
+    decoder: str = "logit-lens",
+    batch_size: int = 8,
+    seed: int = 0,
+    data_dir: str | os.PathLike[str] | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
+    device_map: str | None = None,
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> ShiftReport:
     """Layer-wise alignment with the input and the next token over a corpus sample.
 
     Each model gets `num_seqs` windows of `seq_len` tokens sampled from `dataset` with `seed`
@@ -191,17 +248,31 @@ def shift(models: Sequence[str | None] = (None,), *, dataset: str = "shakespeare
     results, rule, sample, fingerprint = [], "", None, None
     corpus = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir)
     for loaded, sample, fingerprint in _each_model(
-            models, corpus, batch_size=batch_size, dtype=dtype, device=device, device_map=device_map,
-            trust_remote_code=trust_remote_code, progress=progress,
-            check=lambda view: check_top_k(top_k, view.W_U.shape[0])):
+        models,
+        corpus,
+        batch_size=batch_size,
+        dtype=dtype,
+        device=device,
+        device_map=device_map,
+        trust_remote_code=trust_remote_code,
+        progress=progress,
+        check=lambda view: check_top_k(top_k, view.W_U.shape[0]),
+    ):
         rule = sample.rule
-        result = _align(loaded, sample.sequences, top_k=top_k, decoder=decoder, batch_size=batch_size,
-                        progress=progress)
+        result = _align(
+            loaded, sample.sequences, top_k=top_k, decoder=decoder, batch_size=batch_size, progress=progress
+        )
         results.append(replace(result, sample=rule))
         del loaded  # free this model before the next is loaded
     lengths = {len(s) for s in sample.sequences} if sample is not None else set()
-    return ShiftReport(tuple(results), dataset, rule, fingerprint, len(sample.sequences) if sample else 0,
-                       lengths.pop() if len(lengths) == 1 else None)
+    return ShiftReport(
+        tuple(results),
+        dataset,
+        rule,
+        fingerprint,
+        len(sample.sequences) if sample else 0,
+        lengths.pop() if len(lengths) == 1 else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -216,9 +287,18 @@ class CorpusRequest:
     data_dir: str | os.PathLike[str] | None
 
 
-def _each_model(models: Sequence[str | None], corpus: CorpusRequest, *, batch_size: int, dtype: str,
-                device: str, device_map: str | None, trust_remote_code: bool, progress: bool,
-                check: Any = None) -> Iterator[tuple[Any, Any, str | None]]:
+def _each_model(
+    models: Sequence[str | None],
+    corpus: CorpusRequest,
+    *,
+    batch_size: int,
+    dtype: str,
+    device: str,
+    device_map: str | None,
+    trust_remote_code: bool,
+    progress: bool,
+    check: Any = None,
+) -> Iterator[tuple[Any, Any, str | None]]:
     """(loaded model, its sample, dataset fingerprint) for each model in turn.
 
     Every model is checked before any is loaded, so a bad one is refused before time is spent
@@ -238,16 +318,28 @@ def _each_model(models: Sequence[str | None], corpus: CorpusRequest, *, batch_si
         check_model(spec, trust_remote_code=trust_remote_code)
     samples: dict[str, tuple[Any, str | None]] = {}  # models sharing a tokenizer share a sample
     for spec in models:
-        loaded = load_model(spec, dtype=dtype, device=device, device_map=device_map,
-                            trust_remote_code=trust_remote_code, progress=progress)
+        loaded = load_model(
+            spec,
+            dtype=dtype,
+            device=device,
+            device_map=device_map,
+            trust_remote_code=trust_remote_code,
+            progress=progress,
+        )
         if check is not None:
             check(loaded.view)
         if not corpus.dataset.endswith(".jsonl"):  # pinned rows are checked once read
             check_length(corpus.seq_len, loaded.view, "--seq-len {n}")
         key = tokenizer_fingerprint(loaded.tokenizer)
         if key not in samples:
-            samples[key] = _sample(corpus.dataset, loaded.tokenizer, num_seqs=corpus.num_seqs,
-                                   seq_len=corpus.seq_len, seed=corpus.seed, data_dir=corpus.data_dir)
+            samples[key] = _sample(
+                corpus.dataset,
+                loaded.tokenizer,
+                num_seqs=corpus.num_seqs,
+                seq_len=corpus.seq_len,
+                seed=corpus.seed,
+                data_dir=corpus.data_dir,
+            )
         sample, fingerprint = samples[key]
         _check_vocabulary(sample, loaded.view.W_U.shape[0], corpus.dataset)
         _check_sample_length(sample, loaded.view, corpus.dataset)
@@ -255,8 +347,9 @@ def _each_model(models: Sequence[str | None], corpus: CorpusRequest, *, batch_si
         del loaded
 
 
-def _each_batch(sequences: Sequence[torch.Tensor], batch_size: int, desc: str,
-                progress: bool) -> Iterator[torch.Tensor]:
+def _each_batch(
+    sequences: Sequence[torch.Tensor], batch_size: int, desc: str, progress: bool
+) -> Iterator[torch.Tensor]:
     """The sequences in batches (`_batches`), with a progress bar counting sequences."""
     with tqdm(total=len(sequences), desc=desc, unit="seq", disable=not progress) as bar:
         for batch in _batches(sequences, batch_size):
@@ -264,15 +357,27 @@ def _each_batch(sequences: Sequence[torch.Tensor], batch_size: int, desc: str,
             bar.update(len(batch))
 
 
-def _align(loaded: Any, sequences: Sequence[torch.Tensor], *, top_k: int, decoder: str, batch_size: int,
-           progress: bool) -> Any:
+def _align(
+    loaded: Any,
+    sequences: Sequence[torch.Tensor],
+    *,
+    top_k: int,
+    decoder: str,
+    batch_size: int,
+    progress: bool,
+) -> Any:
     """The AlignmentResult of one loaded model over the sequences."""
     from resstream.analysis.alignment import AlignmentAccumulator
     from resstream.capture import residual_states
 
     view = loaded.view
-    accumulator = AlignmentAccumulator(num_layers=view.n_layers, top_k=top_k, decoder=make_decoder(view, decoder),
-                                       W_E=view.W_E.detach(), W_U=view.W_U.detach())
+    accumulator = AlignmentAccumulator(
+        num_layers=view.n_layers,
+        top_k=top_k,
+        decoder=make_decoder(view, decoder),
+        W_E=view.W_E.detach(),
+        W_U=view.W_U.detach(),
+    )
     for batch in _each_batch(sequences, batch_size, f"shift {loaded.name}", progress):
         with torch.inference_mode():
             batch = batch.to(view.W_E.device)
@@ -338,15 +443,30 @@ class RecencyReport:
     seq_len: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"dataset": self.dataset, "dataset_fingerprint": self.dataset_fingerprint,
-                "seq_len": self.seq_len, "models": [r.to_dict() for r in self.results]}
+        return {
+            "dataset": self.dataset,
+            "dataset_fingerprint": self.dataset_fingerprint,
+            "seq_len": self.seq_len,
+            "models": [r.to_dict() for r in self.results],
+        }
 
 
-def recency(models: Sequence[str | None] = (None,), *, dataset: str = "shakespeare", num_seqs: int = 64,
-            seq_len: int = 64, batch_size: int = 8, seed: int = 0, threshold: float = 3.0,
-            data_dir: str | os.PathLike[str] | None = None, dtype: str = "auto", device: str = "auto",
-            device_map: str | None = None, trust_remote_code: bool = False,
-            progress: bool = True) -> RecencyReport:
+def recency(
+    models: Sequence[str | None] = (None,),
+    *,
+    dataset: str = "shakespeare",
+    num_seqs: int = 64,
+    seq_len: int = 64,
+    batch_size: int = 8,
+    seed: int = 0,
+    threshold: float = 3.0,
+    data_dir: str | os.PathLike[str] | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
+    device_map: str | None = None,
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> RecencyReport:
     """Mean attention by query and key position, per layer and head, over a corpus sample.
 
     The sample is drawn as for `shift` (all sequences must have one length: pinned rows of
@@ -361,16 +481,26 @@ def recency(models: Sequence[str | None] = (None,), *, dataset: str = "shakespea
     results, fingerprint, length = [], None, seq_len
     corpus = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir)
     for loaded, sample, fingerprint in _each_model(
-            models, corpus, batch_size=batch_size, dtype=dtype, device=device, device_map=device_map,
-            trust_remote_code=trust_remote_code, progress=progress):
+        models,
+        corpus,
+        batch_size=batch_size,
+        dtype=dtype,
+        device=device,
+        device_map=device_map,
+        trust_remote_code=trust_remote_code,
+        progress=progress,
+    ):
         view = loaded.view
         lengths = {len(s) for s in sample.sequences}
         if len(lengths) != 1:
-            raise UsageError(f"{dataset!r}: pinned rows have {len(lengths)} different lengths; recency "
-                             f"averages position by position and needs one length")
+            raise UsageError(
+                f"{dataset!r}: pinned rows have {len(lengths)} different lengths; recency "
+                f"averages position by position and needs one length"
+            )
         length = lengths.pop()
-        accumulator = RecencyAccumulator(num_layers=view.n_layers, num_heads=view.n_heads, seq_len=length,
-                                         threshold=threshold)
+        accumulator = RecencyAccumulator(
+            num_layers=view.n_layers, num_heads=view.n_heads, seq_len=length, threshold=threshold
+        )
         for batch in _each_batch(sample.sequences, batch_size, f"recency {loaded.name}", progress):
             accumulator.update(attention_probs(view, batch))
         results.append(accumulator.result(loaded.name, sample=sample.rule, notes=view.notes))

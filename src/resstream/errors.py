@@ -38,7 +38,5 @@ def check_choice(what: str, value: str, allowed: Iterable[str]) -> str:
     """Return `value` if it is one of `allowed`, else raise a UsageError listing them."""
     allowed = list(allowed)
     if value not in allowed:
-        raise UsageError(
-            f"unknown {what} {value!r}{closest(value, allowed)}; allowed: {', '.join(allowed)}"
-        )
+        raise UsageError(f"unknown {what} {value!r}{closest(value, allowed)}; allowed: {', '.join(allowed)}")
     return value

@@ -100,8 +100,9 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-def run_record(config: dict[str, Any], *, seed: int | None, device: str,
-               dataset_fingerprint: str | None) -> dict[str, Any]:
+def run_record(
+    config: dict[str, Any], *, seed: int | None, device: str, dataset_fingerprint: str | None
+) -> dict[str, Any]:
     """The content of `run.json`: resolved config, seed, versions, device, git, data."""
     return {
         "config": config,

@@ -24,7 +24,17 @@ from resstream.adapters.registry import (
 )
 
 __all__ = [
-    "ADAPTERS", "DTYPES", "BlockView", "LoadedModel", "ModelView", "check_model", "family_of",
-    "is_causal_config", "load_model", "register", "resolve_device", "supported_families",
+    "ADAPTERS",
+    "DTYPES",
+    "BlockView",
+    "LoadedModel",
+    "ModelView",
+    "check_model",
+    "family_of",
+    "is_causal_config",
+    "load_model",
+    "register",
+    "resolve_device",
+    "supported_families",
     "view_of",
 ]

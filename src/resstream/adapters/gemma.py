@@ -52,10 +52,13 @@ def _gemma_view(model: nn.Module, family: str, *, sandwich: bool) -> ModelView:
     n_heads = config.num_attention_heads
     blocks = tuple(
         BlockView(
-            module=layer, ln1=layer.input_layernorm, attn=layer.self_attn,
+            module=layer,
+            ln1=layer.input_layernorm,
+            attn=layer.self_attn,
             ln2=layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm,
             mlp=layer.mlp,
-            W_O=linear_W_O(layer.self_attn.o_proj, n_heads), b_O=bias_of(layer.self_attn.o_proj),
+            W_O=linear_W_O(layer.self_attn.o_proj, n_heads),
+            b_O=bias_of(layer.self_attn.o_proj),
             post_attn_norm=layer.post_attention_layernorm if sandwich else None,
             post_mlp_norm=layer.post_feedforward_layernorm if sandwich else None,
             out_proj=layer.self_attn.o_proj,
@@ -70,12 +73,22 @@ def _gemma_view(model: nn.Module, family: str, *, sandwich: bool) -> ModelView:
     if softcap is not None:
         notes += (f"final logits are soft-capped: tanh(x / {softcap:g}) * {softcap:g}",)
     return ModelView(
-        family=family, model=model, embed=embed, blocks=blocks, final_norm=trunk.norm,
-        W_U=W_U, W_E=trunk.embed_tokens.weight, tied=tied, n_heads=n_heads,
+        family=family,
+        model=model,
+        embed=embed,
+        blocks=blocks,
+        final_norm=trunk.norm,
+        W_U=W_U,
+        W_E=trunk.embed_tokens.weight,
+        tied=tied,
+        n_heads=n_heads,
         d_model=config.hidden_size,
         max_positions=max_positions_of(config, "max_position_embeddings"),
-        b_U=b_U, logit_softcap=float(softcap) if softcap is not None else None, notes=notes,
-        embed_scale=scale, forward=trunk_forward(trunk),
+        b_U=b_U,
+        logit_softcap=float(softcap) if softcap is not None else None,
+        notes=notes,
+        embed_scale=scale,
+        forward=trunk_forward(trunk),
     )
 
 

@@ -32,8 +32,13 @@ def gpt2_view(model: nn.Module) -> ModelView:
     n_heads = config.n_head
     blocks = tuple(
         BlockView(
-            module=block, ln1=block.ln_1, attn=block.attn, ln2=block.ln_2, mlp=block.mlp,
-            W_O=conv1d_W_O(block.attn.c_proj, n_heads), b_O=bias_of(block.attn.c_proj),
+            module=block,
+            ln1=block.ln_1,
+            attn=block.attn,
+            ln2=block.ln_2,
+            mlp=block.mlp,
+            W_O=conv1d_W_O(block.attn.c_proj, n_heads),
+            b_O=bias_of(block.attn.c_proj),
             out_proj=block.attn.c_proj,
         )
         for block in trunk.h
@@ -46,8 +51,18 @@ def gpt2_view(model: nn.Module) -> ModelView:
     W_U, b_U = unembedding(model)
     tied = same_tensor(W_U, trunk.wte.weight)
     return ModelView(
-        family="gpt2", model=model, embed=embed, blocks=blocks, final_norm=trunk.ln_f,
-        W_U=W_U, W_E=trunk.wte.weight, tied=tied, n_heads=n_heads, d_model=config.n_embd,
+        family="gpt2",
+        model=model,
+        embed=embed,
+        blocks=blocks,
+        final_norm=trunk.ln_f,
+        W_U=W_U,
+        W_E=trunk.wte.weight,
+        tied=tied,
+        n_heads=n_heads,
+        d_model=config.n_embd,
         max_positions=max_positions_of(config, "n_positions", "max_position_embeddings"),
-        b_U=b_U, notes=tie_notes(tied, model), forward=trunk_forward(trunk),
+        b_U=b_U,
+        notes=tie_notes(tied, model),
+        forward=trunk_forward(trunk),
     )

@@ -32,9 +32,13 @@ def llama_like_view(model: nn.Module, family: str) -> ModelView:
     n_heads = config.num_attention_heads
     blocks = tuple(
         BlockView(
-            module=layer, ln1=layer.input_layernorm, attn=layer.self_attn,
-            ln2=layer.post_attention_layernorm, mlp=layer.mlp,
-            W_O=linear_W_O(layer.self_attn.o_proj, n_heads), b_O=bias_of(layer.self_attn.o_proj),
+            module=layer,
+            ln1=layer.input_layernorm,
+            attn=layer.self_attn,
+            ln2=layer.post_attention_layernorm,
+            mlp=layer.mlp,
+            W_O=linear_W_O(layer.self_attn.o_proj, n_heads),
+            b_O=bias_of(layer.self_attn.o_proj),
             out_proj=layer.self_attn.o_proj,
         )
         for layer in trunk.layers
@@ -46,11 +50,20 @@ def llama_like_view(model: nn.Module, family: str) -> ModelView:
     W_U, b_U = unembedding(model)
     tied = same_tensor(W_U, trunk.embed_tokens.weight)
     return ModelView(
-        family=family, model=model, embed=embed, blocks=blocks, final_norm=trunk.norm,
-        W_U=W_U, W_E=trunk.embed_tokens.weight, tied=tied, n_heads=n_heads,
+        family=family,
+        model=model,
+        embed=embed,
+        blocks=blocks,
+        final_norm=trunk.norm,
+        W_U=W_U,
+        W_E=trunk.embed_tokens.weight,
+        tied=tied,
+        n_heads=n_heads,
         d_model=config.hidden_size,
         max_positions=max_positions_of(config, "max_position_embeddings"),
-        b_U=b_U, notes=tie_notes(tied, model), forward=trunk_forward(trunk),
+        b_U=b_U,
+        notes=tie_notes(tied, model),
+        forward=trunk_forward(trunk),
     )
 
 

@@ -37,14 +37,16 @@ from resstream.adapters.registry import same_tensor, supported_families, view_of
 from resstream.errors import UsageError, check_choice
 
 DTYPES: dict[str, torch.dtype | None] = {
-    "auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+    "auto": None,
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
 }
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 RESSTREAM_META = "model.json"
 REFERENCE_NAME = "reference"  # `--model reference`: the built-in model (as does no --model)
 HF_CONFIG = "config.json"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
-                   "spiece.model")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
 _CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 
 
@@ -69,9 +71,15 @@ class LoadedModel:
         return self.view.model
 
 
-def load_model(spec: str | os.PathLike[str] | None, *, dtype: str = "auto", device: str = "auto",
-               device_map: str | None = None, trust_remote_code: bool = False,
-               progress: bool = True) -> LoadedModel:
+def load_model(
+    spec: str | os.PathLike[str] | None,
+    *,
+    dtype: str = "auto",
+    device: str = "auto",
+    device_map: str | None = None,
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> LoadedModel:
     """Load `spec` (see the module docstring) in eval mode; UsageError for bad input.
 
     `progress=False` silences Hugging Face's weight-loading bar.
@@ -123,23 +131,31 @@ def _locate(spec: str | os.PathLike[str] | None) -> tuple[str, str, str]:
 
         return str(reference_model_dir()), REFERENCE_NAME, "reference"
     if not text:
-        raise UsageError("model '' is empty: give a model directory or a Hugging Face hub name, "
-                         "or leave it out for the built-in reference model")
+        raise UsageError(
+            "model '' is empty: give a model directory or a Hugging Face hub name, "
+            "or leave it out for the built-in reference model"
+        )
     path = Path(text).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise UsageError(f"model path {text!r} is a file; allowed: a model directory (with "
-                             f"{HF_CONFIG} or resstream's {RESSTREAM_META}) or a hub name")
+            raise UsageError(
+                f"model path {text!r} is a file; allowed: a model directory (with "
+                f"{HF_CONFIG} or resstream's {RESSTREAM_META}) or a hub name"
+            )
         if (path / RESSTREAM_META).is_file():
             return str(path), text, "resstream"
         if not (path / HF_CONFIG).is_file():
-            raise UsageError(f"model directory {text!r} has no {HF_CONFIG} (nor resstream's "
-                             f"{RESSTREAM_META}); allowed: a Hugging Face model directory or a "
-                             f"resstream run directory")
+            raise UsageError(
+                f"model directory {text!r} has no {HF_CONFIG} (nor resstream's "
+                f"{RESSTREAM_META}); allowed: a Hugging Face model directory or a "
+                f"resstream run directory"
+            )
         return str(path), text, "local"
     if _looks_like_path(text):
-        raise UsageError(f"model path {text!r} does not exist; allowed: an existing model "
-                         f"directory or a Hugging Face hub name (e.g. 'gpt2')")
+        raise UsageError(
+            f"model path {text!r} does not exist; allowed: an existing model "
+            f"directory or a Hugging Face hub name (e.g. 'gpt2')"
+        )
     return text, text, "hub"
 
 
@@ -155,15 +171,16 @@ def resolve_device(device: str) -> str:
         raise UsageError(f"unknown device {name!r}; allowed: {allowed}") from None
     if parsed.type == "cuda":
         if not torch.cuda.is_available():
-            raise UsageError(f"device {name!r} is not available: no CUDA GPU is visible; "
-                             f"allowed here: auto, cpu")
+            raise UsageError(
+                f"device {name!r} is not available: no CUDA GPU is visible; allowed here: auto, cpu"
+            )
         if parsed.index is not None and parsed.index >= torch.cuda.device_count():
-            raise UsageError(f"device {name!r} does not exist: {torch.cuda.device_count()} "
-                             f"CUDA device(s) visible")
+            raise UsageError(
+                f"device {name!r} does not exist: {torch.cuda.device_count()} CUDA device(s) visible"
+            )
     elif parsed.type == "mps":
         if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-            raise UsageError(f"device {name!r} is not available on this machine; allowed "
-                             f"here: auto, cpu")
+            raise UsageError(f"device {name!r} is not available on this machine; allowed here: auto, cpu")
     elif parsed.type != "cpu":
         raise UsageError(f"unsupported device {name!r}; allowed: {allowed}")
     return name
@@ -179,23 +196,40 @@ def _load_resstream(path: Path, name: str, source: str, dtype: str, device: str)
     model = run.model
     torch_dtype = DTYPES[dtype] or torch.float32
     model.to(dtype=torch_dtype).eval()
-    return LoadedModel(view=view_of(model), tokenizer=run.tokenizer, name=name, source=source,
-                       dtype=_dtype_name(torch_dtype), device=device)
+    return LoadedModel(
+        view=view_of(model),
+        tokenizer=run.tokenizer,
+        name=name,
+        source=source,
+        dtype=_dtype_name(torch_dtype),
+        device=device,
+    )
 
 
 # --------------------------------------------------------------------------- Hugging Face
 
 
-def _load_hf(where: str, name: str, source: str, dtype: str, device: str,
-             device_map: str | None, trust_remote_code: bool) -> LoadedModel:
+def _load_hf(
+    where: str,
+    name: str,
+    source: str,
+    dtype: str,
+    device: str,
+    device_map: str | None,
+    trust_remote_code: bool,
+) -> LoadedModel:
     config, local_only = _checked_hf_config(where, name, source, trust_remote_code)
     tokenizer = _load_hf_tokenizer(where, name, source)
-    model = _load_hf_model(where, name, config, dtype, device, device_map, local_only,
-                           trust_remote_code)
+    model = _load_hf_model(where, name, config, dtype, device, device_map, local_only, trust_remote_code)
     view = view_of(model)
-    return LoadedModel(view=view, tokenizer=tokenizer, name=name, source=source,
-                       dtype=_dtype_name(view.W_U.dtype),
-                       device=device if device_map is None else f"device_map={device_map}")
+    return LoadedModel(
+        view=view,
+        tokenizer=tokenizer,
+        name=name,
+        source=source,
+        dtype=_dtype_name(view.W_U.dtype),
+        device=device if device_map is None else f"device_map={device_map}",
+    )
 
 
 def _checked_hf_config(where: str, name: str, source: str, trust_remote_code: bool) -> tuple[Any, bool]:
@@ -210,15 +244,20 @@ def _checked_hf_config(where: str, name: str, source: str, trust_remote_code: bo
     families = supported_families()
     if family not in families:
         if not is_causal_config(config):
-            raise UsageError(f"model {name!r} is not a causal LM (model_type {family!r}, "
-                             f"architectures {_archs(config)}); resstream analyses decoder-only "
-                             f"causal language models: {', '.join(families)}")
-        raise UsageError(f"model {name!r} has unsupported family {family!r}; supported "
-                         f"families: {', '.join(families)}")
+            raise UsageError(
+                f"model {name!r} is not a causal LM (model_type {family!r}, "
+                f"architectures {_archs(config)}); resstream analyses decoder-only "
+                f"causal language models: {', '.join(families)}"
+            )
+        raise UsageError(
+            f"model {name!r} has unsupported family {family!r}; supported families: {', '.join(families)}"
+        )
     if not is_causal_config(config):
-        raise UsageError(f"model {name!r} is not a causal LM (architectures {_archs(config)}); "
-                         f"allowed: a checkpoint with a language-model head "
-                         f"(*ForCausalLM / *LMHeadModel)")
+        raise UsageError(
+            f"model {name!r} is not a causal LM (architectures {_archs(config)}); "
+            f"allowed: a checkpoint with a language-model head "
+            f"(*ForCausalLM / *LMHeadModel)"
+        )
     return config, local_only
 
 
@@ -249,13 +288,13 @@ def is_causal_config(config: Any) -> bool:
     return not encoder_family or bool(getattr(config, "is_decoder", False))
 
 
-def _load_config(where: str, name: str, source: str, local_only: bool,
-                 trust_remote_code: bool) -> Any:
+def _load_config(where: str, name: str, source: str, local_only: bool, trust_remote_code: bool) -> Any:
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code,
-                                          local_files_only=local_only)
+        return AutoConfig.from_pretrained(
+            where, trust_remote_code=trust_remote_code, local_files_only=local_only
+        )
     except Exception as exc:  # noqa: BLE001 - transformers raises many types here
         raise _hf_error(exc, name, source, local_only, "config") from None
 
@@ -273,49 +312,75 @@ def _load_hf_tokenizer(where: str, name: str, source: str) -> Any:
 
 def _check_tokenizer_files(where: str, name: str) -> None:
     if not any((Path(where) / f).is_file() for f in TOKENIZER_FILES):
-        raise UsageError(f"model directory {name!r} has no tokenizer (none of "
-                         f"{', '.join(TOKENIZER_FILES)}); allowed: a directory holding the model "
-                         f"and its tokenizer (save both with save_pretrained)")
+        raise UsageError(
+            f"model directory {name!r} has no tokenizer (none of "
+            f"{', '.join(TOKENIZER_FILES)}); allowed: a directory holding the model "
+            f"and its tokenizer (save both with save_pretrained)"
+        )
 
 
-def _load_hf_model(where: str, name: str, config: Any, dtype: str, device: str,
-                   device_map: str | None, local_only: bool, trust_remote_code: bool) -> Any:
+def _load_hf_model(
+    where: str,
+    name: str,
+    config: Any,
+    dtype: str,
+    device: str,
+    device_map: str | None,
+    local_only: bool,
+    trust_remote_code: bool,
+) -> Any:
     from transformers import AutoModelForCausalLM
 
     if device_map is not None and importlib.util.find_spec("accelerate") is None:
-        raise UsageError(f"device_map={device_map!r} needs the 'accelerate' package "
-                         f"(pip install accelerate); allowed without it: device_map=None")
+        raise UsageError(
+            f"device_map={device_map!r} needs the 'accelerate' package "
+            f"(pip install accelerate); allowed without it: device_map=None"
+        )
     torch_dtype: Any = DTYPES[dtype]
     if torch_dtype is None:
         on_gpu = device_map is not None or not device.startswith("cpu")
         torch_dtype = "auto" if on_gpu else torch.float32
-    kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code,
-                              "local_files_only": local_only}
+    kwargs: dict[str, Any] = {
+        "dtype": torch_dtype,
+        "trust_remote_code": trust_remote_code,
+        "local_files_only": local_only,
+    }
     if device_map is not None:
         kwargs["device_map"] = device_map
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(where, config=config,
-                                                           output_loading_info=True, **kwargs)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            where, config=config, output_loading_info=True, **kwargs
+        )
     except Exception as exc:  # noqa: BLE001 - transformers raises many types here
-        raise _hf_error(exc, name, "local" if Path(where).is_dir() else "hub", local_only,
-                        "weights") from None
+        raise _hf_error(
+            exc, name, "local" if Path(where).is_dir() else "hub", local_only, "weights"
+        ) from None
     missing = [k for k in (info or {}).get("missing_keys", []) if "lm_head" in k or "embed_out" in k]
     head = model.get_output_embeddings()
     tied = head is not None and same_tensor(head.weight, model.get_input_embeddings().weight)
     if missing and not tied:
-        raise UsageError(f"model {name!r} has no trained language-model head ({missing[0]} is "
-                         f"missing from its weights); allowed: a causal-LM checkpoint")
+        raise UsageError(
+            f"model {name!r} has no trained language-model head ({missing[0]} is "
+            f"missing from its weights); allowed: a causal-LM checkpoint"
+        )
     if device_map is None:
         model.to(device)
     return model.eval()
 
 
-def _hf_error(exc: BaseException, name: str, source: str, local_only: bool, what: str,
-              ) -> UsageError:
+def _hf_error(
+    exc: BaseException,
+    name: str,
+    source: str,
+    local_only: bool,
+    what: str,
+) -> UsageError:
     text = " ".join(str(exc).split()) or type(exc).__name__
     if "trust_remote_code" in text:
-        return UsageError(f"model {name!r} needs custom code from its repository; allowed only "
-                          f"with trust_remote_code=True (--trust-remote-code), if you trust it")
+        return UsageError(
+            f"model {name!r} needs custom code from its repository; allowed only "
+            f"with trust_remote_code=True (--trust-remote-code), if you trust it"
+        )
     short = text if len(text) <= 200 else text[:197] + "..."
     if source == "hub":
         reason = short
@@ -323,8 +388,10 @@ def _hf_error(exc: BaseException, name: str, source: str, local_only: bool, what
             from resstream.data.sources import hub_offline_reason
 
             reason = f"{hub_offline_reason()}; not in the local Hugging Face cache either"
-        return UsageError(f"model {name!r} not found: not a local directory, and the Hugging "
-                          f"Face hub could not provide its {what} ({reason})")
+        return UsageError(
+            f"model {name!r} not found: not a local directory, and the Hugging "
+            f"Face hub could not provide its {what} ({reason})"
+        )
     return UsageError(f"model directory {name!r}: cannot load its {what} ({short})")
 
 
@@ -335,8 +402,7 @@ def _archs(config: Any) -> str:
 
 def _looks_like_path(spec: str) -> bool:
     """A spec that can only be a filesystem path (hub names look like `org/name`)."""
-    return (spec.startswith((".", "/", "~")) or "\\" in spec or spec.count("/") > 1
-            or spec.endswith(os.sep))
+    return spec.startswith((".", "/", "~")) or "\\" in spec or spec.count("/") > 1 or spec.endswith(os.sep)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

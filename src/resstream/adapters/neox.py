@@ -35,10 +35,15 @@ def neox_view(model: nn.Module) -> ModelView:
     parallel = bool(getattr(config, "use_parallel_residual", False))
     blocks = tuple(
         BlockView(
-            module=layer, ln1=layer.input_layernorm, attn=layer.attention,
-            ln2=layer.post_attention_layernorm, mlp=layer.mlp,
-            W_O=linear_W_O(layer.attention.dense, n_heads), b_O=bias_of(layer.attention.dense),
-            out_proj=layer.attention.dense, parallel=parallel,
+            module=layer,
+            ln1=layer.input_layernorm,
+            attn=layer.attention,
+            ln2=layer.post_attention_layernorm,
+            mlp=layer.mlp,
+            W_O=linear_W_O(layer.attention.dense, n_heads),
+            b_O=bias_of(layer.attention.dense),
+            out_proj=layer.attention.dense,
+            parallel=parallel,
         )
         for layer in trunk.layers
     )
@@ -52,9 +57,18 @@ def neox_view(model: nn.Module) -> ModelView:
     if parallel:
         notes += ("parallel residual: attention and MLP both read the block input",)
     return ModelView(
-        family="gpt_neox", model=model, embed=embed, blocks=blocks,
-        final_norm=trunk.final_layer_norm, W_U=W_U, W_E=trunk.embed_in.weight, tied=tied,
-        n_heads=n_heads, d_model=config.hidden_size,
+        family="gpt_neox",
+        model=model,
+        embed=embed,
+        blocks=blocks,
+        final_norm=trunk.final_layer_norm,
+        W_U=W_U,
+        W_E=trunk.embed_in.weight,
+        tied=tied,
+        n_heads=n_heads,
+        d_model=config.hidden_size,
         max_positions=max_positions_of(config, "max_position_embeddings"),
-        b_U=b_U, notes=notes, forward=trunk_forward(trunk),
+        b_U=b_U,
+        notes=notes,
+        forward=trunk_forward(trunk),
     )

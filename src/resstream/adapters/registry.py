@@ -60,8 +60,7 @@ def supported_families() -> list[str]:
 def is_resstream_gpt(model: object) -> bool:
     """Whether `model` is resstream's own GPT (recognised without importing `training`)."""
     return any(
-        cls.__name__ == "GPT" and cls.__module__ == "resstream.training.model"
-        for cls in type(model).__mro__
+        cls.__name__ == "GPT" and cls.__module__ == "resstream.training.model" for cls in type(model).__mro__
     )
 
 
@@ -129,8 +128,10 @@ def tie_notes(tied: bool, model: nn.Module | None = None) -> tuple[str, ...]:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is not None:
         name = next((n for n, m in model.named_modules() if m is head), name)
-    note = (f"untied embeddings: hidden states are decoded with the model's own unembedding "
-            f"({name}.weight), not with the input embedding W_E")
+    note = (
+        f"untied embeddings: hidden states are decoded with the model's own unembedding "
+        f"({name}.weight), not with the input embedding W_E"
+    )
     return (note,)
 
 

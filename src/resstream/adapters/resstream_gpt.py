@@ -37,12 +37,15 @@ def resstream_view(model: nn.Module) -> ModelView:
     )
     notes = []
     if post:
-        notes.append("post-norm blocks: ln1/ln2 normalise the residual sums and the final norm "
-                     "is the identity")
+        notes.append(
+            "post-norm blocks: ln1/ln2 normalise the residual sums and the final norm is the identity"
+        )
     gate = getattr(config, "gate", "none")
     if gate != "none":
-        notes.append(f"residual gate {gate!r}: each block scales its identity path by alpha_l "
-                     f"from model.gate (y = alpha_l*x + attn(ln1(x)))")
+        notes.append(
+            f"residual gate {gate!r}: each block scales its identity path by alpha_l "
+            f"from model.gate (y = alpha_l*x + attn(ln1(x)))"
+        )
 
     def embed(input_ids: Tensor) -> Tensor:
         return model.embed(input_ids)
@@ -57,7 +60,8 @@ def resstream_view(model: nn.Module) -> ModelView:
         probs: list[Tensor] = []
         handles = [
             block.attn.register_forward_pre_hook(
-                lambda module, args: probs.append(module.attention_probs(args[0])))
+                lambda module, args: probs.append(module.attention_probs(args[0]))
+            )
             for block in model.blocks
         ]
         try:

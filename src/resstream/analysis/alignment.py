@@ -72,9 +72,7 @@ LowPrecision = torch.dtype | None | Literal["auto"]
 
 DEFAULT_CHUNK_BYTES = 64 * 2**20  # one (positions × vocab) score block
 _TOPK_MAX = 256  # above this, `limit` queries use the counting path instead of a top-k
-_HEAVY_FRACTION = (
-    16  # a band above vocab/16 entries is re-scored by an fp64 matmul instead
-)
+_HEAVY_FRACTION = 16  # a band above vocab/16 entries is re-scored by an fp64 matmul instead
 _PAIR_BLOCK_BYTES = 32 * 2**20  # memory for one block of gathered fp64 rows
 _U = {torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24, torch.float64: 2.0**-53}
 
@@ -98,9 +96,7 @@ class Decoder:
 
     def __post_init__(self) -> None:
         if self.kind not in ("logit-lens", "embedding"):
-            raise ValueError(
-                f"decoder kind {self.kind!r}; allowed: logit-lens, embedding"
-            )
+            raise ValueError(f"decoder kind {self.kind!r}; allowed: logit-lens, embedding")
         _check_matrix("decoder matrix", self.matrix)
         if self.bias is not None and tuple(self.bias.shape) != (self.matrix.shape[0],):
             raise ValueError(
@@ -126,17 +122,9 @@ class Decoder:
 
 
 def _check_matrix(what: str, matrix: Tensor) -> None:
-    if (
-        not isinstance(matrix, Tensor)
-        or matrix.dim() != 2
-        or not matrix.is_floating_point()
-    ):
-        shape = (
-            tuple(matrix.shape) if isinstance(matrix, Tensor) else type(matrix).__name__
-        )
-        raise ValueError(
-            f"{what} must be a floating (vocab, d_model) tensor, got {shape}"
-        )
+    if not isinstance(matrix, Tensor) or matrix.dim() != 2 or not matrix.is_floating_point():
+        shape = tuple(matrix.shape) if isinstance(matrix, Tensor) else type(matrix).__name__
+        raise ValueError(f"{what} must be a floating (vocab, d_model) tensor, got {shape}")
     if matrix.shape[0] < 1 or matrix.shape[1] < 1:
         raise ValueError(f"{what} is empty: shape {tuple(matrix.shape)}")
 
@@ -145,9 +133,7 @@ def _check_limit(limit: int | None, vocab: int, what: str = "top_k") -> None:
     if limit is None:
         return
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= vocab:
-        raise ValueError(
-            f"{what} = {limit!r}; allowed: an integer from 1 to the vocabulary size {vocab}"
-        )
+        raise ValueError(f"{what} = {limit!r}; allowed: an integer from 1 to the vocabulary size {vocab}")
 
 
 # --------------------------------------------------------------------------- reference
@@ -169,9 +155,7 @@ def exact_ranks(
     """
     vocab = _check_rank_inputs(x, matrix, bias, token_ids)
     w64 = matrix.to(torch.float64)
-    b64 = (
-        bias.to(device=matrix.device, dtype=torch.float64) if bias is not None else None
-    )
+    b64 = bias.to(device=matrix.device, dtype=torch.float64) if bias is not None else None
     x64 = x.to(device=matrix.device, dtype=torch.float64)
     ids = token_ids.to(matrix.device)
     rows = max(1, chunk_bytes // (8 * vocab))
@@ -182,22 +166,14 @@ def exact_ranks(
             scores += b64
         own = scores.gather(1, ids[start : start + rows, None])
         out.append((scores > own).sum(1))
-    return (
-        torch.cat(out)
-        if out
-        else torch.zeros(0, dtype=torch.int64, device=matrix.device)
-    )
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.int64, device=matrix.device)
 
 
-def _check_rank_inputs(
-    x: Tensor, matrix: Tensor, bias: Tensor | None, token_ids: Tensor
-) -> int:
+def _check_rank_inputs(x: Tensor, matrix: Tensor, bias: Tensor | None, token_ids: Tensor) -> int:
     _check_matrix("decoder matrix", matrix)
     vocab, d = matrix.shape
     if x.dim() != 2 or x.shape[1] != d:
-        raise ValueError(
-            f"x has shape {tuple(x.shape)}, expected (n, {d}) to match the matrix"
-        )
+        raise ValueError(f"x has shape {tuple(x.shape)}, expected (n, {d}) to match the matrix")
     if bias is not None and tuple(bias.shape) != (vocab,):
         raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({vocab},)")
     _check_ids("token_ids", token_ids, (x.shape[0],), vocab)
@@ -225,15 +201,9 @@ class ScreenStats:
 
     rows: int = 0  # (position, target) queries answered
     rescored_rows: int = 0  # queries whose screen result needed exact re-scoring
-    rescored_entries: int = (
-        0  # vocabulary entries re-scored by gathered fp64 dot products
-    )
-    heavy_rows: int = (
-        0  # queries whose band was so wide that an fp64 matmul re-scored the row
-    )
-    band_entries: int = (
-        0  # entries inside the ambiguous band, where the band was formed
-    )
+    rescored_entries: int = 0  # vocabulary entries re-scored by gathered fp64 dot products
+    heavy_rows: int = 0  # queries whose band was so wide that an fp64 matmul re-scored the row
+    band_entries: int = 0  # entries inside the ambiguous band, where the band was formed
 
 
 def _gamma(n: int, u: float) -> float:
@@ -241,9 +211,7 @@ def _gamma(n: int, u: float) -> float:
     return n * u / (1.0 - n * u)
 
 
-def resolve_low_precision(
-    low_precision: LowPrecision, device: torch.device
-) -> torch.dtype:
+def resolve_low_precision(low_precision: LowPrecision, device: torch.device) -> torch.dtype:
     """The screening dtype: bf16 or fp32. "auto" is bf16 on CUDA, fp32 elsewhere.
 
     (On CPUs without native bf16 arithmetic a bf16 matmul is several times slower than fp32:
@@ -251,17 +219,13 @@ def resolve_low_precision(
     """
     if isinstance(low_precision, str):
         if low_precision != "auto":
-            raise ValueError(
-                f"low_precision {low_precision!r}; allowed: auto, torch.bfloat16, None"
-            )
+            raise ValueError(f"low_precision {low_precision!r}; allowed: auto, torch.bfloat16, None")
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if low_precision is None or low_precision == torch.float32:
         return torch.float32
     if low_precision == torch.bfloat16:
         return torch.bfloat16
-    raise ValueError(
-        f"low_precision {low_precision}; allowed: auto, torch.bfloat16, None (fp32)"
-    )
+    raise ValueError(f"low_precision {low_precision}; allowed: auto, torch.bfloat16, None (fp32)")
 
 
 @contextlib.contextmanager
@@ -323,9 +287,7 @@ class RankScreen:
         _check_matrix("decoder matrix", matrix)
         self.vocab, self.d_model = matrix.shape
         if bias is not None and tuple(bias.shape) != (self.vocab,):
-            raise ValueError(
-                f"bias has shape {tuple(bias.shape)}, expected ({self.vocab},)"
-            )
+            raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({self.vocab},)")
         self.matrix = matrix
         self.device = matrix.device
         self.bias64 = bias.to(self.device, torch.float64) if bias is not None else None
@@ -345,9 +307,7 @@ class RankScreen:
         added after the fp32 matmul."""
         if self._augment:
             assert bias is not None
-            full = torch.empty(
-                self.vocab, self.d_eff, dtype=self.dtype, device=self.device
-            )
+            full = torch.empty(self.vocab, self.d_eff, dtype=self.dtype, device=self.device)
             full[:, : self.d_model] = self.matrix
             full[:, self.d_model] = bias.to(self.device)
             return full, None
@@ -375,9 +335,7 @@ class RankScreen:
                 b = bias[start:stop].to(self.device, torch.float64)
                 sq += b.square()
                 if self._augment:
-                    dsq += (
-                        b - self._screen_w[start:stop, self.d_model].to(torch.float64)
-                    ).square()
+                    dsq += (b - self._screen_w[start:stop, self.d_model].to(torch.float64)).square()
             w_max = max(w_max, float(sq.max().sqrt()))
             dw_max = max(dw_max, float(dsq.max().sqrt()))
         return w_max, dw_max
@@ -397,9 +355,7 @@ class RankScreen:
         for start in range(0, rows.numel(), block):
             r, c = rows[start : start + block], cols[start : start + block]
             dots = (x64[r] * self.matrix[c].to(torch.float64)).sum(-1)
-            out[start : start + block] = (
-                dots + self.bias64[c] if self.bias64 is not None else dots
-            )
+            out[start : start + block] = dots + self.bias64[c] if self.bias64 is not None else dots
         return out
 
     def _bound(self, x64: Tensor, xs: Tensor) -> Tensor:
@@ -410,9 +366,7 @@ class RankScreen:
             xn = xn + 1.0
         big_x = xn.sqrt() + dx
         big_w = self._w_max + self._dw_max
-        gam = _gamma(self.d_eff, _U[torch.float32]) + _gamma(
-            self.d_eff + 2, _U[torch.float64]
-        )
+        gam = _gamma(self.d_eff, _U[torch.float32]) + _gamma(self.d_eff + 2, _U[torch.float64])
         tiny = self.d_eff * 2.0**-125 * (1.0 + big_x) * (1.0 + big_w)
         return 2.0 * (dx * big_w + big_x * self._dw_max + gam * big_x * big_w + tiny)
 
@@ -440,9 +394,7 @@ class RankScreen:
         """Screen scores (n, vocab) written into a reused buffer."""
         n = xs.shape[0]
         if self._buffer is None or self._buffer.shape[0] < n:
-            self._buffer = torch.empty(
-                n, self.vocab, dtype=self.dtype, device=self.device
-            )
+            self._buffer = torch.empty(n, self.vocab, dtype=self.dtype, device=self.device)
         z = self._buffer[:n]
         with _strict_matmul(self.device):
             torch.mm(xs, self._screen_w.T, out=z)
@@ -454,18 +406,14 @@ class RankScreen:
         """Positions per screening block, so that the (positions × vocab) block fits chunk_bytes."""
         return max(1, self.chunk_bytes // (self.vocab * _itemsize(self.dtype)))
 
-    def ranks(
-        self, x: Tensor, ids: Tensor, limit: int | None = None
-    ) -> tuple[Tensor, Tensor]:
+    def ranks(self, x: Tensor, ids: Tensor, limit: int | None = None) -> tuple[Tensor, Tensor]:
         """Exact ranks of tokens `ids` (n, m) for decoder inputs `x` (n, d), and their fp64 scores.
 
         With `limit` = k the ranks are min(rank, k): exact below k, which is all top-k
         membership needs (rank < k). Returns (ranks int64 (n, m), scores float64 (n, m)).
         """
         if x.dim() != 2 or x.shape[1] != self.d_model:
-            raise ValueError(
-                f"x has shape {tuple(x.shape)}, expected (n, {self.d_model})"
-            )
+            raise ValueError(f"x has shape {tuple(x.shape)}, expected (n, {self.d_model})")
         if not isinstance(ids, Tensor) or ids.dim() != 2:
             shape = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
             raise ValueError(f"token ids must be (n, m), got {shape}")
@@ -475,23 +423,18 @@ class RankScreen:
         x = x.to(self.device)
         step = self.chunk_rows()
         parts = [
-            self._ranks_block(x[s : s + step], ids[s : s + step], limit)
-            for s in range(0, x.shape[0], step)
+            self._ranks_block(x[s : s + step], ids[s : s + step], limit) for s in range(0, x.shape[0], step)
         ]
         if not parts:
             empty = torch.zeros(0, ids.shape[1], device=self.device)
             return empty.long(), empty.double()
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
-    def _ranks_block(
-        self, x: Tensor, ids: Tensor, limit: int | None
-    ) -> tuple[Tensor, Tensor]:
+    def _ranks_block(self, x: Tensor, ids: Tensor, limit: int | None) -> tuple[Tensor, Tensor]:
         x64 = x.to(torch.float64)
         s_t = self.exact_scores(x64, ids)
         self.stats.rows += ids.numel()
-        if (
-            limit is not None and limit >= self.vocab
-        ):  # every rank is < vocab: no clamping
+        if limit is not None and limit >= self.vocab:  # every rank is < vocab: no clamping
             limit = None
         xs = self._screen_inputs(x)
         hi, lo = self._thresholds(s_t, self._bound(x64, xs))
@@ -527,9 +470,7 @@ class RankScreen:
         ranks = torch.full_like(ids, limit)
         for c in range(ids.shape[1]):
             h, l = hi[:, c], lo[:, c]
-            member = (
-                kth <= l
-            )  # fewer than `limit` entries can beat s_t: all lie in the list
+            member = kth <= l  # fewer than `limit` entries can beat s_t: all lie in the list
             amb = torch.nonzero((kth > l) & (kth <= h)).flatten()
             rows = torch.nonzero(member).flatten()
             if rows.numel():
@@ -570,9 +511,7 @@ class RankScreen:
         step = max(1, self.chunk_rows() // 4)
         for start in range(0, rows.numel(), step):
             sel = rows[start : start + step]
-            zs = (
-                z if sel.numel() == z.shape[0] else z[sel]
-            )  # rows are sorted and distinct
+            zs = z if sel.numel() == z.shape[0] else z[sel]  # rows are sorted and distinct
             h, l, s = hi[sel, None], lo[sel, None], s_t[sel]
             certain = (zs > h).sum(1)
             band = (zs > l) & (zs <= h)
@@ -591,9 +530,7 @@ class RankScreen:
             self.stats.rescored_rows += sel.numel()
         return out
 
-    def _count_greater(
-        self, x64: Tensor, rows: Tensor, r: Tensor, cols: Tensor, s_t: Tensor
-    ) -> Tensor:
+    def _count_greater(self, x64: Tensor, rows: Tensor, r: Tensor, cols: Tensor, s_t: Tensor) -> Tensor:
         """For each of `rows` (m,), how many pairs (r → rows[r], cols) score strictly above s_t[r]."""
         self.stats.rescored_entries += r.numel()
         if r.numel() == 0:
@@ -608,9 +545,7 @@ class RankScreen:
         self.stats.heavy_rows += x64.shape[0]
         every = torch.arange(x64.shape[0], device=self.device)
         xn = x64.square().sum(1) + (1.0 if self.d_eff > self.d_model else 0.0)
-        tol = 4.0 * (
-            2 * _gamma(self.d_eff + 2, _U[torch.float64]) * xn.sqrt() * self._w_max
-        )
+        tol = 4.0 * (2 * _gamma(self.d_eff + 2, _U[torch.float64]) * xn.sqrt() * self._w_max)
         tol = tol + self.d_eff * 2.0**-1000
         ranks = torch.zeros(x64.shape[0], dtype=torch.int64, device=self.device)
         step = max(1, self.chunk_bytes // (8 * max(self.d_model, x64.shape[0])))
@@ -620,9 +555,7 @@ class RankScreen:
             if self.bias64 is not None:
                 sc += self.bias64[start : start + step]
             ranks += (sc > (s_t + tol)[:, None]).sum(1)
-            r, j = torch.nonzero(
-                (sc - s_t[:, None]).abs() <= tol[:, None], as_tuple=True
-            )
+            r, j = torch.nonzero((sc - s_t[:, None]).abs() <= tol[:, None], as_tuple=True)
             ranks += self._count_greater(x64, every, r, j + start, s_t)
         return ranks
 
@@ -647,9 +580,7 @@ def fast_ranks(
     is much cheaper than full ranks. For repeated calls on one matrix build a `RankScreen`.
     """
     _check_rank_inputs(x, matrix, bias, token_ids)
-    screen = RankScreen(
-        matrix, bias, low_precision=low_precision, chunk_bytes=chunk_bytes
-    )
+    screen = RankScreen(matrix, bias, low_precision=low_precision, chunk_bytes=chunk_bytes)
     return screen.ranks(x, token_ids[:, None], limit)[0][:, 0]
 
 
@@ -694,10 +625,7 @@ class AlignmentResult:
         return jsonable(asdict(self))
 
 
-
-def shift_layer_from_rates(
-    in_match: Sequence[float], out_match: Sequence[float]
-) -> float | None:
+def shift_layer_from_rates(in_match: Sequence[float], out_match: Sequence[float]) -> float | None:
     """First depth where out_match − in_match turns positive, interpolated linearly.
 
     0.0 if the difference is already positive at layer 0; otherwise the zero crossing between
@@ -752,11 +680,7 @@ class AlignmentAccumulator:
         low_precision: LowPrecision = "auto",
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> None:
-        if (
-            isinstance(num_layers, bool)
-            or not isinstance(num_layers, int)
-            or num_layers < 0
-        ):
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 0:
             raise ValueError(f"num_layers = {num_layers!r}; allowed: an integer >= 0")
         if not isinstance(decoder, Decoder):
             raise TypeError(f"decoder must be a Decoder, got {type(decoder).__name__}")
@@ -781,9 +705,7 @@ class AlignmentAccumulator:
             chunk_bytes=chunk_bytes,
         )
         self._batches: list[_SequenceStats] = []
-        self._depth_counts = torch.zeros(
-            num_layers + 2, dtype=torch.int64
-        )  # last slot: never
+        self._depth_counts = torch.zeros(num_layers + 2, dtype=torch.int64)  # last slot: never
 
     # ----------------------------------------------------------------- update
 
@@ -799,37 +721,23 @@ class AlignmentAccumulator:
         b = self.W_U[out.to(self.W_U.device)].to(dev, torch.float64)
         skip = (inp == out) | (a == b).all(1)
         per_layer: list[tuple[Tensor, ...]] = []
-        depth = torch.full(
-            (inp.numel(),), self.num_layers + 1, dtype=torch.int64, device=dev
-        )
+        depth = torch.full((inp.numel(),), self.num_layers + 1, dtype=torch.int64, device=dev)
         with torch.no_grad():
             for layer in range(self.num_layers + 1):
                 h = states[layer][:, :-1]
                 hits, shifted = self._layer_ranks(h, targets, layer)
                 depth = torch.where((depth > self.num_layers) & shifted, layer, depth)
-                geo = _geometry(
-                    h.reshape(-1, self.d_model).to(dev, torch.float64), a, b, skip
-                )
+                geo = _geometry(h.reshape(-1, self.d_model).to(dev, torch.float64), a, b, skip)
                 per_layer.append((hits[:, 0], hits[:, 1], *geo))
         self._depth_counts += torch.bincount(depth.cpu(), minlength=self.num_layers + 2)
         self._batches.append(self._per_sequence(per_layer, skip, batch, length - 1))
 
     def _check_batch(self, states: Tensor, tokens: Tensor) -> None:
         if not isinstance(states, Tensor) or states.dim() != 4:
-            shape = (
-                tuple(states.shape)
-                if isinstance(states, Tensor)
-                else type(states).__name__
-            )
-            raise ValueError(
-                f"states must be (L+1, batch, positions, d_model), got {shape}"
-            )
+            shape = tuple(states.shape) if isinstance(states, Tensor) else type(states).__name__
+            raise ValueError(f"states must be (L+1, batch, positions, d_model), got {shape}")
         if not isinstance(tokens, Tensor) or tokens.dim() != 2:
-            shape = (
-                tuple(tokens.shape)
-                if isinstance(tokens, Tensor)
-                else type(tokens).__name__
-            )
+            shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
             raise ValueError(f"tokens must be (batch, positions), got {shape}")
         want = (self.num_layers + 1, *tokens.shape, self.d_model)
         if tuple(states.shape) != want:
@@ -845,24 +753,14 @@ class AlignmentAccumulator:
             raise ValueError(f"states must be floating point, got {states.dtype}")
         _check_ids("tokens", tokens, tuple(tokens.shape), self.vocab)
 
-    def _layer_ranks(
-        self, h: Tensor, targets: Tensor, layer: int
-    ) -> tuple[Tensor, Tensor]:
+    def _layer_ranks(self, h: Tensor, targets: Tensor, layer: int) -> tuple[Tensor, Tensor]:
         """Top-k hits (n, 2) and 'next token above input token' (n,) for one layer."""
         x = self.decoder.inputs(h).reshape(-1, self.d_model)
         if not bool(torch.isfinite(x).all()):
-            raise ValueError(
-                f"non-finite values in the decoder inputs of layer {layer}"
-            )
-        if (
-            self.top_k >= self.vocab
-        ):  # every token is in the top-vocab: only scores needed
-            scores = self.screen.exact_scores(
-                x.to(self.screen.device, torch.float64), targets
-            )
-            return torch.ones_like(targets, dtype=torch.bool), scores[:, 1] > scores[
-                :, 0
-            ]
+            raise ValueError(f"non-finite values in the decoder inputs of layer {layer}")
+        if self.top_k >= self.vocab:  # every token is in the top-vocab: only scores needed
+            scores = self.screen.exact_scores(x.to(self.screen.device, torch.float64), targets)
+            return torch.ones_like(targets, dtype=torch.bool), scores[:, 1] > scores[:, 0]
         ranks, scores = self.screen.ranks(x, targets, self.top_k)
         return ranks < self.top_k, scores[:, 1] > scores[:, 0]
 
@@ -870,17 +768,10 @@ class AlignmentAccumulator:
         self, per_layer: list[tuple[Tensor, ...]], skip: Tensor, batch: int, n_pos: int
     ) -> _SequenceStats:
         def stack(i: int, dtype: torch.dtype) -> Tensor:
-            cols = [
-                vals[i].reshape(batch, n_pos).to(dtype).sum(1) for vals in per_layer
-            ]
+            cols = [vals[i].reshape(batch, n_pos).to(dtype).sum(1) for vals in per_layer]
             return torch.stack(cols, dim=1).cpu()
 
-        proj_count = (
-            (~skip)
-            .reshape(batch, n_pos)
-            .sum(1, keepdim=True)
-            .expand(batch, len(per_layer))
-        )
+        proj_count = (~skip).reshape(batch, n_pos).sum(1, keepdim=True).expand(batch, len(per_layer))
         return _SequenceStats(
             positions=torch.full((batch,), n_pos, dtype=torch.int64),
             in_hits=stack(0, torch.int64),
@@ -896,9 +787,7 @@ class AlignmentAccumulator:
     def result(self, model: str) -> AlignmentResult:
         """The metrics over every batch added so far, labelled with `model`."""
         if not self._batches:
-            raise ValueError(
-                "no batches were added: call update() with at least one batch first"
-            )
+            raise ValueError("no batches were added: call update() with at least one batch first")
         cat = {
             name: torch.cat([getattr(s, name) for s in self._batches])
             for name in _SequenceStats.__dataclass_fields__
@@ -934,21 +823,14 @@ class AlignmentAccumulator:
 
 def _rates(sums: Tensor, counts: list[int]) -> tuple[float, ...]:
     """Per-layer Σ_sequences sums / Σ counts (sums: (S, L+1))."""
-    return tuple(
-        cluster_ratio(sums[:, layer].tolist(), counts) for layer in range(sums.shape[1])
-    )
+    return tuple(cluster_ratio(sums[:, layer].tolist(), counts) for layer in range(sums.shape[1]))
 
 
 def _cis(sums: Tensor, counts: list[int]) -> tuple[tuple[float, float], ...]:
-    return tuple(
-        cluster_ratio_ci(sums[:, layer].tolist(), counts)
-        for layer in range(sums.shape[1])
-    )
+    return tuple(cluster_ratio_ci(sums[:, layer].tolist(), counts) for layer in range(sums.shape[1]))
 
 
-def _geometry(
-    h: Tensor, a: Tensor, b: Tensor, skip: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
+def _geometry(h: Tensor, a: Tensor, b: Tensor, skip: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per-position cos(h, a), cos(h, b) and projection on a → b (0 where skipped), in fp64."""
     hh, aa, bb = h.square().sum(1), a.square().sum(1), b.square().sum(1)
     cos_in = _safe_div((h * a).sum(1), (hh * aa).sqrt())

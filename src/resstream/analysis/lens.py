@@ -66,6 +66,7 @@ class LensResult:
 
     def to_dict(self, token_text: Callable[[int], str] | None = None) -> dict:
         """Plain data for lens.json; `token_text` adds the decoded strings."""
+
         def text(tok: int | None) -> str | None:
             return None if tok is None or token_text is None else token_text(tok)
 
@@ -83,9 +84,16 @@ class LensResult:
                     "next_id": t.next_id,
                     "next": text(t.next_id),
                     "top_ids": [list(ids) for ids in t.top_ids],
-                    "ranges": [{"layers": r.label, "token_id": r.token_id, "token": text(r.token_id),
-                                "is_input": r.token_id == t.input_id, "is_next": r.token_id == t.next_id}
-                               for r in t.ranges()],
+                    "ranges": [
+                        {
+                            "layers": r.label,
+                            "token_id": r.token_id,
+                            "token": text(r.token_id),
+                            "is_input": r.token_id == t.input_id,
+                            "is_next": r.token_id == t.next_id,
+                        }
+                        for r in t.ranges()
+                    ],
                 }
                 for t in self.trajectories
             ],
@@ -103,16 +111,25 @@ def merge_ranges(top1: Sequence[int]) -> tuple[LayerRange, ...]:
     return tuple(ranges)
 
 
-def trajectories(states: Tensor, token_ids: Tensor, decode: Callable[[Tensor], Tensor], *,
-                 top_k: int = 1, positions: range | None = None, model: str = "model",
-                 decoder: str = "logit-lens") -> LensResult:
+def trajectories(
+    states: Tensor,
+    token_ids: Tensor,
+    decode: Callable[[Tensor], Tensor],
+    *,
+    top_k: int = 1,
+    positions: range | None = None,
+    model: str = "model",
+    decoder: str = "logit-lens",
+) -> LensResult:
     """Top-k decodings of every layer's state at each position of one text.
 
     states: (L+1, T, d) residual states of one sequence; token_ids: (T,);
     decode: maps (n, d) states to (n, vocab) scores (fp32 recommended).
     """
     if states.dim() != 3 or states.shape[1] != token_ids.shape[0]:
-        raise ValueError(f"states must be (L+1, T, d) with T = {token_ids.shape[0]}, got {tuple(states.shape)}")
+        raise ValueError(
+            f"states must be (L+1, T, d) with T = {token_ids.shape[0]}, got {tuple(states.shape)}"
+        )
     length = token_ids.shape[0]
     chosen = positions if positions is not None else range(length)
     if len(chosen) == 0 or chosen.start < 0 or chosen.stop > length:

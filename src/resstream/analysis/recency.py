@@ -89,19 +89,30 @@ class RecencyResult:
             entry = layer.average.to_dict()
             entry["by_distance"] = list(layer.by_distance)
             entry["heads"] = [
-                {"head": h, "recency": head.recency.to_dict(), "primacy": head.primacy.to_dict(),
-                 "by_distance": list(profile)}
+                {
+                    "head": h,
+                    "recency": head.recency.to_dict(),
+                    "primacy": head.primacy.to_dict(),
+                    "by_distance": list(profile),
+                }
                 for h, (head, profile) in enumerate(zip(layer.heads, layer.head_by_distance(), strict=True))
             ]
             layers.append(entry)
-        return jsonable({
-            "model": self.model, "num_layers": self.num_layers, "num_heads": self.num_heads,
-            "seq_len": self.seq_len, "num_sequences": self.num_sequences, "threshold": self.threshold,
-            "sample": self.sample, "notes": list(self.notes),
-            "mean_attention": [list(map(list, m)) for m in self.mean_attention],
-            "stderr": [list(map(list, m)) for m in self.stderr],
-            "layers": layers,
-        })
+        return jsonable(
+            {
+                "model": self.model,
+                "num_layers": self.num_layers,
+                "num_heads": self.num_heads,
+                "seq_len": self.seq_len,
+                "num_sequences": self.num_sequences,
+                "threshold": self.threshold,
+                "sample": self.sample,
+                "notes": list(self.notes),
+                "mean_attention": [list(map(list, m)) for m in self.mean_attention],
+                "stderr": [list(map(list, m)) for m in self.stderr],
+                "layers": layers,
+            }
+        )
 
     def head_arrays(self) -> dict[str, Tensor]:
         """(L, H, T, T) tensors of the per-head means and standard errors (for the .npz)."""
@@ -126,8 +137,10 @@ class RecencyAccumulator:
         """Add a batch: probs (L, batch, heads, T, T), each sequence one sample."""
         expected = (self.num_layers, self.num_heads, self.seq_len, self.seq_len)
         if probs.ndim != 5 or (probs.shape[0], *probs.shape[2:]) != expected:
-            raise ValueError(f"attention of shape {tuple(probs.shape)}; expected (L, batch, H, T, T) "
-                             f"with (L, H, T, T) = {expected}")
+            raise ValueError(
+                f"attention of shape {tuple(probs.shape)}; expected (L, batch, H, T, T) "
+                f"with (L, H, T, T) = {expected}"
+            )
         probs = probs.detach().float().cpu()
         for layer in range(self.num_layers):
             maps = probs[layer]
@@ -147,11 +160,21 @@ class RecencyAccumulator:
             HeadAttention(
                 layer=layer + 1,
                 average=summarise_layer(layer + 1, moments[self.num_heads], self.seq_len, self.threshold),
-                heads=tuple(summarise_layer(layer + 1, m, self.seq_len, self.threshold)
-                            for m in moments[: self.num_heads]),
+                heads=tuple(
+                    summarise_layer(layer + 1, m, self.seq_len, self.threshold)
+                    for m in moments[: self.num_heads]
+                ),
             )
             for layer, moments in enumerate(self._moments)
         )
-        return RecencyResult(model, self.num_layers, self.num_heads, self.seq_len, self.num_sequences,
-                             self.threshold, layers, sample, notes)
-
+        return RecencyResult(
+            model,
+            self.num_layers,
+            self.num_heads,
+            self.seq_len,
+            self.num_sequences,
+            self.threshold,
+            layers,
+            sample,
+            notes,
+        )

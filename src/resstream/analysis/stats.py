@@ -29,9 +29,7 @@ def _t_two_sided_mass(t: float, df: int) -> float:
     s, c2 = math.sin(theta), math.cos(theta) ** 2
     if df % 2 == 0:
         term, total = 1.0, 1.0
-        for j in range(
-            1, (df - 2) // 2 + 1
-        ):  # coefficients (1·3·…(2j−1))/(2·4·…2j) cos^{2j}
+        for j in range(1, (df - 2) // 2 + 1):  # coefficients (1·3·…(2j−1))/(2·4·…2j) cos^{2j}
             term *= c2 * (2 * j - 1) / (2 * j)
             total += term
         return s * total
@@ -39,9 +37,7 @@ def _t_two_sided_mass(t: float, df: int) -> float:
         return 2.0 * theta / math.pi
     term = math.cos(theta)
     total = term
-    for j in range(
-        1, (df - 3) // 2 + 1
-    ):  # coefficients (2·4·…2j)/(3·5·…(2j+1)) cos^{2j+1}
+    for j in range(1, (df - 3) // 2 + 1):  # coefficients (2·4·…2j)/(3·5·…(2j+1)) cos^{2j+1}
         term *= c2 * (2 * j) / (2 * j + 1)
         total += term
     return 2.0 / math.pi * (theta + s * total)

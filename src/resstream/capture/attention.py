@@ -30,8 +30,7 @@ def attention_probs(view: ModelView, input_ids: Tensor) -> Tensor:
         else:
             per_layer = _hf_attentions(view.model, input_ids)
     if len(per_layer) != view.n_layers or any(p is None for p in per_layer):
-        raise RuntimeError(f"{view.family}: got {len(per_layer)} attention maps for "
-                           f"{view.n_layers} layers")
+        raise RuntimeError(f"{view.family}: got {len(per_layer)} attention maps for {view.n_layers} layers")
     return torch.stack([p.float().to(input_ids.device) for p in per_layer])
 
 

@@ -66,12 +66,13 @@ def check_input_ids(view: ModelView, input_ids: Tensor) -> None:
         raise ValueError(f"input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
     seq = input_ids.shape[1]
     if view.max_positions is not None and seq > view.max_positions:
-        raise UsageError(f"sequence length {seq} is over the model's context of "
-                         f"{view.max_positions} tokens; allowed: 1..{view.max_positions}")
+        raise UsageError(
+            f"sequence length {seq} is over the model's context of "
+            f"{view.max_positions} tokens; allowed: 1..{view.max_positions}"
+        )
 
 
-def residual_states(view: ModelView, input_ids: Tensor,
-                    attention_mask: Tensor | None = None) -> Tensor:
+def residual_states(view: ModelView, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
     """h_0..h_L of `input_ids` (batch, seq) as a tensor (L+1, batch, seq, d_model).
 
     h_0 is the input of block 0, h_l the output of block l (before the final norm), in the
@@ -94,8 +95,7 @@ def residual_states(view: ModelView, input_ids: Tensor,
         if "states" not in buffer:
             # A normal (non-inference) tensor, so callers may use the states under autograd.
             with torch.inference_mode(False):
-                buffer["states"] = torch.empty((n_layers + 1, *h.shape), dtype=h.dtype,
-                                               device=h.device)
+                buffer["states"] = torch.empty((n_layers + 1, *h.shape), dtype=h.dtype, device=h.device)
         buffer["states"][index].copy_(h)
         seen[index] += 1
 
@@ -105,6 +105,7 @@ def residual_states(view: ModelView, input_ids: Tensor,
     def make_hook(index: int) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             store(index, first_tensor(output))
+
         return hook
 
     handles = [view.blocks[0].module.register_forward_pre_hook(pre_hook, with_kwargs=True)]
@@ -118,35 +119,38 @@ def residual_states(view: ModelView, input_ids: Tensor,
     with _hooks(handles), torch.inference_mode():
         run_forward(view, input_ids, attention_mask)
     if any(count != 1 for count in seen):
-        raise RuntimeError(f"expected every block to run exactly once, got counts {seen} "
-                           f"(h_0 first)")
+        raise RuntimeError(f"expected every block to run exactly once, got counts {seen} (h_0 first)")
     return buffer["states"]
 
 
 @contextmanager
-def record(modules: Mapping[str, nn.Module] | Iterable[nn.Module], *,
-           inputs: bool = False) -> Iterator[dict[str, list[Tensor]]]:
+def record(
+    modules: Mapping[str, nn.Module] | Iterable[nn.Module], *, inputs: bool = False
+) -> Iterator[dict[str, list[Tensor]]]:
     """Record what `modules` output (or, with `inputs=True`, receive as first input).
 
     `modules` maps names to modules (e.g. a selection of `model.named_modules()`), or is a
     sequence of modules named "0", "1", .... Yields a dict name -> list of tensors, one entry
     per call, filled while the block runs; the hooks are removed on exit.
     """
-    named = dict(modules) if isinstance(modules, Mapping) else {
-        str(i): m for i, m in enumerate(modules)}
+    named = dict(modules) if isinstance(modules, Mapping) else {str(i): m for i, m in enumerate(modules)}
     recorded: dict[str, list[Tensor]] = {name: [] for name in named}
     handles = []
     try:
         for name, module in named.items():
             if inputs:
-                def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                        _name: str = name) -> None:
+
+                def pre(
+                    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], _name: str = name
+                ) -> None:
                     recorded[_name].append(_block_input(args, kwargs))
+
                 handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
             else:
-                def post(module: nn.Module, args: tuple[Any, ...], output: Any,
-                         _name: str = name) -> None:
+
+                def post(module: nn.Module, args: tuple[Any, ...], output: Any, _name: str = name) -> None:
                     recorded[_name].append(first_tensor(output))
+
                 handles.append(module.register_forward_hook(post))
     except BaseException:
         for handle in handles:

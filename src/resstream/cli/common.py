@@ -37,10 +37,16 @@ def resolved_device(device: str, device_map: str | None = None) -> str:
 
 # Options shared by the analysis commands (shift, lens, recency): one declaration each.
 OutOption = Annotated[Path, typer.Option("--out", help="Output directory (created if missing).")]
-ModelsOption = Annotated[Optional[list[str]], typer.Option(
-    "--model", help="Run dir, HF directory or hub name; repeat for several (default: built-in reference model).")]
-DatasetOption = Annotated[str, typer.Option(
-    help="Named corpus, .txt/.jsonl path (.jsonl input_ids rows used as given).")]
+ModelsOption = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--model",
+        help="Run dir, HF directory or hub name; repeat for several (default: built-in reference model).",
+    ),
+]
+DatasetOption = Annotated[
+    str, typer.Option(help="Named corpus, .txt/.jsonl path (.jsonl input_ids rows used as given).")
+]
 NumSeqsOption = Annotated[int, typer.Option(help="Sequences sampled from the corpus.")]
 SeqLenOption = Annotated[int, typer.Option(help="Tokens per sequence.")]
 BatchSizeOption = Annotated[int, typer.Option(help="Sequences per forward pass.")]
@@ -48,8 +54,14 @@ SampleSeedOption = Annotated[int, typer.Option(help="Seed of the sequence sample
 DataDirOption = Annotated[Optional[Path], typer.Option(help="Local corpora (else env RESSTREAM_DATA).")]
 DtypeOption = Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")]
 DeviceOption = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")]
-DeviceMapOption = Annotated[Optional[str], typer.Option(
-    help="Spread a Hugging Face model over devices: auto, balanced, sequential (needs accelerate).")]
-TrustRemoteCodeOption = Annotated[bool, typer.Option(
-    "--trust-remote-code", help="Run a hub model's own code (only for repositories you trust).")]
+DeviceMapOption = Annotated[
+    Optional[str],
+    typer.Option(
+        help="Spread a Hugging Face model over devices: auto, balanced, sequential (needs accelerate)."
+    ),
+]
+TrustRemoteCodeOption = Annotated[
+    bool,
+    typer.Option("--trust-remote-code", help="Run a hub model's own code (only for repositories you trust)."),
+]
 QuietOption = Annotated[bool, typer.Option("--quiet", help="No progress bars.")]

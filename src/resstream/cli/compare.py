@@ -12,18 +12,23 @@ from resstream.errors import UsageError
 
 
 def compare(
-    inputs: Annotated[list[Path], typer.Argument(metavar="RUN_OR_SWEEP_DIR",
-                                                 help="Sweep directories (or their seed-<s> folders).")],
+    inputs: Annotated[
+        list[Path],
+        typer.Argument(metavar="RUN_OR_SWEEP_DIR", help="Sweep directories (or their seed-<s> folders)."),
+    ],
     out: Annotated[Path, typer.Option("--out", help="Output directory (created if missing).")],
     benchmarks: Annotated[
         Optional[str],
-        typer.Option(help="Comma-separated benchmarks or 'all' (default: those already evaluated, else all).")] = None,
+        typer.Option(
+            help="Comma-separated benchmarks or 'all' (default: those already evaluated, else all)."
+        ),
+    ] = None,
     max_eval_tokens: Annotated[
-        Optional[str],
-        typer.Option(metavar="N", help="Cap on tokens per benchmark for runs evaluated now.")] = None,
+        Optional[str], typer.Option(metavar="N", help="Cap on tokens per benchmark for runs evaluated now.")
+    ] = None,
     data_dir: Annotated[
-        Optional[Path],
-        typer.Option(help="Local benchmark data (else env RESSTREAM_DATA).")] = None,
+        Optional[Path], typer.Option(help="Local benchmark data (else env RESSTREAM_DATA).")
+    ] = None,
     device: Annotated[str, typer.Option(help="Device for runs evaluated now: auto, cpu, cuda.")] = "auto",
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False,
 ) -> None:
@@ -43,17 +48,29 @@ def compare(
     if names is None:
         names = saved_benchmarks(records, sw.known_benchmarks()) or sw.known_benchmarks()
     sw.check_benchmark_data(sw.missing_benchmarks(records, names), str(data_dir) if data_dir else None)
-    records = sw.fill_evals(records, names, max_tokens=max_tokens, device=dev,
-                            data_dir=str(data_dir) if data_dir else None, progress=not quiet,
-                            log=None if quiet else echo_err)
+    records = sw.fill_evals(
+        records,
+        names,
+        max_tokens=max_tokens,
+        device=dev,
+        data_dir=str(data_dir) if data_dir else None,
+        progress=not quiet,
+        log=None if quiet else echo_err,
+    )
     table = compare_table(records, names)
     markdown = table.to_markdown()
     write_text(out / "compare.md", markdown)
     write_text(out / "compare.csv", table.to_csv())
-    write_json(out / "compare.json", {**table.to_dict(), "inputs": [str(p) for p in inputs],
-                                      "benchmarks": list(names)})
-    settings = {"inputs": [str(p) for p in inputs], "benchmarks": list(names),
-                "max_eval_tokens": max_tokens, "runs": len(records)}
+    write_json(
+        out / "compare.json",
+        {**table.to_dict(), "inputs": [str(p) for p in inputs], "benchmarks": list(names)},
+    )
+    settings = {
+        "inputs": [str(p) for p in inputs],
+        "benchmarks": list(names),
+        "max_eval_tokens": max_tokens,
+        "runs": len(records),
+    }
     write_json(out / "run.json", run_record(settings, seed=None, device=dev, dataset_fingerprint=None))
     typer.echo(markdown, nl=False)
 

@@ -20,8 +20,18 @@ if TYPE_CHECKING:
     from resstream.training.evaluate import EvalPlan, EvalReport
 
 #: Columns of eval.csv, in order.
-CSV_FIELDS = ("name", "loss", "perplexity", "accuracy", "num_tokens", "last_word_accuracy",
-              "num_examples", "origin", "fingerprint", "note")
+CSV_FIELDS = (
+    "name",
+    "loss",
+    "perplexity",
+    "accuracy",
+    "num_tokens",
+    "last_word_accuracy",
+    "num_examples",
+    "origin",
+    "fingerprint",
+    "note",
+)
 
 
 def csv_text(report: EvalReport) -> str:
@@ -40,10 +50,11 @@ def table_text(report: EvalReport) -> str:
     lines = [header, "-" * len(header)]
     for r in report.results:
         word = f"{r.last_word_accuracy:.2f}" if r.last_word_accuracy is not None else "-"
-        lines.append(f"{r.name:<12} {r.loss:>8.4f} {r.perplexity:>10.2f} {r.accuracy:>7.2f} "
-                     f"{r.num_tokens:>10,} {word:>10}")
-    lines.append(f"(block_size {report.block_size}, stride {report.stride}; "
-                 "loss in nats per token)")
+        lines.append(
+            f"{r.name:<12} {r.loss:>8.4f} {r.perplexity:>10.2f} {r.accuracy:>7.2f} "
+            f"{r.num_tokens:>10,} {word:>10}"
+        )
+    lines.append(f"(block_size {report.block_size}, stride {report.stride}; loss in nats per token)")
     return "\n".join(lines)
 
 
@@ -56,28 +67,42 @@ def write_outputs(out: Path, report: EvalReport, plan: EvalPlan, settings: dict[
     write_json(out / "eval.json", report.to_dict())
     write_text(out / "eval.csv", csv_text(report))
     config = {"command": "eval", **settings, "model_config": plan.trained.config.to_dict()}
-    record = run_record(config, seed=None, device=str(plan.device),
-                        dataset_fingerprint=datasets_fingerprint(report.results))
-    record["datasets"] = {r.name: {"origin": r.origin, "fingerprint": r.fingerprint}
-                          for r in report.results}
+    record = run_record(
+        config, seed=None, device=str(plan.device), dataset_fingerprint=datasets_fingerprint(report.results)
+    )
+    record["datasets"] = {r.name: {"origin": r.origin, "fingerprint": r.fingerprint} for r in report.results}
     write_json(out / "run.json", record)
 
 
 def eval_command(
     out: Annotated[Path, typer.Option("--out", help="Output directory (created if missing).")],
-    model: Annotated[Optional[Path], typer.Option(
-        "--model", help="Run directory of a finished `resstream train` (default: the built-in "
-                        "reference model).")] = None,
-    benchmarks: Annotated[Optional[str], typer.Option(
-        "--benchmarks", help="Comma-separated: wikitext-2, lambada, openwebtext, fineweb-edu, "
-                             "shakespeare (default: all).")] = None,
-    data_dir: Annotated[Optional[Path], typer.Option(
-        "--data-dir", help="Local corpora (else env RESSTREAM_DATA, then Hugging Face).")] = None,
-    stride: Annotated[Optional[int], typer.Option(
-        help="Sliding-window stride in tokens, in [1, block_size] (default block_size // 2).")] = None,
+    model: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--model",
+            help="Run directory of a finished `resstream train` (default: the built-in reference model).",
+        ),
+    ] = None,
+    benchmarks: Annotated[
+        Optional[str],
+        typer.Option(
+            "--benchmarks",
+            help="Comma-separated: wikitext-2, lambada, openwebtext, fineweb-edu, "
+            "shakespeare (default: all).",
+        ),
+    ] = None,
+    data_dir: Annotated[
+        Optional[Path],
+        typer.Option("--data-dir", help="Local corpora (else env RESSTREAM_DATA, then Hugging Face)."),
+    ] = None,
+    stride: Annotated[
+        Optional[int],
+        typer.Option(help="Sliding-window stride in tokens, in [1, block_size] (default block_size // 2)."),
+    ] = None,
     batch_size: Annotated[int, typer.Option(help="Windows per forward pass.")] = 16,
-    max_tokens: Annotated[Optional[int], typer.Option(
-        help="Score at most this many tokens per benchmark (quick runs).")] = None,
+    max_tokens: Annotated[
+        Optional[int], typer.Option(help="Score at most this many tokens per benchmark (quick runs).")
+    ] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
 ) -> None:
@@ -90,12 +115,25 @@ def eval_command(
 
         model = reference_model_dir()
     chosen = benchmarks if benchmarks is not None else ",".join(BENCHMARKS)
-    plan = prepare(model, chosen, data_dir=data_dir, stride=stride, batch_size=batch_size,
-                   device=device, max_tokens=max_tokens, progress=not quiet)
+    plan = prepare(
+        model,
+        chosen,
+        data_dir=data_dir,
+        stride=stride,
+        batch_size=batch_size,
+        device=device,
+        max_tokens=max_tokens,
+        progress=not quiet,
+    )
     report = run_plan(plan, progress=not quiet)
-    settings = {"model": str(model), "benchmarks": [b.name for b in plan.benchmarks],
-                "stride": plan.stride, "batch_size": batch_size, "max_tokens": max_tokens,
-                "data_dir": str(data_dir) if data_dir is not None else None}
+    settings = {
+        "model": str(model),
+        "benchmarks": [b.name for b in plan.benchmarks],
+        "stride": plan.stride,
+        "batch_size": batch_size,
+        "max_tokens": max_tokens,
+        "data_dir": str(data_dir) if data_dir is not None else None,
+    }
     write_outputs(out, report, plan, settings)
     typer.echo(table_text(report))
     for r in report.results:

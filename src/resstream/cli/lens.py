@@ -46,8 +46,10 @@ def read_text(text: str | None, text_file: Path | None) -> str:
     try:
         content = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UsageError(f"--text-file {str(text_file)!r} is not UTF-8 text: byte 0x{raw[exc.start]:02x} "
-                         f"at byte offset {exc.start}") from None
+        raise UsageError(
+            f"--text-file {str(text_file)!r} is not UTF-8 text: byte 0x{raw[exc.start]:02x} "
+            f"at byte offset {exc.start}"
+        ) from None
     if not content.strip():
         raise UsageError(f"--text-file {str(text_file)!r} holds no text; give a file with the text to decode")
     return content
@@ -55,7 +57,10 @@ def read_text(text: str | None, text_file: Path | None) -> str:
 
 def lens(
     out: OutOption,
-    model: Annotated[Optional[str], typer.Option(help="Run dir, HF directory or hub name (default: built-in reference model).")] = None,
+    model: Annotated[
+        Optional[str],
+        typer.Option(help="Run dir, HF directory or hub name (default: built-in reference model)."),
+    ] = None,
     text: Annotated[Optional[str], typer.Option(help="The text to decode.")] = None,
     text_file: Annotated[Optional[Path], typer.Option(help="A UTF-8 file holding the text.")] = None,
     positions: Annotated[Optional[str], typer.Option(help="Token positions A:B (default: all).")] = None,
@@ -66,7 +71,9 @@ def lens(
     device_map: DeviceMapOption = None,
     trust_remote_code: TrustRemoteCodeOption = False,
     quiet: QuietOption = False,
-    no_colour: Annotated[bool, typer.Option("--no-colour", help="Mark cells with [input]/[next] instead of colour.")] = False,
+    no_colour: Annotated[
+        bool, typer.Option("--no-colour", help="Mark cells with [input]/[next] instead of colour.")
+    ] = False,
 ) -> None:
     """Decode every layer's hidden state of a text: which layers hold the input token, which the next."""
     from resstream import api
@@ -75,9 +82,18 @@ def lens(
 
     check_out_dir(out)
     content = read_text(text, text_file)
-    result, tokenizer = api.lens(content, model=model, positions=parse_positions(positions), top_k=top_k,
-                                 decoder=decoder, dtype=dtype, device=device, device_map=device_map,
-                                 trust_remote_code=trust_remote_code, progress=not quiet)
+    result, tokenizer = api.lens(
+        content,
+        model=model,
+        positions=parse_positions(positions),
+        top_k=top_k,
+        decoder=decoder,
+        dtype=dtype,
+        device=device,
+        device_map=device_map,
+        trust_remote_code=trust_remote_code,
+        progress=not quiet,
+    )
 
     def token_text(token_id: int) -> str:
         return tokenizer.decode([token_id])
@@ -86,11 +102,20 @@ def lens(
     write_json(out / "lens.json", result.to_dict(token_text))
     write_html(result, token_text, out / "lens.html")
     plot_lens(result, token_text, out / "lens.png")
-    settings = {"command": "lens", "model": model, "positions": positions, "top_k": top_k, "decoder": decoder,
-                "text_file": str(text_file) if text_file else None, "dtype": dtype,
-                "device_map": device_map}
-    write_json(out / "run.json", run_record(settings, seed=None, device=resolved_device(device, device_map),
-                                            dataset_fingerprint=None))
+    settings = {
+        "command": "lens",
+        "model": model,
+        "positions": positions,
+        "top_k": top_k,
+        "decoder": decoder,
+        "text_file": str(text_file) if text_file else None,
+        "dtype": dtype,
+        "device_map": device_map,
+    }
+    write_json(
+        out / "run.json",
+        run_record(settings, seed=None, device=resolved_device(device, device_map), dataset_fingerprint=None),
+    )
     for line in terminal_lines(result, token_text, colour=not no_colour):
         typer.echo(line)
     typer.echo(f"wrote lens.json, lens.html, lens.png and run.json to {out}")

@@ -55,9 +55,22 @@ def shift(
 
     check_out_dir(out)
     specs = list(model) if model else [None]
-    report = api.shift(specs, dataset=dataset, num_seqs=num_seqs, seq_len=seq_len, top_k=top_k, decoder=decoder,
-                       batch_size=batch_size, seed=seed, data_dir=data_dir, dtype=dtype, device=device,
-                       device_map=device_map, trust_remote_code=trust_remote_code, progress=not quiet)
+    report = api.shift(
+        specs,
+        dataset=dataset,
+        num_seqs=num_seqs,
+        seq_len=seq_len,
+        top_k=top_k,
+        decoder=decoder,
+        batch_size=batch_size,
+        seed=seed,
+        data_dir=data_dir,
+        dtype=dtype,
+        device=device,
+        device_map=device_map,
+        trust_remote_code=trust_remote_code,
+        progress=not quiet,
+    )
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "shift.json", report.to_dict())
     write_text(out / "shift.csv", shift_csv(report.results))
@@ -68,15 +81,35 @@ def shift(
         plot_shift_depths(result, out / f"shift_depths{suffix}.png")
     if len(report.results) > 1:
         plot_comparison(report.results, out / "comparison.png")
-    settings = {"command": "shift", "models": specs, "dataset": dataset, "num_seqs": num_seqs, "seq_len": seq_len,
-                "top_k": top_k, "decoder": decoder, "batch_size": batch_size, "dtype": dtype, "device_map": device_map,
-                "data_dir": str(data_dir) if data_dir else None, "sample": report.sample_rule}
-    write_json(out / "run.json", run_record(settings, seed=seed, device=resolved_device(device, device_map),
-                                            dataset_fingerprint=report.dataset_fingerprint))
+    settings = {
+        "command": "shift",
+        "models": specs,
+        "dataset": dataset,
+        "num_seqs": num_seqs,
+        "seq_len": seq_len,
+        "top_k": top_k,
+        "decoder": decoder,
+        "batch_size": batch_size,
+        "dtype": dtype,
+        "device_map": device_map,
+        "data_dir": str(data_dir) if data_dir else None,
+        "sample": report.sample_rule,
+    }
+    write_json(
+        out / "run.json",
+        run_record(
+            settings,
+            seed=seed,
+            device=resolved_device(device, device_map),
+            dataset_fingerprint=report.dataset_fingerprint,
+        ),
+    )
     for result in report.results:
         where = f"{result.shift_layer:.2f}" if result.shift_layer is not None else "never"
-        typer.echo(f"{result.model}: shift layer {where} of {result.num_layers} "
-                   f"({result.num_tokens:,} positions, {report.sample_rule})")
+        typer.echo(
+            f"{result.model}: shift layer {where} of {result.num_layers} "
+            f"({result.num_tokens:,} positions, {report.sample_rule})"
+        )
         if result.tied is False and decoder == "logit-lens":
             typer.echo(f"  {result.model} is untied: decoded with {result.decoding}")
     typer.echo(f"wrote shift.json, shift.csv, plots and run.json to {out}")

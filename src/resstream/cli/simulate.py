@@ -17,13 +17,25 @@ def simulate(
     tokens: Annotated[int, typer.Option(help="Tokens n per simulated sequence.")] = 10,
     dim: Annotated[int, typer.Option(help="Width d of the embeddings.")] = 64,
     sims: Annotated[int, typer.Option(help="Number of simulations.")] = 100_000,
-    gamma: Annotated[float, typer.Option(help="Anisotropy γ in [0, 1): expected cosine between two tokens.")] = 0.0,
+    gamma: Annotated[
+        float, typer.Option(help="Anisotropy γ in [0, 1): expected cosine between two tokens.")
+    ] = 0.0,
     sigma: Annotated[float, typer.Option(help="Scale σ of the embeddings.")] = 1.0,
-    layernorm: Annotated[bool, typer.Option("--layernorm/--no-layernorm", help="Parameter-free LayerNorm before each layer.")] = True,
-    residual: Annotated[bool, typer.Option("--residual/--no-residual", help="Add λ·X after each layer.")] = False,
+    layernorm: Annotated[
+        bool, typer.Option("--layernorm/--no-layernorm", help="Parameter-free LayerNorm before each layer.")
+    ] = True,
+    residual: Annotated[
+        bool, typer.Option("--residual/--no-residual", help="Add λ·X after each layer.")
+    ] = False,
     residual_scale: Annotated[float, typer.Option(help="λ of the residual connection.")] = 1.0,
-    grid: Annotated[bool, typer.Option("--grid", help="The four standard configurations in one run "
-                                       "(no LN; LN γ=0; LN γ>0; LN γ>0 + residual; γ = --gamma or 0.5).")] = False,
+    grid: Annotated[
+        bool,
+        typer.Option(
+            "--grid",
+            help="The four standard configurations in one run "
+            "(no LN; LN γ=0; LN γ>0; LN γ>0 + residual; γ = --gamma or 0.5).",
+        ),
+    ] = False,
     threshold: Annotated[float, typer.Option(help="Standard errors a step needs for a verdict.")] = 3.0,
     chunk_size: Annotated[int, typer.Option(help="Simulations per vectorised chunk (0: default).")] = 0,
     seed: Annotated[int, typer.Option(help="Seed of the random embeddings.")] = 0,
@@ -37,9 +49,19 @@ def simulate(
 
     check_out_dir(out)
     config: dict[str, Any] = {
-        "layers": layers, "tokens": tokens, "dim": dim, "simulations": sims, "gamma": gamma, "sigma": sigma,
-        "layernorm": layernorm, "residual": residual, "residual_scale": residual_scale, "seed": seed,
-        "device": device, "chunk_size": chunk_size or None, "threshold": threshold,
+        "layers": layers,
+        "tokens": tokens,
+        "dim": dim,
+        "simulations": sims,
+        "gamma": gamma,
+        "sigma": sigma,
+        "layernorm": layernorm,
+        "residual": residual,
+        "residual_scale": residual_scale,
+        "seed": seed,
+        "device": device,
+        "chunk_size": chunk_size or None,
+        "threshold": threshold,
     }
     try:
         runs = api.simulate(grid=grid, progress=not quiet, **config)
@@ -49,10 +71,20 @@ def simulate(
     entries = [simulation_entry(label, result) for label, result in runs]
     write_json(out / "simulate.json", entries[0] if not grid else {"configurations": entries})
     write_arrays(out / "simulate.npz", runs)
-    plot_attention_grid([(label, result.mean_attention) for label, result in runs], out / "simulate.png",
-                        title=f"mean attention over {sims:,} simulations (query ↓, key →)")
-    write_json(out / "run.json", run_record({"command": "simulate", "grid": grid, **config}, seed=seed,
-                                            device=resolved_device(device), dataset_fingerprint=None))
+    plot_attention_grid(
+        [(label, result.mean_attention) for label, result in runs],
+        out / "simulate.png",
+        title=f"mean attention over {sims:,} simulations (query ↓, key →)",
+    )
+    write_json(
+        out / "run.json",
+        run_record(
+            {"command": "simulate", "grid": grid, **config},
+            seed=seed,
+            device=resolved_device(device),
+            dataset_fingerprint=None,
+        ),
+    )
     for label, result in runs:
         typer.echo(label)
         for line in verdict_lines(result.layers):
@@ -61,9 +93,19 @@ def simulate(
 
 
 #: SimulationConfig field -> the option that sets it.
-FLAGS = {"simulations": "--sims", "residual_scale": "--residual-scale", "chunk_size": "--chunk-size",
-         "layers": "--layers", "tokens": "--tokens", "dim": "--dim", "gamma": "--gamma", "sigma": "--sigma",
-         "seed": "--seed", "device": "--device", "threshold": "--threshold"}
+FLAGS = {
+    "simulations": "--sims",
+    "residual_scale": "--residual-scale",
+    "chunk_size": "--chunk-size",
+    "layers": "--layers",
+    "tokens": "--tokens",
+    "dim": "--dim",
+    "gamma": "--gamma",
+    "sigma": "--sigma",
+    "seed": "--seed",
+    "device": "--device",
+    "threshold": "--threshold",
+}
 
 
 def flag_names(message: str) -> str:
@@ -75,10 +117,14 @@ def flag_names(message: str) -> str:
 def simulation_entry(label: str, result: Any) -> dict[str, Any]:
     """One configuration in simulate.json: mean_attention[layer][query][key], stderr, verdicts."""
     data = result.to_dict()
-    return {"label": label, "config": data["config"], "method": data["method"],
-            "mean_attention": [layer["mean"] for layer in data["layers"]],
-            "stderr": [layer["stderr"] for layer in data["layers"]],
-            "layers": data["layers"]}
+    return {
+        "label": label,
+        "config": data["config"],
+        "method": data["method"],
+        "mean_attention": [layer["mean"] for layer in data["layers"]],
+        "stderr": [layer["stderr"] for layer in data["layers"]],
+        "layers": data["layers"],
+    }
 
 
 def write_arrays(path: Path, runs: Any) -> None:
@@ -87,9 +133,12 @@ def write_arrays(path: Path, runs: Any) -> None:
 
     from resstream.io import write_npz
 
-    write_npz(path, labels=np.array([label for label, _ in runs]),
-              mean_attention=np.array([result.mean_attention for _, result in runs], dtype=np.float64),
-              stderr=np.array([result.stderr for _, result in runs], dtype=np.float64))
+    write_npz(
+        path,
+        labels=np.array([label for label, _ in runs]),
+        mean_attention=np.array([result.mean_attention for _, result in runs], dtype=np.float64),
+        stderr=np.array([result.stderr for _, result in runs], dtype=np.float64),
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -21,23 +21,24 @@ def sweep(
     preset: Annotated[Optional[str], typer.Option(help="Preset: reference, tiny, laptop, gpt2-124m.")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="YAML config file.")] = None,
     seeds: Annotated[
-        Optional[str],
-        typer.Option(help="Comma-separated seeds, e.g. 0,1,2 (default: the config's seed).")] = None,
+        Optional[str], typer.Option(help="Comma-separated seeds, e.g. 0,1,2 (default: the config's seed).")
+    ] = None,
     alpha: Annotated[
-        Optional[str],
-        typer.Option(metavar="A", help="Identity-path scale at the cut layer, in (0, 1].")] = None,
+        Optional[str], typer.Option(metavar="A", help="Identity-path scale at the cut layer, in (0, 1].")
+    ] = None,
     layers: Annotated[
-        Optional[str],
-        typer.Option(help="Comma-separated cut layers in [0, n_layer) (default: all).")] = None,
+        Optional[str], typer.Option(help="Comma-separated cut layers in [0, n_layer) (default: all).")
+    ] = None,
     no_learned: Annotated[
-        bool,
-        typer.Option("--no-learned", help="Do not train the learned-gate model.")] = False,
+        bool, typer.Option("--no-learned", help="Do not train the learned-gate model.")
+    ] = False,
     benchmarks: Annotated[
         Optional[str],
-        typer.Option(help="Comma-separated benchmarks to evaluate every run on, or 'all' (default: none).")] = None,
+        typer.Option(help="Comma-separated benchmarks to evaluate every run on, or 'all' (default: none)."),
+    ] = None,
     max_eval_tokens: Annotated[
-        Optional[str],
-        typer.Option(metavar="N", help="Evaluate at most this many tokens per benchmark.")] = None,
+        Optional[str], typer.Option(metavar="N", help="Evaluate at most this many tokens per benchmark.")
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False,
 ) -> None:
     """Train baseline, fixed-cut and learned-gate models per seed; write sweep.json, sweep.csv and plots."""
@@ -60,8 +61,14 @@ def sweep(
     sw.check_existing(plan, out)
     if names:
         sw.check_benchmark_data(names, base.run.data_dir)
-    result = sw.run_sweep(plan, out, benchmarks=names, max_eval_tokens=max_tokens, progress=not quiet,
-                          log=None if quiet else echo_err)
+    result = sw.run_sweep(
+        plan,
+        out,
+        benchmarks=names,
+        max_eval_tokens=max_tokens,
+        progress=not quiet,
+        log=None if quiet else echo_err,
+    )
     write_text(out / "sweep.csv", sweep_csv(result))
     plot_sweep_val_loss(result, out / "sweep_val_loss.png")
     if any(h.steps for h in result.gate_histories.values()):

@@ -48,8 +48,9 @@ def parse_field_flags(args: list[str]) -> dict[str, str | bool]:
     return flatten(values, "flags")
 
 
-def resolve_train_config(preset: str | None, config_file: Path | None, typed: dict, extra: list[str],
-                         saved: dict | None = None):
+def resolve_train_config(
+    preset: str | None, config_file: Path | None, typed: dict, extra: list[str], saved: dict | None = None
+):
     """Layer saved config (on resume), preset, YAML file, extra flags and typed options."""
     layers = []
     if saved is not None:
@@ -74,11 +75,17 @@ def train(
     preset: Annotated[Optional[str], typer.Option(help="Preset: reference, tiny, laptop, gpt2-124m.")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="YAML config file.")] = None,
     gate: Annotated[Optional[str], typer.Option(help="Residual gate: none, fixed, learned, router.")] = None,
-    alpha: Annotated[Optional[float], typer.Option(help="Identity-path scale of the fixed gate, in (0, 1].")] = None,
-    cut_layer: Annotated[Optional[int], typer.Option(help="Layer of the fixed gate, in [0, n_layer).")] = None,
+    alpha: Annotated[
+        Optional[float], typer.Option(help="Identity-path scale of the fixed gate, in (0, 1].")
+    ] = None,
+    cut_layer: Annotated[
+        Optional[int], typer.Option(help="Layer of the fixed gate, in [0, n_layer).")
+    ] = None,
     max_steps: Annotated[Optional[int], typer.Option(help="Optimizer steps.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Seed of initialisation and data order.")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its latest checkpoint.")] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the run in --out from its latest checkpoint.")
+    ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
     """Train a model; writes weights, tokenizer, metrics.jsonl and run.json into --out."""
@@ -86,8 +93,10 @@ def train(
     from resstream.training.loop import train as run_training
 
     if resume and preset is not None:
-        raise UsageError(f"--preset {preset!r} cannot be combined with --resume: the run continues "
-                         f"with its saved config (change fields with flags)")
+        raise UsageError(
+            f"--preset {preset!r} cannot be combined with --resume: the run continues "
+            f"with its saved config (change fields with flags)"
+        )
     saved = ckpt.load_checkpoint(out).state["config"] if resume else None
     typed = {"gate": gate, "alpha": alpha, "cut_layer": cut_layer, "max_steps": max_steps, "seed": seed}
     cfg = resolve_train_config(preset, config, typed, list(ctx.args), saved)

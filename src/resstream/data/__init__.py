@@ -17,7 +17,19 @@ from resstream.data.tokenizer import load_tokenizer, save_tokenizer, tokenizer_f
 from resstream.data.tokens import TokenSplits, build_token_cache, split_tokens, tokenize_documents
 
 __all__ = [
-    "NAMED_CORPORA", "Corpus", "CorpusStream", "TokenSplits", "build_token_cache", "data_dir", "load_corpus",
-    "load_token_rows", "load_tokenizer", "save_tokenizer", "split_tokens", "stream_corpus", "tokenize_documents",
-    "tokenizer_fingerprint", "train_bpe",
+    "NAMED_CORPORA",
+    "Corpus",
+    "CorpusStream",
+    "TokenSplits",
+    "build_token_cache",
+    "data_dir",
+    "load_corpus",
+    "load_token_rows",
+    "load_tokenizer",
+    "save_tokenizer",
+    "split_tokens",
+    "stream_corpus",
+    "tokenize_documents",
+    "tokenizer_fingerprint",
+    "train_bpe",
 ]

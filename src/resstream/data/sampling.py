@@ -99,8 +99,16 @@ def reservoir(items: Iterable[list[int]], count: int, seed: int) -> tuple[list[t
     return sorted(chosen), seen
 
 
-def sample_sequences(documents: Iterable[str | Iterable[str]], tokenizer: Any, *, num_seqs: int, seq_len: int,
-                     seed: int = 0, bos: BosPolicy = "auto", corpus_name: str = "corpus") -> SequenceSample:
+def sample_sequences(
+    documents: Iterable[str | Iterable[str]],
+    tokenizer: Any,
+    *,
+    num_seqs: int,
+    seq_len: int,
+    seed: int = 0,
+    bos: BosPolicy = "auto",
+    corpus_name: str = "corpus",
+) -> SequenceSample:
     """Choose `num_seqs` windows of `seq_len` tokens from the documents' token stream."""
     if num_seqs < 1:
         raise UsageError(f"--num-seqs {num_seqs} must be >= 1")
@@ -116,8 +124,10 @@ def sample_sequences(documents: Iterable[str | Iterable[str]], tokenizer: Any, *
         )
     prefix = [tokenizer.bos_token_id] if add_bos else []
     sequences = tuple(torch.tensor(prefix + window, dtype=torch.long) for _, window in chosen)
-    rule = (f"{num_seqs} of {available} non-overlapping {content}-token windows of {corpus_name!r}, "
-            f"reservoir-sampled with seed {seed}" + ("; BOS prepended" if add_bos else "; no BOS"))
+    rule = (
+        f"{num_seqs} of {available} non-overlapping {content}-token windows of {corpus_name!r}, "
+        f"reservoir-sampled with seed {seed}" + ("; BOS prepended" if add_bos else "; no BOS")
+    )
     return SequenceSample(sequences, rule, add_bos, available)
 
 
@@ -127,5 +137,4 @@ def sample_token_rows(rows: list[list[int]], *, source: str) -> SequenceSample:
     short = [i + 1 for i, s in enumerate(sequences) if len(s) < 2]
     if short:
         raise UsageError(f"{source!r}: row {short[0]} has fewer than 2 input_ids (nothing to score)")
-    return SequenceSample(sequences, f"{len(rows)} rows of {source!r} used exactly as given",
-                          False, None)
+    return SequenceSample(sequences, f"{len(rows)} rows of {source!r} used exactly as given", False, None)

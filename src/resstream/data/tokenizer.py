@@ -42,13 +42,17 @@ GPT2_MAX_LENGTH = 1024
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
 
 
-def load_tokenizer(spec: str, *, data_dir: str | os.PathLike[str] | None = None,
-                   ) -> PreTrainedTokenizerFast:
+def load_tokenizer(
+    spec: str,
+    *,
+    data_dir: str | os.PathLike[str] | None = None,
+) -> PreTrainedTokenizerFast:
     """A fast tokenizer from `spec` (see the module docstring); UsageError when none fits."""
     spec = str(spec).strip()
     if not spec:
-        raise UsageError("tokenizer '' is empty: give 'gpt2', a directory, a tokenizer.json "
-                         "file or a Hugging Face name")
+        raise UsageError(
+            "tokenizer '' is empty: give 'gpt2', a directory, a tokenizer.json file or a Hugging Face name"
+        )
     if spec == "gpt2":
         local = _gpt2_files(data_dir)
         if local is not None:
@@ -63,16 +67,19 @@ def load_tokenizer(spec: str, *, data_dir: str | os.PathLike[str] | None = None,
     return _from_hub(spec)
 
 
-def gpt2_from_files(encoder_json: str | os.PathLike[str], vocab_bpe: str | os.PathLike[str],
-                    ) -> PreTrainedTokenizerFast:
+def gpt2_from_files(
+    encoder_json: str | os.PathLike[str],
+    vocab_bpe: str | os.PathLike[str],
+) -> PreTrainedTokenizerFast:
     """GPT-2's byte-level BPE from OpenAI's `encoder.json` and `vocab.bpe` (offline)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
     try:
         model = models.BPE.from_file(str(encoder_json), str(vocab_bpe))
     except Exception as exc:  # noqa: BLE001 - the Rust error types are not exported
-        raise UsageError(f"GPT-2 tokenizer files {str(encoder_json)!r} / {str(vocab_bpe)!r} "
-                         f"cannot be read: {exc}") from None
+        raise UsageError(
+            f"GPT-2 tokenizer files {str(encoder_json)!r} / {str(vocab_bpe)!r} cannot be read: {exc}"
+        ) from None
     backend = Tokenizer(model)
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
@@ -80,8 +87,12 @@ def gpt2_from_files(encoder_json: str | os.PathLike[str], vocab_bpe: str | os.Pa
     return _wrap(backend, eos=EOS_TOKEN, model_max_length=GPT2_MAX_LENGTH)
 
 
-def train_bpe(documents: Sequence[str], vocab_size: int, *, eos_token: str = EOS_TOKEN,
-              ) -> PreTrainedTokenizerFast:
+def train_bpe(
+    documents: Sequence[str],
+    vocab_size: int,
+    *,
+    eos_token: str = EOS_TOKEN,
+) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE (GPT-2 style) on `documents`; deterministic for the same input.
 
     The vocabulary holds the 256 byte symbols, `eos_token` (a special token) and
@@ -90,15 +101,20 @@ def train_bpe(documents: Sequence[str], vocab_size: int, *, eos_token: str = EOS
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     if vocab_size < 258:
-        raise UsageError(f"BPE vocabulary size {vocab_size} is too small: it must be at least "
-                         f"258 (256 bytes + the eos token + 1 merge)")
+        raise UsageError(
+            f"BPE vocabulary size {vocab_size} is too small: it must be at least "
+            f"258 (256 bytes + the eos token + 1 merge)"
+        )
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     backend.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=[eos_token], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=0,
+        vocab_size=vocab_size,
+        special_tokens=[eos_token],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        min_frequency=0,
     )
     backend.train_from_iterator(documents, trainer=trainer, length=len(documents))
     return _wrap(backend, eos=eos_token)
@@ -139,8 +155,12 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerFast) -> str:
 # --------------------------------------------------------------------------- helpers
 
 
-def _wrap(backend: Any, *, eos: str | None, model_max_length: int | None = None,
-          ) -> PreTrainedTokenizerFast:
+def _wrap(
+    backend: Any,
+    *,
+    eos: str | None,
+    model_max_length: int | None = None,
+) -> PreTrainedTokenizerFast:
     from transformers import PreTrainedTokenizerFast
 
     kwargs: dict[str, Any] = {"tokenizer_object": backend}
@@ -177,8 +197,7 @@ def _from_file(path: Path, spec: str) -> PreTrainedTokenizerFast:
     try:
         backend = Tokenizer.from_file(str(path))
     except Exception as exc:  # noqa: BLE001 - the Rust error types are not exported
-        raise UsageError(f"tokenizer file {spec!r} is not a tokenizers JSON file: {_short(exc)}") \
-            from None
+        raise UsageError(f"tokenizer file {spec!r} is not a tokenizers JSON file: {_short(exc)}") from None
     specials = {t.content for t in backend.get_added_tokens_decoder().values() if t.special}
     eos = next((t for t in _EOS_CANDIDATES if t in specials), None)
     return _wrap(backend, eos=eos)
@@ -194,8 +213,10 @@ def _from_hub(spec: str) -> PreTrainedTokenizerFast:
         reason = offline or _short(exc)
         if offline:
             reason += "; not in the local Hugging Face cache either"
-        raise UsageError(f"tokenizer {spec!r} not found: not a local directory or file, and the "
-                         f"Hugging Face hub could not provide it ({reason})") from None
+        raise UsageError(
+            f"tokenizer {spec!r} not found: not a local directory or file, and the "
+            f"Hugging Face hub could not provide it ({reason})"
+        ) from None
     return _check_fast(tokenizer, spec)
 
 
@@ -203,8 +224,10 @@ def _check_fast(tokenizer: Any, spec: str) -> PreTrainedTokenizerFast:
     from transformers import PreTrainedTokenizerFast
 
     if not isinstance(tokenizer, PreTrainedTokenizerFast):
-        raise UsageError(f"tokenizer {spec!r} has no fast (Rust) implementation "
-                         f"({type(tokenizer).__name__}); resstream needs one")
+        raise UsageError(
+            f"tokenizer {spec!r} has no fast (Rust) implementation "
+            f"({type(tokenizer).__name__}); resstream needs one"
+        )
     return tokenizer
 
 
@@ -218,5 +241,11 @@ def _short(exc: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-__all__ = ["EOS_TOKEN", "gpt2_from_files", "load_tokenizer", "save_tokenizer",
-           "tokenizer_fingerprint", "train_bpe"]
+__all__ = [
+    "EOS_TOKEN",
+    "gpt2_from_files",
+    "load_tokenizer",
+    "save_tokenizer",
+    "tokenizer_fingerprint",
+    "train_bpe",
+]

@@ -39,20 +39,20 @@ if TYPE_CHECKING:
 
 FORMAT_VERSION = 1
 MIN_VAL_TOKENS = 2
-_BATCH_CHARS = 1 << 22       # encode about 4 MB of text per batch
+_BATCH_CHARS = 1 << 22  # encode about 4 MB of text per batch
 _BATCH_DOCS = 1024
-_PROGRESS_DOCS = 1000        # show a progress bar from this many documents on
+_PROGRESS_DOCS = 1000  # show a progress bar from this many documents on
 
 
 @dataclass(frozen=True)
 class TokenSplits:
     """The cached token stream, split into training and validation parts."""
 
-    train: np.ndarray    # 1-D read-only np.memmap of token ids
-    val: np.ndarray      # 1-D read-only np.memmap, the tail of the stream
-    fingerprint: str     # of (corpus, tokenizer, val_fraction, format version)
-    path: Path           # the cache file (.bin)
-    vocab_size: int      # len(tokenizer), added tokens included
+    train: np.ndarray  # 1-D read-only np.memmap of token ids
+    val: np.ndarray  # 1-D read-only np.memmap, the tail of the stream
+    fingerprint: str  # of (corpus, tokenizer, val_fraction, format version)
+    path: Path  # the cache file (.bin)
+    vocab_size: int  # len(tokenizer), added tokens included
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -60,8 +60,9 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
 
 
-def tokenize_documents(documents: Sequence[str], tokenizer: PreTrainedTokenizerFast, *,
-                       progress: bool | None = None) -> np.ndarray:
+def tokenize_documents(
+    documents: Sequence[str], tokenizer: PreTrainedTokenizerFast, *, progress: bool | None = None
+) -> np.ndarray:
     """All documents' ids concatenated, eos after each one (when the tokenizer has an eos).
 
     Encodes in batches with the Rust tokenizer (no truncation, no special tokens added).
@@ -92,9 +93,11 @@ def split_tokens(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray, n
     check_val_fraction(val_fraction)
     n_val = validation_size(len(tokens), val_fraction)
     if n_val < MIN_VAL_TOKENS:
-        raise UsageError(f"{len(tokens)} tokens are too few to split: val_fraction "
-                         f"{val_fraction} leaves {n_val} validation tokens "
-                         f"(at least {MIN_VAL_TOKENS} needed)")
+        raise UsageError(
+            f"{len(tokens)} tokens are too few to split: val_fraction "
+            f"{val_fraction} leaves {n_val} validation tokens "
+            f"(at least {MIN_VAL_TOKENS} needed)"
+        )
     cut = len(tokens) - n_val
     return tokens[:cut], tokens[cut:]
 
@@ -111,17 +114,28 @@ def check_val_fraction(val_fraction: float) -> float:
     return float(val_fraction)
 
 
-def cache_fingerprint(corpus: Corpus, tokenizer: PreTrainedTokenizerFast, val_fraction: float,
-                      ) -> str:
+def cache_fingerprint(
+    corpus: Corpus,
+    tokenizer: PreTrainedTokenizerFast,
+    val_fraction: float,
+) -> str:
     """sha256 (16 hex) of corpus, tokenizer, val_fraction and the cache format version."""
-    key = {"format": FORMAT_VERSION, "corpus": corpus.fingerprint,
-           "tokenizer": tokenizer_fingerprint(tokenizer), "val_fraction": repr(float(val_fraction))}
+    key = {
+        "format": FORMAT_VERSION,
+        "corpus": corpus.fingerprint,
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "val_fraction": repr(float(val_fraction)),
+    }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def build_token_cache(corpus: Corpus, tokenizer: PreTrainedTokenizerFast,
-                      cache_dir: str | os.PathLike[str], *, val_fraction: float = 0.1,
-                      ) -> TokenSplits:
+def build_token_cache(
+    corpus: Corpus,
+    tokenizer: PreTrainedTokenizerFast,
+    cache_dir: str | os.PathLike[str],
+    *,
+    val_fraction: float = 0.1,
+) -> TokenSplits:
     """Tokenise `corpus` into `cache_dir` once, or reuse the cached file for the same inputs.
 
     Returns read-only memory maps of the training and validation ids.
@@ -138,24 +152,37 @@ def build_token_cache(corpus: Corpus, tokenizer: PreTrainedTokenizerFast,
 # --------------------------------------------------------------------------- helpers
 
 
-def _build(corpus: Corpus, tokenizer: PreTrainedTokenizerFast, path: Path, fingerprint: str,
-           val_fraction: float) -> dict[str, Any]:
+def _build(
+    corpus: Corpus, tokenizer: PreTrainedTokenizerFast, path: Path, fingerprint: str, val_fraction: float
+) -> dict[str, Any]:
     tokens = tokenize_documents(corpus.documents, tokenizer)
     n_val = validation_size(len(tokens), val_fraction)
     if n_val < MIN_VAL_TOKENS:
-        raise UsageError(f"dataset {corpus.name!r} is too small: {len(tokens)} tokens give "
-                         f"{n_val} validation tokens at val_fraction {val_fraction} "
-                         f"(at least {MIN_VAL_TOKENS} needed)")
+        raise UsageError(
+            f"dataset {corpus.name!r} is too small: {len(tokens)} tokens give "
+            f"{n_val} validation tokens at val_fraction {val_fraction} "
+            f"(at least {MIN_VAL_TOKENS} needed)"
+        )
     tokens = tokens.astype(tokens.dtype.newbyteorder("<"), copy=False)
     with atomic_path(path) as tmp:
         tokens.tofile(tmp)
     meta = {
-        "format": FORMAT_VERSION, "fingerprint": fingerprint, "dtype": tokens.dtype.name,
-        "n_tokens": int(len(tokens)), "n_train": int(len(tokens) - n_val), "n_val": int(n_val),
-        "val_fraction": val_fraction, "vocab_size": len(tokenizer),
-        "eos_token_id": tokenizer.eos_token_id, "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
-        "corpus": {"name": corpus.name, "origin": corpus.origin, "fingerprint": corpus.fingerprint,
-                   "n_documents": len(corpus.documents)},
+        "format": FORMAT_VERSION,
+        "fingerprint": fingerprint,
+        "dtype": tokens.dtype.name,
+        "n_tokens": int(len(tokens)),
+        "n_train": int(len(tokens) - n_val),
+        "n_val": int(n_val),
+        "val_fraction": val_fraction,
+        "vocab_size": len(tokenizer),
+        "eos_token_id": tokenizer.eos_token_id,
+        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+        "corpus": {
+            "name": corpus.name,
+            "origin": corpus.origin,
+            "fingerprint": corpus.fingerprint,
+            "n_documents": len(corpus.documents),
+        },
     }
     write_json(path.with_suffix(".json"), meta)
     return meta
@@ -166,11 +193,14 @@ def _read_sidecar(path: Path, fingerprint: str) -> dict[str, Any] | None:
     try:
         meta = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
         dtype = np.dtype(meta["dtype"])
-        ok = (meta["format"] == FORMAT_VERSION and meta["fingerprint"] == fingerprint
-              and dtype in (np.uint16, np.uint32)
-              and meta["n_train"] + meta["n_val"] == meta["n_tokens"]
-              and meta["n_val"] >= MIN_VAL_TOKENS
-              and path.stat().st_size == meta["n_tokens"] * dtype.itemsize)
+        ok = (
+            meta["format"] == FORMAT_VERSION
+            and meta["fingerprint"] == fingerprint
+            and dtype in (np.uint16, np.uint32)
+            and meta["n_train"] + meta["n_val"] == meta["n_tokens"]
+            and meta["n_val"] >= MIN_VAL_TOKENS
+            and path.stat().st_size == meta["n_tokens"] * dtype.itemsize
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return meta if ok else None
@@ -180,8 +210,13 @@ def _open(path: Path, meta: dict[str, Any]) -> TokenSplits:
     dtype = np.dtype(meta["dtype"]).newbyteorder("<")
     data = np.memmap(path, dtype=dtype, mode="r", shape=(meta["n_tokens"],))
     cut = meta["n_train"]
-    return TokenSplits(train=data[:cut], val=data[cut:], fingerprint=meta["fingerprint"],
-                       path=path, vocab_size=int(meta["vocab_size"]))
+    return TokenSplits(
+        train=data[:cut],
+        val=data[cut:],
+        fingerprint=meta["fingerprint"],
+        path=path,
+        vocab_size=int(meta["vocab_size"]),
+    )
 
 
 def _narrow(tokens: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -196,7 +231,7 @@ def _batches(documents: Sequence[str]) -> Iterator[Sequence[str]]:
     for i, doc in enumerate(documents):
         size += len(doc)
         if size >= _BATCH_CHARS or i + 1 - start >= _BATCH_DOCS:
-            yield documents[start:i + 1]
+            yield documents[start : i + 1]
             start, size = i + 1, 0
     if start < len(documents):
         yield documents[start:]
@@ -224,6 +259,14 @@ def _progress(total: int, show: bool) -> Any:
     return tqdm(total=total, disable=not show, unit="doc", desc="tokenising", leave=False)
 
 
-__all__ = ["FORMAT_VERSION", "TokenSplits", "build_token_cache", "cache_fingerprint",
-           "check_val_fraction", "split_tokens", "token_dtype", "tokenize_documents",
-           "validation_size"]
+__all__ = [
+    "FORMAT_VERSION",
+    "TokenSplits",
+    "build_token_cache",
+    "cache_fingerprint",
+    "check_val_fraction",
+    "split_tokens",
+    "token_dtype",
+    "tokenize_documents",
+    "validation_size",
+]

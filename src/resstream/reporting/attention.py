@@ -44,8 +44,12 @@ def _row_scale(maps: Sequence[Matrix]) -> float:
     return top if math.isfinite(top) and top > 0 else 1.0
 
 
-def plot_attention_grid(rows: Sequence[tuple[str, Sequence[Matrix]]], path: str | os.PathLike[str], *,
-                        title: str = "mean attention (query ↓, key →)") -> Path:
+def plot_attention_grid(
+    rows: Sequence[tuple[str, Sequence[Matrix]]],
+    path: str | os.PathLike[str],
+    *,
+    title: str = "mean attention (query ↓, key →)",
+) -> Path:
     """Rows = (label, one matrix per layer); columns = layers 1..L. Writes a PNG."""
     if not rows or not all(maps for _, maps in rows):
         raise ValueError("plot_attention_grid needs at least one row with at least one layer")
@@ -78,9 +82,13 @@ def uniform_profile(tokens: int) -> list[float]:
     return [sum(1.0 / (i + 1) for i in range(delta, tokens)) / (tokens - delta) for delta in range(tokens)]
 
 
-def plot_distance_profiles(profiles: Sequence[Sequence[float]], path: str | os.PathLike[str], *,
-                           head_profiles: Sequence[Sequence[Sequence[float]]] | None = None,
-                           title: str = "attention by distance") -> Path:
+def plot_distance_profiles(
+    profiles: Sequence[Sequence[float]],
+    path: str | os.PathLike[str],
+    *,
+    head_profiles: Sequence[Sequence[Sequence[float]]] | None = None,
+    title: str = "attention by distance",
+) -> Path:
     """Per layer (one panel each), mean attention δ tokens back (δ = 0: the token itself);
     thin grey lines for single heads when `head_profiles` is given, a dotted line for uniform
     causal attention (`uniform_profile`), the no-bias reference. Log scale."""
@@ -92,8 +100,13 @@ def plot_distance_profiles(profiles: Sequence[Sequence[float]], path: str | os.P
             for head in head_profiles[layer]:
                 ax.plot(range(len(head)), head, color="0.7", linewidth=0.6)
         ax.plot(range(len(profiles[layer])), profiles[layer], color="tab:blue", linewidth=1.6)
-        ax.plot(range(len(profiles[layer])), uniform_profile(len(profiles[layer])), color="black",
-                linestyle=":", linewidth=1.0)
+        ax.plot(
+            range(len(profiles[layer])),
+            uniform_profile(len(profiles[layer])),
+            color="black",
+            linestyle=":",
+            linewidth=1.0,
+        )
         ax.set_yscale("log")
         ax.set_title(f"layer {layer + 1}", fontsize=9)
         ax.set_xlabel("distance δ = i − j", fontsize=8)

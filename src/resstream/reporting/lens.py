@@ -39,8 +39,10 @@ def _show(text: str) -> str:
 def terminal_lines(result: LensResult, token_text: TokenText, *, colour: bool = True) -> list[str]:
     """One line per position: input → next, then the merged layer ranges."""
     how = f" ({result.decoding})" if result.decoding else ""
-    lines = [f"decoder {result.decoder}{how}, {result.num_layers} layers; "
-             f"{'blue' if colour else '[input]'} = input token, {'green' if colour else '[next]'} = next token"]
+    lines = [
+        f"decoder {result.decoder}{how}, {result.num_layers} layers; "
+        f"{'blue' if colour else '[input]'} = input token, {'green' if colour else '[next]'} = next token"
+    ]
     for t in result.trajectories:
         head = f"{t.position:>4} {_show(token_text(t.input_id))!r:>14} → "
         head += f"{_show(token_text(t.next_id))!r:<14}" if t.next_id is not None else f"{'':<14}"
@@ -69,8 +71,10 @@ def write_html(result: LensResult, token_text: TokenText, path: str | Path) -> N
             attr = f' style="background:{style}"' if style else ""
             cells.append(f"<td{attr}>{html.escape(_show(token_text(tok)))}</td>")
         nxt = html.escape(_show(token_text(t.next_id))) if t.next_id is not None else ""
-        rows.append(f"<tr><th>{t.position}</th><th>{html.escape(_show(token_text(t.input_id)))}</th>"
-                    f"<th>{nxt}</th>{''.join(cells)}</tr>")
+        rows.append(
+            f"<tr><th>{t.position}</th><th>{html.escape(_show(token_text(t.input_id)))}</th>"
+            f"<th>{nxt}</th>{''.join(cells)}</tr>"
+        )
     page = (
         "<!doctype html><meta charset='utf-8'><title>resstream lens</title>"
         "<style>body{font-family:sans-serif}td,th{border:1px solid #ccc;padding:2px 6px;"
@@ -96,13 +100,23 @@ def plot_lens(result: LensResult, token_text: TokenText, path: str | Path) -> No
             kind = _kind(t, tok)
             if kind is not None:
                 ax.add_patch(_cell(layer, row, INPUT_COLOUR if kind == "input" else NEXT_COLOUR))
-            ax.text(layer, row, _show(token_text(tok))[:10], ha="center", va="center", fontsize=7,
-                    family="monospace")
+            ax.text(
+                layer,
+                row,
+                _show(token_text(tok))[:10],
+                ha="center",
+                va="center",
+                fontsize=7,
+                family="monospace",
+            )
     ax.set_xticks(range(n_depth))
     ax.set_xlabel("layer (0 = embedding)")
     ax.set_yticks(range(n_pos))
-    ax.set_yticklabels([f"{t.position} {_show(token_text(t.input_id))[:10]}" for t in result.trajectories],
-                       fontsize=7, family="monospace")
+    ax.set_yticklabels(
+        [f"{t.position} {_show(token_text(t.input_id))[:10]}" for t in result.trajectories],
+        fontsize=7,
+        family="monospace",
+    )
     ax.set_title(f"{result.model}: top-1 {result.decoder} decoding (blue = input, green = next)", fontsize=9)
     fig.tight_layout()
     with atomic_path(path) as tmp:

@@ -72,13 +72,26 @@ def _draw_fixed(ax, result: SweepResult) -> None:
     seeds = sorted({r.seed for r in fixed})
     for i, seed in enumerate(seeds):
         mine = sorted((r for r in fixed if r.seed == seed), key=lambda r: r.cut_layer)
-        ax.plot([r.cut_layer for r in mine], [r.val_loss for r in mine], marker="o", linestyle="none"
-                if len(seeds) > 1 else "-", color=f"C{i % 10}", alpha=0.55 if len(seeds) > 1 else 1.0,
-                label=f"fixed cut, seed {seed}")
+        ax.plot(
+            [r.cut_layer for r in mine],
+            [r.val_loss for r in mine],
+            marker="o",
+            linestyle="none" if len(seeds) > 1 else "-",
+            color=f"C{i % 10}",
+            alpha=0.55 if len(seeds) > 1 else 1.0,
+            label=f"fixed cut, seed {seed}",
+        )
     if len(seeds) > 1:
         stats = [_mean_std([r.val_loss for r in fixed if r.cut_layer == k]) for k in layers]
-        ax.errorbar(layers, [m for m, _ in stats], yerr=[s or 0.0 for _, s in stats], color="black",
-                    marker="s", capsize=4, label=f"fixed cut, mean ± std ({len(seeds)} seeds)")
+        ax.errorbar(
+            layers,
+            [m for m, _ in stats],
+            yerr=[s or 0.0 for _, s in stats],
+            color="black",
+            marker="s",
+            capsize=4,
+            label=f"fixed cut, mean ± std ({len(seeds)} seeds)",
+        )
     ax.set_xticks(layers if layers else range(result.n_layer))
 
 
@@ -128,8 +141,9 @@ def _draw_heatmap(ax, history: GateHistory, matrix: np.ndarray, low: float, high
     steps = history.steps
     width = (steps[-1] - steps[0]) / (len(steps) - 1) if len(steps) > 1 else 1.0
     extent = (steps[0] - width / 2, steps[-1] + width / 2, matrix.shape[0] - 0.5, -0.5)
-    image = ax.imshow(matrix, aspect="auto", interpolation="nearest", cmap="viridis", vmin=low,
-                      vmax=high, extent=extent)
+    image = ax.imshow(
+        matrix, aspect="auto", interpolation="nearest", cmap="viridis", vmin=low, vmax=high, extent=extent
+    )
     ax.set_yticks(range(matrix.shape[0]))
     ax.set_xlabel("training step")
     ax.set_ylabel("layer")

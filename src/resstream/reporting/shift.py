@@ -40,10 +40,14 @@ def plot_match_rates(result: Result, path: str | Path) -> None:
     layers = list(result.layers)
     ax.plot(layers, result.in_match, "o-", color="tab:blue", label=f"input token t_i in top-{result.top_k}")
     _band(ax, layers, result.in_match_ci, "tab:blue")
-    ax.plot(layers, result.out_match, "s-", color="tab:green", label=f"next token t_i+1 in top-{result.top_k}")
+    ax.plot(
+        layers, result.out_match, "s-", color="tab:green", label=f"next token t_i+1 in top-{result.top_k}"
+    )
     _band(ax, layers, result.out_match_ci, "tab:green")
     if result.shift_layer is not None:
-        ax.axvline(result.shift_layer, color="grey", linestyle=":", label=f"shift layer {result.shift_layer:.2f}")
+        ax.axvline(
+            result.shift_layer, color="grey", linestyle=":", label=f"shift layer {result.shift_layer:.2f}"
+        )
     ax.set_xlabel("layer (0 = embedding)")
     ax.set_ylabel("match rate")
     ax.set_ylim(-0.02, 1.02)
@@ -60,7 +64,13 @@ def plot_similarity(result: Result, path: str | Path) -> None:
     layers = list(result.layers)
     ax.plot(layers, result.cos_in, "o-", color="tab:blue", label="cos(h, W_E[t_i])")
     ax.plot(layers, result.cos_out, "s-", color="tab:green", label="cos(h, W_U[t_i+1])")
-    ax.plot(layers, result.projection, "^-", color="tab:red", label="projection on input→output (0 = input, 1 = output)")
+    ax.plot(
+        layers,
+        result.projection,
+        "^-",
+        color="tab:red",
+        label="projection on input→output (0 = input, 1 = output)",
+    )
     ax.axhline(0, color="black", linewidth=0.6)
     ax.set_xlabel("layer (0 = embedding)")
     ax.set_ylabel("mean over positions")
@@ -77,8 +87,11 @@ def plot_shift_depths(result: Result, path: str | Path) -> None:
     counts = list(result.shift_depths) + [result.never_shifted]
     labels = [str(layer) for layer in result.layers] + ["never"]
     total = max(1, sum(counts))
-    ax.bar(range(len(counts)), [c / total for c in counts],
-           color=["tab:purple"] * (len(counts) - 1) + ["tab:grey"])
+    ax.bar(
+        range(len(counts)),
+        [c / total for c in counts],
+        color=["tab:purple"] * (len(counts) - 1) + ["tab:grey"],
+    )
     ax.set_xticks(range(len(counts)))
     ax.set_xticklabels(labels)
     ax.set_xlabel("per-token shift depth (first layer ranking t_i+1 above t_i)")
@@ -105,8 +118,21 @@ def plot_comparison(results: Sequence[Result], path: str | Path) -> None:
     _save(fig, path)
 
 
-CSV_COLUMNS = ("model", "layer", "relative_depth", "in_match", "in_match_lo", "in_match_hi", "out_match",
-               "out_match_lo", "out_match_hi", "cos_in", "cos_out", "projection", "shift_depth_count")
+CSV_COLUMNS = (
+    "model",
+    "layer",
+    "relative_depth",
+    "in_match",
+    "in_match_lo",
+    "in_match_hi",
+    "out_match",
+    "out_match_lo",
+    "out_match_hi",
+    "cos_in",
+    "cos_out",
+    "projection",
+    "shift_depth_count",
+)
 
 
 def shift_csv(results: Sequence[Result]) -> str:
@@ -116,9 +142,19 @@ def shift_csv(results: Sequence[Result]) -> str:
     writer.writerow(CSV_COLUMNS)
     for r in results:
         for index, layer in enumerate(r.layers):
-            writer.writerow([
-                r.model, layer, layer / r.num_layers, r.in_match[index], *r.in_match_ci[index],
-                r.out_match[index], *r.out_match_ci[index], r.cos_in[index], r.cos_out[index],
-                r.projection[index], r.shift_depths[index],
-            ])
+            writer.writerow(
+                [
+                    r.model,
+                    layer,
+                    layer / r.num_layers,
+                    r.in_match[index],
+                    *r.in_match_ci[index],
+                    r.out_match[index],
+                    *r.out_match_ci[index],
+                    r.cos_in[index],
+                    r.cos_out[index],
+                    r.projection[index],
+                    r.shift_depths[index],
+                ]
+            )
     return buffer.getvalue()

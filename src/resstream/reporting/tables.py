@@ -21,10 +21,10 @@ from typing import Any
 from resstream.training.sweep import EVAL_METRICS, RunRecord, SweepResult
 
 DIGITS = 3
-CONVENTION = ("mean ± sample standard deviation (ddof = 1) over seeds; ± shown only with ≥ 2 seeds; "
-              "n = number of seeds")
-BOLD_RULE = ("bold: best value per column (lowest loss / perplexity, highest accuracy); "
-             "accuracies in percent")
+CONVENTION = (
+    "mean ± sample standard deviation (ddof = 1) over seeds; ± shown only with ≥ 2 seeds; n = number of seeds"
+)
+BOLD_RULE = "bold: best value per column (lowest loss / perplexity, highest accuracy); accuracies in percent"
 
 
 # --------------------------------------------------------------------------- statistics
@@ -149,21 +149,26 @@ class CompareTable:
 
     def footer(self) -> str:
         """The conventions and the fixed-cut ranking, as one paragraph."""
-        ranking = ", ".join(f"k={cut.cut_layer}: {cut.val_loss.format() if cut.val_loss else '—'}"
-                            for cut in self.fixed_cuts)
+        ranking = ", ".join(
+            f"k={cut.cut_layer}: {cut.val_loss.format() if cut.val_loss else '—'}" for cut in self.fixed_cuts
+        )
         parts = [CONVENTION, BOLD_RULE]
         if self.best_fixed is not None:
-            parts.append("best fixed cut: the fixed layer with the lowest mean validation loss "
-                         f"(val loss by layer: {ranking}); it is chosen on the split its val loss "
-                         "and the shakespeare column are measured on, so those two cells are "
-                         "optimistically biased for that row")
+            parts.append(
+                "best fixed cut: the fixed layer with the lowest mean validation loss "
+                f"(val loss by layer: {ranking}); it is chosen on the split its val loss "
+                "and the shakespeare column are measured on, so those two cells are "
+                "optimistically biased for that row"
+            )
         return "; ".join(parts) + "."
 
     def to_markdown(self) -> str:
         """The table as GitHub Markdown with a footer line."""
         header = ["model", "n", *(c.label for c in self.columns)]
-        lines = ["| " + " | ".join(header) + " |",
-                 "|" + "|".join([":---", "---:", *["---:"] * len(self.columns)]) + "|"]
+        lines = [
+            "| " + " | ".join(header) + " |",
+            "|" + "|".join([":---", "---:", *["---:"] * len(self.columns)]) + "|",
+        ]
         for row in self.rows:
             cells = [row.label, str(row.n), *(self.cell_text(row, c) for c in self.columns)]
             lines.append("| " + " | ".join(cells) + " |")
@@ -189,8 +194,9 @@ class CompareTable:
         """Machine-readable form (compare.json)."""
         return {
             "convention": CONVENTION,
-            "columns": [{"key": c.key, "label": c.label, "higher_is_better": c.higher_is_better}
-                        for c in self.columns],
+            "columns": [
+                {"key": c.key, "label": c.label, "higher_is_better": c.higher_is_better} for c in self.columns
+            ],
             "best_fixed_cut": _cut_dict(self.best_fixed) if self.best_fixed else None,
             "fixed_cuts": [_cut_dict(cut) for cut in self.fixed_cuts],
             "rows": [self._row_dict(row) for row in self.rows],
@@ -200,10 +206,18 @@ class CompareTable:
         cells = {}
         for column in self.columns:
             stat = row.cells.get(column.key)
-            cells[column.key] = None if stat is None else {
-                **stat.to_dict(), "best": row.key in self.best_rows(column)}
-        return {"row": row.key, "label": row.label, "cut_layer": row.cut_layer, "alpha": row.alpha,
-                "n": row.n, "seeds": list(row.seeds), "cells": cells}
+            cells[column.key] = (
+                None if stat is None else {**stat.to_dict(), "best": row.key in self.best_rows(column)}
+            )
+        return {
+            "row": row.key,
+            "label": row.label,
+            "cut_layer": row.cut_layer,
+            "alpha": row.alpha,
+            "n": row.n,
+            "seeds": list(row.seeds),
+            "cells": cells,
+        }
 
 
 def _blank(value: Any) -> Any:
@@ -211,8 +225,11 @@ def _blank(value: Any) -> Any:
 
 
 def _cut_dict(cut: FixedCut) -> dict[str, Any]:
-    return {"cut_layer": cut.cut_layer, "alpha": cut.alpha,
-            "val_loss": cut.val_loss.to_dict() if cut.val_loss else None}
+    return {
+        "cut_layer": cut.cut_layer,
+        "alpha": cut.alpha,
+        "val_loss": cut.val_loss.to_dict() if cut.val_loss else None,
+    }
 
 
 def _fixed_groups(records: Sequence[RunRecord]) -> dict[tuple[int, float | None], list[RunRecord]]:
@@ -225,8 +242,10 @@ def _fixed_groups(records: Sequence[RunRecord]) -> dict[tuple[int, float | None]
 
 def fixed_cuts(records: Sequence[RunRecord]) -> tuple[FixedCut, ...]:
     """Every fixed (layer, α) with its validation loss over seeds, by layer."""
-    return tuple(FixedCut(k, alpha, make_stat(r.val_loss for r in runs))
-                 for (k, alpha), runs in _fixed_groups(records).items())
+    return tuple(
+        FixedCut(k, alpha, make_stat(r.val_loss for r in runs))
+        for (k, alpha), runs in _fixed_groups(records).items()
+    )
 
 
 def best_fixed_cut(cuts: Sequence[FixedCut]) -> FixedCut | None:
@@ -235,8 +254,14 @@ def best_fixed_cut(cuts: Sequence[FixedCut]) -> FixedCut | None:
     return min(scored, key=lambda cut: (cut.val_loss.mean, cut.cut_layer)) if scored else None
 
 
-def _row(key: str, label: str, runs: Sequence[RunRecord], columns: Sequence[Column],
-         cut_layer: int | None = None, alpha: float | None = None) -> CompareRow:
+def _row(
+    key: str,
+    label: str,
+    runs: Sequence[RunRecord],
+    columns: Sequence[Column],
+    cut_layer: int | None = None,
+    alpha: float | None = None,
+) -> CompareRow:
     seeds = tuple(sorted({r.seed for r in runs}))
     cells = {c.key: make_stat(c.value(r) for r in runs) for c in columns}
     return CompareRow(key, label, cut_layer, alpha, seeds, cells)
@@ -254,8 +279,16 @@ def compare_table(records: Sequence[RunRecord], benchmarks: Sequence[str]) -> Co
     if best is not None:
         runs = _fixed_groups(records)[(best.cut_layer, best.alpha)]
         alpha = f", α={best.alpha:g}" if best.alpha is not None else ""
-        rows.append(_row("fixed", f"best fixed cut (k={best.cut_layer}{alpha})", runs, columns,
-                         best.cut_layer, best.alpha))
+        rows.append(
+            _row(
+                "fixed",
+                f"best fixed cut (k={best.cut_layer}{alpha})",
+                runs,
+                columns,
+                best.cut_layer,
+                best.alpha,
+            )
+        )
     learned = [r for r in records if r.gate == "learned"]
     if learned:
         rows.append(_row("learned", "learned gate", learned, columns))
@@ -275,10 +308,20 @@ def sweep_csv(result: SweepResult) -> str:
     metrics = [m for m in EVAL_METRICS]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["seed", "name", "gate", "cut_layer", "alpha", "val_loss",
-                     *(f"{b}/{m}" for b in benchmarks for m in metrics)])
+    writer.writerow(
+        [
+            "seed",
+            "name",
+            "gate",
+            "cut_layer",
+            "alpha",
+            "val_loss",
+            *(f"{b}/{m}" for b in benchmarks for m in metrics),
+        ]
+    )
     for run in result.runs:
         scores = [_blank((run.evals.get(b) or {}).get(m)) for b in benchmarks for m in metrics]
-        writer.writerow([run.seed, run.name, run.gate, _blank(run.cut_layer), _blank(run.alpha),
-                         run.val_loss, *scores])
+        writer.writerow(
+            [run.seed, run.name, run.gate, _blank(run.cut_layer), _blank(run.alpha), run.val_loss, *scores]
+        )
     return buffer.getvalue()

@@ -142,8 +142,7 @@ def attention_maps(
     """
     if embeddings.dim() != 3 or embeddings.shape[1] < 1 or embeddings.shape[2] < 1:
         raise UsageError(
-            f"embeddings of shape {tuple(embeddings.shape)} are not allowed; "
-            "allowed: (batch, tokens, dim)"
+            f"embeddings of shape {tuple(embeddings.shape)} are not allowed; allowed: (batch, tokens, dim)"
         )
     if not residual_weight >= 0:
         raise UsageError(f"residual_weight {residual_weight!r} is not allowed; allowed: >= 0")
@@ -154,9 +153,7 @@ def attention_maps(
     return torch.stack([attention.permute(2, 0, 1).clone() for attention in stack])
 
 
-def simulate(
-    config: SimulationConfig, progress: Callable[[int], object] | None = None
-) -> SimulationResult:
+def simulate(config: SimulationConfig, progress: Callable[[int], object] | None = None) -> SimulationResult:
     """Mean attention (± standard error) of every layer over `config.simulations` runs, with
     recency and primacy verdicts. Vectorised over chunks of simulations; the inputs, and so
     the results up to float rounding, do not depend on the chunk size.
@@ -169,9 +166,7 @@ def simulate(
     features = torch.empty(feature_width(n), config.resolved_chunk_size, device=device)
     for grams in input_grams(config):  # (n, n, batch), simulations last
         gram = grams.to(device)
-        stack = attention_layers(
-            gram, config.dim, config.layers, config.layernorm, config.residual_weight
-        )
+        stack = attention_layers(gram, config.dim, config.layers, config.layernorm, config.residual_weight)
         for accumulator, attention in zip(accumulators, stack, strict=True):
             per_simulation = attention.permute(2, 0, 1)  # a view: (batch, n, n)
             accumulator.add(attention_features(per_simulation, out=features[:, : gram.shape[2]]))

@@ -138,9 +138,7 @@ class SimulationConfig:
         _require_int("seed", self.seed, 0, _MAX_SEED)
         _require_real("sigma", self.sigma, self.sigma > 0, "a number > 0")
         _require_real("gamma", self.gamma, 0 <= self.gamma < 1, "0 <= gamma < 1")
-        _require_real(
-            "residual_scale", self.residual_scale, self.residual_scale > 0, "a number > 0"
-        )
+        _require_real("residual_scale", self.residual_scale, self.residual_scale > 0, "a number > 0")
         _require_real("threshold", self.threshold, self.threshold > 0, "a number > 0")
         _require(isinstance(self.layernorm, bool), "layernorm", self.layernorm, "True, False")
         _require(isinstance(self.residual, bool), "residual", self.residual, "True, False")

@@ -121,9 +121,7 @@ def mix_tokens(gram: Tensor, a: float, b: float) -> Tensor:
         return gram.mul_(a * a)
     row_sums = gram.sum(dim=1)
     total = row_sums.sum(dim=0)
-    gram.mul_(a * a).add_(row_sums.unsqueeze(1), alpha=a * b).add_(
-        row_sums.unsqueeze(0), alpha=a * b
-    )
+    gram.mul_(a * a).add_(row_sums.unsqueeze(1), alpha=a * b).add_(row_sums.unsqueeze(0), alpha=a * b)
     return gram.add_(total, alpha=b * b)
 
 

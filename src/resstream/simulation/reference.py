@@ -36,9 +36,7 @@ def layer_norm(x: Tensor, eps: float = LAYERNORM_EPS) -> Tensor:
     return (x - mean) / torch.sqrt(variance + eps)
 
 
-def reference_attention(
-    embeddings: Tensor, layers: int, layernorm: bool, residual_weight: float
-) -> Tensor:
+def reference_attention(embeddings: Tensor, layers: int, layernorm: bool, residual_weight: float) -> Tensor:
     """Attention of every layer for one simulation's (tokens, dim) embeddings: (layers, n, n)."""
     tokens, dim = embeddings.shape
     mask = causal_mask(tokens, embeddings.device)

@@ -227,4 +227,3 @@ class SimulationResult:
                 "layers": [layer.to_dict() for layer in self.layers],
             }
         )
-

@@ -51,7 +51,9 @@ class Checkpoint:
     path: Path
 
 
-def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+def save_tensors(
+    path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> None:
     """Write a safetensors file atomically (contiguous CPU copies of the tensors)."""
     cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     with atomic_path(path) as tmp:
@@ -106,9 +108,16 @@ def _unflatten_optimizer(tensors: dict[str, torch.Tensor], groups: list[dict[str
     return {"state": state, "param_groups": groups}
 
 
-def save_checkpoint(run_dir: Path, *, step: int, model_state: dict[str, torch.Tensor],
-                    optimizer_state: dict[str, Any], rng_state: dict[str, torch.Tensor],
-                    state: dict[str, Any], keep: int = 2) -> Path:
+def save_checkpoint(
+    run_dir: Path,
+    *,
+    step: int,
+    model_state: dict[str, torch.Tensor],
+    optimizer_state: dict[str, Any],
+    rng_state: dict[str, torch.Tensor],
+    state: dict[str, Any],
+    keep: int = 2,
+) -> Path:
     """Write checkpoint `step` and make it the latest; keep the newest `keep` checkpoints."""
     root = Path(run_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
@@ -117,7 +126,9 @@ def save_checkpoint(run_dir: Path, *, step: int, model_state: dict[str, torch.Te
     try:
         opt_tensors, groups = _flatten_optimizer(optimizer_state)
         save_tensors(tmp / MODEL_FILE, model_state)
-        save_tensors(tmp / "trainer.safetensors", {**opt_tensors, **{f"rng.{k}": v for k, v in rng_state.items()}})
+        save_tensors(
+            tmp / "trainer.safetensors", {**opt_tensors, **{f"rng.{k}": v for k, v in rng_state.items()}}
+        )
         write_json(tmp / "state.json", {**state, "step": step, "param_groups": groups})
         final = root / name
         if final.exists():
@@ -164,13 +175,21 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
         if "step" not in state or "config" not in state:
             raise KeyError("step and config are required")
     except (ValueError, KeyError, TypeError, OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot resume: checkpoint in {str(root)!r} is corrupt ({type(exc).__name__}: {exc})") from None
+        raise UsageError(
+            f"cannot resume: checkpoint in {str(root)!r} is corrupt ({type(exc).__name__}: {exc})"
+        ) from None
     model_state = load_tensors(path / MODEL_FILE)
     trainer = load_tensors(path / "trainer.safetensors")
     rng = {k.removeprefix("rng."): v for k, v in trainer.items() if k.startswith("rng.")}
     optimizer_state = _unflatten_optimizer(trainer, groups)
-    return Checkpoint(step=int(state["step"]), model_state=model_state,
-                      optimizer_state=optimizer_state, rng_state=rng, state=state, path=path)
+    return Checkpoint(
+        step=int(state["step"]),
+        model_state=model_state,
+        optimizer_state=optimizer_state,
+        rng_state=rng,
+        state=state,
+        path=path,
+    )
 
 
 def save_model(run_dir: Path, model_state: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
@@ -221,8 +240,10 @@ def load_run(run_dir: str | os.PathLike[str], *, device: str | torch.device = "c
     if not root.is_dir():
         raise UsageError(f"model directory {str(root)!r} does not exist")
     if not meta_path.is_file():
-        raise UsageError(f"{str(root)!r} is not a finished resstream run (no {MODEL_META}; "
-                         f"an unfinished run can be continued with train --resume)")
+        raise UsageError(
+            f"{str(root)!r} is not a finished resstream run (no {MODEL_META}; "
+            f"an unfinished run can be continued with train --resume)"
+        )
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         config = from_dict(meta["config"])

@@ -135,33 +135,53 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "model": {"n_layer": 6, "n_head": 4, "d_model": 128, "block_size": 128},
         "tokenizer": {"tokenizer": "bpe", "bpe_vocab_size": 4096},
         "optim": {"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 100},
-        "run": {"max_steps": 1500, "batch_size": 16, "eval_interval": 250,
-                "checkpoint_interval": 250, "log_interval": 10},
+        "run": {
+            "max_steps": 1500,
+            "batch_size": 16,
+            "eval_interval": 250,
+            "checkpoint_interval": 250,
+            "log_interval": 10,
+        },
     },
     # A seconds-long run for smoke tests and demos.
     "tiny": {
         "model": {"n_layer": 2, "n_head": 2, "d_model": 32, "block_size": 32},
         "tokenizer": {"tokenizer": "bpe", "bpe_vocab_size": 512},
-        "run": {"max_steps": 20, "batch_size": 8, "eval_interval": 10, "eval_batches": 2,
-                "checkpoint_interval": 10},
+        "run": {
+            "max_steps": 20,
+            "batch_size": 8,
+            "eval_interval": 10,
+            "eval_batches": 2,
+            "checkpoint_interval": 10,
+        },
     },
     # Laptop-scale sweeps: small enough to train L + 2 models in minutes.
     "laptop": {
         "model": {"n_layer": 4, "n_head": 4, "d_model": 64, "block_size": 64},
         "tokenizer": {"tokenizer": "bpe", "bpe_vocab_size": 2048},
         "optim": {"lr": 3e-3, "warmup_steps": 20},
-        "run": {"max_steps": 300, "batch_size": 16, "eval_interval": 100, "eval_batches": 16,
-                "checkpoint_interval": 300},
+        "run": {
+            "max_steps": 300,
+            "batch_size": 16,
+            "eval_interval": 100,
+            "eval_batches": 16,
+            "checkpoint_interval": 300,
+        },
     },
     # GPT-2 small (124M) on one GPU with the GPT-2 tokenizer.
     "gpt2-124m": {
-        "model": {"n_layer": 12, "n_head": 12, "d_model": 768, "block_size": 1024,
-                  "vocab_size": 50304},
+        "model": {"n_layer": 12, "n_head": 12, "d_model": 768, "block_size": 1024, "vocab_size": 50304},
         "data": {"dataset": "fineweb-edu"},
         "tokenizer": {"tokenizer": "gpt2"},
         "optim": {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 700, "weight_decay": 0.1},
-        "run": {"max_steps": 19073, "batch_size": 512, "grad_accum": 8, "eval_interval": 500,
-                "checkpoint_interval": 1000, "eval_batches": 20},
+        "run": {
+            "max_steps": 19073,
+            "batch_size": 512,
+            "grad_accum": 8,
+            "eval_interval": 500,
+            "checkpoint_interval": 1000,
+            "eval_batches": 20,
+        },
     },
 }
 
@@ -192,8 +212,7 @@ def coerce(name: str, value: Any) -> Any:
     if typing.get_origin(hint) is Literal:
         if str(value) not in args:
             raise UsageError(
-                f"{flag}: {value!r} is not allowed{closest(str(value), args)}; "
-                f"allowed: {', '.join(args)}"
+                f"{flag}: {value!r} is not allowed{closest(str(value), args)}; allowed: {', '.join(args)}"
             )
         return str(value)
     optional = typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args
@@ -284,9 +303,9 @@ def build_config(*layers: dict[str, Any], preset: str | None = None) -> TrainCon
     for name, value in values.items():
         sections[FIELDS[name][0]][name] = coerce(name, value)
     defaults = TrainConfig()
-    config = TrainConfig(**{
-        name: dataclasses.replace(getattr(defaults, name), **sections[name]) for name in SECTIONS
-    })
+    config = TrainConfig(
+        **{name: dataclasses.replace(getattr(defaults, name), **sections[name]) for name in SECTIONS}
+    )
     validate(config)
     return config
 
@@ -306,8 +325,15 @@ def validate(config: TrainConfig) -> None:
     m, o, r = config.model, config.optim, config.run
     for name in ("n_layer", "n_head", "d_model", "block_size"):
         _positive(name, getattr(m, name))
-    for name in ("max_steps", "batch_size", "grad_accum", "eval_batches", "eval_interval",
-                 "checkpoint_interval", "log_interval"):
+    for name in (
+        "max_steps",
+        "batch_size",
+        "grad_accum",
+        "eval_batches",
+        "eval_interval",
+        "checkpoint_interval",
+        "log_interval",
+    ):
         _positive(name, getattr(r, name))
     if m.d_mlp < 0:
         raise UsageError(f"--d-mlp {m.d_mlp} must be >= 0 (0 means 4 x --d-model)")
@@ -326,8 +352,10 @@ def validate(config: TrainConfig) -> None:
     if r.batch_size % r.grad_accum:
         raise UsageError(f"--batch-size {r.batch_size} must be divisible by --grad-accum {r.grad_accum}")
     if o.lr <= 0 or o.min_lr < 0 or o.min_lr > o.lr or o.gate_lr < 0:
-        raise UsageError(f"learning rates must satisfy 0 <= --min-lr <= --lr and --lr > 0, --gate-lr >= 0 "
-                         f"(got lr={o.lr}, min_lr={o.min_lr}, gate_lr={o.gate_lr})")
+        raise UsageError(
+            f"learning rates must satisfy 0 <= --min-lr <= --lr and --lr > 0, --gate-lr >= 0 "
+            f"(got lr={o.lr}, min_lr={o.min_lr}, gate_lr={o.gate_lr})"
+        )
     if o.warmup_steps < 0 or o.grad_clip < 0 or o.weight_decay < 0:
         raise UsageError("--warmup-steps, --grad-clip and --weight-decay must be >= 0")
     if not 0 < config.data.val_fraction <= 0.5:

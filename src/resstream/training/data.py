@@ -43,8 +43,18 @@ def windows(tokens: np.ndarray, starts: Tensor, block_size: int) -> tuple[Tensor
     return batch[:, :-1], batch[:, 1:]
 
 
-def micro_batch(tokens: np.ndarray, block_size: int, batch_size: int, *, seed: int, step: int,
-                micro: int, grad_accum: int, rank: int = 0, world: int = 1) -> tuple[Tensor, Tensor]:
+def micro_batch(
+    tokens: np.ndarray,
+    block_size: int,
+    batch_size: int,
+    *,
+    seed: int,
+    step: int,
+    micro: int,
+    grad_accum: int,
+    rank: int = 0,
+    world: int = 1,
+) -> tuple[Tensor, Tensor]:
     """The slice of step `step`'s batch that micro-step `micro` of process `rank` trains on."""
     per_slice = batch_size // (grad_accum * world)
     starts = window_starts(len(tokens), block_size, batch_size, seed=seed, step=step)

@@ -120,9 +120,12 @@ class EvalReport:
             "batch_size": self.batch_size,
             "max_tokens": self.max_tokens,
             "device": self.device,
-            "method": {"sliding_window": SLIDING_WINDOW_DOC, "lambada": LAMBADA_DOC,
-                       "loss": "mean next-token cross-entropy in nats; perplexity = exp(loss); "
-                               "accuracy = next-token top-1 in percent"},
+            "method": {
+                "sliding_window": SLIDING_WINDOW_DOC,
+                "lambada": LAMBADA_DOC,
+                "loss": "mean next-token cross-entropy in nats; perplexity = exp(loss); "
+                "accuracy = next-token top-1 in percent",
+            },
             "benchmarks": [dataclasses.asdict(r) for r in self.results],
         }
 
@@ -140,8 +143,9 @@ class ScoreSums:
         if self.count == 0:
             return BenchmarkResult(name, math.nan, math.nan, math.nan, 0, **extra)
         loss = self.nll / self.count
-        return BenchmarkResult(name, loss, _perplexity(loss), 100.0 * self.correct / self.count,
-                               self.count, **extra)
+        return BenchmarkResult(
+            name, loss, _perplexity(loss), 100.0 * self.correct / self.count, self.count, **extra
+        )
 
 
 def _perplexity(loss: float) -> float:
@@ -166,8 +170,12 @@ class WindowPlan:
 
     def scored_positions(self) -> np.ndarray:
         """Every stream position scored, in scoring order."""
-        return np.concatenate([np.arange(s + k + 1, s + self.length + 1)
-                               for s, k in zip(self.starts.tolist(), self.skip.tolist())])
+        return np.concatenate(
+            [
+                np.arange(s + k + 1, s + self.length + 1)
+                for s, k in zip(self.starts.tolist(), self.skip.tolist())
+            ]
+        )
 
 
 def window_plan(num_tokens: int, block_size: int, stride: int) -> WindowPlan:
@@ -198,10 +206,17 @@ def _as_numpy(tokens: np.ndarray | torch.Tensor) -> np.ndarray:
     return np.asarray(tokens)
 
 
-def score_tokens(model: torch.nn.Module, tokens: np.ndarray | torch.Tensor, *, block_size: int,
-                 stride: int, batch_size: int = DEFAULT_BATCH_SIZE,
-                 device: str | torch.device = "cpu", progress: bool = False,
-                 desc: str | None = None) -> ScoreSums:
+def score_tokens(
+    model: torch.nn.Module,
+    tokens: np.ndarray | torch.Tensor,
+    *,
+    block_size: int,
+    stride: int,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    device: str | torch.device = "cpu",
+    progress: bool = False,
+    desc: str | None = None,
+) -> ScoreSums:
     """Score every next token of a stream with sliding windows (see the module docstring).
 
     Returns the summed cross-entropy, top-1 hits and count over positions 1 .. N-1 (call
@@ -210,8 +225,12 @@ def score_tokens(model: torch.nn.Module, tokens: np.ndarray | torch.Tensor, *, b
     """
     stream = _as_numpy(tokens)
     plan = window_plan(len(stream), block_size, stride)
-    with torch.inference_mode(), tqdm(total=len(plan), desc=desc, unit="win", disable=not progress,
-                                      dynamic_ncols=True, leave=False) as bar:
+    with (
+        torch.inference_mode(),
+        tqdm(
+            total=len(plan), desc=desc, unit="win", disable=not progress, dynamic_ncols=True, leave=False
+        ) as bar,
+    ):
         sums = torch.zeros(3, dtype=torch.float64, device=device)  # nll, correct, count
         for first in range(0, len(plan), batch_size):
             starts = plan.starts[first : first + batch_size]
@@ -230,8 +249,9 @@ def _row_sums(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     logits = logits.float()
     nll = F.cross_entropy(logits, targets, reduction="sum")
     hits = (logits.argmax(-1) == targets).sum()
-    return torch.stack([nll.double(), hits.double(),
-                        torch.tensor(len(targets), dtype=torch.float64, device=logits.device)])
+    return torch.stack(
+        [nll.double(), hits.double(), torch.tensor(len(targets), dtype=torch.float64, device=logits.device)]
+    )
 
 
 # --------------------------------------------------------------------------- LAMBADA
@@ -273,8 +293,9 @@ def _encode_all(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     return [list(tokenizer.encode(text, add_special_tokens=False)) for text in texts]
 
 
-def lambada_examples(tokenizer: Any, passages: Iterable[str], *, block_size: int,
-                     max_tokens: int | None = None) -> list[LambadaExample]:
+def lambada_examples(
+    tokenizer: Any, passages: Iterable[str], *, block_size: int, max_tokens: int | None = None
+) -> list[LambadaExample]:
     """Tokenised passages (see the module docstring); stops before `max_tokens` would be passed."""
     eos = getattr(tokenizer, "eos_token_id", None)
     prefix = [eos] if eos is not None else []
@@ -295,17 +316,32 @@ def lambada_examples(tokenizer: Any, passages: Iterable[str], *, block_size: int
     return examples
 
 
-def score_lambada(model: torch.nn.Module, examples: Sequence[LambadaExample], *,
-                  batch_size: int = DEFAULT_BATCH_SIZE, device: str | torch.device = "cpu",
-                  progress: bool = False, desc: str | None = "lambada") -> LambadaSums:
+def score_lambada(
+    model: torch.nn.Module,
+    examples: Sequence[LambadaExample],
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    device: str | torch.device = "cpu",
+    progress: bool = False,
+    desc: str | None = "lambada",
+) -> LambadaSums:
     """Teacher-forced scores of the target words; passages are right-padded per batch.
 
     Right padding cannot change a causal model's logits at the real positions, so the result
     does not depend on `batch_size`.
     """
     sums = LambadaSums()
-    with torch.inference_mode(), tqdm(total=len(examples), desc=desc, unit="passage",
-                                      disable=not progress, dynamic_ncols=True, leave=False) as bar:
+    with (
+        torch.inference_mode(),
+        tqdm(
+            total=len(examples),
+            desc=desc,
+            unit="passage",
+            disable=not progress,
+            dynamic_ncols=True,
+            leave=False,
+        ) as bar,
+    ):
         for first in range(0, len(examples), batch_size):
             chunk = examples[first : first + batch_size]
             width = max(len(ex.ids) for ex in chunk)
@@ -328,14 +364,22 @@ def score_lambada(model: torch.nn.Module, examples: Sequence[LambadaExample], *,
     return sums
 
 
-def lambada_scores(model: torch.nn.Module, tokenizer: Any, passages: Iterable[str], *,
-                   block_size: int, batch_size: int = DEFAULT_BATCH_SIZE,
-                   device: str | torch.device = "cpu", max_tokens: int | None = None,
-                   progress: bool = False) -> BenchmarkResult:
+def lambada_scores(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    passages: Iterable[str],
+    *,
+    block_size: int,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    device: str | torch.device = "cpu",
+    max_tokens: int | None = None,
+    progress: bool = False,
+) -> BenchmarkResult:
     """LAMBADA last-word accuracy and target-word loss of `model` on raw passages."""
     examples = lambada_examples(tokenizer, passages, block_size=block_size, max_tokens=max_tokens)
-    return score_lambada(model, examples, batch_size=batch_size, device=device,
-                         progress=progress).result("lambada")
+    return score_lambada(model, examples, batch_size=batch_size, device=device, progress=progress).result(
+        "lambada"
+    )
 
 
 # ------------------------------------------------------------------ preparation
@@ -374,8 +418,9 @@ def parse_benchmarks(benchmarks: str | Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def check_settings(*, stride: int | None, batch_size: int, max_tokens: int | None,
-                   data_dir: str | os.PathLike[str] | None) -> None:
+def check_settings(
+    *, stride: int | None, batch_size: int, max_tokens: int | None, data_dir: str | os.PathLike[str] | None
+) -> None:
     """Refuse settings no evaluation can use (stride vs. block_size is checked later)."""
     if stride is not None and stride < 1:
         raise UsageError(f"--stride must be >= 1, got {stride}")
@@ -406,30 +451,36 @@ def _load_corpus(name: str, data_dir: str | os.PathLike[str] | None) -> Any:
         message = str(exc).splitlines()[0] if str(exc) else "unavailable"
         raise UsageError(f"benchmark {name!r} is not available: {message}") from None
     except (OSError, ValueError, ConnectionError, RuntimeError) as exc:
-        raise UsageError(f"benchmark {name!r} is not available (give --data-dir or go online): "
-                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+        raise UsageError(
+            f"benchmark {name!r} is not available (give --data-dir or go online): "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from None
 
 
 def _shakespeare_note(trained: Any, corpus_fingerprint: str, val_fraction: float) -> str:
     trained_on = trained.config.data.dataset
     base = f"validation tail (val_fraction={val_fraction}) of the built-in corpus"
     if trained_on != "shakespeare":
-        return f"{base}; NOT held out in a meaningful sense: the run trained on {trained_on!r}, not shakespeare"
+        return (
+            f"{base}; NOT held out in a meaningful sense: the run trained on {trained_on!r}, not shakespeare"
+        )
     saved = trained.meta.get("corpus_fingerprint")
     if saved is not None and saved != corpus_fingerprint:
         return f"{base}; the corpus text differs from the one the run trained on (fingerprint), so the tail may not be held out"
     return f"{base}; held out: the run trained on shakespeare and never saw this tail"
 
 
-def prepare_benchmark(name: str, corpus: Any, trained: Any, *, max_tokens: int | None,
-                      progress: bool = False) -> PreparedBenchmark:
+def prepare_benchmark(
+    name: str, corpus: Any, trained: Any, *, max_tokens: int | None, progress: bool = False
+) -> PreparedBenchmark:
     """Tokenise one benchmark's corpus; UsageError when too little of it is left to score."""
     from resstream.data import split_tokens, tokenize_documents
 
     block = trained.config.model.block_size
     if name == "lambada":
-        examples = lambada_examples(trained.tokenizer, corpus.documents, block_size=block,
-                                    max_tokens=max_tokens)
+        examples = lambada_examples(
+            trained.tokenizer, corpus.documents, block_size=block, max_tokens=max_tokens
+        )
         if not examples:
             raise UsageError(f"benchmark 'lambada' has no passage that fits in --max-tokens {max_tokens}")
         return PreparedBenchmark(name, corpus.origin, corpus.fingerprint, examples=tuple(examples))
@@ -439,9 +490,12 @@ def prepare_benchmark(name: str, corpus: Any, trained: Any, *, max_tokens: int |
     trained_on_it = corpus.fingerprint == trained.meta.get("corpus_fingerprint")
     if name == "shakespeare" or trained_on_it:  # score only the tail the trainer held out
         tokens = split_tokens(tokens, val_fraction)[1]
-        note = (_shakespeare_note(trained, corpus.fingerprint, val_fraction) if name == "shakespeare"
-                else f"the run trained on this corpus: only its validation tail "
-                     f"(val_fraction={val_fraction}) is scored")
+        note = (
+            _shakespeare_note(trained, corpus.fingerprint, val_fraction)
+            if name == "shakespeare"
+            else f"the run trained on this corpus: only its validation tail "
+            f"(val_fraction={val_fraction}) is scored"
+        )
     if max_tokens is not None:
         tokens = tokens[:max_tokens]
     if len(tokens) < 2:
@@ -449,10 +503,17 @@ def prepare_benchmark(name: str, corpus: Any, trained: Any, *, max_tokens: int |
     return PreparedBenchmark(name, corpus.origin, corpus.fingerprint, tokens=np.asarray(tokens), note=note)
 
 
-def prepare(run_dir: str | os.PathLike[str], benchmarks: str | Iterable[str] = BENCHMARKS, *,
-            data_dir: str | os.PathLike[str] | None = None, stride: int | None = None,
-            batch_size: int = DEFAULT_BATCH_SIZE, device: str = "cpu",
-            max_tokens: int | None = None, progress: bool = False) -> EvalPlan:
+def prepare(
+    run_dir: str | os.PathLike[str],
+    benchmarks: str | Iterable[str] = BENCHMARKS,
+    *,
+    data_dir: str | os.PathLike[str] | None = None,
+    stride: int | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    device: str = "cpu",
+    max_tokens: int | None = None,
+    progress: bool = False,
+) -> EvalPlan:
     """Validate every input, load the model and all benchmark texts; nothing is scored yet."""
     from resstream.training.checkpoint import load_run
     from resstream.training.loop import resolve_device
@@ -463,8 +524,10 @@ def prepare(run_dir: str | os.PathLike[str], benchmarks: str | Iterable[str] = B
     trained = load_run(run_dir, device=torch_device)
     stride = resolve_stride(stride, trained.config.model.block_size)
     corpora = {name: _load_corpus(name, data_dir) for name in names}  # fail fast: load all first
-    prepared = tuple(prepare_benchmark(name, corpus, trained, max_tokens=max_tokens, progress=progress)
-                     for name, corpus in corpora.items())
+    prepared = tuple(
+        prepare_benchmark(name, corpus, trained, max_tokens=max_tokens, progress=progress)
+        for name, corpus in corpora.items()
+    )
     return EvalPlan(trained, prepared, stride, batch_size, max_tokens, torch_device)
 
 
@@ -473,30 +536,64 @@ def score_benchmark(plan: EvalPlan, bench: PreparedBenchmark, *, progress: bool)
     model, block = plan.trained.model, plan.trained.config.model.block_size
     extra = {"origin": bench.origin, "fingerprint": bench.fingerprint, "note": bench.note}
     if bench.examples is not None:
-        sums: ScoreSums = score_lambada(model, bench.examples, batch_size=plan.batch_size,
-                                        device=plan.device, progress=progress, desc=bench.name)
+        sums: ScoreSums = score_lambada(
+            model,
+            bench.examples,
+            batch_size=plan.batch_size,
+            device=plan.device,
+            progress=progress,
+            desc=bench.name,
+        )
     else:
-        sums = score_tokens(model, bench.tokens, block_size=block, stride=plan.stride,
-                            batch_size=plan.batch_size, device=plan.device, progress=progress,
-                            desc=bench.name)
+        sums = score_tokens(
+            model,
+            bench.tokens,
+            block_size=block,
+            stride=plan.stride,
+            batch_size=plan.batch_size,
+            device=plan.device,
+            progress=progress,
+            desc=bench.name,
+        )
     return sums.result(bench.name, **extra)
 
 
 def run_plan(plan: EvalPlan, *, progress: bool = True) -> EvalReport:
     """Score every benchmark of a prepared plan."""
     results = tuple(score_benchmark(plan, bench, progress=progress) for bench in plan.benchmarks)
-    return EvalReport(model=str(plan.trained.path), results=results, stride=plan.stride,
-                      block_size=plan.trained.config.model.block_size, batch_size=plan.batch_size,
-                      max_tokens=plan.max_tokens, device=str(plan.device))
+    return EvalReport(
+        model=str(plan.trained.path),
+        results=results,
+        stride=plan.stride,
+        block_size=plan.trained.config.model.block_size,
+        batch_size=plan.batch_size,
+        max_tokens=plan.max_tokens,
+        device=str(plan.device),
+    )
 
 
-def evaluate_run(run_dir: str | os.PathLike[str], benchmarks: str | Iterable[str] = BENCHMARKS, *,
-                 data_dir: str | os.PathLike[str] | None = None, stride: int | None = None,
-                 batch_size: int = DEFAULT_BATCH_SIZE, device: str = "cpu",
-                 max_tokens: int | None = None, progress: bool = True) -> EvalReport:
+def evaluate_run(
+    run_dir: str | os.PathLike[str],
+    benchmarks: str | Iterable[str] = BENCHMARKS,
+    *,
+    data_dir: str | os.PathLike[str] | None = None,
+    stride: int | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    device: str = "cpu",
+    max_tokens: int | None = None,
+    progress: bool = True,
+) -> EvalReport:
     """Evaluate a run directory's final model on `benchmarks` (see the module docstring)."""
-    plan = prepare(run_dir, benchmarks, data_dir=data_dir, stride=stride, batch_size=batch_size,
-                   device=device, max_tokens=max_tokens, progress=progress)
+    plan = prepare(
+        run_dir,
+        benchmarks,
+        data_dir=data_dir,
+        stride=stride,
+        batch_size=batch_size,
+        device=device,
+        max_tokens=max_tokens,
+        progress=progress,
+    )
     return run_plan(plan, progress=progress)
 
 

@@ -67,8 +67,9 @@ def init_distributed(device_kind: str) -> Distributed:
     """Join the torchrun process group when launched by torchrun, else a single process."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return Distributed()
-    info = Distributed(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
-                       int(os.environ.get("LOCAL_RANK", 0)))
+    info = Distributed(
+        int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+    )
     if device_kind == "cuda":
         torch.cuda.set_device(info.local_rank)  # before NCCL, so each process owns its GPU
     if not dist.is_initialized():
@@ -143,7 +144,9 @@ def layer_grad_norms(model: GPT) -> list[float]:
     norms = []
     for block in model.blocks:
         grads = [p.grad for p in block.parameters() if p.grad is not None]
-        norms.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))) if grads else 0.0)
+        norms.append(
+            float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))) if grads else 0.0
+        )
     return norms
 
 
@@ -182,8 +185,14 @@ class MetricsLog:
 class Trainer:
     """One training run. `run()` trains from the start or from the latest checkpoint."""
 
-    def __init__(self, config: TrainConfig, out_dir: str | os.PathLike[str], *, resume: bool = False,
-                 progress: bool = True) -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        out_dir: str | os.PathLike[str],
+        *,
+        resume: bool = False,
+        progress: bool = True,
+    ) -> None:
         self.out_dir = Path(out_dir)
         self.resume = resume
         self.progress = progress
@@ -198,10 +207,15 @@ class Trainer:
         self.tokenizer = prepare_tokenizer(config, self.corpus.documents, self.out_dir, resume)
         self.config = resolve_vocab(config, len(self.tokenizer))
         self._check_resume_compatible()
-        self.splits = build_token_cache(self.corpus, self.tokenizer, default_cache_dir(self.config),
-                                        val_fraction=self.config.data.val_fraction)
-        check_enough_tokens(self.splits.train, self.config.model.block_size, "training",
-                            sequences=self.config.run.batch_size)
+        self.splits = build_token_cache(
+            self.corpus,
+            self.tokenizer,
+            default_cache_dir(self.config),
+            val_fraction=self.config.data.val_fraction,
+        )
+        check_enough_tokens(
+            self.splits.train, self.config.model.block_size, "training", sequences=self.config.run.batch_size
+        )
         check_enough_tokens(self.splits.val, self.config.model.block_size, "validation")
         self._build_model()
 
@@ -209,12 +223,16 @@ class Trainer:
     def _check_out_dir(self) -> ckpt.Checkpoint | None:
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise UsageError(f"--out {str(self.out_dir)!r} is a file; give a directory")
-        has_run = ckpt.latest_checkpoint_step(self.out_dir) is not None or (self.out_dir / ckpt.MODEL_FILE).exists()
+        has_run = (
+            ckpt.latest_checkpoint_step(self.out_dir) is not None or (self.out_dir / ckpt.MODEL_FILE).exists()
+        )
         if self.resume:
             return ckpt.load_checkpoint(self.out_dir)
         if has_run:
-            raise UsageError(f"--out {str(self.out_dir)!r} already holds a run; pass --resume to continue "
-                             f"it or choose another --out")
+            raise UsageError(
+                f"--out {str(self.out_dir)!r} already holds a run; pass --resume to continue "
+                f"it or choose another --out"
+            )
         return None
 
     def _check_resume_compatible(self) -> None:
@@ -227,8 +245,9 @@ class Trainer:
         if state.get("corpus_fingerprint") not in (None, self.corpus.fingerprint):
             diffs.append("corpus text differs (fingerprint)")
         if diffs:
-            raise UsageError("cannot resume: the checkpoint was trained with a different config: "
-                             + "; ".join(diffs))
+            raise UsageError(
+                "cannot resume: the checkpoint was trained with a different config: " + "; ".join(diffs)
+            )
 
     def _build_model(self) -> None:
         torch.manual_seed(self.config.run.seed)
@@ -272,9 +291,17 @@ class Trainer:
     # ------------------------------------------------------------------- steps
     def _batch(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         r = self.config.run
-        x, y = micro_batch(self.splits.train, self.config.model.block_size, r.batch_size, seed=r.seed,
-                           step=step, micro=micro, grad_accum=r.grad_accum, rank=self.dist.rank,
-                           world=self.dist.world)
+        x, y = micro_batch(
+            self.splits.train,
+            self.config.model.block_size,
+            r.batch_size,
+            seed=r.seed,
+            step=step,
+            micro=micro,
+            grad_accum=r.grad_accum,
+            rank=self.dist.rank,
+            world=self.dist.world,
+        )
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
     def train_step(self, step: int, *, layer_norms: bool = False) -> tuple[float, float, list[float] | None]:
@@ -284,8 +311,10 @@ class Trainer:
         each block's gradient norm before clipping. The caller steps the optimizer.
         """
         r, o = self.config.run, self.config.optim
-        set_lr(self.optimizer, lr_scale(step, warmup_steps=o.warmup_steps, max_steps=r.max_steps,
-                                        min_ratio=o.min_lr / o.lr))
+        set_lr(
+            self.optimizer,
+            lr_scale(step, warmup_steps=o.warmup_steps, max_steps=r.max_steps, min_ratio=o.min_lr / o.lr),
+        )
         total = torch.zeros((), device=self.device)
         for micro in range(r.grad_accum):
             x, y = self._batch(step, micro)
@@ -311,8 +340,11 @@ class Trainer:
 
     def _divergence_message(self, step: int, value: float, what: str) -> str:
         last = ckpt.latest_checkpoint_step(self.out_dir)
-        kept = (f"last good checkpoint: step {last} in {str(self.out_dir / ckpt.CHECKPOINTS)!r}"
-                if last is not None else "no checkpoint had been saved yet")
+        kept = (
+            f"last good checkpoint: step {last} in {str(self.out_dir / ckpt.CHECKPOINTS)!r}"
+            if last is not None
+            else "no checkpoint had been saved yet"
+        )
         return f"non-finite {what} ({value}) at step {step}; stopped, {kept}"
 
     @torch.no_grad()
@@ -327,7 +359,9 @@ class Trainer:
             x, y = windows(self.splits.val, chunk, block)
             with self._autocast():
                 _, loss = self.model(x.to(self.device), y.to(self.device))
-            sums += torch.tensor([float(loss) * len(chunk), len(chunk)], device=self.device, dtype=torch.float64)
+            sums += torch.tensor(
+                [float(loss) * len(chunk), len(chunk)], device=self.device, dtype=torch.float64
+            )
         self.model.train()
         if self.dist.world > 1:
             dist.all_reduce(sums)
@@ -341,14 +375,22 @@ class Trainer:
         if main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self._write_run_files()
-        log = MetricsLog(self.out_dir / "metrics.jsonl", main, self.checkpoint.step if self.checkpoint else None)
+        log = MetricsLog(
+            self.out_dir / "metrics.jsonl", main, self.checkpoint.step if self.checkpoint else None
+        )
         tokens_per_step = r.batch_size * self.config.model.block_size
         losses: list[float] = []
         val_loss = self.checkpoint.state.get("val_loss", math.nan) if self.checkpoint else math.nan
         if self.start_step >= r.max_steps:  # resuming a finished run: nothing to train
             val_loss = self.evaluate()
-        bar = tqdm(total=r.max_steps, initial=self.start_step, disable=not (self.progress and main),
-                   desc="train", unit="step", dynamic_ncols=True)
+        bar = tqdm(
+            total=r.max_steps,
+            initial=self.start_step,
+            disable=not (self.progress and main),
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+        )
         self.model.train()
         window_time, window_tokens = 0.0, 0  # training time only: evals and saves excluded
         for step in range(self.start_step, r.max_steps):
@@ -376,11 +418,11 @@ class Trainer:
         bar.close()
         if main:
             self._save_final(val_loss)
-        return TrainResult(self.out_dir, r.max_steps, val_loss, tuple(losses),
-                           self._mean_tokens_per_s())
+        return TrainResult(self.out_dir, r.max_steps, val_loss, tuple(losses), self._mean_tokens_per_s())
 
-    def _step_record(self, step: int, loss: float, grad_norm: float, per_layer: list[float],
-                     tps: float) -> dict[str, Any]:
+    def _step_record(
+        self, step: int, loss: float, grad_norm: float, per_layer: list[float], tps: float
+    ) -> dict[str, Any]:
         dist_p = self.model.gate.distribution()
         return {
             "step": step,
@@ -413,30 +455,50 @@ class Trainer:
     def _save_checkpoint(self, step: int, val_loss: float) -> None:
         if not self.dist.is_main:
             return
-        ckpt.save_checkpoint(self.out_dir, step=step, model_state=self.model.state_dict(),
-                             optimizer_state=self.optimizer.state_dict(),
-                             rng_state=rng_state(self.device), state=self._state(val_loss))
+        ckpt.save_checkpoint(
+            self.out_dir,
+            step=step,
+            model_state=self.model.state_dict(),
+            optimizer_state=self.optimizer.state_dict(),
+            rng_state=rng_state(self.device),
+            state=self._state(val_loss),
+        )
 
     def _write_run_files(self) -> None:
         tok_dir = self.out_dir / ckpt.TOKENIZER_DIR
         if self.checkpoint is None or not tok_dir.is_dir():  # a fresh run replaces any leftover
             save_tokenizer(self.tokenizer, tok_dir)
-        record = run_record(self.config.to_dict(), seed=self.config.run.seed, device=str(self.device),
-                            dataset_fingerprint=self.splits.fingerprint)
-        record.update(corpus={"name": self.corpus.name, "origin": self.corpus.origin,
-                              "fingerprint": self.corpus.fingerprint},
-                      tokens={"train": int(len(self.splits.train)), "val": int(len(self.splits.val))},
-                      world_size=self.dist.world, parameters=self.model.num_params())
+        record = run_record(
+            self.config.to_dict(),
+            seed=self.config.run.seed,
+            device=str(self.device),
+            dataset_fingerprint=self.splits.fingerprint,
+        )
+        record.update(
+            corpus={
+                "name": self.corpus.name,
+                "origin": self.corpus.origin,
+                "fingerprint": self.corpus.fingerprint,
+            },
+            tokens={"train": int(len(self.splits.train)), "val": int(len(self.splits.val))},
+            world_size=self.dist.world,
+            parameters=self.model.num_params(),
+        )
         write_json(self.out_dir / "run.json", record)
 
     def _save_final(self, val_loss: float) -> None:
-        meta = {**self._state(val_loss), "steps": self.config.run.max_steps, "format": "resstream-gpt",
-                "parameters": self.model.num_params()}
+        meta = {
+            **self._state(val_loss),
+            "steps": self.config.run.max_steps,
+            "format": "resstream-gpt",
+            "parameters": self.model.num_params(),
+        }
         ckpt.save_model(self.out_dir, self.model.state_dict(), meta)
 
 
-def train(config: TrainConfig, out_dir: str | os.PathLike[str], *, resume: bool = False,
-          progress: bool = True) -> TrainResult:
+def train(
+    config: TrainConfig, out_dir: str | os.PathLike[str], *, resume: bool = False, progress: bool = True
+) -> TrainResult:
     """Train a resstream GPT as `config` says, writing the run into `out_dir`."""
     return Trainer(config, out_dir, resume=resume, progress=progress).run()
 

@@ -59,9 +59,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.rotary = (
-            Rotary(self.head_dim, config.block_size) if config.pos_emb == "rotary" else None
-        )
+        self.rotary = Rotary(self.head_dim, config.block_size) if config.pos_emb == "rotary" else None
 
     def _heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v of x (batch, seq, d_model) as (batch, heads, seq, head_dim), rotary applied."""

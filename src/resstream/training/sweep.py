@@ -97,8 +97,9 @@ def parse_int_list(text: str, option: str) -> tuple[int, ...]:
         try:
             values.append(int(item))
         except ValueError:
-            raise UsageError(f"{option}: {item!r} is not an integer; give comma-separated integers "
-                             f"such as 0,1,2") from None
+            raise UsageError(
+                f"{option}: {item!r} is not an integer; give comma-separated integers such as 0,1,2"
+            ) from None
     return tuple(dict.fromkeys(values))
 
 
@@ -126,8 +127,13 @@ def run_config(base: TrainConfig, *, seed: int, gate: str, cut_layer: int = -1) 
     return config
 
 
-def plan_sweep(base: TrainConfig, *, seeds: Sequence[int] | None = None,
-               layers: Sequence[int] | None = None, learned: bool = True) -> SweepPlan:
+def plan_sweep(
+    base: TrainConfig,
+    *,
+    seeds: Sequence[int] | None = None,
+    layers: Sequence[int] | None = None,
+    learned: bool = True,
+) -> SweepPlan:
     """Plan baseline, fixed cuts (at `layers`, default all) and learned gate for each seed."""
     seeds = tuple(dict.fromkeys(seeds)) if seeds else (base.run.seed,)
     n_layer = base.model.n_layer
@@ -137,8 +143,10 @@ def plan_sweep(base: TrainConfig, *, seeds: Sequence[int] | None = None,
     runs = []
     for seed in seeds:
         runs.append(PlannedRun(seed, "baseline", run_config(base, seed=seed, gate="none")))
-        runs += [PlannedRun(seed, f"fixed-k{k}", run_config(base, seed=seed, gate="fixed", cut_layer=k))
-                 for k in layers]
+        runs += [
+            PlannedRun(seed, f"fixed-k{k}", run_config(base, seed=seed, gate="fixed", cut_layer=k))
+            for k in layers
+        ]
         if learned:
             runs.append(PlannedRun(seed, "learned", run_config(base, seed=seed, gate="learned")))
     return SweepPlan(base=base, seeds=seeds, layers=layers, learned=learned, runs=tuple(runs))
@@ -149,10 +157,13 @@ def config_diffs(saved: dict[str, Any], planned: TrainConfig) -> list[str]:
     old = from_dict(saved)
     if planned.model.vocab_size == 0:  # resolved from the tokenizer when the run was trained
         planned = dataclasses.replace(
-            planned, model=dataclasses.replace(planned.model, vocab_size=old.model.vocab_size))
+            planned, model=dataclasses.replace(planned.model, vocab_size=old.model.vocab_size)
+        )
     diffs = identity_diff(old, planned)
-    for section, names in (("run", ("max_steps", "batch_size", "seed")),
-                           ("optim", tuple(f.name for f in dataclasses.fields(planned.optim)))):
+    for section, names in (
+        ("run", ("max_steps", "batch_size", "seed")),
+        ("optim", tuple(f.name for f in dataclasses.fields(planned.optim))),
+    ):
         for name in names:
             a, b = getattr(getattr(old, section), name), getattr(getattr(planned, section), name)
             if a != b:
@@ -170,7 +181,8 @@ def check_existing(plan: SweepPlan, root: str | Path) -> None:
         if diffs:
             raise UsageError(
                 f"--out {str(root)!r} already holds run seed-{run.seed}/{run.name} trained with a "
-                f"different config ({'; '.join(diffs[:3])}); choose another --out")
+                f"different config ({'; '.join(diffs[:3])}); choose another --out"
+            )
 
 
 def known_benchmarks() -> tuple[str, ...]:
@@ -257,9 +269,15 @@ class RunRecord:
         where = None
         if self.path is not None:
             where = str(self.path.relative_to(root)) if root is not None else str(self.path)
-        return {"gate": self.gate, "cut_layer": self.cut_layer, "alpha": self.alpha,
-                "val_loss": self.val_loss, "dir": where, "gate_p": list(self.gate_p) if self.gate_p else None,
-                "eval": self.evals or None}
+        return {
+            "gate": self.gate,
+            "cut_layer": self.cut_layer,
+            "alpha": self.alpha,
+            "val_loss": self.val_loss,
+            "dir": where,
+            "gate_p": list(self.gate_p) if self.gate_p else None,
+            "eval": self.evals or None,
+        }
 
 
 @dataclass(frozen=True)
@@ -282,9 +300,18 @@ class SweepResult:
         per_seed: dict[str, dict[str, Any]] = {}
         for run in self.runs:
             per_seed.setdefault(str(run.seed), {})[run.name] = run.to_dict(self.root)
-        return {"format": SWEEP_FORMAT, "version": 1, "n_layer": self.n_layer, "alpha": self.alpha,
-                "seeds": list(self.seeds), "layers": list(self.layers), "learned": self.learned,
-                "benchmarks": list(self.benchmarks), "config": self.config, "runs": per_seed}
+        return {
+            "format": SWEEP_FORMAT,
+            "version": 1,
+            "n_layer": self.n_layer,
+            "alpha": self.alpha,
+            "seeds": list(self.seeds),
+            "layers": list(self.layers),
+            "learned": self.learned,
+            "benchmarks": list(self.benchmarks),
+            "config": self.config,
+            "runs": per_seed,
+        }
 
 
 # ------------------------------------------------------------------------- reading runs
@@ -317,7 +344,9 @@ def normalise_eval(data: Any) -> Scores:
     if isinstance(results, dict):
         items = [(str(name), value) for name, value in results.items() if isinstance(value, dict)]
     elif isinstance(results, list):
-        items = [(str(value["name"]), value) for value in results if isinstance(value, dict) and "name" in value]
+        items = [
+            (str(value["name"]), value) for value in results if isinstance(value, dict) and "name" in value
+        ]
     else:
         return {}
     return {name: {m: value.get(m) for m in EVAL_METRICS} for name, value in items}
@@ -347,10 +376,17 @@ def record_from_run_dir(run_dir: Path, seed: int) -> RunRecord:
     if gate == "learned" and (run_dir / "metrics.jsonl").is_file():
         history = gate_history(run_dir)
         final_p = history.p[-1] if history.p else None
-    return RunRecord(seed=seed, name=run_dir.name, gate=gate, cut_layer=cut,
-                     alpha=float(model["alpha"]) if gate == "fixed" else None,
-                     val_loss=float(meta.get("val_loss", math.nan)), path=run_dir, evals=scores,
-                     gate_p=final_p)
+    return RunRecord(
+        seed=seed,
+        name=run_dir.name,
+        gate=gate,
+        cut_layer=cut,
+        alpha=float(model["alpha"]) if gate == "fixed" else None,
+        val_loss=float(meta.get("val_loss", math.nan)),
+        path=run_dir,
+        evals=scores,
+        gate_p=final_p,
+    )
 
 
 def _records_from_sweep_json(root: Path, data: dict[str, Any], only_seed: int | None) -> list[RunRecord]:
@@ -363,17 +399,28 @@ def _records_from_sweep_json(root: Path, data: dict[str, Any], only_seed: int | 
             path = root / (run.get("dir") or f"seed-{seed}/{name}")
             saved, _ = read_eval(path)
             evals = {**normalise_eval({"results": run.get("eval") or {}}), **saved}
-            records.append(RunRecord(
-                seed=seed, name=name, gate=str(run.get("gate")), cut_layer=run.get("cut_layer"),
-                alpha=run.get("alpha"), val_loss=float(run["val_loss"]) if run.get("val_loss") is not None
-                else math.nan, path=path, evals=evals,
-                gate_p=tuple(run["gate_p"]) if run.get("gate_p") else None))
+            records.append(
+                RunRecord(
+                    seed=seed,
+                    name=name,
+                    gate=str(run.get("gate")),
+                    cut_layer=run.get("cut_layer"),
+                    alpha=run.get("alpha"),
+                    val_loss=float(run["val_loss"]) if run.get("val_loss") is not None else math.nan,
+                    path=path,
+                    evals=evals,
+                    gate_p=tuple(run["gate_p"]) if run.get("gate_p") else None,
+                )
+            )
     return records
 
 
 def _records_from_seed_dir(seed_dir: Path, seed: int) -> list[RunRecord]:
-    return [record_from_run_dir(d, seed) for d in sorted(seed_dir.iterdir())
-            if d.is_dir() and RUN_NAME.match(d.name) and (d / ckpt.MODEL_META).is_file()]
+    return [
+        record_from_run_dir(d, seed)
+        for d in sorted(seed_dir.iterdir())
+        if d.is_dir() and RUN_NAME.match(d.name) and (d / ckpt.MODEL_META).is_file()
+    ]
 
 
 def _seed_dirs(root: Path) -> list[tuple[Path, int]]:
@@ -382,17 +429,21 @@ def _seed_dirs(root: Path) -> list[tuple[Path, int]]:
 
 
 def _not_a_sweep(path: Path, reason: str) -> UsageError:
-    return UsageError(f"{str(path)!r} is not a sweep directory ({reason}); expected a directory "
-                      f"written by `resstream sweep` (with {SWEEP_FILE} or seed-<s>/ run folders) "
-                      f"or one of its seed-<s> folders")
+    return UsageError(
+        f"{str(path)!r} is not a sweep directory ({reason}); expected a directory "
+        f"written by `resstream sweep` (with {SWEEP_FILE} or seed-<s>/ run folders) "
+        f"or one of its seed-<s> folders"
+    )
 
 
 def find_runs(path: str | Path) -> list[RunRecord]:
     """The finished runs of a sweep directory or of one seed-<s> directory of a sweep."""
     path = Path(path)
     if not path.exists():
-        raise UsageError(f"{str(path)!r} does not exist; expected a sweep directory written by "
-                         f"`resstream sweep` or one of its seed-<s> folders")
+        raise UsageError(
+            f"{str(path)!r} does not exist; expected a sweep directory written by "
+            f"`resstream sweep` or one of its seed-<s> folders"
+        )
     if not path.is_dir():
         raise _not_a_sweep(path, "it is a file")
     sweep = _read_json(path / SWEEP_FILE)
@@ -418,11 +469,17 @@ def load_runs(paths: Sequence[str | Path]) -> list[RunRecord]:
     records: dict[Path, RunRecord] = {}
     for path in paths:
         for record in find_runs(path):
-            key = record.path.resolve() if record.path is not None else Path(f"{path}/{record.seed}/{record.name}")
+            key = (
+                record.path.resolve()
+                if record.path is not None
+                else Path(f"{path}/{record.seed}/{record.name}")
+            )
             records.setdefault(key, record)
     if not records:
-        raise UsageError(f"no finished runs found in {', '.join(repr(str(p)) for p in paths)}; "
-                         f"train them with `resstream sweep` first")
+        raise UsageError(
+            f"no finished runs found in {', '.join(repr(str(p)) for p in paths)}; "
+            f"train them with `resstream sweep` first"
+        )
     return list(records.values())
 
 
@@ -439,9 +496,16 @@ def _raw_entries(raw: Any, exclude: Sequence[str]) -> list[dict[str, Any]]:
     return [entry for entry in results if isinstance(entry, dict) and entry.get("name") not in exclude]
 
 
-def evaluate_missing(run_dir: Path, benchmarks: Sequence[str], *, max_tokens: int | None,
-                     device: str, data_dir: str | None, progress: bool,
-                     redo_all: bool = False) -> Scores:
+def evaluate_missing(
+    run_dir: Path,
+    benchmarks: Sequence[str],
+    *,
+    max_tokens: int | None,
+    device: str,
+    data_dir: str | None,
+    progress: bool,
+    redo_all: bool = False,
+) -> Scores:
     """Evaluate the benchmarks a run's eval.json lacks; merge and save eval.json; return scores.
 
     With `redo_all`, every benchmark is evaluated again and the old eval.json is replaced.
@@ -453,8 +517,9 @@ def evaluate_missing(run_dir: Path, benchmarks: Sequence[str], *, max_tokens: in
     missing = [b for b in benchmarks if b not in saved]
     if not missing:
         return saved
-    report = evaluate_run(run_dir, tuple(missing), data_dir=data_dir, device=device,
-                          max_tokens=max_tokens, progress=progress)
+    report = evaluate_run(
+        run_dir, tuple(missing), data_dir=data_dir, device=device, max_tokens=max_tokens, progress=progress
+    )
     payload = report.to_dict()
     payload["benchmarks"] = _raw_entries(raw, missing) + list(payload["benchmarks"])
     write_json(run_dir / EVAL_FILE, payload)
@@ -463,8 +528,13 @@ def evaluate_missing(run_dir: Path, benchmarks: Sequence[str], *, max_tokens: in
 
 def runs_to_evaluate(records: Sequence[RunRecord], benchmarks: Sequence[str]) -> list[RunRecord]:
     """Runs lacking scores for some of `benchmarks` that have weights to evaluate."""
-    return [r for r in records if any(b not in r.evals for b in benchmarks)
-            and r.path is not None and (r.path / ckpt.MODEL_META).is_file()]
+    return [
+        r
+        for r in records
+        if any(b not in r.evals for b in benchmarks)
+        and r.path is not None
+        and (r.path / ckpt.MODEL_META).is_file()
+    ]
 
 
 def missing_benchmarks(records: Sequence[RunRecord], benchmarks: Sequence[str]) -> tuple[str, ...]:
@@ -473,24 +543,38 @@ def missing_benchmarks(records: Sequence[RunRecord], benchmarks: Sequence[str]) 
     return tuple(b for b in benchmarks if any(b not in r.evals for r in todo))
 
 
-def fill_evals(records: Sequence[RunRecord], benchmarks: Sequence[str], *, max_tokens: int | None = None,
-               device: str = "cpu", data_dir: str | None = None, progress: bool = True,
-               log: Log | None = None) -> list[RunRecord]:
+def fill_evals(
+    records: Sequence[RunRecord],
+    benchmarks: Sequence[str],
+    *,
+    max_tokens: int | None = None,
+    device: str = "cpu",
+    data_dir: str | None = None,
+    progress: bool = True,
+    log: Log | None = None,
+) -> list[RunRecord]:
     """Evaluate runs that lack some of `benchmarks` (and have weights to evaluate)."""
     todo = runs_to_evaluate(records, benchmarks)
     done: dict[int, RunRecord] = {}
     for i, record in enumerate(todo, 1):
         if log:
             log(f"evaluate [{i}/{len(todo)}] seed {record.seed} {record.name}")
-        scores = evaluate_missing(record.path, benchmarks, max_tokens=max_tokens, device=device,
-                                  data_dir=data_dir, progress=progress)
+        scores = evaluate_missing(
+            record.path,
+            benchmarks,
+            max_tokens=max_tokens,
+            device=device,
+            data_dir=data_dir,
+            progress=progress,
+        )
         done[id(record)] = dataclasses.replace(record, evals={**record.evals, **scores})
     return [done.get(id(r), r) for r in records]
 
 
 # ---------------------------------------------------------------------------- running
-def _train_or_skip(run: PlannedRun, root: Path, index: int, total: int, progress: bool,
-                   log: Log | None) -> None:
+def _train_or_skip(
+    run: PlannedRun, root: Path, index: int, total: int, progress: bool, log: Log | None
+) -> None:
     """Train one run (what `loop.train` does), skip it if finished, resume it if interrupted.
 
     The trainer is built before the run is announced, so bad input (a missing corpus, too few
@@ -511,8 +595,14 @@ def _train_or_skip(run: PlannedRun, root: Path, index: int, total: int, progress
     trainer.run()
 
 
-def _evaluate_all(plan: SweepPlan, root: Path, benchmarks: Sequence[str], max_tokens: int | None,
-                  progress: bool, log: Log | None) -> None:
+def _evaluate_all(
+    plan: SweepPlan,
+    root: Path,
+    benchmarks: Sequence[str],
+    max_tokens: int | None,
+    progress: bool,
+    log: Log | None,
+) -> None:
     from resstream.training.loop import resolve_device
 
     device = str(resolve_device(plan.base.run.device))
@@ -522,23 +612,40 @@ def _evaluate_all(plan: SweepPlan, root: Path, benchmarks: Sequence[str], max_to
         stale = raw is not None and raw.get("max_tokens") != max_tokens
         if log:
             log(f"evaluate [{i}/{len(plan.runs)}] seed {run.seed} {run.name}")
-        evaluate_missing(run_dir, benchmarks, max_tokens=max_tokens, device=device,
-                         data_dir=plan.base.run.data_dir, progress=progress, redo_all=stale)
+        evaluate_missing(
+            run_dir,
+            benchmarks,
+            max_tokens=max_tokens,
+            device=device,
+            data_dir=plan.base.run.data_dir,
+            progress=progress,
+            redo_all=stale,
+        )
 
 
 def collect(plan: SweepPlan, root: str | Path, benchmarks: Sequence[str] = ()) -> SweepResult:
     """Read the finished runs of `plan` back into a SweepResult (no training)."""
     root = Path(root)
-    records = [dataclasses.replace(record_from_run_dir(run.path(root), run.seed), name=run.name)
-               for run in plan.runs]
+    records = [
+        dataclasses.replace(record_from_run_dir(run.path(root), run.seed), name=run.name) for run in plan.runs
+    ]
     histories = {run.seed: gate_history(run.path(root)) for run in plan.runs if run.name == "learned"}
     config = plan.base.to_dict()
     config["model"].pop("gate")
     config["model"].pop("cut_layer")
     config["run"].pop("seed")
-    return SweepResult(root=root, n_layer=plan.n_layer, alpha=plan.alpha, seeds=plan.seeds,
-                       layers=plan.layers, learned=plan.learned, benchmarks=tuple(benchmarks),
-                       runs=tuple(records), gate_histories=histories, config=config)
+    return SweepResult(
+        root=root,
+        n_layer=plan.n_layer,
+        alpha=plan.alpha,
+        seeds=plan.seeds,
+        layers=plan.layers,
+        learned=plan.learned,
+        benchmarks=tuple(benchmarks),
+        runs=tuple(records),
+        gate_histories=histories,
+        config=config,
+    )
 
 
 def _write_outputs(result: SweepResult, plan: SweepPlan, max_tokens: int | None) -> None:
@@ -546,16 +653,35 @@ def _write_outputs(result: SweepResult, plan: SweepPlan, max_tokens: int | None)
         write_json(result.root / f"seed-{seed}" / "learned" / GATE_HISTORY_FILE, history.to_dict())
     write_json(result.root / SWEEP_FILE, result.to_dict())
     first = _read_json(plan.runs[0].path(result.root) / "run.json") or {}
-    settings = {"base": result.config, "seeds": list(plan.seeds), "layers": list(plan.layers),
-                "alpha": plan.alpha, "learned": plan.learned, "benchmarks": list(result.benchmarks),
-                "max_eval_tokens": max_tokens}
-    write_json(result.root / "run.json", run_record(settings, seed=None, device=str(first.get("device")),
-                                                    dataset_fingerprint=first.get("dataset_fingerprint")))
+    settings = {
+        "base": result.config,
+        "seeds": list(plan.seeds),
+        "layers": list(plan.layers),
+        "alpha": plan.alpha,
+        "learned": plan.learned,
+        "benchmarks": list(result.benchmarks),
+        "max_eval_tokens": max_tokens,
+    }
+    write_json(
+        result.root / "run.json",
+        run_record(
+            settings,
+            seed=None,
+            device=str(first.get("device")),
+            dataset_fingerprint=first.get("dataset_fingerprint"),
+        ),
+    )
 
 
-def run_sweep(plan: SweepPlan, out_dir: str | Path, *, benchmarks: Sequence[str] = (),
-              max_eval_tokens: int | None = None, progress: bool = True,
-              log: Log | None = None) -> SweepResult:
+def run_sweep(
+    plan: SweepPlan,
+    out_dir: str | Path,
+    *,
+    benchmarks: Sequence[str] = (),
+    max_eval_tokens: int | None = None,
+    progress: bool = True,
+    log: Log | None = None,
+) -> SweepResult:
     """Train (or skip finished) every planned run, evaluate them, write sweep.json; return results.
 
     `log` receives one line per run ("sweep [i/n] seed s name: training"); `progress`
