@@ -43,6 +43,7 @@ TransformerLens; disagreements are re-checked against fp64 exact ranks (`exact_r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import ctypes
 import json
@@ -282,10 +283,8 @@ def _status_kib(field: str) -> int:
 
 def release_free_memory() -> None:
     """glibc's malloc_trim(0): hand freed heap pages back to the OS (no-op elsewhere)."""
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
 
 
 def memory_child(name: str, threads: int) -> None:
@@ -340,7 +339,8 @@ def extra_peak_memory(names: list[str], threads: int, repeats: int) -> dict[str,
         if values:
             out[name] = statistics.median(values)
             print(
-                f"extra peak memory of {name} (GB), {len(values)} processes: {' '.join(f'{v:.3f}' for v in values)}"
+                f"extra peak memory of {name} (GB), {len(values)} processes: "
+                f"{' '.join(f'{v:.3f}' for v in values)}"
             )
     return out
 
@@ -373,7 +373,7 @@ def explain_disagreements(
     with torch.inference_mode():
         states = residual_states(view, ids)
         w, b = view.W_U.detach(), view.b_U
-        for which, (ref, oth) in enumerate(zip(reference, other)):
+        for which, (ref, oth) in enumerate(zip(reference, other, strict=True)):
             for layer, bi, ti in torch.nonzero(ref != oth).tolist()[:limit]:
                 token = int(ids[bi, ti + which])
                 x = view.final_norm(states[layer, bi, ti][None])
@@ -412,7 +412,7 @@ def agreement(setup: Setup, outputs: dict[str, Any]) -> None:
         rates_out = tuple(float(v) for v in reference[1].double().flatten(1).mean(1))
         same = all(
             math.isclose(a, c, abs_tol=1e-12)
-            for a, c in zip(rates_in + rates_out, result.in_match + result.out_match)
+            for a, c in zip(rates_in + rates_out, result.in_match + result.out_match, strict=True)
         )
         print(f"  shift's AlignmentResult rates == per-position exact memberships: {same}")
         print(f"  in_match  {[round(v, 4) for v in result.in_match]}")
@@ -465,7 +465,7 @@ def print_flops(batch: int, seq: int) -> None:
 # ----------------------------------------------------------------------- reports
 def round_ratio(rounds: dict[str, list[float]], num: str, den: str) -> float:
     """Median over rounds of the ratio num/den within each round."""
-    return statistics.median(a / b for a, b in zip(rounds[num], rounds[den]))
+    return statistics.median(a / b for a, b in zip(rounds[num], rounds[den], strict=True))
 
 
 def report(
@@ -491,7 +491,8 @@ def report(
         print(f"TransformerLens: not installable here ({skipped['transformer_lens']})")
     if "shift" in times and "forward" in times:
         print(
-            f"shift / forward: {times['shift'] / times['forward']:.2f}x (target <= {TARGETS['shift_vs_forward']}x)"
+            f"shift / forward: {times['shift'] / times['forward']:.2f}x "
+            f"(target <= {TARGETS['shift_vs_forward']}x)"
         )
     if "shift" in times and "naive" in times:
         print(f"naive / shift: {times['naive'] / times['shift']:.2f}x")
@@ -507,7 +508,8 @@ def report(
         trunk_time = times["forward"] - times["unembed"] * f["lm_head"] / f["unembed"]
         floor = trunk_time + (SHAPE["n_layer"] + 1) * times["unembed"]
         print(
-            f"estimated time floor (forward - its LM head + {SHAPE['n_layer'] + 1} unembeddings) {floor * 1e3:.1f} ms: "
+            f"estimated time floor (forward - its LM head + {SHAPE['n_layer'] + 1} unembeddings) "
+            f"{floor * 1e3:.1f} ms: "
             f"floor / forward {floor / times['forward']:.2f}x, shift / floor {times['shift'] / floor:.2f}x"
         )
         print(f"unembedding matmul: {f['unembed'] / times['unembed'] / 1e9:.1f} GFLOP/s")

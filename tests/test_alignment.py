@@ -170,7 +170,7 @@ def test_cluster_ci_by_hand():
 
 
 @pytest.mark.parametrize(
-    "df, value",
+    ("df", "value"),
     [
         (1, 12.706204736174698),
         (2, 4.302652729911275),

@@ -13,7 +13,7 @@ from resstream.errors import UsageError
 
 def test_lens_positions_may_run_to_the_end() -> None:
     result, _ = resstream.lens("To be, or not to be", positions=slice(3, None))
-    assert [t.position for t in result.trajectories][0] == 3
+    assert result.trajectories[0].position == 3
     assert result.trajectories[-1].next_id is None  # the last token of the text
     with pytest.raises(UsageError, match=r"--positions 4:2 is outside the text's 0:\d+ tokens"):
         resstream.lens("To be, or not to be", positions=slice(4, 2))

@@ -191,7 +191,7 @@ def check_real_report(out: Path, names: list[str], max_tokens: int) -> dict:
     assert list(by_name) == names
     for name, bench in by_name.items():
         if name == "lambada":
-            assert 0 < bench["num_examples"] and bench["num_tokens"] >= bench["num_examples"]
+            assert bench["num_examples"] > 0 and bench["num_tokens"] >= bench["num_examples"]
             assert "lambada_test.jsonl" in bench["origin"]
         else:
             assert bench["num_tokens"] == max_tokens - 1

@@ -68,7 +68,7 @@ def check_table(stdout: str, report: dict) -> None:
     assert f"{report['num_layers']} layers" in lines[0]
     body = [line for line in lines[1:] if not line.startswith("wrote ")]
     assert len(body) == len(report["positions"])
-    for line, row in zip(body, report["positions"]):
+    for line, row in zip(body, report["positions"], strict=True):
         assert line.split()[0] == str(row["position"])
         for cell in row["ranges"]:
             assert f"{cell['layers']}:" in line, (cell["layers"], line)

@@ -85,7 +85,7 @@ def check_model_entry(
     entry: dict, *, num_layers: int, num_heads: int, seq_len: int, num_sequences: int
 ) -> None:
     """The issue's per-model schema, with causal rows that are distributions over keys j <= i."""
-    assert MODEL_KEYS <= set(entry), MODEL_KEYS - set(entry)
+    assert set(entry) >= MODEL_KEYS, MODEL_KEYS - set(entry)
     assert (entry["num_layers"], entry["num_heads"], entry["seq_len"], entry["num_sequences"]) == (
         num_layers,
         num_heads,
@@ -110,7 +110,7 @@ def check_model_entry(
         np.testing.assert_allclose(by_distance, expected, atol=1e-9)
         assert [head["head"] for head in layer["heads"]] == list(range(num_heads))
         for head in layer["heads"]:
-            assert HEAD_KEYS <= set(head), HEAD_KEYS - set(head)
+            assert set(head) >= HEAD_KEYS, HEAD_KEYS - set(head)
             assert len(head["by_distance"]) == seq_len
             assert head["recency"]["direction"] == "recency" and head["primacy"]["direction"] == "primacy"
             assert isinstance(head["recency"]["holds"], bool)

@@ -98,13 +98,13 @@ def run_shift(out: Path, *args: str) -> int:
 
 def check_model_entry(entry: dict, *, top_k: int, num_tokens: int | None = None) -> None:
     """The issue's per-model schema, with the ranges the metrics must respect."""
-    assert MODEL_KEYS <= set(entry), MODEL_KEYS - set(entry)
+    assert set(entry) >= MODEL_KEYS, MODEL_KEYS - set(entry)
     n = entry["num_layers"]
     assert n >= 1 and entry["layers"] == list(range(n + 1))
     for key in ("in_match", "out_match", "in_match_ci", "out_match_ci", "cos_in", "cos_out", "projection"):
         assert len(entry[key]) == n + 1, key
     for rate_key in ("in_match", "out_match"):
-        for rate, (lo, hi) in zip(entry[rate_key], entry[f"{rate_key}_ci"]):
+        for rate, (lo, hi) in zip(entry[rate_key], entry[f"{rate_key}_ci"], strict=True):
             assert 0.0 <= rate <= 1.0
             assert 0.0 <= lo <= rate + 1e-12 and rate - 1e-12 <= hi <= 1.0, (rate_key, lo, rate, hi)
     for value in entry["cos_in"] + entry["cos_out"]:

@@ -51,7 +51,7 @@ def run_simulate(out: Path, *args: str) -> int:
 def check_attention(mean: list, stderr: list, *, layers: int, tokens: int) -> None:
     """(layers, n, n) causal attention: rows are distributions over keys j <= i."""
     assert len(mean) == layers and len(stderr) == layers
-    for layer_mean, layer_err in zip(mean, stderr):
+    for layer_mean, layer_err in zip(mean, stderr, strict=True):
         assert len(layer_mean) == tokens and all(len(row) == tokens for row in layer_mean)
         assert len(layer_err) == tokens and all(len(row) == tokens for row in layer_err)
         for i, row in enumerate(layer_mean):

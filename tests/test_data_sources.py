@@ -279,14 +279,14 @@ def test_lambada(shared_data: Path) -> None:
     assert corpus.documents[0].startswith("In my palm is a clear stone")
 
 
-@pytest.mark.parametrize("split, n_tokens", [("valid", 73_760), ("test", 82_430)])
+@pytest.mark.parametrize(("split", "n_tokens"), [("valid", 73_760), ("test", 82_430)])
 def test_ptb(shared_data: Path, split: str, n_tokens: int) -> None:
     (text,) = load_corpus("ptb", split=split, data_dir=shared_data).documents
     assert sum(len(line.split()) + 1 for line in text.splitlines()) == n_tokens
 
 
 @pytest.mark.parametrize(
-    "name, start, n_chars",
+    ("name", "start", "n_chars"),
     [
         ("openwebtext", "Port-au-Prince, Haiti (CNN)", None),
         ("fineweb-edu", "The Independent Jane", 1_000_000),

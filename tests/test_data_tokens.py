@@ -116,7 +116,7 @@ def test_cache_contents(ab_tokenizer, tmp_path: Path) -> None:
     assert splits.train.tolist() == stream[:45] and splits.val.tolist() == stream[45:]
     assert isinstance(splits.train, np.memmap) and isinstance(splits.val, np.memmap)
     assert splits.train.dtype == np.uint16 and splits.vocab_size == 259
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="read-only"):
         splits.train[0] = 1  # read-only
     meta = json.loads(splits.path.with_suffix(".json").read_text(encoding="utf-8"))
     assert meta["n_tokens"] == 50 and meta["n_train"] == 45 and meta["n_val"] == 5

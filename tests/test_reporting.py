@@ -252,8 +252,8 @@ def test_val_loss_plot(tmp_path):
     fig = plots.sweep_val_loss_figure(result)
     ax = fig.axes[0]
     lines = {line.get_label(): line for line in ax.get_lines()}
-    baseline = next(l for label, l in lines.items() if label.startswith("baseline"))
-    learned = next(l for label, l in lines.items() if label.startswith("learned gate"))
+    baseline = next(line for label, line in lines.items() if label.startswith("baseline"))
+    learned = next(line for label, line in lines.items() if label.startswith("learned gate"))
     assert baseline.get_linestyle() == ":" and baseline.get_ydata()[0] == pytest.approx(3.0)
     assert learned.get_linestyle() == "--" and learned.get_ydata()[0] == pytest.approx(3.0)
     seed0 = lines["fixed cut, seed 0"]
@@ -286,7 +286,7 @@ def test_gate_heatmap_data_and_png(tmp_path):
 
 
 def test_heatmap_without_records_refused():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no gate records"):
         plots.gate_heatmap_figure({0: sw.GateHistory((), ())})
 
 

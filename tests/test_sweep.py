@@ -17,10 +17,35 @@ BENCHMARKS = ("openwebtext", "lambada")
 
 def corpus_text() -> str:
     """A small, repetitive English text: enough tokens for 16-token windows."""
-    words = (
-        "a small river runs past the old mill where two millers grind corn every morning "
-        "and sing about the weather the harvest and the price of bread"
-    ).split()
+    words = [
+        "a",
+        "small",
+        "river",
+        "runs",
+        "past",
+        "the",
+        "old",
+        "mill",
+        "where",
+        "two",
+        "millers",
+        "grind",
+        "corn",
+        "every",
+        "morning",
+        "and",
+        "sing",
+        "about",
+        "the",
+        "weather",
+        "the",
+        "harvest",
+        "and",
+        "the",
+        "price",
+        "of",
+        "bread",
+    ]
     lines = [" ".join(words[(i * 5 + j) % len(words)] for j in range(14)) for i in range(300)]
     return "\n".join(lines) + "\n"
 
@@ -187,7 +212,7 @@ def test_same_seed_same_first_batch_with_cut(swept):
 
 
 def test_sweep_json(swept):
-    plan, result, out, _ = swept
+    _, _, out, _ = swept
     data = json.loads((out / "sweep.json").read_text())
     assert data["format"] == "resstream-sweep" and data["n_layer"] == 2 and data["alpha"] == 0.5
     assert data["seeds"] == [0, 1] and data["layers"] == [0, 1] and data["learned"] is True

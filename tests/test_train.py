@@ -19,10 +19,34 @@ GOLDEN_LOSSES = [5.715660572052002, 5.68874454498291, 5.6462931632995605, 5.5657
 
 
 def corpus_text() -> str:
-    words = (
-        "the quick brown fox jumps over the lazy dog while seven wizards quietly judge "
-        "boxing matches and a king of england sings of love and war"
-    ).split()
+    words = [
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "the",
+        "lazy",
+        "dog",
+        "while",
+        "seven",
+        "wizards",
+        "quietly",
+        "judge",
+        "boxing",
+        "matches",
+        "and",
+        "a",
+        "king",
+        "of",
+        "england",
+        "sings",
+        "of",
+        "love",
+        "and",
+        "war",
+    ]
     lines = [" ".join(words[(i * 7 + j) % len(words)] for j in range(12)) for i in range(400)]
     return "\n".join(lines) + "\n"
 

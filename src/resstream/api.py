@@ -247,7 +247,7 @@ def shift(
     check_choice("decoder", decoder, DECODERS)
     results, rule, sample, fingerprint = [], "", None, None
     corpus = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir)
-    for loaded, sample, fingerprint in _each_model(
+    for loaded, sample, fingerprint in _each_model(  # noqa: B007 - the last fingerprint is reported
         models,
         corpus,
         batch_size=batch_size,
@@ -304,8 +304,8 @@ def _each_model(
     Every model is checked before any is loaded, so a bad one is refused before time is spent
     on the others. Each loaded model passes `check(view)` (if given), gets its own sample of
     the corpus (its tokenizer's token stream, tokenised once per distinct tokenizer), and the
-    sample must fit its vocabulary and context. The generator drops its reference to a model before loading the next; the caller
-    should too.
+    sample must fit its vocabulary and context. The generator drops its reference to a model
+    before loading the next; the caller should too.
     """
     from resstream.adapters import check_model, load_model
 
@@ -480,7 +480,7 @@ def recency(
         raise UsageError(f"--threshold {threshold} must be > 0 (standard errors)")
     results, fingerprint, length = [], None, seq_len
     corpus = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir)
-    for loaded, sample, fingerprint in _each_model(
+    for loaded, sample, fingerprint in _each_model(  # noqa: B007 - the last fingerprint is reported
         models,
         corpus,
         batch_size=batch_size,

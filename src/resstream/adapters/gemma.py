@@ -69,7 +69,7 @@ def _gemma_view(model: nn.Module, family: str, *, sandwich: bool) -> ModelView:
     W_U, b_U = unembedding(model)
     tied = same_tensor(W_U, trunk.embed_tokens.weight)
     softcap = getattr(config, "final_logit_softcapping", None) if sandwich else None
-    notes = tie_notes(tied, model) + (f"token embeddings are scaled by sqrt(d_model) = {scale:g}",)
+    notes = (*tie_notes(tied, model), f"token embeddings are scaled by sqrt(d_model) = {scale:g}")
     if softcap is not None:
         notes += (f"final logits are soft-capped: tanh(x / {softcap:g}) * {softcap:g}",)
     return ModelView(

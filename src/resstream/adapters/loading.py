@@ -295,7 +295,7 @@ def _load_config(where: str, name: str, source: str, local_only: bool, trust_rem
         return AutoConfig.from_pretrained(
             where, trust_remote_code=trust_remote_code, local_files_only=local_only
         )
-    except Exception as exc:  # noqa: BLE001 - transformers raises many types here
+    except Exception as exc:
         raise _hf_error(exc, name, source, local_only, "config") from None
 
 
@@ -351,7 +351,7 @@ def _load_hf_model(
         model, info = AutoModelForCausalLM.from_pretrained(
             where, config=config, output_loading_info=True, **kwargs
         )
-    except Exception as exc:  # noqa: BLE001 - transformers raises many types here
+    except Exception as exc:
         raise _hf_error(
             exc, name, "local" if Path(where).is_dir() else "hub", local_only, "weights"
         ) from None

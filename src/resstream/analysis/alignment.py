@@ -469,16 +469,16 @@ class RankScreen:
         kth = vals.amin(1).to(torch.float32)
         ranks = torch.full_like(ids, limit)
         for c in range(ids.shape[1]):
-            h, l = hi[:, c], lo[:, c]
-            member = kth <= l  # fewer than `limit` entries can beat s_t: all lie in the list
-            amb = torch.nonzero((kth > l) & (kth <= h)).flatten()
+            upper, lower = hi[:, c], lo[:, c]
+            member = kth <= lower  # fewer than `limit` entries can beat s_t: all lie in the list
+            amb = torch.nonzero((kth > lower) & (kth <= upper)).flatten()
             rows = torch.nonzero(member).flatten()
             if rows.numel():
                 ranks[rows, c] = self._ranks_from_list(
-                    vals[rows], idx[rows], x64, rows, s_t[rows, c], h[rows], l[rows]
+                    vals[rows], idx[rows], x64, rows, s_t[rows, c], upper[rows], lower[rows]
                 )
             if amb.numel():
-                counted = self._counted_ranks(z, x64, amb, s_t[:, c], h, l)
+                counted = self._counted_ranks(z, x64, amb, s_t[:, c], upper, lower)
                 ranks[amb, c] = counted.clamp_max(limit)
         return ranks
 
@@ -512,9 +512,9 @@ class RankScreen:
         for start in range(0, rows.numel(), step):
             sel = rows[start : start + step]
             zs = z if sel.numel() == z.shape[0] else z[sel]  # rows are sorted and distinct
-            h, l, s = hi[sel, None], lo[sel, None], s_t[sel]
-            certain = (zs > h).sum(1)
-            band = (zs > l) & (zs <= h)
+            upper, lower, s = hi[sel, None], lo[sel, None], s_t[sel]
+            certain = (zs > upper).sum(1)
+            band = (zs > lower) & (zs <= upper)
             width = band.sum(1)
             self.stats.band_entries += int(width.sum())
             heavy = width > max(1, self.vocab // _HEAVY_FRACTION)
@@ -632,7 +632,7 @@ def shift_layer_from_rates(in_match: Sequence[float], out_match: Sequence[float]
     the last non-positive layer l−1 and the first positive layer l:
     (l − 1) + d_{l−1} / (d_{l−1} − d_l); None if it never turns positive (or rates are nan).
     """
-    diffs = [o - i for i, o in zip(in_match, out_match)]
+    diffs = [o - i for i, o in zip(in_match, out_match, strict=True)]
     for layer, diff in enumerate(diffs):
         if diff > 0:
             if layer == 0:

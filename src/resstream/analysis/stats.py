@@ -100,7 +100,7 @@ def cluster_ratio_ci(
     """
     if len(sums) != len(counts):
         raise ValueError(f"{len(sums)} sums but {len(counts)} counts")
-    pairs = [(float(y), float(n)) for y, n in zip(sums, counts) if n > 0]
+    pairs = [(float(y), float(n)) for y, n in zip(sums, counts, strict=True) if n > 0]
     if len(pairs) < 2:
         return (math.nan, math.nan)
     num = len(pairs)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -38,7 +38,7 @@ def resolved_device(device: str, device_map: str | None = None) -> str:
 # Options shared by the analysis commands (shift, lens, recency): one declaration each.
 OutOption = Annotated[Path, typer.Option("--out", help="Output directory (created if missing).")]
 ModelsOption = Annotated[
-    Optional[list[str]],
+    list[str] | None,
     typer.Option(
         "--model",
         help="Run dir, HF directory or hub name; repeat for several (default: built-in reference model).",
@@ -51,11 +51,11 @@ NumSeqsOption = Annotated[int, typer.Option(help="Sequences sampled from the cor
 SeqLenOption = Annotated[int, typer.Option(help="Tokens per sequence.")]
 BatchSizeOption = Annotated[int, typer.Option(help="Sequences per forward pass.")]
 SampleSeedOption = Annotated[int, typer.Option(help="Seed of the sequence sample.")]
-DataDirOption = Annotated[Optional[Path], typer.Option(help="Local corpora (else env RESSTREAM_DATA).")]
+DataDirOption = Annotated[Path | None, typer.Option(help="Local corpora (else env RESSTREAM_DATA).")]
 DtypeOption = Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")]
 DeviceOption = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")]
 DeviceMapOption = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         help="Spread a Hugging Face model over devices: auto, balanced, sequential (needs accelerate)."
     ),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -18,16 +18,16 @@ def compare(
     ],
     out: Annotated[Path, typer.Option("--out", help="Output directory (created if missing).")],
     benchmarks: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             help="Comma-separated benchmarks or 'all' (default: those already evaluated, else all)."
         ),
     ] = None,
     max_eval_tokens: Annotated[
-        Optional[str], typer.Option(metavar="N", help="Cap on tokens per benchmark for runs evaluated now.")
+        str | None, typer.Option(metavar="N", help="Cap on tokens per benchmark for runs evaluated now.")
     ] = None,
     data_dir: Annotated[
-        Optional[Path], typer.Option(help="Local benchmark data (else env RESSTREAM_DATA).")
+        Path | None, typer.Option(help="Local benchmark data (else env RESSTREAM_DATA).")
     ] = None,
     device: Annotated[str, typer.Option(help="Device for runs evaluated now: auto, cpu, cuda.")] = "auto",
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False,

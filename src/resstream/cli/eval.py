@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -77,14 +77,14 @@ def write_outputs(out: Path, report: EvalReport, plan: EvalPlan, settings: dict[
 def eval_command(
     out: Annotated[Path, typer.Option("--out", help="Output directory (created if missing).")],
     model: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option(
             "--model",
             help="Run directory of a finished `resstream train` (default: the built-in reference model).",
         ),
     ] = None,
     benchmarks: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--benchmarks",
             help="Comma-separated: wikitext-2, lambada, openwebtext, fineweb-edu, "
@@ -92,16 +92,16 @@ def eval_command(
         ),
     ] = None,
     data_dir: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option("--data-dir", help="Local corpora (else env RESSTREAM_DATA, then Hugging Face)."),
     ] = None,
     stride: Annotated[
-        Optional[int],
+        int | None,
         typer.Option(help="Sliding-window stride in tokens, in [1, block_size] (default block_size // 2)."),
     ] = None,
     batch_size: Annotated[int, typer.Option(help="Windows per forward pass.")] = 16,
     max_tokens: Annotated[
-        Optional[int], typer.Option(help="Score at most this many tokens per benchmark (quick runs).")
+        int | None, typer.Option(help="Score at most this many tokens per benchmark (quick runs).")
     ] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,

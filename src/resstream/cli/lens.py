@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -58,12 +58,12 @@ def read_text(text: str | None, text_file: Path | None) -> str:
 def lens(
     out: OutOption,
     model: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(help="Run dir, HF directory or hub name (default: built-in reference model)."),
     ] = None,
-    text: Annotated[Optional[str], typer.Option(help="The text to decode.")] = None,
-    text_file: Annotated[Optional[Path], typer.Option(help="A UTF-8 file holding the text.")] = None,
-    positions: Annotated[Optional[str], typer.Option(help="Token positions A:B (default: all).")] = None,
+    text: Annotated[str | None, typer.Option(help="The text to decode.")] = None,
+    text_file: Annotated[Path | None, typer.Option(help="A UTF-8 file holding the text.")] = None,
+    positions: Annotated[str | None, typer.Option(help="Token positions A:B (default: all).")] = None,
     top_k: Annotated[int, typer.Option(help="Decodings kept per cell (lens.json); tables show top-1.")] = 1,
     decoder: Annotated[str, typer.Option(help="logit-lens or embedding.")] = "logit-lens",
     dtype: DtypeOption = "auto",

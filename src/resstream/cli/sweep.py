@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,26 +18,26 @@ if TYPE_CHECKING:
 def sweep(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", help="Sweep directory (created if missing).")],
-    preset: Annotated[Optional[str], typer.Option(help="Preset: reference, tiny, laptop, gpt2-124m.")] = None,
-    config: Annotated[Optional[Path], typer.Option("--config", help="YAML config file.")] = None,
+    preset: Annotated[str | None, typer.Option(help="Preset: reference, tiny, laptop, gpt2-124m.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="YAML config file.")] = None,
     seeds: Annotated[
-        Optional[str], typer.Option(help="Comma-separated seeds, e.g. 0,1,2 (default: the config's seed).")
+        str | None, typer.Option(help="Comma-separated seeds, e.g. 0,1,2 (default: the config's seed).")
     ] = None,
     alpha: Annotated[
-        Optional[str], typer.Option(metavar="A", help="Identity-path scale at the cut layer, in (0, 1].")
+        str | None, typer.Option(metavar="A", help="Identity-path scale at the cut layer, in (0, 1].")
     ] = None,
     layers: Annotated[
-        Optional[str], typer.Option(help="Comma-separated cut layers in [0, n_layer) (default: all).")
+        str | None, typer.Option(help="Comma-separated cut layers in [0, n_layer) (default: all).")
     ] = None,
     no_learned: Annotated[
         bool, typer.Option("--no-learned", help="Do not train the learned-gate model.")
     ] = False,
     benchmarks: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(help="Comma-separated benchmarks to evaluate every run on, or 'all' (default: none)."),
     ] = None,
     max_eval_tokens: Annotated[
-        Optional[str], typer.Option(metavar="N", help="Evaluate at most this many tokens per benchmark.")
+        str | None, typer.Option(metavar="N", help="Evaluate at most this many tokens per benchmark.")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False,
 ) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -72,17 +72,15 @@ def check_fixed_gate_options(gate: str, *, alpha: float | None, cut_layer: int |
 def train(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", help="Run directory (created if missing).")],
-    preset: Annotated[Optional[str], typer.Option(help="Preset: reference, tiny, laptop, gpt2-124m.")] = None,
-    config: Annotated[Optional[Path], typer.Option("--config", help="YAML config file.")] = None,
-    gate: Annotated[Optional[str], typer.Option(help="Residual gate: none, fixed, learned, router.")] = None,
+    preset: Annotated[str | None, typer.Option(help="Preset: reference, tiny, laptop, gpt2-124m.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="YAML config file.")] = None,
+    gate: Annotated[str | None, typer.Option(help="Residual gate: none, fixed, learned, router.")] = None,
     alpha: Annotated[
-        Optional[float], typer.Option(help="Identity-path scale of the fixed gate, in (0, 1].")
+        float | None, typer.Option(help="Identity-path scale of the fixed gate, in (0, 1].")
     ] = None,
-    cut_layer: Annotated[
-        Optional[int], typer.Option(help="Layer of the fixed gate, in [0, n_layer).")
-    ] = None,
-    max_steps: Annotated[Optional[int], typer.Option(help="Optimizer steps.")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Seed of initialisation and data order.")] = None,
+    cut_layer: Annotated[int | None, typer.Option(help="Layer of the fixed gate, in [0, n_layer).")] = None,
+    max_steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of initialisation and data order.")] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue the run in --out from its latest checkpoint.")
     ] = False,

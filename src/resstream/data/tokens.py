@@ -170,7 +170,7 @@ def _build(
         "format": FORMAT_VERSION,
         "fingerprint": fingerprint,
         "dtype": tokens.dtype.name,
-        "n_tokens": int(len(tokens)),
+        "n_tokens": len(tokens),
         "n_train": int(len(tokens) - n_val),
         "n_val": int(n_val),
         "val_fraction": val_fraction,

@@ -84,7 +84,7 @@ def plot_shift_depths(result: Result, path: str | Path) -> None:
     """Histogram of the first layer at which each position ranks t_i+1 above t_i."""
     fig = Figure(figsize=(6.4, 3.6))
     ax = fig.add_subplot()
-    counts = list(result.shift_depths) + [result.never_shifted]
+    counts = [*result.shift_depths, result.never_shifted]
     labels = [str(layer) for layer in result.layers] + ["never"]
     total = max(1, sum(counts))
     ax.bar(

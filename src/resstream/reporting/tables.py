@@ -305,7 +305,7 @@ def saved_benchmarks(records: Sequence[RunRecord], known: Sequence[str]) -> tupl
 def sweep_csv(result: SweepResult) -> str:
     """One line per run: seed, name, gate, cut layer, α, val loss, then every benchmark metric."""
     benchmarks = list(result.benchmarks) or sorted({b for r in result.runs for b in r.evals})
-    metrics = [m for m in EVAL_METRICS]
+    metrics = list(EVAL_METRICS)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(

@@ -23,8 +23,8 @@ __all__ = [
     "SAMPLINGS",
     "Sampling",
     "SimulationConfig",
-    "chunk_bytes",
     "available_memory_bytes",
+    "chunk_bytes",
     "physical_memory_bytes",
 ]
 

@@ -94,7 +94,7 @@ def _flatten_optimizer(opt_state: dict[str, Any]) -> tuple[dict[str, torch.Tenso
     for index, per_param in opt_state["state"].items():
         for key, value in per_param.items():
             tensors[f"state.{index}.{key}"] = value if torch.is_tensor(value) else torch.tensor(value)
-    groups = [{k: v for k, v in g.items()} for g in opt_state["param_groups"]]
+    groups = [dict(g) for g in opt_state["param_groups"]]
     return tensors, groups
 
 

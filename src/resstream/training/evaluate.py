@@ -173,7 +173,7 @@ class WindowPlan:
         return np.concatenate(
             [
                 np.arange(s + k + 1, s + self.length + 1)
-                for s, k in zip(self.starts.tolist(), self.skip.tolist())
+                for s, k in zip(self.starts.tolist(), self.skip.tolist(), strict=True)
             ]
         )
 
@@ -466,7 +466,10 @@ def _shakespeare_note(trained: Any, corpus_fingerprint: str, val_fraction: float
         )
     saved = trained.meta.get("corpus_fingerprint")
     if saved is not None and saved != corpus_fingerprint:
-        return f"{base}; the corpus text differs from the one the run trained on (fingerprint), so the tail may not be held out"
+        return (
+            f"{base}; the corpus text differs from the one the run trained on (fingerprint), "
+            "so the tail may not be held out"
+        )
     return f"{base}; held out: the run trained on shakespeare and never saw this tail"
 
 

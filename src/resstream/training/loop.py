@@ -480,7 +480,7 @@ class Trainer:
                 "origin": self.corpus.origin,
                 "fingerprint": self.corpus.fingerprint,
             },
-            tokens={"train": int(len(self.splits.train)), "val": int(len(self.splits.val))},
+            tokens={"train": len(self.splits.train), "val": len(self.splits.val)},
             world_size=self.dist.world,
             parameters=self.model.num_params(),
         )
