@@ -78,7 +78,7 @@ def test_resstream_run_directory_and_reference_model() -> None:
     ("kwargs", "message"),
     [
         ({"dtype": "float64"}, r"unknown dtype 'float64'.*allowed: auto, float32, bfloat16, float16"),
-        ({"device": "tpu"}, r"unknown device 'tpu'; allowed: auto, cpu, cuda"),
+        ({"device": "tpu"}, r"unknown `device` 'tpu'; allowed: auto, cpu, cuda"),
         ({"device_map": "everywhere"}, r"unknown device_map 'everywhere'.*allowed: auto"),
     ],
 )
@@ -89,7 +89,7 @@ def test_bad_options(kwargs: dict, message: str) -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
 def test_cuda_without_a_gpu() -> None:
-    with pytest.raises(UsageError, match=r"device 'cuda' is not available"):
+    with pytest.raises(UsageError, match=r"`device` 'cuda' is not available"):
         load_model(None, device="cuda")
 
 

@@ -403,9 +403,9 @@ def test_a_chunk_that_does_not_fit_in_memory_is_refused_with_its_size():
 def test_attention_maps_refuses_bad_shapes_and_weights():
     with pytest.raises(UsageError, match="allowed: \\(batch, tokens, dim\\)"):
         attention_maps(torch.zeros(3, 4), 2)
-    with pytest.raises(UsageError, match=r"residual_weight -1\.0 is not allowed"):
+    with pytest.raises(UsageError, match=r"`residual_weight` -1\.0 is not allowed"):
         attention_maps(torch.zeros(1, 3, 4), 2, residual_weight=-1.0)
-    with pytest.raises(UsageError, match="layers 0 is not allowed"):
+    with pytest.raises(UsageError, match="`layers` 0 is not allowed"):
         attention_maps(torch.zeros(1, 3, 4), 0)
 
 

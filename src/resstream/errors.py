@@ -2,12 +2,21 @@
 
 `UsageError` is bad input from the user (exit code 2, nothing written);
 `RunError` is a run that started correctly and had to stop (exit code 1).
+
+Library code names its own parameters in messages, each in backticks: ```num_seqs` 0 must
+be >= 1``, ```resume=True```. Backticks in a message mark parameter names and nothing else;
+the command line shows the same message with each marked name replaced by the flag that sets
+it (``--num-seqs 0 must be >= 1``, ``--resume``; see `resstream.cli.flags`), so only `cli/`
+knows flag names.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+
+#: The longest reason quoted from another library's exception (`short_reason`).
+MAX_REASON_CHARS = 200
 
 
 class ResstreamError(Exception):
@@ -40,3 +49,9 @@ def check_choice(what: str, value: str, allowed: Iterable[str]) -> str:
     if value not in allowed:
         raise UsageError(f"unknown {what} {value!r}{closest(value, allowed)}; allowed: {', '.join(allowed)}")
     return value
+
+
+def short_reason(exc: BaseException) -> str:
+    """Another library's exception as one line of at most `MAX_REASON_CHARS` characters."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."

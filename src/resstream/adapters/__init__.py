@@ -13,7 +13,6 @@ from resstream.adapters.loading import (
     check_model,
     is_causal_config,
     load_model,
-    resolve_device,
 )
 from resstream.adapters.registry import (
     ADAPTERS,
@@ -34,7 +33,6 @@ __all__ = [
     "is_causal_config",
     "load_model",
     "register",
-    "resolve_device",
     "supported_families",
     "view_of",
 ]

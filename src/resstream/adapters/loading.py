@@ -34,7 +34,9 @@ import torch
 
 from resstream.adapters.base import ModelView
 from resstream.adapters.registry import same_tensor, supported_families, view_of
-from resstream.errors import UsageError, check_choice
+from resstream.devices import resolve_device
+from resstream.errors import UsageError, check_choice, short_reason
+from resstream.hub import looks_like_path, offline_reason
 
 DTYPES: dict[str, torch.dtype | None] = {
     "auto": None,
@@ -85,7 +87,7 @@ def load_model(
     `progress=False` silences Hugging Face's weight-loading bar.
     """
     check_choice("dtype", dtype, DTYPES)
-    device = resolve_device(device)
+    device = str(resolve_device(device))
     if device_map is not None:
         check_choice("device_map", device_map, DEVICE_MAPS)
     where, name, source = _locate(spec)
@@ -151,39 +153,12 @@ def _locate(spec: str | os.PathLike[str] | None) -> tuple[str, str, str]:
                 f"resstream run directory"
             )
         return str(path), text, "local"
-    if _looks_like_path(text):
+    if looks_like_path(text):
         raise UsageError(
             f"model path {text!r} does not exist; allowed: an existing model "
             f"directory or a Hugging Face hub name (e.g. 'gpt2')"
         )
     return text, text, "hub"
-
-
-def resolve_device(device: str) -> str:
-    """'auto' -> 'cuda' when available, else 'cpu'; UsageError for an unknown/absent device."""
-    allowed = "auto, cpu, cuda, cuda:N, mps"
-    name = str(device).strip()
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        parsed = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise UsageError(f"unknown device {name!r}; allowed: {allowed}") from None
-    if parsed.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError(
-                f"device {name!r} is not available: no CUDA GPU is visible; allowed here: auto, cpu"
-            )
-        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
-            raise UsageError(
-                f"device {name!r} does not exist: {torch.cuda.device_count()} CUDA device(s) visible"
-            )
-    elif parsed.type == "mps":
-        if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-            raise UsageError(f"device {name!r} is not available on this machine; allowed here: auto, cpu")
-    elif parsed.type != "cpu":
-        raise UsageError(f"unsupported device {name!r}; allowed: {allowed}")
-    return name
 
 
 # --------------------------------------------------------------------------- resstream runs
@@ -236,9 +211,7 @@ def _checked_hf_config(where: str, name: str, source: str, trust_remote_code: bo
     """The config of a supported causal LM, and whether only the local cache may be used."""
     local_only = False
     if source == "hub":
-        from resstream.data.sources import hub_offline_reason
-
-        local_only = hub_offline_reason() is not None
+        local_only = offline_reason() is not None
     config = _load_config(where, name, source, local_only, trust_remote_code)
     family = getattr(config, "model_type", None) or "?"
     families = supported_families()
@@ -375,19 +348,16 @@ def _hf_error(
     local_only: bool,
     what: str,
 ) -> UsageError:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    if "trust_remote_code" in text:
+    short = short_reason(exc)
+    if "trust_remote_code" in str(exc):
         return UsageError(
             f"model {name!r} needs custom code from its repository; allowed only "
-            f"with trust_remote_code=True (--trust-remote-code), if you trust it"
+            f"with `trust_remote_code=True`, if you trust it"
         )
-    short = text if len(text) <= 200 else text[:197] + "..."
     if source == "hub":
         reason = short
         if local_only:
-            from resstream.data.sources import hub_offline_reason
-
-            reason = f"{hub_offline_reason()}; not in the local Hugging Face cache either"
+            reason = f"{offline_reason()}; not in the local Hugging Face cache either"
         return UsageError(
             f"model {name!r} not found: not a local directory, and the Hugging "
             f"Face hub could not provide its {what} ({reason})"
@@ -400,13 +370,8 @@ def _archs(config: Any) -> str:
     return ", ".join(archs) if archs else "none given"
 
 
-def _looks_like_path(spec: str) -> bool:
-    """A spec that can only be a filesystem path (hub names look like `org/name`)."""
-    return spec.startswith((".", "/", "~")) or "\\" in spec or spec.count("/") > 1 or spec.endswith(os.sep)
-
-
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-__all__ = ["DTYPES", "LoadedModel", "check_model", "is_causal_config", "load_model", "resolve_device"]
+__all__ = ["DTYPES", "LoadedModel", "check_model", "is_causal_config", "load_model"]

@@ -33,10 +33,10 @@ def compare(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False,
 ) -> None:
     """Compare baseline, best fixed cut and learned gate; writes compare.md/.csv/.json and run.json."""
+    from resstream.devices import resolve_device
     from resstream.io import run_record, write_json, write_text
     from resstream.reporting.tables import compare_table, saved_benchmarks
     from resstream.training import sweep as sw
-    from resstream.training.loop import resolve_device
 
     names = sw.check_benchmarks(split_names(benchmarks)) if benchmarks is not None else None
     if names is not None and not names:

@@ -20,6 +20,7 @@ from resstream.cli import shift as shift_cmd
 from resstream.cli import simulate as simulate_cmd
 from resstream.cli import sweep as sweep_cmd
 from resstream.cli import train as train_cmd
+from resstream.cli.flags import cli_message
 from resstream.errors import ResstreamError
 
 # typer >= 0.20 ships its own copy of click: catch both families.
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except ResstreamError as exc:
         if debug:
             raise
-        _error(str(exc).splitlines()[0])
+        _error(cli_message(str(exc).splitlines()[0]))
         return exc.exit_code
     if result == 130:  # typer turns Ctrl-C (KeyboardInterrupt) into exit code 130, silently
         _error(_INTERRUPTED)

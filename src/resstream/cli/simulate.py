@@ -8,7 +8,6 @@ from typing import Annotated, Any
 import typer
 
 from resstream.cli.common import check_out_dir, resolved_device
-from resstream.errors import UsageError
 
 
 def simulate(
@@ -63,10 +62,7 @@ def simulate(
         "chunk_size": chunk_size or None,
         "threshold": threshold,
     }
-    try:
-        runs = api.simulate(grid=grid, progress=not quiet, **config)
-    except UsageError as exc:  # name the flag the user typed, not the config field
-        raise UsageError(flag_names(str(exc))) from None
+    runs = api.simulate(grid=grid, progress=not quiet, **config)
     out.mkdir(parents=True, exist_ok=True)
     entries = [simulation_entry(label, result) for label, result in runs]
     write_json(out / "simulate.json", entries[0] if not grid else {"configurations": entries})
@@ -90,28 +86,6 @@ def simulate(
         for line in verdict_lines(result.layers):
             typer.echo(f"  {line}")
     typer.echo(f"wrote simulate.json, simulate.npz, simulate.png and run.json to {out}")
-
-
-#: SimulationConfig field -> the option that sets it.
-FLAGS = {
-    "simulations": "--sims",
-    "residual_scale": "--residual-scale",
-    "chunk_size": "--chunk-size",
-    "layers": "--layers",
-    "tokens": "--tokens",
-    "dim": "--dim",
-    "gamma": "--gamma",
-    "sigma": "--sigma",
-    "seed": "--seed",
-    "device": "--device",
-    "threshold": "--threshold",
-}
-
-
-def flag_names(message: str) -> str:
-    """A config error message with its leading field name replaced by the option's name."""
-    field, _, rest = message.partition(" ")
-    return f"{FLAGS[field]} {rest}" if field in FLAGS and rest else message
 
 
 def simulation_entry(label: str, result: Any) -> dict[str, Any]:

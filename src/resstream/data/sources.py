@@ -47,15 +47,14 @@ import importlib.util
 import json
 import os
 import re
-import socket
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
-from resstream.errors import UsageError, closest
+from resstream import hub
+from resstream.errors import UsageError, closest, short_reason
+from resstream.hub import looks_like_path
 
 NAMED_CORPORA: tuple[str, ...] = (
     "shakespeare",
@@ -449,7 +448,7 @@ def _load_from_hub(name: str, split: str, directory: Path | None) -> tuple[list[
         except UsageError:
             raise
         except Exception as exc:
-            reason = _short_reason(exc)
+            reason = short_reason(exc)
         else:
             return _hub_documents(name, rows), source.describe(split)
     raise UsageError(_not_available_message(name, split, directory, reason))
@@ -481,8 +480,8 @@ def _hub_documents(name: str, rows: list[str]) -> list[str]:
 
 def _hub_rows(source: _HFSource, split: str) -> list[str]:
     """The text rows of a Hugging Face dataset; raises on any failure."""
-    env_offline = _offline_env()
-    unreachable = None if env_offline else _probe_hub(_hub_endpoint())
+    env_offline = hub.offline_env()
+    unreachable = None if env_offline else hub.probe(hub.endpoint())
     if unreachable:
         raise ConnectionError(unreachable)
     import datasets  # optional at run time; imported only for a fallback
@@ -499,43 +498,6 @@ def _hub_rows(source: _HFSource, split: str) -> list[str]:
     return list(dataset[source.field])
 
 
-def _offline_env() -> str | None:
-    """Which environment variable asks for Hugging Face offline mode, as a reason."""
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if os.environ.get(var, "").strip().upper() in {"1", "ON", "YES", "TRUE"}:
-            return f"offline mode is set ({var})"
-    return None
-
-
-def _hub_endpoint() -> str:
-    return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-
-
-def hub_offline_reason() -> str | None:
-    """Why the Hugging Face hub cannot be used now (offline mode set, or the host cannot be
-    reached within seconds), or None when it may be."""
-    return _offline_env() or _probe_hub(_hub_endpoint())
-
-
-@lru_cache(maxsize=4)
-def _probe_hub(endpoint: str) -> str | None:
-    """A quick TCP connection to the hub, so that an offline machine fails in seconds."""
-    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
-        return None  # a proxy decides; let the library try
-    url = urlparse(endpoint)
-    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
-    try:
-        with socket.create_connection((host, port), timeout=5):
-            return None
-    except OSError as exc:
-        return f"{host} is unreachable ({exc.strerror or type(exc).__name__})"
-
-
-def _short_reason(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 200 else text[:197] + "..."
-
-
 # --------------------------------------------------------------------------- files
 
 
@@ -550,7 +512,7 @@ def _existing_file(value: str) -> Path:
     """The file a dataset value names; UsageError (unknown name, missing, directory) otherwise."""
     path = Path(value).expanduser()
     if not path.exists():
-        if _looks_like_path(value):
+        if looks_like_path(value, hub_names=False):
             raise UsageError(f"file {value!r} does not exist")
         raise UsageError(
             f"unknown dataset {value!r}{closest(value.lower(), NAMED_CORPORA)}: not a "
@@ -625,15 +587,6 @@ def _last_cut(text: str) -> int:
             return index + 1
         index = text.rfind("\n", 0, index)
     return 0
-
-
-def _looks_like_path(value: str) -> bool:
-    return (
-        os.sep in value
-        or "/" in value
-        or value.startswith((".", "~"))
-        or Path(value).suffix.lower() in {".txt", ".jsonl", ".json", ".md", ".text"}
-    )
 
 
 def _read_text(path: Path) -> str:

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resstream.data.sources import data_dir as resolve_data_dir
-from resstream.data.sources import hub_offline_reason
-from resstream.errors import UsageError
+from resstream.errors import UsageError, short_reason
+from resstream.hub import looks_like_path, offline_reason
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -62,7 +62,7 @@ def load_tokenizer(
         return _from_directory(path, spec)
     if path.is_file():
         return _from_file(path, spec)
-    if _looks_like_path(spec):
+    if looks_like_path(spec):
         raise UsageError(f"tokenizer {spec!r} not found: no such directory or file")
     return _from_hub(spec)
 
@@ -185,7 +185,7 @@ def _from_directory(path: Path, spec: str) -> PreTrainedTokenizerFast:
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     except Exception as exc:
-        raise UsageError(f"tokenizer directory {spec!r} cannot be loaded: {_short(exc)}") from None
+        raise UsageError(f"tokenizer directory {spec!r} cannot be loaded: {short_reason(exc)}") from None
     return _check_fast(tokenizer, spec)
 
 
@@ -197,7 +197,9 @@ def _from_file(path: Path, spec: str) -> PreTrainedTokenizerFast:
     try:
         backend = Tokenizer.from_file(str(path))
     except Exception as exc:
-        raise UsageError(f"tokenizer file {spec!r} is not a tokenizers JSON file: {_short(exc)}") from None
+        raise UsageError(
+            f"tokenizer file {spec!r} is not a tokenizers JSON file: {short_reason(exc)}"
+        ) from None
     specials = {t.content for t in backend.get_added_tokens_decoder().values() if t.special}
     eos = next((t for t in _EOS_CANDIDATES if t in specials), None)
     return _wrap(backend, eos=eos)
@@ -206,11 +208,11 @@ def _from_file(path: Path, spec: str) -> PreTrainedTokenizerFast:
 def _from_hub(spec: str) -> PreTrainedTokenizerFast:
     from transformers import AutoTokenizer
 
-    offline = hub_offline_reason()
+    offline = offline_reason()
     try:
         tokenizer = AutoTokenizer.from_pretrained(spec, local_files_only=offline is not None)
     except Exception as exc:
-        reason = offline or _short(exc)
+        reason = offline or short_reason(exc)
         if offline:
             reason += "; not in the local Hugging Face cache either"
         raise UsageError(
@@ -229,16 +231,6 @@ def _check_fast(tokenizer: Any, spec: str) -> PreTrainedTokenizerFast:
             f"({type(tokenizer).__name__}); resstream needs one"
         )
     return tokenizer
-
-
-def _looks_like_path(spec: str) -> bool:
-    """A spec that can only be a filesystem path (hub names look like `org/name`)."""
-    return spec.startswith((".", "/", "~")) or spec.endswith(".json") or "\\" in spec
-
-
-def _short(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 200 else text[:197] + "..."
 
 
 __all__ = [

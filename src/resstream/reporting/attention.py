@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from resstream.reporting.plots import new_figure, save_figure
+from resstream.reporting.figures import new_figure, save_figure
 
 Matrix = Sequence[Sequence[float]]
 

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import typer
-from matplotlib.figure import Figure
 
 from resstream.analysis.lens import LensResult, PositionTrajectory
-from resstream.io import atomic_path, write_text
+from resstream.io import write_text
+from resstream.reporting.figures import new_figure, save_figure
 
 INPUT_COLOUR = "#9ecae1"  # blue: decodes to the input token
 NEXT_COLOUR = "#a1d99b"  # green: decodes to the next token
@@ -91,7 +91,7 @@ def write_html(result: LensResult, token_text: TokenText, path: str | Path) -> N
 def plot_lens(result: LensResult, token_text: TokenText, path: str | Path) -> None:
     """The same grid as a PNG (readable for up to a few dozen positions)."""
     n_pos, n_depth = len(result.trajectories), result.num_layers + 1
-    fig = Figure(figsize=(1.0 + 0.9 * n_depth, 0.8 + 0.32 * n_pos))
+    fig = new_figure(1.0 + 0.9 * n_depth, 0.8 + 0.32 * n_pos)
     ax = fig.add_subplot()
     ax.set_xlim(-0.5, n_depth - 0.5)
     ax.set_ylim(n_pos - 0.5, -0.5)
@@ -119,8 +119,7 @@ def plot_lens(result: LensResult, token_text: TokenText, path: str | Path) -> No
     )
     ax.set_title(f"{result.model}: top-1 {result.decoder} decoding (blue = input, green = next)", fontsize=9)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
+    save_figure(fig, path)
 
 
 def _cell(x: int, y: int, colour: str):

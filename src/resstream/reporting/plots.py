@@ -1,9 +1,7 @@
 """Plots of sweep results: validation loss against cut layer, and the learned gate over training.
 
-Figures are built on matplotlib's Agg canvas without pyplot (no GUI backend is touched and
-no figure stays registered anywhere); `save_figure` writes a PNG atomically and then closes
-(clears) the figure. The `*_figure` functions return the figure unsaved, so callers and tests
-can inspect what is drawn.
+The `*_figure` functions return the figure unsaved, so callers and tests can inspect what is
+drawn; the `plot_*` functions save it (`resstream.reporting.figures.save_figure`).
 """
 
 from __future__ import annotations
@@ -14,31 +12,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from resstream.io import atomic_path
+from resstream.reporting.figures import new_figure, save_figure
 from resstream.training.sweep import GateHistory, RunRecord, SweepResult
-
-DPI = 120
-
-
-def new_figure(width: float = 6.4, height: float = 4.2) -> Figure:
-    """A figure attached to an Agg canvas."""
-    fig = Figure(figsize=(width, height), dpi=DPI)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
-    """Write `fig` as PNG to `path` atomically, then close (clear) it; return the path."""
-    path = Path(path)
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format="png", dpi=DPI, bbox_inches="tight")
-    finally:
-        fig.clear()
-    return path
 
 
 def gate_matrix(history: GateHistory) -> np.ndarray:

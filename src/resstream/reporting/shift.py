@@ -16,15 +16,14 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from resstream.io import atomic_path
+from resstream.reporting.figures import new_figure, save_figure
 
 Result = Any  # resstream.analysis.alignment.AlignmentResult (duck-typed: rendering only)
 
 
 def _save(fig: Figure, path: str | Path) -> None:
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
+    save_figure(fig, path)
 
 
 def _band(ax, layers, ci, colour) -> None:
@@ -35,7 +34,7 @@ def _band(ax, layers, ci, colour) -> None:
 
 def plot_match_rates(result: Result, path: str | Path) -> None:
     """in_match and out_match (top-k) against depth, with 95% CI bands and the shift layer."""
-    fig = Figure(figsize=(6.4, 4.0))
+    fig = new_figure(6.4, 4.0)
     ax = fig.add_subplot()
     layers = list(result.layers)
     ax.plot(layers, result.in_match, "o-", color="tab:blue", label=f"input token t_i in top-{result.top_k}")
@@ -59,7 +58,7 @@ def plot_match_rates(result: Result, path: str | Path) -> None:
 
 def plot_similarity(result: Result, path: str | Path) -> None:
     """Cosine with the input embedding and the output unembedding, and the projection."""
-    fig = Figure(figsize=(6.4, 4.0))
+    fig = new_figure(6.4, 4.0)
     ax = fig.add_subplot()
     layers = list(result.layers)
     ax.plot(layers, result.cos_in, "o-", color="tab:blue", label="cos(h, W_E[t_i])")
@@ -82,7 +81,7 @@ def plot_similarity(result: Result, path: str | Path) -> None:
 
 def plot_shift_depths(result: Result, path: str | Path) -> None:
     """Histogram of the first layer at which each position ranks t_i+1 above t_i."""
-    fig = Figure(figsize=(6.4, 3.6))
+    fig = new_figure(6.4, 3.6)
     ax = fig.add_subplot()
     counts = [*result.shift_depths, result.never_shifted]
     labels = [str(layer) for layer in result.layers] + ["never"]
@@ -103,7 +102,7 @@ def plot_shift_depths(result: Result, path: str | Path) -> None:
 
 def plot_comparison(results: Sequence[Result], path: str | Path) -> None:
     """out_match − in_match of several models against relative depth (layer / L)."""
-    fig = Figure(figsize=(6.4, 4.0))
+    fig = new_figure(6.4, 4.0)
     ax = fig.add_subplot()
     for result in results:
         depth = [layer / result.num_layers for layer in result.layers]

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor
 
+from resstream.devices import resolve_device
 from resstream.errors import RunError, UsageError
 from resstream.simulation.batched import (
     lower_triangular_product,
@@ -145,9 +146,9 @@ def attention_maps(
             f"embeddings of shape {tuple(embeddings.shape)} are not allowed; allowed: (batch, tokens, dim)"
         )
     if not residual_weight >= 0:
-        raise UsageError(f"residual_weight {residual_weight!r} is not allowed; allowed: >= 0")
+        raise UsageError(f"`residual_weight` {residual_weight!r} is not allowed; allowed: >= 0")
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-        raise UsageError(f"layers {layers!r} is not allowed; allowed: an integer >= 1")
+        raise UsageError(f"`layers` {layers!r} is not allowed; allowed: an integer >= 1")
     gram = simulations_last(gram_of_embeddings(embeddings, centred=layernorm))
     stack = attention_layers(gram, embeddings.shape[2], layers, layernorm, residual_weight)
     return torch.stack([attention.permute(2, 0, 1).clone() for attention in stack])
@@ -160,7 +161,7 @@ def simulate(config: SimulationConfig, progress: Callable[[int], object] | None 
 
     `progress`, if given, is called after each chunk with the number of simulations it held
     (e.g. a tqdm bar's `update`)."""
-    device = torch.device(config.device)
+    device = resolve_device(config.device)
     n = config.tokens
     accumulators = [MomentAccumulator(feature_width(n), device) for _ in range(config.layers)]
     features = torch.empty(feature_width(n), config.resolved_chunk_size, device=device)

@@ -13,8 +13,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-import torch
-
+from resstream.devices import resolve_device
 from resstream.errors import UsageError, check_choice
 
 __all__ = [
@@ -71,7 +70,7 @@ def padded_to_16(count: int) -> int:
 
 def _require(ok: bool, name: str, value: object, allowed: str) -> None:
     if not ok:
-        raise UsageError(f"{name} {value!r} is not allowed; allowed: {allowed}")
+        raise UsageError(f"`{name}` {value!r} is not allowed; allowed: {allowed}")
 
 
 def _require_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
@@ -87,14 +86,9 @@ def _require_real(name: str, value: object, ok: bool, allowed: str) -> None:
 
 
 def _check_device(device: str) -> None:
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise UsageError(f"device {device!r} is not allowed; allowed: cpu, cuda, cuda:N") from None
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"device {device!r} is not available here; allowed: cpu")
-    if parsed.type not in ("cpu", "cuda"):
-        raise UsageError(f"device {device!r} is not allowed; allowed: cpu, cuda, cuda:N")
+    """`device` must be a CPU or CUDA device present here (the simulation runs nowhere else)."""
+    if resolve_device(device).type not in ("cpu", "cuda"):
+        raise UsageError(f"`device` {device!r} is not allowed; allowed: cpu, cuda, cuda:N")
 
 
 @dataclass(frozen=True)
@@ -171,7 +165,7 @@ class SimulationConfig:
         if need > limit:
             fitting = max(limit // chunk_bytes(self, 1), 0)
             raise UsageError(
-                f"chunk_size {chunk} needs {need / 1e9:.2f} GB of buffers per chunk "
+                f"`chunk_size` {chunk} needs {need / 1e9:.2f} GB of buffers per chunk "
                 f"(tokens {self.tokens}, dim {self.dim}, sampling {self.sampling!r}), more than "
                 f"the memory limit of {limit / 1e9:.2f} GB; allowed: chunk_size <= {fitting}"
             )

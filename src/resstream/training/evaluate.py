@@ -518,8 +518,8 @@ def prepare(
     progress: bool = False,
 ) -> EvalPlan:
     """Validate every input, load the model and all benchmark texts; nothing is scored yet."""
+    from resstream.devices import resolve_device
     from resstream.training.checkpoint import load_run
-    from resstream.training.loop import resolve_device
 
     names = parse_benchmarks(benchmarks)
     check_settings(stride=stride, batch_size=batch_size, max_tokens=max_tokens, data_dir=data_dir)

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from resstream.data import build_token_cache, load_corpus, load_tokenizer, save_tokenizer, train_bpe
 from resstream.data.tokenizer import tokenizer_fingerprint
+from resstream.devices import resolve_device
 from resstream.errors import RunError, UsageError
 from resstream.io import run_record, write_json, write_text
 from resstream.training import checkpoint as ckpt
@@ -75,20 +76,6 @@ def init_distributed(device_kind: str) -> Distributed:
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device_kind == "cuda" else "gloo")
     return info
-
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """`auto` picks this process's CUDA device when there is one, else the CPU."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError("--device cuda was asked for, but no CUDA device is available")
-        return torch.device("cuda", local_rank)
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise UsageError(f"--device {name!r} is not a device (allowed: auto, cpu, cuda, cuda:N)") from None
 
 
 def default_cache_dir(config: TrainConfig) -> Path:
@@ -199,7 +186,7 @@ class Trainer:
         self.checkpoint = self._check_out_dir()
         device_kind = resolve_device(config.run.device).type
         self.dist = init_distributed(device_kind)
-        self.device = resolve_device(config.run.device, self.dist.local_rank)
+        self.device = resolve_device(config.run.device, local_rank=self.dist.local_rank)
         if config.run.threads > 0:
             torch.set_num_threads(config.run.threads)
         check_batch_layout(config, self.dist.world)

@@ -603,7 +603,7 @@ def _evaluate_all(
     progress: bool,
     log: Log | None,
 ) -> None:
-    from resstream.training.loop import resolve_device
+    from resstream.devices import resolve_device
 
     device = str(resolve_device(plan.base.run.device))
     for i, run in enumerate(plan.runs, 1):

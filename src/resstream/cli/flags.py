@@ -1,0 +1,44 @@
+"""The one table from library parameter names to command-line flags.
+
+Library messages mark parameter names with backticks (see `resstream.errors`); `cli_message`
+turns each into the flag that sets it. A parameter `some_name` is the flag `--some-name`
+unless `FLAGS` says otherwise; ```name=True``` becomes the flag itself and ```name=False```
+its ``--no-`` form.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: Parameters whose flag is not `--` + the name with dashes.
+FLAGS: dict[str, str] = {
+    "models": "--model",
+    "out_dir": "--out",
+    "simulations": "--sims",
+}
+
+#: Parameters whose False is a flag of its own.
+NEGATIVE_FLAGS: dict[str, str] = {
+    "learned": "--no-learned",
+    "layernorm": "--no-layernorm",
+    "residual": "--no-residual",
+}
+
+_MARKED = re.compile(r"`([a-z_][a-z0-9_]*)(?:=(True|False))?`")
+
+
+def flag(name: str) -> str:
+    """The flag that sets library parameter `name`."""
+    return FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+def cli_message(message: str) -> str:
+    """A library message with every backticked parameter name replaced by its flag."""
+
+    def replace(match: re.Match[str]) -> str:
+        name, value = match.group(1), match.group(2)
+        if value == "False":
+            return NEGATIVE_FLAGS.get(name, f"{flag(name)}=False")
+        return flag(name)
+
+    return _MARKED.sub(replace, message)

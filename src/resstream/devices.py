@@ -1,0 +1,48 @@
+"""Which torch device a name means: the one resolution every command and library call uses."""
+
+from __future__ import annotations
+
+import torch
+
+from resstream.errors import UsageError
+
+ALLOWED = "auto, cpu, cuda, cuda:N, mps"
+
+
+def resolve_device(name: str | torch.device, *, local_rank: int = 0) -> torch.device:
+    """The device `name` means on this machine; UsageError naming `device` when it is unknown
+    or absent.
+
+    ``auto`` is this process's CUDA device when one is visible, else the CPU; a bare ``cuda``
+    is ``cuda:<local_rank>`` (the GPU of this process under torchrun); ``cuda:N`` must exist;
+    ``mps`` must be available.
+    """
+    text = str(name).strip()
+    if text == "auto":
+        text = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"unknown `device` {text!r}; allowed: {ALLOWED}") from None
+    if device.type == "cuda":
+        return _cuda(device, text, local_rank)
+    if device.type == "mps":
+        if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+            raise UsageError(f"`device` {text!r} is not available on this machine; allowed here: auto, cpu")
+        return device
+    if device.type != "cpu":
+        raise UsageError(f"unsupported `device` {text!r}; allowed: {ALLOWED}")
+    return device
+
+
+def _cuda(device: torch.device, text: str, local_rank: int) -> torch.device:
+    if not torch.cuda.is_available():
+        raise UsageError(
+            f"`device` {text!r} is not available: no CUDA GPU is visible; allowed here: auto, cpu"
+        )
+    index = local_rank if device.index is None else device.index
+    if index >= torch.cuda.device_count():
+        raise UsageError(
+            f"`device` {text!r} does not exist: {torch.cuda.device_count()} CUDA device(s) visible"
+        )
+    return torch.device("cuda", index)

@@ -1,0 +1,83 @@
+"""The one copy of each small shared helper: flags, path detection, devices, reasons."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from resstream.cli.flags import cli_message, flag
+from resstream.devices import resolve_device
+from resstream.errors import UsageError, short_reason
+from resstream.hub import looks_like_path
+
+
+@pytest.mark.parametrize(
+    ("message", "shown"),
+    [
+        ("`num_seqs` 0 must be >= 1", "--num-seqs 0 must be >= 1"),
+        ("`models` 'x' is empty", "--model 'x' is empty"),
+        (
+            "`out_dir` 'runs/a' already holds a run; pass `resume=True`",
+            "--out 'runs/a' already holds a run; pass --resume",
+        ),
+        ("`learned=False` with no `layers`", "--no-learned with no --layers"),
+        ("`simulations` 0 is not allowed", "--sims 0 is not allowed"),
+        # only backticked identifiers are parameters: prose and commands stay as they are
+        (
+            "the model's vocabulary of 10; run `resstream sweep` first",
+            "the model's vocabulary of 10; run `resstream sweep` first",
+        ),
+        ("no parameter here", "no parameter here"),
+    ],
+)
+def test_cli_message_names_flags(message: str, shown: str) -> None:
+    assert cli_message(message) == shown
+
+
+def test_flag_default_rule() -> None:
+    assert flag("top_k") == "--top-k" and flag("seed") == "--seed" and flag("out_dir") == "--out"
+
+
+@pytest.mark.parametrize(
+    ("spec", "hub_names", "is_path"),
+    [
+        ("gpt2", True, False),
+        ("EleutherAI/pythia-160m", True, False),
+        ("Qwen/Qwen2.5-0.5B", True, False),
+        ("./gpt2", True, True),
+        ("/abs/model", True, True),
+        ("~/model", True, True),
+        ("a/b/c", True, True),
+        ("model/", True, True),
+        ("tokenizer.json", True, True),
+        ("corpus.txt", False, True),
+        ("data/corpus", False, True),
+        ("wikitext-2", False, False),
+        ("win\\path", True, True),
+    ],
+)
+def test_looks_like_path(spec: str, hub_names: bool, is_path: bool) -> None:
+    assert looks_like_path(spec, hub_names=hub_names) is is_path
+
+
+def test_resolve_device() -> None:
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device(" auto ").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(UsageError, match=r"unknown `device` 'tpu'; allowed: auto, cpu, cuda, cuda:N, mps"):
+        resolve_device("tpu")
+    with pytest.raises(UsageError, match=r"unknown `device` 'cuda:x'"):
+        resolve_device("cuda:x")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_resolve_device_cuda_uses_the_local_rank() -> None:
+    assert resolve_device("cuda") == torch.device("cuda", 0)
+    with pytest.raises(UsageError, match="does not exist"):
+        resolve_device(f"cuda:{torch.cuda.device_count()}")
+
+
+def test_short_reason_is_one_bounded_line() -> None:
+    assert short_reason(ValueError("a\n  b")) == "a b"
+    assert short_reason(ValueError("")) == "ValueError"
+    long = short_reason(ValueError("x" * 500))
+    assert len(long) == 200 and long.endswith("...")
