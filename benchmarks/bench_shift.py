@@ -61,8 +61,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from resstream.adapters.base import ModelView
-from resstream.adapters.registry import view_of
 from resstream.analysis.alignment import (
     AlignmentAccumulator,
     AlignmentResult,
@@ -70,6 +68,8 @@ from resstream.analysis.alignment import (
     exact_ranks,
 )
 from resstream.capture import residual_states
+from resstream.models.adapters.base import ModelView
+from resstream.models.adapters.registry import view_of
 from resstream.training.loop import PEAK_FLOPS
 
 SHAPE = {

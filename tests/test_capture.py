@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from resstream.adapters import view_of
 from resstream.capture import record, residual_states
 from resstream.errors import UsageError
-from tests.test_adapters import HF_FAMILIES, SEQ, VOCAB, tiny_ids, tiny_model
+from resstream.models.adapters import view_of
+from tests.test_models_adapters import HF_FAMILIES, SEQ, VOCAB, tiny_ids, tiny_model
 
 
 def _hook_counts(view) -> list[tuple[int, int]]:

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from resstream.adapters import view_of
 from resstream.capture import attention_probs, residual_states
 from resstream.errors import UsageError
-from tests.test_adapters import ALL_CASES, SEQ, tiny_ids, tiny_model
+from resstream.models.adapters import view_of
+from tests.test_models_adapters import ALL_CASES, SEQ, tiny_ids, tiny_model
 
 
 @pytest.mark.parametrize("case", ALL_CASES)

@@ -204,7 +204,7 @@ def test_missing_model(tmp_path, capsys):
 def test_unsupported_family(tmp_path, capsys):
     from transformers import OPTConfig
 
-    from resstream.adapters.registry import supported_families
+    from resstream.models.adapters.registry import supported_families
 
     path = tmp_path / "tiny-opt"
     OPTConfig(

@@ -29,7 +29,7 @@ from tests.cli_support import (
     verdict_layers,
 )
 from tests.test_cli_shift import TEXT, write_rows
-from tests.test_loading import SENTENCES, _tiny_gpt2
+from tests.test_models_loading import SENTENCES, _tiny_gpt2
 
 FAST = ["--device", "cpu", "--quiet"]
 

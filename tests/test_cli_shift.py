@@ -24,7 +24,7 @@ from tests.cli_support import (
     interrupt,
 )
 from tests.conftest import shared_data_path
-from tests.test_loading import SENTENCES, _tiny_gpt2
+from tests.test_models_loading import SENTENCES, _tiny_gpt2
 
 #: Keys every per-model entry of shift.json must carry (the issue's schema).
 MODEL_KEYS = {
@@ -413,7 +413,7 @@ def _save_config(path: Path, config) -> Path:
 def test_unsupported_causal_family_lists_the_supported_ones(tmp_path, corpus, capsys):
     from transformers import OPTConfig
 
-    from resstream.adapters.registry import supported_families
+    from resstream.models.adapters.registry import supported_families
 
     opt = _save_config(
         tmp_path / "tiny-opt",

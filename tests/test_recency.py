@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from resstream.adapters import view_of
 from resstream.analysis.recency import RecencyAccumulator, distance_profile
 from resstream.capture import attention_probs
-from tests.test_adapters import tiny_ids, tiny_model
+from resstream.models.adapters import view_of
+from tests.test_models_adapters import tiny_ids, tiny_model
 
 
 def _maps(rows: list[list[list[float]]]) -> torch.Tensor:

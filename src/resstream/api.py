@@ -110,11 +110,11 @@ def lens(
     """Decoding trajectories of `text`: returns (LensResult, tokenizer).
 
     `model`, `dtype`, `device`, `device_map`, `trust_remote_code` and `progress` are those
-    of `resstream.adapters.load_model`.
+    of `resstream.models.adapters.load_model`.
     """
-    from resstream.adapters import load_model
     from resstream.analysis.lens import trajectories
     from resstream.capture import residual_states
+    from resstream.models import load_model
 
     if not text.strip():
         raise UsageError("--text is empty")
@@ -307,7 +307,7 @@ def _each_model(
     sample must fit its vocabulary and context. The generator drops its reference to a model
     before loading the next; the caller should too.
     """
-    from resstream.adapters import check_model, load_model
+    from resstream.models import check_model, load_model
 
     if batch_size < 1:
         raise UsageError(f"--batch-size {batch_size} must be >= 1")

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from resstream.adapters.base import ModelView
 from resstream.capture.hooks import check_input_ids
+from resstream.models.adapters.base import ModelView
 
 
 def attention_probs(view: ModelView, input_ids: Tensor) -> Tensor:

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from resstream.adapters.base import ModelView
 from resstream.errors import UsageError
+from resstream.models.adapters.base import ModelView
 
 
 def first_tensor(value: Any) -> Tensor:

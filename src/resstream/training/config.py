@@ -16,7 +16,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
@@ -31,6 +31,10 @@ PosEmbKind = Literal["learned", "rotary", "none"]
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape of the GPT-2-style decoder and of its residual gate."""
+
+    #: The family key under which the analysis adapters know resstream's GPT (like a Hugging
+    #: Face config's model_type); a class constant, not a field of saved configs.
+    model_type: ClassVar[str] = "resstream"
 
     n_layer: int = 4
     n_head: int = 4

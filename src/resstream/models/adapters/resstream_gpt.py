@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from resstream.adapters.base import BlockView, ModelView
-from resstream.adapters.registry import RESSTREAM_FAMILY, bias_of, linear_W_O, register
+from resstream.models.adapters.base import BlockView, ModelView
+from resstream.models.adapters.registry import bias_of, linear_W_O, register
+
+FAMILY = "resstream"  # the model_type that resstream's ModelConfig declares
 
 
-@register(RESSTREAM_FAMILY)
+@register(FAMILY)
 def resstream_view(model: nn.Module) -> ModelView:
     """The view of a resstream GPT."""
     config = model.config
@@ -72,7 +74,7 @@ def resstream_view(model: nn.Module) -> ModelView:
         return tuple(probs)
 
     return ModelView(
-        family=RESSTREAM_FAMILY,
+        family=FAMILY,
         model=model,
         embed=embed,
         blocks=blocks,

@@ -1,8 +1,9 @@
 """The adapter registry: one entry per model family, keyed by `config.model_type`.
 
 A family module registers its adapter with `@register("model_type")`; `view_of(model)`
-looks the model's family up and returns its `ModelView`. resstream's own `GPT` carries no
-Hugging Face config and is registered as ``"resstream"``.
+looks the model's family up by its `config.model_type` and returns its `ModelView`.
+resstream's own `GPT` declares ``model_type = "resstream"`` on its config like any
+Hugging Face model, so it needs no special case.
 
 Helpers shared by the family modules (weights orientation, tied check, the default forward
 that runs only the transformer trunk) live here too, so each family module stays a short
@@ -17,8 +18,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from resstream.adapters.base import ModelView
 from resstream.errors import UsageError
+from resstream.models.adapters.base import ModelView
 
 Adapter = Callable[[nn.Module], ModelView]
 
@@ -28,7 +29,6 @@ ADAPTERS: dict[str, Adapter] = {}
 #: The modules that hold the built-in adapters (imported on first use).
 BUILTIN_MODULES: tuple[str, ...] = ("resstream_gpt", "gpt2", "neox", "llama", "gemma")
 
-RESSTREAM_FAMILY = "resstream"
 
 _loaded = False
 
@@ -47,7 +47,7 @@ def _load_builtin() -> None:
     global _loaded
     if not _loaded:
         for name in BUILTIN_MODULES:
-            importlib.import_module(f"resstream.adapters.{name}")
+            importlib.import_module(f"resstream.models.adapters.{name}")
         _loaded = True
 
 
@@ -57,17 +57,8 @@ def supported_families() -> list[str]:
     return sorted(ADAPTERS)
 
 
-def is_resstream_gpt(model: object) -> bool:
-    """Whether `model` is resstream's own GPT (recognised without importing `training`)."""
-    return any(
-        cls.__name__ == "GPT" and cls.__module__ == "resstream.training.model" for cls in type(model).__mro__
-    )
-
-
 def family_of(model: nn.Module) -> str | None:
-    """The registry key of `model`: its `config.model_type`, or "resstream" for resstream's GPT."""
-    if is_resstream_gpt(model):
-        return RESSTREAM_FAMILY
+    """The registry key of `model`: its `config.model_type` (None when it declares none)."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     return model_type if isinstance(model_type, str) and model_type else None
 

@@ -7,10 +7,10 @@ from functools import cache
 import pytest
 import torch
 
-from resstream.adapters import ModelView, register, supported_families, view_of
-from resstream.adapters.registry import ADAPTERS
 from resstream.capture import residual_states
 from resstream.errors import UsageError
+from resstream.models.adapters import ModelView, register, supported_families, view_of
+from resstream.models.adapters.registry import ADAPTERS
 
 VOCAB = 128
 SEQ = 12
@@ -288,7 +288,7 @@ def test_register_adds_a_family() -> None:
 
 
 def test_reference_model_view_reproduces_its_logits() -> None:
-    from resstream.adapters import load_model
+    from resstream.models import load_model
 
     loaded = load_model(None, device="cpu")
     view = loaded.view

@@ -32,11 +32,11 @@ from typing import Any
 
 import torch
 
-from resstream.adapters.base import ModelView
-from resstream.adapters.registry import same_tensor, supported_families, view_of
 from resstream.devices import resolve_device
 from resstream.errors import UsageError, check_choice, short_reason
 from resstream.hub import looks_like_path, offline_reason
+from resstream.models.adapters.base import ModelView
+from resstream.models.adapters.registry import same_tensor, supported_families, view_of
 
 DTYPES: dict[str, torch.dtype | None] = {
     "auto": None,

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from resstream.adapters import load_model
 from resstream.assets import reference_model_dir
 from resstream.errors import UsageError
+from resstream.models import load_model
 
 SENTENCES = [
     "the residual stream carries the input token forward",
@@ -206,7 +206,7 @@ def test_check_model_refuses_what_load_model_refuses_without_reading_weights(
 ) -> None:
     from transformers import BertConfig
 
-    from resstream.adapters import check_model
+    from resstream.models import check_model
 
     check_model(None)
     check_model(str(reference_model_dir()))

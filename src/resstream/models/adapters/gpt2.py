@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from resstream.adapters.base import BlockView, ModelView
-from resstream.adapters.registry import (
+from resstream.models.adapters.base import BlockView, ModelView
+from resstream.models.adapters.registry import (
     bias_of,
     conv1d_W_O,
     max_positions_of,

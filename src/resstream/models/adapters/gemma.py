@@ -18,8 +18,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from resstream.adapters.base import BlockView, ModelView
-from resstream.adapters.registry import (
+from resstream.models.adapters.base import BlockView, ModelView
+from resstream.models.adapters.registry import (
     bias_of,
     linear_W_O,
     max_positions_of,

@@ -1,0 +1,24 @@
+"""resstream.models: a model for analysis, from a spec string or an object, seen as a `ModelView`.
+
+`load_model(spec)` (module `loading`) resolves a spec — the built-in reference model, a
+resstream run directory, a local Hugging Face directory or a hub name — into a checked
+`LoadedModel` (view + tokenizer); `as_loaded(...)` wraps a model already in memory the same
+way. The `adapters` subpackage maps each family onto the common `ModelView`.
+"""
+
+from resstream.models.adapters import BlockView, ModelView, family_of, register, supported_families, view_of
+from resstream.models.loading import DTYPES, LoadedModel, check_model, is_causal_config, load_model
+
+__all__ = [
+    "DTYPES",
+    "BlockView",
+    "LoadedModel",
+    "ModelView",
+    "check_model",
+    "family_of",
+    "is_causal_config",
+    "load_model",
+    "register",
+    "supported_families",
+    "view_of",
+]
