@@ -36,8 +36,9 @@ model and inputs, returns freed heap pages to the OS (`malloc_trim`), resets the
 set before the run; median over `--memory-repeats` processes.
 
 Agreement: the per-position top-5 membership of t_i and t_{i+1} at every layer, from resstream's
-exact rank scheme (the accumulator's `RankScreen`), against the fp32 naive version and
-TransformerLens; disagreements are re-checked against fp64 exact ranks (`exact_ranks`).
+exact rank scheme (`resstream.analysis.ranks`, through the accumulator's decoder), against the
+fp32 naive version and TransformerLens; disagreements are re-checked against fp64 exact ranks
+(`exact_ranks`).
 """
 
 from __future__ import annotations
@@ -61,12 +62,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from resstream.analysis.alignment import (
-    AlignmentAccumulator,
-    AlignmentResult,
-    Decoder,
-    exact_ranks,
-)
+from resstream.analysis.alignment import AlignmentAccumulator, AlignmentResult
+from resstream.analysis.decoding import decoder_of
+from resstream.analysis.ranks import exact_ranks
 from resstream.capture import residual_states
 from resstream.models.adapters.base import ModelView
 from resstream.models.adapters.registry import view_of
@@ -161,7 +159,7 @@ def new_accumulator(view: ModelView, low_precision: Any = "auto") -> AlignmentAc
     return AlignmentAccumulator(
         num_layers=view.n_layers,
         top_k=TOP_K,
-        decoder=Decoder.from_view(view, "logit-lens"),
+        decoder=decoder_of(view, "logit-lens"),
         W_E=view.W_E.detach(),
         W_U=view.W_U.detach(),
         low_precision=low_precision,
@@ -356,8 +354,7 @@ def shift_memberships(setup: Setup) -> tuple[Membership, AlignmentAccumulator]:
     with torch.inference_mode():
         states = residual_states(view, ids)
         for h in states:
-            x = accumulator.decoder.inputs(h[:, :-1]).reshape(-1, view.d_model)
-            ranks, _ = accumulator.screen.ranks(x, targets, TOP_K)
+            ranks, _ = accumulator.scorer.ranks(h[:, :-1].reshape(-1, view.d_model), targets, TOP_K)
             hits = (ranks < TOP_K).reshape(*ids[:, :-1].shape, 2)
             ins.append(hits[..., 0])
             outs.append(hits[..., 1])
@@ -397,7 +394,7 @@ def agreement(setup: Setup, outputs: dict[str, Any]) -> None:
     reference, accumulator = shift_memberships(setup)
     n = reference[0].numel()
     layers = reference[0].shape[0]
-    stats = accumulator.screen.stats
+    stats = accumulator.scorer.engine.stats
     print(
         f"\nagreement of top-{TOP_K} membership: {layers} layers x {n // layers} positions x 2 targets "
         f"(t_i, t_i+1) = {2 * n} memberships"

@@ -12,10 +12,10 @@ from resstream.errors import UsageError
 
 
 def test_lens_positions_may_run_to_the_end() -> None:
-    result, _ = resstream.lens("To be, or not to be", positions=slice(3, None))
+    result = resstream.lens("To be, or not to be", positions=slice(3, None))
     assert result.trajectories[0].position == 3
     assert result.trajectories[-1].next_id is None  # the last token of the text
-    with pytest.raises(UsageError, match=r"--positions 4:2 is outside the text's 0:\d+ tokens"):
+    with pytest.raises(UsageError, match=r"`positions` 4:2 is outside the text's 0:\d+ tokens"):
         resstream.lens("To be, or not to be", positions=slice(4, 2))
 
 
@@ -60,12 +60,14 @@ def test_pinned_rows_are_fingerprinted_by_the_file(tmp_path: Path) -> None:
 
 
 def test_models_sharing_a_tokenizer_share_one_sample(monkeypatch: pytest.MonkeyPatch) -> None:
-    from resstream import api
+    from resstream.api import inputs
     from resstream.assets import reference_model_dir
 
     calls = []
-    real = api._sample
-    monkeypatch.setattr(api, "_sample", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    real = inputs.sample_corpus
+    monkeypatch.setattr(
+        inputs, "sample_corpus", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs)
+    )
     report = resstream.shift([None, str(reference_model_dir())], num_seqs=2, seq_len=16, progress=False)
     assert len(calls) == 1
     assert report.results[0].in_match == report.results[1].in_match

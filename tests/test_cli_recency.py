@@ -10,6 +10,7 @@ allowed, exit code 2, nothing written to --out; Ctrl-C is exit code 130.
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import time
@@ -434,9 +435,8 @@ def test_bad_input_into_an_existing_empty_out_dir_writes_nothing(tmp_path, corpu
 
 
 def test_ctrl_c_during_the_forward_pass_writes_nothing(tmp_path, corpus, capsys, monkeypatch):
-    import resstream.capture
 
-    monkeypatch.setattr(resstream.capture, "attention_probs", interrupt)
+    monkeypatch.setattr(importlib.import_module("resstream.api.recency"), "attention_probs", interrupt)
     out = tmp_path / "out"
     check_interrupted(run_recency(out, "--dataset", str(corpus), "--num-seqs", "2", "--seq-len", "8"), capsys)
     assert_nothing_written(out)

@@ -9,6 +9,7 @@ only complete files. A `.jsonl` of `input_ids` rows is used exactly as given.
 from __future__ import annotations
 
 import csv
+import importlib
 import json
 import math
 from pathlib import Path
@@ -593,9 +594,8 @@ def test_bad_input_into_an_existing_empty_out_dir_writes_nothing(tmp_path, corpu
 
 
 def test_ctrl_c_during_the_forward_pass_writes_nothing(tmp_path, corpus, capsys, monkeypatch):
-    import resstream.capture
 
-    monkeypatch.setattr(resstream.capture, "residual_states", interrupt)
+    monkeypatch.setattr(importlib.import_module("resstream.api.shift"), "residual_states", interrupt)
     out = tmp_path / "out"
     code = run_shift(out, "--dataset", str(corpus), "--num-seqs", "2", "--seq-len", "16")
     check_interrupted(code, capsys)
@@ -603,9 +603,8 @@ def test_ctrl_c_during_the_forward_pass_writes_nothing(tmp_path, corpus, capsys,
 
 
 def test_ctrl_c_says_it_was_interrupted(tmp_path, corpus, capsys, monkeypatch):
-    import resstream.capture
 
-    monkeypatch.setattr(resstream.capture, "residual_states", interrupt)
+    monkeypatch.setattr(importlib.import_module("resstream.api.shift"), "residual_states", interrupt)
     code = run_shift(tmp_path / "out", "--dataset", str(corpus), "--num-seqs", "2", "--seq-len", "16")
     err = capsys.readouterr().err.strip()
     assert code == 130

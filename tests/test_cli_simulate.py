@@ -10,6 +10,7 @@ written to --out; Ctrl-C is exit code 130 and leaves nothing half-written.
 
 from __future__ import annotations
 
+import importlib
 import math
 import re
 from pathlib import Path
@@ -297,12 +298,11 @@ def test_unavailable_cuda_device(tmp_path, capsys):
 
 
 def test_bad_value_in_a_grid_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
-    import resstream.simulation
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("a simulation ran although a configuration was bad")
 
-    monkeypatch.setattr(resstream.simulation, "simulate", must_not_run)
+    monkeypatch.setattr(importlib.import_module("resstream.api.simulate"), "run_simulation", must_not_run)
     _bad(tmp_path, capsys, ["--grid", "--gamma", "1.0"], "gamma 1.0", "0 <= gamma < 1")
 
 
@@ -340,18 +340,16 @@ def test_bad_input_into_an_existing_empty_out_dir_writes_nothing(tmp_path, capsy
 
 
 def test_ctrl_c_during_the_simulation_writes_nothing(tmp_path, capsys, monkeypatch):
-    import resstream.simulation
 
-    monkeypatch.setattr(resstream.simulation, "simulate", interrupt)
+    monkeypatch.setattr(importlib.import_module("resstream.api.simulate"), "run_simulation", interrupt)
     out = tmp_path / "out"
     check_interrupted(run_simulate(out), capsys)
     assert_nothing_written(out)
 
 
 def test_ctrl_c_in_the_last_grid_configuration_writes_nothing(tmp_path, capsys, monkeypatch):
-    import resstream.simulation
 
-    real = resstream.simulation.simulate
+    real = importlib.import_module("resstream.api.simulate").run_simulation
     calls = []
 
     def simulate(config, progress=None):
@@ -360,7 +358,7 @@ def test_ctrl_c_in_the_last_grid_configuration_writes_nothing(tmp_path, capsys, 
             raise KeyboardInterrupt
         return real(config, progress=progress)
 
-    monkeypatch.setattr(resstream.simulation, "simulate", simulate)
+    monkeypatch.setattr(importlib.import_module("resstream.api.simulate"), "run_simulation", simulate)
     out = tmp_path / "out"
     check_interrupted(run_simulate(out, "--grid"), capsys)
     assert len(calls) == 4

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from resstream.analysis.decoding import Decoder
 from resstream.analysis.lens import LayerRange, merge_ranges, trajectories
 
 
@@ -14,8 +15,9 @@ def test_merge_ranges():
     assert LayerRange(0, 6, 1).label == "0–6" and LayerRange(4, 4, 1).label == "4"
 
 
-def identity_decoder(x):
-    return x  # d = vocab: the state itself is the score vector
+def identity(vocab: int = 4):
+    """d = vocab and W_E = I: the state itself is the score vector."""
+    return Decoder("embedding", torch.eye(vocab)).exact()
 
 
 def test_trajectories_by_hand():
@@ -29,7 +31,7 @@ def test_trajectories_by_hand():
         ]
     )
     tokens = torch.tensor([0, 2, 3])
-    result = trajectories(states, tokens, identity_decoder, top_k=2)
+    result = trajectories(states, tokens, identity(), top_k=2)
     first, second, last = result.trajectories
     assert result.num_layers == 2
     assert first.top1 == (0, 2, 2) and first.input_id == 0 and first.next_id == 2
@@ -38,7 +40,7 @@ def test_trajectories_by_hand():
     assert first.first_layer_of(first.next_id) == 1
     assert second.top1 == (2, 2, 3) and second.first_layer_of(second.next_id) == 2
     assert last.next_id is None and last.first_layer_of(None) is None
-    data = result.to_dict(token_text=lambda t: f"<{t}>")
+    data = result.to_dict()  # no token_text given: ids in brackets
     assert data["positions"][0]["ranges"][1] == {
         "layers": "1–2",
         "token_id": 2,
@@ -51,11 +53,11 @@ def test_trajectories_by_hand():
 def test_position_range_and_bad_input():
     states = torch.randn(3, 5, 4)
     tokens = torch.tensor([0, 1, 2, 3, 0])
-    result = trajectories(states, tokens, identity_decoder, positions=range(2, 4))
+    result = trajectories(states, tokens, identity(), positions=range(2, 4))
     assert [t.position for t in result.trajectories] == [2, 3]
     with pytest.raises(ValueError, match="outside the text"):
-        trajectories(states, tokens, identity_decoder, positions=range(3, 9))
+        trajectories(states, tokens, identity(), positions=range(3, 9))
     with pytest.raises(ValueError, match="top_k 9"):
-        trajectories(states, tokens, identity_decoder, top_k=9)
+        trajectories(states, tokens, identity(), top_k=9)
     with pytest.raises(ValueError, match="must be"):
-        trajectories(states[:, :4], tokens, identity_decoder)
+        trajectories(states[:, :4], tokens, identity())

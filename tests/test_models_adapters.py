@@ -7,6 +7,7 @@ from functools import cache
 import pytest
 import torch
 
+from resstream.analysis.decoding import decoder_of
 from resstream.capture import residual_states
 from resstream.errors import UsageError
 from resstream.models.adapters import ModelView, register, supported_families, view_of
@@ -155,13 +156,13 @@ def test_embed_is_exactly_the_input_of_block_0(case: str) -> None:
 
 
 @pytest.mark.parametrize("case", ALL_CASES)
-def test_unembed_of_last_state_reproduces_the_logits(case: str) -> None:
+def test_decoding_the_last_state_reproduces_the_logits(case: str) -> None:
     model = tiny_model(case)
     view = view_of(model)
     ids = tiny_ids()
     states = residual_states(view, ids)
     with torch.no_grad():
-        ours = view.unembed(states[-1])
+        ours = decoder_of(view).logits(states[-1])
     theirs = model_logits(model, ids)
     assert ours.shape == theirs.shape == (2, SEQ, VOCAB)
     rel = (ours - theirs).abs().max() / theirs.abs().max()
@@ -300,5 +301,5 @@ def test_reference_model_view_reproduces_its_logits() -> None:
     assert torch.equal(view.embed(ids), states[0])
     with torch.no_grad():
         theirs = view.model(ids)[0]
-        ours = view.unembed(states[-1])
+        ours = decoder_of(view).logits(states[-1])
     assert ((ours - theirs).abs().max() / theirs.abs().max()) <= 1e-5

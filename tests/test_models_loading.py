@@ -235,18 +235,6 @@ def test_check_model_refuses_what_load_model_refuses_without_reading_weights(
             check_model(str(spec))
 
 
-def test_decoding_note_says_whether_the_unembedding_is_tied(gpt2_dir) -> None:
-    from resstream.api import decoding_note
-
-    tied = load_model(str(gpt2_dir[0])).view
-    assert decoding_note(tied, "logit-lens") == "final norm, then W_U = W_E (tied)"
-    assert decoding_note(tied, "embedding").startswith("W_E · h")
-    untied = type("View", (), {"tied": False, "b_U": torch.zeros(3), "logit_softcap": 30.0})()
-    note = decoding_note(untied, "logit-lens")
-    assert note.startswith("final norm, then the model's own unembedding W_U (untied from W_E) + b_U")
-    assert "soft-capping ignored" in note
-
-
 def test_reference_is_the_built_in_models_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     loaded = load_model("reference")

@@ -1,11 +1,22 @@
-"""resstream: the residual stream of causal Transformer language models."""
+"""resstream: the residual stream of causal Transformer language models.
+
+`resstream.shift`, `.lens`, `.recency` and `.simulate` are the Python API (`resstream.api`),
+imported on first use (torch is heavy).
+"""
+
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:
+    from resstream.api import lens, recency, shift, simulate
+
+__all__ = ["lens", "recency", "shift", "simulate"]
+
 
 def __getattr__(name: str):
-    """`resstream.shift`, `.lens`, `.simulate` and `.recency`, imported on first use (torch is heavy)."""
-    if name in ("shift", "lens", "simulate", "recency"):
+    """The API functions, imported on first use."""
+    if name in __all__:
         from resstream import api
 
         return getattr(api, name)

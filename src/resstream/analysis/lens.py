@@ -1,19 +1,25 @@
 """Decoding trajectories: what each layer's residual state decodes to, position by position.
 
-For every scored position i and every depth l = 0..L, the top-k token ids of
-`decode(h_l(i))` (the logit lens: W_U · final_norm(h) + b, or the embedding decoder W_E · h).
-Consecutive layers whose top-1 decoding is the same token are merged into ranges, e.g.
-"0–6: ' the'", "7–11: ' cat'". A cell is marked when it equals the input token t_i or the
-next token t_{i+1}.
+For every scored position i and every depth l = 0..L, the top-k token ids of the decoder's
+scores of h_l(i) (`resstream.analysis.decoding`: the logit lens or the embedding decoder),
+exact and ordered by score with ties broken by the lower id, and the exact ranks of the input
+token t_i and of the next token t_{i+1} — the ranks `shift` counts, so a rank below k here is
+a top-k hit there. Consecutive layers whose top-1 decoding is the same token are merged into
+ranges, e.g. "0–6: ' the'", "7–11: ' cat'". A range is marked when its token is the input
+token t_i or the next token t_{i+1}.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
 import torch
 from torch import Tensor
+
+from resstream.analysis.decoding import ExactScorer
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,8 @@ class PositionTrajectory:
     input_id: int
     next_id: int | None  # None at the last position of the text
     top_ids: tuple[tuple[int, ...], ...]  # [layer][rank], rank 0 = top-1
+    input_ranks: tuple[int, ...] = ()  # [layer]: entries scoring strictly above t_i
+    next_ranks: tuple[int, ...] | None = None  # [layer]: the same for t_{i+1}; None at the end
 
     @property
     def top1(self) -> tuple[int, ...]:
@@ -55,7 +63,8 @@ class PositionTrajectory:
 
 @dataclass(frozen=True)
 class LensResult:
-    """Decoding trajectories of a text (or a position range of it)."""
+    """Decoding trajectories of a text (or a position range of it), with the text of every
+    token they mention, so the result renders itself (`token_text`)."""
 
     model: str
     decoder: str
@@ -63,12 +72,17 @@ class LensResult:
     num_layers: int
     trajectories: tuple[PositionTrajectory, ...]
     decoding: str = ""  # what the decoder applies, in words
+    texts: Mapping[int, str] = field(default_factory=lambda: MappingProxyType({}))
 
-    def to_dict(self, token_text: Callable[[int], str] | None = None) -> dict:
-        """Plain data for lens.json; `token_text` adds the decoded strings."""
+    def token_text(self, token_id: int) -> str:
+        """The decoded text of a token the result mentions (its id in brackets if unknown)."""
+        return self.texts.get(token_id, f"<{token_id}>")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for lens.json, with the decoded strings."""
 
         def text(tok: int | None) -> str | None:
-            return None if tok is None or token_text is None else token_text(tok)
+            return None if tok is None else self.token_text(tok)
 
         return {
             "model": self.model,
@@ -84,6 +98,8 @@ class LensResult:
                     "next_id": t.next_id,
                     "next": text(t.next_id),
                     "top_ids": [list(ids) for ids in t.top_ids],
+                    "input_ranks": list(t.input_ranks),
+                    "next_ranks": None if t.next_ranks is None else list(t.next_ranks),
                     "ranges": [
                         {
                             "layers": r.label,
@@ -114,17 +130,18 @@ def merge_ranges(top1: Sequence[int]) -> tuple[LayerRange, ...]:
 def trajectories(
     states: Tensor,
     token_ids: Tensor,
-    decode: Callable[[Tensor], Tensor],
+    scorer: ExactScorer,
     *,
     top_k: int = 1,
     positions: range | None = None,
     model: str = "model",
-    decoder: str = "logit-lens",
+    token_text: Callable[[int], str] | None = None,
 ) -> LensResult:
-    """Top-k decodings of every layer's state at each position of one text.
+    """Exact top-k decodings and input/next-token ranks of every layer at each position.
 
-    states: (L+1, T, d) residual states of one sequence; token_ids: (T,);
-    decode: maps (n, d) states to (n, vocab) scores (fp32 recommended).
+    states: (L+1, T, d) residual states of one sequence; token_ids: (T,); `scorer` the exact
+    evaluation of the decoder (`Decoder.exact()`); `token_text` decodes one token id (the
+    result keeps the text of every token it mentions).
     """
     if states.dim() != 3 or states.shape[1] != token_ids.shape[0]:
         raise ValueError(
@@ -134,21 +151,53 @@ def trajectories(
     chosen = positions if positions is not None else range(length)
     if len(chosen) == 0 or chosen.start < 0 or chosen.stop > length:
         raise ValueError(f"positions {chosen.start}:{chosen.stop} are outside the text's 0:{length}")
+    vocab = scorer.decoder.vocab_size
+    if not 1 <= top_k <= vocab:
+        raise ValueError(f"top_k {top_k} is outside [1, {vocab}]")
+    ids = token_ids.tolist()
+    depth = states.shape[0]
     index = torch.tensor(list(chosen), dtype=torch.long)
     with torch.inference_mode():
-        picked = states[:, index]  # (L+1, P, d)
-        scores = decode(picked.reshape(-1, picked.shape[-1]))
-        if not 1 <= top_k <= scores.shape[-1]:
-            raise ValueError(f"top_k {top_k} is outside [1, {scores.shape[-1]}]")
-        top = scores.topk(top_k, dim=-1).indices.reshape(picked.shape[0], picked.shape[1], top_k)
-    ids = token_ids.tolist()
+        picked = states[:, index].reshape(-1, states.shape[-1])  # (L+1)·P rows, layer-major
+        top, _ = scorer.top_k(picked, top_k)
+        ranks = _target_ranks(scorer, picked, ids, chosen, depth)
+    top = top.reshape(depth, len(chosen), top_k).cpu()
     result = tuple(
         PositionTrajectory(
             position=pos,
             input_id=ids[pos],
             next_id=ids[pos + 1] if pos + 1 < length else None,
-            top_ids=tuple(tuple(top[layer, j].tolist()) for layer in range(top.shape[0])),
+            top_ids=tuple(tuple(top[layer, j].tolist()) for layer in range(depth)),
+            input_ranks=tuple(ranks[:, j, 0].tolist()),
+            next_ranks=tuple(ranks[:, j, 1].tolist()) if pos + 1 < length else None,
         )
         for j, pos in enumerate(chosen)
     )
-    return LensResult(model, decoder, top_k, states.shape[0] - 1, result)
+    texts = _texts(result, token_text)
+    decoder = scorer.decoder
+    return LensResult(model, decoder.kind, top_k, depth - 1, result, decoder.description, texts)
+
+
+def _target_ranks(scorer: ExactScorer, picked: Tensor, ids: list[int], chosen: range, depth: int) -> Tensor:
+    """Exact ranks (L+1, P, 2) of the input and the next token of each chosen position (the
+    last position of the text has no next token: its input token stands in, and is ignored)."""
+    pairs = [(ids[p], ids[p + 1] if p + 1 < len(ids) else ids[p]) for p in chosen]
+    targets = torch.tensor(pairs, dtype=torch.long).repeat(depth, 1)
+    ranks, _ = scorer.ranks(picked, targets)
+    return ranks.reshape(depth, len(chosen), 2).cpu()
+
+
+def _texts(
+    trajectories: Sequence[PositionTrajectory], token_text: Callable[[int], str] | None
+) -> Mapping[int, str]:
+    """The text of every token id the trajectories mention (empty without a decoder)."""
+    if token_text is None:
+        return MappingProxyType({})
+    mentioned = set()
+    for t in trajectories:
+        mentioned.add(t.input_id)
+        if t.next_id is not None:
+            mentioned.add(t.next_id)
+        for ids in t.top_ids:
+            mentioned.update(ids)
+    return MappingProxyType({tok: token_text(tok) for tok in sorted(mentioned)})

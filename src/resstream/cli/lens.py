@@ -82,7 +82,7 @@ def lens(
 
     check_out_dir(out)
     content = read_text(text, text_file)
-    result, tokenizer = api.lens(
+    result = api.lens(
         content,
         model=model,
         positions=parse_positions(positions),
@@ -95,13 +95,10 @@ def lens(
         progress=not quiet,
     )
 
-    def token_text(token_id: int) -> str:
-        return tokenizer.decode([token_id])
-
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "lens.json", result.to_dict(token_text))
-    write_html(result, token_text, out / "lens.html")
-    plot_lens(result, token_text, out / "lens.png")
+    write_json(out / "lens.json", result.to_dict())
+    write_html(result, out / "lens.html")
+    plot_lens(result, out / "lens.png")
     settings = {
         "command": "lens",
         "model": model,
@@ -116,7 +113,7 @@ def lens(
         out / "run.json",
         run_record(settings, seed=None, device=resolved_device(device, device_map), dataset_fingerprint=None),
     )
-    for line in terminal_lines(result, token_text, colour=not no_colour):
+    for line in terminal_lines(result, colour=not no_colour):
         typer.echo(line)
     typer.echo(f"wrote lens.json, lens.html, lens.png and run.json to {out}")
 

@@ -7,16 +7,30 @@ way. The `adapters` subpackage maps each family onto the common `ModelView`.
 """
 
 from resstream.models.adapters import BlockView, ModelView, family_of, register, supported_families, view_of
-from resstream.models.loading import DTYPES, LoadedModel, check_model, is_causal_config, load_model
+from resstream.models.loading import (
+    DTYPES,
+    LoadedModel,
+    ModelLike,
+    ModelSpec,
+    as_loaded,
+    check_model,
+    is_causal_config,
+    is_spec,
+    load_model,
+)
 
 __all__ = [
     "DTYPES",
     "BlockView",
     "LoadedModel",
+    "ModelLike",
+    "ModelSpec",
     "ModelView",
+    "as_loaded",
     "check_model",
     "family_of",
     "is_causal_config",
+    "is_spec",
     "load_model",
     "register",
     "supported_families",

@@ -1,5 +1,8 @@
 """Loading a model for analysis: `load_model(spec)` -> `LoadedModel` (view + tokenizer).
 
+A model already in memory (a Hugging Face `PreTrainedModel`, resstream's `GPT`, or a
+`ModelView`) becomes a `LoadedModel` with `as_loaded(model, tokenizer)`.
+
 `spec` is resolved in this order:
 
 * ``None`` or ``"reference"``: the built-in reference model shipped with resstream (offline,
@@ -28,15 +31,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from resstream.devices import resolve_device
 from resstream.errors import UsageError, check_choice, short_reason
 from resstream.hub import looks_like_path, offline_reason
 from resstream.models.adapters.base import ModelView
 from resstream.models.adapters.registry import same_tensor, supported_families, view_of
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 DTYPES: dict[str, torch.dtype | None] = {
     "auto": None,
@@ -57,24 +64,76 @@ class LoadedModel:
     """A model ready for analysis: its view, tokenizer, a display name and where it came from.
 
     `source` is "reference" (the built-in model), "resstream" (a resstream run directory),
-    "local" (a Hugging Face directory) or "hub" (a Hugging Face hub name).
+    "local" (a Hugging Face directory), "hub" (a Hugging Face hub name) or "memory" (a model
+    object handed to `as_loaded`).
     """
 
     view: ModelView
-    tokenizer: Any  # transformers.PreTrainedTokenizerFast
+    tokenizer: PreTrainedTokenizerBase
     name: str
     source: str
     dtype: str = "float32"
     device: str = "cpu"
 
     @property
-    def model(self) -> torch.nn.Module:
-        """The underlying model (eval mode)."""
+    def model(self) -> nn.Module:
+        """The underlying model."""
         return self.view.model
 
 
+#: What an analysis accepts as a model: a spec string (or path, or None for the reference
+#: model) to load, or a model already in memory (with its tokenizer, see `as_loaded`).
+ModelSpec = str | os.PathLike[str] | None
+ModelLike = ModelSpec | nn.Module | ModelView | LoadedModel
+
+
+def is_spec(model: ModelLike) -> bool:
+    """Whether `model` names a model to load rather than being one."""
+    return model is None or isinstance(model, (str, os.PathLike))
+
+
+def as_loaded(
+    model: nn.Module | ModelView | LoadedModel,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    *,
+    name: str | None = None,
+) -> LoadedModel:
+    """A model already in memory, ready for analysis like a loaded one.
+
+    `model` is a Hugging Face causal LM (`PreTrainedModel`), resstream's `GPT`, any model
+    of a supported family, or its `ModelView`; `tokenizer` the tokenizer it reads (required,
+    since a model object does not carry one). A `LoadedModel` is returned as it is. `name`
+    labels results (default: the model's `name_or_path`, else its class name). The model is
+    used where it is, on its device, in its dtype.
+    """
+    if isinstance(model, LoadedModel):
+        return model
+    if not isinstance(model, (nn.Module, ModelView)):
+        raise UsageError(
+            f"`models` holds a {type(model).__name__}; allowed: a model spec (run directory, "
+            f"Hugging Face directory or hub name, 'reference'), a loaded model or its ModelView"
+        )
+    view = model if isinstance(model, ModelView) else view_of(model)
+    if tokenizer is None:
+        raise UsageError(
+            f"a model passed as an object ({type(view.model).__name__}) needs its `tokenizer`; "
+            f"pass tokenizer=..., or load it by spec"
+        )
+    label = (
+        name or getattr(getattr(view.model, "config", None), "name_or_path", "") or type(view.model).__name__
+    )
+    return LoadedModel(
+        view=view,
+        tokenizer=tokenizer,
+        name=str(label),
+        source="memory",
+        dtype=_dtype_name(view.W_U.dtype),
+        device=str(view.W_E.device),
+    )
+
+
 def load_model(
-    spec: str | os.PathLike[str] | None,
+    spec: ModelSpec,
     *,
     dtype: str = "auto",
     device: str = "auto",
@@ -112,7 +171,7 @@ def _hf_progress_bars(enabled: bool) -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def check_model(spec: str | os.PathLike[str] | None, *, trust_remote_code: bool = False) -> None:
+def check_model(spec: ModelSpec, *, trust_remote_code: bool = False) -> None:
     """Every refusal `load_model` would make before reading weights, without reading them.
 
     Lets a command that analyses several models reject a bad one before working on the
@@ -125,7 +184,7 @@ def check_model(spec: str | os.PathLike[str] | None, *, trust_remote_code: bool 
             _check_tokenizer_files(where, name)
 
 
-def _locate(spec: str | os.PathLike[str] | None) -> tuple[str, str, str]:
+def _locate(spec: ModelSpec) -> tuple[str, str, str]:
     """(where to load from, display name, source) of a model spec; UsageError if impossible."""
     text = None if spec is None else str(spec).strip()
     if text is None or (text == REFERENCE_NAME and not Path(text).exists()):
@@ -374,4 +433,14 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-__all__ = ["DTYPES", "LoadedModel", "check_model", "is_causal_config", "load_model"]
+__all__ = [
+    "DTYPES",
+    "LoadedModel",
+    "ModelLike",
+    "ModelSpec",
+    "as_loaded",
+    "check_model",
+    "is_causal_config",
+    "is_spec",
+    "load_model",
+]

@@ -7,7 +7,6 @@ t_{i+1} are green; everything else is plain. Nothing here computes model outputs
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -18,7 +17,6 @@ from resstream.reporting.figures import new_figure, save_figure
 
 INPUT_COLOUR = "#9ecae1"  # blue: decodes to the input token
 NEXT_COLOUR = "#a1d99b"  # green: decodes to the next token
-TokenText = Callable[[int], str]
 
 
 def _kind(trajectory: PositionTrajectory, token_id: int) -> str | None:
@@ -36,7 +34,7 @@ def _show(text: str) -> str:
     return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
-def terminal_lines(result: LensResult, token_text: TokenText, *, colour: bool = True) -> list[str]:
+def terminal_lines(result: LensResult, *, colour: bool = True) -> list[str]:
     """One line per position: input → next, then the merged layer ranges."""
     how = f" ({result.decoding})" if result.decoding else ""
     lines = [
@@ -44,11 +42,11 @@ def terminal_lines(result: LensResult, token_text: TokenText, *, colour: bool = 
         f"{'blue' if colour else '[input]'} = input token, {'green' if colour else '[next]'} = next token"
     ]
     for t in result.trajectories:
-        head = f"{t.position:>4} {_show(token_text(t.input_id))!r:>14} → "
-        head += f"{_show(token_text(t.next_id))!r:<14}" if t.next_id is not None else f"{'':<14}"
+        head = f"{t.position:>4} {_show(result.token_text(t.input_id))!r:>14} → "
+        head += f"{_show(result.token_text(t.next_id))!r:<14}" if t.next_id is not None else f"{'':<14}"
         cells = []
         for r in t.ranges():
-            cell = f"{r.label}: {_show(token_text(r.token_id))}"
+            cell = f"{r.label}: {_show(result.token_text(r.token_id))}"
             kind = _kind(t, r.token_id)
             if colour and kind is not None:
                 cell = typer.style(cell, fg="green" if kind == "next" else "blue", bold=True)
@@ -59,7 +57,7 @@ def terminal_lines(result: LensResult, token_text: TokenText, *, colour: bool = 
     return lines
 
 
-def write_html(result: LensResult, token_text: TokenText, path: str | Path) -> None:
+def write_html(result: LensResult, path: str | Path) -> None:
     """A table: rows = positions, columns = layers, cells = top-1 decoding, coloured."""
     head = "".join(f"<th>{layer}</th>" for layer in range(result.num_layers + 1))
     rows = []
@@ -69,10 +67,10 @@ def write_html(result: LensResult, token_text: TokenText, path: str | Path) -> N
             kind = _kind(t, tok)
             style = {"input": INPUT_COLOUR, "next": NEXT_COLOUR}.get(kind or "", "")
             attr = f' style="background:{style}"' if style else ""
-            cells.append(f"<td{attr}>{html.escape(_show(token_text(tok)))}</td>")
-        nxt = html.escape(_show(token_text(t.next_id))) if t.next_id is not None else ""
+            cells.append(f"<td{attr}>{html.escape(_show(result.token_text(tok)))}</td>")
+        nxt = html.escape(_show(result.token_text(t.next_id))) if t.next_id is not None else ""
         rows.append(
-            f"<tr><th>{t.position}</th><th>{html.escape(_show(token_text(t.input_id)))}</th>"
+            f"<tr><th>{t.position}</th><th>{html.escape(_show(result.token_text(t.input_id)))}</th>"
             f"<th>{nxt}</th>{''.join(cells)}</tr>"
         )
     page = (
@@ -88,7 +86,7 @@ def write_html(result: LensResult, token_text: TokenText, path: str | Path) -> N
     write_text(path, page)
 
 
-def plot_lens(result: LensResult, token_text: TokenText, path: str | Path) -> None:
+def plot_lens(result: LensResult, path: str | Path) -> None:
     """The same grid as a PNG (readable for up to a few dozen positions)."""
     n_pos, n_depth = len(result.trajectories), result.num_layers + 1
     fig = new_figure(1.0 + 0.9 * n_depth, 0.8 + 0.32 * n_pos)
@@ -103,7 +101,7 @@ def plot_lens(result: LensResult, token_text: TokenText, path: str | Path) -> No
             ax.text(
                 layer,
                 row,
-                _show(token_text(tok))[:10],
+                _show(result.token_text(tok))[:10],
                 ha="center",
                 va="center",
                 fontsize=7,
@@ -113,7 +111,7 @@ def plot_lens(result: LensResult, token_text: TokenText, path: str | Path) -> No
     ax.set_xlabel("layer (0 = embedding)")
     ax.set_yticks(range(n_pos))
     ax.set_yticklabels(
-        [f"{t.position} {_show(token_text(t.input_id))[:10]}" for t in result.trajectories],
+        [f"{t.position} {_show(result.token_text(t.input_id))[:10]}" for t in result.trajectories],
         fontsize=7,
         family="monospace",
     )

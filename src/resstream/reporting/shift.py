@@ -12,13 +12,11 @@ import csv
 import io
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from matplotlib.figure import Figure
 
+from resstream.analysis.alignment import AlignmentResult
 from resstream.reporting.figures import new_figure, save_figure
-
-Result = Any  # resstream.analysis.alignment.AlignmentResult (duck-typed: rendering only)
 
 
 def _save(fig: Figure, path: str | Path) -> None:
@@ -32,7 +30,7 @@ def _band(ax, layers, ci, colour) -> None:
     ax.fill_between(layers, low, high, color=colour, alpha=0.2, linewidth=0)
 
 
-def plot_match_rates(result: Result, path: str | Path) -> None:
+def plot_match_rates(result: AlignmentResult, path: str | Path) -> None:
     """in_match and out_match (top-k) against depth, with 95% CI bands and the shift layer."""
     fig = new_figure(6.4, 4.0)
     ax = fig.add_subplot()
@@ -56,7 +54,7 @@ def plot_match_rates(result: Result, path: str | Path) -> None:
     _save(fig, path)
 
 
-def plot_similarity(result: Result, path: str | Path) -> None:
+def plot_similarity(result: AlignmentResult, path: str | Path) -> None:
     """Cosine with the input embedding and the output unembedding, and the projection."""
     fig = new_figure(6.4, 4.0)
     ax = fig.add_subplot()
@@ -79,7 +77,7 @@ def plot_similarity(result: Result, path: str | Path) -> None:
     _save(fig, path)
 
 
-def plot_shift_depths(result: Result, path: str | Path) -> None:
+def plot_shift_depths(result: AlignmentResult, path: str | Path) -> None:
     """Histogram of the first layer at which each position ranks t_i+1 above t_i."""
     fig = new_figure(6.4, 3.6)
     ax = fig.add_subplot()
@@ -100,7 +98,7 @@ def plot_shift_depths(result: Result, path: str | Path) -> None:
     _save(fig, path)
 
 
-def plot_comparison(results: Sequence[Result], path: str | Path) -> None:
+def plot_comparison(results: Sequence[AlignmentResult], path: str | Path) -> None:
     """out_match − in_match of several models against relative depth (layer / L)."""
     fig = new_figure(6.4, 4.0)
     ax = fig.add_subplot()
@@ -134,7 +132,7 @@ CSV_COLUMNS = (
 )
 
 
-def shift_csv(results: Sequence[Result]) -> str:
+def shift_csv(results: Sequence[AlignmentResult]) -> str:
     """One row per model and layer."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")

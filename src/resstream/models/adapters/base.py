@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor, nn
 
 
@@ -83,12 +82,3 @@ class ModelView:
         if self.blocks:
             return int(self.blocks[0].W_O.shape[1])
         return self.d_model // self.n_heads
-
-    def unembed(self, h: Tensor) -> Tensor:
-        """Logits from residual states: final_norm, W_U (+ b_U), soft-capping if any."""
-        logits = self.final_norm(h) @ self.W_U.T.to(h.dtype)
-        if self.b_U is not None:
-            logits = logits + self.b_U.to(logits.dtype)
-        if self.logit_softcap is not None:
-            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
-        return logits

@@ -1,0 +1,153 @@
+"""THE definition of how a residual state becomes scores over the vocabulary.
+
+Every command decodes through a `Decoder` built from a model's `ModelView`:
+
+* ``logit-lens`` (default): scores(h) = W_U · final_norm(h) (+ b_U), then the model's logit
+  soft-capping c·tanh(scores / c) where it has one (Gemma-2). W_U is the model's own
+  unembedding (tied models: W_E).
+* ``embedding``: scores(h) = W_E · h, no norm, no bias.
+
+Two evaluations of the same definition:
+
+* exact (`Decoder.exact()` → `ExactScorer`: `ranks`, `top_k`, `scores`): ranks and top-k
+  lists from scores evaluated exactly in float64 (`resstream.analysis.ranks`), independent of
+  BLAS kernels, batch shapes and devices. Soft-capping is strictly increasing, so it changes
+  no rank in exact arithmetic and is not applied here (in floating point, tanh can round two
+  different scores to one, which would invent ties). `shift`'s match rates and `lens`'s
+  trajectories both use it, so they agree on every rank, ties included.
+* fast (`logits`): float32 scores with soft-capping, for callers that need the values (a
+  softmax, a log-probability), not a ranking.
+
+`description` says in one line what the decoder applies; results record it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from resstream.analysis.ranks import DEFAULT_CHUNK_BYTES, LowPrecision, RankScreen, check_matrix
+from resstream.errors import check_choice
+from resstream.models.adapters.base import ModelView
+
+DecoderKind = Literal["logit-lens", "embedding"]
+DECODERS: tuple[DecoderKind, ...] = ("logit-lens", "embedding")
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """How a residual state becomes scores (module docstring). Build it with `decoder_of`.
+
+    `matrix` is W_U (logit lens) or W_E (embedding), shape (vocab, d_model); `bias` b_U or
+    None; `norm` the final norm (None: applied to the state as it is); `softcap` the logit
+    soft-capping constant or None; `tied` whether the model's unembedding W_U is its input
+    embedding W_E (recorded with results whatever the kind).
+    """
+
+    kind: DecoderKind
+    matrix: Tensor
+    bias: Tensor | None = None
+    norm: Callable[[Tensor], Tensor] | None = None
+    softcap: float | None = None
+    tied: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in DECODERS:
+            raise ValueError(f"decoder kind {self.kind!r}; allowed: {', '.join(DECODERS)}")
+        check_matrix("decoder matrix", self.matrix)
+        if self.bias is not None and tuple(self.bias.shape) != (self.matrix.shape[0],):
+            raise ValueError(
+                f"decoder bias has shape {tuple(self.bias.shape)}, "
+                f"expected ({self.matrix.shape[0]},) to match the decoder matrix"
+            )
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of scores per state."""
+        return int(self.matrix.shape[0])
+
+    @property
+    def description(self) -> str:
+        """What this decoder applies to a state, in one line (saved with results)."""
+        if self.kind == "embedding":
+            return "W_E · h (input embedding matrix, no norm)"
+        matrix = "W_U = W_E (tied)" if self.tied else "the model's own unembedding W_U (untied from W_E)"
+        bias = " + b_U" if self.bias is not None else ""
+        cap = "; logit soft-capping ignored (monotone, ranks unchanged)" if self.softcap else ""
+        return f"final norm, then {matrix}{bias}{cap}"
+
+    def inputs(self, h: Tensor) -> Tensor:
+        """The vectors the decoder matrix is applied to: final_norm(h), or h itself."""
+        return self.norm(h) if self.norm is not None else h
+
+    def logits(self, h: Tensor) -> Tensor:
+        """Fast float32 scores (..., vocab) of states h (..., d_model), soft-capping applied."""
+        scores = self.inputs(h).float() @ self.matrix.float().T
+        if self.bias is not None:
+            scores = scores + self.bias.float()
+        if self.softcap:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
+        return scores
+
+    def exact(
+        self, *, low_precision: LowPrecision = "auto", chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    ) -> ExactScorer:
+        """The exact evaluation of this decoder (build once, query many batches).
+
+        `low_precision` is the screening precision of the rank engine (bf16, None = fp32,
+        "auto": bf16 on CUDA, fp32 on the CPU) and `chunk_bytes` its score-block size; the
+        answers do not depend on either.
+        """
+        engine = RankScreen(
+            self.matrix.detach(), _detached(self.bias), low_precision=low_precision, chunk_bytes=chunk_bytes
+        )
+        return ExactScorer(self, engine)
+
+
+@dataclass(frozen=True)
+class ExactScorer:
+    """Exact ranks and top-k lists of a decoder's scores (module docstring)."""
+
+    decoder: Decoder
+    engine: RankScreen
+
+    def ranks(self, h: Tensor, ids: Tensor, limit: int | None = None) -> tuple[Tensor, Tensor]:
+        """Ranks (n, m) of tokens `ids` (n, m) among the scores of states h (n, d_model), and
+        their exact fp64 scores; with `limit` = k, min(rank, k) (`RankScreen.ranks`)."""
+        return self.engine.ranks(self.decoder.inputs(h), ids, limit)
+
+    def scores(self, h: Tensor, ids: Tensor) -> Tensor:
+        """Exact fp64 scores (n, m) of tokens `ids` (n, m) for states h (n, d_model)."""
+        x64 = self.decoder.inputs(h).to(self.engine.device, torch.float64)
+        return self.engine.exact_scores(x64, ids.to(self.engine.device))
+
+    def top_k(self, h: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """The `k` best token ids (n, k) of states h (n, d_model) and their exact scores,
+        ordered by score, ties broken by the lower id (`RankScreen.top_k`)."""
+        return self.engine.top_k(self.decoder.inputs(h), k)
+
+
+def decoder_of(view: ModelView, kind: DecoderKind = "logit-lens") -> Decoder:
+    """The decoder `kind` of a model: its final norm, unembedding, bias and soft-capping."""
+    check_choice("decoder", kind, DECODERS)
+    if kind == "embedding":
+        return Decoder("embedding", view.W_E.detach(), tied=view.tied)
+    return Decoder(
+        "logit-lens",
+        view.W_U.detach(),
+        bias=_detached(view.b_U),
+        norm=view.final_norm,
+        softcap=view.logit_softcap,
+        tied=view.tied,
+    )
+
+
+def _detached(tensor: Tensor | None) -> Tensor | None:
+    return None if tensor is None else tensor.detach()
+
+
+__all__ = ["DECODERS", "Decoder", "DecoderKind", "ExactScorer", "decoder_of"]

@@ -1,0 +1,72 @@
+"""`resstream.lens(...)`: the decoding trajectory of one text, layer by layer."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from resstream.analysis.decoding import DecoderKind, decoder_of
+from resstream.analysis.lens import LensResult, trajectories
+from resstream.api.inputs import LoadOptions, check_length, check_top_k, one_model
+from resstream.capture import residual_states
+from resstream.errors import UsageError
+from resstream.models import ModelLike
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+def lens(
+    text: str,
+    *,
+    model: ModelLike = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    positions: range | slice | None = None,
+    top_k: int = 1,
+    decoder: DecoderKind = "logit-lens",
+    dtype: str = "auto",
+    device: str = "auto",
+    device_map: str | None = None,
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> LensResult:
+    """Decoding trajectories of `text`: per position and layer, the exact top-`top_k` tokens
+    and the ranks of the input and the next token (`resstream.analysis.lens`).
+
+    `model` is a spec (loaded with `dtype`, `device`, `device_map`, `trust_remote_code`) or
+    a model in memory with its `tokenizer`, as for `resstream.shift`; `positions` a range or
+    slice of token positions (a slice may leave its end open). The result carries the text of
+    every token it mentions (`LensResult.token_text`).
+    """
+    if not text.strip():
+        raise UsageError("`text` is empty")
+    options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
+    with one_model(model, options) as loaded:
+        view = loaded.view
+        ids = loaded.tokenizer(text, add_special_tokens=True, return_tensors="pt")["input_ids"]
+        check_length(ids.shape[1], view, "the text ({n} tokens)")
+        check_top_k(top_k, view.W_U.shape[0])
+        chosen = _position_range(positions, ids.shape[1])
+        states = residual_states(view, ids.to(view.W_E.device))[:, 0]
+        return trajectories(
+            states,
+            ids[0],
+            decoder_of(view, decoder).exact(),
+            top_k=top_k,
+            positions=chosen,
+            model=loaded.name,
+            token_text=lambda token: loaded.tokenizer.decode([token]),
+        )
+
+
+def _position_range(positions: range | slice | None, length: int) -> range | None:
+    """A non-empty range inside 0..length (a slice's missing stop: the end); UsageError if not."""
+    if positions is None:
+        return None
+    start = positions.start or 0
+    stop = length if positions.stop is None else positions.stop
+    if start < 0 or stop > length or stop <= start:
+        raise UsageError(
+            f"`positions` {start}:{stop} is outside the text's 0:{length} tokens; "
+            f"allowed: A:B with 0 <= A < B <= {length}"
+        )
+    return range(start, stop)

@@ -1,0 +1,92 @@
+"""`resstream.recency(...)`: measured attention by query and key position of trained models."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from resstream.analysis.recency import RecencyAccumulator, RecencyResult
+from resstream.api.inputs import CorpusRequest, LoadOptions, check_batch_size, each_batch, each_model
+from resstream.api.shift import as_sequence
+from resstream.capture import attention_probs
+from resstream.data.sampling import SequenceSample
+from resstream.errors import UsageError
+from resstream.models import ModelLike
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True)
+class RecencyReport:
+    """`recency` over one or several models on a corpus sample."""
+
+    results: tuple[RecencyResult, ...]
+    dataset: str
+    dataset_fingerprint: str | None
+    seq_len: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The content of recency.json."""
+        return {
+            "dataset": self.dataset,
+            "dataset_fingerprint": self.dataset_fingerprint,
+            "seq_len": self.seq_len,
+            "models": [r.to_dict() for r in self.results],
+        }
+
+
+def recency(
+    models: ModelLike | Sequence[ModelLike] = (None,),
+    *,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    dataset: str = "shakespeare",
+    num_seqs: int = 64,
+    seq_len: int = 64,
+    batch_size: int = 8,
+    seed: int = 0,
+    threshold: float = 3.0,
+    data_dir: str | os.PathLike[str] | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
+    device_map: str | None = None,
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> RecencyReport:
+    """Mean attention by query and key position, per layer and head, over a corpus sample.
+
+    Models are given as for `resstream.shift`, and the sample is drawn the same way (all
+    sequences must have one length: pinned rows of different lengths are refused). Each
+    sequence is one sample of the statistics, so the verdicts are the simulation's
+    (`resstream.analysis.recency`); `threshold` is the z-score a verdict needs.
+    """
+    if not threshold > 0:
+        raise UsageError(f"`threshold` {threshold} must be > 0 (standard errors)")
+    check_batch_size(batch_size)
+    corpus = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir)
+    options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
+    results, fingerprint, length = [], None, seq_len
+    for loaded, sample, fingerprint in each_model(as_sequence(models), corpus, options):  # noqa: B007
+        view = loaded.view
+        length = _one_length(sample, dataset)
+        accumulator = RecencyAccumulator(
+            num_layers=view.n_layers, num_heads=view.n_heads, seq_len=length, threshold=threshold
+        )
+        for batch in each_batch(sample.sequences, batch_size, f"recency {loaded.name}", progress):
+            accumulator.update(attention_probs(view, batch))
+        results.append(accumulator.result(loaded.name, sample=sample.rule, notes=view.notes))
+        del loaded, view  # free this model before the next is loaded
+    return RecencyReport(tuple(results), dataset, fingerprint, length)
+
+
+def _one_length(sample: SequenceSample, dataset: str) -> int:
+    """The one length of the sampled sequences (recency averages position by position)."""
+    lengths = {len(s) for s in sample.sequences}
+    if len(lengths) != 1:
+        raise UsageError(
+            f"{dataset!r}: pinned rows have {len(lengths)} different lengths; recency "
+            f"averages position by position and needs one length"
+        )
+    return lengths.pop()

@@ -1,0 +1,128 @@
+"""`resstream.shift(...)`: layer-wise alignment with the input and the next token over a corpus."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from resstream.analysis.alignment import AlignmentAccumulator, AlignmentResult
+from resstream.analysis.decoding import DECODERS, DecoderKind, decoder_of
+from resstream.api.inputs import (
+    CorpusRequest,
+    LoadOptions,
+    check_batch_size,
+    check_top_k,
+    each_batch,
+    each_model,
+)
+from resstream.capture import residual_states
+from resstream.errors import check_choice
+from resstream.models import LoadedModel, ModelLike
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True)
+class ShiftReport:
+    """`shift` over one or several models on one sample of sequences."""
+
+    results: tuple[AlignmentResult, ...]
+    dataset: str
+    sample_rule: str
+    dataset_fingerprint: str | None
+    num_seqs: int
+    seq_len: int | None  # None for pinned rows of varying length
+
+    def to_dict(self) -> dict[str, Any]:
+        """The content of shift.json."""
+        return {
+            "dataset": self.dataset,
+            "sample": self.sample_rule,
+            "dataset_fingerprint": self.dataset_fingerprint,
+            "num_seqs": self.num_seqs,
+            "seq_len": self.seq_len,
+            "models": [r.to_dict() for r in self.results],
+        }
+
+
+def shift(
+    models: ModelLike | Sequence[ModelLike] = (None,),
+    *,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    dataset: str = "shakespeare",
+    num_seqs: int = 64,
+    seq_len: int = 128,
+    top_k: int = 5,
+    decoder: DecoderKind = "logit-lens",
+    batch_size: int = 8,
+    seed: int = 0,
+    data_dir: str | os.PathLike[str] | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
+    device_map: str | None = None,
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> ShiftReport:
+    """Layer-wise alignment with the input and the next token over a corpus sample.
+
+    `models` is one model or a sequence of them: a spec (run directory, Hugging Face
+    directory or hub name, "reference", None for the built-in model) loaded with `dtype`,
+    `device`, `device_map` and `trust_remote_code`, or a model in memory (a Hugging Face
+    causal LM, resstream's GPT, a `ModelView` or a `LoadedModel`) with its `tokenizer`.
+    Each model gets `num_seqs` windows of `seq_len` tokens sampled from `dataset` with `seed`
+    by the same rule (see `resstream.data.sampling`) from its own tokenizer's token stream, so
+    models that share a tokenizer see identical windows; or a `.jsonl` of `input_ids` rows used
+    as given. Each model's entry records its own sample. Models are loaded one at a time and
+    freed before the next; `progress` shows a bar per model.
+    """
+    check_choice("decoder", decoder, DECODERS)
+    check_batch_size(batch_size)
+    corpus = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir)
+    options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
+    results, rule, lengths, count, fingerprint = [], "", set(), 0, None
+    for loaded, sample, fingerprint in each_model(  # noqa: B007 - the last one is reported
+        as_sequence(models), corpus, options, check=lambda view: check_top_k(top_k, view.W_U.shape[0])
+    ):
+        rule, count = sample.rule, len(sample.sequences)
+        lengths = {len(s) for s in sample.sequences}
+        results.append(_align(loaded, sample.sequences, rule, top_k, decoder, batch_size, progress))
+        del loaded  # free this model before the next is loaded
+    length = lengths.pop() if len(lengths) == 1 else None
+    return ShiftReport(tuple(results), dataset, rule, fingerprint, count, length)
+
+
+def as_sequence(models: ModelLike | Sequence[ModelLike]) -> Sequence[ModelLike]:
+    """One model as a one-element sequence (a string is one spec, not a sequence)."""
+    if isinstance(models, (list, tuple)):
+        return models
+    return [models]
+
+
+def _align(
+    loaded: LoadedModel,
+    sequences: Sequence[torch.Tensor],
+    sample: str,
+    top_k: int,
+    decoder: DecoderKind,
+    batch_size: int,
+    progress: bool,
+) -> AlignmentResult:
+    """The AlignmentResult of one model over the sequences."""
+    view = loaded.view
+    accumulator = AlignmentAccumulator(
+        num_layers=view.n_layers,
+        top_k=top_k,
+        decoder=decoder_of(view, decoder),
+        W_E=view.W_E.detach(),
+        W_U=view.W_U.detach(),
+    )
+    for batch in each_batch(sequences, batch_size, f"shift {loaded.name}", progress):
+        with torch.inference_mode():
+            batch = batch.to(view.W_E.device)
+            accumulator.update(residual_states(view, batch), batch)
+    return accumulator.result(loaded.name, sample=sample)

@@ -1,0 +1,59 @@
+"""`resstream.simulate(...)`: parameter-free stacked causal attention, one configuration or the grid."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from resstream.simulation import SimulationConfig, SimulationResult
+from resstream.simulation import simulate as run_simulation
+
+#: γ of the grid's anisotropic rows when the configuration has none.
+GRID_GAMMA = 0.5
+
+Labelled = tuple[tuple[str, SimulationResult], ...]
+
+
+def grid_configurations(gamma: float = GRID_GAMMA) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """The four standard configurations of the grid, as (label, field overrides): no
+    LayerNorm; LayerNorm with γ = 0; LayerNorm with γ > 0; the same with the residual."""
+    return (
+        ("no LayerNorm", {"layernorm": False, "gamma": 0.0, "residual": False}),
+        ("LayerNorm, γ = 0", {"layernorm": True, "gamma": 0.0, "residual": False}),
+        (f"LayerNorm, γ = {gamma:g}", {"layernorm": True, "gamma": gamma, "residual": False}),
+        (f"LayerNorm, γ = {gamma:g}, residual", {"layernorm": True, "gamma": gamma, "residual": True}),
+    )
+
+
+def simulate(*, grid: bool = False, progress: bool = True, **fields: Any) -> Labelled:
+    """Parameter-free causal attention stacks: ((label, SimulationResult), ...).
+
+    `fields` are `resstream.simulation.SimulationConfig` fields (each checked there). With
+    `grid`, the four standard configurations (`grid_configurations`, γ from `fields["gamma"]`
+    when it is > 0) are run with the other fields shared; otherwise the one configuration
+    given. Every configuration is checked before any is run.
+    """
+    base = SimulationConfig(**fields)
+    if grid:
+        gamma = base.gamma or GRID_GAMMA
+        configs = [
+            (label, dataclasses.replace(base, **overrides)) for label, overrides in grid_configurations(gamma)
+        ]
+    else:
+        configs = [(_label(base), base)]
+    results = []
+    for label, config in configs:
+        with tqdm(
+            total=config.simulations, desc=f"simulate {label}", unit="sim", disable=not progress
+        ) as bar:
+            results.append((label, run_simulation(config, progress=bar.update)))
+    return tuple(results)
+
+
+def _label(config: SimulationConfig) -> str:
+    parts = ["LayerNorm" if config.layernorm else "no LayerNorm", f"γ = {config.gamma:g}"]
+    if config.residual:
+        parts.append(f"residual λ = {config.residual_scale:g}")
+    return ", ".join(parts)

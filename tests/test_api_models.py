@@ -1,0 +1,159 @@
+"""The API takes models in every form — spec string, loaded Hugging Face model, resstream GPT,
+ModelView, LoadedModel — with identical results; and `lens` and `shift` agree on every rank."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import resstream
+from resstream.errors import UsageError
+from resstream.models import as_loaded, load_model
+
+TEXT = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer"
+
+
+def without_names(report_dict: dict[str, Any]) -> dict[str, Any]:
+    """A shift/recency report with each model's display name removed (it names the form)."""
+    return {**report_dict, "models": [{**m, "model": None} for m in report_dict["models"]]}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return load_model(None, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "small.txt"
+    path.write_text((TEXT + "\n") * 40, encoding="utf-8")
+    return path
+
+
+def shift_of(models: Any, corpus: Path, **kwargs: Any) -> dict[str, Any]:
+    report = resstream.shift(models, dataset=str(corpus), num_seqs=3, seq_len=16, progress=False, **kwargs)
+    return without_names(report.to_dict())
+
+
+def test_every_form_of_the_reference_model_gives_identical_shift(reference, corpus: Path) -> None:
+    expected = shift_of(None, corpus)
+    assert shift_of("reference", corpus) == expected
+    assert shift_of(reference, corpus) == expected  # a LoadedModel
+    assert shift_of(reference.model, corpus, tokenizer=reference.tokenizer) == expected  # resstream GPT
+    assert shift_of(reference.view, corpus, tokenizer=reference.tokenizer) == expected  # ModelView
+    assert shift_of([reference.model], corpus, tokenizer=reference.tokenizer) == expected
+
+
+def test_every_form_gives_identical_lens_and_recency(reference, corpus: Path) -> None:
+    by_spec = resstream.lens(TEXT, progress=False)
+    by_object = resstream.lens(TEXT, model=reference.model, tokenizer=reference.tokenizer)
+    assert by_object.to_dict() == {**by_spec.to_dict(), "model": by_object.model}
+    recency = [
+        without_names(
+            resstream.recency(
+                m, tokenizer=t, dataset=str(corpus), num_seqs=2, seq_len=8, progress=False
+            ).to_dict()
+        )
+        for m, t in ((None, None), (reference.view, reference.tokenizer))
+    ]
+    assert recency[0] == recency[1]
+
+
+def test_a_hugging_face_model_in_memory_equals_its_saved_directory(tmp_path: Path, corpus: Path) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from resstream.data import train_bpe
+
+    tokenizer = train_bpe([TEXT] * 20, vocab_size=300)
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=len(tokenizer), n_positions=32)
+    model = GPT2LMHeadModel(config).eval()
+    model.save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    assert shift_of(model, corpus, tokenizer=tokenizer) == shift_of(str(tmp_path / "tiny"), corpus)
+    lens = resstream.lens(TEXT[:40], model=model, tokenizer=tokenizer, top_k=3)
+    assert lens.model == str(model.config.name_or_path) or lens.model == "GPT2LMHeadModel"
+    assert (
+        lens.trajectories[0].top_ids[0]
+        == resstream.lens(TEXT[:40], model=str(tmp_path / "tiny"), top_k=3).trajectories[0].top_ids[0]
+    )
+
+
+def test_a_model_in_training_mode_is_analysed_in_eval_mode_and_handed_back(reference, corpus: Path) -> None:
+    model = reference.model
+    expected = shift_of(None, corpus)
+    model.train()
+    try:
+        assert shift_of(model, corpus, tokenizer=reference.tokenizer) == expected  # dropout off
+        assert model.training and all(m.training for m in model.modules())
+    finally:
+        model.eval()
+
+
+def test_model_objects_need_a_tokenizer_and_must_be_models(reference) -> None:
+    with pytest.raises(UsageError, match=r"needs its `tokenizer`"):
+        resstream.shift(reference.model, progress=False)
+    with pytest.raises(UsageError, match=r"`models` holds a dict"):
+        as_loaded({"not": "a model"}, reference.tokenizer)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="unsupported model"):
+        resstream.lens(TEXT, model=torch.nn.Linear(2, 2), tokenizer=reference.tokenizer)
+
+
+# --------------------------------------------------------------------------- lens ≡ shift
+
+
+@pytest.fixture(scope="module")
+def tied_gpt(reference):
+    """A GPT without positional embeddings (h_0 = W_E[t]), unit-norm embedding rows (so at
+    h_0 the embedding decoder puts t at the top) and an exact duplicate ("twin") of the row of
+    every token of the text: every decoding of those tokens ties."""
+    from resstream.training.config import ModelConfig
+    from resstream.training.model import GPT
+
+    torch.manual_seed(1)
+    tokenizer = reference.tokenizer
+    model = GPT(
+        ModelConfig(n_layer=2, n_head=2, d_model=16, block_size=64, vocab_size=len(tokenizer), pos_emb="none")
+    )
+    ids = tokenizer(TEXT)["input_ids"]
+    with torch.no_grad():
+        weight = model.wte.weight
+        weight /= weight.norm(dim=1, keepdim=True)
+        for offset, token in enumerate(sorted(set(ids))):
+            twin = len(tokenizer) - 1 - offset  # a token that never occurs in the text
+            weight[twin] = weight[token]
+    return model.eval(), tokenizer, ids
+
+
+@pytest.mark.parametrize("decoder", ["embedding", "logit-lens"])
+@pytest.mark.parametrize("top_k", [1, 2, 5])
+def test_lens_and_shift_agree_on_every_rank_ties_included(tied_gpt, tmp_path: Path, decoder, top_k) -> None:
+    model, tokenizer, ids = tied_gpt
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"input_ids": ids}) + "\n")
+    lens = resstream.lens(TEXT, model=model, tokenizer=tokenizer, decoder=decoder, top_k=top_k)
+    shift = resstream.shift(
+        model, tokenizer=tokenizer, dataset=str(rows), top_k=top_k, decoder=decoder, progress=False
+    )
+    result = shift.results[0]
+    scored = lens.trajectories[:-1]  # the last position has no next token
+    for layer in range(result.num_layers + 1):
+        in_hits = sum(t.input_ranks[layer] < top_k for t in scored)
+        out_hits = sum(t.next_ranks[layer] < top_k for t in scored)
+        assert in_hits / len(scored) == result.in_match[layer]
+        assert out_hits / len(scored) == result.out_match[layer]
+        for t in lens.trajectories:
+            # every listed token's exact rank is at most its place in the list; a tied input
+            # token (t and its twin score the same) is in the top-k exactly when shift says so
+            listed = t.top_ids[layer]
+            assert (t.input_id in listed) <= (t.input_ranks[layer] < top_k)
+    if decoder == "embedding":  # h_0 = W_E[t]: t ties with its twin at the very top
+        first = lens.trajectories[0]
+        assert first.input_ranks[0] == 0 and result.in_match[0] == 1.0
+        assert first.top_ids[0][0] == min(
+            first.input_id, len(tokenizer) - 1 - sorted(set(ids)).index(first.input_id)
+        )
