@@ -21,13 +21,10 @@ from torch import Tensor, nn
 from resstream.models.adapters.base import BlockView, ModelView
 from resstream.models.adapters.registry import (
     bias_of,
+    hf_model_view,
     linear_W_O,
     max_positions_of,
     register,
-    same_tensor,
-    tie_notes,
-    trunk_forward,
-    unembedding,
 )
 
 
@@ -66,29 +63,24 @@ def _gemma_view(model: nn.Module, family: str, *, sandwich: bool) -> ModelView:
         for layer in trunk.layers
     )
     embed, scale = _embedder(trunk, config.hidden_size)
-    W_U, b_U = unembedding(model)
-    tied = same_tensor(W_U, trunk.embed_tokens.weight)
     softcap = getattr(config, "final_logit_softcapping", None) if sandwich else None
-    notes = (*tie_notes(tied, model), f"token embeddings are scaled by sqrt(d_model) = {scale:g}")
+    notes = (f"token embeddings are scaled by sqrt(d_model) = {scale:g}",)
     if softcap is not None:
         notes += (f"final logits are soft-capped: tanh(x / {softcap:g}) * {softcap:g}",)
-    return ModelView(
+    return hf_model_view(
+        model,
         family=family,
-        model=model,
-        embed=embed,
+        trunk=trunk,
         blocks=blocks,
+        embed=embed,
+        input_embedding=trunk.embed_tokens.weight,
         final_norm=trunk.norm,
-        W_U=W_U,
-        W_E=trunk.embed_tokens.weight,
-        tied=tied,
         n_heads=n_heads,
         d_model=config.hidden_size,
         max_positions=max_positions_of(config, "max_position_embeddings"),
-        b_U=b_U,
-        logit_softcap=float(softcap) if softcap is not None else None,
         notes=notes,
+        logit_softcap=float(softcap) if softcap is not None else None,
         embed_scale=scale,
-        forward=trunk_forward(trunk),
     )
 
 

@@ -14,13 +14,10 @@ from resstream.models.adapters.base import BlockView, ModelView
 from resstream.models.adapters.registry import (
     bias_of,
     conv1d_W_O,
+    hf_model_view,
     max_positions_of,
     positions,
     register,
-    same_tensor,
-    tie_notes,
-    trunk_forward,
-    unembedding,
 )
 
 
@@ -48,21 +45,15 @@ def gpt2_view(model: nn.Module) -> ModelView:
         pos = trunk.wpe(positions(input_ids))
         return trunk.drop(trunk.wte(input_ids) + pos.to(input_ids.device))
 
-    W_U, b_U = unembedding(model)
-    tied = same_tensor(W_U, trunk.wte.weight)
-    return ModelView(
+    return hf_model_view(
+        model,
         family="gpt2",
-        model=model,
-        embed=embed,
+        trunk=trunk,
         blocks=blocks,
+        embed=embed,
+        input_embedding=trunk.wte.weight,
         final_norm=trunk.ln_f,
-        W_U=W_U,
-        W_E=trunk.wte.weight,
-        tied=tied,
         n_heads=n_heads,
         d_model=config.n_embd,
         max_positions=max_positions_of(config, "n_positions", "max_position_embeddings"),
-        b_U=b_U,
-        notes=tie_notes(tied, model),
-        forward=trunk_forward(trunk),
     )

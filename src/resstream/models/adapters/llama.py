@@ -15,13 +15,10 @@ from torch import Tensor, nn
 from resstream.models.adapters.base import BlockView, ModelView
 from resstream.models.adapters.registry import (
     bias_of,
+    hf_model_view,
     linear_W_O,
     max_positions_of,
     register,
-    same_tensor,
-    tie_notes,
-    trunk_forward,
-    unembedding,
 )
 
 
@@ -47,23 +44,17 @@ def llama_like_view(model: nn.Module, family: str) -> ModelView:
     def embed(input_ids: Tensor) -> Tensor:
         return trunk.embed_tokens(input_ids)
 
-    W_U, b_U = unembedding(model)
-    tied = same_tensor(W_U, trunk.embed_tokens.weight)
-    return ModelView(
+    return hf_model_view(
+        model,
         family=family,
-        model=model,
-        embed=embed,
+        trunk=trunk,
         blocks=blocks,
+        embed=embed,
+        input_embedding=trunk.embed_tokens.weight,
         final_norm=trunk.norm,
-        W_U=W_U,
-        W_E=trunk.embed_tokens.weight,
-        tied=tied,
         n_heads=n_heads,
         d_model=config.hidden_size,
         max_positions=max_positions_of(config, "max_position_embeddings"),
-        b_U=b_U,
-        notes=tie_notes(tied, model),
-        forward=trunk_forward(trunk),
     )
 
 

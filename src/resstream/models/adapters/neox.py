@@ -16,13 +16,10 @@ from torch import Tensor, nn
 from resstream.models.adapters.base import BlockView, ModelView
 from resstream.models.adapters.registry import (
     bias_of,
+    hf_model_view,
     linear_W_O,
     max_positions_of,
     register,
-    same_tensor,
-    tie_notes,
-    trunk_forward,
-    unembedding,
 )
 
 
@@ -51,24 +48,17 @@ def neox_view(model: nn.Module) -> ModelView:
     def embed(input_ids: Tensor) -> Tensor:
         return trunk.emb_dropout(trunk.embed_in(input_ids))
 
-    W_U, b_U = unembedding(model)
-    tied = same_tensor(W_U, trunk.embed_in.weight)
-    notes = tie_notes(tied, model)
-    if parallel:
-        notes += ("parallel residual: attention and MLP both read the block input",)
-    return ModelView(
+    notes = ("parallel residual: attention and MLP both read the block input",) if parallel else ()
+    return hf_model_view(
+        model,
         family="gpt_neox",
-        model=model,
-        embed=embed,
+        trunk=trunk,
         blocks=blocks,
+        embed=embed,
+        input_embedding=trunk.embed_in.weight,
         final_norm=trunk.final_layer_norm,
-        W_U=W_U,
-        W_E=trunk.embed_in.weight,
-        tied=tied,
         n_heads=n_heads,
         d_model=config.hidden_size,
         max_positions=max_positions_of(config, "max_position_embeddings"),
-        b_U=b_U,
         notes=notes,
-        forward=trunk_forward(trunk),
     )

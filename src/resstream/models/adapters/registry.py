@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from resstream.errors import UsageError
-from resstream.models.adapters.base import ModelView
+from resstream.models.adapters.base import BlockView, ModelView
 
 Adapter = Callable[[nn.Module], ModelView]
 
@@ -134,6 +135,49 @@ def trunk_forward(trunk: nn.Module) -> Callable[[Tensor, Tensor | None], object]
         return trunk(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
 
     return forward
+
+
+def hf_model_view(
+    model: nn.Module,
+    *,
+    family: str,
+    trunk: nn.Module,
+    blocks: tuple[BlockView, ...],
+    embed: Callable[[Tensor], Tensor],
+    input_embedding: Tensor,
+    final_norm: nn.Module,
+    n_heads: int,
+    d_model: int,
+    max_positions: int | None,
+    notes: tuple[str, ...] = (),
+    **extra: Any,
+) -> ModelView:
+    """The `ModelView` of a Hugging Face causal LM from the pieces its family adapter found.
+
+    What every Hugging Face family shares is done here: W_U and its bias from the model's LM
+    head, whether W_U is the input embedding (and the note an untied model gets, before the
+    family's own `notes`), and the trunk forward that skips the LM head. `extra` holds the
+    rarer `ModelView` fields (soft-capping, embedding scale).
+    """
+    W_U, b_U = unembedding(model)
+    tied = same_tensor(W_U, input_embedding)
+    return ModelView(
+        family=family,
+        model=model,
+        embed=embed,
+        blocks=blocks,
+        final_norm=final_norm,
+        W_U=W_U,
+        W_E=input_embedding,
+        tied=tied,
+        n_heads=n_heads,
+        d_model=d_model,
+        max_positions=max_positions,
+        b_U=b_U,
+        notes=(*tie_notes(tied, model), *notes),
+        forward=trunk_forward(trunk),
+        **extra,
+    )
 
 
 def max_positions_of(config: object, *names: str) -> int | None:
