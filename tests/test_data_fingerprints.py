@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from resstream import hub
-from resstream.data import CorpusStream, load_corpus, stream_corpus
-from resstream.data.sources import Pieces
+from resstream.data import CorpusStream, Pieces, load_corpus, stream_corpus
 
 # (name, split, documents, fingerprint, whether the stream hands out file pieces)
 LOCAL_CORPORA = [

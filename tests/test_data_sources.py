@@ -8,9 +8,13 @@ from pathlib import Path
 import pytest
 
 from resstream.cli.flags import cli_message
-from resstream.data import NAMED_CORPORA, Corpus, data_dir, load_corpus, load_token_rows
-from resstream.data.sources import (
+from resstream.data import (
+    NAMED_CORPORA,
+    Corpus,
     corpus_fingerprint,
+    data_dir,
+    load_corpus,
+    load_token_rows,
     split_wikitext_articles,
     strip_play_markdown,
     wikitext_raw_from_rows,

