@@ -13,9 +13,11 @@ from resstream.data import (
     Corpus,
     corpus_fingerprint,
     data_dir,
+    default_split,
     load_corpus,
     load_token_rows,
     split_wikitext_articles,
+    stream_corpus,
     strip_play_markdown,
     wikitext_raw_from_rows,
     wikitext_rows_from_file,
@@ -57,6 +59,9 @@ def test_shakespeare_is_deterministic_and_ignores_split(shakespeare: Corpus) -> 
     again = load_corpus("shakespeare", split="test")
     assert again.documents == shakespeare.documents
     assert again.fingerprint == shakespeare.fingerprint
+    streamed = stream_corpus("shakespeare", split="any")  # one resolver: ignored here too
+    assert tuple(streamed) == shakespeare.documents
+    assert streamed.fingerprint == shakespeare.fingerprint
 
 
 def test_strip_play_markdown_by_hand() -> None:
@@ -171,6 +176,20 @@ def test_missing_file(tmp_path: Path) -> None:
 def test_directory_is_not_a_corpus(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="is a directory"):
         load_corpus(str(tmp_path))
+
+
+def test_default_split_is_test_where_a_test_set_is_the_benchmark() -> None:
+    assert {name: default_split(name) for name in NAMED_CORPORA} == {
+        "shakespeare": "train",
+        "wikitext-2": "test",
+        "lambada": "test",
+        "openwebtext": "train",
+        "fineweb-edu": "train",
+        "ptb": "test",
+        "tinyshakespeare": "train",
+    }
+    assert default_split(" LAMBADA ") == "test"
+    assert default_split("some/file.txt") == "train"  # a file has no splits
 
 
 def test_unknown_split() -> None:

