@@ -21,8 +21,6 @@ from resstream.errors import UsageError, check_choice
 
 DecoderKind = Literal["logit-lens", "embedding"]
 DECODERS: tuple[str, ...] = ("logit-lens", "embedding")
-#: The split analysed for named corpora that have several (others: their only/train text).
-ANALYSIS_SPLITS = {"wikitext-2": "test", "lambada": "test", "ptb": "test"}
 
 
 @dataclass(frozen=True)
@@ -192,7 +190,7 @@ def _sample(
     seed: int,
     data_dir: str | os.PathLike[str] | None,
 ) -> tuple[Any, str | None]:
-    from resstream.data import load_token_rows, stream_corpus
+    from resstream.data import default_split, load_token_rows, stream_corpus
     from resstream.data.sampling import sample_sequences, sample_token_rows
 
     if dataset.endswith(".jsonl") and Path(dataset).is_file():
@@ -200,9 +198,7 @@ def _sample(
         if rows is not None:
             digest = hashlib.sha256(Path(dataset).read_bytes()).hexdigest()[:16]
             return sample_token_rows(rows, source=dataset), digest
-    corpus = stream_corpus(
-        dataset, split=ANALYSIS_SPLITS.get(dataset.strip().lower(), "train"), data_dir=data_dir
-    )
+    corpus = stream_corpus(dataset, split=default_split(dataset), data_dir=data_dir)
     sample = sample_sequences(
         corpus, tokenizer, num_seqs=num_seqs, seq_len=seq_len, seed=seed, corpus_name=dataset
     )
