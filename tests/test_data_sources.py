@@ -9,8 +9,10 @@ import pytest
 
 from resstream.cli.flags import cli_message
 from resstream.data import (
+    CORPORA,
     NAMED_CORPORA,
     Corpus,
+    CorpusSpec,
     corpus_fingerprint,
     data_dir,
     default_split,
@@ -22,6 +24,7 @@ from resstream.data import (
     wikitext_raw_from_rows,
     wikitext_rows_from_file,
 )
+from resstream.data.corpora import PLAIN_DOCUMENT
 from resstream.errors import UsageError
 
 
@@ -190,6 +193,18 @@ def test_default_split_is_test_where_a_test_set_is_the_benchmark() -> None:
     }
     assert default_split(" LAMBADA ") == "test"
     assert default_split("some/file.txt") == "train"  # a file has no splits
+
+
+def test_every_corpus_has_a_source_for_its_default_split() -> None:
+    for spec in CORPORA.values():
+        split = spec.default_split
+        on_hub = spec.hub is not None and split in spec.hub.splits
+        assert spec.parser.built_in or spec.local_file(split) or on_hub, spec.name
+
+
+def test_a_table_entry_with_an_unknown_split_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"corpus 'new' names unknown split\(s\): tset"):
+        CorpusSpec("new", PLAIN_DOCUMENT, local={"test": "new/test.txt"}, default_split="tset")
 
 
 def test_unknown_split() -> None:

@@ -87,6 +87,14 @@ class CorpusSpec:
     hub: HubSource | None = None
     default_split: str = "train"
 
+    def __post_init__(self) -> None:
+        """Refuse an entry that names a split resstream does not have (a typo in the table)."""
+        named = {self.default_split, *self.local, *(self.hub.splits if self.hub else ())} - {ANY_SPLIT}
+        if not named <= set(SPLITS):
+            raise ValueError(
+                f"corpus {self.name!r} names unknown split(s): {', '.join(sorted(named - set(SPLITS)))}"
+            )
+
     def local_file(self, split: str) -> str | None:
         """The file of `split` relative to the data directory, or None when it has none."""
         return self.local.get(split, self.local.get(ANY_SPLIT))
