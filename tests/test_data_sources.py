@@ -7,14 +7,24 @@ from pathlib import Path
 
 import pytest
 
-from resstream.data import NAMED_CORPORA, Corpus, data_dir, load_corpus, load_token_rows
-from resstream.data.sources import (
+from resstream.cli.flags import cli_message
+from resstream.data import (
+    CORPORA,
+    NAMED_CORPORA,
+    Corpus,
+    CorpusSpec,
     corpus_fingerprint,
+    data_dir,
+    default_split,
+    load_corpus,
+    load_token_rows,
     split_wikitext_articles,
+    stream_corpus,
     strip_play_markdown,
     wikitext_raw_from_rows,
     wikitext_rows_from_file,
 )
+from resstream.data.corpora import PLAIN_DOCUMENT
 from resstream.errors import UsageError
 
 
@@ -52,6 +62,9 @@ def test_shakespeare_is_deterministic_and_ignores_split(shakespeare: Corpus) -> 
     again = load_corpus("shakespeare", split="test")
     assert again.documents == shakespeare.documents
     assert again.fingerprint == shakespeare.fingerprint
+    streamed = stream_corpus("shakespeare", split="any")  # one resolver: ignored here too
+    assert tuple(streamed) == shakespeare.documents
+    assert streamed.fingerprint == shakespeare.fingerprint
 
 
 def test_strip_play_markdown_by_hand() -> None:
@@ -168,6 +181,32 @@ def test_directory_is_not_a_corpus(tmp_path: Path) -> None:
         load_corpus(str(tmp_path))
 
 
+def test_default_split_is_test_where_a_test_set_is_the_benchmark() -> None:
+    assert {name: default_split(name) for name in NAMED_CORPORA} == {
+        "shakespeare": "train",
+        "wikitext-2": "test",
+        "lambada": "test",
+        "openwebtext": "train",
+        "fineweb-edu": "train",
+        "ptb": "test",
+        "tinyshakespeare": "train",
+    }
+    assert default_split(" LAMBADA ") == "test"
+    assert default_split("some/file.txt") == "train"  # a file has no splits
+
+
+def test_every_corpus_has_a_source_for_its_default_split() -> None:
+    for spec in CORPORA.values():
+        split = spec.default_split
+        on_hub = spec.hub is not None and split in spec.hub.splits
+        assert spec.parser.built_in or spec.local_file(split) or on_hub, spec.name
+
+
+def test_a_table_entry_with_an_unknown_split_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"corpus 'new' names unknown split\(s\): tset"):
+        CorpusSpec("new", PLAIN_DOCUMENT, local={"test": "new/test.txt"}, default_split="tset")
+
+
 def test_unknown_split() -> None:
     with pytest.raises(UsageError, match=r"unknown split 'tset' \(did you mean 'test'\?\)"):
         load_corpus("ptb", split="tset")
@@ -205,10 +244,11 @@ def test_absent_dataset_fails_fast_offline(hf_offline: None, no_data_dir: None) 
         UsageError,
         match=(
             r"^dataset 'lambada' split 'test' is not in the data directory \(none set; set "
-            r"--data-dir or RESSTREAM_DATA\) and could not be loaded from Hugging Face: .+"
+            r"`data_dir` or RESSTREAM_DATA\) and could not be loaded from Hugging Face: .+"
         ),
-    ):
+    ) as err:
         load_corpus("lambada", split="test")
+    assert "(none set; set --data-dir or RESSTREAM_DATA)" in cli_message(str(err.value))
 
 
 def test_absent_split_names_what_the_directory_holds(hf_offline: None, tmp_path: Path) -> None:
@@ -225,7 +265,7 @@ def test_absent_split_names_what_the_directory_holds(hf_offline: None, tmp_path:
 
 
 def test_missing_data_dir_is_named(hf_offline: None, tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match=r"\(.*nowhere, which does not exist; set --data-dir"):
+    with pytest.raises(UsageError, match=r"\(.*nowhere, which does not exist; set `data_dir`"):
         load_corpus("tinyshakespeare", data_dir=tmp_path / "nowhere")
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from resstream.data import load_corpus, stream_corpus
+from resstream.data import Pieces, load_corpus, stream_corpus
+from resstream.data.files import _last_cut
 from resstream.data.sampling import sample_sequences, token_stream
-from resstream.data.sources import Pieces, _last_cut
 from resstream.errors import UsageError
 
 

@@ -86,15 +86,15 @@ def test_bos_policy_follows_the_real_tokenizer():
 
 
 def test_asking_for_more_sequences_than_the_corpus_holds_says_how_many_it_holds():
-    with pytest.raises(UsageError, match=r"--num-seqs 5 is more than 'tiny' holds: it has 4 "):
+    with pytest.raises(UsageError, match=r"`num_seqs` 5 is more than 'tiny' holds: it has 4 "):
         sample_sequences(["1 2 3 4 5 6 7 8"], WordTokenizer(), num_seqs=5, seq_len=2, corpus_name="tiny")
 
 
 @pytest.mark.parametrize(
     ("kwargs", "pattern"),
     [
-        ({"num_seqs": 0, "seq_len": 4}, "--num-seqs 0 must be >= 1"),
-        ({"num_seqs": 1, "seq_len": 1}, "--seq-len 1 is too short"),
+        ({"num_seqs": 0, "seq_len": 4}, "`num_seqs` 0 must be >= 1"),
+        ({"num_seqs": 1, "seq_len": 1}, "`seq_len` 1 is too short"),
     ],
 )
 def test_bad_sizes(kwargs, pattern):

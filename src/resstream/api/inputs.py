@@ -28,9 +28,6 @@ from resstream.models import LoadedModel, ModelLike, ModelView, as_loaded, check
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-#: The split analysed for named corpora that have several (others: their only/train text).
-ANALYSIS_SPLITS = {"wikitext-2": "test", "lambada": "test", "ptb": "test"}
-
 
 @dataclass(frozen=True)
 class CorpusRequest:
@@ -163,7 +160,7 @@ def sample_corpus(
 ) -> tuple[SequenceSample, str | None]:
     """The sample a `CorpusRequest` asks for from `tokenizer`'s token stream, and the dataset
     fingerprint (a pinned `.jsonl` of input_ids: its rows as given, fingerprinted by file)."""
-    from resstream.data import load_token_rows, stream_corpus
+    from resstream.data import default_split, load_token_rows, stream_corpus
     from resstream.data.sampling import sample_sequences, sample_token_rows
 
     dataset = corpus.dataset
@@ -172,8 +169,7 @@ def sample_corpus(
         if rows is not None:
             digest = hashlib.sha256(Path(dataset).read_bytes()).hexdigest()[:16]
             return sample_token_rows(rows, source=dataset), digest
-    split = ANALYSIS_SPLITS.get(dataset.strip().lower(), "train")
-    stream = stream_corpus(dataset, split=split, data_dir=corpus.data_dir)
+    stream = stream_corpus(dataset, split=default_split(dataset), data_dir=corpus.data_dir)
     sample = sample_sequences(
         stream,
         tokenizer,

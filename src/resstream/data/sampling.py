@@ -111,15 +111,15 @@ def sample_sequences(
 ) -> SequenceSample:
     """Choose `num_seqs` windows of `seq_len` tokens from the documents' token stream."""
     if num_seqs < 1:
-        raise UsageError(f"--num-seqs {num_seqs} must be >= 1")
+        raise UsageError(f"`num_seqs` {num_seqs} must be >= 1")
     add_bos = prepends_bos(tokenizer, bos)
     content = seq_len - int(add_bos)
     if content < 2:
-        raise UsageError(f"--seq-len {seq_len} is too short: at least {2 + int(add_bos)} tokens are needed")
+        raise UsageError(f"`seq_len` {seq_len} is too short: at least {2 + int(add_bos)} tokens are needed")
     chosen, available = reservoir(windows(token_stream(documents, tokenizer), content), num_seqs, seed)
     if available < num_seqs:
         raise UsageError(
-            f"--num-seqs {num_seqs} is more than {corpus_name!r} holds: it has {available} "
+            f"`num_seqs` {num_seqs} is more than {corpus_name!r} holds: it has {available} "
             f"non-overlapping sequences of {seq_len} tokens"
         )
     prefix = [tokenizer.bos_token_id] if add_bos else []

@@ -58,14 +58,6 @@ from tqdm.auto import tqdm
 from resstream.errors import UsageError, check_choice
 
 BENCHMARKS: tuple[str, ...] = ("wikitext-2", "lambada", "openwebtext", "fineweb-edu", "shakespeare")
-#: The split of each benchmark's corpus that is evaluated.
-SPLITS: dict[str, str] = {
-    "wikitext-2": "test",
-    "lambada": "test",
-    "openwebtext": "train",
-    "fineweb-edu": "train",
-    "shakespeare": "train",
-}
 DEFAULT_BATCH_SIZE = 16
 
 SLIDING_WINDOW_DOC = (
@@ -443,10 +435,10 @@ def resolve_stride(stride: int | None, block_size: int) -> int:
 
 def _load_corpus(name: str, data_dir: str | os.PathLike[str] | None) -> Any:
     """The benchmark's corpus; any failure to get it is a UsageError naming the benchmark."""
-    from resstream.data import load_corpus
+    from resstream.data import default_split, load_corpus
 
     try:
-        return load_corpus(name, split=SPLITS[name], data_dir=data_dir)
+        return load_corpus(name, split=default_split(name), data_dir=data_dir)
     except UsageError as exc:
         message = str(exc).splitlines()[0] if str(exc) else "unavailable"
         raise UsageError(f"benchmark {name!r} is not available: {message}") from None

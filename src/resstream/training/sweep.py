@@ -206,14 +206,13 @@ def check_benchmarks(names: Iterable[str]) -> tuple[str, ...]:
 
 def check_benchmark_data(names: Iterable[str], data_dir: str | None) -> None:
     """Refuse, before any work, benchmarks whose text cannot be loaded (UsageError naming it)."""
-    from resstream.data import load_corpus
-    from resstream.training.evaluate import SPLITS
+    from resstream.data import default_split, load_corpus
 
     if data_dir is not None and not Path(data_dir).is_dir():
         raise UsageError(f"--data-dir {str(data_dir)!r} is not a directory")
     for name in names:
         try:
-            load_corpus(name, split=SPLITS[name], data_dir=data_dir)
+            load_corpus(name, split=default_split(name), data_dir=data_dir)
         except UsageError as exc:
             first = str(exc).splitlines()[0] if str(exc) else "unavailable"
             raise UsageError(f"benchmark {name!r} is not available: {first}") from None

@@ -1,0 +1,175 @@
+"""Reading corpus files: strict UTF-8 text, whole or in pieces, and `.jsonl` rows.
+
+Every failure is a one-line `UsageError` that names the file: missing or unreadable, not
+UTF-8 (with the byte and its offset in the file), a `.jsonl` line that is not JSON or has no
+string ``text`` field, or ``input_ids`` that are not non-negative integers. A leading UTF-8
+byte-order mark is dropped.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from resstream.errors import UsageError
+
+#: Piece size of streamed text files: files up to this size are one piece, read whole.
+STREAM_BLOCK_BYTES = 8 * 2**20
+
+_UTF8_BOM = codecs.BOM_UTF8
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """One document handed out in consecutive pieces; `length` is its UTF-8 byte length."""
+
+    length: int
+    pieces: Iterator[str]
+
+    def __iter__(self) -> Iterator[str]:
+        return self.pieces
+
+
+#: A document as a stream hands it out: whole, or in pieces.
+Document = str | Pieces
+
+
+def read_text(path: Path) -> str:
+    """A file's text, strictly UTF-8 (a leading BOM is dropped)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"file {str(path)!r} does not exist") from None
+    except OSError as exc:
+        raise UsageError(f"file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(path, data, exc.start, 0) from None
+    return text.removeprefix("\ufeff")
+
+
+def text_document(path: Path, block_bytes: int) -> Pieces:
+    """The UTF-8 text of `path` as one document in pieces of about `block_bytes`.
+
+    A piece ends just after a ``"\\n"`` that is followed by a non-blank character (see
+    `resstream.data.sources.CorpusStream`); the file is read while the pieces are consumed.
+    """
+    with _open(path) as handle:
+        skip = len(_UTF8_BOM) if handle.read(len(_UTF8_BOM)) == _UTF8_BOM else 0
+        size = os.fstat(handle.fileno()).st_size
+    return Pieces(size - skip, _text_pieces(path, skip, block_bytes))
+
+
+def jsonl_texts(path: Path) -> Iterator[str]:
+    """The 'text' of each row of a `.jsonl` file, read row by row."""
+    for lineno, row in _jsonl_rows(path):
+        text = row.get("text") if isinstance(row, dict) else None
+        if not isinstance(text, str):
+            hint = (
+                " (its rows carry 'input_ids': pre-tokenised rows are read by load_token_rows)"
+                if isinstance(row, dict) and "input_ids" in row
+                else ""
+            )
+            raise UsageError(f"file {str(path)!r} line {lineno} has no string field 'text'{hint}")
+        yield text
+
+
+def load_token_rows(path: str | os.PathLike[str]) -> list[list[int]] | None:
+    """The `input_ids` of a pre-tokenised `.jsonl` file, one list per row.
+
+    Returns None when `path` is not a `.jsonl` file, has no rows, or some row has no
+    `input_ids` (then it is a text file for `load_corpus`). Such rows are used exactly as
+    given: no re-tokenisation, no BOS added.
+    """
+    path = Path(path)
+    if path.suffix.lower() != ".jsonl":
+        return None
+    rows = list(_jsonl_rows(path))
+    if not rows or not all(isinstance(row, dict) and "input_ids" in row for _, row in rows):
+        return None
+    return [_check_ids(path, lineno, row["input_ids"]) for lineno, row in rows]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _not_utf8(path: Path, data: bytes, index: int, offset: int) -> UsageError:
+    """The one-line error for invalid UTF-8 at `data[index]`, `data` starting at file `offset`."""
+    return UsageError(
+        f"file {str(path)!r} is not UTF-8 text: byte 0x{data[index]:02x} at byte offset {offset + index}"
+    )
+
+
+def _open(path: Path) -> Any:
+    try:
+        return path.open("rb")
+    except OSError as exc:
+        raise UsageError(f"file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+
+
+def _text_pieces(path: Path, skip: int, block_bytes: int) -> Iterator[str]:
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    pending = ""
+    with _open(path) as handle:
+        handle.seek(skip)
+        offset = skip  # file offset just past the bytes fed to the decoder
+        while True:
+            chunk = handle.read(max(block_bytes, 1))
+            buffered = decoder.getstate()[0]
+            try:
+                pending += decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as exc:
+                raise _not_utf8(path, buffered + chunk, exc.start, offset - len(buffered)) from None
+            offset += len(chunk)
+            if not chunk:
+                break
+            cut = _last_cut(pending)
+            if cut:
+                yield pending[:cut]
+                pending = pending[cut:]
+    if pending:
+        yield pending
+
+
+def _last_cut(text: str) -> int:
+    """Index just after the last newline that is followed by a non-blank character (0: none)."""
+    index = text.rfind("\n", 0, len(text) - 1)
+    while index >= 0:
+        if not text[index + 1].isspace():
+            return index + 1
+        index = text.rfind("\n", 0, index)
+    return 0
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed row) for each non-blank line of a `.jsonl` file, read line by line."""
+    offset = 0
+    with _open(path) as handle:
+        for lineno, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _not_utf8(path, raw, exc.start, offset) from None
+            offset += len(raw)
+            if lineno == 1:
+                line = line.removeprefix("\ufeff")
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UsageError(f"file {str(path)!r} line {lineno} is not valid JSON: {exc.msg}") from None
+
+
+def _check_ids(path: Path, lineno: int, ids: Any) -> list[int]:
+    if not isinstance(ids, list) or not all(type(i) is int and i >= 0 for i in ids):
+        raise UsageError(
+            f"file {str(path)!r} line {lineno}: 'input_ids' must be a list of non-negative integers"
+        )
+    return ids
