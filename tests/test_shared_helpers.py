@@ -79,5 +79,6 @@ def test_resolve_device_cuda_uses_the_local_rank() -> None:
 def test_short_reason_is_one_bounded_line() -> None:
     assert short_reason(ValueError("a\n  b")) == "a b"
     assert short_reason(ValueError("")) == "ValueError"
+    assert cli_message(short_reason(OSError("see `config_file` above"))) == "see 'config_file' above"
     long = short_reason(ValueError("x" * 500))
     assert len(long) == 200 and long.endswith("...")

@@ -52,6 +52,9 @@ def check_choice(what: str, value: str, allowed: Iterable[str]) -> str:
 
 
 def short_reason(exc: BaseException) -> str:
-    """Another library's exception as one line of at most `MAX_REASON_CHARS` characters."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    """Another library's exception as one line of at most `MAX_REASON_CHARS` characters.
+
+    Its backticks become quotes: in our messages backticks mark our own parameter names.
+    """
+    text = " ".join(str(exc).replace("`", "'").split()) or type(exc).__name__
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
