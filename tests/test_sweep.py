@@ -10,7 +10,7 @@ import pytest
 from resstream.errors import UsageError
 from resstream.training import sweep as sw
 from resstream.training.config import build_config
-from resstream.training.loop import iter_metrics
+from resstream.training.metrics import iter_metrics
 
 BENCHMARKS = ("openwebtext", "lambada")
 

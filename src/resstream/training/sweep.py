@@ -326,7 +326,7 @@ def _read_json(path: Path) -> Any:
 
 def gate_history(run_dir: str | Path) -> GateHistory:
     """The gate distribution logged in a run's metrics.jsonl (records with `gate` and `step`)."""
-    from resstream.training.loop import iter_metrics
+    from resstream.training.metrics import iter_metrics
 
     by_step: dict[int, tuple[float, ...]] = {}
     for record in iter_metrics(run_dir):
