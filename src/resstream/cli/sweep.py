@@ -12,7 +12,7 @@ from resstream.cli.train import field_help, parse_field_flags, resolve_train_con
 from resstream.errors import UsageError
 
 if TYPE_CHECKING:
-    from resstream.training.sweep import SweepResult
+    from resstream.training.records import SweepResult
 
 
 def sweep(
