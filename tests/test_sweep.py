@@ -142,34 +142,12 @@ def test_plan_names_and_configs(tmp_path):
     assert no_learned.seeds == (0,)
 
 
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("0,x", "--seeds: 'x' is not an integer"),
-        ("1.5", "--seeds: '1.5' is not an integer"),
-        ("", "--seeds: '' is empty"),
-    ],
-)
-def test_parse_int_list_rejects(text, message):
-    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(".", r"\.")):
-        sw.parse_int_list(text, "--seeds")
-
-
-def test_parse_int_list_and_layers():
-    assert sw.parse_int_list(" 2, 0,2 ", "--layers") == (2, 0)
+def test_check_layers():
     assert sw.check_layers((2, 0), 3) == (0, 2)
     with pytest.raises(UsageError, match=r"--layers: 3 is outside \[0, 3\) for 3 layers"):
         sw.check_layers((0, 3), 3)
     with pytest.raises(UsageError, match=r"--layers: -1 is outside"):
         sw.check_layers((-1,), 3)
-
-
-def test_sweep_owned_flags_refused():
-    sw.check_sweep_flags({"n_layer": "2"})
-    with pytest.raises(UsageError, match="--gate is set by the sweep"):
-        sw.check_sweep_flags({"gate": "fixed"})
-    with pytest.raises(UsageError, match="use --seeds"):
-        sw.check_sweep_flags({"seed": "1"})
 
 
 def test_run_directories(swept):

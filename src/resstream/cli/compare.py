@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from resstream.cli.common import check_out_dir, echo_err, split_names
+from resstream.cli.common import check_max_eval_tokens, check_out_dir, echo_err, split_names
 from resstream.errors import UsageError
 
 
@@ -42,7 +42,7 @@ def compare(
     names = sw.check_benchmarks(split_names(benchmarks)) if benchmarks is not None else None
     if names is not None and not names:
         raise UsageError(f"--benchmarks: {benchmarks!r} names no benchmark")
-    max_tokens = sw.check_max_eval_tokens(max_eval_tokens)
+    max_tokens = check_max_eval_tokens(max_eval_tokens)
     check_out_dir(out)
     dev = str(resolve_device(device))
     records = load_runs(inputs)

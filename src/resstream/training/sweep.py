@@ -48,9 +48,6 @@ from resstream.training.records import (
     record_from_run_dir,
 )
 
-#: Config fields a sweep sets for each run itself; giving them as flags is refused.
-SWEEP_OWNED_FIELDS = {"gate": "--layers / --no-learned", "cut_layer": "--layers", "seed": "--seeds"}
-
 Log = Callable[[str], None]
 
 
@@ -89,22 +86,6 @@ class SweepPlan:
         return self.base.model.n_layer
 
 
-def parse_int_list(text: str, option: str) -> tuple[int, ...]:
-    """Parse '0,1,2' (spaces allowed) into integers; a UsageError names a bad element."""
-    items = [item.strip() for item in str(text).split(",")]
-    if not any(items):
-        raise UsageError(f"{option}: {text!r} is empty; give comma-separated integers such as 0,1,2")
-    values = []
-    for item in items:
-        try:
-            values.append(int(item))
-        except ValueError:
-            raise UsageError(
-                f"{option}: {item!r} is not an integer; give comma-separated integers such as 0,1,2"
-            ) from None
-    return tuple(dict.fromkeys(values))
-
-
 def check_layers(layers: Iterable[int], n_layer: int) -> tuple[int, ...]:
     """Sorted unique cut layers; each must lie in [0, n_layer)."""
     layers = tuple(sorted(set(layers)))
@@ -112,13 +93,6 @@ def check_layers(layers: Iterable[int], n_layer: int) -> tuple[int, ...]:
         if not 0 <= k < n_layer:
             raise UsageError(f"--layers: {k} is outside [0, {n_layer}) for {n_layer} layers")
     return layers
-
-
-def check_sweep_flags(flags: dict[str, Any]) -> None:
-    """Refuse per-field flags that the sweep sets itself (gate, cut layer, seed)."""
-    for name, instead in SWEEP_OWNED_FIELDS.items():
-        if name in flags:
-            raise UsageError(f"--{name.replace('_', '-')} is set by the sweep for each run; use {instead}")
 
 
 def run_config(base: TrainConfig, *, seed: int, gate: str, cut_layer: int = -1) -> TrainConfig:
@@ -219,19 +193,6 @@ def check_benchmark_data(names: Iterable[str], data_dir: str | None) -> None:
         except UsageError as exc:
             first = str(exc).splitlines()[0] if str(exc) else "unavailable"
             raise UsageError(f"benchmark {name!r} is not available: {first}") from None
-
-
-def check_max_eval_tokens(value: int | str | None) -> int | None:
-    """`--max-eval-tokens` (an integer, or its text) must allow one context and one scored token."""
-    if value is None:
-        return None
-    try:
-        value = int(value)
-    except ValueError:
-        raise UsageError(f"--max-eval-tokens: {value!r} is not an integer") from None
-    if value < 2:
-        raise UsageError(f"--max-eval-tokens must be >= 2, got {value}")
-    return value
 
 
 # ----------------------------------------------------------------------------- evaluation
