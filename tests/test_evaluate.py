@@ -21,6 +21,8 @@ from resstream.training.evaluate import (
     EvalReport,
     LambadaExample,
     _shakespeare_note,
+    check_benchmark_data,
+    check_benchmarks,
     evaluate_run,
     lambada_examples,
     lambada_scores,
@@ -300,6 +302,29 @@ def test_parse_benchmarks():
         parse_benchmarks("wikitext2")
     with pytest.raises(UsageError, match="empty"):
         parse_benchmarks(" , ")
+
+
+def test_check_benchmarks_is_the_one_validator():
+    assert check_benchmarks(["lambada", "lambada"]) == ("lambada",)
+    every = ("lambada", "wikitext-2", "openwebtext", "fineweb-edu", "shakespeare")
+    assert check_benchmarks(["lambada", "all"], allow_all=True) == every
+    with pytest.raises(UsageError, match=r"unknown benchmark 'all'; allowed: wikitext-2, .*shakespeare$"):
+        check_benchmarks(["all"])
+    with pytest.raises(UsageError, match=r"'al' \(did you mean 'all'\?\);.* shakespeare, all$"):
+        check_benchmarks(["al"], allow_all=True)
+
+
+def test_check_benchmark_data(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.delenv("RESSTREAM_DATA", raising=False)
+    data = write_data_dir(tmp_path / "data")
+    check_benchmark_data(["wikitext-2", "lambada"], data)
+    with pytest.raises(UsageError, match="nodata' is not a directory"):
+        check_benchmark_data(["lambada"], tmp_path / "nodata")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="benchmark 'lambada' is not available"):
+        check_benchmark_data(["lambada"], tmp_path / "empty")
 
 
 def test_evaluate_run_on_local_data(tmp_path):

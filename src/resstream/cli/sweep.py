@@ -73,13 +73,14 @@ def sweep(
     from resstream.reporting.plots import plot_gate_heatmap, plot_sweep_val_loss
     from resstream.reporting.tables import sweep_csv
     from resstream.training import sweep as sw
+    from resstream.training.evaluate import check_benchmark_data, check_benchmarks
 
     extra = list(ctx.args)
     check_sweep_flags(parse_field_flags(extra))
     base = resolve_train_config(preset, config, {"alpha": alpha}, extra)
     seed_list = parse_int_list(seeds, "--seeds") if seeds is not None else None
     layer_list = parse_int_list(layers, "--layers") if layers is not None else None
-    names = sw.check_benchmarks(split_names(benchmarks)) if benchmarks is not None else ()
+    names = check_benchmarks(split_names(benchmarks), allow_all=True) if benchmarks is not None else ()
     if benchmarks is not None and not names:
         raise UsageError(f"--benchmarks: {benchmarks!r} names no benchmark")
     max_tokens = check_max_eval_tokens(max_eval_tokens)
@@ -87,7 +88,7 @@ def sweep(
     plan = sw.plan_sweep(base, seeds=seed_list, layers=layer_list, learned=not no_learned)
     sw.check_existing(plan, out)
     if names:
-        sw.check_benchmark_data(names, base.run.data_dir)
+        check_benchmark_data(names, base.run.data_dir)
     result = sw.run_sweep(
         plan,
         out,

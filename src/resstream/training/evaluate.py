@@ -407,15 +407,27 @@ class EvalPlan:
     device: torch.device
 
 
+def check_benchmarks(names: Iterable[str], *, allow_all: bool = False) -> tuple[str, ...]:
+    """Benchmark names checked against `BENCHMARKS`: unique, in the given order.
+
+    The one place a benchmark name is validated (eval, sweep and compare). With `allow_all`
+    the name 'all' is accepted too and stands for every benchmark.
+    """
+    allowed = (*BENCHMARKS, "all") if allow_all else BENCHMARKS
+    chosen: list[str] = []
+    for name in names:
+        check_choice("benchmark", name, allowed)
+        chosen += BENCHMARKS if name == "all" else (name,)
+    return tuple(dict.fromkeys(chosen))
+
+
 def parse_benchmarks(benchmarks: str | Iterable[str]) -> tuple[str, ...]:
     """Benchmark names from a comma-separated string or a sequence; duplicates dropped."""
     names = benchmarks.split(",") if isinstance(benchmarks, str) else list(benchmarks)
     names = [name.strip() for name in names if name.strip()]
     if not names:
         raise UsageError(f"--benchmarks is empty; allowed: {', '.join(BENCHMARKS)}")
-    for name in names:
-        check_choice("benchmark", name, BENCHMARKS)
-    return tuple(dict.fromkeys(names))
+    return check_benchmarks(names)
 
 
 def check_settings(
@@ -428,6 +440,11 @@ def check_settings(
         raise UsageError(f"--batch-size must be >= 1, got {batch_size}")
     if max_tokens is not None and max_tokens < 2:
         raise UsageError(f"--max-tokens must be >= 2 (one token of context, one scored), got {max_tokens}")
+    check_data_dir(data_dir)
+
+
+def check_data_dir(data_dir: str | os.PathLike[str] | None) -> None:
+    """A local data directory, when one is given, must be a directory."""
     if data_dir is not None and not Path(data_dir).is_dir():
         raise UsageError(f"--data-dir {str(data_dir)!r} is not a directory")
 
@@ -441,7 +458,7 @@ def resolve_stride(stride: int | None, block_size: int) -> int:
     return stride
 
 
-def _load_corpus(name: str, data_dir: str | os.PathLike[str] | None) -> Any:
+def load_benchmark_corpus(name: str, data_dir: str | os.PathLike[str] | None) -> Any:
     """The benchmark's corpus; any failure to get it is a UsageError naming the benchmark."""
     from resstream.data import load_corpus
 
@@ -455,6 +472,13 @@ def _load_corpus(name: str, data_dir: str | os.PathLike[str] | None) -> Any:
             f"benchmark {name!r} is not available (give --data-dir or go online): "
             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         ) from None
+
+
+def check_benchmark_data(names: Iterable[str], data_dir: str | os.PathLike[str] | None) -> None:
+    """Refuse, before any work, benchmarks whose text cannot be loaded (UsageError naming it)."""
+    check_data_dir(data_dir)
+    for name in names:
+        load_benchmark_corpus(name, data_dir)
 
 
 def _shakespeare_note(trained: Any, corpus_fingerprint: str, val_fraction: float) -> str:
@@ -526,7 +550,7 @@ def prepare(
     torch_device = resolve_device(device)
     trained = load_run(run_dir, device=torch_device)
     stride = resolve_stride(stride, trained.config.model.block_size)
-    corpora = {name: _load_corpus(name, data_dir) for name in names}  # fail fast: load all first
+    corpora = {name: load_benchmark_corpus(name, data_dir) for name in names}  # fail fast: load all first
     prepared = tuple(
         prepare_benchmark(name, corpus, trained, max_tokens=max_tokens, progress=progress)
         for name, corpus in corpora.items()

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resstream.errors import UsageError, check_choice
+from resstream.errors import UsageError
 from resstream.io import run_record, write_json
 from resstream.training import checkpoint as ckpt
 from resstream.training.config import TrainConfig, from_dict, identity_diff, validate
@@ -159,40 +159,6 @@ def check_existing(plan: SweepPlan, root: str | Path) -> None:
                 f"--out {str(root)!r} already holds run seed-{run.seed}/{run.name} trained with a "
                 f"different config ({'; '.join(diffs[:3])}); choose another --out"
             )
-
-
-def known_benchmarks() -> tuple[str, ...]:
-    """The benchmark names `evaluate_run` accepts."""
-    from resstream.training.evaluate import BENCHMARKS
-
-    return tuple(BENCHMARKS)
-
-
-def check_benchmarks(names: Iterable[str]) -> tuple[str, ...]:
-    """Validate benchmark names ('all' expands to every benchmark); unique, in given order."""
-    allowed = known_benchmarks()
-    result: list[str] = []
-    for name in names:
-        if name == "all":
-            result += allowed
-        else:
-            result.append(check_choice("benchmark", name, (*allowed, "all")))
-    return tuple(dict.fromkeys(result))
-
-
-def check_benchmark_data(names: Iterable[str], data_dir: str | None) -> None:
-    """Refuse, before any work, benchmarks whose text cannot be loaded (UsageError naming it)."""
-    from resstream.data import load_corpus
-    from resstream.training.evaluate import SPLITS
-
-    if data_dir is not None and not Path(data_dir).is_dir():
-        raise UsageError(f"--data-dir {str(data_dir)!r} is not a directory")
-    for name in names:
-        try:
-            load_corpus(name, split=SPLITS[name], data_dir=data_dir)
-        except UsageError as exc:
-            first = str(exc).splitlines()[0] if str(exc) else "unavailable"
-            raise UsageError(f"benchmark {name!r} is not available: {first}") from None
 
 
 # ----------------------------------------------------------------------------- evaluation
