@@ -150,7 +150,7 @@ def test_evaluate_run_max_tokens_and_stride(tmp_path):
     wiki, lam = report.results
     assert wiki.num_tokens == 49 and report.stride == 16
     assert lam.num_examples is not None and 1 <= lam.num_examples < 10
-    with pytest.raises(UsageError, match="--stride 17"):
+    with pytest.raises(UsageError, match="`stride` 17"):
         evaluate_run(run, "wikitext-2", data_dir=data, stride=17, progress=False)
     with pytest.raises(UsageError, match="lambada"):
         evaluate_run(run, "lambada", data_dir=data, max_tokens=3, progress=False)

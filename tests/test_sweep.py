@@ -144,9 +144,9 @@ def test_plan_names_and_configs(tmp_path):
 
 def test_check_layers():
     assert sw.check_layers((2, 0), 3) == (0, 2)
-    with pytest.raises(UsageError, match=r"--layers: 3 is outside \[0, 3\) for 3 layers"):
+    with pytest.raises(UsageError, match=r"`layers`: 3 is outside \[0, 3\) for 3 layers"):
         sw.check_layers((0, 3), 3)
-    with pytest.raises(UsageError, match=r"--layers: -1 is outside"):
+    with pytest.raises(UsageError, match=r"`layers`: -1 is outside"):
         sw.check_layers((-1,), 3)
 
 

@@ -49,5 +49,5 @@ def check_batch_layout(config: TrainConfig, world: int) -> None:
     parts = config.run.grad_accum * world
     if config.run.batch_size % parts:
         raise UsageError(
-            f"--batch-size {config.run.batch_size} must be divisible by --grad-accum x processes = {parts}"
+            f"`batch_size` {config.run.batch_size} must be divisible by `grad_accum` x processes = {parts}"
         )

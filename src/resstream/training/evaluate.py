@@ -127,7 +127,7 @@ def parse_benchmarks(benchmarks: str | Iterable[str]) -> tuple[str, ...]:
     names = benchmarks.split(",") if isinstance(benchmarks, str) else list(benchmarks)
     names = [name.strip() for name in names if name.strip()]
     if not names:
-        raise UsageError(f"--benchmarks is empty; allowed: {', '.join(BENCHMARKS)}")
+        raise UsageError(f"`benchmarks` is empty; allowed: {', '.join(BENCHMARKS)}")
     return check_benchmarks(names)
 
 
@@ -136,18 +136,18 @@ def check_settings(
 ) -> None:
     """Refuse settings no evaluation can use (stride vs. block_size is checked later)."""
     if stride is not None and stride < 1:
-        raise UsageError(f"--stride must be >= 1, got {stride}")
+        raise UsageError(f"`stride` must be >= 1, got {stride}")
     if batch_size < 1:
-        raise UsageError(f"--batch-size must be >= 1, got {batch_size}")
+        raise UsageError(f"`batch_size` must be >= 1, got {batch_size}")
     if max_tokens is not None and max_tokens < 2:
-        raise UsageError(f"--max-tokens must be >= 2 (one token of context, one scored), got {max_tokens}")
+        raise UsageError(f"`max_tokens` must be >= 2 (one token of context, one scored), got {max_tokens}")
     check_data_dir(data_dir)
 
 
 def check_data_dir(data_dir: str | os.PathLike[str] | None) -> None:
     """A local data directory, when one is given, must be a directory."""
     if data_dir is not None and not Path(data_dir).is_dir():
-        raise UsageError(f"--data-dir {str(data_dir)!r} is not a directory")
+        raise UsageError(f"`data_dir` {str(data_dir)!r} is not a directory")
 
 
 def resolve_stride(stride: int | None, block_size: int) -> int:
@@ -155,7 +155,7 @@ def resolve_stride(stride: int | None, block_size: int) -> int:
     if stride is None:
         return max(1, block_size // 2)
     if not 1 <= stride <= block_size:
-        raise UsageError(f"--stride {stride} is outside [1, {block_size}] (the model's block_size)")
+        raise UsageError(f"`stride` {stride} is outside [1, {block_size}] (the model's block_size)")
     return stride
 
 
@@ -170,7 +170,7 @@ def load_benchmark_corpus(name: str, data_dir: str | os.PathLike[str] | None) ->
         raise UsageError(f"benchmark {name!r} is not available: {message}") from None
     except (OSError, ValueError, ConnectionError, RuntimeError) as exc:
         raise UsageError(
-            f"benchmark {name!r} is not available (give --data-dir or go online): "
+            f"benchmark {name!r} is not available (give `data_dir` or go online): "
             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         ) from None
 
@@ -210,7 +210,7 @@ def prepare_benchmark(
             trained.tokenizer, corpus.documents, block_size=block, max_tokens=max_tokens
         )
         if not examples:
-            raise UsageError(f"benchmark 'lambada' has no passage that fits in --max-tokens {max_tokens}")
+            raise UsageError(f"benchmark 'lambada' has no passage that fits in `max_tokens` {max_tokens}")
         return PreparedBenchmark(name, corpus.origin, corpus.fingerprint, examples=tuple(examples))
     tokens = tokenize_documents(corpus.documents, trained.tokenizer, progress=None if progress else False)
     note = None

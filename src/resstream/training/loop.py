@@ -51,7 +51,7 @@ class TrainResult:
 
 
 def default_cache_dir(config: TrainConfig) -> Path:
-    """Where token caches live: --cache-dir, env RESSTREAM_CACHE, or ~/.cache/resstream."""
+    """Where token caches live: `cache_dir`, env RESSTREAM_CACHE, or ~/.cache/resstream."""
     if config.run.cache_dir:
         return Path(config.run.cache_dir)
     return Path(os.environ.get("RESSTREAM_CACHE", Path.home() / ".cache" / "resstream"))
@@ -73,12 +73,12 @@ def resolve_vocab(config: TrainConfig, tokenizer_size: int) -> TrainConfig:
     if vocab == 0:
         vocab = tokenizer_size
     elif vocab < tokenizer_size:
-        raise UsageError(f"--vocab-size {vocab} is smaller than the tokenizer's {tokenizer_size} tokens")
+        raise UsageError(f"`vocab_size` {vocab} is smaller than the tokenizer's {tokenizer_size} tokens")
     return dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=vocab))
 
 
 def peak_flops(config: TrainConfig, device: torch.device) -> float | None:
-    """The FLOP/s to compute MFU against: --peak-flops, else a known GPU's bf16 peak."""
+    """The FLOP/s to compute MFU against: `peak_flops`, else a known GPU's bf16 peak."""
     if config.run.peak_flops > 0:
         return config.run.peak_flops
     if device.type == "cuda":
@@ -154,7 +154,7 @@ class Trainer:
     # ----------------------------------------------------------------- set-up
     def _check_out_dir(self) -> ckpt.Checkpoint | None:
         if self.out_dir.exists() and not self.out_dir.is_dir():
-            raise UsageError(f"--out {str(self.out_dir)!r} is a file; give a directory")
+            raise UsageError(f"`out_dir` {str(self.out_dir)!r} is a file; give a directory")
         has_run = (
             ckpt.latest_checkpoint_step(self.out_dir) is not None or (self.out_dir / ckpt.MODEL_FILE).exists()
         )
@@ -162,8 +162,8 @@ class Trainer:
             return ckpt.load_checkpoint(self.out_dir)
         if has_run:
             raise UsageError(
-                f"--out {str(self.out_dir)!r} already holds a run; pass --resume to continue "
-                f"it or choose another --out"
+                f"`out_dir` {str(self.out_dir)!r} already holds a run; pass `resume=True` to continue "
+                f"it or choose another `out_dir`"
             )
         return None
 

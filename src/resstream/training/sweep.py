@@ -91,7 +91,7 @@ def check_layers(layers: Iterable[int], n_layer: int) -> tuple[int, ...]:
     layers = tuple(sorted(set(layers)))
     for k in layers:
         if not 0 <= k < n_layer:
-            raise UsageError(f"--layers: {k} is outside [0, {n_layer}) for {n_layer} layers")
+            raise UsageError(f"`layers`: {k} is outside [0, {n_layer}) for {n_layer} layers")
     return layers
 
 
@@ -115,7 +115,7 @@ def plan_sweep(
     n_layer = base.model.n_layer
     layers = check_layers(range(n_layer) if layers is None else layers, n_layer)
     if not layers:
-        raise UsageError("--layers: no cut layer given")
+        raise UsageError("`layers`: no cut layer given")
     runs = []
     for seed in seeds:
         runs.append(PlannedRun(seed, "baseline", run_config(base, seed=seed, gate="none")))
@@ -147,17 +147,17 @@ def config_diffs(saved: dict[str, Any], planned: TrainConfig) -> list[str]:
     return diffs
 
 
-def check_existing(plan: SweepPlan, root: str | Path) -> None:
-    """Refuse to restart a sweep whose finished runs were trained with another config."""
+def check_existing(plan: SweepPlan, out_dir: str | Path) -> None:
+    """Refuse to restart a sweep in `out_dir` whose finished runs were trained with another config."""
     for run in plan.runs:
-        meta = read_json(run.path(root) / ckpt.MODEL_META)
+        meta = read_json(run.path(out_dir) / ckpt.MODEL_META)
         if meta is None:
             continue
         diffs = config_diffs(meta.get("config", {}), run.config)
         if diffs:
             raise UsageError(
-                f"--out {str(root)!r} already holds run seed-{run.seed}/{run.name} trained with a "
-                f"different config ({'; '.join(diffs[:3])}); choose another --out"
+                f"`out_dir` {str(out_dir)!r} already holds run seed-{run.seed}/{run.name} trained with a "
+                f"different config ({'; '.join(diffs[:3])}); choose another `out_dir`"
             )
 
 
