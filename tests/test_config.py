@@ -57,6 +57,13 @@ def test_unknown_yaml_key_suggests_the_closest(tmp_path):
         load_yaml(path)
 
 
+def test_unknown_saved_key_is_named_as_saved():
+    """A saved config's keys are field names, not flags (flags are checked by the CLI)."""
+    expected = r"^unknown config key 'model.n_layr' in saved config \(did you mean 'n_layer'\?\)$"
+    with pytest.raises(UsageError, match=expected):
+        from_dict({"model": {"n_layr": 5}})
+
+
 def test_bad_yaml_and_missing_file(tmp_path):
     with pytest.raises(UsageError, match="does not exist"):
         load_yaml(tmp_path / "missing.yaml")
@@ -72,13 +79,13 @@ def test_bad_yaml_and_missing_file(tmp_path):
 
 @pytest.mark.parametrize("alpha", [0.0, -0.5, 1.01])
 def test_alpha_outside_unit_interval_is_refused(alpha):
-    with pytest.raises(UsageError, match=r"--alpha .* outside \(0, 1\]"):
+    with pytest.raises(UsageError, match=r"`alpha` .* outside \(0, 1\]"):
         build_config({"gate": "fixed", "alpha": alpha})
 
 
 @pytest.mark.parametrize("cut", [4, 10, -2])
 def test_cut_layer_outside_range_is_refused(cut):
-    with pytest.raises(UsageError, match=r"--cut-layer .* outside \[0, 4\)"):
+    with pytest.raises(UsageError, match=r"`cut_layer` .* outside \[0, 4\)"):
         build_config({"gate": "fixed", "cut_layer": cut, "n_layer": 4})
 
 
@@ -89,16 +96,16 @@ def test_cut_layer_minus_one_means_middle_layer():
 @pytest.mark.parametrize(
     ("values", "pattern"),
     [
-        ({"gate": "fancy"}, r"--gate: 'fancy' is not allowed.*allowed: none, fixed, learned, router"),
-        ({"n_layer": "two"}, r"--n-layer: 'two' is not a valid int"),
-        ({"n_layer": 2.5}, r"--n-layer: 2.5 is not a valid int"),
-        ({"lr": "nan"}, r"--lr: 'nan' is not a valid float"),
-        ({"bias": "maybe"}, r"--bias: 'maybe' is not a valid bool"),
-        ({"d_model": 30, "n_head": 4}, r"--d-model 30 must be divisible by --n-head 4"),
-        ({"batch_size": 6, "grad_accum": 4}, r"--batch-size 6 must be divisible by --grad-accum 4"),
-        ({"gate_strength": 1.0}, r"--gate-strength 1.0 is outside \(0, 1\)"),
-        ({"val_fraction": 0.9}, r"--val-fraction 0.9 is outside"),
-        ({"max_steps": 0}, r"--max-steps must be > 0"),
+        ({"gate": "fancy"}, r"`gate`: 'fancy' is not allowed.*allowed: none, fixed, learned, router"),
+        ({"n_layer": "two"}, r"`n_layer`: 'two' is not a valid int"),
+        ({"n_layer": 2.5}, r"`n_layer`: 2.5 is not a valid int"),
+        ({"lr": "nan"}, r"`lr`: 'nan' is not a valid float"),
+        ({"bias": "maybe"}, r"`bias`: 'maybe' is not a valid bool"),
+        ({"d_model": 30, "n_head": 4}, r"`d_model` 30 must be divisible by `n_head` 4"),
+        ({"batch_size": 6, "grad_accum": 4}, r"`batch_size` 6 must be divisible by `grad_accum` 4"),
+        ({"gate_strength": 1.0}, r"`gate_strength` 1.0 is outside \(0, 1\)"),
+        ({"val_fraction": 0.9}, r"`val_fraction` 0.9 is outside"),
+        ({"max_steps": 0}, r"`max_steps` must be > 0"),
     ],
 )
 def test_bad_values_are_refused_with_their_flag(values, pattern):

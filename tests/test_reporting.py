@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from resstream.reporting import plots, tables
-from resstream.training import sweep as sw
+from resstream.training.records import GateHistory, RunRecord, SweepResult, gate_history, load_runs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -109,7 +109,7 @@ def sweep_dir(tmp_path):
 
 
 def table_for(*paths, benchmarks=("wikitext-2", "lambada")):
-    return tables.compare_table(sw.load_runs(list(paths)), benchmarks)
+    return tables.compare_table(load_runs(list(paths)), benchmarks)
 
 
 def test_stat_mean_and_sample_std():
@@ -181,8 +181,8 @@ def test_single_seed_shows_no_std(sweep_dir):
 
 def test_missing_rows_and_columns():
     records = [
-        sw.RunRecord(0, "fixed-k0", "fixed", 0, 0.5, 2.0),
-        sw.RunRecord(0, "fixed-k1", "fixed", 1, 0.5, 1.0),
+        RunRecord(0, "fixed-k0", "fixed", 0, 0.5, 2.0),
+        RunRecord(0, "fixed-k1", "fixed", 1, 0.5, 1.0),
     ]
     table = tables.compare_table(records, ["wikitext-2"])
     assert [row.key for row in table.rows] == ["fixed"]
@@ -206,7 +206,7 @@ def test_csv_and_json(sweep_dir):
 
 
 def test_saved_benchmarks(sweep_dir):
-    records = sw.load_runs([sweep_dir])
+    records = load_runs([sweep_dir])
     assert tables.saved_benchmarks(records, ("wikitext-2", "lambada", "shakespeare")) == (
         "wikitext-2",
         "lambada",
@@ -214,9 +214,9 @@ def test_saved_benchmarks(sweep_dir):
 
 
 # ----------------------------------------------------------------------------- plots
-def hand_result(root: Path) -> sw.SweepResult:
+def hand_result(root: Path) -> SweepResult:
     runs = tuple(
-        sw.RunRecord(
+        RunRecord(
             seed,
             name,
             **{k: v for k, v in run_entry(name, loss).items() if k in ("gate", "cut_layer", "alpha")},
@@ -224,8 +224,8 @@ def hand_result(root: Path) -> sw.SweepResult:
         )
         for (seed, name), loss in VAL.items()
     )
-    history = sw.GateHistory((1, 2, 3), ((0.4, 0.3, 0.3), (0.5, 0.3, 0.2), (0.6, 0.3, 0.1)))
-    return sw.SweepResult(
+    history = GateHistory((1, 2, 3), ((0.4, 0.3, 0.3), (0.5, 0.3, 0.2), (0.6, 0.3, 0.1)))
+    return SweepResult(
         root=root,
         n_layer=3,
         alpha=0.5,
@@ -274,7 +274,7 @@ def test_gate_heatmap_data_and_png(tmp_path):
         {"step": 3, "loss": 4.7, "gate": [0.7, 0.3]},
     ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    history = sw.gate_history(run)
+    history = gate_history(run)
     assert history.to_dict() == {"steps": [1, 2, 3], "p": [[0.5, 0.5], [0.6, 0.4], [0.7, 0.3]]}
     fig = plots.gate_heatmap_figure({0: history})
     shown = np.asarray(fig.axes[0].images[0].get_array())
@@ -287,20 +287,18 @@ def test_gate_heatmap_data_and_png(tmp_path):
 
 def test_heatmap_without_records_refused():
     with pytest.raises(ValueError, match="no gate records"):
-        plots.gate_heatmap_figure({0: sw.GateHistory((), ())})
+        plots.gate_heatmap_figure({0: GateHistory((), ())})
 
 
 def test_sweep_csv(tmp_path):
     result = hand_result(tmp_path)
-    result = sw.SweepResult(
+    result = SweepResult(
         **{
             **result.__dict__,
             "benchmarks": ("wikitext-2",),
             "runs": (
-                sw.RunRecord(
-                    0, "baseline", "none", None, None, 2.0, evals={"wikitext-2": {"perplexity": 9.5}}
-                ),
-                sw.RunRecord(0, "fixed-k1", "fixed", 1, 0.5, 2.5),
+                RunRecord(0, "baseline", "none", None, None, 2.0, evals={"wikitext-2": {"perplexity": 9.5}}),
+                RunRecord(0, "fixed-k1", "fixed", 1, 0.5, 2.5),
             ),
         }
     )

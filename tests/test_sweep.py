@@ -1,4 +1,5 @@
-"""Sweeps: the runs they train, same-seed data order, restart, sweep.json, gate history, evals."""
+"""Sweeps: the runs they train, same-seed data order, restart, sweep.json, gate history, evals,
+and reading a finished sweep back."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 from resstream.errors import UsageError
 from resstream.training import sweep as sw
 from resstream.training.config import build_config
-from resstream.training.loop import iter_metrics
+from resstream.training.metrics import iter_metrics
+from resstream.training.records import find_runs, load_runs
 
 BENCHMARKS = ("openwebtext", "lambada")
 
@@ -140,34 +142,12 @@ def test_plan_names_and_configs(tmp_path):
     assert no_learned.seeds == (0,)
 
 
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("0,x", "--seeds: 'x' is not an integer"),
-        ("1.5", "--seeds: '1.5' is not an integer"),
-        ("", "--seeds: '' is empty"),
-    ],
-)
-def test_parse_int_list_rejects(text, message):
-    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(".", r"\.")):
-        sw.parse_int_list(text, "--seeds")
-
-
-def test_parse_int_list_and_layers():
-    assert sw.parse_int_list(" 2, 0,2 ", "--layers") == (2, 0)
+def test_check_layers():
     assert sw.check_layers((2, 0), 3) == (0, 2)
-    with pytest.raises(UsageError, match=r"--layers: 3 is outside \[0, 3\) for 3 layers"):
+    with pytest.raises(UsageError, match=r"`layers`: 3 is outside \[0, 3\) for 3 layers"):
         sw.check_layers((0, 3), 3)
-    with pytest.raises(UsageError, match=r"--layers: -1 is outside"):
+    with pytest.raises(UsageError, match=r"`layers`: -1 is outside"):
         sw.check_layers((-1,), 3)
-
-
-def test_sweep_owned_flags_refused():
-    sw.check_sweep_flags({"n_layer": "2"})
-    with pytest.raises(UsageError, match="--gate is set by the sweep"):
-        sw.check_sweep_flags({"gate": "fixed"})
-    with pytest.raises(UsageError, match="use --seeds"):
-        sw.check_sweep_flags({"seed": "1"})
 
 
 def test_run_directories(swept):
@@ -309,13 +289,13 @@ def test_restart_with_another_config_is_refused(tmp_path):
 
 def test_find_runs_from_sweep_and_seed_dirs(swept):
     _, result, out, _ = swept
-    everything = sw.find_runs(out)
+    everything = find_runs(out)
     assert len(everything) == 8
-    seed1 = sw.find_runs(out / "seed-1")
+    seed1 = find_runs(out / "seed-1")
     assert {(r.seed, r.name) for r in seed1} == {
         (1, n) for n in ("baseline", "fixed-k0", "fixed-k1", "learned")
     }
-    assert len(sw.load_runs([out, out / "seed-1"])) == 8  # listed twice, counted once
+    assert len(load_runs([out, out / "seed-1"])) == 8  # listed twice, counted once
     lossless = {(r.seed, r.name): r.val_loss for r in result.runs}
     assert {(r.seed, r.name): r.val_loss for r in everything} == lossless
     assert all(set(r.evals) == set(BENCHMARKS) for r in everything)
@@ -326,7 +306,7 @@ def test_find_runs_without_sweep_json(swept, tmp_path):
     _, result, out, _ = swept
     copy = tmp_path / "copy"
     shutil.copytree(out / "seed-0", copy / "seed-0")
-    records = sw.find_runs(copy)
+    records = find_runs(copy)
     assert {r.name: (r.gate, r.cut_layer, r.alpha) for r in records} == {
         "baseline": ("none", None, None),
         "fixed-k0": ("fixed", 0, 0.5),
@@ -335,23 +315,3 @@ def test_find_runs_without_sweep_json(swept, tmp_path):
     }
     expected = {r.name: r.val_loss for r in result.runs if r.seed == 0}
     assert {r.name: r.val_loss for r in records} == expected
-
-
-@pytest.mark.parametrize("make", ["missing", "empty", "file", "bad_json"])
-def test_find_runs_rejects_non_sweeps(tmp_path, make):
-    target = tmp_path / "thing"
-    if make == "empty":
-        target.mkdir()
-    elif make == "file":
-        target.write_text("x")
-    elif make == "bad_json":
-        target.mkdir()
-        (target / "sweep.json").write_text('{"format": "something-else"}')
-    with pytest.raises(UsageError, match="thing"):
-        sw.find_runs(target)
-
-
-def test_load_runs_with_no_finished_runs(tmp_path):
-    (tmp_path / "sweep" / "seed-0" / "baseline").mkdir(parents=True)
-    with pytest.raises(UsageError, match="no finished runs found"):
-        sw.load_runs([tmp_path / "sweep"])

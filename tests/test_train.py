@@ -11,7 +11,8 @@ from resstream.errors import RunError, UsageError
 from resstream.training import checkpoint as ckpt
 from resstream.training import loop
 from resstream.training.config import build_config
-from resstream.training.loop import iter_metrics, train
+from resstream.training.loop import train
+from resstream.training.metrics import iter_metrics
 
 #: Losses of the first four steps of `tiny_config()` on `corpus`; any change to the model,
 #: initialisation, data order, tokenizer or optimizer shows up here.

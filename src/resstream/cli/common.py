@@ -16,6 +16,19 @@ def check_out_dir(out: Path) -> None:
         raise UsageError(f"--out {str(out)!r} is a file; give a directory")
 
 
+def check_max_eval_tokens(value: str | None) -> int | None:
+    """--max-eval-tokens (sweep, compare) as an integer that allows one context and one scored token."""
+    if value is None:
+        return None
+    try:
+        tokens = int(value)
+    except ValueError:
+        raise UsageError(f"--max-eval-tokens: {value!r} is not an integer") from None
+    if tokens < 2:
+        raise UsageError(f"--max-eval-tokens must be >= 2, got {tokens}")
+    return tokens
+
+
 def split_names(text: str | None) -> list[str]:
     """'a,b' (or repeated spaces) into ['a', 'b']; None into []."""
     if text is None:

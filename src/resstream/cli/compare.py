@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from resstream.cli.common import check_out_dir, echo_err, split_names
+from resstream.cli.common import check_max_eval_tokens, check_out_dir, echo_err, split_names
 from resstream.errors import UsageError
 
 
@@ -37,17 +37,19 @@ def compare(
     from resstream.io import run_record, write_json, write_text
     from resstream.reporting.tables import compare_table, saved_benchmarks
     from resstream.training import sweep as sw
+    from resstream.training.evaluate import BENCHMARKS, check_benchmark_data, check_benchmarks
+    from resstream.training.records import load_runs
 
-    names = sw.check_benchmarks(split_names(benchmarks)) if benchmarks is not None else None
+    names = check_benchmarks(split_names(benchmarks), allow_all=True) if benchmarks is not None else None
     if names is not None and not names:
         raise UsageError(f"--benchmarks: {benchmarks!r} names no benchmark")
-    max_tokens = sw.check_max_eval_tokens(max_eval_tokens)
+    max_tokens = check_max_eval_tokens(max_eval_tokens)
     check_out_dir(out)
     dev = str(resolve_device(device))
-    records = sw.load_runs(inputs)
+    records = load_runs(inputs)
     if names is None:
-        names = saved_benchmarks(records, sw.known_benchmarks()) or sw.known_benchmarks()
-    sw.check_benchmark_data(sw.missing_benchmarks(records, names), str(data_dir) if data_dir else None)
+        names = saved_benchmarks(records, BENCHMARKS) or BENCHMARKS
+    check_benchmark_data(sw.missing_benchmarks(records, names), str(data_dir) if data_dir else None)
     records = sw.fill_evals(
         records,
         names,

@@ -3,16 +3,43 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from resstream.cli.common import check_out_dir, echo_err, split_names
+from resstream.cli.common import check_max_eval_tokens, check_out_dir, echo_err, split_names
+from resstream.cli.flags import flag
 from resstream.cli.train import field_help, parse_field_flags, resolve_train_config
 from resstream.errors import UsageError
 
 if TYPE_CHECKING:
-    from resstream.training.sweep import SweepResult
+    from resstream.training.records import SweepResult
+
+#: Config fields the sweep sets for each run itself, and the flags that choose them instead.
+SWEEP_OWNED_FIELDS = {"gate": "--layers / --no-learned", "cut_layer": "--layers", "seed": "--seeds"}
+
+
+def parse_int_list(text: str, option: str) -> tuple[int, ...]:
+    """Parse '0,1,2' (spaces allowed) into integers; a UsageError names a bad element."""
+    items = [item.strip() for item in str(text).split(",")]
+    if not any(items):
+        raise UsageError(f"{option}: {text!r} is empty; give comma-separated integers such as 0,1,2")
+    values = []
+    for item in items:
+        try:
+            values.append(int(item))
+        except ValueError:
+            raise UsageError(
+                f"{option}: {item!r} is not an integer; give comma-separated integers such as 0,1,2"
+            ) from None
+    return tuple(dict.fromkeys(values))
+
+
+def check_sweep_flags(flags: dict[str, Any]) -> None:
+    """Refuse per-field flags that the sweep sets itself (gate, cut layer, seed)."""
+    for name, instead in SWEEP_OWNED_FIELDS.items():
+        if name in flags:
+            raise UsageError(f"{flag(name)} is set by the sweep for each run; use {instead}")
 
 
 def sweep(
@@ -46,21 +73,22 @@ def sweep(
     from resstream.reporting.plots import plot_gate_heatmap, plot_sweep_val_loss
     from resstream.reporting.tables import sweep_csv
     from resstream.training import sweep as sw
+    from resstream.training.evaluate import check_benchmark_data, check_benchmarks
 
     extra = list(ctx.args)
-    sw.check_sweep_flags(parse_field_flags(extra))
+    check_sweep_flags(parse_field_flags(extra))
     base = resolve_train_config(preset, config, {"alpha": alpha}, extra)
-    seed_list = sw.parse_int_list(seeds, "--seeds") if seeds is not None else None
-    layer_list = sw.parse_int_list(layers, "--layers") if layers is not None else None
-    names = sw.check_benchmarks(split_names(benchmarks)) if benchmarks is not None else ()
+    seed_list = parse_int_list(seeds, "--seeds") if seeds is not None else None
+    layer_list = parse_int_list(layers, "--layers") if layers is not None else None
+    names = check_benchmarks(split_names(benchmarks), allow_all=True) if benchmarks is not None else ()
     if benchmarks is not None and not names:
         raise UsageError(f"--benchmarks: {benchmarks!r} names no benchmark")
-    max_tokens = sw.check_max_eval_tokens(max_eval_tokens)
+    max_tokens = check_max_eval_tokens(max_eval_tokens)
     check_out_dir(out)
     plan = sw.plan_sweep(base, seeds=seed_list, layers=layer_list, learned=not no_learned)
     sw.check_existing(plan, out)
     if names:
-        sw.check_benchmark_data(names, base.run.data_dir)
+        check_benchmark_data(names, base.run.data_dir)
     result = sw.run_sweep(
         plan,
         out,

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from resstream.errors import UsageError
+from resstream.cli.flags import flag
+from resstream.errors import UsageError, closest
 from resstream.training.config import FIELDS, build_config, flatten, load_yaml
 
 #: Fields that have typed options of their own; every other field is an extra `--flag`.
@@ -18,7 +19,7 @@ def field_help() -> str:
     lines = ["Every config field is also a flag (value after it, booleans also as --no-NAME):"]
     for name, (section, fld) in FIELDS.items():
         if name not in _TYPED:
-            lines.append(f"  --{name.replace('_', '-')} ({section}, default {fld.default!r})")
+            lines.append(f"  {flag(name)} ({section}, default {fld.default!r})")
     return "\n\n".join(lines)
 
 
@@ -45,7 +46,17 @@ def parse_field_flags(args: list[str]) -> dict[str, str | bool]:
         else:
             values[name] = True
             i += 1
-    return flatten(values, "flags")
+    check_field_flags(values)
+    return values
+
+
+def check_field_flags(values: dict[str, str | bool]) -> None:
+    """Refuse a flag that names no config field, suggesting the closest field flag."""
+    field_flags = [flag(name) for name in FIELDS]
+    for name in values:
+        if name not in FIELDS:
+            given = "--" + name.replace("_", "-")
+            raise UsageError(f"unknown config key {given!r} in flags{closest(given, field_flags)}")
 
 
 def resolve_train_config(

@@ -15,7 +15,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from resstream.reporting.figures import new_figure, save_figure
-from resstream.training.sweep import GateHistory, RunRecord, SweepResult
+from resstream.training.records import GateHistory, RunRecord, SweepResult
 
 
 def gate_matrix(history: GateHistory) -> np.ndarray:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from resstream.training.sweep import EVAL_METRICS, RunRecord, SweepResult
+from resstream.training.records import EVAL_METRICS, RunRecord, SweepResult
 
 DIGITS = 3
 CONVENTION = (

@@ -242,7 +242,7 @@ def load_run(run_dir: str | os.PathLike[str], *, device: str | torch.device = "c
     if not meta_path.is_file():
         raise UsageError(
             f"{str(root)!r} is not a finished resstream run (no {MODEL_META}; "
-            f"an unfinished run can be continued with train --resume)"
+            f"an unfinished run can be continued with train `resume=True`)"
         )
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))

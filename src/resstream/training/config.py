@@ -4,8 +4,8 @@ A config has four sections. `model`, `data` and `tokenizer` fix what a checkpoin
 resuming with any of them changed is refused. `optim` and `run` may change between runs.
 
 Every field can be set three ways, later ones winning: a preset, a YAML file (sections as
-mappings, or flat keys), and flags (`--n-layer 4`; each field's name with `_` → `-`).
-Field names are unique across sections so a flat name is enough.
+mappings, or flat keys), and flat overrides by field name (the command line's flags,
+`resstream.cli.train`). Field names are unique across sections so a flat name is enough.
 """
 
 from __future__ import annotations
@@ -211,12 +211,11 @@ def coerce(name: str, value: Any) -> Any:
     """Convert `value` (from YAML or a flag string) to the type of field `name`."""
     section, _ = FIELDS[name]
     hint = _field_type(section, name)
-    flag = "--" + name.replace("_", "-")
     args = typing.get_args(hint)
     if typing.get_origin(hint) is Literal:
         if str(value) not in args:
             raise UsageError(
-                f"{flag}: {value!r} is not allowed{closest(str(value), args)}; allowed: {', '.join(args)}"
+                f"`{name}`: {value!r} is not allowed{closest(str(value), args)}; allowed: {', '.join(args)}"
             )
         return str(value)
     optional = typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args
@@ -238,7 +237,7 @@ def coerce(name: str, value: Any) -> Any:
             return result
         return str(value)
     except (TypeError, ValueError):
-        raise UsageError(f"{flag}: {value!r} is not a valid {hint.__name__}") from None
+        raise UsageError(f"`{name}`: {value!r} is not a valid {hint.__name__}") from None
 
 
 def _to_bool(value: Any) -> bool:
@@ -254,9 +253,7 @@ def _to_bool(value: Any) -> bool:
 
 def unknown_key_error(key: str, where: str) -> UsageError:
     """The error for a config key that does not exist, with the closest known one."""
-    shown = key if where == "YAML" else "--" + key.replace("_", "-")
-    candidates = list(FIELDS) if where == "YAML" else ["--" + k.replace("_", "-") for k in FIELDS]
-    return UsageError(f"unknown config key {shown!r} in {where}{closest(shown, candidates)}")
+    return UsageError(f"unknown config key {key!r} in {where}{closest(key, FIELDS)}")
 
 
 def flatten(tree: dict[str, Any], where: str) -> dict[str, Any]:
@@ -321,7 +318,7 @@ def from_dict(tree: dict[str, Any]) -> TrainConfig:
 
 def _positive(name: str, value: float) -> None:
     if value <= 0:
-        raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+        raise UsageError(f"`{name}` must be > 0, got {value}")
 
 
 def validate(config: TrainConfig) -> None:
@@ -340,30 +337,30 @@ def validate(config: TrainConfig) -> None:
     ):
         _positive(name, getattr(r, name))
     if m.d_mlp < 0:
-        raise UsageError(f"--d-mlp {m.d_mlp} must be >= 0 (0 means 4 x --d-model)")
+        raise UsageError(f"`d_mlp` {m.d_mlp} must be >= 0 (0 means 4 x `d_model`)")
     if m.d_model % m.n_head:
-        raise UsageError(f"--d-model {m.d_model} must be divisible by --n-head {m.n_head}")
+        raise UsageError(f"`d_model` {m.d_model} must be divisible by `n_head` {m.n_head}")
     if m.pos_emb == "rotary" and (m.d_model // m.n_head) % 2:
         raise UsageError(f"rotary embeddings need an even head size, got {m.d_model // m.n_head}")
     if not 0 < m.alpha <= 1:
-        raise UsageError(f"--alpha {m.alpha} is outside (0, 1]")
+        raise UsageError(f"`alpha` {m.alpha} is outside (0, 1]")
     if m.gate == "fixed" and not 0 <= m.resolved_cut_layer < m.n_layer:
-        raise UsageError(f"--cut-layer {m.cut_layer} is outside [0, {m.n_layer}) for {m.n_layer} layers")
+        raise UsageError(f"`cut_layer` {m.cut_layer} is outside [0, {m.n_layer}) for {m.n_layer} layers")
     if not 0 < m.gate_strength < 1:
-        raise UsageError(f"--gate-strength {m.gate_strength} is outside (0, 1)")
+        raise UsageError(f"`gate_strength` {m.gate_strength} is outside (0, 1)")
     if not 0 <= m.dropout < 1:
-        raise UsageError(f"--dropout {m.dropout} is outside [0, 1)")
+        raise UsageError(f"`dropout` {m.dropout} is outside [0, 1)")
     if r.batch_size % r.grad_accum:
-        raise UsageError(f"--batch-size {r.batch_size} must be divisible by --grad-accum {r.grad_accum}")
+        raise UsageError(f"`batch_size` {r.batch_size} must be divisible by `grad_accum` {r.grad_accum}")
     if o.lr <= 0 or o.min_lr < 0 or o.min_lr > o.lr or o.gate_lr < 0:
         raise UsageError(
-            f"learning rates must satisfy 0 <= --min-lr <= --lr and --lr > 0, --gate-lr >= 0 "
+            f"learning rates must satisfy 0 <= `min_lr` <= `lr` and `lr` > 0, `gate_lr` >= 0 "
             f"(got lr={o.lr}, min_lr={o.min_lr}, gate_lr={o.gate_lr})"
         )
     if o.warmup_steps < 0 or o.grad_clip < 0 or o.weight_decay < 0:
-        raise UsageError("--warmup-steps, --grad-clip and --weight-decay must be >= 0")
+        raise UsageError("`warmup_steps`, `grad_clip` and `weight_decay` must be >= 0")
     if not 0 < config.data.val_fraction <= 0.5:
-        raise UsageError(f"--val-fraction {config.data.val_fraction} is outside (0, 0.5]")
+        raise UsageError(f"`val_fraction` {config.data.val_fraction} is outside (0, 0.5]")
 
 
 def identity_diff(old: TrainConfig, new: TrainConfig) -> list[str]:

@@ -25,8 +25,8 @@ def check_enough_tokens(tokens: np.ndarray, block_size: int, what: str, *, seque
     if len(tokens) < needed:
         unit = "one sequence" if sequences == 1 else f"one batch ({sequences} sequences)"
         raise UsageError(
-            f"the {what} split has {len(tokens)} tokens, fewer than {unit} of --block-size "
-            f"{block_size} needs ({needed}); use a larger corpus or a smaller --block-size/--batch-size"
+            f"the {what} split has {len(tokens)} tokens, fewer than {unit} of `block_size` "
+            f"{block_size} needs ({needed}); use a larger corpus or a smaller `block_size`/`batch_size`"
         )
 
 

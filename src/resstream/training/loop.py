@@ -1,20 +1,17 @@
 """The training loop: data, model, AdamW, schedule, logging, checkpoints, resume, DDP.
 
 Single process: `train(config, out_dir)`. Several processes: launch the same command with
-`torchrun --nproc_per_node N`; each process reads RANK / WORLD_SIZE / LOCAL_RANK, the global
-batch (`batch_size` sequences) is split evenly over processes and accumulation steps, and
-only rank 0 writes files.
+`torchrun --nproc_per_node N` (`resstream.training.distributed`); only rank 0 writes files.
+The metrics log is `resstream.training.metrics`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,28 +26,17 @@ from resstream.data import build_token_cache, load_corpus, load_tokenizer, save_
 from resstream.data.tokenizer import tokenizer_fingerprint
 from resstream.devices import resolve_device
 from resstream.errors import RunError, UsageError
-from resstream.io import run_record, write_json, write_text
+from resstream.io import run_record, write_json
 from resstream.training import checkpoint as ckpt
 from resstream.training.config import TrainConfig, from_dict, identity_diff
 from resstream.training.data import check_enough_tokens, eval_starts, micro_batch, windows
+from resstream.training.distributed import check_batch_layout, init_distributed
+from resstream.training.metrics import METRICS_FILE, MetricsLog, read_records
 from resstream.training.model import GPT
 from resstream.training.optim import apply_optim_config, lr_scale, make_optimizer, set_lr
 
 #: Dense bf16 peak FLOP/s of known accelerators, for the MFU estimate.
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
-
-
-@dataclass(frozen=True)
-class Distributed:
-    """This process's place in a torchrun job (rank 0 of 1 when run directly)."""
-
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
 
 
 @dataclass(frozen=True)
@@ -64,22 +50,8 @@ class TrainResult:
     tokens_per_s: float
 
 
-def init_distributed(device_kind: str) -> Distributed:
-    """Join the torchrun process group when launched by torchrun, else a single process."""
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        return Distributed()
-    info = Distributed(
-        int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
-    )
-    if device_kind == "cuda":
-        torch.cuda.set_device(info.local_rank)  # before NCCL, so each process owns its GPU
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device_kind == "cuda" else "gloo")
-    return info
-
-
 def default_cache_dir(config: TrainConfig) -> Path:
-    """Where token caches live: --cache-dir, env RESSTREAM_CACHE, or ~/.cache/resstream."""
+    """Where token caches live: `cache_dir`, env RESSTREAM_CACHE, or ~/.cache/resstream."""
     if config.run.cache_dir:
         return Path(config.run.cache_dir)
     return Path(os.environ.get("RESSTREAM_CACHE", Path.home() / ".cache" / "resstream"))
@@ -101,21 +73,12 @@ def resolve_vocab(config: TrainConfig, tokenizer_size: int) -> TrainConfig:
     if vocab == 0:
         vocab = tokenizer_size
     elif vocab < tokenizer_size:
-        raise UsageError(f"--vocab-size {vocab} is smaller than the tokenizer's {tokenizer_size} tokens")
+        raise UsageError(f"`vocab_size` {vocab} is smaller than the tokenizer's {tokenizer_size} tokens")
     return dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=vocab))
 
 
-def check_batch_layout(config: TrainConfig, world: int) -> None:
-    """The global batch must split evenly over processes and accumulation steps."""
-    parts = config.run.grad_accum * world
-    if config.run.batch_size % parts:
-        raise UsageError(
-            f"--batch-size {config.run.batch_size} must be divisible by --grad-accum x processes = {parts}"
-        )
-
-
 def peak_flops(config: TrainConfig, device: torch.device) -> float | None:
-    """The FLOP/s to compute MFU against: --peak-flops, else a known GPU's bf16 peak."""
+    """The FLOP/s to compute MFU against: `peak_flops`, else a known GPU's bf16 peak."""
     if config.run.peak_flops > 0:
         return config.run.peak_flops
     if device.type == "cuda":
@@ -149,24 +112,6 @@ def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
     torch.set_rng_state(state["cpu"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
-
-
-class MetricsLog:
-    """Appends JSON records to metrics.jsonl (rank 0 only); on resume, drops later records."""
-
-    def __init__(self, path: Path, enabled: bool, resume_step: int | None) -> None:
-        self.path, self.enabled = path, enabled
-        if enabled and resume_step is not None and path.exists():
-            kept = [json.dumps(rec) for rec in read_records(path) if rec.get("step", 0) <= resume_step]
-            write_text(path, "".join(line + "\n" for line in kept))
-        elif enabled and resume_step is None:
-            write_text(path, "")
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self.enabled:
-            with self.path.open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps(record) + "\n")
-                fh.flush()
 
 
 class Trainer:
@@ -209,7 +154,7 @@ class Trainer:
     # ----------------------------------------------------------------- set-up
     def _check_out_dir(self) -> ckpt.Checkpoint | None:
         if self.out_dir.exists() and not self.out_dir.is_dir():
-            raise UsageError(f"--out {str(self.out_dir)!r} is a file; give a directory")
+            raise UsageError(f"`out_dir` {str(self.out_dir)!r} is a file; give a directory")
         has_run = (
             ckpt.latest_checkpoint_step(self.out_dir) is not None or (self.out_dir / ckpt.MODEL_FILE).exists()
         )
@@ -217,8 +162,8 @@ class Trainer:
             return ckpt.load_checkpoint(self.out_dir)
         if has_run:
             raise UsageError(
-                f"--out {str(self.out_dir)!r} already holds a run; pass --resume to continue "
-                f"it or choose another --out"
+                f"`out_dir` {str(self.out_dir)!r} already holds a run; pass `resume=True` to continue "
+                f"it or choose another `out_dir`"
             )
         return None
 
@@ -362,9 +307,7 @@ class Trainer:
         if main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self._write_run_files()
-        log = MetricsLog(
-            self.out_dir / "metrics.jsonl", main, self.checkpoint.step if self.checkpoint else None
-        )
+        log = MetricsLog(self.out_dir / METRICS_FILE, main, self.checkpoint.step if self.checkpoint else None)
         tokens_per_step = r.batch_size * self.config.model.block_size
         losses: list[float] = []
         val_loss = self.checkpoint.state.get("val_loss", math.nan) if self.checkpoint else math.nan
@@ -424,7 +367,7 @@ class Trainer:
         }
 
     def _mean_tokens_per_s(self) -> float:
-        path = self.out_dir / "metrics.jsonl"
+        path = self.out_dir / METRICS_FILE
         if not path.exists():
             return math.nan
         rates = [rec["tokens_per_s"] for rec in read_records(path) if "tokens_per_s" in rec]
@@ -488,20 +431,3 @@ def train(
 ) -> TrainResult:
     """Train a resstream GPT as `config` says, writing the run into `out_dir`."""
     return Trainer(config, out_dir, resume=resume, progress=progress).run()
-
-
-def read_records(path: Path) -> Iterator[dict[str, Any]]:
-    """JSON records of a .jsonl log, in order; a line cut short by a killed writer is skipped."""
-    with path.open(encoding="utf-8") as fh:
-        for line in fh:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                yield record
-
-
-def iter_metrics(run_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """The records of a run's metrics.jsonl, in order."""
-    return read_records(Path(run_dir) / "metrics.jsonl")

@@ -1,0 +1,53 @@
+"""This process's place in a torchrun job, and the batch layout that follows from it.
+
+Launched with `torchrun --nproc_per_node N`, each process reads RANK / WORLD_SIZE / LOCAL_RANK
+and joins the process group (NCCL on CUDA, gloo on CPU); run directly, it is rank 0 of 1. The
+global batch (`batch_size` sequences) is split evenly over processes and accumulation steps.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from resstream.errors import UsageError
+from resstream.training.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """This process's place in a torchrun job (rank 0 of 1 when run directly)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device_kind: str) -> Distributed:
+    """Join the torchrun process group when launched by torchrun, else a single process."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return Distributed()
+    info = Distributed(
+        int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+    )
+    if device_kind == "cuda":
+        torch.cuda.set_device(info.local_rank)  # before NCCL, so each process owns its GPU
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device_kind == "cuda" else "gloo")
+    return info
+
+
+def check_batch_layout(config: TrainConfig, world: int) -> None:
+    """The global batch must split evenly over processes and accumulation steps."""
+    parts = config.run.grad_accum * world
+    if config.run.batch_size % parts:
+        raise UsageError(
+            f"`batch_size` {config.run.batch_size} must be divisible by `grad_accum` x processes = {parts}"
+        )

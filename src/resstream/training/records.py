@@ -1,0 +1,282 @@
+"""Run and sweep records: what a sweep writes, and reading finished runs back from disk.
+
+A finished run directory (see `resstream.training.checkpoint`) is summarised as a `RunRecord`:
+gate, cut layer, α, final validation loss, its benchmark scores (`eval.json`) and, for the
+learned gate, its final distribution over layers (from `metrics.jsonl`). A sweep's records make
+a `SweepResult`, whose `to_dict` is `sweep.json`; the learned gate's distribution over training
+is a `GateHistory` (`gate_history.json`).
+
+`find_runs` / `load_runs` read runs back for `resstream compare`: from a sweep directory's
+sweep.json, from the finished run folders of a sweep interrupted before writing it, or from one
+seed-<s> folder. Nothing here trains or evaluates; `resstream.reporting` draws these records.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from resstream.errors import UsageError
+from resstream.training import checkpoint as ckpt
+from resstream.training.metrics import METRICS_FILE, iter_metrics
+
+SWEEP_FILE = "sweep.json"
+EVAL_FILE = "eval.json"
+GATE_HISTORY_FILE = "gate_history.json"
+SWEEP_FORMAT = "resstream-sweep"
+SEED_DIR = re.compile(r"^seed-(-?\d+)$")
+RUN_NAME = re.compile(r"^(?:baseline|learned|fixed-k(\d+))$")
+#: The metrics a benchmark result carries (None where a benchmark does not have one).
+EVAL_METRICS = ("loss", "perplexity", "accuracy", "num_tokens", "last_word_accuracy", "num_examples")
+
+Scores = dict[str, dict[str, float | int | None]]  # benchmark -> metric -> value
+
+
+# --------------------------------------------------------------------------- records
+@dataclass(frozen=True)
+class GateHistory:
+    """The learned gate's distribution p over layers at each logged training step."""
+
+    steps: tuple[int, ...]
+    p: tuple[tuple[float, ...], ...]  # one row per step, one entry per layer
+
+    def to_dict(self) -> dict[str, Any]:
+        """{"steps": [...], "p": [[...], ...]} (what gate_history.json holds)."""
+        return {"steps": list(self.steps), "p": [list(row) for row in self.p]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GateHistory:
+        """Inverse of `to_dict`."""
+        return cls(tuple(int(s) for s in data["steps"]), tuple(tuple(map(float, row)) for row in data["p"]))
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A finished run's summary: what sweep.json stores and compare aggregates."""
+
+    seed: int
+    name: str
+    gate: str
+    cut_layer: int | None
+    alpha: float | None
+    val_loss: float
+    path: Path | None = None
+    evals: Scores = field(default_factory=dict)
+    gate_p: tuple[float, ...] | None = None  # learned gate: final distribution
+
+    def to_dict(self, root: Path | None = None) -> dict[str, Any]:
+        """JSON form; `dir` is relative to `root` when given."""
+        where = None
+        if self.path is not None:
+            where = str(self.path.relative_to(root)) if root is not None else str(self.path)
+        return {
+            "gate": self.gate,
+            "cut_layer": self.cut_layer,
+            "alpha": self.alpha,
+            "val_loss": self.val_loss,
+            "dir": where,
+            "gate_p": list(self.gate_p) if self.gate_p else None,
+            "eval": self.evals or None,
+        }
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """Everything a finished sweep produced."""
+
+    root: Path
+    n_layer: int
+    alpha: float
+    seeds: tuple[int, ...]
+    layers: tuple[int, ...]
+    learned: bool
+    benchmarks: tuple[str, ...]
+    runs: tuple[RunRecord, ...]
+    gate_histories: dict[int, GateHistory]
+    config: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The content of sweep.json."""
+        per_seed: dict[str, dict[str, Any]] = {}
+        for run in self.runs:
+            per_seed.setdefault(str(run.seed), {})[run.name] = run.to_dict(self.root)
+        return {
+            "format": SWEEP_FORMAT,
+            "version": 1,
+            "n_layer": self.n_layer,
+            "alpha": self.alpha,
+            "seeds": list(self.seeds),
+            "layers": list(self.layers),
+            "learned": self.learned,
+            "benchmarks": list(self.benchmarks),
+            "config": self.config,
+            "runs": per_seed,
+        }
+
+
+# ------------------------------------------------------------------- reading runs
+def read_json(path: Path) -> Any:
+    """The JSON content of `path`, None when there is no such file; UsageError when it is not JSON."""
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{str(path)!r} is not valid JSON ({exc})") from None
+
+
+def gate_history(run_dir: str | Path) -> GateHistory:
+    """The gate distribution logged in a run's metrics.jsonl (records with `gate` and `step`)."""
+    by_step: dict[int, tuple[float, ...]] = {}
+    for record in iter_metrics(run_dir):
+        if isinstance(record.get("gate"), list) and "step" in record:
+            by_step[int(record["step"])] = tuple(float(v) for v in record["gate"])
+    steps = tuple(sorted(by_step))
+    return GateHistory(steps, tuple(by_step[s] for s in steps))
+
+
+def normalise_eval(data: Any) -> Scores:
+    """Benchmark scores from an eval.json (`benchmarks`/`results` as a list or a name mapping)."""
+    if not isinstance(data, dict):
+        return {}
+    results = data.get("benchmarks", data.get("results", data))
+    if isinstance(results, dict):
+        items = [(str(name), value) for name, value in results.items() if isinstance(value, dict)]
+    elif isinstance(results, list):
+        items = [
+            (str(value["name"]), value) for value in results if isinstance(value, dict) and "name" in value
+        ]
+    else:
+        return {}
+    return {name: {m: value.get(m) for m in EVAL_METRICS} for name, value in items}
+
+
+def read_eval(run_dir: Path) -> tuple[Scores, dict[str, Any] | None]:
+    """(scores, raw eval.json) saved in a run directory; ({}, None) when there is none."""
+    raw = read_json(Path(run_dir) / EVAL_FILE)
+    return normalise_eval(raw), raw
+
+
+def record_from_run_dir(run_dir: Path, seed: int) -> RunRecord:
+    """Summarise a finished run from its model.json (and eval.json, gate log)."""
+    meta = read_json(run_dir / ckpt.MODEL_META) or {}
+    model = meta.get("config", {}).get("model", {})
+    gate = str(model.get("gate", "none"))
+    cut = model.get("cut_layer") if gate == "fixed" else None
+    if gate == "fixed" and cut == -1:
+        cut = int(model.get("n_layer", 0)) // 2
+    scores, _ = read_eval(run_dir)
+    final_p = None
+    if gate == "learned" and (run_dir / METRICS_FILE).is_file():
+        history = gate_history(run_dir)
+        final_p = history.p[-1] if history.p else None
+    return RunRecord(
+        seed=seed,
+        name=run_dir.name,
+        gate=gate,
+        cut_layer=cut,
+        alpha=float(model["alpha"]) if gate == "fixed" else None,
+        val_loss=float(meta.get("val_loss", math.nan)),
+        path=run_dir,
+        evals=scores,
+        gate_p=final_p,
+    )
+
+
+def _records_from_sweep_json(root: Path, data: dict[str, Any], only_seed: int | None) -> list[RunRecord]:
+    records = []
+    for seed_key, runs in (data.get("runs") or {}).items():
+        seed = int(seed_key)
+        if only_seed is not None and seed != only_seed:
+            continue
+        for name, run in runs.items():
+            path = root / (run.get("dir") or f"seed-{seed}/{name}")
+            saved, _ = read_eval(path)
+            evals = {**normalise_eval({"results": run.get("eval") or {}}), **saved}
+            records.append(
+                RunRecord(
+                    seed=seed,
+                    name=name,
+                    gate=str(run.get("gate")),
+                    cut_layer=run.get("cut_layer"),
+                    alpha=run.get("alpha"),
+                    val_loss=float(run["val_loss"]) if run.get("val_loss") is not None else math.nan,
+                    path=path,
+                    evals=evals,
+                    gate_p=tuple(run["gate_p"]) if run.get("gate_p") else None,
+                )
+            )
+    return records
+
+
+def _records_from_seed_dir(seed_dir: Path, seed: int) -> list[RunRecord]:
+    return [
+        record_from_run_dir(d, seed)
+        for d in sorted(seed_dir.iterdir())
+        if d.is_dir() and RUN_NAME.match(d.name) and (d / ckpt.MODEL_META).is_file()
+    ]
+
+
+def _seed_dirs(root: Path) -> list[tuple[Path, int]]:
+    found = [(d, SEED_DIR.match(d.name)) for d in sorted(root.iterdir()) if d.is_dir()]
+    return [(d, int(m.group(1))) for d, m in found if m]
+
+
+def _not_a_sweep(path: Path, reason: str) -> UsageError:
+    return UsageError(
+        f"{str(path)!r} is not a sweep directory ({reason}); expected a directory "
+        f"written by `resstream sweep` (with {SWEEP_FILE} or seed-<s>/ run folders) "
+        f"or one of its seed-<s> folders"
+    )
+
+
+def find_runs(path: str | Path) -> list[RunRecord]:
+    """The finished runs of a sweep directory or of one seed-<s> directory of a sweep."""
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(
+            f"{str(path)!r} does not exist; expected a sweep directory written by "
+            f"`resstream sweep` or one of its seed-<s> folders"
+        )
+    if not path.is_dir():
+        raise _not_a_sweep(path, "it is a file")
+    sweep = read_json(path / SWEEP_FILE)
+    if sweep is not None:
+        if not isinstance(sweep, dict) or sweep.get("format") != SWEEP_FORMAT:
+            raise _not_a_sweep(path, f"its {SWEEP_FILE} is not a resstream sweep record")
+        return _records_from_sweep_json(path, sweep, None)
+    seed_match = SEED_DIR.match(path.name)
+    if seed_match:
+        seed = int(seed_match.group(1))
+        parent = read_json(path.parent / SWEEP_FILE)
+        if isinstance(parent, dict) and str(seed) in (parent.get("runs") or {}):
+            return _records_from_sweep_json(path.parent, parent, seed)
+        return _records_from_seed_dir(path, seed)
+    seed_dirs = _seed_dirs(path)
+    if not seed_dirs:
+        raise _not_a_sweep(path, f"no {SWEEP_FILE} and no seed-<s> folders")
+    return [rec for d, seed in seed_dirs for rec in _records_from_seed_dir(d, seed)]
+
+
+def load_runs(paths: Sequence[str | Path]) -> list[RunRecord]:
+    """Finished runs of several sweep / seed directories (a run listed twice counts once)."""
+    records: dict[Path, RunRecord] = {}
+    for path in paths:
+        for record in find_runs(path):
+            key = (
+                record.path.resolve()
+                if record.path is not None
+                else Path(f"{path}/{record.seed}/{record.name}")
+            )
+            records.setdefault(key, record)
+    if not records:
+        raise UsageError(
+            f"no finished runs found in {', '.join(repr(str(p)) for p in paths)}; "
+            f"train them with `resstream sweep` first"
+        )
+    return list(records.values())

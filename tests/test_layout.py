@@ -1,0 +1,99 @@
+"""The package layout of DESIGN.md: imports point downward only.
+
+Every `import` of every module under src/resstream — at the top or inside a function — is
+checked against the table below: a part of the package may import only the parts listed
+for it. `models` is two parts: `models.adapters` (pure family mappings, near the bottom) and
+model loading (`models/loading.py` and the package itself), which sits above `training` and
+`data` because it loads resstream runs and tokenizers. `analysis` never imports `training`,
+and `reporting` reads training results through `training.records` only.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "resstream"
+
+BOTTOM = {"errors", "io", "devices", "hub", "assets"}
+ALLOWED: dict[str, set[str]] = {
+    "cli": {"api", "reporting", "analysis", "training", "training.records", "simulation", "models"}
+    | {"models.adapters", "capture", "data", "cli", "(root)"}
+    | BOTTOM,
+    "api": {"analysis", "capture", "simulation", "models", "models.adapters", "data"} | BOTTOM,
+    "reporting": {"analysis", "simulation", "training.records"} | BOTTOM,
+    "analysis": {"models.adapters", "simulation"} | BOTTOM,
+    "models": {"models.adapters", "training", "training.records", "data"} | BOTTOM,
+    "training": {"training.records", "data"} | BOTTOM,
+    "training.records": {"training", "data"} | BOTTOM,  # part of training, read by reporting
+    "simulation": BOTTOM,
+    "capture": {"models.adapters"} | BOTTOM,
+    "models.adapters": BOTTOM,
+    "data": BOTTOM,
+    "errors": set(),
+    "io": {"errors"},
+    "devices": {"errors"},
+    "hub": {"errors"},
+    "assets": {"errors"},
+    "(root)": {"api"},
+    "__main__": {"cli"},
+}
+
+
+def part_of(module: str) -> str:
+    """The layout part of a dotted module name inside resstream ("resstream.a.b" -> "a")."""
+    parts = module.split(".")[1:]
+    if not parts or parts == ["__init__"]:
+        return "(root)"
+    if parts[0] == "models":
+        return "models.adapters" if len(parts) > 1 and parts[1] == "adapters" else "models"
+    if parts[0] == "training" and len(parts) > 1 and parts[1] == "records":
+        return "training.records"
+    return parts[0]
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    return ".".join(rel.parts).removesuffix(".__init__")
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every resstream import in the file, relative imports resolved."""
+    found = []
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            if base == "resstream":  # `from resstream import hub`: the submodules themselves
+                found += [(node.lineno, f"resstream.{alias.name}") for alias in node.names]
+            else:
+                found.append((node.lineno, base))
+    return [(line, name) for line, name in found if name == "resstream" or name.startswith("resstream.")]
+
+
+SOURCES = sorted(SRC.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(SRC)))
+def test_imports_point_downward(path: Path) -> None:
+    source = part_of(module_name(path))
+    assert source in ALLOWED, f"{source!r} has no row in the layout table"
+    for line, target in imported_modules(path):
+        part = part_of(target)
+        if part == source:
+            continue
+        assert part in ALLOWED[source], (
+            f"{path.relative_to(SRC)}:{line} imports {target} ({source} -> {part})"
+        )
+
+
+def test_the_table_knows_every_part() -> None:
+    parts = {part_of(module_name(p)) for p in SOURCES}
+    assert parts <= set(ALLOWED), parts - set(ALLOWED)
