@@ -4,10 +4,12 @@
 `RunError` is a run that started correctly and had to stop (exit code 1).
 
 Library code names its own parameters in messages, each in backticks: ```num_seqs` 0 must
-be >= 1``, ```resume=True```. Backticks in a message mark parameter names and nothing else;
-the command line shows the same message with each marked name replaced by the flag that sets
-it (``--num-seqs 0 must be >= 1``, ``--resume``; see `resstream.cli.flags`), so only `cli/`
-knows flag names.
+be >= 1``, ```resume=True```. A backticked identifier in a message is a parameter name and
+nothing else (a backticked command with spaces, ```resstream sweep```, is left alone); the
+command line shows the same message with each such name replaced by the flag that sets it
+(``--num-seqs 0 must be >= 1``, ``--resume``; see `resstream.cli.flags`), so only `cli/`
+knows flag names. Text quoted from other libraries goes through `short_reason`, which turns
+their backticks into quotes.
 """
 
 from __future__ import annotations
