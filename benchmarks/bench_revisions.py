@@ -11,9 +11,10 @@ the two revisions (base, head, head, base, ...), so drift of a shared machine fa
 alike; each process imports its revision's `resstream` (PYTHONPATH) and its revision's
 `benchmarks/bench_shift.py`, builds the GPT-2-small-shaped model and batch there, and times
 the `forward` and `shift` variants (`bench_shift.measure`: one warm-up, then interleaved
-rounds, median). Printed: per process its shift/forward ratio, then the median head/base
-ratio of shift/forward (the machine-independent figure) and of raw shift time over adjacent
-pairs.
+rounds, median), on the CPU with an fp32 model or, with `--device cuda`, on the GPU with a
+bf16 model as `bench_shift.py --cuda` does. Printed: per process its shift/forward ratio,
+then the median head/base ratio of shift/forward (the machine-independent figure) and of raw
+shift time over adjacent pairs.
 """
 
 from __future__ import annotations
@@ -30,14 +31,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = """
-import json, sys, torch
+import json, statistics, sys, torch
 sys.path.insert(0, sys.argv[1])
 torch.set_num_threads(int(sys.argv[2]))
 import bench_shift as b
-setup = b.build_setup(torch.device("cpu"), torch.float32, b.SHAPE["batch"], b.SHAPE["seq"])
+device = torch.device(sys.argv[4])
+dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # as bench_shift --cuda
+setup = b.build_setup(device, dtype, b.SHAPE["batch"], b.SHAPE["seq"])
 variants, _ = b.make_variants(setup, ["forward", "shift"])
-times, _ = b.measure(variants, rounds=int(sys.argv[3]), device=torch.device("cpu"))
-import statistics
+times, _ = b.measure(variants, rounds=int(sys.argv[3]), device=device)
 print(json.dumps({name: statistics.median(values) for name, values in times.items()}))
 """
 
@@ -52,11 +54,11 @@ def checkout(revision: str, into: Path) -> Path:
     return into
 
 
-def time_revision(tree: Path, threads: int, rounds: int) -> dict[str, float]:
+def time_revision(tree: Path, threads: int, rounds: int, device: str) -> dict[str, float]:
     """Median seconds of `forward` and `shift` in a fresh process running `tree`'s code."""
     env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": str(threads)}
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(tree / "benchmarks"), str(threads), str(rounds)],
+        [sys.executable, "-c", CHILD, str(tree / "benchmarks"), str(threads), str(rounds), device],
         env=env,
         check=True,
         capture_output=True,
@@ -74,6 +76,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=6, help="processes per revision")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per process")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu (fp32 model) or cuda (bf16 model)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         trees = {"base": checkout(args.base, Path(scratch) / "base")}
@@ -83,7 +86,7 @@ def main() -> None:
             for index in range(args.processes):
                 order = ("base", "head") if index % 2 == 0 else ("head", "base")
                 for name in order:
-                    timing = time_revision(trees[name], args.threads, args.rounds)
+                    timing = time_revision(trees[name], args.threads, args.rounds, args.device)
                     runs[name].append(timing)
                     print(
                         f"{name} process {len(runs[name])}: forward {timing['forward'] * 1e3:.0f} ms, "

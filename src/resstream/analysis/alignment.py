@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from resstream.analysis.decoding import Decoder
+from resstream.analysis.decoding import Decoder, NonFiniteInputs
 from resstream.analysis.ranks import DEFAULT_CHUNK_BYTES, LowPrecision, check_ids, check_matrix
 from resstream.analysis.stats import cluster_ratio, cluster_ratio_ci
 from resstream.io import jsonable
@@ -209,12 +209,13 @@ class AlignmentAccumulator:
     def _layer_ranks(self, h: Tensor, targets: Tensor, layer: int) -> tuple[Tensor, Tensor]:
         """Top-k hits (n, 2) and 'next token above input token' (n,) for one layer."""
         h = h.reshape(-1, self.d_model)
-        if not bool(torch.isfinite(self.decoder.inputs(h)).all()):
-            raise ValueError(f"non-finite values in the decoder inputs of layer {layer}")
-        if self.top_k >= self.vocab:  # every token is in the top-vocab: only scores needed
-            scores = self.scorer.scores(h, targets)
-            return torch.ones_like(targets, dtype=torch.bool), scores[:, 1] > scores[:, 0]
-        ranks, scores = self.scorer.ranks(h, targets, self.top_k)
+        try:
+            if self.top_k >= self.vocab:  # every token is in the top-vocab: only scores needed
+                scores = self.scorer.scores(h, targets)
+                return torch.ones_like(targets, dtype=torch.bool), scores[:, 1] > scores[:, 0]
+            ranks, scores = self.scorer.ranks(h, targets, self.top_k)
+        except NonFiniteInputs:
+            raise ValueError(f"non-finite values in the decoder inputs of layer {layer}") from None
         return ranks < self.top_k, scores[:, 1] > scores[:, 0]
 
     def _per_sequence(

@@ -118,17 +118,29 @@ class ExactScorer:
     def ranks(self, h: Tensor, ids: Tensor, limit: int | None = None) -> tuple[Tensor, Tensor]:
         """Ranks (n, m) of tokens `ids` (n, m) among the scores of states h (n, d_model), and
         their exact fp64 scores; with `limit` = k, min(rank, k) (`RankScreen.ranks`)."""
-        return self.engine.ranks(self.decoder.inputs(h), ids, limit)
+        return self.engine.ranks(self.finite_inputs(h), ids, limit)
 
     def scores(self, h: Tensor, ids: Tensor) -> Tensor:
         """Exact fp64 scores (n, m) of tokens `ids` (n, m) for states h (n, d_model)."""
-        x64 = self.decoder.inputs(h).to(self.engine.device, torch.float64)
+        x64 = self.finite_inputs(h).to(self.engine.device, torch.float64)
         return self.engine.exact_scores(x64, ids.to(self.engine.device))
 
     def top_k(self, h: Tensor, k: int) -> tuple[Tensor, Tensor]:
         """The `k` best token ids (n, k) of states h (n, d_model) and their exact scores,
         ordered by score, ties broken by the lower id (`RankScreen.top_k`)."""
-        return self.engine.top_k(self.decoder.inputs(h), k)
+        return self.engine.top_k(self.finite_inputs(h), k)
+
+    def finite_inputs(self, h: Tensor) -> Tensor:
+        """`Decoder.inputs(h)`, refused with `NonFiniteInputs` if any value is inf or nan
+        (no rank is defined then)."""
+        x = self.decoder.inputs(h)
+        if not bool(torch.isfinite(x).all()):
+            raise NonFiniteInputs("non-finite values in the decoder inputs")
+        return x
+
+
+class NonFiniteInputs(ValueError):
+    """A state whose decoder input holds inf or nan: it has no scores to rank."""
 
 
 def decoder_of(view: ModelView, kind: DecoderKind = "logit-lens") -> Decoder:
@@ -150,4 +162,4 @@ def _detached(tensor: Tensor | None) -> Tensor | None:
     return None if tensor is None else tensor.detach()
 
 
-__all__ = ["DECODERS", "Decoder", "DecoderKind", "ExactScorer", "decoder_of"]
+__all__ = ["DECODERS", "Decoder", "DecoderKind", "ExactScorer", "NonFiniteInputs", "decoder_of"]
