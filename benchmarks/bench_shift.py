@@ -39,6 +39,10 @@ Agreement: the per-position top-5 membership of t_i and t_{i+1} at every layer, 
 exact rank scheme (`resstream.analysis.ranks`, through the accumulator's decoder), against the
 fp32 naive version and TransformerLens; disagreements are re-checked against fp64 exact ranks
 (`exact_ranks`).
+
+One file on purpose, longer than the ~500 lines we aim for: it is run with one command and
+copied alone to a GPU machine; its sections (setup, variants, measuring, memory children,
+agreement, reports) are marked.
 """
 
 from __future__ import annotations
@@ -367,19 +371,18 @@ def explain_disagreements(
     """For positions where `other` differs from the exact `reference`: fp64 rank and fp32 gap."""
     view, ids = setup.view, setup.ids
     lines = []
+    decoder = decoder_of(view, "logit-lens")  # the one definition of scores; ranks by brute force
     with torch.inference_mode():
         states = residual_states(view, ids)
-        w, b = view.W_U.detach(), view.b_U
         for which, (ref, oth) in enumerate(zip(reference, other, strict=True)):
             for layer, bi, ti in torch.nonzero(ref != oth).tolist()[:limit]:
                 token = int(ids[bi, ti + which])
-                x = view.final_norm(states[layer, bi, ti][None])
+                h = states[layer, bi, ti][None]
+                x = decoder.inputs(h)
                 rank = int(
-                    exact_ranks(
-                        x, w, None if b is None else b.detach(), torch.tensor([token], device=x.device)
-                    )[0]
+                    exact_ranks(x, decoder.matrix, decoder.bias, torch.tensor([token], device=x.device))[0]
                 )
-                logits = (x.float() @ w.float().T)[0]
+                logits = decoder.logits(h)[0]
                 kth = logits.topk(TOP_K + 1).values
                 lines.append(
                     f"layer {layer} seq {bi} pos {ti} {'t_i+1' if which else 't_i'}: fp64 rank {rank}, "

@@ -84,3 +84,22 @@ def strict_json(path: Path):
 def verdict_layers(text: str) -> list[int]:
     """Layer numbers of the printed recency/primacy verdict lines, in order."""
     return [int(n) for n in re.findall(r"^\s+layer (\d+): .*recency", text, flags=re.MULTILINE)]
+
+
+def overflowing(real):
+    """A stand-in for `residual_states` whose layer 2 overflowed to inf (as a float16 model's can)."""
+
+    def states(*args, **kwargs):
+        result = real(*args, **kwargs).clone()
+        result[2, ..., 0] = float("inf")
+        return result
+
+    return states
+
+
+def check_non_finite(code: int, capsys, out: Path) -> None:
+    """Exit code 1, one line naming the layer and suggesting float32, nothing written."""
+    err = capsys.readouterr().err.strip()
+    assert code == 1, err
+    assert len(err.splitlines()) == 1 and "non-finite" in err and "layer 2" in err and "--dtype" in err, err
+    assert_nothing_written(out)

@@ -17,6 +17,8 @@ def test_lens_positions_may_run_to_the_end() -> None:
     assert result.trajectories[-1].next_id is None  # the last token of the text
     with pytest.raises(UsageError, match=r"`positions` 4:2 is outside the text's 0:\d+ tokens"):
         resstream.lens("To be, or not to be", positions=slice(4, 2))
+    with pytest.raises(UsageError, match=r"`positions` with step 2 is not allowed"):
+        resstream.lens("To be, or not to be", positions=range(0, 6, 2))
 
 
 def test_pinned_ids_outside_the_vocabulary_are_refused(tmp_path: Path) -> None:

@@ -94,6 +94,20 @@ def test_a_model_in_training_mode_is_analysed_in_eval_mode_and_handed_back(refer
         model.eval()
 
 
+def test_a_model_in_training_mode_gets_its_mode_back_when_the_analysis_fails(reference, corpus: Path) -> None:
+    model = reference.model
+    model.train()
+    try:
+        with pytest.raises(UsageError, match=r"`top_k` 0 is outside"):
+            resstream.shift(model, tokenizer=reference.tokenizer, top_k=0, progress=False)
+        assert model.training
+        with pytest.raises(UsageError, match=r"`positions` 90:95 is outside"):
+            resstream.lens(TEXT, model=model, tokenizer=reference.tokenizer, positions=range(90, 95))
+        assert model.training and all(m.training for m in model.modules())
+    finally:
+        model.eval()
+
+
 def test_model_objects_need_a_tokenizer_and_must_be_models(reference) -> None:
     with pytest.raises(UsageError, match=r"needs its `tokenizer`"):
         resstream.shift(reference.model, progress=False)
@@ -103,6 +117,17 @@ def test_model_objects_need_a_tokenizer_and_must_be_models(reference) -> None:
         resstream.lens(TEXT, model=torch.nn.Linear(2, 2), tokenizer=reference.tokenizer)
 
 
+def test_options_that_apply_to_no_model_are_refused(reference) -> None:
+    with pytest.raises(UsageError, match=r"`tokenizer` is used only with a model passed as an object"):
+        resstream.lens(TEXT, tokenizer=reference.tokenizer)  # the reference model brings its own
+    with pytest.raises(UsageError, match=r"`tokenizer` is used only"):
+        resstream.shift(reference, tokenizer=reference.tokenizer, progress=False)  # a LoadedModel
+    with pytest.raises(UsageError, match=r"`dtype` applies to models loaded from a spec"):
+        resstream.lens(TEXT, model=reference.model, tokenizer=reference.tokenizer, dtype="bfloat16")
+    with pytest.raises(UsageError, match=r"`device` applies to models loaded from a spec"):
+        resstream.shift(reference.view, tokenizer=reference.tokenizer, device="cpu", progress=False)
+
+
 # --------------------------------------------------------------------------- lens ≡ shift
 
 
@@ -110,7 +135,8 @@ def test_model_objects_need_a_tokenizer_and_must_be_models(reference) -> None:
 def tied_gpt(reference):
     """A GPT without positional embeddings (h_0 = W_E[t]), unit-norm embedding rows (so at
     h_0 the embedding decoder puts t at the top) and an exact duplicate ("twin") of the row of
-    every token of the text: every decoding of those tokens ties."""
+    every token of the text, every other twin with a lower id than its token: every decoding
+    of those tokens ties, and at h_0 half of the cells show the twin rather than the token."""
     from resstream.training.config import ModelConfig
     from resstream.training.model import GPT
 
@@ -120,19 +146,23 @@ def tied_gpt(reference):
         ModelConfig(n_layer=2, n_head=2, d_model=16, block_size=64, vocab_size=len(tokenizer), pos_emb="none")
     )
     ids = tokenizer(TEXT)["input_ids"]
+    free = [token for token in range(len(tokenizer)) if token not in set(ids)]
+    twins = {
+        token: free[i // 2] if i % 2 == 0 else free[-1 - i // 2] for i, token in enumerate(sorted(set(ids)))
+    }
     with torch.no_grad():
         weight = model.wte.weight
         weight /= weight.norm(dim=1, keepdim=True)
-        for offset, token in enumerate(sorted(set(ids))):
-            twin = len(tokenizer) - 1 - offset  # a token that never occurs in the text
+        for token, twin in twins.items():
             weight[twin] = weight[token]
-    return model.eval(), tokenizer, ids
+    assert any(twin < token for token, twin in twins.items()) and any(twin > t for t, twin in twins.items())
+    return model.eval(), tokenizer, ids, twins
 
 
 @pytest.mark.parametrize("decoder", ["embedding", "logit-lens"])
 @pytest.mark.parametrize("top_k", [1, 2, 5])
 def test_lens_and_shift_agree_on_every_rank_ties_included(tied_gpt, tmp_path: Path, decoder, top_k) -> None:
-    model, tokenizer, ids = tied_gpt
+    model, tokenizer, ids, twins = tied_gpt
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({"input_ids": ids}) + "\n")
     lens = resstream.lens(TEXT, model=model, tokenizer=tokenizer, decoder=decoder, top_k=top_k)
@@ -147,13 +177,15 @@ def test_lens_and_shift_agree_on_every_rank_ties_included(tied_gpt, tmp_path: Pa
         assert in_hits / len(scored) == result.in_match[layer]
         assert out_hits / len(scored) == result.out_match[layer]
         for t in lens.trajectories:
-            # every listed token's exact rank is at most its place in the list; a tied input
-            # token (t and its twin score the same) is in the top-k exactly when shift says so
-            listed = t.top_ids[layer]
-            assert (t.input_id in listed) <= (t.input_ranks[layer] < top_k)
-    if decoder == "embedding":  # h_0 = W_E[t]: t ties with its twin at the very top
-        first = lens.trajectories[0]
-        assert first.input_ranks[0] == 0 and result.in_match[0] == 1.0
-        assert first.top_ids[0][0] == min(
-            first.input_id, len(tokenizer) - 1 - sorted(set(ids)).index(first.input_id)
-        )
+            # a token in a cell's list is a top-k token by shift's count (ties inclusive)
+            assert (t.input_id in t.top_ids[layer]) <= (t.input_ranks[layer] < top_k)
+    if decoder == "embedding":  # h_0 = W_E[t]: t and its twin tie at the very top
+        assert result.in_match[0] == 1.0
+        for t in lens.trajectories:
+            low, high = sorted((t.input_id, twins[t.input_id]))
+            assert t.input_ranks[0] == 0 and t.top_ids[0][0] == low  # ties: the lower id first
+            if top_k > 1:
+                assert t.top_ids[0][:2] == (low, high)
+        # where the twin has the lower id, the cell shows the twin, yet shift counts a top-1 hit
+        shown_twin = [t for t in lens.trajectories if twins[t.input_id] < t.input_id]
+        assert shown_twin and all(t.top1[0] != t.input_id for t in shown_twin)

@@ -16,7 +16,9 @@ import pytest
 from resstream.cli.main import main
 from tests.cli_support import (
     assert_complete_files,
+    check_non_finite,
     expect_usage_error,
+    overflowing,
 )
 
 TEXT = "the residual stream carries the input token forward to the last layer"
@@ -245,3 +247,12 @@ def test_ctrl_c_while_plotting_leaves_only_complete_files(tmp_path, capsys, monk
     assert code == 130 and "Traceback" not in err, err
     assert_complete_files(out)
     assert (out / "lens.json").is_file() and not (out / "run.json").exists()
+
+
+def test_non_finite_states_are_one_line_and_exit_1(tmp_path, capsys, monkeypatch):
+    import importlib
+
+    module = importlib.import_module("resstream.api.lens")
+    monkeypatch.setattr(module, "residual_states", overflowing(module.residual_states))
+    out = tmp_path / "out"
+    check_non_finite(run_lens(out, "--text", "To be, or not to be"), capsys, out)

@@ -4,6 +4,9 @@ Spec (issue 3): `shift` writes shift.json, shift.csv, run.json and plots (one co
 on a relative-depth axis with several models); bad input is one line on stderr naming the value
 and what is allowed, exit code 2, nothing written to --out; Ctrl-C is exit code 130 and leaves
 only complete files. A `.jsonl` of `input_ids` rows is used exactly as given.
+
+(One file for the command's whole contract, so every bad input of the spec sits in one
+table; hence longer than the ~500 lines we aim for.)
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from tests.cli_support import (
     assert_complete_files,
     assert_nothing_written,
     check_interrupted,
+    check_non_finite,
     expect_usage_error,
     interrupt,
+    overflowing,
 )
 from tests.conftest import shared_data_path
 from tests.test_models_loading import SENTENCES, _tiny_gpt2
@@ -588,6 +593,14 @@ def test_bad_input_into_an_existing_empty_out_dir_writes_nothing(tmp_path, corpu
     out = tmp_path / "out"
     out.mkdir()
     _bad(tmp_path, capsys, ["--dataset", str(corpus), "--top-k", "0"], "--top-k 0", out=out)
+
+
+def test_non_finite_states_are_one_line_and_exit_1(tmp_path, corpus, capsys, monkeypatch):
+    module = importlib.import_module("resstream.api.shift")
+    monkeypatch.setattr(module, "residual_states", overflowing(module.residual_states))
+    out = tmp_path / "out"
+    code = run_shift(out, "--dataset", str(corpus), "--num-seqs", "2", "--seq-len", "16")
+    check_non_finite(code, capsys, out)
 
 
 # --------------------------------------------------------------------------- Ctrl-C

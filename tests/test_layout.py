@@ -5,7 +5,8 @@ checked against the table below: a part of the package may import only the parts
 for it. `models` is two parts: `models.adapters` (pure family mappings, near the bottom) and
 model loading (`models/loading.py` and the package itself), which sits above `training` and
 `data` because it loads resstream runs and tokenizers. `analysis` never imports `training`,
-and `reporting` reads training results through `training.records` only.
+and `reporting` reads training results through `training.records` only, which itself reads
+nothing of training but the metrics log (`training.metrics`), so no torch comes with it.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ ALLOWED: dict[str, set[str]] = {
     "reporting": {"analysis", "simulation", "training.records"} | BOTTOM,
     "analysis": {"models.adapters", "simulation"} | BOTTOM,
     "models": {"models.adapters", "training", "training.records", "data"} | BOTTOM,
-    "training": {"training.records", "data"} | BOTTOM,
-    "training.records": {"training", "data"} | BOTTOM,  # part of training, read by reporting
+    "training": {"training.records", "training.metrics", "data"} | BOTTOM,
+    "training.metrics": BOTTOM,
+    "training.records": {"training.metrics"} | BOTTOM,  # the on-disk formats, read by reporting
     "simulation": BOTTOM,
     "capture": {"models.adapters"} | BOTTOM,
     "models.adapters": BOTTOM,
@@ -49,8 +51,8 @@ def part_of(module: str) -> str:
         return "(root)"
     if parts[0] == "models":
         return "models.adapters" if len(parts) > 1 and parts[1] == "adapters" else "models"
-    if parts[0] == "training" and len(parts) > 1 and parts[1] == "records":
-        return "training.records"
+    if parts[0] == "training" and len(parts) > 1 and parts[1] in ("records", "metrics"):
+        return f"training.{parts[1]}"
     return parts[0]
 
 

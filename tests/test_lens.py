@@ -36,6 +36,11 @@ def test_trajectories_by_hand():
     assert result.num_layers == 2
     assert first.top1 == (0, 2, 2) and first.input_id == 0 and first.next_id == 2
     assert first.top_ids[1] == (2, 0)
+    assert first.top_ids[0] == (0, 1)  # scores (1, 0, 0, 0): the three tied at 0 give way to the lowest id
+    # exact ranks = entries scoring strictly higher: h_0 (1, 0, 0, 0), h_1 (1, 0, 2, 0), h_2 (0.5, 0, 1, 0)
+    assert first.input_ranks == (0, 1, 1) and first.next_ranks == (1, 0, 0)
+    assert second.input_ranks == (0, 0, 1) and second.next_ranks == (1, 1, 0)
+    assert last.next_ranks is None and last.input_ranks == (0, 1, 1)
     assert [r.label for r in first.ranges()] == ["0", "1–2"]
     assert first.first_layer_of(first.next_id) == 1
     assert second.top1 == (2, 2, 3) and second.first_layer_of(second.next_id) == 2

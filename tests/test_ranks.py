@@ -192,3 +192,15 @@ def test_top_k_refuses_bad_input():
         screen.top_k(torch.randn(2, 4), 0)
     with pytest.raises(ValueError, match="non-finite"):
         screen.top_k(torch.full((2, 4), math.nan), 1)
+
+
+def test_top_k_over_several_blocks_and_no_rows():
+    g = torch.Generator().manual_seed(7)
+    W, x = torch.randn(300, 16, generator=g), torch.randn(40, 16, generator=g)
+    small = RankScreen(W, None, low_precision=None, chunk_bytes=300 * 4 * 3)  # 3 rows per block
+    assert small.chunk_rows() == 3
+    ids, _ = small.top_k(x, 4)
+    assert torch.equal(ids, RankScreen(W, None, low_precision=None).top_k(x, 4)[0])
+    assert torch.equal(ids, brute_top_k(x, W, None, 4))
+    empty_ids, empty_scores = small.top_k(torch.zeros(0, 16), 4)
+    assert empty_ids.shape == (0, 4) and empty_scores.dtype == torch.float64

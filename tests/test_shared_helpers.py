@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from resstream.cli.flags import cli_message, flag
-from resstream.devices import resolve_device
+from resstream.devices import device_label, resolve_device
 from resstream.errors import UsageError, short_reason
 from resstream.hub import looks_like_path
 
@@ -38,6 +38,13 @@ def test_flag_default_rule() -> None:
     assert flag("top_k") == "--top-k" and flag("seed") == "--seed" and flag("out_dir") == "--out"
 
 
+def test_a_flag_may_differ_per_command() -> None:
+    message = "no passage fits in `max_tokens` 3"
+    assert cli_message(message) == cli_message(message, "eval") == "no passage fits in --max-tokens 3"
+    assert cli_message(message, "sweep") == "no passage fits in --max-eval-tokens 3"
+    assert cli_message(message, "compare") == "no passage fits in --max-eval-tokens 3"
+
+
 @pytest.mark.parametrize(
     ("spec", "hub_names", "is_path"),
     [
@@ -62,6 +69,8 @@ def test_looks_like_path(spec: str, hub_names: bool, is_path: bool) -> None:
 
 def test_resolve_device() -> None:
     assert resolve_device("cpu") == torch.device("cpu")
+    assert device_label("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert device_label(" cpu ") == "cpu"
     assert resolve_device(" auto ").type == ("cuda" if torch.cuda.is_available() else "cpu")
     with pytest.raises(UsageError, match=r"unknown `device` 'tpu'; allowed: auto, cpu, cuda, cuda:N, mps"):
         resolve_device("tpu")
@@ -82,3 +91,17 @@ def test_short_reason_is_one_bounded_line() -> None:
     assert cli_message(short_reason(OSError("see `config_file` above"))) == "see 'config_file' above"
     long = short_reason(ValueError("x" * 500))
     assert len(long) == 200 and long.endswith("...")
+
+
+def test_each_caller_of_path_detection_refuses_a_missing_path_without_trying_the_hub(hf_offline) -> None:
+    """One detector serves model specs, tokenizer specs and dataset values; where a spec can
+    only be a path, the refusal names the missing path instead of a failed hub look-up."""
+    from resstream.data import load_corpus, load_tokenizer
+    from resstream.models import check_model
+
+    with pytest.raises(UsageError, match=r"model path 'missing\.json' does not exist"):
+        check_model("missing.json")
+    with pytest.raises(UsageError, match=r"tokenizer 'org/name/sub' not found: no such directory or file"):
+        load_tokenizer("org/name/sub")
+    with pytest.raises(UsageError, match=r"file 'a\\\\b' does not exist"):
+        load_corpus("a\\b")

@@ -4,6 +4,7 @@ bad input, and the theory checks (recency and primacy) with fixed seeds.
 
 Every simulation here runs in well under a second; torch is limited to one thread in this
 module (restored afterwards) because on a shared 2-core machine two threads can stall.
+(One file for the simulation's whole contract: slightly over the ~500 lines we aim for.)
 """
 
 from __future__ import annotations

@@ -315,3 +315,13 @@ def test_find_runs_without_sweep_json(swept, tmp_path):
     }
     expected = {r.name: r.val_loss for r in result.runs if r.seed == 0}
     assert {r.name: r.val_loss for r in records} == expected
+
+
+def test_run_sweep_refuses_bad_evaluation_settings_before_training(tmp_path):
+    plan = sw.plan_sweep(tiny_config(tmp_path), seeds=[0], layers=[0], learned=False)
+    out = tmp_path / "out"
+    with pytest.raises(UsageError, match=r"`max_eval_tokens` must be >= 2, got 1"):
+        sw.run_sweep(plan, out, benchmarks=("shakespeare",), max_eval_tokens=1, progress=False)
+    with pytest.raises(UsageError, match="unknown benchmark 'nope'"):
+        sw.run_sweep(plan, out, benchmarks=("nope",), progress=False)
+    assert not out.exists()  # nothing was trained

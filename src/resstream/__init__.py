@@ -1,15 +1,19 @@
 """resstream: the residual stream of causal Transformer language models.
 
-`resstream.shift`, `.lens`, `.recency` and `.simulate` are the Python API (`resstream.api`),
-imported on first use (torch is heavy).
+`resstream.shift`, `.lens`, `.recency` and `.simulate` are the Python API (each defined in
+the module of its name under `resstream.api`), imported on first use (torch is heavy).
 """
 
+import importlib
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from resstream.api import lens, recency, shift, simulate
+    from resstream.api.lens import lens
+    from resstream.api.recency import recency
+    from resstream.api.shift import shift
+    from resstream.api.simulate import simulate
 
 __all__ = ["lens", "recency", "shift", "simulate"]
 
@@ -17,7 +21,5 @@ __all__ = ["lens", "recency", "shift", "simulate"]
 def __getattr__(name: str):
     """The API functions, imported on first use."""
     if name in __all__:
-        from resstream import api
-
-        return getattr(api, name)
+        return getattr(importlib.import_module(f"resstream.api.{name}"), name)
     raise AttributeError(f"module 'resstream' has no attribute {name!r}")

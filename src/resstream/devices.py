@@ -35,6 +35,14 @@ def resolve_device(name: str | torch.device, *, local_rank: int = 0) -> torch.de
     return device
 
 
+def device_label(name: str | torch.device) -> str:
+    """The device `name` means, as recorded in results and run.json: ``auto`` resolved to
+    ``cuda`` or ``cpu``, any other name (checked by `resolve_device`) as it was given."""
+    device = resolve_device(name)
+    text = str(name).strip()
+    return device.type if text == "auto" else text
+
+
 def _cuda(device: torch.device, text: str, local_rank: int) -> torch.device:
     if not torch.cuda.is_available():
         raise UsageError(

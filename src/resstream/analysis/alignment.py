@@ -215,7 +215,9 @@ class AlignmentAccumulator:
                 return torch.ones_like(targets, dtype=torch.bool), scores[:, 1] > scores[:, 0]
             ranks, scores = self.scorer.ranks(h, targets, self.top_k)
         except NonFiniteInputs:
-            raise ValueError(f"non-finite values in the decoder inputs of layer {layer}") from None
+            raise NonFiniteInputs(
+                f"non-finite values in the decoder inputs of layer {layer}: {NonFiniteInputs.HINT}"
+            ) from None
         return ranks < self.top_k, scores[:, 1] > scores[:, 0]
 
     def _per_sequence(

@@ -31,14 +31,14 @@ import torch
 from torch import Tensor
 
 from resstream.analysis.ranks import DEFAULT_CHUNK_BYTES, LowPrecision, RankScreen, check_matrix
-from resstream.errors import check_choice
+from resstream.errors import RunError, check_choice
 from resstream.models.adapters.base import ModelView
 
 DecoderKind = Literal["logit-lens", "embedding"]
 DECODERS: tuple[DecoderKind, ...] = ("logit-lens", "embedding")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Decoder:
     """How a residual state becomes scores (module docstring). Build it with `decoder_of`.
 
@@ -108,7 +108,7 @@ class Decoder:
         return ExactScorer(self, engine)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ExactScorer:
     """Exact ranks and top-k lists of a decoder's scores (module docstring)."""
 
@@ -135,12 +135,15 @@ class ExactScorer:
         (no rank is defined then)."""
         x = self.decoder.inputs(h)
         if not bool(torch.isfinite(x).all()):
-            raise NonFiniteInputs("non-finite values in the decoder inputs")
+            raise NonFiniteInputs(f"non-finite values in the decoder inputs: {NonFiniteInputs.HINT}")
         return x
 
 
-class NonFiniteInputs(ValueError):
-    """A state whose decoder input holds inf or nan: it has no scores to rank."""
+class NonFiniteInputs(RunError, ValueError):
+    """A state whose decoder input holds inf or nan: it has no scores to rank. A `RunError`
+    (the CLI shows one line, exit 1) and a `ValueError` (what callers of the analysis expect)."""
+
+    HINT = "no ranks exist (a float16/bfloat16 model overflowing? try `dtype` float32)"
 
 
 def decoder_of(view: ModelView, kind: DecoderKind = "logit-lens") -> Decoder:

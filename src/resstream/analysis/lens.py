@@ -11,15 +11,15 @@ token t_i or the next token t_{i+1}.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from types import MappingProxyType
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from resstream.analysis.decoding import ExactScorer
+from resstream.analysis.decoding import ExactScorer, NonFiniteInputs
 
 
 @dataclass(frozen=True)
@@ -72,11 +72,15 @@ class LensResult:
     num_layers: int
     trajectories: tuple[PositionTrajectory, ...]
     decoding: str = ""  # what the decoder applies, in words
-    texts: Mapping[int, str] = field(default_factory=lambda: MappingProxyType({}))
+    texts: tuple[tuple[int, str], ...] = ()  # (token id, its text) of every token mentioned
 
     def token_text(self, token_id: int) -> str:
         """The decoded text of a token the result mentions (its id in brackets if unknown)."""
-        return self.texts.get(token_id, f"<{token_id}>")
+        return self._text_of.get(token_id, f"<{token_id}>")
+
+    @cached_property
+    def _text_of(self) -> dict[int, str]:
+        return dict(self.texts)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for lens.json, with the decoded strings."""
@@ -156,6 +160,7 @@ def trajectories(
         raise ValueError(f"top_k {top_k} is outside [1, {vocab}]")
     ids = token_ids.tolist()
     depth = states.shape[0]
+    _check_finite(states)
     index = torch.tensor(list(chosen), dtype=torch.long)
     with torch.inference_mode():
         picked = states[:, index].reshape(-1, states.shape[-1])  # (L+1)·P rows, layer-major
@@ -178,6 +183,16 @@ def trajectories(
     return LensResult(model, decoder.kind, top_k, depth - 1, result, decoder.description, texts)
 
 
+def _check_finite(states: Tensor) -> None:
+    """Refuse states holding inf or nan, naming the first such layer (no ranks exist there)."""
+    finite = torch.isfinite(states.flatten(1)).all(1)
+    if not bool(finite.all()):
+        layer = int((~finite).nonzero()[0])
+        raise NonFiniteInputs(
+            f"non-finite values in the residual state of layer {layer}: {NonFiniteInputs.HINT}"
+        )
+
+
 def _target_ranks(scorer: ExactScorer, picked: Tensor, ids: list[int], chosen: range, depth: int) -> Tensor:
     """Exact ranks (L+1, P, 2) of the input and the next token of each chosen position (the
     last position of the text has no next token: its input token stands in, and is ignored)."""
@@ -189,10 +204,10 @@ def _target_ranks(scorer: ExactScorer, picked: Tensor, ids: list[int], chosen: r
 
 def _texts(
     trajectories: Sequence[PositionTrajectory], token_text: Callable[[int], str] | None
-) -> Mapping[int, str]:
-    """The text of every token id the trajectories mention (empty without a decoder)."""
+) -> tuple[tuple[int, str], ...]:
+    """(id, text) of every token the trajectories mention, by id (none without a decoder)."""
     if token_text is None:
-        return MappingProxyType({})
+        return ()
     mentioned = set()
     for t in trajectories:
         mentioned.add(t.input_id)
@@ -200,4 +215,4 @@ def _texts(
             mentioned.add(t.next_id)
         for ids in t.top_ids:
             mentioned.update(ids)
-    return MappingProxyType({tok: token_text(tok) for tok in sorted(mentioned)})
+    return tuple((tok, token_text(tok)) for tok in sorted(mentioned))

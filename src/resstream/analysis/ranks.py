@@ -540,8 +540,8 @@ class RankScreen:
         z = self._screen_scores(xs)
         kth = torch.topk(z, k, dim=1).values.amin(1).to(torch.float64)
         c = _U[self.dtype] / (1.0 - _U[self.dtype])
-        floor = kth - c * kth.abs() - eps
-        floor = floor - floor.abs() * 2.0**-40 - 2.0**-1000  # room for this fp64 arithmetic
+        floor = kth - c * kth.abs() - eps  # no exact score of the k top screen entries is lower
+        floor = floor - (kth.abs() + eps) * 2.0**-50 - 2.0**-1000  # rounding of this fp64 line
         _, lo = self._thresholds(floor[:, None], eps)
         candidates = z > lo
         counts = candidates.sum(1)
@@ -550,6 +550,8 @@ class RankScreen:
         ids = torch.empty(x.shape[0], k, dtype=torch.int64, device=self.device)
         scores = torch.empty(x.shape[0], k, dtype=torch.float64, device=self.device)
         light = torch.nonzero(~heavy).flatten()
+        if bool((counts[light] < k).any()):  # the k top screen entries are always candidates
+            raise RuntimeError("top_k: fewer than k candidates in a row; the screen bound is broken")
         if light.numel():
             r, j = torch.nonzero(candidates[light], as_tuple=True)
             ids[light], scores[light] = self._best_of(x64, light, r, j, k)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -83,6 +83,7 @@ def loaded_models(models: Sequence[ModelLike], options: LoadOptions) -> Iterator
     a model before loading the next; the caller should too.
     """
     entries = list(models) or [None]
+    _check_options(entries, options)
     wrapped = {}
     for index, model in enumerate(entries):
         if is_spec(model):
@@ -101,6 +102,26 @@ def loaded_models(models: Sequence[ModelLike], options: LoadOptions) -> Iterator
                 device_map=options.device_map,
                 trust_remote_code=options.trust_remote_code,
                 progress=options.progress,
+            )
+
+
+def _check_options(entries: Sequence[ModelLike], options: LoadOptions) -> None:
+    """Refuse options that would apply to none of the models, rather than ignore them."""
+    if options.tokenizer is not None and not any(
+        isinstance(m, (torch.nn.Module, ModelView)) for m in entries
+    ):
+        raise UsageError(
+            "`tokenizer` is used only with a model passed as an object; a model loaded from a spec, "
+            "or a LoadedModel, brings its own"
+        )
+    if any(is_spec(m) for m in entries):
+        return
+    given = {"dtype": "auto", "device": "auto", "device_map": None, "trust_remote_code": False}
+    for name, default in given.items():
+        if getattr(options, name) != default:
+            raise UsageError(
+                f"`{name}` applies to models loaded from a spec; a model passed as an object is "
+                f"analysed where it is, in its own dtype (move or cast it first)"
             )
 
 
@@ -135,12 +156,24 @@ def each_model(
 ) -> Iterator[tuple[LoadedModel, SequenceSample, str | None]]:
     """(model, its sample, dataset fingerprint) for each model in turn (module docstring).
 
-    Each model passes `check(view)` (if given) before its sample is drawn.
+    Each model passes `check(view)` (if given) before its sample is drawn. Use it in
+    `contextlib.closing`, so that a model held in memory gets its modes back when the caller
+    stops early or fails.
     """
+    samples: dict[str, tuple[SequenceSample, str | None]] = {}
+    with closing(loaded_models(models, options)) as each_loaded:  # closed even on an error
+        yield from _with_samples(each_loaded, corpus, samples, check)
+
+
+def _with_samples(
+    each_loaded: Iterator[LoadedModel],
+    corpus: CorpusRequest,
+    samples: dict[str, tuple[SequenceSample, str | None]],
+    check: Callable[[ModelView], None] | None,
+) -> Iterator[tuple[LoadedModel, SequenceSample, str | None]]:
     from resstream.data import tokenizer_fingerprint
 
-    samples: dict[str, tuple[SequenceSample, str | None]] = {}
-    for loaded in loaded_models(models, options):
+    for loaded in each_loaded:
         if check is not None:
             check(loaded.view)
         if not corpus.dataset.endswith(".jsonl"):  # pinned rows are checked once read

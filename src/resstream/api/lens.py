@@ -62,6 +62,10 @@ def _position_range(positions: range | slice | None, length: int) -> range | Non
     """A non-empty range inside 0..length (a slice's missing stop: the end); UsageError if not."""
     if positions is None:
         return None
+    if positions.step not in (None, 1):
+        raise UsageError(
+            f"`positions` with step {positions.step} is not allowed; allowed: consecutive positions A:B"
+        )
     start = positions.start or 0
     stop = length if positions.stop is None else positions.stop
     if start < 0 or stop > length or stop <= start:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +14,7 @@ from resstream.api.shift import as_sequence
 from resstream.capture import attention_probs
 from resstream.data.sampling import SequenceSample
 from resstream.errors import UsageError
-from resstream.models import ModelLike
+from resstream.models import LoadedModel, ModelLike
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -68,17 +69,30 @@ def recency(
     corpus = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir)
     options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
     results, fingerprint, length = [], None, seq_len
-    for loaded, sample, fingerprint in each_model(as_sequence(models), corpus, options):  # noqa: B007
-        view = loaded.view
-        length = _one_length(sample, dataset)
-        accumulator = RecencyAccumulator(
-            num_layers=view.n_layers, num_heads=view.n_heads, seq_len=length, threshold=threshold
-        )
-        for batch in each_batch(sample.sequences, batch_size, f"recency {loaded.name}", progress):
-            accumulator.update(attention_probs(view, batch))
-        results.append(accumulator.result(loaded.name, sample=sample.rule, notes=view.notes))
-        del loaded, view  # free this model before the next is loaded
+    with closing(each_model(as_sequence(models), corpus, options)) as each:
+        for loaded, sample, fingerprint in each:  # noqa: B007 - the last one is reported
+            length = _one_length(sample, dataset)
+            results.append(_attention_by_position(loaded, sample, length, threshold, batch_size, progress))
+            del loaded  # free this model before the next is loaded
     return RecencyReport(tuple(results), dataset, fingerprint, length)
+
+
+def _attention_by_position(
+    loaded: LoadedModel,
+    sample: SequenceSample,
+    length: int,
+    threshold: float,
+    batch_size: int,
+    progress: bool,
+) -> RecencyResult:
+    """The RecencyResult of one model over its sampled sequences."""
+    view = loaded.view
+    accumulator = RecencyAccumulator(
+        num_layers=view.n_layers, num_heads=view.n_heads, seq_len=length, threshold=threshold
+    )
+    for batch in each_batch(sample.sequences, batch_size, f"recency {loaded.name}", progress):
+        accumulator.update(attention_probs(view, batch))
+    return accumulator.result(loaded.name, sample=sample.rule, notes=view.notes)
 
 
 def _one_length(sample: SequenceSample, dataset: str) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,7 @@ from resstream.api.inputs import (
 )
 from resstream.capture import residual_states
 from resstream.errors import check_choice
-from resstream.models import LoadedModel, ModelLike
+from resstream.models import LoadedModel, ModelLike, ModelView
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -85,13 +86,16 @@ def shift(
     corpus = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir)
     options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
     results, rule, lengths, count, fingerprint = [], "", set(), 0, None
-    for loaded, sample, fingerprint in each_model(  # noqa: B007 - the last one is reported
-        as_sequence(models), corpus, options, check=lambda view: check_top_k(top_k, view.W_U.shape[0])
-    ):
-        rule, count = sample.rule, len(sample.sequences)
-        lengths = {len(s) for s in sample.sequences}
-        results.append(_align(loaded, sample.sequences, rule, top_k, decoder, batch_size, progress))
-        del loaded  # free this model before the next is loaded
+
+    def check(view: ModelView) -> None:
+        check_top_k(top_k, view.W_U.shape[0])
+
+    with closing(each_model(as_sequence(models), corpus, options, check=check)) as each:
+        for loaded, sample, fingerprint in each:  # noqa: B007 - the last one is reported
+            rule, count = sample.rule, len(sample.sequences)
+            lengths = {len(s) for s in sample.sequences}
+            results.append(_align(loaded, sample.sequences, rule, top_k, decoder, batch_size, progress))
+            del loaded  # free this model before the next is loaded
     length = lengths.pop() if len(lengths) == 1 else None
     return ShiftReport(tuple(results), dataset, rule, fingerprint, count, length)
 

@@ -43,9 +43,9 @@ def echo_err(message: str) -> None:
 
 def resolved_device(device: str, device_map: str | None = None) -> str:
     """The device a run actually used, for run.json ('auto' resolved; a device map named)."""
-    from resstream.devices import resolve_device
+    from resstream.devices import device_label
 
-    return f"device_map={device_map}" if device_map else str(resolve_device(device))
+    return f"device_map={device_map}" if device_map else device_label(device)
 
 
 # Options shared by the analysis commands (shift, lens, recency): one declaration each.

@@ -17,6 +17,13 @@ FLAGS: dict[str, str] = {
     "simulations": "--sims",
 }
 
+#: Per command, parameters whose flag there differs from `FLAGS` (sweep and compare hand
+#: their `--max-eval-tokens` to the evaluator's `max_tokens`).
+COMMAND_FLAGS: dict[str, dict[str, str]] = {
+    "sweep": {"max_tokens": "--max-eval-tokens"},
+    "compare": {"max_tokens": "--max-eval-tokens"},
+}
+
 #: Parameters whose False is a flag of its own.
 NEGATIVE_FLAGS: dict[str, str] = {
     "learned": "--no-learned",
@@ -27,18 +34,20 @@ NEGATIVE_FLAGS: dict[str, str] = {
 _MARKED = re.compile(r"`([a-z_][a-z0-9_]*)(?:=(True|False))?`")
 
 
-def flag(name: str) -> str:
-    """The flag that sets library parameter `name`."""
-    return FLAGS.get(name, "--" + name.replace("_", "-"))
+def flag(name: str, command: str | None = None) -> str:
+    """The flag that sets library parameter `name` (in `command`, where it differs)."""
+    specific = COMMAND_FLAGS.get(command or "", {})
+    return specific.get(name) or FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
-def cli_message(message: str) -> str:
-    """A library message with every backticked parameter name replaced by its flag."""
+def cli_message(message: str, command: str | None = None) -> str:
+    """A library message with every backticked parameter name replaced by its flag in
+    `command` (the command the user ran, when known)."""
 
     def replace(match: re.Match[str]) -> str:
         name, value = match.group(1), match.group(2)
         if value == "False":
-            return NEGATIVE_FLAGS.get(name, f"{flag(name)}=False")
-        return flag(name)
+            return NEGATIVE_FLAGS.get(name, f"{flag(name, command)}=False")
+        return flag(name, command)
 
     return _MARKED.sub(replace, message)

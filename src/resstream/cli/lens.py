@@ -76,13 +76,13 @@ def lens(
     ] = False,
 ) -> None:
     """Decode every layer's hidden state of a text: which layers hold the input token, which the next."""
-    from resstream import api
+    import resstream
     from resstream.io import run_record, write_json
     from resstream.reporting.lens import plot_lens, terminal_lines, write_html
 
     check_out_dir(out)
     content = read_text(text, text_file)
-    result = api.lens(
+    result = resstream.lens(
         content,
         model=model,
         positions=parse_positions(positions),

@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     except ResstreamError as exc:
         if debug:
             raise
-        _error(cli_message(str(exc).splitlines()[0]))
+        command = next((arg for arg in args if not arg.startswith("-")), None)
+        _error(cli_message(str(exc).splitlines()[0], command))
         return exc.exit_code
     if result == 130:  # typer turns Ctrl-C (KeyboardInterrupt) into exit code 130, silently
         _error(_INTERRUPTED)

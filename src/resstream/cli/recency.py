@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -25,6 +26,9 @@ from resstream.cli.common import (
     resolved_device,
 )
 
+if TYPE_CHECKING:
+    from resstream.analysis.recency import RecencyResult
+
 
 def recency(
     out: OutOption,
@@ -43,7 +47,7 @@ def recency(
     quiet: QuietOption = False,
 ) -> None:
     """Mean attention by query and key position (and distance), per layer and head, over a corpus."""
-    from resstream import api
+    import resstream
     from resstream.io import run_record, write_json
     from resstream.reporting.attention import (
         plot_attention_grid,
@@ -53,7 +57,7 @@ def recency(
 
     check_out_dir(out)
     specs = list(model) if model else [None]
-    report = api.recency(
+    report = resstream.recency(
         specs,
         dataset=dataset,
         num_seqs=num_seqs,
@@ -113,7 +117,7 @@ def recency(
     typer.echo(f"wrote recency.json, recency.npz, recency.png, distance plots and run.json to {out}")
 
 
-def write_head_arrays(path: Path, results: tuple) -> None:
+def write_head_arrays(path: Path, results: Sequence[RecencyResult]) -> None:
     """Per-head (L, H, T, T) means and standard errors of every model, suffixed by model index."""
     import numpy as np
 

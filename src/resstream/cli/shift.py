@@ -43,7 +43,7 @@ def shift(
     quiet: QuietOption = False,
 ) -> None:
     """Per layer: top-k match with the input and the next token, cosines, projection, shift depth."""
-    from resstream import api
+    import resstream
     from resstream.io import run_record, write_json, write_text
     from resstream.reporting.shift import (
         plot_comparison,
@@ -55,7 +55,7 @@ def shift(
 
     check_out_dir(out)
     specs = list(model) if model else [None]
-    report = api.shift(
+    report = resstream.shift(
         specs,
         dataset=dataset,
         num_seqs=num_seqs,

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from resstream.cli.common import check_out_dir, resolved_device
+
+if TYPE_CHECKING:
+    from resstream.simulation import SimulationResult
 
 
 def simulate(
@@ -42,7 +46,7 @@ def simulate(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
 ) -> None:
     """Mean attention of every layer (± standard error) and a recency verdict per layer."""
-    from resstream import api
+    import resstream
     from resstream.io import run_record, write_json
     from resstream.reporting.attention import plot_attention_grid, verdict_lines
 
@@ -62,7 +66,7 @@ def simulate(
         "chunk_size": chunk_size or None,
         "threshold": threshold,
     }
-    runs = api.simulate(grid=grid, progress=not quiet, **config)
+    runs = resstream.simulate(grid=grid, progress=not quiet, **config)
     out.mkdir(parents=True, exist_ok=True)
     entries = [simulation_entry(label, result) for label, result in runs]
     write_json(out / "simulate.json", entries[0] if not grid else {"configurations": entries})
@@ -88,7 +92,7 @@ def simulate(
     typer.echo(f"wrote simulate.json, simulate.npz, simulate.png and run.json to {out}")
 
 
-def simulation_entry(label: str, result: Any) -> dict[str, Any]:
+def simulation_entry(label: str, result: SimulationResult) -> dict[str, Any]:
     """One configuration in simulate.json: mean_attention[layer][query][key], stderr, verdicts."""
     data = result.to_dict()
     return {
@@ -101,7 +105,7 @@ def simulation_entry(label: str, result: Any) -> dict[str, Any]:
     }
 
 
-def write_arrays(path: Path, runs: Any) -> None:
+def write_arrays(path: Path, runs: Sequence[tuple[str, SimulationResult]]) -> None:
     """mean_attention and stderr as (configs, layers, n, n) arrays in an .npz."""
     import numpy as np
 

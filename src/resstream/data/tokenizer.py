@@ -78,7 +78,8 @@ def gpt2_from_files(
         model = models.BPE.from_file(str(encoder_json), str(vocab_bpe))
     except Exception as exc:
         raise UsageError(
-            f"GPT-2 tokenizer files {str(encoder_json)!r} / {str(vocab_bpe)!r} cannot be read: {exc}"
+            f"GPT-2 tokenizer files {str(encoder_json)!r} / {str(vocab_bpe)!r} cannot be read: "
+            f"{short_reason(exc)}"
         ) from None
     backend = Tokenizer(model)
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

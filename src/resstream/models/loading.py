@@ -36,11 +36,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from resstream.devices import resolve_device
+from resstream.devices import device_label
 from resstream.errors import UsageError, check_choice, short_reason
 from resstream.hub import looks_like_path, offline_reason
 from resstream.models.adapters.base import ModelView
 from resstream.models.adapters.registry import same_tensor, supported_families, view_of
+from resstream.training.records import MODEL_META
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -52,7 +53,6 @@ DTYPES: dict[str, torch.dtype | None] = {
     "float16": torch.float16,
 }
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
-RESSTREAM_META = "model.json"
 REFERENCE_NAME = "reference"  # `--model reference`: the built-in model (as does no --model)
 HF_CONFIG = "config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
@@ -146,7 +146,7 @@ def load_model(
     `progress=False` silences Hugging Face's weight-loading bar.
     """
     check_choice("dtype", dtype, DTYPES)
-    device = str(resolve_device(device))
+    device = device_label(device)
     if device_map is not None:
         check_choice("device_map", device_map, DEVICE_MAPS)
     where, name, source = _locate(spec)
@@ -201,14 +201,14 @@ def _locate(spec: ModelSpec) -> tuple[str, str, str]:
         if not path.is_dir():
             raise UsageError(
                 f"model path {text!r} is a file; allowed: a model directory (with "
-                f"{HF_CONFIG} or resstream's {RESSTREAM_META}) or a hub name"
+                f"{HF_CONFIG} or resstream's {MODEL_META}) or a hub name"
             )
-        if (path / RESSTREAM_META).is_file():
+        if (path / MODEL_META).is_file():
             return str(path), text, "resstream"
         if not (path / HF_CONFIG).is_file():
             raise UsageError(
                 f"model directory {text!r} has no {HF_CONFIG} (nor resstream's "
-                f"{RESSTREAM_META}); allowed: a Hugging Face model directory or a "
+                f"{MODEL_META}); allowed: a Hugging Face model directory or a "
                 f"resstream run directory"
             )
         return str(path), text, "local"
@@ -331,7 +331,7 @@ def _load_config(where: str, name: str, source: str, local_only: bool, trust_rem
         raise _hf_error(exc, name, source, local_only, "config") from None
 
 
-def _load_hf_tokenizer(where: str, name: str, source: str) -> Any:
+def _load_hf_tokenizer(where: str, name: str, source: str) -> PreTrainedTokenizerBase:
     from resstream.data import load_tokenizer
 
     if source == "local":
@@ -360,7 +360,7 @@ def _load_hf_model(
     device_map: str | None,
     local_only: bool,
     trust_remote_code: bool,
-) -> Any:
+) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     if device_map is not None and importlib.util.find_spec("accelerate") is None:

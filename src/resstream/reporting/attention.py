@@ -15,11 +15,11 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from resstream.reporting.figures import new_figure, save_figure
+from resstream.simulation import LayerAttention
 
 Matrix = Sequence[Sequence[float]]
 
@@ -116,7 +116,7 @@ def plot_distance_profiles(
     return save_figure(fig, path)
 
 
-def verdict_lines(layers: Any) -> list[str]:
+def verdict_lines(layers: Sequence[LayerAttention]) -> list[str]:
     """One line per layer: recency (rows that hold, weakest z) and primacy (the same)."""
     lines = []
     for layer in layers:

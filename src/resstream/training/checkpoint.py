@@ -28,13 +28,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from resstream.errors import UsageError
+from resstream.errors import UsageError, short_reason
 from resstream.io import atomic_path, write_json
+from resstream.training.records import MODEL_META
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest.json"
 MODEL_FILE = "model.safetensors"
-MODEL_META = "model.json"
 TOKENIZER_DIR = "tokenizer"
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
 
@@ -70,7 +70,9 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise UsageError(f"weights file {str(path)!r} is corrupt or not safetensors: {exc}") from None
+        raise UsageError(
+            f"weights file {str(path)!r} is corrupt or not safetensors: {short_reason(exc)}"
+        ) from None
 
 
 def _load_torch_weights_only(path: Path) -> dict[str, torch.Tensor]:
@@ -79,7 +81,7 @@ def _load_torch_weights_only(path: Path) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        reason = short_reason(exc)
         raise UsageError(
             f"torch checkpoint {str(path)!r} would need unsafe unpickling to load; resstream only "
             f"loads safetensors or plain tensor dicts ({reason})"
@@ -176,7 +178,8 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
             raise KeyError("step and config are required")
     except (ValueError, KeyError, TypeError, OSError, UnicodeDecodeError) as exc:
         raise UsageError(
-            f"cannot resume: checkpoint in {str(root)!r} is corrupt ({type(exc).__name__}: {exc})"
+            f"cannot resume: checkpoint in {str(root)!r} is corrupt "
+            f"({type(exc).__name__}: {short_reason(exc)})"
         ) from None
     model_state = load_tensors(path / MODEL_FILE)
     trainer = load_tensors(path / "trainer.safetensors")
@@ -214,7 +217,7 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], where: 
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:
-        detail = " ".join(str(exc).split())[:300]
+        detail = short_reason(exc)
         raise UsageError(f"weights in {str(where)!r} do not match the model's config: {detail}") from None
 
 
@@ -248,7 +251,9 @@ def load_run(run_dir: str | os.PathLike[str], *, device: str | torch.device = "c
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         config = from_dict(meta["config"])
     except (ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"{str(meta_path)!r} is corrupt ({type(exc).__name__}: {exc})") from None
+        raise UsageError(
+            f"{str(meta_path)!r} is corrupt ({type(exc).__name__}: {short_reason(exc)})"
+        ) from None
     model = GPT(config.model)
     load_weights(model, load_tensors(_weights_file(root)), root)
     model.to(device).eval()

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
-from resstream.errors import UsageError, closest
+from resstream.errors import UsageError, closest, short_reason
 
 GateKind = Literal["none", "fixed", "learned", "router"]
 NormKind = Literal["layernorm", "rmsnorm", "none"]
@@ -282,8 +282,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
         tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UsageError(f"config file {str(path)!r} is not valid YAML: {first_line}") from None
+        raise UsageError(f"config file {str(path)!r} is not valid YAML: {short_reason(exc)}") from None
     if not isinstance(tree, dict):
         raise UsageError(f"config file {str(path)!r} must hold a mapping, not {type(tree).__name__}")
     return flatten(tree, "YAML")

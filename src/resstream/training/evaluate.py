@@ -22,12 +22,12 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from resstream.errors import UsageError, check_choice
+from resstream.errors import UsageError, check_choice, short_reason
 from resstream.training.scoring import (
     DEFAULT_BATCH_SIZE,
     LAMBADA_DOC,
@@ -39,6 +39,10 @@ from resstream.training.scoring import (
     score_lambada,
     score_tokens,
 )
+
+if TYPE_CHECKING:
+    from resstream.data import Corpus
+    from resstream.training.checkpoint import TrainedModel
 
 BENCHMARKS: tuple[str, ...] = ("wikitext-2", "lambada", "openwebtext", "fineweb-edu", "shakespeare")
 
@@ -92,7 +96,7 @@ class PreparedBenchmark:
 class EvalPlan:
     """Everything `run_plan` needs; building it validates every input."""
 
-    trained: Any  # resstream.training.checkpoint.TrainedModel
+    trained: TrainedModel
     benchmarks: tuple[PreparedBenchmark, ...]
     stride: int
     batch_size: int
@@ -151,7 +155,7 @@ def resolve_stride(stride: int | None, block_size: int) -> int:
     return stride
 
 
-def load_benchmark_corpus(name: str, data_dir: str | os.PathLike[str] | None) -> Any:
+def load_benchmark_corpus(name: str, data_dir: str | os.PathLike[str] | None) -> Corpus:
     """The benchmark's corpus; any failure to get it is a UsageError naming the benchmark."""
     from resstream.data import default_split, load_corpus
 
@@ -163,7 +167,7 @@ def load_benchmark_corpus(name: str, data_dir: str | os.PathLike[str] | None) ->
     except (OSError, ValueError, ConnectionError, RuntimeError) as exc:
         raise UsageError(
             f"benchmark {name!r} is not available (give `data_dir` or go online): "
-            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            f"{type(exc).__name__}: {short_reason(exc)}"
         ) from None
 
 
@@ -174,7 +178,7 @@ def check_benchmark_data(names: Iterable[str], data_dir: str | os.PathLike[str] 
         load_benchmark_corpus(name, data_dir)
 
 
-def _shakespeare_note(trained: Any, corpus_fingerprint: str, val_fraction: float) -> str:
+def _shakespeare_note(trained: TrainedModel, corpus_fingerprint: str, val_fraction: float) -> str:
     trained_on = trained.config.data.dataset
     base = f"validation tail (val_fraction={val_fraction}) of the built-in corpus"
     if trained_on != "shakespeare":
@@ -191,7 +195,7 @@ def _shakespeare_note(trained: Any, corpus_fingerprint: str, val_fraction: float
 
 
 def prepare_benchmark(
-    name: str, corpus: Any, trained: Any, *, max_tokens: int | None, progress: bool = False
+    name: str, corpus: Corpus, trained: TrainedModel, *, max_tokens: int | None, progress: bool = False
 ) -> PreparedBenchmark:
     """Tokenise one benchmark's corpus; UsageError when too little of it is left to score."""
     from resstream.data import split_tokens, tokenize_documents

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from resstream.errors import UsageError
-from resstream.training import checkpoint as ckpt
+from resstream.errors import UsageError, short_reason
 from resstream.training.metrics import METRICS_FILE, iter_metrics
 
+MODEL_META = "model.json"  # a finished run's config and final validation loss
 SWEEP_FILE = "sweep.json"
 EVAL_FILE = "eval.json"
 GATE_HISTORY_FILE = "gate_history.json"
@@ -127,7 +127,7 @@ def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{str(path)!r} is not valid JSON ({exc})") from None
+        raise UsageError(f"{str(path)!r} is not valid JSON ({short_reason(exc)})") from None
 
 
 def gate_history(run_dir: str | Path) -> GateHistory:
@@ -164,7 +164,7 @@ def read_eval(run_dir: Path) -> tuple[Scores, dict[str, Any] | None]:
 
 def record_from_run_dir(run_dir: Path, seed: int) -> RunRecord:
     """Summarise a finished run from its model.json (and eval.json, gate log)."""
-    meta = read_json(run_dir / ckpt.MODEL_META) or {}
+    meta = read_json(run_dir / MODEL_META) or {}
     model = meta.get("config", {}).get("model", {})
     gate = str(model.get("gate", "none"))
     cut = model.get("cut_layer") if gate == "fixed" else None
@@ -218,7 +218,7 @@ def _records_from_seed_dir(seed_dir: Path, seed: int) -> list[RunRecord]:
     return [
         record_from_run_dir(d, seed)
         for d in sorted(seed_dir.iterdir())
-        if d.is_dir() and RUN_NAME.match(d.name) and (d / ckpt.MODEL_META).is_file()
+        if d.is_dir() and RUN_NAME.match(d.name) and (d / MODEL_META).is_file()
     ]
 
 

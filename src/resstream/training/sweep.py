@@ -37,6 +37,7 @@ from resstream.training.config import TrainConfig, from_dict, identity_diff, val
 from resstream.training.records import (
     EVAL_FILE,
     GATE_HISTORY_FILE,
+    MODEL_META,
     SWEEP_FILE,
     RunRecord,
     Scores,
@@ -150,7 +151,7 @@ def config_diffs(saved: dict[str, Any], planned: TrainConfig) -> list[str]:
 def check_existing(plan: SweepPlan, out_dir: str | Path) -> None:
     """Refuse to restart a sweep in `out_dir` whose finished runs were trained with another config."""
     for run in plan.runs:
-        meta = read_json(run.path(out_dir) / ckpt.MODEL_META)
+        meta = read_json(run.path(out_dir) / MODEL_META)
         if meta is None:
             continue
         diffs = config_diffs(meta.get("config", {}), run.config)
@@ -211,7 +212,7 @@ def runs_to_evaluate(records: Sequence[RunRecord], benchmarks: Sequence[str]) ->
         for r in records
         if any(b not in r.evals for b in benchmarks)
         and r.path is not None
-        and (r.path / ckpt.MODEL_META).is_file()
+        and (r.path / MODEL_META).is_file()
     ]
 
 
@@ -262,7 +263,7 @@ def _train_or_skip(
 
     run_dir = run.path(root)
     label = f"sweep [{index}/{total}] seed {run.seed} {run.name}"
-    if (run_dir / ckpt.MODEL_META).is_file():
+    if (run_dir / MODEL_META).is_file():
         if log:
             log(f"{label}: finished earlier, skipped")
         return
@@ -365,6 +366,11 @@ def run_sweep(
     `log` receives one line per run ("sweep [i/n] seed s name: training"); `progress`
     shows the trainer's and the evaluator's own progress bars.
     """
+    from resstream.training.evaluate import check_benchmarks
+
+    benchmarks = check_benchmarks(benchmarks, allow_all=True)  # refused before any training
+    if max_eval_tokens is not None and max_eval_tokens < 2:
+        raise UsageError(f"`max_eval_tokens` must be >= 2, got {max_eval_tokens}")
     root = Path(out_dir)
     check_existing(plan, root)
     total = len(plan.runs)

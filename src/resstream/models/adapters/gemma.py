@@ -18,11 +18,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from resstream.models.adapters.base import BlockView, ModelView
+from resstream.models.adapters.base import ModelView
+from resstream.models.adapters.llama import llama_like_blocks
 from resstream.models.adapters.registry import (
-    bias_of,
     hf_model_view,
-    linear_W_O,
     max_positions_of,
     register,
 )
@@ -47,21 +46,7 @@ def _gemma_view(model: nn.Module, family: str, *, sandwich: bool) -> ModelView:
     config = model.config
     trunk = model.model
     n_heads = config.num_attention_heads
-    blocks = tuple(
-        BlockView(
-            module=layer,
-            ln1=layer.input_layernorm,
-            attn=layer.self_attn,
-            ln2=layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm,
-            mlp=layer.mlp,
-            W_O=linear_W_O(layer.self_attn.o_proj, n_heads),
-            b_O=bias_of(layer.self_attn.o_proj),
-            post_attn_norm=layer.post_attention_layernorm if sandwich else None,
-            post_mlp_norm=layer.post_feedforward_layernorm if sandwich else None,
-            out_proj=layer.self_attn.o_proj,
-        )
-        for layer in trunk.layers
-    )
+    blocks = llama_like_blocks(trunk, n_heads, sandwich=sandwich)
     embed, scale = _embedder(trunk, config.hidden_size)
     softcap = getattr(config, "final_logit_softcapping", None) if sandwich else None
     notes = (f"token embeddings are scaled by sqrt(d_model) = {scale:g}",)

@@ -22,24 +22,34 @@ from resstream.models.adapters.registry import (
 )
 
 
+def llama_like_blocks(trunk: nn.Module, n_heads: int, *, sandwich: bool = False) -> tuple[BlockView, ...]:
+    """The blocks of Llama's layout (`trunk.layers[l]`: `input_layernorm`, `self_attn` with
+    `o_proj`, `post_attention_layernorm`, `mlp`). `sandwich` is Gemma-2's variant: the norm
+    before the MLP is `pre_feedforward_layernorm`, and `post_attention_layernorm` /
+    `post_feedforward_layernorm` normalise the sublayer outputs before they are added."""
+    return tuple(
+        BlockView(
+            module=layer,
+            ln1=layer.input_layernorm,
+            attn=layer.self_attn,
+            ln2=layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm,
+            mlp=layer.mlp,
+            W_O=linear_W_O(layer.self_attn.o_proj, n_heads),
+            b_O=bias_of(layer.self_attn.o_proj),
+            post_attn_norm=layer.post_attention_layernorm if sandwich else None,
+            post_mlp_norm=layer.post_feedforward_layernorm if sandwich else None,
+            out_proj=layer.self_attn.o_proj,
+        )
+        for layer in trunk.layers
+    )
+
+
 def llama_like_view(model: nn.Module, family: str) -> ModelView:
     """The view of a model with Llama's layout (`model.model.layers[l].self_attn.o_proj` ...)."""
     config = model.config
     trunk = model.model
     n_heads = config.num_attention_heads
-    blocks = tuple(
-        BlockView(
-            module=layer,
-            ln1=layer.input_layernorm,
-            attn=layer.self_attn,
-            ln2=layer.post_attention_layernorm,
-            mlp=layer.mlp,
-            W_O=linear_W_O(layer.self_attn.o_proj, n_heads),
-            b_O=bias_of(layer.self_attn.o_proj),
-            out_proj=layer.self_attn.o_proj,
-        )
-        for layer in trunk.layers
-    )
+    blocks = llama_like_blocks(trunk, n_heads)
 
     def embed(input_ids: Tensor) -> Tensor:
         return trunk.embed_tokens(input_ids)
