@@ -50,7 +50,9 @@ def test_named_corpora_keep_their_fingerprints(
     corpus = load_corpus(name, split=split, data_dir=shared_data)
     assert (len(corpus.documents), corpus.fingerprint) == (num_documents, fingerprint)
     stream = stream_corpus(name, split=split, data_dir=shared_data)
-    assert stream.origin == corpus.origin
+    # the same file (a stream names it resolved, a loaded corpus as the data directory was
+    # given, so the two spellings differ where the data directory is reached through a link)
+    assert Path(stream.origin).resolve() == Path(corpus.origin).resolve()
     assert _full_pass(stream) == [in_pieces] * num_documents
     assert stream.fingerprint == fingerprint
     if in_pieces:
