@@ -75,14 +75,15 @@ def check_batch_size(batch_size: int) -> None:
         raise UsageError(f"`batch_size` {batch_size} must be >= 1")
 
 
-def loaded_models(models: Sequence[ModelLike], options: LoadOptions) -> Iterator[LoadedModel]:
+def loaded_models(models: ModelLike | Sequence[ModelLike], options: LoadOptions) -> Iterator[LoadedModel]:
     """Each model ready for analysis, loaded (specs) or wrapped (objects) one at a time.
 
+    `models` is one model or a list or tuple of them (an empty one: the reference model).
     Every spec is checked and every object wrapped before the first model is loaded, so a bad
     one is refused before time is spent on the others. The generator drops its reference to
     a model before loading the next; the caller should too.
     """
-    entries = list(models) or [None]
+    entries = (list(models) if isinstance(models, (list, tuple)) else [models]) or [None]
     _check_options(entries, options)
     wrapped = {}
     for index, model in enumerate(entries):
@@ -128,11 +129,8 @@ def _check_options(entries: Sequence[ModelLike], options: LoadOptions) -> None:
 @contextmanager
 def one_model(model: ModelLike, options: LoadOptions) -> Iterator[LoadedModel]:
     """One model ready for analysis for the duration of the block (`loaded_models`)."""
-    models = loaded_models([model], options)
-    try:
+    with closing(loaded_models(model, options)) as models:  # a model in memory gets its modes back
         yield next(models)
-    finally:
-        models.close()  # a model held in memory gets its train/eval modes back
 
 
 @contextmanager
@@ -148,7 +146,7 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
 
 
 def each_model(
-    models: Sequence[ModelLike],
+    models: ModelLike | Sequence[ModelLike],
     corpus: CorpusRequest,
     options: LoadOptions,
     *,
@@ -160,32 +158,23 @@ def each_model(
     `contextlib.closing`, so that a model held in memory gets its modes back when the caller
     stops early or fails.
     """
-    samples: dict[str, tuple[SequenceSample, str | None]] = {}
-    with closing(loaded_models(models, options)) as each_loaded:  # closed even on an error
-        yield from _with_samples(each_loaded, corpus, samples, check)
-
-
-def _with_samples(
-    each_loaded: Iterator[LoadedModel],
-    corpus: CorpusRequest,
-    samples: dict[str, tuple[SequenceSample, str | None]],
-    check: Callable[[ModelView], None] | None,
-) -> Iterator[tuple[LoadedModel, SequenceSample, str | None]]:
     from resstream.data import tokenizer_fingerprint
 
-    for loaded in each_loaded:
-        if check is not None:
-            check(loaded.view)
-        if not corpus.dataset.endswith(".jsonl"):  # pinned rows are checked once read
-            check_length(corpus.seq_len, loaded.view, "`seq_len` {n}")
-        key = tokenizer_fingerprint(loaded.tokenizer)
-        if key not in samples:
-            samples[key] = sample_corpus(corpus, loaded.tokenizer)
-        sample, fingerprint = samples[key]
-        _check_vocabulary(sample, loaded.view.W_U.shape[0], corpus.dataset)
-        _check_sample_length(sample, loaded.view, corpus.dataset)
-        yield loaded, sample, fingerprint
-        del loaded
+    samples: dict[str, tuple[SequenceSample, str | None]] = {}  # by tokenizer
+    with closing(loaded_models(models, options)) as each_loaded:  # closed even on an error
+        for loaded in each_loaded:
+            if check is not None:
+                check(loaded.view)
+            if not corpus.dataset.endswith(".jsonl"):  # pinned rows are checked once read
+                check_length(corpus.seq_len, loaded.view, "`seq_len` {n}")
+            key = tokenizer_fingerprint(loaded.tokenizer)
+            if key not in samples:
+                samples[key] = sample_corpus(corpus, loaded.tokenizer)
+            sample, fingerprint = samples[key]
+            _check_vocabulary(sample, loaded.view.W_U.shape[0], corpus.dataset)
+            _check_sample_length(sample, loaded.view, corpus.dataset)
+            yield loaded, sample, fingerprint
+            del loaded
 
 
 def sample_corpus(

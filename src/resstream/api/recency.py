@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from resstream.analysis.recency import RecencyAccumulator, RecencyResult
 from resstream.api.inputs import CorpusRequest, LoadOptions, check_batch_size, each_batch, each_model
-from resstream.api.shift import as_sequence
 from resstream.capture import attention_probs
 from resstream.data.sampling import SequenceSample
 from resstream.errors import UsageError
@@ -69,7 +68,7 @@ def recency(
     corpus = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir)
     options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
     results, fingerprint, length = [], None, seq_len
-    with closing(each_model(as_sequence(models), corpus, options)) as each:
+    with closing(each_model(models, corpus, options)) as each:
         for loaded, sample, fingerprint in each:  # noqa: B007 - the last one is reported
             length = _one_length(sample, dataset)
             results.append(_attention_by_position(loaded, sample, length, threshold, batch_size, progress))

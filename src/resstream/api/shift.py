@@ -90,7 +90,7 @@ def shift(
     def check(view: ModelView) -> None:
         check_top_k(top_k, view.W_U.shape[0])
 
-    with closing(each_model(as_sequence(models), corpus, options, check=check)) as each:
+    with closing(each_model(models, corpus, options, check=check)) as each:
         for loaded, sample, fingerprint in each:  # noqa: B007 - the last one is reported
             rule, count = sample.rule, len(sample.sequences)
             lengths = {len(s) for s in sample.sequences}
@@ -98,13 +98,6 @@ def shift(
             del loaded  # free this model before the next is loaded
     length = lengths.pop() if len(lengths) == 1 else None
     return ShiftReport(tuple(results), dataset, rule, fingerprint, count, length)
-
-
-def as_sequence(models: ModelLike | Sequence[ModelLike]) -> Sequence[ModelLike]:
-    """One model as a one-element sequence (a string is one spec, not a sequence)."""
-    if isinstance(models, (list, tuple)):
-        return models
-    return [models]
 
 
 def _align(
