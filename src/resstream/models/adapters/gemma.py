@@ -19,12 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from resstream.models.adapters.base import ModelView
-from resstream.models.adapters.llama import llama_like_blocks
-from resstream.models.adapters.registry import (
-    hf_model_view,
-    max_positions_of,
-    register,
-)
+from resstream.models.adapters.llama import llama_like_view
+from resstream.models.adapters.registry import register
 
 
 def _embedder(trunk: nn.Module, d_model: int) -> tuple[Callable[[Tensor], Tensor], float]:
@@ -44,25 +40,16 @@ def _embedder(trunk: nn.Module, d_model: int) -> tuple[Callable[[Tensor], Tensor
 
 def _gemma_view(model: nn.Module, family: str, *, sandwich: bool) -> ModelView:
     config = model.config
-    trunk = model.model
-    n_heads = config.num_attention_heads
-    blocks = llama_like_blocks(trunk, n_heads, sandwich=sandwich)
-    embed, scale = _embedder(trunk, config.hidden_size)
+    embed, scale = _embedder(model.model, config.hidden_size)
     softcap = getattr(config, "final_logit_softcapping", None) if sandwich else None
     notes = (f"token embeddings are scaled by sqrt(d_model) = {scale:g}",)
     if softcap is not None:
         notes += (f"final logits are soft-capped: tanh(x / {softcap:g}) * {softcap:g}",)
-    return hf_model_view(
+    return llama_like_view(
         model,
-        family=family,
-        trunk=trunk,
-        blocks=blocks,
+        family,
+        sandwich=sandwich,
         embed=embed,
-        input_embedding=trunk.embed_tokens.weight,
-        final_norm=trunk.norm,
-        n_heads=n_heads,
-        d_model=config.hidden_size,
-        max_positions=max_positions_of(config, "max_position_embeddings"),
         notes=notes,
         logit_softcap=float(softcap) if softcap is not None else None,
         embed_scale=scale,

@@ -10,6 +10,9 @@ default, small Qwen2 models tied. `head_dim` may differ from hidden_size / n_hea
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from torch import Tensor, nn
 
 from resstream.models.adapters.base import BlockView, ModelView
@@ -44,27 +47,37 @@ def llama_like_blocks(trunk: nn.Module, n_heads: int, *, sandwich: bool = False)
     )
 
 
-def llama_like_view(model: nn.Module, family: str) -> ModelView:
-    """The view of a model with Llama's layout (`model.model.layers[l].self_attn.o_proj` ...)."""
+def llama_like_view(
+    model: nn.Module,
+    family: str,
+    *,
+    sandwich: bool = False,
+    embed: Callable[[Tensor], Tensor] | None = None,
+    notes: tuple[str, ...] = (),
+    **extra: Any,
+) -> ModelView:
+    """The view of a model with Llama's layout (`model.model.layers[l].self_attn.o_proj` ...).
+
+    Gemma and Gemma-2 share it and pass what they do differently: `sandwich` blocks
+    (`llama_like_blocks`), their scaled `embed` (default: the plain token embedding), their
+    `notes`, and the rarer `ModelView` fields (soft-capping, embedding scale) in `extra`.
+    """
     config = model.config
     trunk = model.model
     n_heads = config.num_attention_heads
-    blocks = llama_like_blocks(trunk, n_heads)
-
-    def embed(input_ids: Tensor) -> Tensor:
-        return trunk.embed_tokens(input_ids)
-
     return hf_model_view(
         model,
         family=family,
         trunk=trunk,
-        blocks=blocks,
-        embed=embed,
+        blocks=llama_like_blocks(trunk, n_heads, sandwich=sandwich),
+        embed=embed or trunk.embed_tokens,
         input_embedding=trunk.embed_tokens.weight,
         final_norm=trunk.norm,
         n_heads=n_heads,
         d_model=config.hidden_size,
         max_positions=max_positions_of(config, "max_position_embeddings"),
+        notes=notes,
+        **extra,
     )
 
 
