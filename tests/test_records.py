@@ -29,3 +29,15 @@ def test_load_runs_with_no_finished_runs(tmp_path):
     (tmp_path / "sweep" / "seed-0" / "baseline").mkdir(parents=True)
     with pytest.raises(UsageError, match="no finished runs found"):
         load_runs([tmp_path / "sweep"])
+
+
+def test_eval_entries_read_both_layouts_the_same_way() -> None:
+    from resstream.training.records import eval_entries, normalise_eval
+
+    listed = {"benchmarks": [{"name": "lambada", "loss": 2.0}, {"loss": 9.0}]}  # no name: skipped
+    mapped = {"results": {"lambada": {"loss": 2.0, "name": "ignored"}, "junk": 3}}
+    assert eval_entries(listed) == [{"name": "lambada", "loss": 2.0}]
+    assert eval_entries(mapped) == [{"name": "lambada", "loss": 2.0}]  # the mapping's key names it
+    assert normalise_eval(listed) == normalise_eval(mapped)
+    assert normalise_eval(listed)["lambada"]["loss"] == 2.0
+    assert eval_entries([1, 2]) == [] and eval_entries({"benchmarks": "x"}) == []

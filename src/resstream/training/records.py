@@ -140,20 +140,29 @@ def gate_history(run_dir: str | Path) -> GateHistory:
     return GateHistory(steps, tuple(by_step[s] for s in steps))
 
 
-def normalise_eval(data: Any) -> Scores:
-    """Benchmark scores from an eval.json (`benchmarks`/`results` as a list or a name mapping)."""
+def eval_entries(data: Any) -> list[dict[str, Any]]:
+    """The per-benchmark entries of an eval.json, each a dict with its `name`.
+
+    `benchmarks` (or `results`, or the whole object) holds them as a list of entries with a
+    `name`, or as a mapping from name to entry; anything else holds none.
+    """
     if not isinstance(data, dict):
-        return {}
+        return []
     results = data.get("benchmarks", data.get("results", data))
     if isinstance(results, dict):
-        items = [(str(name), value) for name, value in results.items() if isinstance(value, dict)]
-    elif isinstance(results, list):
-        items = [
-            (str(value["name"]), value) for value in results if isinstance(value, dict) and "name" in value
+        return [
+            {"name": str(name), **{k: v for k, v in value.items() if k != "name"}}
+            for name, value in results.items()
+            if isinstance(value, dict)
         ]
-    else:
-        return {}
-    return {name: {m: value.get(m) for m in EVAL_METRICS} for name, value in items}
+    if isinstance(results, list):
+        return [value for value in results if isinstance(value, dict) and "name" in value]
+    return []
+
+
+def normalise_eval(data: Any) -> Scores:
+    """Benchmark scores from an eval.json (`eval_entries`)."""
+    return {str(entry["name"]): {m: entry.get(m) for m in EVAL_METRICS} for entry in eval_entries(data)}
 
 
 def read_eval(run_dir: Path) -> tuple[Scores, dict[str, Any] | None]:

@@ -42,6 +42,7 @@ from resstream.training.records import (
     RunRecord,
     Scores,
     SweepResult,
+    eval_entries,
     gate_history,
     normalise_eval,
     read_eval,
@@ -163,18 +164,6 @@ def check_existing(plan: SweepPlan, out_dir: str | Path) -> None:
 
 
 # ----------------------------------------------------------------------------- evaluation
-def _raw_entries(raw: Any, exclude: Sequence[str]) -> list[dict[str, Any]]:
-    """The per-benchmark entries of a saved eval.json, as a list of dicts with `name`."""
-    if not isinstance(raw, dict):
-        return []
-    results = raw.get("benchmarks", raw.get("results"))
-    if isinstance(results, dict):
-        results = [{"name": name, **value} for name, value in results.items() if isinstance(value, dict)]
-    if not isinstance(results, list):
-        return []
-    return [entry for entry in results if isinstance(entry, dict) and entry.get("name") not in exclude]
-
-
 def evaluate_missing(
     run_dir: Path,
     benchmarks: Sequence[str],
@@ -200,7 +189,8 @@ def evaluate_missing(
         run_dir, tuple(missing), data_dir=data_dir, device=device, max_tokens=max_tokens, progress=progress
     )
     payload = report.to_dict()
-    payload["benchmarks"] = _raw_entries(raw, missing) + list(payload["benchmarks"])
+    kept = [entry for entry in eval_entries(raw) if entry["name"] not in missing]
+    payload["benchmarks"] = kept + list(payload["benchmarks"])
     write_json(run_dir / EVAL_FILE, payload)
     return normalise_eval(payload)
 
