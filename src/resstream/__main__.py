@@ -1,5 +1,5 @@
 """`python -m resstream`: the command-line interface."""
 
-from resstream.cli.main import run
+from resstream.cli.entry import run
 
 run()

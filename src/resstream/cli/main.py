@@ -20,14 +20,15 @@ from resstream.cli import shift as shift_cmd
 from resstream.cli import simulate as simulate_cmd
 from resstream.cli import sweep as sweep_cmd
 from resstream.cli import train as train_cmd
+from resstream.cli.entry import interrupted_exit
 from resstream.cli.flags import cli_message
 from resstream.errors import ResstreamError
+from resstream.interrupts import was_interrupted
 
 # typer >= 0.20 ships its own copy of click: catch both families.
 _EXIT = (click.exceptions.Exit, typer.Exit)
 _ABORT = (click.exceptions.Abort, typer.Abort)
 _CLI_ERRORS = (click.exceptions.ClickException, typer.exceptions.TyperException)
-_INTERRUPTED = "interrupted; files already written are complete, partial ones were discarded"
 
 app = typer.Typer(
     name="resstream",
@@ -83,22 +84,29 @@ def main(argv: list[str] | None = None) -> int:
         _error(_describe(exc, args))
         return 2
     except (KeyboardInterrupt, *_ABORT):
-        _error(_INTERRUPTED)
-        return 130
+        return interrupted_exit()
     except ResstreamError as exc:
         if debug:
             raise
+        if was_interrupted():  # a stop caused by an interrupt that a library swallowed
+            return interrupted_exit()
         command = next((arg for arg in args if not arg.startswith("-")), None)
         _error(cli_message(str(exc).splitlines()[0], command))
         return exc.exit_code
-    if result == 130:  # typer turns Ctrl-C (KeyboardInterrupt) into exit code 130, silently
-        _error(_INTERRUPTED)
+    except Exception:
+        if was_interrupted() and not debug:  # e.g. a module left half-imported by Ctrl-C
+            return interrupted_exit()
+        raise
+    if result == 130 or was_interrupted():  # typer turns Ctrl-C into exit code 130, silently
+        return interrupted_exit()
     return int(result or 0)
 
 
 def run() -> None:
-    """Console-script entry point."""
-    sys.exit(main())
+    """Console-script entry point (see `resstream.cli.entry`, which remembers Ctrl-C first)."""
+    from resstream.cli.entry import run as entry_run
+
+    entry_run()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,92 @@
+"""Ctrl-C that is never lost: a remembered interrupt, and moments that finish before it lands.
+
+Python turns SIGINT into a `KeyboardInterrupt` raised wherever the program happens to be. Two
+things go wrong with that in a command that imports large libraries and writes a set of files:
+
+* an interrupt that arrives while a library is being imported can be swallowed by the
+  library's own ``except BaseException`` (or turned into another exception), and the command
+  then runs to completion or crashes later with an unrelated traceback;
+* an interrupt that arrives while a set of outputs is being moved into place leaves a set
+  that is neither the old one nor the new one.
+
+`remember_interrupts()` (installed first thing by the command-line entry point) replaces the
+SIGINT handler with one that records the interrupt before raising `KeyboardInterrupt`, so
+`was_interrupted()` stays true even when the exception itself was swallowed, and
+`raise_if_interrupted()` re-raises it at the next safe point. `deferred_interrupts()` holds an
+interrupt back until a short critical section has finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+_state = {"remembering": False, "interrupted": False, "deferring": False, "pending": False}
+
+
+def _on_sigint(_signum: int, _frame: FrameType | None) -> None:
+    if _state["remembering"]:  # a command-line process: one command, so the flag stays set
+        _state["interrupted"] = True
+    if _state["deferring"]:
+        _state["pending"] = True
+        return
+    raise KeyboardInterrupt
+
+
+def remember_interrupts() -> None:
+    """Install the remembering SIGINT handler (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _on_sigint)
+        _state["remembering"] = True
+
+
+def was_interrupted() -> bool:
+    """True once SIGINT has arrived in a process that `remember_interrupts()` set up."""
+    return _state["interrupted"]
+
+
+def raise_if_interrupted() -> None:
+    """Raise `KeyboardInterrupt` if an interrupt arrived and was swallowed on its way up."""
+    if _state["interrupted"]:
+        raise KeyboardInterrupt
+
+
+def reset() -> None:
+    """Forget a remembered interrupt (for a process that runs several commands, like tests)."""
+    _state.update(interrupted=False, deferring=False, pending=False)
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """Run the block to its end even if Ctrl-C arrives during it; deliver the interrupt after.
+
+    Within the block the remembering handler is installed (whatever handler was there
+    before comes back after it); an interrupt that arrived during the block then reaches
+    that handler: `KeyboardInterrupt` for Python's default one.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    outer = _state["deferring"]
+    _state["deferring"] = True
+    signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        _state["deferring"] = outer
+        if not outer and _state["pending"]:
+            _state["pending"] = False
+            _deliver(previous)
+
+
+def _deliver(handler: object) -> None:
+    """Hand a held-back SIGINT to the handler that was installed before the deferral."""
+    if handler in (signal.default_int_handler, _on_sigint):
+        raise KeyboardInterrupt
+    if callable(handler):
+        handler(signal.SIGINT, None)
