@@ -16,6 +16,7 @@ import pytest
 from resstream.cli.main import main
 from tests.cli_support import (
     assert_complete_files,
+    assert_nothing_written,
     check_non_finite,
     expect_usage_error,
     overflowing,
@@ -234,7 +235,7 @@ def test_out_is_an_existing_file(tmp_path, capsys):
 # --------------------------------------------------------------------------- Ctrl-C
 
 
-def test_ctrl_c_while_plotting_leaves_only_complete_files(tmp_path, capsys, monkeypatch):
+def test_ctrl_c_while_plotting_writes_nothing(tmp_path, capsys, monkeypatch):
     import resstream.reporting.lens as rendering
 
     def interrupt(*_args, **_kwargs):
@@ -245,8 +246,7 @@ def test_ctrl_c_while_plotting_leaves_only_complete_files(tmp_path, capsys, monk
     code = run_lens(out, "--text", TEXT, "--positions", "1:3")
     err = capsys.readouterr().err
     assert code == 130 and "Traceback" not in err, err
-    assert_complete_files(out)
-    assert (out / "lens.json").is_file() and not (out / "run.json").exists()
+    assert_nothing_written(out)  # lens.json and lens.html were staged: they are gone with the rest
 
 
 def test_non_finite_states_are_one_line_and_exit_1(tmp_path, capsys, monkeypatch):

@@ -40,7 +40,50 @@ class Hostile:
 
 
 # ------------------------------------------------------------------ run directories and outputs
-OUTPUT_CASES: list[Hostile] = []
+SIMULATE = "simulate --layers 2 --tokens 5 --dim 4 --sims 20 --quiet"
+
+
+def a_training_run(tmp: Path) -> None:
+    """A directory that holds a training run (its model.json and run.json)."""
+    (tmp / "run").mkdir()
+    (tmp / "run" / "model.json").write_text("{}")
+    (tmp / "run" / "run.json").write_text('{"config": {"model": {}}}')
+
+
+def a_file_named(name: str) -> Callable[[Path], None]:
+    return lambda tmp: (tmp / name).write_text("a file, not a directory")
+
+
+OUTPUT_CASES: list[Hostile] = [
+    Hostile(
+        "out-is-a-file",
+        f"{SIMULATE} --out {{tmp}}/taken",
+        ("--out", "taken", "is a file"),
+        2,
+        a_file_named("taken"),
+    ),
+    Hostile(
+        "out-below-a-file",
+        f"{SIMULATE} --out {{tmp}}/taken/out",
+        ("cannot write to --out", "a parent is a file, not a directory"),
+        2,
+        a_file_named("taken"),
+    ),
+    Hostile(
+        "analysis-into-a-training-run",
+        f"{SIMULATE} --out {{tmp}}/run",
+        ("--out", "holds the outputs of resstream train", "choose another directory"),
+        2,
+        a_training_run,
+    ),
+    Hostile(
+        "eval-into-its-own-run",
+        "eval --model {tmp}/run --out {tmp}/run --quiet",
+        ("--out", "holds the outputs of resstream train"),
+        2,
+        a_training_run,
+    ),
+]
 
 # ------------------------------------------------------------------ checkpoints and weights
 CHECKPOINT_CASES: list[Hostile] = []

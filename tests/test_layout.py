@@ -18,7 +18,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "resstream"
 
-BOTTOM = {"errors", "io", "devices", "hub", "assets"}
+BOTTOM = {"errors", "io", "devices", "hub", "assets", "interrupts", "rundir"}
 ALLOWED: dict[str, set[str]] = {
     "cli": {"api", "reporting", "analysis", "training", "training.records", "simulation", "models"}
     | {"models.adapters", "capture", "data", "cli", "(root)"}
@@ -36,6 +36,8 @@ ALLOWED: dict[str, set[str]] = {
     "data": BOTTOM,
     "errors": set(),
     "io": {"errors"},
+    "interrupts": set(),
+    "rundir": {"errors", "io", "interrupts"},
     "devices": {"errors"},
     "hub": {"errors"},
     "assets": {"errors"},

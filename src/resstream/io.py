@@ -8,11 +8,16 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+#: `atomic_path` writes ".NAME.XXXXXXXX.tmp" (8 random characters from tempfile) beside NAME.
+TEMP_SUFFIX = ".tmp"
+_TEMPORARY = re.compile(r"\..+\.[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX))
 
 
 @contextlib.contextmanager
@@ -24,17 +29,24 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
-    os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; final files get the usual mode
     try:
         yield tmp_path
+        # mkstemp makes 0600 and some writers (safetensors) recreate the file with their own
+        # mode: the final file gets the mode the umask gives, as any other file would
+        os.chmod(tmp_path, 0o666 & ~_umask())
         with open(tmp_path, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp_path, path)
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+def is_temporary_name(name: str) -> bool:
+    """Whether `name` is a temporary file of `atomic_path` (what an interrupted writer leaves)."""
+    return _TEMPORARY.fullmatch(name) is not None
 
 
 def _umask() -> int:

@@ -10,12 +10,6 @@ import typer
 from resstream.errors import UsageError
 
 
-def check_out_dir(out: Path) -> None:
-    """--out must be a directory or not exist yet."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {str(out)!r} is a file; give a directory")
-
-
 def check_max_eval_tokens(value: str | None) -> int | None:
     """--max-eval-tokens (sweep, compare) as an integer that allows one context and one scored token."""
     if value is None:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from resstream.cli.common import check_max_eval_tokens, check_out_dir, echo_err, split_names
+from resstream.cli.common import check_max_eval_tokens, echo_err, split_names
 from resstream.errors import UsageError
 
 
@@ -36,6 +36,7 @@ def compare(
     from resstream.devices import resolve_device
     from resstream.io import run_record, write_json, write_text
     from resstream.reporting.tables import compare_table, saved_benchmarks
+    from resstream.rundir import output_set
     from resstream.training import sweep as sw
     from resstream.training.evaluate import BENCHMARKS, check_benchmark_data, check_benchmarks
     from resstream.training.records import load_runs
@@ -44,36 +45,37 @@ def compare(
     if names is not None and not names:
         raise UsageError(f"--benchmarks: {benchmarks!r} names no benchmark")
     max_tokens = check_max_eval_tokens(max_eval_tokens)
-    check_out_dir(out)
-    dev = str(resolve_device(device))
-    records = load_runs(inputs)
-    if names is None:
-        names = saved_benchmarks(records, BENCHMARKS) or BENCHMARKS
-    check_benchmark_data(sw.missing_benchmarks(records, names), str(data_dir) if data_dir else None)
-    records = sw.fill_evals(
-        records,
-        names,
-        max_tokens=max_tokens,
-        device=dev,
-        data_dir=str(data_dir) if data_dir else None,
-        progress=not quiet,
-        log=None if quiet else echo_err,
-    )
-    table = compare_table(records, names)
-    markdown = table.to_markdown()
-    write_text(out / "compare.md", markdown)
-    write_text(out / "compare.csv", table.to_csv())
-    write_json(
-        out / "compare.json",
-        {**table.to_dict(), "inputs": [str(p) for p in inputs], "benchmarks": list(names)},
-    )
-    settings = {
-        "inputs": [str(p) for p in inputs],
-        "benchmarks": list(names),
-        "max_eval_tokens": max_tokens,
-        "runs": len(records),
-    }
-    write_json(out / "run.json", run_record(settings, seed=None, device=dev, dataset_fingerprint=None))
+    with output_set(out, "compare") as outputs:
+        dev = str(resolve_device(device))
+        records = load_runs(inputs)
+        if names is None:
+            names = saved_benchmarks(records, BENCHMARKS) or BENCHMARKS
+        check_benchmark_data(sw.missing_benchmarks(records, names), str(data_dir) if data_dir else None)
+        records = sw.fill_evals(
+            records,
+            names,
+            max_tokens=max_tokens,
+            device=dev,
+            data_dir=str(data_dir) if data_dir else None,
+            progress=not quiet,
+            log=None if quiet else echo_err,
+        )
+        table = compare_table(records, names)
+        markdown = table.to_markdown()
+        write_text(outputs / "compare.md", markdown)
+        write_text(outputs / "compare.csv", table.to_csv())
+        write_json(
+            outputs / "compare.json",
+            {**table.to_dict(), "inputs": [str(p) for p in inputs], "benchmarks": list(names)},
+        )
+        settings = {
+            "command": "compare",
+            "inputs": [str(p) for p in inputs],
+            "benchmarks": list(names),
+            "max_eval_tokens": max_tokens,
+            "runs": len(records),
+        }
+        outputs.write_record(run_record(settings, seed=None, device=dev, dataset_fingerprint=None))
     typer.echo(markdown, nl=False)
 
 

@@ -2,7 +2,8 @@
 
 Writes `eval.json` (results and the scoring method), `eval.csv` (one row per benchmark) and
 `run.json` into --out, and prints a table. Every input is checked, the model and all benchmark
-texts are loaded before --out is created, so bad input writes nothing.
+texts are loaded before anything is written, so bad input writes nothing; the three files
+appear together (`resstream.rundir.output_set`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from resstream.cli.common import check_out_dir
-
 if TYPE_CHECKING:
+    from resstream.rundir import OutputSet
     from resstream.training.evaluate import EvalPlan, EvalReport
 
 #: Columns of eval.csv, in order.
@@ -58,20 +58,19 @@ def table_text(report: EvalReport) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(out: Path, report: EvalReport, plan: EvalPlan, settings: dict[str, Any]) -> None:
-    """eval.json, eval.csv and run.json, each written atomically."""
+def write_outputs(outputs: OutputSet, report: EvalReport, plan: EvalPlan, settings: dict[str, Any]) -> None:
+    """Stage eval.json, eval.csv and run.json in the command's output set."""
     from resstream.io import run_record, write_json, write_text
     from resstream.training.evaluate import datasets_fingerprint
 
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "eval.json", report.to_dict())
-    write_text(out / "eval.csv", csv_text(report))
+    write_json(outputs / "eval.json", report.to_dict())
+    write_text(outputs / "eval.csv", csv_text(report))
     config = {"command": "eval", **settings, "model_config": plan.trained.config.to_dict()}
     record = run_record(
         config, seed=None, device=str(plan.device), dataset_fingerprint=datasets_fingerprint(report.results)
     )
     record["datasets"] = {r.name: {"origin": r.origin, "fingerprint": r.fingerprint} for r in report.results}
-    write_json(out / "run.json", record)
+    outputs.write_record(record)
 
 
 def eval_command(
@@ -107,34 +106,35 @@ def eval_command(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
 ) -> None:
     """Evaluate a trained model: loss, perplexity, top-1 accuracy (and LAMBADA last-word accuracy)."""
+    from resstream.rundir import output_set
     from resstream.training.evaluate import BENCHMARKS, prepare, run_plan
 
-    check_out_dir(out)
     if model is None:
         from resstream.assets import reference_model_dir
 
         model = reference_model_dir()
     chosen = benchmarks if benchmarks is not None else ",".join(BENCHMARKS)
-    plan = prepare(
-        model,
-        chosen,
-        data_dir=data_dir,
-        stride=stride,
-        batch_size=batch_size,
-        device=device,
-        max_tokens=max_tokens,
-        progress=not quiet,
-    )
-    report = run_plan(plan, progress=not quiet)
-    settings = {
-        "model": str(model),
-        "benchmarks": [b.name for b in plan.benchmarks],
-        "stride": plan.stride,
-        "batch_size": batch_size,
-        "max_tokens": max_tokens,
-        "data_dir": str(data_dir) if data_dir is not None else None,
-    }
-    write_outputs(out, report, plan, settings)
+    with output_set(out, "eval") as outputs:
+        plan = prepare(
+            model,
+            chosen,
+            data_dir=data_dir,
+            stride=stride,
+            batch_size=batch_size,
+            device=device,
+            max_tokens=max_tokens,
+            progress=not quiet,
+        )
+        report = run_plan(plan, progress=not quiet)
+        settings = {
+            "model": str(model),
+            "benchmarks": [b.name for b in plan.benchmarks],
+            "stride": plan.stride,
+            "batch_size": batch_size,
+            "max_tokens": max_tokens,
+            "data_dir": str(data_dir) if data_dir is not None else None,
+        }
+        write_outputs(outputs, report, plan, settings)
     typer.echo(table_text(report))
     for r in report.results:
         if r.note:

@@ -14,7 +14,6 @@ from resstream.cli.common import (
     OutOption,
     QuietOption,
     TrustRemoteCodeOption,
-    check_out_dir,
     resolved_device,
 )
 from resstream.errors import UsageError
@@ -79,40 +78,37 @@ def lens(
     import resstream
     from resstream.io import run_record, write_json
     from resstream.reporting.lens import plot_lens, terminal_lines, write_html
+    from resstream.rundir import output_set
 
-    check_out_dir(out)
     content = read_text(text, text_file)
-    result = resstream.lens(
-        content,
-        model=model,
-        positions=parse_positions(positions),
-        top_k=top_k,
-        decoder=decoder,
-        dtype=dtype,
-        device=device,
-        device_map=device_map,
-        trust_remote_code=trust_remote_code,
-        progress=not quiet,
-    )
-
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "lens.json", result.to_dict())
-    write_html(result, out / "lens.html")
-    plot_lens(result, out / "lens.png")
-    settings = {
-        "command": "lens",
-        "model": model,
-        "positions": positions,
-        "top_k": top_k,
-        "decoder": decoder,
-        "text_file": str(text_file) if text_file else None,
-        "dtype": dtype,
-        "device_map": device_map,
-    }
-    write_json(
-        out / "run.json",
-        run_record(settings, seed=None, device=resolved_device(device, device_map), dataset_fingerprint=None),
-    )
+    with output_set(out, "lens") as outputs:
+        result = resstream.lens(
+            content,
+            model=model,
+            positions=parse_positions(positions),
+            top_k=top_k,
+            decoder=decoder,
+            dtype=dtype,
+            device=device,
+            device_map=device_map,
+            trust_remote_code=trust_remote_code,
+            progress=not quiet,
+        )
+        write_json(outputs / "lens.json", result.to_dict())
+        write_html(result, outputs / "lens.html")
+        plot_lens(result, outputs / "lens.png")
+        settings = {
+            "command": "lens",
+            "model": model,
+            "positions": positions,
+            "top_k": top_k,
+            "decoder": decoder,
+            "text_file": str(text_file) if text_file else None,
+            "dtype": dtype,
+            "device_map": device_map,
+        }
+        device_used = resolved_device(device, device_map)
+        outputs.write_record(run_record(settings, seed=None, device=device_used, dataset_fingerprint=None))
     for line in terminal_lines(result, colour=not no_colour):
         typer.echo(line)
     typer.echo(f"wrote lens.json, lens.html, lens.png and run.json to {out}")

@@ -22,7 +22,6 @@ from resstream.cli.common import (
     SampleSeedOption,
     SeqLenOption,
     TrustRemoteCodeOption,
-    check_out_dir,
     resolved_device,
 )
 
@@ -54,62 +53,61 @@ def recency(
         plot_distance_profiles,
         verdict_lines,
     )
+    from resstream.rundir import output_set
 
-    check_out_dir(out)
     specs = list(model) if model else [None]
-    report = resstream.recency(
-        specs,
-        dataset=dataset,
-        num_seqs=num_seqs,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        seed=seed,
-        threshold=threshold,
-        data_dir=data_dir,
-        dtype=dtype,
-        device=device,
-        device_map=device_map,
-        trust_remote_code=trust_remote_code,
-        progress=not quiet,
-    )
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "recency.json", report.to_dict())
-    write_head_arrays(out / "recency.npz", report.results)
-    plot_attention_grid(
-        [(r.model, r.mean_attention) for r in report.results],
-        out / "recency.png",
-        title=f"mean attention over {report.results[0].num_sequences} sequences of "
-        f"{report.seq_len} tokens, heads averaged (query ↓, key →)",
-    )
-    for index, result in enumerate(report.results):
-        suffix = "" if len(report.results) == 1 else f"_{index}"
-        plot_distance_profiles(
-            [layer.by_distance for layer in result.layers],
-            out / f"distance{suffix}.png",
-            head_profiles=[layer.head_by_distance() for layer in result.layers],
-            title=f"{result.model}: attention δ tokens back (blue: heads averaged, grey: heads)",
-        )
-    settings = {
-        "command": "recency",
-        "models": specs,
-        "dataset": dataset,
-        "num_seqs": num_seqs,
-        "seq_len": seq_len,
-        "batch_size": batch_size,
-        "threshold": threshold,
-        "dtype": dtype,
-        "device_map": device_map,
-        "data_dir": str(data_dir) if data_dir else None,
-    }
-    write_json(
-        out / "run.json",
-        run_record(
-            settings,
+    with output_set(out, "recency") as outputs:
+        report = resstream.recency(
+            specs,
+            dataset=dataset,
+            num_seqs=num_seqs,
+            seq_len=seq_len,
+            batch_size=batch_size,
             seed=seed,
-            device=resolved_device(device, device_map),
-            dataset_fingerprint=report.dataset_fingerprint,
-        ),
-    )
+            threshold=threshold,
+            data_dir=data_dir,
+            dtype=dtype,
+            device=device,
+            device_map=device_map,
+            trust_remote_code=trust_remote_code,
+            progress=not quiet,
+        )
+        write_json(outputs / "recency.json", report.to_dict())
+        write_head_arrays(outputs / "recency.npz", report.results)
+        plot_attention_grid(
+            [(r.model, r.mean_attention) for r in report.results],
+            outputs / "recency.png",
+            title=f"mean attention over {report.results[0].num_sequences} sequences of "
+            f"{report.seq_len} tokens, heads averaged (query ↓, key →)",
+        )
+        for index, result in enumerate(report.results):
+            suffix = "" if len(report.results) == 1 else f"_{index}"
+            plot_distance_profiles(
+                [layer.by_distance for layer in result.layers],
+                outputs / f"distance{suffix}.png",
+                head_profiles=[layer.head_by_distance() for layer in result.layers],
+                title=f"{result.model}: attention δ tokens back (blue: heads averaged, grey: heads)",
+            )
+        settings = {
+            "command": "recency",
+            "models": specs,
+            "dataset": dataset,
+            "num_seqs": num_seqs,
+            "seq_len": seq_len,
+            "batch_size": batch_size,
+            "threshold": threshold,
+            "dtype": dtype,
+            "device_map": device_map,
+            "data_dir": str(data_dir) if data_dir else None,
+        }
+        outputs.write_record(
+            run_record(
+                settings,
+                seed=seed,
+                device=resolved_device(device, device_map),
+                dataset_fingerprint=report.dataset_fingerprint,
+            )
+        )
     for result in report.results:
         typer.echo(f"{result.model} (heads averaged, {result.num_sequences} sequences; {result.sample})")
         for line in verdict_lines([layer.average for layer in result.layers]):

@@ -20,7 +20,6 @@ from resstream.cli.common import (
     SampleSeedOption,
     SeqLenOption,
     TrustRemoteCodeOption,
-    check_out_dir,
     resolved_device,
 )
 
@@ -52,58 +51,57 @@ def shift(
         plot_similarity,
         shift_csv,
     )
+    from resstream.rundir import output_set
 
-    check_out_dir(out)
     specs = list(model) if model else [None]
-    report = resstream.shift(
-        specs,
-        dataset=dataset,
-        num_seqs=num_seqs,
-        seq_len=seq_len,
-        top_k=top_k,
-        decoder=decoder,
-        batch_size=batch_size,
-        seed=seed,
-        data_dir=data_dir,
-        dtype=dtype,
-        device=device,
-        device_map=device_map,
-        trust_remote_code=trust_remote_code,
-        progress=not quiet,
-    )
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "shift.json", report.to_dict())
-    write_text(out / "shift.csv", shift_csv(report.results))
-    for index, result in enumerate(report.results):
-        suffix = "" if len(report.results) == 1 else f"_{index}"
-        plot_match_rates(result, out / f"match_rates{suffix}.png")
-        plot_similarity(result, out / f"similarity{suffix}.png")
-        plot_shift_depths(result, out / f"shift_depths{suffix}.png")
-    if len(report.results) > 1:
-        plot_comparison(report.results, out / "comparison.png")
-    settings = {
-        "command": "shift",
-        "models": specs,
-        "dataset": dataset,
-        "num_seqs": num_seqs,
-        "seq_len": seq_len,
-        "top_k": top_k,
-        "decoder": decoder,
-        "batch_size": batch_size,
-        "dtype": dtype,
-        "device_map": device_map,
-        "data_dir": str(data_dir) if data_dir else None,
-        "sample": report.sample_rule,
-    }
-    write_json(
-        out / "run.json",
-        run_record(
-            settings,
+    with output_set(out, "shift") as outputs:
+        report = resstream.shift(
+            specs,
+            dataset=dataset,
+            num_seqs=num_seqs,
+            seq_len=seq_len,
+            top_k=top_k,
+            decoder=decoder,
+            batch_size=batch_size,
             seed=seed,
-            device=resolved_device(device, device_map),
-            dataset_fingerprint=report.dataset_fingerprint,
-        ),
-    )
+            data_dir=data_dir,
+            dtype=dtype,
+            device=device,
+            device_map=device_map,
+            trust_remote_code=trust_remote_code,
+            progress=not quiet,
+        )
+        write_json(outputs / "shift.json", report.to_dict())
+        write_text(outputs / "shift.csv", shift_csv(report.results))
+        for index, result in enumerate(report.results):
+            suffix = "" if len(report.results) == 1 else f"_{index}"
+            plot_match_rates(result, outputs / f"match_rates{suffix}.png")
+            plot_similarity(result, outputs / f"similarity{suffix}.png")
+            plot_shift_depths(result, outputs / f"shift_depths{suffix}.png")
+        if len(report.results) > 1:
+            plot_comparison(report.results, outputs / "comparison.png")
+        settings = {
+            "command": "shift",
+            "models": specs,
+            "dataset": dataset,
+            "num_seqs": num_seqs,
+            "seq_len": seq_len,
+            "top_k": top_k,
+            "decoder": decoder,
+            "batch_size": batch_size,
+            "dtype": dtype,
+            "device_map": device_map,
+            "data_dir": str(data_dir) if data_dir else None,
+            "sample": report.sample_rule,
+        }
+        outputs.write_record(
+            run_record(
+                settings,
+                seed=seed,
+                device=resolved_device(device, device_map),
+                dataset_fingerprint=report.dataset_fingerprint,
+            )
+        )
     for result in report.results:
         where = f"{result.shift_layer:.2f}" if result.shift_layer is not None else "never"
         typer.echo(

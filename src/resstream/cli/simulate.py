@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from resstream.cli.common import check_out_dir, resolved_device
+from resstream.cli.common import resolved_device
 
 if TYPE_CHECKING:
     from resstream.simulation import SimulationResult
@@ -49,8 +49,8 @@ def simulate(
     import resstream
     from resstream.io import run_record, write_json
     from resstream.reporting.attention import plot_attention_grid, verdict_lines
+    from resstream.rundir import output_set
 
-    check_out_dir(out)
     config: dict[str, Any] = {
         "layers": layers,
         "tokens": tokens,
@@ -66,25 +66,24 @@ def simulate(
         "chunk_size": chunk_size or None,
         "threshold": threshold,
     }
-    runs = resstream.simulate(grid=grid, progress=not quiet, **config)
-    out.mkdir(parents=True, exist_ok=True)
-    entries = [simulation_entry(label, result) for label, result in runs]
-    write_json(out / "simulate.json", entries[0] if not grid else {"configurations": entries})
-    write_arrays(out / "simulate.npz", runs)
-    plot_attention_grid(
-        [(label, result.mean_attention) for label, result in runs],
-        out / "simulate.png",
-        title=f"mean attention over {sims:,} simulations (query ↓, key →)",
-    )
-    write_json(
-        out / "run.json",
-        run_record(
-            {"command": "simulate", "grid": grid, **config},
-            seed=seed,
-            device=resolved_device(device),
-            dataset_fingerprint=None,
-        ),
-    )
+    with output_set(out, "simulate") as outputs:
+        runs = resstream.simulate(grid=grid, progress=not quiet, **config)
+        entries = [simulation_entry(label, result) for label, result in runs]
+        write_json(outputs / "simulate.json", entries[0] if not grid else {"configurations": entries})
+        write_arrays(outputs / "simulate.npz", runs)
+        plot_attention_grid(
+            [(label, result.mean_attention) for label, result in runs],
+            outputs / "simulate.png",
+            title=f"mean attention over {sims:,} simulations (query ↓, key →)",
+        )
+        outputs.write_record(
+            run_record(
+                {"command": "simulate", "grid": grid, **config},
+                seed=seed,
+                device=resolved_device(device),
+                dataset_fingerprint=None,
+            )
+        )
     for label, result in runs:
         typer.echo(label)
         for line in verdict_lines(result.layers):

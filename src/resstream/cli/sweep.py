@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from resstream.cli.common import check_max_eval_tokens, check_out_dir, echo_err, split_names
+from resstream.cli.common import check_max_eval_tokens, echo_err, split_names
 from resstream.cli.flags import flag
 from resstream.cli.train import field_help, parse_field_flags, resolve_train_config
 from resstream.errors import UsageError
@@ -72,6 +72,7 @@ def sweep(
     from resstream.io import write_text
     from resstream.reporting.plots import plot_gate_heatmap, plot_sweep_val_loss
     from resstream.reporting.tables import sweep_csv
+    from resstream.rundir import locked_directory
     from resstream.training import sweep as sw
     from resstream.training.evaluate import check_benchmark_data, check_benchmarks
 
@@ -84,23 +85,23 @@ def sweep(
     if benchmarks is not None and not names:
         raise UsageError(f"--benchmarks: {benchmarks!r} names no benchmark")
     max_tokens = check_max_eval_tokens(max_eval_tokens)
-    check_out_dir(out)
     plan = sw.plan_sweep(base, seeds=seed_list, layers=layer_list, learned=not no_learned)
-    sw.check_existing(plan, out)
-    if names:
-        check_benchmark_data(names, base.run.data_dir)
-    result = sw.run_sweep(
-        plan,
-        out,
-        benchmarks=names,
-        max_eval_tokens=max_tokens,
-        progress=not quiet,
-        log=None if quiet else echo_err,
-    )
-    write_text(out / "sweep.csv", sweep_csv(result))
-    plot_sweep_val_loss(result, out / "sweep_val_loss.png")
-    if any(h.steps for h in result.gate_histories.values()):
-        plot_gate_heatmap(result.gate_histories, out / "learned_gate_heatmap.png")
+    with locked_directory(out, "sweep"):
+        sw.check_existing(plan, out)
+        if names:
+            check_benchmark_data(names, base.run.data_dir)
+        result = sw.run_sweep(
+            plan,
+            out,
+            benchmarks=names,
+            max_eval_tokens=max_tokens,
+            progress=not quiet,
+            log=None if quiet else echo_err,
+        )
+        write_text(out / "sweep.csv", sweep_csv(result))
+        plot_sweep_val_loss(result, out / "sweep_val_loss.png")
+        if any(h.steps for h in result.gate_histories.values()):
+            plot_gate_heatmap(result.gate_histories, out / "learned_gate_heatmap.png")
     _summary(result, out)
 
 

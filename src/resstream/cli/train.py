@@ -99,6 +99,7 @@ def train(
 ) -> None:
     """Train a model; writes weights, tokenizer, metrics.jsonl and run.json into --out."""
     from resstream.training import checkpoint as ckpt
+    from resstream.training.distributed import writer_lock
     from resstream.training.loop import train as run_training
 
     if resume and preset is not None:
@@ -106,11 +107,12 @@ def train(
             f"--preset {preset!r} cannot be combined with --resume: the run continues "
             f"with its saved config (change fields with flags)"
         )
-    saved = ckpt.load_checkpoint(out).state["config"] if resume else None
-    typed = {"gate": gate, "alpha": alpha, "cut_layer": cut_layer, "max_steps": max_steps, "seed": seed}
-    cfg = resolve_train_config(preset, config, typed, list(ctx.args), saved)
-    check_fixed_gate_options(cfg.model.gate, alpha=alpha, cut_layer=cut_layer)
-    result = run_training(cfg, out, resume=resume, progress=not quiet)
+    with writer_lock(out, "train", param="out"):  # held from reading the checkpoint to the end
+        saved = ckpt.load_checkpoint(out).state["config"] if resume else None
+        typed = {"gate": gate, "alpha": alpha, "cut_layer": cut_layer, "max_steps": max_steps, "seed": seed}
+        cfg = resolve_train_config(preset, config, typed, list(ctx.args), saved)
+        check_fixed_gate_options(cfg.model.gate, alpha=alpha, cut_layer=cut_layer)
+        result = run_training(cfg, out, resume=resume, progress=not quiet)
     typer.echo(f"trained {result.steps} steps; validation loss {result.final_val_loss:.4f}; run in {out}")
 
 

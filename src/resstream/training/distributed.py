@@ -7,13 +7,17 @@ global batch (`batch_size` sequences) is split evenly over processes and accumul
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from resstream.errors import UsageError
+from resstream.rundir import locked_directory
 from resstream.training.config import TrainConfig
 
 
@@ -42,6 +46,24 @@ def init_distributed(device_kind: str) -> Distributed:
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device_kind == "cuda" else "gloo")
     return info
+
+
+def launched_rank() -> int:
+    """This process's rank as torchrun set it (0 when run directly), before any group exists."""
+    return int(os.environ.get("RANK", "0"))
+
+
+@contextlib.contextmanager
+def writer_lock(directory: str | os.PathLike[str], command: str, *, param: str) -> Iterator[None]:
+    """The run-directory lock (`resstream.rundir`), taken by the process that writes: rank 0.
+
+    The other ranks of a torchrun job share rank 0's directory and never write to it.
+    """
+    if launched_rank() != 0:
+        yield
+        return
+    with locked_directory(Path(directory), command, param=param):
+        yield
 
 
 def check_batch_layout(config: TrainConfig, world: int) -> None:

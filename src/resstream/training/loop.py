@@ -30,7 +30,7 @@ from resstream.io import run_record, write_json
 from resstream.training import checkpoint as ckpt
 from resstream.training.config import TrainConfig, from_dict, identity_diff
 from resstream.training.data import check_enough_tokens, eval_starts, micro_batch, windows
-from resstream.training.distributed import check_batch_layout, init_distributed
+from resstream.training.distributed import check_batch_layout, init_distributed, writer_lock
 from resstream.training.metrics import METRICS_FILE, MetricsLog, read_records
 from resstream.training.model import GPT
 from resstream.training.optim import apply_optim_config, lr_scale, make_optimizer, set_lr
@@ -429,5 +429,10 @@ class Trainer:
 def train(
     config: TrainConfig, out_dir: str | os.PathLike[str], *, resume: bool = False, progress: bool = True
 ) -> TrainResult:
-    """Train a resstream GPT as `config` says, writing the run into `out_dir`."""
-    return Trainer(config, out_dir, resume=resume, progress=progress).run()
+    """Train a resstream GPT as `config` says, writing the run into `out_dir`.
+
+    The directory is locked for the whole run (`resstream.rundir`): a second process that
+    trains, resumes or evaluates into it is refused until this one ends.
+    """
+    with writer_lock(out_dir, "train", param="out_dir"):
+        return Trainer(config, out_dir, resume=resume, progress=progress).run()

@@ -32,6 +32,7 @@ from typing import Any
 
 from resstream.errors import UsageError
 from resstream.io import run_record, write_json
+from resstream.rundir import locked_directory
 from resstream.training import checkpoint as ckpt
 from resstream.training.config import TrainConfig, from_dict, identity_diff, validate
 from resstream.training.records import (
@@ -180,18 +181,24 @@ def evaluate_missing(
     """
     from resstream.training.evaluate import evaluate_run
 
-    raw = None if redo_all else read_eval(run_dir)[1]
-    saved = normalise_eval(raw)
-    missing = [b for b in benchmarks if b not in saved]
-    if not missing:
-        return saved
-    report = evaluate_run(
-        run_dir, tuple(missing), data_dir=data_dir, device=device, max_tokens=max_tokens, progress=progress
-    )
-    payload = report.to_dict()
-    kept = [entry for entry in eval_entries(raw) if entry["name"] not in missing]
-    payload["benchmarks"] = kept + list(payload["benchmarks"])
-    write_json(run_dir / EVAL_FILE, payload)
+    with locked_directory(run_dir, "eval", param=None):  # not while the run trains or is evaluated
+        raw = None if redo_all else read_eval(run_dir)[1]
+        saved = normalise_eval(raw)
+        missing = [b for b in benchmarks if b not in saved]
+        if not missing:
+            return saved
+        report = evaluate_run(
+            run_dir,
+            tuple(missing),
+            data_dir=data_dir,
+            device=device,
+            max_tokens=max_tokens,
+            progress=progress,
+        )
+        payload = report.to_dict()
+        kept = [entry for entry in eval_entries(raw) if entry["name"] not in missing]
+        payload["benchmarks"] = kept + list(payload["benchmarks"])
+        write_json(run_dir / EVAL_FILE, payload)
     return normalise_eval(payload)
 
 
@@ -361,13 +368,16 @@ def run_sweep(
     benchmarks = check_benchmarks(benchmarks, allow_all=True)  # refused before any training
     if max_eval_tokens is not None and max_eval_tokens < 2:
         raise UsageError(f"`max_eval_tokens` must be >= 2, got {max_eval_tokens}")
+    from resstream.training.distributed import writer_lock
+
     root = Path(out_dir)
-    check_existing(plan, root)
-    total = len(plan.runs)
-    for index, run in enumerate(plan.runs, 1):
-        _train_or_skip(run, root, index, total, progress, log)
-    if benchmarks:
-        _evaluate_all(plan, root, benchmarks, max_eval_tokens, progress, log)
-    result = collect(plan, root, benchmarks)
-    _write_outputs(result, plan, max_eval_tokens)
+    with writer_lock(root, "sweep", param="out_dir"):
+        check_existing(plan, root)
+        total = len(plan.runs)
+        for index, run in enumerate(plan.runs, 1):
+            _train_or_skip(run, root, index, total, progress, log)
+        if benchmarks:
+            _evaluate_all(plan, root, benchmarks, max_eval_tokens, progress, log)
+        result = collect(plan, root, benchmarks)
+        _write_outputs(result, plan, max_eval_tokens)
     return result

@@ -1,0 +1,376 @@
+"""The directory a command writes: one writer at a time, checked before work, complete or absent.
+
+`locked_directory(path, command)` is held for as long as a command writes into a directory:
+
+* it checks that the directory can be written (a file in its place, a read-only file
+  system, missing permission) before any work starts;
+* it takes an exclusive lock (`.resstream.lock`, a kernel file lock), so a second resstream
+  process on the same directory is refused with one line naming the holder's pid; the kernel
+  drops the lock of a process that dies, so a stale lock file is simply taken over;
+* holding the lock, it removes the temporary files an interrupted earlier writer left;
+* a directory it created is removed again when the command fails before writing anything.
+
+`output_set(path, command)` adds the promise of the analysis commands: every output of one
+run becomes visible together or not at all. Outputs are written into a staging folder inside
+the directory and moved into place in one short step that Ctrl-C cannot split, `run.json`
+last, listing the files of its set; files of the previous set in the directory that the new
+set does not have are removed then, so runs never mix.
+
+Locks are per process and reentrant: a command that locks a directory and calls library code
+that locks it again (or locks a directory below it) does not lock itself out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from resstream.errors import RunError, UsageError
+from resstream.interrupts import deferred_interrupts, raise_if_interrupted
+from resstream.io import is_temporary_name, write_json
+
+LOCK_FILE = ".resstream.lock"
+RUN_FILE = "run.json"
+STAGING_PREFIX = ".resstream-staging-"
+#: Free space an analysis command asks for before it starts (its outputs are a few MB).
+DEFAULT_OUTPUT_BYTES = 16 << 20
+
+_held: dict[Path, int] = {}  # resolved directory -> how many holders in this process
+
+_REASONS = {
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.ENOTDIR: "a parent is a file, not a directory",
+}
+
+
+def write_failure(
+    exc: OSError, path: Path, param: str | None, *, need: int | None = None
+) -> RunError | UsageError | None:
+    """The one-line error for an OSError raised while writing under `path`, or None when it is
+    not a problem of writing there (another file's error, a bug: let it show).
+
+    `need` is the number of bytes the write needed, when known, for the disk-full message.
+    """
+    reason = _REASONS.get(exc.errno or -1)
+    if reason is None or not _concerns(exc, path):
+        return None
+    where = _where(path, param)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        needed = f"needs ~{human(need)}, " if need else ""
+        return RunError(
+            f"{reason} on {mount_point(path)} for {where}: this run {needed}{human(free_bytes(path))} "
+            f"free; nothing of it was kept"
+        )
+    return UsageError(f"cannot write to {where}: {reason}")
+
+
+def _where(path: Path, param: str | None) -> str:
+    """How a message names the directory: by its parameter when it has one."""
+    return f"`{param}` {str(path)!r}" if param else f"directory {str(path)!r}"
+
+
+def _concerns(exc: OSError, path: Path) -> bool:
+    """Whether the failed operation was on `path` or below it (an error without a file name,
+    as a failed write() has, is taken to be the destination's)."""
+    if not exc.filename:
+        return True
+    target = Path(os.fsdecode(exc.filename)).absolute()
+    base = path.absolute()
+    return target == base or base in target.parents
+
+
+@contextlib.contextmanager
+def locked_directory(
+    path: str | os.PathLike[str], command: str, *, param: str | None = "out"
+) -> Iterator[Path]:
+    """Hold `path` for `command`: checked writable, locked, cleaned of leftovers (module doc).
+
+    `param` is the name of the parameter that gave the directory, for messages.
+    """
+    raise_if_interrupted()  # a Ctrl-C that a library swallowed stops the command before it writes
+    directory = Path(path)
+    key = directory.resolve()
+    if _held.get(key):
+        _held[key] += 1
+        try:
+            yield directory
+        finally:
+            _held[key] -= 1
+        return
+    created = _make_directory(directory, param)
+    try:
+        handle = _acquire(directory, command, param)
+    except BaseException:
+        _remove_if_empty(directory, created)
+        raise
+    _held[key] = 1
+    try:
+        remove_leftovers(directory)
+        yield directory
+    finally:
+        del _held[key]
+        _release(handle, directory)
+        _remove_if_empty(directory, created)
+
+
+def _make_directory(directory: Path, param: str | None) -> Path | None:
+    """Create `directory` if missing; return the topmost folder this created (None if none)."""
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"{_where(directory, param)} is a file; give a directory")
+    missing = [p for p in (directory, *directory.parents) if not p.exists()]
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise write_failure(exc, directory, param) or exc from None
+    return missing[-1] if missing else None
+
+
+def _remove_if_empty(directory: Path, created: Path | None) -> None:
+    """Remove the folders this command created, as long as nothing was written into them."""
+    if created is None:
+        return
+    for folder in (directory, *directory.parents):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        if folder == created:
+            return
+
+
+def _acquire(directory: Path, command: str, param: str | None) -> int:
+    """Open and lock the lock file; refuse when another live process holds it."""
+    path = directory / LOCK_FILE
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise write_failure(exc, directory, param) or exc from None
+        if not _try_lock(fd):
+            holder = _holder(fd)
+            os.close(fd)
+            raise UsageError(
+                f"{_where(directory, param)} is in use by another resstream process ({holder}); "
+                f"wait for it to finish or choose another directory"
+            )
+        if _same_file(fd, path):  # not unlinked by a holder that released it meanwhile
+            break
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "command": command, "since": time.time()}
+    os.write(fd, json.dumps(info).encode())
+    return fd
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _try_lock(fd: int) -> bool:
+    """An exclusive, non-blocking lock on `fd` (released by the kernel when the process dies)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        import msvcrt
+
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        except OSError:
+            return False
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _holder(fd: int) -> str:
+    """'pid 123, train, since 14:03:22' from a held lock file (what it says, if readable)."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError, UnicodeDecodeError):
+        info = {}
+    if not isinstance(info, dict) or "pid" not in info:
+        return "pid unknown"
+    parts = [f"pid {info['pid']}"]
+    if info.get("host") and info["host"] != socket.gethostname():
+        parts[0] += f" on {info['host']}"
+    if info.get("command"):
+        parts.append(f"resstream {info['command']}")
+    if isinstance(info.get("since"), (int, float)):
+        parts.append("since " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["since"])))
+    return ", ".join(parts)
+
+
+def _release(fd: int, directory: Path) -> None:
+    """Remove the lock file while still holding it, then let go (see `_acquire`'s check)."""
+    with contextlib.suppress(OSError):
+        (directory / LOCK_FILE).unlink()
+    os.close(fd)
+
+
+def remove_leftovers(directory: Path) -> list[Path]:
+    """Remove what interrupted writers leave in `directory` (not below it): temporary files of
+    `io.atomic_path` and staging folders of `output_set`. Returns what it removed."""
+    removed = []
+    for entry in directory.iterdir():
+        if entry.name.startswith(STAGING_PREFIX) and entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        elif is_temporary_name(entry.name) and entry.is_file():
+            entry.unlink(missing_ok=True)
+        else:
+            continue
+        removed.append(entry)
+    return removed
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the file system that holds `path` (or its nearest existing parent)."""
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    return shutil.disk_usage(existing).free
+
+
+def mount_point(path: Path) -> str:
+    """The mount point of the file system that holds `path` (the device a user recognises)."""
+    current = next(p for p in (path.resolve(), *path.resolve().parents) if p.exists())
+    while not os.path.ismount(current) and current != current.parent:
+        current = current.parent
+    return str(current)
+
+
+def human(size: float) -> str:
+    """Bytes as '12.3 MB' (powers of 1000, as file managers and `df -H` show them)."""
+    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
+        if abs(size) < 1000 or unit == "PB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
+
+
+def check_free_space(directory: Path, need: int, param: str | None = "out") -> None:
+    """Refuse before work when the file system of `directory` has less than `need` bytes free."""
+    free = free_bytes(directory)
+    if free < need:
+        raise RunError(
+            f"no space left on {mount_point(directory)} for {_where(directory, param)}: this run "
+            f"needs ~{human(need)}, {human(free)} free; nothing was written"
+        )
+
+
+def previous_command(directory: Path) -> str | None:
+    """The command whose run the directory holds ('train' for a training run), or None."""
+    if (directory / "model.json").is_file() or (directory / "checkpoints").is_dir():
+        return "train"
+    try:
+        record = json.loads((directory / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    config = record.get("config") if isinstance(record, dict) else None
+    return config.get("command") if isinstance(config, dict) else None
+
+
+class OutputSet:
+    """The outputs of one run, staged and then moved into place together (see `output_set`)."""
+
+    def __init__(self, directory: Path, staging: Path) -> None:
+        self.directory = directory
+        self.staging = staging
+
+    def __truediv__(self, name: str) -> Path:
+        """The staging path of output `name` (a file name, no folders)."""
+        if Path(name).name != name or name in (RUN_FILE, LOCK_FILE):
+            raise ValueError(f"output name {name!r} must be a plain file name other than {RUN_FILE}")
+        return self.staging / name
+
+    def staged(self) -> list[str]:
+        """Names of the outputs written so far."""
+        return sorted(p.name for p in self.staging.iterdir() if not is_temporary_name(p.name))
+
+    def write_record(self, record: dict[str, Any]) -> None:
+        """Stage `run.json`: `record` plus the list of the set's files (written last)."""
+        write_json(self.staging / RUN_FILE, {**record, "files": [*self.staged(), RUN_FILE]})
+
+    def commit(self) -> None:
+        """Move the staged set into place (run.json last) and drop the previous set's other
+        files; Ctrl-C waits until this has finished."""
+        raise_if_interrupted()
+        names = self.staged()
+        if RUN_FILE not in names:
+            raise RuntimeError("an output set needs its run.json (OutputSet.write_record) before commit")
+        stale = _previous_files(self.directory) - set(names)
+        with deferred_interrupts():
+            for name in [n for n in names if n != RUN_FILE] + [RUN_FILE]:
+                os.replace(self.staging / name, self.directory / name)
+            for name in stale:
+                (self.directory / name).unlink(missing_ok=True)
+
+
+def _previous_files(directory: Path) -> set[str]:
+    """The files the previous run.json in `directory` listed as its set (plain names only)."""
+    try:
+        record = json.loads((directory / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return set()
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(files, list):
+        return set()
+    return {f for f in files if isinstance(f, str) and Path(f).name == f and f not in (LOCK_FILE, "")}
+
+
+@contextlib.contextmanager
+def output_set(
+    path: str | os.PathLike[str],
+    command: str,
+    *,
+    param: str | None = "out",
+    need_bytes: int = DEFAULT_OUTPUT_BYTES,
+) -> Iterator[OutputSet]:
+    """Lock `path` for `command` and stage its outputs; they appear only if the block succeeds.
+
+    Refused before the block runs: a directory that holds another command's run (its run.json
+    would be overwritten) and one without `need_bytes` free. A write that fails for lack of
+    space or permission becomes one line; nothing of this run is left behind.
+    """
+    directory = Path(path)
+    with locked_directory(directory, command, param=param):
+        holder = previous_command(directory)
+        if holder not in (None, command):
+            raise UsageError(
+                f"{_where(directory, param)} holds the outputs of resstream {holder}; "
+                f"choose another directory (its {RUN_FILE} would be replaced)"
+            )
+        check_free_space(directory, need_bytes, param)
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=directory))
+        try:
+            outputs = OutputSet(directory, staging)
+            yield outputs
+            outputs.commit()
+        except OSError as exc:
+            failure = write_failure(exc, directory, param, need=max(need_bytes, _size(staging)))
+            if failure is None:
+                raise
+            raise failure from None
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _size(folder: Path) -> int:
+    """Bytes of the files under `folder` (what a run had staged when it failed)."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())

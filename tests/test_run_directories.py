@@ -1,0 +1,355 @@
+"""Run directories (issue 9): one writer at a time, checked before work, outputs complete or absent.
+
+Locks are tested with real processes (a second `resstream` on a directory in use, a holder
+killed with SIGKILL); interrupts with real SIGINTs sent to a real `resstream` process at
+several moments of its life, imports included. A full disk, a read-only file system and a
+missing permission are simulated by making the writer's system call fail with that errno
+(these tests run as root, where chmod denies nothing), and on a real small tmpfs where the
+test may mount one.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import resstream.rundir as rundir
+from resstream import interrupts
+from resstream.cli.main import main
+from resstream.errors import RunError, UsageError
+from resstream.io import write_json, write_text
+from tests.cli_support import assert_complete_files, assert_nothing_written
+
+SIMULATE = ["simulate", "--layers", "2", "--tokens", "5", "--dim", "4", "--sims", "20", "--quiet"]
+HOLD_LOCK = """
+import sys, time
+from resstream.rundir import locked_directory
+with locked_directory(sys.argv[1], "train"):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def resstream_process(*args: str, **kwargs) -> subprocess.Popen:
+    """`python -m resstream ARGS` as a real process (the console script's entry point)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "resstream", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        **kwargs,
+    )
+
+
+def hold_lock(directory: Path) -> subprocess.Popen:
+    """Another process that holds the lock of `directory` until killed."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(directory)], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+# ---------------------------------------------------------------------------- locks
+
+
+def test_a_second_process_is_refused_with_the_holders_pid(tmp_path):
+    out = tmp_path / "out"
+    holder = hold_lock(out)
+    try:
+        second = resstream_process(*SIMULATE, "--out", str(out))
+        _, err = second.communicate(timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert second.returncode == 2, err
+    line = err.strip()
+    assert len(line.splitlines()) == 1, err
+    assert f"--out {str(out)!r} is in use by another resstream process (pid {holder.pid}" in line, line
+    assert "resstream train" in line and "wait for it to finish" in line, line
+    assert [p.name for p in out.iterdir()] == [rundir.LOCK_FILE]  # the holder's, untouched
+
+
+def test_the_lock_of_a_killed_process_is_taken_over(tmp_path, capsys):
+    out = tmp_path / "out"
+    holder = hold_lock(out)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert (out / rundir.LOCK_FILE).is_file()  # left behind by kill -9
+    assert main([*SIMULATE, "--out", str(out)]) == 0
+    assert not (out / rundir.LOCK_FILE).exists()
+    assert_complete_files(out)
+
+
+def test_training_into_a_directory_in_use_is_refused_before_any_work(tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a b c\n" * 100, encoding="utf-8")
+    out = tmp_path / "run"
+    holder = hold_lock(out)
+    try:
+        code = main(["train", "--resume", "--out", str(out), "--dataset", str(corpus)])
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "is in use by another resstream process" in err and f"pid {holder.pid}" in err, err
+
+
+def test_locks_are_reentrant_within_a_process(tmp_path):
+    with rundir.locked_directory(tmp_path / "d", "sweep"), rundir.locked_directory(tmp_path / "d", "train"):
+        assert (tmp_path / "d" / rundir.LOCK_FILE).is_file()
+    assert not (tmp_path / "d").exists()  # created for the lock, nothing written: removed again
+
+
+def test_a_failed_command_removes_the_directories_it_created(tmp_path):
+    deep = tmp_path / "a" / "b" / "c"
+    with pytest.raises(UsageError), rundir.locked_directory(deep, "shift"):
+        raise UsageError("bad input")
+    assert not (tmp_path / "a").exists()
+
+
+def test_leftovers_of_interrupted_writers_are_removed_and_nothing_else(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    leftovers = [out / ".shift.json.k2x_9qab.tmp", out / ".model.safetensors.abcdefgh.tmp"]
+    keep = [out / ".hidden", out / "notes.tmp", out / ".shift.json.tmp", out / "shift.json"]
+    for path in leftovers + keep:
+        path.write_text("x")
+    (out / f"{rundir.STAGING_PREFIX}abc").mkdir()
+    (out / f"{rundir.STAGING_PREFIX}abc" / "shift.json").write_text("{}")
+    with rundir.locked_directory(out, "shift"):
+        pass
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in keep)
+
+
+# ---------------------------------------------------------------------------- output sets
+
+
+def write_set(directory: Path, names: list[str], command: str = "shift") -> None:
+    with rundir.output_set(directory, command) as outputs:
+        for name in names:
+            write_text(outputs / name, name)
+        outputs.write_record({"config": {"command": command}})
+
+
+def test_an_output_set_replaces_the_previous_set_whole(tmp_path):
+    out = tmp_path / "out"
+    write_set(out, ["shift.json", "match_rates_0.png", "match_rates_1.png", "comparison.png"])
+    (out / "notes.md").write_text("the user's own file")
+    write_set(out, ["shift.json", "match_rates.png"])
+    assert sorted(p.name for p in out.iterdir()) == ["match_rates.png", "notes.md", "run.json", "shift.json"]
+    record = json.loads((out / "run.json").read_text())
+    assert record["files"] == ["match_rates.png", "shift.json", "run.json"]
+
+
+def test_an_output_set_that_fails_leaves_the_previous_set_untouched(tmp_path):
+    out = tmp_path / "out"
+    write_set(out, ["shift.json"])
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def interrupted_run():
+        with rundir.output_set(out, "shift") as outputs:
+            write_text(outputs / "shift.json", "new")
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        interrupted_run()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_ctrl_c_during_the_commit_waits_until_the_set_is_in_place(tmp_path):
+    out = tmp_path / "out"
+    moved = []
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if Path(dst).parent == out:  # the commit, not a write into the staging folder
+            moved.append(Path(dst).name)
+            if len(moved) == 1:
+                os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C after the first of three files
+        real_replace(src, dst)
+
+    try:
+        os.replace = replace
+        with pytest.raises(KeyboardInterrupt):
+            write_set(out, ["a.json", "b.json"])
+    finally:
+        os.replace = real_replace
+        interrupts.reset()
+    assert moved == ["a.json", "b.json", "run.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["a.json", "b.json", "run.json"]
+
+
+def test_outputs_are_not_written_over_another_commands_run(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    write_json(run / "model.json", {"config": {}})
+    write_json(run / "run.json", {"config": {"model": {}}})
+    before = (run / "run.json").read_bytes()
+    code = main([*SIMULATE, "--out", str(run)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and f"--out {str(run)!r} holds the outputs of resstream train" in err, err
+    assert (run / "run.json").read_bytes() == before
+
+
+def test_output_files_follow_the_umask(tmp_path, capsys):
+    old = os.umask(0o002)
+    try:
+        assert main([*SIMULATE, "--out", str(tmp_path / "out")]) == 0
+    finally:
+        os.umask(old)
+    for path in (tmp_path / "out").iterdir():
+        assert path.stat().st_mode & 0o777 == 0o664, (path.name, oct(path.stat().st_mode))
+
+
+# ---------------------------------------------------------------------------- unwritable destinations
+
+
+def failing(errno_code: int, where: Path, real):
+    """`real` (an os function taking a path first) failing with `errno_code` under `where`."""
+
+    def call(path, *args, **kwargs):
+        if str(where) in os.fsdecode(path):
+            raise OSError(errno_code, os.strerror(errno_code), os.fsdecode(path))
+        return real(path, *args, **kwargs)
+
+    return call
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [(errno.EROFS, "read-only file system"), (errno.EACCES, "permission denied")],
+)
+def test_an_unwritable_out_is_refused_before_work(tmp_path, capsys, monkeypatch, code, reason):
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setattr(os, "open", failing(code, out, os.open))
+    monkeypatch.setattr("resstream.api.simulate.run_simulation", lambda *a, **k: pytest.fail("work started"))
+    exit_code = main([*SIMULATE, "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert exit_code == 2 and err == f"resstream: error: cannot write to --out {str(out)!r}: {reason}", err
+    assert_nothing_written(out)
+
+
+def test_an_out_that_cannot_be_created_is_refused(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "ro" / "out"
+    monkeypatch.setattr(os, "mkdir", failing(errno.EROFS, tmp_path / "ro", os.mkdir))
+    exit_code = main([*SIMULATE, "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert exit_code == 2 and "read-only file system" in err and "--out" in err, err
+    assert not (tmp_path / "ro").exists()
+
+
+def test_a_full_disk_while_writing_keeps_nothing_of_the_run(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    assert main([*SIMULATE, "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    import resstream.io
+
+    real = resstream.io.write_text
+    calls = []
+
+    def write_text_disk_full(path, text):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(path, text)
+
+    monkeypatch.setattr(resstream.io, "write_text", write_text_disk_full)
+    exit_code = main([*SIMULATE, "--seed", "1", "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert exit_code == 1 and len(err.splitlines()) == 1, err
+    assert "no space left on device on /" in err and f"--out {str(out)!r}" in err and "needs ~" in err, err
+    assert "nothing of it was kept" in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_too_little_free_space_is_refused_before_work(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(rundir, "free_bytes", lambda path: 1_000)
+    monkeypatch.setattr("resstream.api.simulate.run_simulation", lambda *a, **k: pytest.fail("work started"))
+    exit_code = main([*SIMULATE, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert exit_code == 1 and "needs ~16.8 MB, 1.0 kB free; nothing was written" in err, err
+    assert_nothing_written(tmp_path / "out")
+
+
+def test_write_failures_elsewhere_are_not_blamed_on_out(tmp_path):
+    error = OSError(errno.EACCES, "Permission denied", "/etc/somewhere/else")
+    assert rundir.write_failure(error, tmp_path, "out") is None
+    inside = OSError(errno.EACCES, "Permission denied", str(tmp_path / "x.json"))
+    assert isinstance(rundir.write_failure(inside, tmp_path, "out"), UsageError)
+    full = OSError(errno.ENOSPC, "No space left on device")
+    assert isinstance(rundir.write_failure(full, tmp_path, "out"), RunError)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A real 64 kB tmpfs (needs root and mount rights; skipped where it cannot be mounted)."""
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_real_small_file_system_is_refused_before_work(small_tmpfs, capsys):
+    exit_code = main([*SIMULATE, "--out", str(small_tmpfs / "out")])
+    err = capsys.readouterr().err.strip()
+    assert exit_code == 1 and f"no space left on {small_tmpfs}" in err and "needs ~16.8 MB" in err, err
+    assert_nothing_written(small_tmpfs / "out")
+
+
+def test_a_real_file_system_that_fills_up_while_writing(small_tmpfs, capsys, monkeypatch):
+    monkeypatch.setattr(rundir, "check_free_space", lambda *args: None)  # as if it filled up later
+    exit_code = main([*SIMULATE, "--tokens", "40", "--out", str(small_tmpfs / "out")])
+    err = capsys.readouterr().err.strip()
+    assert exit_code == 1 and len(err.splitlines()) == 1, err
+    assert f"no space left on device on {small_tmpfs}" in err and "nothing of it was kept" in err, err
+    assert_nothing_written(small_tmpfs / "out")
+
+
+# ---------------------------------------------------------------------------- real Ctrl-C
+
+
+def interrupted_after(delay: float, out: Path) -> tuple[int, str]:
+    process = resstream_process(*SIMULATE, "--sims", "1000000", "--out", str(out))
+    time.sleep(delay)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    return process.returncode, err
+
+
+def check_real_interrupt(delay: float, out: Path) -> None:
+    code, err = interrupted_after(delay, out)
+    assert code == 130, (delay, err)
+    assert err.strip() == "resstream: error: interrupted; nothing half-written was kept", (delay, err)
+    assert_nothing_written(out)
+
+
+@pytest.mark.parametrize("delay", [0.4, 2.5])
+def test_ctrl_c_is_never_lost(tmp_path, delay):
+    """During the imports (0.4 s) and during the work: exit 130, one line, nothing written.
+
+    (Before ~0.1 s the Python interpreter itself is still starting: an interrupt there ends
+    with Python's own message, before any of resstream runs.)"""
+    check_real_interrupt(delay, tmp_path / "out")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.15, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+def test_ctrl_c_at_any_moment(tmp_path, delay):
+    check_real_interrupt(delay, tmp_path / "out")
