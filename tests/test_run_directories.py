@@ -27,6 +27,7 @@ from resstream.cli.main import main
 from resstream.errors import RunError, UsageError
 from resstream.io import write_json, write_text
 from tests.cli_support import assert_complete_files, assert_nothing_written
+from tests.test_train import corpus_text
 
 SIMULATE = ["simulate", "--layers", "2", "--tokens", "5", "--dim", "4", "--sims", "20", "--quiet"]
 HOLD_LOCK = """
@@ -353,3 +354,35 @@ def test_ctrl_c_is_never_lost(tmp_path, delay):
 @pytest.mark.parametrize("delay", [0.15, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 def test_ctrl_c_at_any_moment(tmp_path, delay):
     check_real_interrupt(delay, tmp_path / "out")
+
+
+# ---------------------------------------------------------------------------- the trial's race
+
+
+def wait_for(path: Path, process: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, process.communicate()[1]
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_resume_while_the_run_trains_is_refused_and_nothing_is_lost(tmp_path):
+    """The adversarial trial's race: `train --resume` started while the run still trains."""
+    from tests.test_hostile_inputs import TINY_TRAIN, fill
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus_text(), encoding="utf-8")
+    out = tmp_path / "race"
+    train = ["train", "--dataset", str(corpus), "--out", str(out), *fill(TINY_TRAIN, tmp_path)]
+    first = resstream_process(*train, "--max-steps", "400", "--checkpoint-interval", "5")
+    wait_for(out / "checkpoints" / "latest.json", first)
+    second = resstream_process("train", "--resume", "--out", str(out), "--quiet")
+    _, err = second.communicate(timeout=120)
+    assert second.returncode == 2, err
+    assert f"is in use by another resstream process (pid {first.pid}, resstream train" in err, err
+    _, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == list(range(1, 401))  # none missing or twice
