@@ -209,3 +209,12 @@ def test_resume_with_a_longer_block_than_the_positional_table_is_refused(tmp_pat
     )
     assert code == 2
     assert "model.block_size: 16 -> 32" in capsys.readouterr().err
+
+
+def test_resume_with_another_max_steps_says_which_schedule_it_keeps(tmp_path, corpus, capsys):
+    assert run_train(tmp_path, corpus, "--max-steps", "3") == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", "--out", str(tmp_path / "run"), "--max-steps", "5", "--quiet"]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("resuming at step 3 with --max-steps 5 (was 3):"), err
+    assert len(err.splitlines()) == 1

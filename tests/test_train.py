@@ -243,3 +243,33 @@ def test_a_fresh_run_replaces_a_leftover_tokenizer(corpus, tmp_path):
     train(tiny_config(corpus, tmp_path, max_steps=2), run, progress=False)
     loaded = ckpt.load_run(run)
     assert len(loaded.tokenizer) == loaded.config.model.vocab_size
+
+
+def test_resume_with_another_max_steps_keeps_the_original_schedule(corpus, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(corpus, tmp_path, max_steps=4), run, progress=False)
+    said: list[str] = []
+    train(tiny_config(corpus, tmp_path, max_steps=8), run, resume=True, progress=False, log=said.append)
+    assert len(said) == 1
+    assert "`max_steps` 8 (was 4)" in said[0] and "schedule of the original run" in said[0], said
+    rates = {r["step"]: r["lr"] for r in iter_metrics(run) if "lr" in r}
+    min_lr = tiny_config(corpus, tmp_path).optim.min_lr
+    assert [rates[s] for s in (5, 6, 7, 8)] == pytest.approx([min_lr] * 4)
+    record = json.loads((run / "run.json").read_text())
+    assert record["lr_schedule"]["max_steps"] == 4
+    assert json.loads((run / "model.json").read_text())["schedule_steps"] == 4
+    # A straight 8-step run decays over 8 steps: its step 5 is well above min_lr.
+    straight = train(tiny_config(corpus, tmp_path, max_steps=8), tmp_path / "straight", progress=False)
+    straight_rates = {r["step"]: r["lr"] for r in iter_metrics(straight.run_dir) if "lr" in r}
+    assert straight_rates[5] > 2 * min_lr
+    # The same max_steps again says nothing.
+    said.clear()
+    train(tiny_config(corpus, tmp_path, max_steps=4), tmp_path / "straight4", progress=False, log=said.append)
+    train(
+        tiny_config(corpus, tmp_path, max_steps=4),
+        tmp_path / "straight4",
+        resume=True,
+        progress=False,
+        log=said.append,
+    )
+    assert said == []

@@ -3,6 +3,12 @@
 Single process: `train(config, out_dir)`. Several processes: launch the same command with
 `torchrun --nproc_per_node N` (`resstream.training.distributed`); only rank 0 writes files.
 The metrics log is `resstream.training.metrics`.
+
+The learning-rate schedule (warmup, then cosine to `min_lr`) is a function of the run's
+`max_steps`. A resume that changes `max_steps` keeps the schedule of the original run
+(`schedule_steps`: cosine over the original `max_steps`, `min_lr` after it), so the steps
+already taken and the ones to come follow one schedule; the run says so on `log` and records
+it in run.json (`lr_schedule`), the checkpoints and model.json (`schedule_steps`).
 """
 
 from __future__ import annotations
@@ -11,7 +17,9 @@ import contextlib
 import dataclasses
 import math
 import os
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,6 +122,20 @@ def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+def say_on_stderr(line: str) -> None:
+    """The default `log` of a run: one line on stderr."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def schedule_steps(config: TrainConfig, checkpoint: ckpt.Checkpoint | None) -> int:
+    """The `max_steps` the learning-rate schedule runs over: the run's own, or, on resume, the
+    one of the original run (saved with its checkpoints; older checkpoints: their config's)."""
+    if checkpoint is None:
+        return config.run.max_steps
+    saved = checkpoint.state.get("schedule_steps")
+    return int(saved) if saved is not None else int(checkpoint.state["config"]["run"]["max_steps"])
+
+
 class Trainer:
     """One training run. `run()` trains from the start or from the latest checkpoint."""
 
@@ -124,10 +146,12 @@ class Trainer:
         *,
         resume: bool = False,
         progress: bool = True,
+        log: Callable[[str], None] = say_on_stderr,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.resume = resume
         self.progress = progress
+        self.log = log
         self.checkpoint = self._check_out_dir()
         device_kind = resolve_device(config.run.device).type
         self.dist = init_distributed(device_kind)
@@ -139,6 +163,7 @@ class Trainer:
         self.tokenizer = prepare_tokenizer(config, self.corpus.documents, self.out_dir, resume)
         self.config = resolve_vocab(config, len(self.tokenizer))
         self._check_resume_compatible()
+        self.schedule_steps = schedule_steps(self.config, self.checkpoint)
         self.splits = build_token_cache(
             self.corpus,
             self.tokenizer,
@@ -243,10 +268,7 @@ class Trainer:
         each block's gradient norm before clipping. The caller steps the optimizer.
         """
         r, o = self.config.run, self.config.optim
-        set_lr(
-            self.optimizer,
-            lr_scale(step, warmup_steps=o.warmup_steps, max_steps=r.max_steps, min_ratio=o.min_lr / o.lr),
-        )
+        set_lr(self.optimizer, self._lr_scale(step))
         total = torch.zeros((), device=self.device)
         for micro in range(r.grad_accum):
             x, y = self._batch(step, micro)
@@ -307,6 +329,7 @@ class Trainer:
         if main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self._write_run_files()
+            self._say_schedule()
         log = MetricsLog(self.out_dir / METRICS_FILE, main, self.checkpoint.step if self.checkpoint else None)
         tokens_per_step = r.batch_size * self.config.model.block_size
         losses: list[float] = []
@@ -350,6 +373,25 @@ class Trainer:
             self._save_final(val_loss)
         return TrainResult(self.out_dir, r.max_steps, val_loss, tuple(losses), self._mean_tokens_per_s())
 
+    def _lr_scale(self, step: int) -> float:
+        """The schedule's multiplier of the base learning rates at `step` (0-based)."""
+        o = self.config.optim
+        return lr_scale(
+            step, warmup_steps=o.warmup_steps, max_steps=self.schedule_steps, min_ratio=o.min_lr / o.lr
+        )
+
+    def _say_schedule(self) -> None:
+        """On a resume that changed `max_steps`, say which learning-rate schedule the run follows."""
+        r, lr = self.config.run, self.config.optim.lr
+        if self.checkpoint is None or r.max_steps == self.schedule_steps or self.start_step >= r.max_steps:
+            return
+        first, last = lr * self._lr_scale(self.start_step), lr * self._lr_scale(r.max_steps - 1)
+        self.log(
+            f"resuming at step {self.start_step} with `max_steps` {r.max_steps} (was {self.schedule_steps}): "
+            f"the learning rate keeps the schedule of the original run (of {self.schedule_steps} steps), "
+            f"{first:.3g} at step {self.start_step + 1} to {last:.3g} at step {r.max_steps}"
+        )
+
     def _step_record(
         self, step: int, loss: float, grad_norm: float, per_layer: list[float], tps: float
     ) -> dict[str, Any]:
@@ -380,6 +422,7 @@ class Trainer:
             "corpus_fingerprint": self.corpus.fingerprint,
             "tokens_fingerprint": self.splits.fingerprint,
             "val_loss": val_loss,
+            "schedule_steps": self.schedule_steps,
         }
 
     def _save_checkpoint(self, step: int, val_loss: float) -> None:
@@ -413,6 +456,11 @@ class Trainer:
             tokens={"train": len(self.splits.train), "val": len(self.splits.val)},
             world_size=self.dist.world,
             parameters=self.model.num_params(),
+            lr_schedule={
+                "max_steps": self.schedule_steps,
+                "rule": "linear warmup over warmup_steps, cosine to min_lr at step max_steps, min_lr "
+                "after it; a resume with another max_steps keeps the original run's schedule",
+            },
         )
         write_json(self.out_dir / "run.json", record)
 
@@ -427,7 +475,16 @@ class Trainer:
 
 
 def train(
-    config: TrainConfig, out_dir: str | os.PathLike[str], *, resume: bool = False, progress: bool = True
+    config: TrainConfig,
+    out_dir: str | os.PathLike[str],
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    log: Callable[[str], None] = say_on_stderr,
 ) -> TrainResult:
-    """Train a resstream GPT as `config` says, writing the run into `out_dir`."""
-    return Trainer(config, out_dir, resume=resume, progress=progress).run()
+    """Train a resstream GPT as `config` says, writing the run into `out_dir`.
+
+    `log` receives the run's one-line notices (default: stderr), such as which learning-rate
+    schedule a resume with another `max_steps` follows.
+    """
+    return Trainer(config, out_dir, resume=resume, progress=progress, log=log).run()
