@@ -131,3 +131,30 @@ def test_latest_step_reads_the_pointer(tmp_path):
     _save(tmp_path, 7, 1.0)
     assert ckpt.latest_checkpoint_step(tmp_path) == 7
     assert json.loads((tmp_path / "checkpoints" / "latest.json").read_text())["dir"] == "step-0000007"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file: chmod 000 does not deny")
+def test_an_unreadable_weights_file_is_reported_as_permission_denied(tmp_path):
+    path = tmp_path / "model.safetensors"
+    ckpt.save_tensors(path, {"w": torch.ones(2)})
+    path.chmod(0)
+    with pytest.raises(UsageError, match=r"cannot read .*model\.safetensors': permission denied"):
+        ckpt.load_tensors(path)
+
+
+def test_first_non_finite_names_the_tensor_and_counts_its_values():
+    big = torch.full((4,), 3e38)  # finite, but its sum overflows: not a false alarm
+    half = torch.full((100,), 60000.0, dtype=torch.float16)
+    assert ckpt.first_non_finite({"big": big, "half": half, "ids": torch.arange(3)}.items()) is None
+    bad = torch.zeros(10)
+    bad[[2, 5]] = torch.tensor([float("nan"), float("-inf")])
+    found = ckpt.first_non_finite({"big": big, "bad": bad, "worse": bad}.items())
+    assert (found.tensor, found.count, found.total) == ("bad", 2, 10)
+    assert str(found) == "tensor 'bad' holds 2 non-finite values of 10"
+
+
+def test_integer_weights_are_refused_not_converted(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    state = {"weight": torch.ones(2, 2, dtype=torch.int64), "bias": torch.zeros(2)}
+    with pytest.raises(UsageError, match=r"tensor 'weight' has dtype int64; .*floating-point"):
+        ckpt.load_weights(model, state, tmp_path)

@@ -42,8 +42,73 @@ class Hostile:
 # ------------------------------------------------------------------ run directories and outputs
 OUTPUT_CASES: list[Hostile] = []
 
+
 # ------------------------------------------------------------------ checkpoints and weights
-CHECKPOINT_CASES: list[Hostile] = []
+def _rewrite_tensor(path: Path, key: str, change: Callable) -> None:
+    """Rewrite one tensor of a safetensors file in place, as a tampering user (or a bug) would."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    tensors[key] = change(tensors[key].clone())
+    save_file(tensors, str(path))
+
+
+def _nan_first(tensor):
+    tensor.view(-1)[0] = float("nan")
+    return tensor
+
+
+def _finished_run(tmp: Path, key: str = "wte.weight", change: Callable | None = None) -> None:
+    """`{tmp}/run`: a finished resstream run (tiny), one of its weights changed by `change`."""
+    from tests.test_evaluate import make_run
+
+    run = make_run(tmp / "run")
+    if change is not None:
+        _rewrite_tensor(run / "model.safetensors", key, change)
+
+
+def _hf_model_with_nan_weights(tmp: Path) -> None:
+    """`{tmp}/hf`: a tiny Hugging Face GPT-2 with its tokenizer; one weight holds NaN."""
+    import torch
+
+    from resstream.data import train_bpe
+    from tests.test_models_loading import SENTENCES, _tiny_gpt2
+
+    tokenizer = train_bpe(SENTENCES, vocab_size=300)
+    model = _tiny_gpt2(len(tokenizer))
+    with torch.no_grad():
+        model.transformer.h[1].mlp.c_fc.weight[0, :3] = float("inf")
+    model.save_pretrained(tmp / "hf")
+    tokenizer.save_pretrained(tmp / "hf")
+
+
+NOT_FINITE = ("weights of model", "are not finite", "'wte.weight' holds 1 non-finite value of")
+CHECKPOINT_CASES: list[Hostile] = [
+    Hostile(
+        "eval-nan-weights",
+        "eval --model {tmp}/run --benchmarks shakespeare --out {out}",
+        NOT_FINITE,
+        setup=lambda tmp: _finished_run(tmp, change=_nan_first),
+    ),
+    Hostile(
+        "shift-nan-weights",
+        "shift --model {tmp}/run --dataset {corpus} --num-seqs 2 --seq-len 8 --quiet --out {out}",
+        NOT_FINITE,
+        setup=lambda tmp: _finished_run(tmp, change=_nan_first),
+    ),
+    Hostile(
+        "shift-hf-inf-weights",
+        "shift --model {tmp}/hf --dataset {corpus} --num-seqs 2 --seq-len 8 --quiet --out {out}",
+        ("are not finite", "'transformer.h.1.mlp.c_fc.weight' holds 3 non-finite values of"),
+        setup=_hf_model_with_nan_weights,
+    ),
+    Hostile(
+        "eval-int64-weights",
+        "eval --model {tmp}/run --benchmarks shakespeare --out {out}",
+        ("tensor 'wte.weight' has dtype int64", "floating-point"),
+        setup=lambda tmp: _finished_run(tmp, change=lambda t: t.round().long()),
+    ),
+]
 
 # ------------------------------------------------------------------ sizes, memory and numbers
 BUDGET_CASES: list[Hostile] = []

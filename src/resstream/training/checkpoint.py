@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,8 @@ LATEST = "latest.json"
 MODEL_FILE = "model.safetensors"
 TOKENIZER_DIR = "tokenizer"
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
+#: Elements per slice when non-finite values are counted (bounds the temporary mask).
+_COUNT_CHUNK = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,48 @@ class Checkpoint:
     path: Path
 
 
+@dataclass(frozen=True)
+class NonFinite:
+    """The first tensor of a set that holds NaN or infinite values, and how many."""
+
+    tensor: str
+    count: int
+    total: int
+
+    def __str__(self) -> str:
+        values = "value" if self.count == 1 else "values"
+        return f"tensor {self.tensor!r} holds {self.count} non-finite {values} of {self.total}"
+
+
+def first_non_finite(named: Iterable[tuple[str, torch.Tensor]]) -> NonFinite | None:
+    """The first floating-point tensor holding NaN or ±inf, with its count; None if all are finite.
+
+    One cheap pass: a tensor whose sum is finite holds no NaN or inf (either would make the sum
+    non-finite); only a non-finite sum (which may also be an overflow of finite values) is
+    counted exactly, in slices so that no mask of the whole tensor is made.
+    """
+    for name, tensor in named:
+        if not tensor.is_floating_point() or tensor.numel() == 0:
+            continue
+        flat = tensor.detach().reshape(-1)
+        if bool(torch.isfinite(flat.sum())):
+            continue
+        count = sum(int((~torch.isfinite(part)).sum()) for part in flat.split(_COUNT_CHUNK))
+        if count:
+            return NonFinite(name, count, tensor.numel())
+    return None
+
+
+def check_finite_weights(named: Iterable[tuple[str, torch.Tensor]], model: str) -> None:
+    """Refuse (UsageError) a model whose floating-point weights hold NaN or inf, naming the tensor."""
+    found = first_non_finite(named)
+    if found is not None:
+        raise UsageError(
+            f"the weights of model {model!r} are not finite: {found}; allowed: a model whose "
+            f"weights are all finite (retrain, or resume its run from a good checkpoint)"
+        )
+
+
 def save_tensors(
     path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
 ) -> None:
@@ -60,11 +105,29 @@ def save_tensors(
         save_file(cpu, str(tmp), metadata=metadata)
 
 
+def check_readable(path: str | os.PathLike[str]) -> None:
+    """UsageError `cannot read PATH: permission denied` when this user may not read the file
+    `path` (or, for a directory, any file directly in it).
+
+    safetensors reports a file it may not open as "No such file or directory"; opening it
+    first tells the two apart.
+    """
+    path = Path(path)
+    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        try:
+            with open(file, "rb"):
+                pass
+        except PermissionError:
+            raise UsageError(f"cannot read {str(file)!r}: permission denied") from None
+
+
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     """Read a weights file: safetensors, or a torch file only if it loads without unpickling code."""
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"weights file {str(path)!r} does not exist")
+    check_readable(path)
     if path.suffix in PICKLE_SUFFIXES:
         return _load_torch_weights_only(path)
     try:
@@ -213,7 +276,21 @@ class TrainedModel:
 
 
 def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], where: Path) -> None:
-    """Load a state dict; missing, unexpected or mis-shaped tensors are a UsageError."""
+    """Load a state dict; missing, unexpected or mis-shaped tensors are a UsageError.
+
+    A tensor that is not floating-point where the model holds floating-point weights (int64,
+    bool, ...) is refused rather than converted: resstream writes float weights, so such a
+    file was not written by a resstream run, and integers cast to floats would load silently
+    as a different model.
+    """
+    expected = model.state_dict()
+    for name, tensor in state.items():
+        if name in expected and expected[name].is_floating_point() and not tensor.is_floating_point():
+            dtype = str(tensor.dtype).removeprefix("torch.")
+            raise UsageError(
+                f"weights in {str(where)!r}: tensor {name!r} has dtype {dtype}; the model needs "
+                f"floating-point weights"
+            )
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:
@@ -255,7 +332,9 @@ def load_run(run_dir: str | os.PathLike[str], *, device: str | torch.device = "c
             f"{str(meta_path)!r} is corrupt ({type(exc).__name__}: {short_reason(exc)})"
         ) from None
     model = GPT(config.model)
-    load_weights(model, load_tensors(_weights_file(root)), root)
+    state = load_tensors(_weights_file(root))
+    load_weights(model, state, root)
+    check_finite_weights(state.items(), str(root))
     model.to(device).eval()
     tokenizer = load_tokenizer(str(root / TOKENIZER_DIR))
     return TrainedModel(model=model, tokenizer=tokenizer, config=config, meta=meta, path=root)
