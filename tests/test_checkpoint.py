@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from resstream.errors import UsageError
+from resstream.errors import RunError, UsageError
 from resstream.training import checkpoint as ckpt
 
 
@@ -131,6 +131,92 @@ def test_latest_step_reads_the_pointer(tmp_path):
     _save(tmp_path, 7, 1.0)
     assert ckpt.latest_checkpoint_step(tmp_path) == 7
     assert json.loads((tmp_path / "checkpoints" / "latest.json").read_text())["dir"] == "step-0000007"
+
+
+# ------------------------------------------------------------------ good checkpoints (issue 9)
+def _optimizer_state(value: float) -> dict:
+    return {
+        "state": {0: {"step": torch.tensor(1.0), "exp_avg": torch.full((3, 2), value)}},
+        "param_groups": [{"lr": 0.1, "params": [0], "name": "decay"}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("weights", "optimizer", "part", "tensor"),
+    [
+        (float("nan"), 1.0, "weights", "'w'"),
+        (1.0, float("inf"), "optimizer state", "'state.0.exp_avg'"),
+    ],
+)
+def test_a_non_finite_checkpoint_is_never_written(tmp_path, weights, optimizer, part, tensor):
+    _save(tmp_path, 1, 1.0)
+    written = rf"checkpoint step 2 was not written: non-finite values in its {part} \(tensor {tensor} holds 6"
+    with pytest.raises(RunError, match=written):
+        ckpt.save_checkpoint(
+            tmp_path,
+            step=2,
+            model_state={"w": torch.full((3, 2), weights)},
+            optimizer_state=_optimizer_state(optimizer),
+            rng_state={"cpu": torch.get_rng_state()},
+            state={"config": {"x": 1}},
+        )
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest.json", "step-0000001"]
+    assert ckpt.latest_checkpoint_step(tmp_path) == 1
+
+
+def _poison(path, file_name, key):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path / file_name))
+    tensors[key] = tensors[key].clone()
+    tensors[key].view(-1)[0] = float("nan")
+    save_file(tensors, str(path / file_name))
+
+
+@pytest.mark.parametrize(
+    ("file_name", "key", "part"),
+    [("trainer.safetensors", "state.0.exp_avg", "optimizer state"), ("model.safetensors", "w", "weights")],
+)
+def test_resuming_from_a_non_finite_checkpoint_is_refused(tmp_path, file_name, key, part):
+    _poison(_save(tmp_path, 1, 1.0), file_name, key)
+    refused = rf"cannot resume from .*0001': non-finite values in its {part} \(tensor '{key}' holds 1 "
+    with pytest.raises(UsageError, match=refused):
+        ckpt.load_checkpoint(tmp_path)
+
+
+def test_pruning_keeps_the_newest_good_checkpoint(tmp_path):
+    _save(tmp_path, 1, 1.0)
+    ckpt.mark_verified(tmp_path, 1, loss=5.0, grad_norm=1.0)
+    for step in (2, 3, 4):
+        _save(tmp_path, step, float(step))
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir())
+    assert kept == ["step-0000001", "step-0000003", "step-0000004"]
+    good = ckpt.newest_good_checkpoint(tmp_path)
+    assert (good.step, good.path.name) == (1, "step-0000001")
+
+
+def test_resume_skips_a_checkpoint_known_to_diverge(tmp_path):
+    _save(tmp_path, 1, 1.0)
+    ckpt.mark_verified(tmp_path, 1, loss=5.0, grad_norm=1.0)
+    _save(tmp_path, 2, 2.0)
+    good = ckpt.mark_diverged(tmp_path, 2, "non-finite training loss (nan) at step 3")
+    assert good.step == 1
+    loaded = ckpt.load_checkpoint(tmp_path)
+    assert (loaded.step, loaded.verified) == (1, True)
+    assert torch.equal(loaded.model_state["w"], torch.full((3, 2), 1.0))
+    # The next save belongs to the resumed run: the diverged future is pruned.
+    _save(tmp_path, 2, 5.0)
+    assert ckpt.load_checkpoint(tmp_path).step == 2
+    assert not (tmp_path / "checkpoints" / "step-0000002" / ckpt.DIVERGED).exists()
+
+
+def test_resume_without_a_good_checkpoint_is_refused(tmp_path):
+    _save(tmp_path, 1, 1.0)
+    assert ckpt.mark_diverged(tmp_path, 1, "non-finite gradient norm (inf) at step 2") is None
+    with pytest.raises(
+        UsageError, match=r"cannot resume: checkpoint step 1 .* diverged .*no good checkpoint"
+    ):
+        ckpt.load_checkpoint(tmp_path)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file: chmod 000 does not deny")

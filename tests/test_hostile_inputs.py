@@ -67,6 +67,31 @@ def _finished_run(tmp: Path, key: str = "wte.weight", change: Callable | None = 
         _rewrite_tensor(run / "model.safetensors", key, change)
 
 
+def _checkpoint(tmp: Path, *, file: str | None = None, key: str = "", diverged: bool = False) -> None:
+    """`{tmp}/run`: a run with one checkpoint (step 1); `file`'s tensor `key` holds a NaN, or the
+    step after the checkpoint diverged."""
+    import torch
+
+    from resstream.training import checkpoint as ckpt
+    from resstream.training.config import TrainConfig
+
+    path = ckpt.save_checkpoint(
+        tmp / "run",
+        step=1,
+        model_state={"wte.weight": torch.ones(4, 2)},
+        optimizer_state={
+            "state": {0: {"step": torch.tensor(1.0), "exp_avg": torch.ones(4, 2)}},
+            "param_groups": [{"lr": 0.1, "params": [0], "name": "decay"}],
+        },
+        rng_state={"cpu": torch.get_rng_state()},
+        state={"config": TrainConfig().to_dict()},
+    )
+    if file is not None:
+        _rewrite_tensor(path / file, key, _nan_first)
+    if diverged:
+        ckpt.mark_diverged(tmp / "run", 1, "non-finite gradient norm (nan) at step 2")
+
+
 def _hf_model_with_nan_weights(tmp: Path) -> None:
     """`{tmp}/hf`: a tiny Hugging Face GPT-2 with its tokenizer; one weight holds NaN."""
     import torch
@@ -107,6 +132,28 @@ CHECKPOINT_CASES: list[Hostile] = [
         "eval --model {tmp}/run --benchmarks shakespeare --out {out}",
         ("tensor 'wte.weight' has dtype int64", "floating-point"),
         setup=lambda tmp: _finished_run(tmp, change=lambda t: t.round().long()),
+    ),
+    Hostile(
+        "resume-nan-optimizer-state",
+        "train --resume --out {tmp}/run",
+        (
+            "cannot resume from",
+            "non-finite values in its optimizer state",
+            "'state.0.exp_avg' holds 1 non-finite",
+        ),
+        setup=lambda tmp: _checkpoint(tmp, file="trainer.safetensors", key="state.0.exp_avg"),
+    ),
+    Hostile(
+        "resume-nan-weights",
+        "train --resume --out {tmp}/run",
+        ("cannot resume from", "non-finite values in its weights", "'wte.weight' holds 1 non-finite"),
+        setup=lambda tmp: _checkpoint(tmp, file="model.safetensors", key="wte.weight"),
+    ),
+    Hostile(
+        "resume-diverged-without-good-checkpoint",
+        "train --resume --out {tmp}/run",
+        ("cannot resume: checkpoint step 1", "diverged", "no good checkpoint", "--out"),
+        setup=lambda tmp: _checkpoint(tmp, diverged=True),
     ),
 ]
 

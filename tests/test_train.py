@@ -245,6 +245,63 @@ def test_a_fresh_run_replaces_a_leftover_tokenizer(corpus, tmp_path):
     assert len(loaded.tokenizer) == loaded.config.model.vocab_size
 
 
+def _poison_at(monkeypatch, at_step: int) -> None:
+    """Step `at_step` (0-based) computes its loss from NaN weights, as a diverging run does."""
+    real_step = loop.Trainer.train_step
+
+    def poisoned(self, step, **kwargs):
+        if step == at_step:
+            with torch.no_grad():
+                self.model.wte.weight.fill_(float("nan"))
+        return real_step(self, step, **kwargs)
+
+    monkeypatch.setattr(loop.Trainer, "train_step", poisoned)
+
+
+def test_a_checkpoint_whose_next_step_diverges_is_not_the_good_one(corpus, tmp_path, monkeypatch):
+    config = tiny_config(corpus, tmp_path, checkpoint_interval=2)
+    whole = train(config, tmp_path / "whole", progress=False)
+    run = tmp_path / "run"
+    _poison_at(monkeypatch, 4)  # the step computed from checkpoint 4's weights
+    good = run / "checkpoints" / "step-0000002"
+    with pytest.raises(RunError, match=rf"at step 5; stopped, last good checkpoint: step 2 in '{good}'"):
+        train(config, run, progress=False)
+    assert (run / "checkpoints" / "step-0000004" / ckpt.DIVERGED).is_file()
+    assert ckpt.newest_good_checkpoint(run).step == 2
+    monkeypatch.undo()
+    resumed = train(config, run, resume=True, progress=False)  # from step 2, the newest good
+    assert resumed.train_losses == whole.train_losses[2:]
+    assert losses(run) == losses(tmp_path / "whole")
+
+
+def test_a_checkpoint_is_verified_by_the_step_computed_from_it(corpus, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    interrupted_run(tiny_config(corpus, tmp_path), run, monkeypatch, at_step=5)
+    marker = json.loads((run / "checkpoints" / "step-0000004" / ckpt.VERIFIED).read_text())
+    assert marker["step"] == 5 and marker["loss"] == pytest.approx(losses(run)[4])
+
+
+def test_non_finite_optimizer_state_stops_before_the_checkpoint_is_written(corpus, tmp_path, monkeypatch):
+    real_step = torch.optim.AdamW.step
+
+    def overflowing(self, *args, **kwargs):
+        result = real_step(self, *args, **kwargs)
+        if any(s["step"] == 6 for s in self.state.values()):  # v = g² overflowed, weights still finite
+            next(iter(self.state.values()))["exp_avg_sq"].fill_(float("inf"))
+        return result
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", overflowing)
+    run = tmp_path / "run"
+    config = tiny_config(corpus, tmp_path, checkpoint_interval=2)
+    with pytest.raises(
+        RunError,
+        match=r"non-finite optimizer state \(tensor 'state\.\d+\.exp_avg_sq' holds \d+ non-finite values? of "
+        r"\d+\) at step 6; stopped, checkpoint 6 not written, last good checkpoint: step 4",
+    ):
+        train(config, run, progress=False)
+    assert ckpt.latest_checkpoint_step(run) == 4
+
+
 def test_resume_with_another_max_steps_keeps_the_original_schedule(corpus, tmp_path):
     run = tmp_path / "run"
     train(tiny_config(corpus, tmp_path, max_steps=4), run, progress=False)
