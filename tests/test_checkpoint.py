@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -217,6 +220,156 @@ def test_resume_without_a_good_checkpoint_is_refused(tmp_path):
         UsageError, match=r"cannot resume: checkpoint step 1 .* diverged .*no good checkpoint"
     ):
         ckpt.load_checkpoint(tmp_path)
+
+
+def _interrupt_after_one_file(real):
+    """A stand-in for shutil.rmtree that deletes one file and is then interrupted (Ctrl-C)."""
+
+    def rmtree(path, *args, **kwargs):
+        next(p for p in sorted(path.rglob("*")) if p.is_file()).unlink()
+        raise KeyboardInterrupt
+
+    return rmtree
+
+
+def _step_dirs(run_dir):
+    return sorted(p.name for p in (run_dir / "checkpoints").glob("step-*"))
+
+
+def test_an_interrupted_prune_leaves_no_half_deleted_checkpoint(tmp_path, monkeypatch):
+    for step in (1, 2):
+        _save(tmp_path, step, float(step))
+    monkeypatch.setattr(ckpt.shutil, "rmtree", _interrupt_after_one_file(shutil.rmtree))
+    with pytest.raises(KeyboardInterrupt):
+        _save(tmp_path, 3, 3.0)
+    monkeypatch.undo()
+    assert _step_dirs(tmp_path) == ["step-0000002", "step-0000003"]
+    for name in _step_dirs(tmp_path):
+        assert {p.name for p in (tmp_path / "checkpoints" / name).iterdir()} >= {
+            "model.safetensors",
+            "trainer.safetensors",
+            "state.json",
+        }
+    ckpt.remove_leftovers(tmp_path)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "latest.json",
+        "step-0000002",
+        "step-0000003",
+    ]
+
+
+def test_an_interrupted_replacement_of_a_step_directory_leaves_no_half_deleted_checkpoint(
+    tmp_path, monkeypatch
+):
+    _save(tmp_path, 1, 1.0)
+    monkeypatch.setattr(ckpt.shutil, "rmtree", _interrupt_after_one_file(shutil.rmtree))
+    with pytest.raises(KeyboardInterrupt):
+        _save(tmp_path, 1, 2.0)  # a resumed run saving a step again replaces its directory
+    monkeypatch.undo()
+    assert _step_dirs(tmp_path) == ["step-0000001"]
+    assert torch.equal(ckpt.load_checkpoint(tmp_path).model_state["w"], torch.full((3, 2), 2.0))
+
+
+def _leave_leftovers(run_dir, monkeypatch):
+    """Run every writer of a training run as if killed between writing and renaming.
+
+    Renames and clean-ups are switched off, so each writer leaves its temporary name behind.
+    """
+    from resstream.data import save_tokenizer, train_bpe
+    from resstream.io import write_json
+
+    tokenizer = train_bpe(["a b c d e f"] * 10, 270)
+    (run_dir / "tokenizer").mkdir()  # saved by an earlier run: the interrupted save adds a staging folder
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "replace", lambda *args, **kwargs: None)
+        patch.setattr(ckpt.os, "replace", lambda *args, **kwargs: None)
+        patch.setattr(type(run_dir), "unlink", lambda *args, **kwargs: None)
+        patch.setattr(shutil, "rmtree", lambda *args, **kwargs: None)
+        _save(run_dir, 2, 2.0)
+        ckpt.mark_verified(run_dir, 1, loss=1.0, grad_norm=1.0)
+        ckpt.save_model(run_dir, {"w": torch.ones(2)}, {"config": {}})
+        write_json(run_dir / "run.json", {})
+        write_json(run_dir / "metrics.jsonl", {})
+        save_tokenizer(tokenizer, run_dir / "tokenizer")
+
+
+def _all_names(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_remove_leftovers_removes_what_interrupted_writers_leave_and_nothing_else(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    _save(run, 1, 1.0)
+    mine = [
+        "notes.tmp",
+        ".hidden",
+        ".run.json.bak",
+        "model.safetensors.tmp",
+        "checkpoints/my.step-0000001",
+        "checkpoints/.notes",
+        "checkpoints/step-0000001/.my-notes.tmp",
+    ]
+    for name in mine:
+        (run / name).write_text("a user's file")
+    (run / ".step-0000005").mkdir()  # a user's folder outside checkpoints/
+    before = [*_all_names(run), "tokenizer"]
+    _leave_leftovers(run, monkeypatch)
+    left = set(_all_names(run)) - set(before)
+    expected = {
+        r"checkpoints/\.step-0000002\.\w+$",
+        r"checkpoints/\.latest\.json\.\w+\.tmp$",
+        r"checkpoints/step-0000001/\.verified\.json\.\w+\.tmp$",
+        r"\.model\.safetensors\.\w+\.tmp$",
+        r"\.model\.json\.\w+\.tmp$",
+        r"\.run\.json\.\w+\.tmp$",
+        r"\.metrics\.jsonl\.\w+\.tmp$",
+        r"\.tokenizer\.\w+$",
+    }
+    for pattern in expected:  # the real names the writers leave (a pattern the test could miss fails)
+        assert any(re.match(pattern, name) for name in left), (pattern, sorted(left))
+    (run / ".tmpAb12Cd").write_bytes(b"\x00" * 8)  # safetensors' own temporary file (see below)
+    ckpt.remove_leftovers(run)
+    assert _all_names(run) == before
+
+
+_KILLED_IN_SAFETENSORS = textwrap.dedent(
+    """
+    import sys, torch
+    from resstream.training import checkpoint as ckpt
+    print("writing", flush=True)
+    ckpt.save_model(sys.argv[1], {"w": torch.ones(40_000_000)}, {"config": {}})
+    """
+)
+
+
+def test_kill_inside_safetensors_leaves_a_name_remove_leftovers_knows(tmp_path):
+    """safetensors writes `.tmpXXXXXX` beside its target and renames it: killed, that name stays."""
+    run = tmp_path / "run"
+    run.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_IN_SAFETENSORS, str(run)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "writing"
+        deadline = time.monotonic() + 30
+        while not list(run.glob(".tmp*")) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.001)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    leftovers = [p.name for p in run.iterdir() if not p.name.startswith(".model.safetensors.")]
+    assert any(re.fullmatch(r"\.tmp[A-Za-z0-9]{6}", name) for name in leftovers), sorted(leftovers)
+    ckpt.remove_leftovers(run)
+    assert list(run.iterdir()) == []
+
+
+def test_checkpoint_directories_follow_the_umask(tmp_path):
+    previous = os.umask(0o027)
+    try:
+        path = _save(tmp_path, 1, 1.0)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o750
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file: chmod 000 does not deny")

@@ -330,3 +330,21 @@ def test_resume_with_another_max_steps_keeps_the_original_schedule(corpus, tmp_p
         log=said.append,
     )
     assert said == []
+
+
+def test_a_run_starts_by_removing_what_interrupted_writers_left(corpus, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    config = tiny_config(corpus, tmp_path)
+    interrupted_run(config, run, monkeypatch, at_step=5)
+    leftovers = [
+        run / ".run.json.k2j4_9ab.tmp",
+        run / ".tmpQ1w2E3",
+        run / "checkpoints" / ".latest.json.x1.tmp",
+    ]
+    for path in leftovers:
+        path.write_text("half-written")
+    (run / "checkpoints" / ".step-0000008.0123456789ab").mkdir()
+    (run / "notes.txt").write_text("a user's file")
+    train(config, run, resume=True, progress=False)
+    assert not list(run.rglob(".*")), sorted(run.rglob(".*"))
+    assert (run / "notes.txt").read_text() == "a user's file"

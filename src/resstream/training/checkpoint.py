@@ -13,7 +13,9 @@ A run directory holds:
 
 A checkpoint is written into a temporary directory, renamed into place, and only then does
 `latest.json` (replaced atomically) point to it; an interrupted save leaves the previous
-checkpoint as the one that loads.
+checkpoint as the one that loads. A directory is removed by renaming it to a hidden name first
+(`.step-*`), so an interrupted removal never leaves a half-deleted `step-*` that looks like a
+checkpoint; `remove_leftovers` clears what interrupted writers leave.
 
 Good checkpoints. A checkpoint is written only if its weights and optimizer state are all
 finite (`save_checkpoint` refuses otherwise). The trainer computes the next step's loss from
@@ -32,7 +34,7 @@ import json
 import os
 import re
 import shutil
-import tempfile
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +46,7 @@ from safetensors.torch import load_file, save_file
 
 from resstream.errors import RunError, UsageError, short_reason
 from resstream.io import atomic_path, write_json
+from resstream.training.metrics import METRICS_FILE
 from resstream.training.records import MODEL_META
 
 CHECKPOINTS = "checkpoints"
@@ -53,6 +56,7 @@ TRAINER_FILE = "trainer.safetensors"
 STATE_FILE = "state.json"
 VERIFIED = "verified.json"
 DIVERGED = "diverged.json"
+RUN_RECORD = "run.json"
 TOKENIZER_DIR = "tokenizer"
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
 #: Elements per slice when non-finite values are counted (bounds the temporary mask).
@@ -235,18 +239,19 @@ def save_checkpoint(
     root = Path(run_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     name = _step_name(step)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
+    tmp = _hidden_dir(root, name)
     try:
         save_tensors(tmp / MODEL_FILE, model_state)
         save_tensors(tmp / TRAINER_FILE, {**opt_tensors, **{f"rng.{k}": v for k, v in rng_state.items()}})
         write_json(tmp / STATE_FILE, {**state, "step": step, "param_groups": groups})
         final = root / name
-        if final.exists():
-            shutil.rmtree(final)
+        old = _to_trash(final) if final.exists() else None  # a resumed run saving a step again
         os.replace(tmp, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     finally:
         if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_dir(tmp)
     set_latest(run_dir, step)
     _prune(root, keep)
     return final
@@ -259,6 +264,26 @@ def set_latest(run_dir: Path, step: int) -> None:
 
 def _step_name(step: int) -> str:
     return f"step-{step:07d}"
+
+
+def _hidden_dir(root: Path, name: str) -> Path:
+    """A new, uniquely named hidden directory `.NAME.<hex>` in `root`, with the umask's mode."""
+    path = root / f".{name}.{uuid.uuid4().hex[:12]}"
+    path.mkdir()  # os.mkdir follows the umask (tempfile.mkdtemp would make it 0700)
+    return path
+
+
+def _to_trash(path: Path) -> Path:
+    """Rename a directory (atomically) to a hidden trash name beside it; return that name."""
+    trash = path.with_name(f".{path.name.lstrip('.')}.{uuid.uuid4().hex[:12]}.trash")
+    os.replace(path, trash)
+    return trash
+
+
+def _remove_dir(path: Path) -> None:
+    """Remove a directory so that an interruption never leaves it half-deleted under its name:
+    trash it first, then delete (`remove_leftovers` finishes an interrupted deletion)."""
+    shutil.rmtree(_to_trash(path), ignore_errors=True)
 
 
 def _step_dirs(root: Path) -> dict[int, Path]:
@@ -286,9 +311,15 @@ def _prune(root: Path, keep: int) -> None:
         kept.add(good.step)
     for step, path in steps.items():
         if step not in kept:
-            shutil.rmtree(path, ignore_errors=True)
+            _remove_dir(path)
+    _remove_hidden_dirs(root)
+
+
+def _remove_hidden_dirs(root: Path) -> None:
+    """Interrupted saves (`.step-*.<hex>`) and removals (`.step-*.<hex>.trash`)."""
     for stale in root.glob(".step-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 # ------------------------------------------------------------------ verification
@@ -317,6 +348,51 @@ def newest_good_checkpoint(run_dir: Path) -> CheckpointRef | None:
     steps = _step_dirs(Path(run_dir) / CHECKPOINTS)
     good = [step for step, path in steps.items() if (path / VERIFIED).is_file()]
     return CheckpointRef(max(good), steps[max(good)]) if good else None
+
+
+# ------------------------------------------------------------------ leftovers
+#: Files that atomic writers (`io.atomic_path`: `.NAME.<random>.tmp`) write, per directory.
+_RUN_FILES = (RUN_RECORD, METRICS_FILE, MODEL_FILE, MODEL_META)
+_CHECKPOINT_FILES = (LATEST,)
+_MARKER_FILES = (VERIFIED, DIVERGED)
+#: safetensors' own temporary file beside its target (Rust `tempfile`: `.tmp` + 6 characters).
+_SAFETENSORS_TMP = re.compile(r"\.tmp[A-Za-z0-9]{6}")
+#: `data.save_tokenizer`'s staging folder (`tempfile.mkdtemp(prefix=".tokenizer.")`).
+_TOKENIZER_STAGING = re.compile(r"\.tokenizer\.[A-Za-z0-9_]{8}")
+
+
+def _atomic_tmp(name: str, files: Iterable[str]) -> bool:
+    return any(re.fullmatch(rf"\.{re.escape(f)}\.[A-Za-z0-9_]+\.tmp", name) for f in files)
+
+
+def remove_leftovers(run_dir: Path) -> None:
+    """Remove every temporary or trash name that an interrupted writer of a run leaves, and
+    nothing else: half-written files of the atomic writers, safetensors' temporary file, the
+    tokenizer's staging folder, interrupted checkpoint saves and removals.
+
+    Call it when a run starts (fresh or resumed), once its checks have passed and nothing
+    else writes into `run_dir`.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return
+    for path in run_dir.iterdir():
+        name = path.name
+        if path.is_file() and (_atomic_tmp(name, _RUN_FILES) or _SAFETENSORS_TMP.fullmatch(name)):
+            path.unlink(missing_ok=True)
+        elif path.is_dir() and _TOKENIZER_STAGING.fullmatch(name):
+            shutil.rmtree(path, ignore_errors=True)
+    root = run_dir / CHECKPOINTS
+    if not root.is_dir():
+        return
+    _remove_hidden_dirs(root)
+    for path in root.iterdir():
+        if path.is_file() and _atomic_tmp(path.name, _CHECKPOINT_FILES):
+            path.unlink(missing_ok=True)
+    for step_dir in _step_dirs(root).values():
+        for path in step_dir.iterdir():
+            if path.is_file() and _atomic_tmp(path.name, _MARKER_FILES):
+                path.unlink(missing_ok=True)
 
 
 def latest_checkpoint_step(run_dir: Path) -> int | None:

@@ -353,6 +353,7 @@ class Trainer:
         main = self.dist.is_main
         if main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
+            ckpt.remove_leftovers(self.out_dir)
             resumed = self.checkpoint.step if self.checkpoint is not None else None
             if resumed is not None and resumed != ckpt.latest_checkpoint_step(self.out_dir):
                 ckpt.set_latest(self.out_dir, resumed)  # went back from a diverged checkpoint
@@ -509,7 +510,7 @@ class Trainer:
                 "after it; a resume with another max_steps keeps the original run's schedule",
             },
         )
-        write_json(self.out_dir / "run.json", record)
+        write_json(self.out_dir / ckpt.RUN_RECORD, record)
 
     def _save_final(self, val_loss: float) -> None:
         meta = {
