@@ -396,7 +396,8 @@ def remove_leftovers(run_dir: Path) -> None:
 
 
 def latest_checkpoint_step(run_dir: Path) -> int | None:
-    """Step of the newest complete checkpoint, or None when there is none."""
+    """Step of the checkpoint `latest.json` points to (the newest complete one, or the good one a
+    resumed run went back to), or None when there is none."""
     pointer = Path(run_dir) / CHECKPOINTS / LATEST
     if not pointer.is_file():
         return None
