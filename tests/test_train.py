@@ -243,3 +243,108 @@ def test_a_fresh_run_replaces_a_leftover_tokenizer(corpus, tmp_path):
     train(tiny_config(corpus, tmp_path, max_steps=2), run, progress=False)
     loaded = ckpt.load_run(run)
     assert len(loaded.tokenizer) == loaded.config.model.vocab_size
+
+
+def _poison_at(monkeypatch, at_step: int) -> None:
+    """Step `at_step` (0-based) computes its loss from NaN weights, as a diverging run does."""
+    real_step = loop.Trainer.train_step
+
+    def poisoned(self, step, **kwargs):
+        if step == at_step:
+            with torch.no_grad():
+                self.model.wte.weight.fill_(float("nan"))
+        return real_step(self, step, **kwargs)
+
+    monkeypatch.setattr(loop.Trainer, "train_step", poisoned)
+
+
+def test_a_checkpoint_whose_next_step_diverges_is_not_the_good_one(corpus, tmp_path, monkeypatch):
+    config = tiny_config(corpus, tmp_path, checkpoint_interval=2)
+    whole = train(config, tmp_path / "whole", progress=False)
+    run = tmp_path / "run"
+    _poison_at(monkeypatch, 4)  # the step computed from checkpoint 4's weights
+    good = run / "checkpoints" / "step-0000002"
+    with pytest.raises(RunError, match=rf"at step 5; stopped, last good checkpoint: step 2 in '{good}'"):
+        train(config, run, progress=False)
+    assert (run / "checkpoints" / "step-0000004" / ckpt.DIVERGED).is_file()
+    assert ckpt.newest_good_checkpoint(run).step == 2
+    monkeypatch.undo()
+    resumed = train(config, run, resume=True, progress=False)  # from step 2, the newest good
+    assert resumed.train_losses == whole.train_losses[2:]
+    assert losses(run) == losses(tmp_path / "whole")
+
+
+def test_a_checkpoint_is_verified_by_the_step_computed_from_it(corpus, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    interrupted_run(tiny_config(corpus, tmp_path), run, monkeypatch, at_step=5)
+    marker = json.loads((run / "checkpoints" / "step-0000004" / ckpt.VERIFIED).read_text())
+    assert marker["step"] == 5 and marker["loss"] == pytest.approx(losses(run)[4])
+
+
+def test_non_finite_optimizer_state_stops_before_the_checkpoint_is_written(corpus, tmp_path, monkeypatch):
+    real_step = torch.optim.AdamW.step
+
+    def overflowing(self, *args, **kwargs):
+        result = real_step(self, *args, **kwargs)
+        if any(s["step"] == 6 for s in self.state.values()):  # v = g² overflowed, weights still finite
+            next(iter(self.state.values()))["exp_avg_sq"].fill_(float("inf"))
+        return result
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", overflowing)
+    run = tmp_path / "run"
+    config = tiny_config(corpus, tmp_path, checkpoint_interval=2)
+    with pytest.raises(
+        RunError,
+        match=r"non-finite optimizer state \(tensor 'state\.\d+\.exp_avg_sq' holds \d+ non-finite values? of "
+        r"\d+\) at step 6; stopped, checkpoint 6 not written, last good checkpoint: step 4",
+    ):
+        train(config, run, progress=False)
+    assert ckpt.latest_checkpoint_step(run) == 4
+
+
+def test_resume_with_another_max_steps_keeps_the_original_schedule(corpus, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(corpus, tmp_path, max_steps=4), run, progress=False)
+    said: list[str] = []
+    train(tiny_config(corpus, tmp_path, max_steps=8), run, resume=True, progress=False, log=said.append)
+    assert len(said) == 1
+    assert "`max_steps` 8 (was 4)" in said[0] and "schedule of the original run" in said[0], said
+    rates = {r["step"]: r["lr"] for r in iter_metrics(run) if "lr" in r}
+    min_lr = tiny_config(corpus, tmp_path).optim.min_lr
+    assert [rates[s] for s in (5, 6, 7, 8)] == pytest.approx([min_lr] * 4)
+    record = json.loads((run / "run.json").read_text())
+    assert record["lr_schedule"]["max_steps"] == 4
+    assert json.loads((run / "model.json").read_text())["schedule_steps"] == 4
+    # A straight 8-step run decays over 8 steps: its step 5 is well above min_lr.
+    straight = train(tiny_config(corpus, tmp_path, max_steps=8), tmp_path / "straight", progress=False)
+    straight_rates = {r["step"]: r["lr"] for r in iter_metrics(straight.run_dir) if "lr" in r}
+    assert straight_rates[5] > 2 * min_lr
+    # The same max_steps again says nothing.
+    said.clear()
+    train(tiny_config(corpus, tmp_path, max_steps=4), tmp_path / "straight4", progress=False, log=said.append)
+    train(
+        tiny_config(corpus, tmp_path, max_steps=4),
+        tmp_path / "straight4",
+        resume=True,
+        progress=False,
+        log=said.append,
+    )
+    assert said == []
+
+
+def test_a_run_starts_by_removing_what_interrupted_writers_left(corpus, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    config = tiny_config(corpus, tmp_path)
+    interrupted_run(config, run, monkeypatch, at_step=5)
+    leftovers = [
+        run / ".run.json.k2j4_9ab.tmp",
+        run / ".tmpQ1w2E3",
+        run / "checkpoints" / ".latest.json.x1y2z3w4.tmp",
+    ]
+    for path in leftovers:
+        path.write_text("half-written")
+    (run / "checkpoints" / ".step-0000008.0123456789ab").mkdir()
+    (run / "notes.txt").write_text("a user's file")
+    train(config, run, resume=True, progress=False)
+    assert not list(run.rglob(".*")), sorted(run.rglob(".*"))
+    assert (run / "notes.txt").read_text() == "a user's file"

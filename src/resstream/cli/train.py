@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from resstream.cli.flags import flag
+from resstream.cli.common import echo_err
+from resstream.cli.flags import cli_message, flag
 from resstream.errors import UsageError, closest
 from resstream.training.config import FIELDS, build_config, flatten, load_yaml
 
@@ -112,7 +113,9 @@ def train(
         typed = {"gate": gate, "alpha": alpha, "cut_layer": cut_layer, "max_steps": max_steps, "seed": seed}
         cfg = resolve_train_config(preset, config, typed, list(ctx.args), saved)
         check_fixed_gate_options(cfg.model.gate, alpha=alpha, cut_layer=cut_layer)
-        result = run_training(cfg, out, resume=resume, progress=not quiet)
+        result = run_training(
+            cfg, out, resume=resume, progress=not quiet, log=lambda line: echo_err(cli_message(line, "train"))
+        )
     typer.echo(f"trained {result.steps} steps; validation loss {result.final_val_loss:.4f}; run in {out}")
 
 

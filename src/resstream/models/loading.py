@@ -252,9 +252,14 @@ def _load_hf(
     device_map: str | None,
     trust_remote_code: bool,
 ) -> LoadedModel:
+    from resstream.training.checkpoint import check_finite_weights, check_readable
+
     config, local_only = _checked_hf_config(where, name, source, trust_remote_code)
     tokenizer = _load_hf_tokenizer(where, name, source)
+    if source == "local":
+        check_readable(where)
     model = _load_hf_model(where, name, config, dtype, device, device_map, local_only, trust_remote_code)
+    check_finite_weights([*model.named_parameters(), *model.named_buffers()], name)
     view = view_of(model)
     return LoadedModel(
         view=view,

@@ -6,20 +6,36 @@ A run directory holds:
     metrics.jsonl             one JSON record per logged step / evaluation
     tokenizer/                the tokenizer the model was trained with
     model.safetensors         final weights; model.json its config and training summary
-    checkpoints/latest.json   {"step": N, "dir": "step-0000N"}: the newest complete checkpoint
-    checkpoints/step-0000N/   model.safetensors, trainer.safetensors (optimizer + RNG), state.json
+    checkpoints/latest.json   {"step": N, "dir": "step-0000N"}: the checkpoint a resume continues
+                              from: the newest complete one (or the good one a resume went back to)
+    checkpoints/step-0000N/   model.safetensors, trainer.safetensors (optimizer + RNG), state.json,
+                              and verified.json or diverged.json once the step after N was run
 
 A checkpoint is written into a temporary directory, renamed into place, and only then does
 `latest.json` (replaced atomically) point to it; an interrupted save leaves the previous
-checkpoint as the one that loads.
+checkpoint as the one that loads. A directory is removed by renaming it to a hidden name first
+(`.step-*`), so an interrupted removal never leaves a half-deleted `step-*` that looks like a
+checkpoint; `remove_leftovers` clears what interrupted writers leave.
+
+Good checkpoints. A checkpoint is written only if its weights and optimizer state are all
+finite (`save_checkpoint` refuses otherwise). The trainer computes the next step's loss from
+exactly the checkpoint's weights; when that loss and its gradient norm are finite the
+checkpoint is *verified* (`mark_verified`), when they are not it *diverged* (`mark_diverged`).
+A good checkpoint is a verified one. Pruning never removes the newest good checkpoint, and
+`load_checkpoint` resumes from the newest complete checkpoint unless that one diverged, in
+which case it resumes from the newest good one. (The gradient norm is part of the test:
+with `lr` 1e6 a checkpoint's next loss can be finite while its gradient is not, and resuming
+from it fails again.)
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
-import tempfile
+import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,15 +44,23 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from resstream.errors import UsageError, short_reason
-from resstream.io import atomic_path, write_json
+from resstream.errors import RunError, UsageError, short_reason
+from resstream.io import atomic_path, is_temporary_name, write_json
+from resstream.training.metrics import METRICS_FILE
 from resstream.training.records import MODEL_META
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest.json"
 MODEL_FILE = "model.safetensors"
+TRAINER_FILE = "trainer.safetensors"
+STATE_FILE = "state.json"
+VERIFIED = "verified.json"
+DIVERGED = "diverged.json"
+RUN_RECORD = "run.json"
 TOKENIZER_DIR = "tokenizer"
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
+#: Elements per slice when non-finite values are counted (bounds the temporary mask).
+_COUNT_CHUNK = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -49,6 +73,72 @@ class Checkpoint:
     rng_state: dict[str, torch.Tensor]
     state: dict[str, Any]  # config, fingerprints, best values: JSON data
     path: Path
+    verified: bool = False  # the step computed from these weights was finite
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    """Where one checkpoint of a run lies."""
+
+    step: int
+    path: Path
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """The first tensor of a set that holds NaN or infinite values, and how many."""
+
+    tensor: str
+    count: int
+    total: int
+
+    def __str__(self) -> str:
+        values = "value" if self.count == 1 else "values"
+        return f"tensor {self.tensor!r} holds {self.count} non-finite {values} of {self.total}"
+
+
+class NonFiniteState(RunError):
+    """A checkpoint (or final model) was not written: its `part` holds non-finite values."""
+
+    def __init__(self, what: str, part: str, found: NonFinite) -> None:
+        super().__init__(f"{what} was not written: non-finite values in its {part} ({found})")
+        self.part, self.found = part, found
+
+
+def first_non_finite(named: Iterable[tuple[str, torch.Tensor]]) -> NonFinite | None:
+    """The first floating-point tensor holding NaN or ±inf, with its count; None if all are finite.
+
+    One cheap pass: a tensor whose sum is finite holds no NaN or inf (either would make the sum
+    non-finite); only a non-finite sum (which may also be an overflow of finite values) is
+    counted exactly, in slices so that no mask of the whole tensor is made.
+    """
+    for name, tensor in named:
+        if not tensor.is_floating_point() or tensor.numel() == 0:
+            continue
+        flat = tensor.detach().reshape(-1)
+        if bool(torch.isfinite(flat.sum())):
+            continue
+        count = sum(int((~torch.isfinite(part)).sum()) for part in flat.split(_COUNT_CHUNK))
+        if count:
+            return NonFinite(name, count, tensor.numel())
+    return None
+
+
+def check_finite_weights(named: Iterable[tuple[str, torch.Tensor]], model: str) -> None:
+    """Refuse (UsageError) a model whose floating-point weights hold NaN or inf, naming the tensor."""
+    found = first_non_finite(named)
+    if found is not None:
+        raise UsageError(
+            f"the weights of model {model!r} are not finite: {found}; allowed: a model whose "
+            f"weights are all finite (retrain, or resume its run from a good checkpoint)"
+        )
+
+
+def _refuse_non_finite(what: str, parts: dict[str, dict[str, torch.Tensor]]) -> None:
+    for part, tensors in parts.items():
+        found = first_non_finite(tensors.items())
+        if found is not None:
+            raise NonFiniteState(what, part, found)
 
 
 def save_tensors(
@@ -60,11 +150,29 @@ def save_tensors(
         save_file(cpu, str(tmp), metadata=metadata)
 
 
+def check_readable(path: str | os.PathLike[str]) -> None:
+    """UsageError `cannot read PATH: permission denied` when this user may not read the file
+    `path` (or, for a directory, any file directly in it).
+
+    safetensors reports a file it may not open as "No such file or directory"; opening it
+    first tells the two apart.
+    """
+    path = Path(path)
+    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        try:
+            with open(file, "rb"):
+                pass
+        except PermissionError:
+            raise UsageError(f"cannot read {str(file)!r}: permission denied") from None
+
+
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     """Read a weights file: safetensors, or a torch file only if it loads without unpickling code."""
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"weights file {str(path)!r} does not exist")
+    check_readable(path)
     if path.suffix in PICKLE_SUFFIXES:
         return _load_torch_weights_only(path)
     try:
@@ -120,40 +228,177 @@ def save_checkpoint(
     state: dict[str, Any],
     keep: int = 2,
 ) -> Path:
-    """Write checkpoint `step` and make it the latest; keep the newest `keep` checkpoints."""
+    """Write checkpoint `step` and make it the latest; keep the newest `keep` checkpoints
+    (and the newest good one).
+
+    Non-finite weights or optimizer state are never written: `NonFiniteState` (a RunError)
+    names the first such tensor, and nothing changes on disk.
+    """
+    opt_tensors, groups = _flatten_optimizer(optimizer_state)
+    _refuse_non_finite(f"checkpoint step {step}", {"weights": model_state, "optimizer state": opt_tensors})
     root = Path(run_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
-    name = f"step-{step:07d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
+    name = _step_name(step)
+    tmp = _hidden_dir(root, name)
     try:
-        opt_tensors, groups = _flatten_optimizer(optimizer_state)
         save_tensors(tmp / MODEL_FILE, model_state)
-        save_tensors(
-            tmp / "trainer.safetensors", {**opt_tensors, **{f"rng.{k}": v for k, v in rng_state.items()}}
-        )
-        write_json(tmp / "state.json", {**state, "step": step, "param_groups": groups})
+        save_tensors(tmp / TRAINER_FILE, {**opt_tensors, **{f"rng.{k}": v for k, v in rng_state.items()}})
+        write_json(tmp / STATE_FILE, {**state, "step": step, "param_groups": groups})
         final = root / name
-        if final.exists():
-            shutil.rmtree(final)
+        old = _to_trash(final) if final.exists() else None  # a resumed run saving a step again
         os.replace(tmp, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     finally:
         if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    write_json(root / LATEST, {"step": step, "dir": name})
+            _remove_dir(tmp)
+    set_latest(run_dir, step)
     _prune(root, keep)
     return final
 
 
+def set_latest(run_dir: Path, step: int) -> None:
+    """Point `latest.json` (atomically) to checkpoint `step`: the one a resume continues from."""
+    write_json(Path(run_dir) / CHECKPOINTS / LATEST, {"step": step, "dir": _step_name(step)})
+
+
+def _step_name(step: int) -> str:
+    return f"step-{step:07d}"
+
+
+def _hidden_dir(root: Path, name: str) -> Path:
+    """A new, uniquely named hidden directory `.NAME.<hex>` in `root`, with the umask's mode."""
+    path = root / f".{name}.{uuid.uuid4().hex[:12]}"
+    path.mkdir()  # os.mkdir follows the umask (tempfile.mkdtemp would make it 0700)
+    return path
+
+
+def _to_trash(path: Path) -> Path:
+    """Rename a directory (atomically) to a hidden trash name beside it; return that name."""
+    trash = path.with_name(f".{path.name.lstrip('.')}.{uuid.uuid4().hex[:12]}.trash")
+    os.replace(path, trash)
+    return trash
+
+
+def _remove_dir(path: Path) -> None:
+    """Remove a directory so that an interruption never leaves it half-deleted under its name:
+    trash it first, then delete (`remove_leftovers` finishes an interrupted deletion)."""
+    shutil.rmtree(_to_trash(path), ignore_errors=True)
+
+
+def _step_dirs(root: Path) -> dict[int, Path]:
+    """The complete checkpoints under `root`, by step."""
+    found = {}
+    for path in root.glob("step-*"):
+        match = re.fullmatch(r"step-(\d+)", path.name)
+        if match and path.is_dir():
+            found[int(match.group(1))] = path
+    return found
+
+
 def _prune(root: Path, keep: int) -> None:
-    steps = sorted(p for p in root.glob("step-*") if p.is_dir())
-    for old in steps[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    """Keep the newest `keep` checkpoints up to the latest, and the newest good one.
+
+    Checkpoints newer than the latest belong to a future that a resumed run abandoned (a
+    divergence, an interrupted save) and go, as do diverged ones and interrupted saves.
+    """
+    latest = latest_checkpoint_step(root.parent)
+    steps = _step_dirs(root)
+    usable = [s for s in sorted(steps) if (latest is None or s <= latest) and not _diverged(steps[s])]
+    kept = set(usable[-keep:])
+    good = newest_good_checkpoint(root.parent)
+    if good is not None:
+        kept.add(good.step)
+    for step, path in steps.items():
+        if step not in kept:
+            _remove_dir(path)
+    _remove_hidden_dirs(root)
+
+
+def _remove_hidden_dirs(root: Path) -> None:
+    """Interrupted saves (`.step-*.<hex>`) and removals (`.step-*.<hex>.trash`)."""
     for stale in root.glob(".step-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ verification
+def mark_verified(run_dir: Path, step: int, *, loss: float, grad_norm: float) -> None:
+    """Record that the step after checkpoint `step`, computed from its weights, was finite."""
+    path = Path(run_dir) / CHECKPOINTS / _step_name(step)
+    if path.is_dir():
+        write_json(path / VERIFIED, {"step": step + 1, "loss": loss, "grad_norm": grad_norm})
+
+
+def mark_diverged(run_dir: Path, step: int, reason: str) -> CheckpointRef | None:
+    """Record that the step computed from checkpoint `step`'s weights was not finite (`reason`);
+    return the newest good checkpoint, which a resume will continue from (None if there is none)."""
+    path = Path(run_dir) / CHECKPOINTS / _step_name(step)
+    if path.is_dir() and not (path / VERIFIED).exists():
+        write_json(path / DIVERGED, {"step": step + 1, "reason": reason})
+    return newest_good_checkpoint(run_dir)
+
+
+def _diverged(path: Path) -> bool:
+    return (path / DIVERGED).exists()
+
+
+def newest_good_checkpoint(run_dir: Path) -> CheckpointRef | None:
+    """The newest verified checkpoint of a run (see the module docstring), or None."""
+    steps = _step_dirs(Path(run_dir) / CHECKPOINTS)
+    good = [step for step, path in steps.items() if (path / VERIFIED).is_file()]
+    return CheckpointRef(max(good), steps[max(good)]) if good else None
+
+
+# ------------------------------------------------------------------ leftovers
+#: Files that atomic writers (`io.atomic_path`: `.NAME.<random>.tmp`) write, per directory.
+_RUN_FILES = (RUN_RECORD, METRICS_FILE, MODEL_FILE, MODEL_META)
+_CHECKPOINT_FILES = (LATEST,)
+_MARKER_FILES = (VERIFIED, DIVERGED)
+#: safetensors' own temporary file beside its target (Rust `tempfile`: `.tmp` + 6 characters).
+_SAFETENSORS_TMP = re.compile(r"\.tmp[A-Za-z0-9]{6}")
+#: `data.save_tokenizer`'s staging folder (`tempfile.mkdtemp(prefix=".tokenizer.")`).
+_TOKENIZER_STAGING = re.compile(r"\.tokenizer\.[A-Za-z0-9_]{8}")
+
+
+def _atomic_tmp(name: str, files: Iterable[str]) -> bool:
+    """Whether `name` is `io.atomic_path`'s temporary file for one of `files`."""
+    return is_temporary_name(name) and any(name.startswith(f".{f}.") for f in files)
+
+
+def remove_leftovers(run_dir: Path) -> None:
+    """Remove every temporary or trash name that an interrupted writer of a run leaves, and
+    nothing else: half-written files of the atomic writers, safetensors' temporary file, the
+    tokenizer's staging folder, interrupted checkpoint saves and removals.
+
+    Call it when a run starts (fresh or resumed), once its checks have passed and nothing
+    else writes into `run_dir`.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return
+    for path in run_dir.iterdir():
+        name = path.name
+        if path.is_file() and (_atomic_tmp(name, _RUN_FILES) or _SAFETENSORS_TMP.fullmatch(name)):
+            path.unlink(missing_ok=True)
+        elif path.is_dir() and _TOKENIZER_STAGING.fullmatch(name):
+            shutil.rmtree(path, ignore_errors=True)
+    root = run_dir / CHECKPOINTS
+    if not root.is_dir():
+        return
+    _remove_hidden_dirs(root)
+    for path in root.iterdir():
+        if path.is_file() and _atomic_tmp(path.name, _CHECKPOINT_FILES):
+            path.unlink(missing_ok=True)
+    for step_dir in _step_dirs(root).values():
+        for path in step_dir.iterdir():
+            if path.is_file() and _atomic_tmp(path.name, _MARKER_FILES):
+                path.unlink(missing_ok=True)
 
 
 def latest_checkpoint_step(run_dir: Path) -> int | None:
-    """Step of the newest complete checkpoint, or None when there is none."""
+    """Step of the checkpoint `latest.json` points to (the newest complete one, or the good one a
+    resumed run went back to), or None when there is none."""
     pointer = Path(run_dir) / CHECKPOINTS / LATEST
     if not pointer.is_file():
         return None
@@ -164,15 +409,16 @@ def latest_checkpoint_step(run_dir: Path) -> int | None:
 
 
 def load_checkpoint(run_dir: Path) -> Checkpoint:
-    """Load the newest complete checkpoint of a run; UsageError if missing or corrupt."""
+    """Load the checkpoint a resume continues from: the newest complete one, or the newest good
+    one when that diverged. UsageError if it is missing, corrupt or not finite."""
     root = Path(run_dir) / CHECKPOINTS
     pointer = root / LATEST
     if not pointer.is_file():
         raise UsageError(f"cannot resume: no checkpoint in {str(run_dir)!r} ({str(pointer)!r} is missing)")
     try:
         latest = json.loads(pointer.read_text(encoding="utf-8"))
-        path = root / latest["dir"]
-        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+        path = _resume_dir(root, int(latest["step"]), root / latest["dir"])
+        state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
         groups = state.pop("param_groups")
         if "step" not in state or "config" not in state:
             raise KeyError("step and config are required")
@@ -182,21 +428,45 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
             f"({type(exc).__name__}: {short_reason(exc)})"
         ) from None
     model_state = load_tensors(path / MODEL_FILE)
-    trainer = load_tensors(path / "trainer.safetensors")
+    trainer = load_tensors(path / TRAINER_FILE)
     rng = {k.removeprefix("rng."): v for k, v in trainer.items() if k.startswith("rng.")}
-    optimizer_state = _unflatten_optimizer(trainer, groups)
+    optimizer = {k: v for k, v in trainer.items() if k.startswith("state.")}
+    for part, tensors in (("weights", model_state), ("optimizer state", optimizer)):
+        found = first_non_finite(tensors.items())
+        if found is not None:
+            raise UsageError(
+                f"cannot resume from {str(path)!r}: non-finite values in its {part} ({found}); "
+                f"allowed: a checkpoint written by resstream, which writes only finite ones"
+            )
     return Checkpoint(
         step=int(state["step"]),
         model_state=model_state,
-        optimizer_state=optimizer_state,
+        optimizer_state=_unflatten_optimizer(trainer, groups),
         rng_state=rng,
         state=state,
         path=path,
+        verified=(path / VERIFIED).is_file(),
     )
 
 
+def _resume_dir(root: Path, step: int, latest: Path) -> Path:
+    """`latest` (checkpoint `step`), or the newest good checkpoint when the step after it diverged."""
+    if not _diverged(latest):
+        return latest
+    good = newest_good_checkpoint(root.parent)
+    if good is None:
+        reason = json.loads((latest / DIVERGED).read_text(encoding="utf-8")).get("reason", "diverged")
+        raise UsageError(
+            f"cannot resume: checkpoint step {step} in {str(latest)!r} diverged ({reason}) and the "
+            f"run has no good checkpoint; start a fresh run (with a lower `lr`) in another `out_dir`"
+        )
+    return good.path
+
+
 def save_model(run_dir: Path, model_state: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
-    """Write the final weights and their description (`model.json`) into a run directory."""
+    """Write the final weights and their description (`model.json`) into a run directory;
+    non-finite weights are never written (`NonFiniteState`)."""
+    _refuse_non_finite("the final model", {"weights": model_state})
     save_tensors(Path(run_dir) / MODEL_FILE, model_state, metadata={"format": "resstream-gpt"})
     write_json(Path(run_dir) / MODEL_META, meta)
 
@@ -213,7 +483,21 @@ class TrainedModel:
 
 
 def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], where: Path) -> None:
-    """Load a state dict; missing, unexpected or mis-shaped tensors are a UsageError."""
+    """Load a state dict; missing, unexpected or mis-shaped tensors are a UsageError.
+
+    A tensor that is not floating-point where the model holds floating-point weights (int64,
+    bool, ...) is refused rather than converted: resstream writes float weights, so such a
+    file was not written by a resstream run, and integers cast to floats would load silently
+    as a different model.
+    """
+    expected = model.state_dict()
+    for name, tensor in state.items():
+        if name in expected and expected[name].is_floating_point() and not tensor.is_floating_point():
+            dtype = str(tensor.dtype).removeprefix("torch.")
+            raise UsageError(
+                f"weights in {str(where)!r}: tensor {name!r} has dtype {dtype}; the model needs "
+                f"floating-point weights"
+            )
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:
@@ -255,7 +539,9 @@ def load_run(run_dir: str | os.PathLike[str], *, device: str | torch.device = "c
             f"{str(meta_path)!r} is corrupt ({type(exc).__name__}: {short_reason(exc)})"
         ) from None
     model = GPT(config.model)
-    load_weights(model, load_tensors(_weights_file(root)), root)
+    state = load_tensors(_weights_file(root))
+    load_weights(model, state, root)
+    check_finite_weights(state.items(), str(root))
     model.to(device).eval()
     tokenizer = load_tokenizer(str(root / TOKENIZER_DIR))
     return TrainedModel(model=model, tokenizer=tokenizer, config=config, meta=meta, path=root)

@@ -16,7 +16,6 @@ and all texts before anything is scored; `run_plan` scores them.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 from collections.abc import Iterable
@@ -75,7 +74,7 @@ class EvalReport:
                 "loss": "mean next-token cross-entropy in nats; perplexity = exp(loss); "
                 "accuracy = next-token top-1 in percent",
             },
-            "benchmarks": [dataclasses.asdict(r) for r in self.results],
+            "benchmarks": [r.to_dict() for r in self.results],
         }
 
 

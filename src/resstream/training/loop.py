@@ -3,6 +3,17 @@
 Single process: `train(config, out_dir)`. Several processes: launch the same command with
 `torchrun --nproc_per_node N` (`resstream.training.distributed`); only rank 0 writes files.
 The metrics log is `resstream.training.metrics`.
+
+Good checkpoints (`resstream.training.checkpoint`): a step's loss is computed from the weights
+of the checkpoint saved just before it, so that step verifies the checkpoint (finite loss and
+gradient norm) or marks it diverged. A stop for non-finite values names the newest good
+checkpoint, which `resume=True` continues from.
+
+The learning-rate schedule (warmup, then cosine to `min_lr`) is a function of the run's
+`max_steps`. A resume that changes `max_steps` keeps the schedule of the original run
+(`schedule_steps`: cosine over the original `max_steps`, `min_lr` after it), so the steps
+already taken and the ones to come follow one schedule; the run says so on `log` and records
+it in run.json (`lr_schedule`), the checkpoints and model.json (`schedule_steps`).
 """
 
 from __future__ import annotations
@@ -11,7 +22,9 @@ import contextlib
 import dataclasses
 import math
 import os
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,6 +127,20 @@ def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+def say_on_stderr(line: str) -> None:
+    """The default `log` of a run: one line on stderr."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def schedule_steps(config: TrainConfig, checkpoint: ckpt.Checkpoint | None) -> int:
+    """The `max_steps` the learning-rate schedule runs over: the run's own, or, on resume, the
+    one of the original run (saved with its checkpoints; older checkpoints: their config's)."""
+    if checkpoint is None:
+        return config.run.max_steps
+    saved = checkpoint.state.get("schedule_steps")
+    return int(saved) if saved is not None else int(checkpoint.state["config"]["run"]["max_steps"])
+
+
 class Trainer:
     """One training run. `run()` trains from the start or from the latest checkpoint."""
 
@@ -124,10 +151,12 @@ class Trainer:
         *,
         resume: bool = False,
         progress: bool = True,
+        log: Callable[[str], None] = say_on_stderr,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.resume = resume
         self.progress = progress
+        self.log = log
         self.checkpoint = self._check_out_dir()
         device_kind = resolve_device(config.run.device).type
         self.dist = init_distributed(device_kind)
@@ -139,6 +168,7 @@ class Trainer:
         self.tokenizer = prepare_tokenizer(config, self.corpus.documents, self.out_dir, resume)
         self.config = resolve_vocab(config, len(self.tokenizer))
         self._check_resume_compatible()
+        self.schedule_steps = schedule_steps(self.config, self.checkpoint)
         self.splits = build_token_cache(
             self.corpus,
             self.tokenizer,
@@ -187,12 +217,14 @@ class Trainer:
         fused = self.device.type == "cuda"
         self.optimizer = make_optimizer(self.model, self.config.optim, fused=fused)
         self.start_step = 0
+        self.unverified: int | None = None  # step of a saved checkpoint no step has run from yet
         if self.checkpoint is not None:
             ckpt.load_weights(self.model, self.checkpoint.model_state, self.checkpoint.path)
             self.optimizer.load_state_dict(self.checkpoint.optimizer_state)
             apply_optim_config(self.optimizer, self.config.optim)
             set_rng_state(self.checkpoint.rng_state, self.device)
             self.start_step = self.checkpoint.step
+            self.unverified = None if self.checkpoint.verified else self.checkpoint.step
         self.forward_model: nn.Module = self.model
         if self._compile():
             self.forward_model = torch.compile(self.model)
@@ -243,10 +275,7 @@ class Trainer:
         each block's gradient norm before clipping. The caller steps the optimizer.
         """
         r, o = self.config.run, self.config.optim
-        set_lr(
-            self.optimizer,
-            lr_scale(step, warmup_steps=o.warmup_steps, max_steps=r.max_steps, min_ratio=o.min_lr / o.lr),
-        )
+        set_lr(self.optimizer, self._lr_scale(step))
         total = torch.zeros((), device=self.device)
         for micro in range(r.grad_accum):
             x, y = self._batch(step, micro)
@@ -261,23 +290,41 @@ class Trainer:
         loss_value = float(total)
         if not math.isfinite(loss_value):
             self.optimizer.zero_grad(set_to_none=True)
-            raise RunError(self._divergence_message(step + 1, loss_value, "training loss"))
+            raise self._diverged(step, "training loss", str(loss_value))
         per_layer = layer_grad_norms(self.model) if layer_norms else None
         max_norm = o.grad_clip if o.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
-            raise RunError(self._divergence_message(step + 1, grad_norm, "gradient norm"))
+            raise self._diverged(step, "gradient norm", str(grad_norm))
         return loss_value, grad_norm, per_layer
 
-    def _divergence_message(self, step: int, value: float, what: str) -> str:
-        last = ckpt.latest_checkpoint_step(self.out_dir)
-        kept = (
-            f"last good checkpoint: step {last} in {str(self.out_dir / ckpt.CHECKPOINTS)!r}"
-            if last is not None
-            else "no checkpoint had been saved yet"
-        )
-        return f"non-finite {what} ({value}) at step {step}; stopped, {kept}"
+    def _diverged(self, step: int, what: str, value: str) -> RunError:
+        """The stop of a run whose step `step` (0-based) was computed from non-finite values.
+
+        The weights it started from are those of checkpoint `step`, if one was saved: that
+        checkpoint is marked diverged, so a resume continues from the newest good one.
+        """
+        reason = f"non-finite {what} ({value}) at step {step + 1}"
+        if self.unverified == step and self.dist.is_main:
+            ckpt.mark_diverged(self.out_dir, step, reason)
+        return RunError(f"{reason}; stopped, {self._good_checkpoint_text()}")
+
+    def _good_checkpoint_text(self) -> str:
+        good = ckpt.newest_good_checkpoint(self.out_dir)
+        if good is not None:
+            where = str(good.path)
+            return f"last good checkpoint: step {good.step} in {where!r} (`resume=True` continues from it)"
+        if ckpt.latest_checkpoint_step(self.out_dir) is None:
+            return "no checkpoint had been saved yet"
+        return "no good checkpoint (none was followed by a finite step): start again with a lower `lr`"
+
+    def _verified(self, step: int, loss: float, grad_norm: float) -> None:
+        """Step `step` ran from checkpoint `step`'s weights with finite values: it is good."""
+        if self.unverified == step:
+            if self.dist.is_main:
+                ckpt.mark_verified(self.out_dir, step, loss=loss, grad_norm=grad_norm)
+            self.unverified = None
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -306,13 +353,18 @@ class Trainer:
         main = self.dist.is_main
         if main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
+            ckpt.remove_leftovers(self.out_dir)
+            resumed = self.checkpoint.step if self.checkpoint is not None else None
+            if resumed is not None and resumed != ckpt.latest_checkpoint_step(self.out_dir):
+                ckpt.set_latest(self.out_dir, resumed)  # went back from a diverged checkpoint
             self._write_run_files()
+            self._say_schedule()
         log = MetricsLog(self.out_dir / METRICS_FILE, main, self.checkpoint.step if self.checkpoint else None)
         tokens_per_step = r.batch_size * self.config.model.block_size
         losses: list[float] = []
         val_loss = self.checkpoint.state.get("val_loss", math.nan) if self.checkpoint else math.nan
         if self.start_step >= r.max_steps:  # resuming a finished run: nothing to train
-            val_loss = self.evaluate()
+            val_loss = self._validation_loss(self.start_step)
         bar = tqdm(
             total=r.max_steps,
             initial=self.start_step,
@@ -328,6 +380,7 @@ class Trainer:
             logging = done % r.log_interval == 0 or done == r.max_steps
             started = time.perf_counter()
             loss, grad_norm, per_layer = self.train_step(step, layer_norms=logging)
+            self._verified(step, loss, grad_norm)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             losses.append(loss)
@@ -339,7 +392,7 @@ class Trainer:
                 window_time, window_tokens = 0.0, 0
                 bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}")
             if done % r.eval_interval == 0 or done == r.max_steps:
-                val_loss = self.evaluate()
+                val_loss = self._validation_loss(done)
                 log.write({"step": done, "val_loss": val_loss})
                 bar.set_postfix(loss=f"{loss:.3f}", val=f"{val_loss:.3f}")
             if done % r.checkpoint_interval == 0 or done == r.max_steps:
@@ -349,6 +402,35 @@ class Trainer:
         if main:
             self._save_final(val_loss)
         return TrainResult(self.out_dir, r.max_steps, val_loss, tuple(losses), self._mean_tokens_per_s())
+
+    def _validation_loss(self, step: int) -> float:
+        """`evaluate()`, stopping the run when the weights after step `step` give a non-finite loss."""
+        val_loss = self.evaluate()
+        if not math.isfinite(val_loss):
+            raise RunError(
+                f"non-finite validation loss ({val_loss}) at step {step}; stopped, "
+                f"{self._good_checkpoint_text()}"
+            )
+        return val_loss
+
+    def _lr_scale(self, step: int) -> float:
+        """The schedule's multiplier of the base learning rates at `step` (0-based)."""
+        o = self.config.optim
+        return lr_scale(
+            step, warmup_steps=o.warmup_steps, max_steps=self.schedule_steps, min_ratio=o.min_lr / o.lr
+        )
+
+    def _say_schedule(self) -> None:
+        """On a resume that changed `max_steps`, say which learning-rate schedule the run follows."""
+        r, lr = self.config.run, self.config.optim.lr
+        if self.checkpoint is None or r.max_steps == self.schedule_steps or self.start_step >= r.max_steps:
+            return
+        first, last = lr * self._lr_scale(self.start_step), lr * self._lr_scale(r.max_steps - 1)
+        self.log(
+            f"resuming at step {self.start_step} with `max_steps` {r.max_steps} (was {self.schedule_steps}): "
+            f"the learning rate keeps the schedule of the original run (of {self.schedule_steps} steps), "
+            f"{first:.3g} at step {self.start_step + 1} to {last:.3g} at step {r.max_steps}"
+        )
 
     def _step_record(
         self, step: int, loss: float, grad_norm: float, per_layer: list[float], tps: float
@@ -380,19 +462,28 @@ class Trainer:
             "corpus_fingerprint": self.corpus.fingerprint,
             "tokens_fingerprint": self.splits.fingerprint,
             "val_loss": val_loss,
+            "schedule_steps": self.schedule_steps,
         }
 
     def _save_checkpoint(self, step: int, val_loss: float) -> None:
+        """Save checkpoint `step` (rank 0); non-finite weights or optimizer state stop the run."""
         if not self.dist.is_main:
             return
-        ckpt.save_checkpoint(
-            self.out_dir,
-            step=step,
-            model_state=self.model.state_dict(),
-            optimizer_state=self.optimizer.state_dict(),
-            rng_state=rng_state(self.device),
-            state=self._state(val_loss),
-        )
+        try:
+            ckpt.save_checkpoint(
+                self.out_dir,
+                step=step,
+                model_state=self.model.state_dict(),
+                optimizer_state=self.optimizer.state_dict(),
+                rng_state=rng_state(self.device),
+                state=self._state(val_loss),
+            )
+        except ckpt.NonFiniteState as exc:
+            raise RunError(
+                f"non-finite {exc.part} ({exc.found}) at step {step}; stopped, checkpoint {step} not "
+                f"written, {self._good_checkpoint_text()}"
+            ) from None
+        self.unverified = step
 
     def _write_run_files(self) -> None:
         tok_dir = self.out_dir / ckpt.TOKENIZER_DIR
@@ -413,8 +504,13 @@ class Trainer:
             tokens={"train": len(self.splits.train), "val": len(self.splits.val)},
             world_size=self.dist.world,
             parameters=self.model.num_params(),
+            lr_schedule={
+                "max_steps": self.schedule_steps,
+                "rule": "linear warmup over warmup_steps, cosine to min_lr at step max_steps, min_lr "
+                "after it; a resume with another max_steps keeps the original run's schedule",
+            },
         )
-        write_json(self.out_dir / "run.json", record)
+        write_json(self.out_dir / ckpt.RUN_RECORD, record)
 
     def _save_final(self, val_loss: float) -> None:
         meta = {
@@ -427,12 +523,19 @@ class Trainer:
 
 
 def train(
-    config: TrainConfig, out_dir: str | os.PathLike[str], *, resume: bool = False, progress: bool = True
+    config: TrainConfig,
+    out_dir: str | os.PathLike[str],
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    log: Callable[[str], None] = say_on_stderr,
 ) -> TrainResult:
     """Train a resstream GPT as `config` says, writing the run into `out_dir`.
 
     The directory is locked for the whole run (`resstream.rundir`): a second process that
-    trains, resumes or evaluates into it is refused until this one ends.
+    trains, resumes or evaluates into it is refused until this one ends. `log` receives the
+    run's one-line notices (default: stderr), such as which learning-rate schedule a resume
+    with another `max_steps` follows.
     """
     with writer_lock(out_dir, "train", param="out_dir"):
-        return Trainer(config, out_dir, resume=resume, progress=progress).run()
+        return Trainer(config, out_dir, resume=resume, progress=progress, log=log).run()

@@ -34,6 +34,7 @@ sequences (end-of-text + context + target, after the cut) hold at most M tokens 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -75,6 +76,21 @@ class BenchmarkResult:
     origin: str | None = None  # where the text came from
     fingerprint: str | None = None  # of the corpus text
     note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain, strict JSON data: a non-finite score is null and `null_reason` says why."""
+        data = dataclasses.asdict(self)
+        nulls = [k for k, v in data.items() if isinstance(v, float) and not math.isfinite(v)]
+        if nulls:
+            data.update(dict.fromkeys(nulls), null_reason=self._null_reason(nulls))
+        return data
+
+    def _null_reason(self, nulls: list[str]) -> str:
+        if self.num_tokens == 0:
+            return "nothing was scored"
+        if nulls == ["perplexity"]:
+            return f"perplexity = exp(loss {self.loss:.6g}) exceeds the float range"
+        return "non-finite " + ", ".join(f"{k} ({getattr(self, k)})" for k in nulls)
 
 
 @dataclass
