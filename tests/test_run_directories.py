@@ -386,3 +386,60 @@ def test_resume_while_the_run_trains_is_refused_and_nothing_is_lost(tmp_path):
     assert first.returncode == 0, err
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == list(range(1, 401))  # none missing or twice
+
+
+# ---------------------------------------------------------------------------- training on a full disk
+
+
+def train_args(tmp_path: Path, *extra: str) -> list[str]:
+    from tests.test_hostile_inputs import TINY_TRAIN, fill
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus_text(), encoding="utf-8")
+    return [
+        "train",
+        "--dataset",
+        str(corpus),
+        "--out",
+        str(tmp_path / "run"),
+        *fill(TINY_TRAIN, tmp_path),
+        *extra,
+    ]
+
+
+def test_training_without_room_for_its_checkpoints_is_refused_before_it_starts(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(rundir, "free_bytes", lambda path: 50_000)
+    code = main(train_args(tmp_path, "--max-steps", "6"))
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and len(err.splitlines()) == 1, err
+    assert f"--out {str(tmp_path / 'run')!r}: this run needs ~" in err and "50.0 kB free" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_disk_that_fills_up_during_a_checkpoint_names_the_last_good_one(tmp_path, capsys, monkeypatch):
+    from resstream.training import checkpoint as ckpt
+
+    real = ckpt.save_tensors
+    saves = []
+
+    def save_tensors(path, tensors, metadata=None):
+        saves.append(path)
+        if len(saves) > 4:  # the third checkpoint (two files each)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(path, tensors, metadata)
+
+    monkeypatch.setattr(ckpt, "save_tensors", save_tensors)
+    code = main(train_args(tmp_path, "--max-steps", "12"))
+    err = capsys.readouterr().err.strip()
+    run = tmp_path / "run"
+    assert code == 1 and len(err.splitlines()) == 1, err
+    assert f"no space left on {rundir.mount_point(run)} for checkpoint 9 in --out {str(run)!r}" in err, err
+    assert "it needs ~" in err and "last good checkpoint: step 6" in err, err
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "latest.json",
+        "step-0000003",
+        "step-0000006",
+    ]
+    monkeypatch.setattr(ckpt, "save_tensors", real)  # room again: the run continues from step 6
+    code = main([*train_args(tmp_path, "--max-steps", "12"), "--resume"])
+    assert code == 0, capsys.readouterr().err

@@ -57,12 +57,18 @@ _REASONS = {
 
 
 def write_failure(
-    exc: OSError, path: Path, param: str | None, *, need: int | None = None
+    exc: OSError,
+    path: Path,
+    param: str | None,
+    *,
+    need: int | None = None,
+    kept: str = "nothing of it was kept",
 ) -> RunError | UsageError | None:
     """The one-line error for an OSError raised while writing under `path`, or None when it is
     not a problem of writing there (another file's error, a bug: let it show).
 
-    `need` is the number of bytes the write needed, when known, for the disk-full message.
+    `need` is the number of bytes the write needed, when known, and `kept` what of the run
+    survives, for the disk-full message.
     """
     reason = _REASONS.get(exc.errno or -1)
     if reason is None or not _concerns(exc, path):
@@ -72,7 +78,7 @@ def write_failure(
         needed = f"needs ~{human(need)}, " if need else ""
         return RunError(
             f"{reason} on {mount_point(path)} for {where}: this run {needed}{human(free_bytes(path))} "
-            f"free; nothing of it was kept"
+            f"free; {kept}"
         )
     return UsageError(f"cannot write to {where}: {reason}")
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import math
 import os
 import sys
@@ -40,6 +41,7 @@ from resstream.data.tokenizer import tokenizer_fingerprint
 from resstream.devices import resolve_device
 from resstream.errors import RunError, UsageError
 from resstream.io import run_record, write_json
+from resstream.rundir import check_free_space, free_bytes, human, mount_point, write_failure
 from resstream.training import checkpoint as ckpt
 from resstream.training.config import TrainConfig, from_dict, identity_diff
 from resstream.training.data import check_enough_tokens, eval_starts, micro_batch, windows
@@ -353,6 +355,7 @@ class Trainer:
         main = self.dist.is_main
         if main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
+            self._check_disk_space()
             ckpt.remove_leftovers(self.out_dir)
             resumed = self.checkpoint.step if self.checkpoint is not None else None
             if resumed is not None and resumed != ckpt.latest_checkpoint_step(self.out_dir):
@@ -483,7 +486,26 @@ class Trainer:
                 f"non-finite {exc.part} ({exc.found}) at step {step}; stopped, checkpoint {step} not "
                 f"written, {self._good_checkpoint_text()}"
             ) from None
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise RunError(
+                f"no space left on {mount_point(self.out_dir)} for checkpoint {step} in `out_dir` "
+                f"{str(self.out_dir)!r}: it needs ~{human(self._checkpoint_bytes())}, "
+                f"{human(free_bytes(self.out_dir))} free; stopped, {self._good_checkpoint_text()}"
+            ) from None
         self.unverified = step
+
+    def _checkpoint_bytes(self) -> int:
+        """Bytes of one checkpoint: the weights and AdamW's two moments, each the weights' size."""
+        return 3 * sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
+
+    def _check_disk_space(self) -> None:
+        """Refuse to start a run whose checkpoints cannot fit: a fresh run keeps two checkpoints
+        while writing a third, then the final weights; a resumed one adds one checkpoint."""
+        checkpoints = 1 if self.checkpoint is not None else 3
+        need = checkpoints * self._checkpoint_bytes() + self._checkpoint_bytes() // 3
+        check_free_space(self.out_dir, need, "out_dir")
 
     def _write_run_files(self) -> None:
         tok_dir = self.out_dir / ckpt.TOKENIZER_DIR
@@ -538,4 +560,10 @@ def train(
     with another `max_steps` follows.
     """
     with writer_lock(out_dir, "train", param="out_dir"):
-        return Trainer(config, out_dir, resume=resume, progress=progress, log=log).run()
+        try:
+            return Trainer(config, out_dir, resume=resume, progress=progress, log=log).run()
+        except OSError as exc:  # a full disk or lost permission while writing the run's files
+            failure = write_failure(exc, Path(out_dir), "out_dir", kept="its complete checkpoints are kept")
+            if failure is None:
+                raise
+            raise failure from None
