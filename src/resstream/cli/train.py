@@ -109,7 +109,7 @@ def train(
             f"with its saved config (change fields with flags)"
         )
     with writer_lock(out, "train", param="out"):  # held from reading the checkpoint to the end
-        saved = ckpt.load_checkpoint(out).state["config"] if resume else None
+        saved = ckpt.resume_state(out)[1]["config"] if resume else None
         typed = {"gate": gate, "alpha": alpha, "cut_layer": cut_layer, "max_steps": max_steps, "seed": seed}
         cfg = resolve_train_config(preset, config, typed, list(ctx.args), saved)
         check_fixed_gate_options(cfg.model.gate, alpha=alpha, cut_layer=cut_layer)

@@ -408,9 +408,9 @@ def latest_checkpoint_step(run_dir: Path) -> int | None:
         return None
 
 
-def load_checkpoint(run_dir: Path) -> Checkpoint:
-    """Load the checkpoint a resume continues from: the newest complete one, or the newest good
-    one when that diverged. UsageError if it is missing, corrupt or not finite."""
+def resume_state(run_dir: Path) -> tuple[Path, dict[str, Any]]:
+    """The folder and `state.json` (step, config, fingerprints, ...) of the checkpoint a resume
+    continues from, without reading its tensors. UsageError if it is missing or corrupt."""
     root = Path(run_dir) / CHECKPOINTS
     pointer = root / LATEST
     if not pointer.is_file():
@@ -419,14 +419,21 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
         latest = json.loads(pointer.read_text(encoding="utf-8"))
         path = _resume_dir(root, int(latest["step"]), root / latest["dir"])
         state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
-        groups = state.pop("param_groups")
-        if "step" not in state or "config" not in state:
-            raise KeyError("step and config are required")
+        if "step" not in state or "config" not in state or "param_groups" not in state:
+            raise KeyError("step, config and param_groups are required")
     except (ValueError, KeyError, TypeError, OSError, UnicodeDecodeError) as exc:
         raise UsageError(
             f"cannot resume: checkpoint in {str(root)!r} is corrupt "
             f"({type(exc).__name__}: {short_reason(exc)})"
         ) from None
+    return path, state
+
+
+def load_checkpoint(run_dir: Path) -> Checkpoint:
+    """Load the checkpoint a resume continues from: the newest complete one, or the newest good
+    one when that diverged. UsageError if it is missing, corrupt or not finite."""
+    path, state = resume_state(run_dir)
+    groups = state.pop("param_groups")
     model_state = load_tensors(path / MODEL_FILE)
     trainer = load_tensors(path / TRAINER_FILE)
     rng = {k.removeprefix("rng."): v for k, v in trainer.items() if k.startswith("rng.")}
