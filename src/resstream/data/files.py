@@ -1,5 +1,13 @@
 """Reading corpus files: strict UTF-8 text, whole or in pieces, and `.jsonl` rows.
 
+Text is cut into pieces only where a byte-level BPE pre-tokeniser (GPT-2, NeoX, Llama-3 and
+resstream's own BPE) splits it anyway, so the pieces' tokens equal those of the whole text:
+just after a newline that has a non-blank character on each side, else just before a single
+space between two non-blank characters (`split_text`). A window with neither (a run of
+letters without spaces, or only whitespace) is cut at its end: the one place where the tokens
+may differ, and the price of bounded memory. Tokenizers that add a prefix space to every call
+(SentencePiece "▁") may also differ at cuts after a newline.
+
 Every failure is a one-line `UsageError` that names the file: missing or unreadable, not
 UTF-8 (with the byte and its offset in the file), a `.jsonl` line that is not JSON or has no
 string ``text`` field, or ``input_ids`` that are not non-negative integers. A leading UTF-8
@@ -11,7 +19,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +27,14 @@ from typing import Any
 from resstream.errors import UsageError
 
 #: Piece size of streamed text files: files up to this size are one piece, read whole.
-STREAM_BLOCK_BYTES = 8 * 2**20
+STREAM_BLOCK_BYTES = 2**20
+
+#: The longest text handed to a tokenizer in one call: its memory grows about 100-fold with the
+#: text it holds, so a longer document is tokenised in pieces (`tokenizer_pieces`).
+TOKENIZER_PIECE_CHARS = 1 << 16
+
+#: Where a piece may end: (separator, cut offset from it): after a newline, before a space.
+_CUTS = (("\n", 1), (" ", 0))
 
 _UTF8_BOM = codecs.BOM_UTF8
 
@@ -64,6 +79,26 @@ def text_document(path: Path, block_bytes: int) -> Pieces:
         skip = len(_UTF8_BOM) if handle.read(len(_UTF8_BOM)) == _UTF8_BOM else 0
         size = os.fstat(handle.fileno()).st_size
     return Pieces(size - skip, _text_pieces(path, skip, block_bytes))
+
+
+def split_text(text: str, max_chars: int = TOKENIZER_PIECE_CHARS) -> Iterator[str]:
+    """`text` in consecutive pieces of at most `max_chars` characters, each cut at the last
+    safe place in its window (module docstring); the pieces join back to `text`."""
+    start = 0
+    while len(text) - start > max_chars:
+        stop = start + max_chars
+        cut = _last_cut(text, start, stop) or stop
+        yield text[start:cut]
+        start = cut
+    if start < len(text):
+        yield text[start:]
+
+
+def tokenizer_pieces(document: str | Iterable[str], max_chars: int = TOKENIZER_PIECE_CHARS) -> Iterator[str]:
+    """The text of a document (a string, or its consecutive pieces) in pieces small enough
+    for one tokenizer call (`split_text`)."""
+    for piece in (document,) if isinstance(document, str) else document:
+        yield from split_text(piece, max_chars)
 
 
 def jsonl_texts(path: Path) -> Iterator[str]:
@@ -129,7 +164,7 @@ def _text_pieces(path: Path, skip: int, block_bytes: int) -> Iterator[str]:
             offset += len(chunk)
             if not chunk:
                 break
-            cut = _last_cut(pending)
+            cut = _last_cut(pending) or (len(pending) if len(pending) >= block_bytes else 0)
             if cut:
                 yield pending[:cut]
                 pending = pending[cut:]
@@ -137,13 +172,19 @@ def _text_pieces(path: Path, skip: int, block_bytes: int) -> Iterator[str]:
         yield pending
 
 
-def _last_cut(text: str) -> int:
-    """Index just after the last newline that is followed by a non-blank character (0: none)."""
-    index = text.rfind("\n", 0, len(text) - 1)
-    while index >= 0:
-        if not text[index + 1].isspace():
-            return index + 1
-        index = text.rfind("\n", 0, index)
+def _last_cut(text: str, start: int = 0, stop: int | None = None) -> int:
+    """Index of the last safe cut in ``text[start:stop]`` (see `split_text`), or 0 when none.
+
+    A cut needs the characters on both sides of its separator, so one at the very end of
+    the window waits for the text after it.
+    """
+    stop = len(text) if stop is None else stop
+    for separator, after in _CUTS:
+        index = text.rfind(separator, start + 1, stop - 1)
+        while index > start:
+            if not text[index - 1].isspace() and not text[index + 1].isspace():
+                return index + after
+            index = text.rfind(separator, start + 1, index)
     return 0
 
 

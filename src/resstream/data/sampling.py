@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import torch
 
+from resstream.data.files import tokenizer_pieces
 from resstream.errors import UsageError
 
 BosPolicy = Literal["auto", "always", "never"]
@@ -62,11 +63,13 @@ def token_stream(documents: Iterable[str | Iterable[str]], tokenizer: Any) -> It
     """Token ids of the documents, one document at a time, eos after each (if any).
 
     A document is a string, or an iterable of consecutive pieces of one (a streamed file,
-    see `resstream.data.sources.CorpusStream`), tokenised piece by piece.
+    see `resstream.data.sources.CorpusStream`), tokenised in pieces of at most
+    `TOKENIZER_PIECE_CHARS` characters cut between pre-tokens (`split_text`), so that a long
+    line costs the memory of one piece.
     """
     eos = getattr(tokenizer, "eos_token_id", None)
     for document in documents:
-        for piece in (document,) if isinstance(document, str) else document:
+        for piece in tokenizer_pieces(document):
             yield from tokenizer(piece, add_special_tokens=False)["input_ids"]
         if eos is not None:
             yield eos
