@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from resstream.data import load_tokenizer, save_tokenizer, tokenizer_fingerprint, train_bpe
+from resstream.data import (
+    load_corpus,
+    load_tokenizer,
+    save_tokenizer,
+    stream_corpus,
+    tokenizer_fingerprint,
+    train_bpe,
+)
 from resstream.errors import UsageError
 
 REFERENCE = "Hello world, this is a test"
@@ -80,6 +87,14 @@ def test_train_bpe_is_deterministic(small_bpe) -> None:
     again = train_bpe([TEXT] * 4, 300)
     assert again.backend_tokenizer.to_str() == small_bpe.backend_tokenizer.to_str()
     assert tokenizer_fingerprint(again) == tokenizer_fingerprint(small_bpe)
+
+
+def test_train_bpe_on_a_stream_equals_training_on_the_loaded_corpus(tmp_path: Path) -> None:
+    path = tmp_path / "c.txt"
+    path.write_text(TEXT * 50 + " ".join(TEXT.split()) * 20, encoding="utf-8")  # lines, then one long line
+    loaded = train_bpe(load_corpus(str(path)).documents, 400)
+    streamed = train_bpe(stream_corpus(str(path), block_bytes=300), 400)
+    assert tokenizer_fingerprint(streamed) == tokenizer_fingerprint(loaded)
 
 
 def test_train_bpe_custom_eos() -> None:

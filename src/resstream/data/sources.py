@@ -65,7 +65,8 @@ class CorpusStream:
     tokens equal those of the whole file; tokenizers that add a prefix space to every call
     (SentencePiece "▁") may differ at the cut points, about once per `STREAM_BLOCK_BYTES`.
     Consume a document's pieces before asking for the next document. Every pass re-reads the
-    source; after a complete pass `fingerprint` holds the content hash `load_corpus` gives.
+    source; after a complete pass `fingerprint` holds the content hash `load_corpus` gives and
+    `n_documents` the number of documents (`scan` makes such a pass without tokenising).
     A pass that finds no non-blank text raises `UsageError`.
     """
 
@@ -73,12 +74,23 @@ class CorpusStream:
         self.name = name
         self.origin = origin
         self.fingerprint: str | None = None
+        self.n_documents: int | None = None
         self._documents = documents
+
+    def scan(self) -> str:
+        """Read the corpus once (checking it as a pass does) and return its fingerprint."""
+        for document in self:
+            for _ in (document,) if isinstance(document, str) else document:
+                pass
+        assert self.fingerprint is not None  # set by the complete pass
+        return self.fingerprint
 
     def __iter__(self) -> Iterator[Document]:
         digest = hashlib.sha256()
         seen_text: list[bool] = []
+        count = 0
         for document in self._documents():
+            count += 1
             if isinstance(document, str):
                 seen_text.append(bool(document.strip()))
                 _digest_document(digest, document)
@@ -89,6 +101,7 @@ class CorpusStream:
         if not any(seen_text):
             raise UsageError(f"dataset {self.name!r} is empty: no text in {self.origin}")
         self.fingerprint = digest.hexdigest()[:16]
+        self.n_documents = count
 
 
 def _digest_document(digest: Any, document: str) -> None:
