@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -129,10 +130,26 @@ def test_jsonl_with_input_ids_points_to_token_rows(tmp_path: Path) -> None:
 def test_load_token_rows(tmp_path: Path) -> None:
     ids = write(tmp_path / "ids.jsonl", '{"input_ids": [5, 6, 7]}\n{"input_ids": [], "text": "x"}\n')
     assert load_token_rows(ids) == [[5, 6, 7], []]
-    mixed = write(tmp_path / "mixed.jsonl", '{"input_ids": [1]}\n{"text": "x"}\n')
-    assert load_token_rows(mixed) is None
     assert load_token_rows(write(tmp_path / "a.txt", "x")) is None
     assert load_token_rows(write(tmp_path / "empty.jsonl", "\n")) is None
+
+
+@pytest.mark.parametrize(
+    ("content", "first", "second"),
+    [
+        ('{"input_ids": [1, 2]}\n{"text": "x"}\n', "row 1 has 'input_ids'", "row 2 has 'text'"),
+        ('{"text": "x"}\n\n{"input_ids": [1, 2]}\n', "row 1 has 'text'", "row 2 (line 3) has 'input_ids'"),
+    ],
+)
+def test_a_jsonl_that_mixes_token_rows_and_text_rows_names_the_rows(
+    tmp_path: Path, content: str, first: str, second: str
+) -> None:
+    path = write(tmp_path / "mixed.jsonl", content)
+    message = f"mixed.jsonl' mixes 'input_ids' rows and 'text' rows: {first}, {second}; "
+    with pytest.raises(UsageError, match=re.escape(message)):
+        load_token_rows(path)
+    with pytest.raises(UsageError, match=r"mixes 'input_ids' rows and 'text' rows"):
+        load_corpus(str(path))
 
 
 def test_load_token_rows_rejects_bad_ids(tmp_path: Path) -> None:

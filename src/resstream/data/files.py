@@ -103,31 +103,58 @@ def tokenizer_pieces(document: str | Iterable[str], max_chars: int = TOKENIZER_P
 
 def jsonl_texts(path: Path) -> Iterator[str]:
     """The 'text' of each row of a `.jsonl` file, read row by row."""
-    for lineno, row in _jsonl_rows(path):
+    rows = enumerate(_jsonl_rows(path), start=1)
+    first_text: str | None = None  # the name of the first row, once one has given a text
+    for number, (lineno, row) in rows:
         text = row.get("text") if isinstance(row, dict) else None
         if not isinstance(text, str):
-            hint = (
-                " (its rows carry 'input_ids': pre-tokenised rows are read by load_token_rows)"
-                if isinstance(row, dict) and "input_ids" in row
-                else ""
-            )
-            raise UsageError(f"file {str(path)!r} line {lineno} has no string field 'text'{hint}")
+            raise _not_a_text_row(path, _row_name(number, lineno), lineno, row, first_text, rows)
+        first_text = first_text or _row_name(number, lineno)
         yield text
+
+
+def _not_a_text_row(
+    path: Path, name: str, lineno: int, row: Any, first_text: str | None, rest: Iterator[tuple[int, Any]]
+) -> UsageError:
+    """The error for a `.jsonl` row without a string 'text': a file that mixes rows of token ids
+    and rows of text is named as such (the `rest` of the rows is read to find out)."""
+    if not (isinstance(row, dict) and "input_ids" in row):
+        return UsageError(f"file {str(path)!r} line {lineno} has no string field 'text'")
+    if first_text is None:  # the first row: a file of token ids, or a mixed one?
+        first_text = next(
+            (
+                _row_name(n, line)
+                for n, (line, r) in rest
+                if isinstance(r, dict) and isinstance(r.get("text"), str)
+            ),
+            None,
+        )
+        if first_text is not None:
+            return _mixed_rows(path, (name, "input_ids"), (first_text, "text"))
+        return UsageError(
+            f"file {str(path)!r} line {lineno} has no string field 'text' (its rows carry "
+            f"'input_ids': pre-tokenised rows are read by load_token_rows)"
+        )
+    return _mixed_rows(path, (first_text, "text"), (name, "input_ids"))
 
 
 def load_token_rows(path: str | os.PathLike[str]) -> list[list[int]] | None:
     """The `input_ids` of a pre-tokenised `.jsonl` file, one list per row.
 
-    Returns None when `path` is not a `.jsonl` file, has no rows, or some row has no
-    `input_ids` (then it is a text file for `load_corpus`). Such rows are used exactly as
-    given: no re-tokenisation, no BOS added.
+    Returns None when `path` is not a `.jsonl` file, has no rows, or no row has `input_ids`
+    (then it is a text file for `load_corpus`); a file that mixes rows with and without
+    `input_ids` is a `UsageError` naming the first row of each kind. Such rows are used
+    exactly as given: no re-tokenisation, no BOS added.
     """
     path = Path(path)
     if path.suffix.lower() != ".jsonl":
         return None
     rows = list(_jsonl_rows(path))
-    if not rows or not all(isinstance(row, dict) and "input_ids" in row for _, row in rows):
+    kinds = [isinstance(row, dict) and "input_ids" in row for _, row in rows]
+    if not any(kinds):
         return None
+    if not all(kinds):
+        _refuse_mixed(path, rows, kinds)
     return [_check_ids(path, lineno, row["input_ids"]) for lineno, row in rows]
 
 
@@ -206,6 +233,35 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as exc:
                 raise UsageError(f"file {str(path)!r} line {lineno} is not valid JSON: {exc.msg}") from None
+
+
+def _row_name(number: int, lineno: int) -> str:
+    """'row N' (the N-th non-blank line of a `.jsonl`), with its line number where that differs."""
+    return f"row {number}" if number == lineno else f"row {number} (line {lineno})"
+
+
+def _mixed_rows(path: Path, first: tuple[str, str], second: tuple[str, str]) -> UsageError:
+    """The error for a `.jsonl` whose rows `first` and `second` (name, field) differ in kind."""
+    return UsageError(
+        f"file {str(path)!r} mixes 'input_ids' rows and 'text' rows: {first[0]} has '{first[1]}', "
+        f"{second[0]} has '{second[1]}'; give every row 'input_ids' (token ids, used as given) "
+        f"or every row 'text'"
+    )
+
+
+def _refuse_mixed(path: Path, rows: list[tuple[int, Any]], kinds: list[bool]) -> None:
+    """Raise for a `.jsonl` where some rows carry 'input_ids' (`kinds`) and some do not."""
+    other = kinds.index(not kinds[0])
+    names = [_row_name(number + 1, rows[number][0]) for number in (0, other)]
+    fields = ["input_ids" if kinds[number] else "text" for number in (0, other)]
+    without_ids = rows[kinds.index(False)][1]
+    if not (isinstance(without_ids, dict) and isinstance(without_ids.get("text"), str)):
+        number = kinds.index(False)
+        raise UsageError(
+            f"file {str(path)!r} {_row_name(number + 1, rows[number][0])} has neither 'input_ids' "
+            f"nor a string field 'text' (other rows carry 'input_ids')"
+        )
+    raise _mixed_rows(path, (names[0], fields[0]), (names[1], fields[1]))
 
 
 def _check_ids(path: Path, lineno: int, ids: Any) -> list[int]:
