@@ -19,6 +19,7 @@ from resstream.data import (
     default_split,
     load_corpus,
     load_token_rows,
+    sources,
     split_wikitext_articles,
     stream_corpus,
     strip_play_markdown,
@@ -26,6 +27,7 @@ from resstream.data import (
     wikitext_rows_from_file,
 )
 from resstream.data.corpora import PLAIN_DOCUMENT
+from resstream.data.files import read_text
 from resstream.errors import UsageError
 
 
@@ -238,6 +240,35 @@ def test_data_dir_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     monkeypatch.setenv("RESSTREAM_DATA", str(tmp_path / "env"))
     assert data_dir() == tmp_path / "env"
     assert data_dir(tmp_path / "flag") == tmp_path / "flag"
+
+
+def test_a_data_dir_that_is_a_file_is_refused_before_any_hub_lookup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sources, "_hub_rows", lambda *args: pytest.fail("asked the hub"))
+    not_a_dir = write(tmp_path / "data.txt", "x")
+    with pytest.raises(UsageError, match=r"^`data_dir` '.*data\.txt' is a file, not a directory$"):
+        load_corpus("ptb", split="test", data_dir=not_a_dir)
+    monkeypatch.setenv("RESSTREAM_DATA", str(not_a_dir))
+    with pytest.raises(UsageError, match=r"^RESSTREAM_DATA '.*data\.txt' is a file, not a directory$"):
+        stream_corpus("wikitext-2")
+
+
+def test_read_text_says_what_a_path_is_when_it_cannot_be_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(UsageError, match=r"^`text_file` '.*' is a directory; give a UTF-8 text file$"):
+        read_text(tmp_path, what="`text_file`")
+    with pytest.raises(UsageError, match=r"^file '.*gone\.txt' does not exist$"):
+        read_text(tmp_path / "gone.txt")
+    locked = write(tmp_path / "locked.txt", "x")
+
+    def denied(self: Path) -> bytes:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", denied)  # root can read any file; simulate a 0000 one
+    with pytest.raises(UsageError, match=r"^file '.*locked\.txt' cannot be read: permission denied$"):
+        read_text(locked)
 
 
 def test_named_corpus_read_from_data_dir(tmp_path: Path) -> None:

@@ -148,6 +148,20 @@ def test_bad_tokenizer_file(tmp_path: Path) -> None:
         load_tokenizer(str(tmp_path / "junk.json"))
 
 
+def test_unreadable_tokenizer_file_is_reported_as_such(
+    small_bpe, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "tok.json"
+    small_bpe.backend_tokenizer.save(str(path))
+
+    def denied(self: Path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "open", denied)  # root can read any file; simulate a 0000 one
+    with pytest.raises(UsageError, match=r"^tokenizer file '.*tok\.json' cannot be read: permission denied$"):
+        load_tokenizer(str(path))
+
+
 def test_unknown_spec_fails_fast_offline(hf_offline: None) -> None:
     with pytest.raises(
         UsageError,

@@ -24,7 +24,7 @@ from resstream.data import (
 from resstream.data import tokens as tokens_module
 from resstream.data.files import TOKENIZER_PIECE_CHARS
 from resstream.data.sources import Corpus, corpus_fingerprint
-from resstream.data.tokens import token_dtype
+from resstream.data.tokens import check_cache_dir, token_dtype
 from resstream.errors import UsageError
 
 
@@ -235,6 +235,28 @@ def test_cache_checks_fraction_before_tokenising(
     monkeypatch.setattr(tokens_module, "token_chunks", lambda *a, **k: pytest.fail("tokenised"))
     with pytest.raises(UsageError, match=r"val_fraction 0\.6 is not allowed"):
         build_token_cache(TEN, ab_tokenizer, tmp_path, val_fraction=0.6)
+
+
+def test_a_cache_dir_that_is_a_file_is_refused(ab_tokenizer, tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "cache"
+    not_a_dir.write_text("x", encoding="utf-8")
+    for where in (not_a_dir, not_a_dir / "below"):
+        with pytest.raises(UsageError, match=r"^`cache_dir` '.*cache' is a file, not a directory$"):
+            check_cache_dir(where)
+        with pytest.raises(UsageError, match=r"is a file, not a directory"):
+            build_token_cache(TEN, ab_tokenizer, where)
+    check_cache_dir(tmp_path / "new" / "dir")  # made when the cache is written
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_cache_dir_without_write_permission_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # root may write anywhere; simulate 0555
+    with pytest.raises(
+        UsageError, match=r"^`cache_dir` '.*new' cannot be written: permission denied on '.*'$"
+    ):
+        check_cache_dir(tmp_path / "new")
 
 
 def test_too_small_corpus(ab_tokenizer, tmp_path: Path) -> None:

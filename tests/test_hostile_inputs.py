@@ -56,6 +56,13 @@ def _write(name: str, text: str) -> Callable[[Path], None]:
     return lambda tmp: (tmp / name).write_text(text, encoding="utf-8")
 
 
+def _mkdir(name: str) -> Callable[[Path], None]:
+    """A setup that makes the directory `name` in the test's directory."""
+    return lambda tmp: (tmp / name).mkdir()
+
+
+_TRAIN_SMALL = "train --dataset {corpus} --n-layer 2 --n-head 2 --d-model 16 --block-size 16 --quiet"
+
 DATA_CASES: list[Hostile] = [
     Hostile(
         "jsonl-token-id-beyond-int64",
@@ -82,6 +89,22 @@ DATA_CASES: list[Hostile] = [
         "train --dataset {tmp}/mixed.jsonl {train} --out {out}",
         ("mixed.jsonl", "mixes 'input_ids' rows and 'text' rows", "row 1 has 'text', row 2 has 'input_ids'"),
         setup=_write("mixed.jsonl", '{"text": "hello there"}\n{"input_ids": [1, 2, 3]}\n'),
+    ),
+    Hostile(
+        "lens-text-file-is-a-directory",
+        "lens --text-file {tmp}/folder --out {out}",
+        ("--text-file", "folder' is a directory", "give a UTF-8 text file", "--text"),
+        setup=_mkdir("folder"),
+    ),
+    Hostile(
+        "data-dir-is-a-file",
+        "shift --dataset ptb --data-dir {corpus} --out {out}",
+        ("--data-dir", "corpus.txt' is a file, not a directory"),
+    ),
+    Hostile(
+        "cache-dir-is-a-file",
+        _TRAIN_SMALL + " --cache-dir {corpus} --out {out}",
+        ("--cache-dir", "corpus.txt' is a file, not a directory"),
     ),
 ]
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from resstream.analysis.decoding import DecoderKind, decoder_of
 from resstream.analysis.lens import LensResult, trajectories
 from resstream.api.inputs import LoadOptions, check_length, check_top_k, one_model
 from resstream.capture import residual_states
+from resstream.data.files import read_text
 from resstream.errors import UsageError
 from resstream.models import ModelLike
 
@@ -16,8 +19,9 @@ if TYPE_CHECKING:
 
 
 def lens(
-    text: str,
+    text: str | None = None,
     *,
+    text_file: str | os.PathLike[str] | None = None,
     model: ModelLike = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
     positions: range | slice | None = None,
@@ -29,16 +33,16 @@ def lens(
     trust_remote_code: bool = False,
     progress: bool = True,
 ) -> LensResult:
-    """Decoding trajectories of `text`: per position and layer, the exact top-`top_k` tokens
-    and the ranks of the input and the next token (`resstream.analysis.lens`).
+    """Decoding trajectories of `text` (or of the UTF-8 file `text_file`: exactly one of the
+    two): per position and layer, the exact top-`top_k` tokens and the ranks of the input
+    and the next token (`resstream.analysis.lens`).
 
     `model` is a spec (loaded with `dtype`, `device`, `device_map`, `trust_remote_code`) or
     a model in memory with its `tokenizer`, as for `resstream.shift`; `positions` a range or
     slice of token positions (a slice may leave its end open). The result carries the text of
     every token it mentions (`LensResult.token_text`).
     """
-    if not text.strip():
-        raise UsageError("`text` is empty")
+    text = _the_text(text, text_file)
     options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
     with one_model(model, options) as loaded:
         view = loaded.view
@@ -56,6 +60,21 @@ def lens(
             model=loaded.name,
             token_text=lambda token: loaded.tokenizer.decode([token]),
         )
+
+
+def _the_text(text: str | None, text_file: str | os.PathLike[str] | None) -> str:
+    """The text to decode: `text`, or the content of `text_file`; UsageError unless exactly one
+    is given and it holds text."""
+    if (text is None) == (text_file is None):
+        raise UsageError("give exactly one of `text` or `text_file`")
+    if text_file is None:
+        if not text.strip():
+            raise UsageError("`text` is empty")
+        return text
+    content = read_text(Path(text_file), "`text_file`", alternative=" or `text`")
+    if not content.strip():
+        raise UsageError(f"`text_file` {str(text_file)!r} holds no text; give a file with the text to decode")
+    return content
 
 
 def _position_range(positions: range | slice | None, length: int) -> range | None:

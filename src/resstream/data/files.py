@@ -54,26 +54,33 @@ class Pieces:
 Document = str | Pieces
 
 
-def read_text(path: Path) -> str:
-    """A file's text, strictly UTF-8 (a leading BOM is dropped)."""
+def read_text(path: Path, what: str = "file", *, alternative: str = "") -> str:
+    """A file's text, strictly UTF-8 (a leading BOM is dropped).
+
+    `what` names the path in messages ("file", or a parameter name in backticks);
+    `alternative` ends the advice given for a directory (e.g. " or `text`").
+    """
     try:
         data = path.read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"file {str(path)!r} does not exist") from None
     except OSError as exc:
-        raise UsageError(f"file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+        raise _unreadable(path, exc, what, alternative) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _not_utf8(path, data, exc.start, 0) from None
+        raise _not_utf8(path, data, exc.start, 0, what) from None
     return text.removeprefix("\ufeff")
+
+
+def check_readable(path: Path, what: str = "file") -> None:
+    """UsageError when `path` cannot be opened for reading (missing, a directory, not allowed)."""
+    _open(path, what).close()
 
 
 def text_document(path: Path, block_bytes: int) -> Pieces:
     """The UTF-8 text of `path` as one document in pieces of about `block_bytes`.
 
-    A piece ends just after a ``"\\n"`` that is followed by a non-blank character (see
-    `resstream.data.sources.CorpusStream`); the file is read while the pieces are consumed.
+    Pieces end where `split_text` cuts (at the end of a block where that finds no place);
+    the file is read while the pieces are consumed.
     """
     with _open(path) as handle:
         skip = len(_UTF8_BOM) if handle.read(len(_UTF8_BOM)) == _UTF8_BOM else 0
@@ -161,18 +168,28 @@ def load_token_rows(path: str | os.PathLike[str]) -> list[list[int]] | None:
 # --------------------------------------------------------------------------- helpers
 
 
-def _not_utf8(path: Path, data: bytes, index: int, offset: int) -> UsageError:
+def _not_utf8(path: Path, data: bytes, index: int, offset: int, what: str = "file") -> UsageError:
     """The one-line error for invalid UTF-8 at `data[index]`, `data` starting at file `offset`."""
     return UsageError(
-        f"file {str(path)!r} is not UTF-8 text: byte 0x{data[index]:02x} at byte offset {offset + index}"
+        f"{what} {str(path)!r} is not UTF-8 text: byte 0x{data[index]:02x} at byte offset {offset + index}"
     )
 
 
-def _open(path: Path) -> Any:
+def _unreadable(path: Path, exc: OSError, what: str = "file", alternative: str = "") -> UsageError:
+    """The one-line error for a path that cannot be opened: missing, a directory, not allowed."""
+    if isinstance(exc, FileNotFoundError):
+        return UsageError(f"{what} {str(path)!r} does not exist")
+    if isinstance(exc, IsADirectoryError):
+        return UsageError(f"{what} {str(path)!r} is a directory; give a UTF-8 text file{alternative}")
+    reason = "permission denied" if isinstance(exc, PermissionError) else (exc.strerror or str(exc))
+    return UsageError(f"{what} {str(path)!r} cannot be read: {reason}")
+
+
+def _open(path: Path, what: str = "file") -> Any:
     try:
         return path.open("rb")
     except OSError as exc:
-        raise UsageError(f"file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+        raise _unreadable(path, exc, what) from None
 
 
 def _text_pieces(path: Path, skip: int, block_bytes: int) -> Iterator[str]:

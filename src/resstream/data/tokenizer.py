@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resstream.data.files import Document, tokenizer_pieces
+from resstream.data.files import Document, check_readable, tokenizer_pieces
 from resstream.data.sources import data_dir as resolve_data_dir
 from resstream.errors import UsageError, short_reason
 from resstream.hub import looks_like_path, offline_reason
@@ -201,6 +201,7 @@ def _from_file(path: Path, spec: str) -> PreTrainedTokenizerFast:
         return _from_directory(path.parent, spec)
     from tokenizers import Tokenizer
 
+    check_readable(path, "tokenizer file")  # else the parser reports an unreadable file as malformed
     try:
         backend = Tokenizer.from_file(str(path))
     except Exception as exc:

@@ -134,6 +134,20 @@ def check_val_fraction(val_fraction: float) -> float:
     return float(val_fraction)
 
 
+def check_cache_dir(cache_dir: str | os.PathLike[str]) -> Path:
+    """`cache_dir` as a Path if the cache can be written there (it is made when missing);
+    UsageError when it, or a folder above it, is a file, or it is not writable."""
+    path = Path(cache_dir).expanduser()
+    existing = next(p for p in (path, *path.parents) if p.exists() or p == p.parent)
+    if not existing.is_dir():
+        raise UsageError(f"`cache_dir` {str(existing)!r} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(
+            f"`cache_dir` {str(path)!r} cannot be written: permission denied on {str(existing)!r}"
+        )
+    return path
+
+
 def cache_fingerprint(
     corpus: Corpus | CorpusStream,
     tokenizer: PreTrainedTokenizerFast,
@@ -164,6 +178,7 @@ def build_token_cache(
     with the corpus. Returns read-only memory maps of the training and validation ids.
     """
     val_fraction = check_val_fraction(val_fraction)
+    cache_dir = check_cache_dir(cache_dir)
     if isinstance(corpus, CorpusStream) and corpus.fingerprint is None:
         corpus.scan()
     fingerprint = cache_fingerprint(corpus, tokenizer, val_fraction)
@@ -299,6 +314,7 @@ __all__ = [
     "TokenSplits",
     "build_token_cache",
     "cache_fingerprint",
+    "check_cache_dir",
     "check_val_fraction",
     "split_tokens",
     "token_dtype",

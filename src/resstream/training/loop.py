@@ -31,6 +31,7 @@ from resstream.data import (
     train_bpe,
 )
 from resstream.data.tokenizer import tokenizer_fingerprint
+from resstream.data.tokens import check_cache_dir
 from resstream.devices import resolve_device
 from resstream.errors import RunError, UsageError
 from resstream.io import run_record, write_json
@@ -142,6 +143,7 @@ class Trainer:
         if config.run.threads > 0:
             torch.set_num_threads(config.run.threads)
         check_batch_layout(config, self.dist.world)
+        check_cache_dir(default_cache_dir(config))
         # streamed: memory holds a piece of the corpus, not all of it; one reading pass checks
         # the text and gives its fingerprint before any tokenising
         self.corpus = stream_corpus(config.data.dataset, data_dir=config.run.data_dir)
