@@ -63,9 +63,26 @@ def write_corpus(path: Path, megabytes: float) -> None:
             written += len(block)
 
 
-def run_child(corpus: Path) -> dict[str, float]:
-    """Train a BPE on `corpus`, build its token cache and sample it in a child process under
-    the address-space limit; the child's report."""
+LENS_CHILD = r"""
+import json, resource, sys
+
+import resstream
+from resstream.errors import UsageError
+
+resstream.lens("warm up the model loading")
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    resstream.lens(text_file=sys.argv[1])
+except UsageError as exc:
+    message = str(exc)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"growth_mb": (peak - base) / 1024, "message": message}))
+"""
+
+
+def run_child(corpus: Path, script: str = CHILD) -> dict:
+    """Run `script` on `corpus` in a child process under the address-space limit (by default:
+    train a BPE on it, build its token cache and sample it); the child's report."""
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_BYTES, ADDRESS_SPACE_BYTES))
@@ -73,7 +90,7 @@ def run_child(corpus: Path) -> dict[str, float]:
     # a fixed number of threads and malloc arenas, so the address space does not grow with the cores
     env = {**os.environ, "RAYON_NUM_THREADS": "2", "MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(corpus)],
+        [sys.executable, "-c", script, str(corpus)],
         capture_output=True,
         text=True,
         env=env,
@@ -100,4 +117,13 @@ def test_memory_for_a_50_mb_corpus(tmp_path: Path) -> None:
     write_corpus(corpus, 50)
     report = run_child(corpus)
     assert report["tokens"] > 10_000_000
+    assert report["growth_mb"] < GROWTH_LIMIT_MB, report
+
+
+def test_lens_refuses_a_text_far_beyond_the_context_without_tokenising_all_of_it(tmp_path: Path) -> None:
+    text = tmp_path / "long.txt"
+    write_corpus(text, 4)  # about 3 million tokens of the reference model (before: 0.9 GB to count)
+    report = run_child(text, LENS_CHILD)
+    assert report["message"].startswith("the text (at least ")
+    assert "tokens) is longer than the model's context of 128 tokens" in report["message"]
     assert report["growth_mb"] < GROWTH_LIMIT_MB, report

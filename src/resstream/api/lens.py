@@ -10,11 +10,12 @@ from resstream.analysis.decoding import DecoderKind, decoder_of
 from resstream.analysis.lens import LensResult, trajectories
 from resstream.api.inputs import LoadOptions, check_length, check_top_k, one_model
 from resstream.capture import residual_states
-from resstream.data.files import read_text
+from resstream.data.files import read_text, tokenizer_pieces
 from resstream.errors import UsageError
-from resstream.models import ModelLike
+from resstream.models import ModelLike, ModelView
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedTokenizerBase
 
 
@@ -46,8 +47,7 @@ def lens(
     options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
     with one_model(model, options) as loaded:
         view = loaded.view
-        ids = loaded.tokenizer(text, add_special_tokens=True, return_tensors="pt")["input_ids"]
-        check_length(ids.shape[1], view, "the text ({n} tokens)")
+        ids = _encode(loaded.tokenizer, text, view)
         check_top_k(top_k, view.W_U.shape[0])
         chosen = _position_range(positions, ids.shape[1])
         states = residual_states(view, ids.to(view.W_E.device))[:, 0]
@@ -60,6 +60,21 @@ def lens(
             model=loaded.name,
             token_text=lambda token: loaded.tokenizer.decode([token]),
         )
+
+
+def _encode(tokenizer: PreTrainedTokenizerBase, text: str, view: ModelView) -> torch.Tensor:
+    """The text's ids (1 x T, with the tokenizer's special tokens); UsageError when they do not
+    fit the model's context. A long text is counted piece by piece first and refused once it
+    overflows, so a huge file costs the memory of one piece, not of all its tokens."""
+    if view.max_positions is not None:
+        count = 0
+        for piece in tokenizer_pieces(text):
+            count += len(tokenizer(piece, add_special_tokens=False)["input_ids"])
+            if count > view.max_positions:
+                check_length(count, view, "the text (at least {n} tokens)")
+    ids = tokenizer(text, add_special_tokens=True, return_tensors="pt")["input_ids"]
+    check_length(ids.shape[1], view, "the text ({n} tokens)")
+    return ids
 
 
 def _the_text(text: str | None, text_file: str | os.PathLike[str] | None) -> str:
