@@ -86,18 +86,18 @@ class CorpusStream:
 
     def __iter__(self) -> Iterator[Document]:
         digest = hashlib.sha256()
-        seen_text: list[bool] = []
+        seen_text = [False]  # whether any non-blank text has been seen (a flag the pieces set)
         count = 0
         for document in self._documents():
             count += 1
             if isinstance(document, str):
-                seen_text.append(bool(document.strip()))
+                seen_text[0] = seen_text[0] or bool(document.strip())
                 _digest_document(digest, document)
                 yield document
             else:
                 digest.update(document.length.to_bytes(8, "little"))
                 yield Pieces(document.length, _hashed(document, digest, seen_text))
-        if not any(seen_text):
+        if not seen_text[0]:
             raise UsageError(f"dataset {self.name!r} is empty: no text in {self.origin}")
         self.fingerprint = digest.hexdigest()[:16]
         self.n_documents = count
@@ -113,7 +113,7 @@ def _digest_document(digest: Any, document: str) -> None:
 def _hashed(pieces: Iterable[str], digest: Any, seen_text: list[bool]) -> Iterator[str]:
     for piece in pieces:
         digest.update(piece.encode("utf-8"))
-        seen_text.append(bool(piece.strip()))
+        seen_text[0] = seen_text[0] or bool(piece.strip())
         yield piece
 
 
