@@ -21,6 +21,25 @@ def test_lens_positions_may_run_to_the_end() -> None:
         resstream.lens("To be, or not to be", positions=range(0, 6, 2))
 
 
+def test_lens_reads_a_text_file_and_refuses_a_bad_one_before_loading_a_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from resstream.api import lens as lens_module
+
+    path = tmp_path / "text.txt"
+    path.write_text("To be, or not to be", encoding="utf-8")
+    assert resstream.lens(text_file=path).to_dict() == resstream.lens("To be, or not to be").to_dict()
+    monkeypatch.setattr(lens_module, "one_model", lambda *args: pytest.fail("loaded a model"))
+    for kwargs, pattern in [
+        ({"text_file": tmp_path}, r"^`text_file` '.*' is a directory; give a UTF-8 text file or `text`$"),
+        ({"text_file": tmp_path / "gone.txt"}, r"^`text_file` '.*gone\.txt' does not exist$"),
+        ({"text": "x", "text_file": path}, r"^give exactly one of `text` or `text_file`$"),
+        ({}, r"^give exactly one of `text` or `text_file`$"),
+    ]:
+        with pytest.raises(UsageError, match=pattern):
+            resstream.lens(**kwargs)
+
+
 def test_pinned_ids_outside_the_vocabulary_are_refused(tmp_path: Path) -> None:
     rows = tmp_path / "rows.jsonl"
     rows.write_text(

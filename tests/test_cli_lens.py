@@ -178,7 +178,13 @@ def test_missing_text_file(tmp_path, capsys):
 def test_text_file_that_is_a_directory(tmp_path, capsys):
     folder = tmp_path / "folder"
     folder.mkdir()
-    _bad(tmp_path, capsys, ["--text-file", str(folder)], str(folder))
+    _bad(
+        tmp_path,
+        capsys,
+        ["--text-file", str(folder)],
+        f"--text-file {str(folder)!r} is a directory",
+        "--text",
+    )
 
 
 def test_non_utf8_text_file(tmp_path, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from resstream.data import (
     default_split,
     load_corpus,
     load_token_rows,
+    sources,
     split_wikitext_articles,
     stream_corpus,
     strip_play_markdown,
@@ -25,6 +27,7 @@ from resstream.data import (
     wikitext_rows_from_file,
 )
 from resstream.data.corpora import PLAIN_DOCUMENT
+from resstream.data.files import read_text
 from resstream.errors import UsageError
 
 
@@ -129,10 +132,26 @@ def test_jsonl_with_input_ids_points_to_token_rows(tmp_path: Path) -> None:
 def test_load_token_rows(tmp_path: Path) -> None:
     ids = write(tmp_path / "ids.jsonl", '{"input_ids": [5, 6, 7]}\n{"input_ids": [], "text": "x"}\n')
     assert load_token_rows(ids) == [[5, 6, 7], []]
-    mixed = write(tmp_path / "mixed.jsonl", '{"input_ids": [1]}\n{"text": "x"}\n')
-    assert load_token_rows(mixed) is None
     assert load_token_rows(write(tmp_path / "a.txt", "x")) is None
     assert load_token_rows(write(tmp_path / "empty.jsonl", "\n")) is None
+
+
+@pytest.mark.parametrize(
+    ("content", "first", "second"),
+    [
+        ('{"input_ids": [1, 2]}\n{"text": "x"}\n', "row 1 has 'input_ids'", "row 2 has 'text'"),
+        ('{"text": "x"}\n\n{"input_ids": [1, 2]}\n', "row 1 has 'text'", "row 2 (line 3) has 'input_ids'"),
+    ],
+)
+def test_a_jsonl_that_mixes_token_rows_and_text_rows_names_the_rows(
+    tmp_path: Path, content: str, first: str, second: str
+) -> None:
+    path = write(tmp_path / "mixed.jsonl", content)
+    message = f"mixed.jsonl' mixes 'input_ids' rows and 'text' rows: {first}, {second}; "
+    with pytest.raises(UsageError, match=re.escape(message)):
+        load_token_rows(path)
+    with pytest.raises(UsageError, match=r"mixes 'input_ids' rows and 'text' rows"):
+        load_corpus(str(path))
 
 
 def test_load_token_rows_rejects_bad_ids(tmp_path: Path) -> None:
@@ -221,6 +240,35 @@ def test_data_dir_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     monkeypatch.setenv("RESSTREAM_DATA", str(tmp_path / "env"))
     assert data_dir() == tmp_path / "env"
     assert data_dir(tmp_path / "flag") == tmp_path / "flag"
+
+
+def test_a_data_dir_that_is_a_file_is_refused_before_any_hub_lookup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sources, "_hub_rows", lambda *args: pytest.fail("asked the hub"))
+    not_a_dir = write(tmp_path / "data.txt", "x")
+    with pytest.raises(UsageError, match=r"^`data_dir` '.*data\.txt' is a file, not a directory$"):
+        load_corpus("ptb", split="test", data_dir=not_a_dir)
+    monkeypatch.setenv("RESSTREAM_DATA", str(not_a_dir))
+    with pytest.raises(UsageError, match=r"^RESSTREAM_DATA '.*data\.txt' is a file, not a directory$"):
+        stream_corpus("wikitext-2")
+
+
+def test_read_text_says_what_a_path_is_when_it_cannot_be_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(UsageError, match=r"^`text_file` '.*' is a directory; give a UTF-8 text file$"):
+        read_text(tmp_path, what="`text_file`")
+    with pytest.raises(UsageError, match=r"^file '.*gone\.txt' does not exist$"):
+        read_text(tmp_path / "gone.txt")
+    locked = write(tmp_path / "locked.txt", "x")
+
+    def denied(self: Path) -> bytes:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", denied)  # root can read any file; simulate a 0000 one
+    with pytest.raises(UsageError, match=r"^file '.*locked\.txt' cannot be read: permission denied$"):
+        read_text(locked)
 
 
 def test_named_corpus_read_from_data_dir(tmp_path: Path) -> None:

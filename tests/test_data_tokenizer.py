@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from resstream.data import load_tokenizer, save_tokenizer, tokenizer_fingerprint, train_bpe
+from resstream.data import (
+    load_corpus,
+    load_tokenizer,
+    save_tokenizer,
+    stream_corpus,
+    tokenizer_fingerprint,
+    train_bpe,
+)
 from resstream.errors import UsageError
 
 REFERENCE = "Hello world, this is a test"
@@ -82,6 +89,14 @@ def test_train_bpe_is_deterministic(small_bpe) -> None:
     assert tokenizer_fingerprint(again) == tokenizer_fingerprint(small_bpe)
 
 
+def test_train_bpe_on_a_stream_equals_training_on_the_loaded_corpus(tmp_path: Path) -> None:
+    path = tmp_path / "c.txt"
+    path.write_text(TEXT * 50 + " ".join(TEXT.split()) * 20, encoding="utf-8")  # lines, then one long line
+    loaded = train_bpe(load_corpus(str(path)).documents, 400)
+    streamed = train_bpe(stream_corpus(str(path), block_bytes=300), 400)
+    assert tokenizer_fingerprint(streamed) == tokenizer_fingerprint(loaded)
+
+
 def test_train_bpe_custom_eos() -> None:
     tok = train_bpe([TEXT], 280, eos_token="</s>")
     assert tok.eos_token == "</s>" and tok.eos_token_id == 0
@@ -131,6 +146,20 @@ def test_bad_tokenizer_file(tmp_path: Path) -> None:
     (tmp_path / "junk.json").write_text("{}", encoding="utf-8")
     with pytest.raises(UsageError, match=r"tokenizer file '.*junk\.json' is not a tokenizers JSON file"):
         load_tokenizer(str(tmp_path / "junk.json"))
+
+
+def test_unreadable_tokenizer_file_is_reported_as_such(
+    small_bpe, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "tok.json"
+    small_bpe.backend_tokenizer.save(str(path))
+
+    def denied(self: Path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "open", denied)  # root can read any file; simulate a 0000 one
+    with pytest.raises(UsageError, match=r"^tokenizer file '.*tok\.json' cannot be read: permission denied$"):
+        load_tokenizer(str(path))
 
 
 def test_unknown_spec_fails_fast_offline(hf_offline: None) -> None:

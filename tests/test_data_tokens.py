@@ -17,12 +17,14 @@ from resstream.data import (
     load_corpus,
     load_tokenizer,
     split_tokens,
+    stream_corpus,
     tokenize_documents,
     train_bpe,
 )
 from resstream.data import tokens as tokens_module
+from resstream.data.files import TOKENIZER_PIECE_CHARS
 from resstream.data.sources import Corpus, corpus_fingerprint
-from resstream.data.tokens import token_dtype
+from resstream.data.tokens import check_cache_dir, token_dtype
 from resstream.errors import UsageError
 
 
@@ -71,6 +73,67 @@ def test_tokenize_many_documents_in_batches(ab_tokenizer, monkeypatch: pytest.Mo
     monkeypatch.setattr(tokens_module, "_BATCH_DOCS", 7)
     ids = tokenize_documents(["ab"] * 2000, ab_tokenizer, progress=False)
     assert ids.tolist() == [257, 0] * 2000
+
+
+class _RecordingBackend:
+    """A Rust backend that records the length of every text it is asked to encode."""
+
+    def __init__(self, inner, lengths: list[int]) -> None:
+        self._inner, self._lengths = inner, lengths
+
+    def __getattr__(self, name: str):
+        attribute = getattr(self._inner, name)
+        if not name.startswith("encode"):
+            return attribute
+
+        def encode(texts, *args, **kwargs):
+            self._lengths.extend(len(text) for text in texts)
+            return attribute(texts, *args, **kwargs)
+
+        return encode
+
+
+class RecordingTokenizer:
+    """`inner`, except that its backend records the texts it encodes (`lengths`)."""
+
+    def __init__(self, inner) -> None:
+        self._inner, self.lengths = inner, []
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    @property
+    def backend_tokenizer(self):
+        return _RecordingBackend(self._inner.backend_tokenizer, self.lengths)
+
+
+def test_a_long_document_reaches_the_tokenizer_in_bounded_pieces(gpt2_tokenizer) -> None:
+    document = " ".join(f"token{i}, and\n\nmore" if i % 97 == 0 else f"w{i}" for i in range(60_000))
+    recording = RecordingTokenizer(gpt2_tokenizer)
+    ids = tokenize_documents([document, "tail"], recording, progress=False)
+    assert len(recording.lengths) > 1 and max(recording.lengths) <= TOKENIZER_PIECE_CHARS
+    whole = gpt2_tokenizer(document, add_special_tokens=False)["input_ids"]
+    tail = gpt2_tokenizer("tail", add_special_tokens=False)["input_ids"]
+    assert ids.tolist() == [*whole, 50256, *tail, 50256]
+
+
+def test_the_cache_is_built_from_a_stream_in_bounded_chunks(
+    gpt2_tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "c.txt"
+    path.write_text("".join(f"Line {i} of the corpus.\n\n" for i in range(3000)), encoding="utf-8")
+    loaded = build_token_cache(load_corpus(str(path)), gpt2_tokenizer, tmp_path / "a")
+    monkeypatch.setattr(tokens_module, "_BATCH_CHARS", 1000)  # many chunks, appended one by one
+    stream = stream_corpus(str(path), block_bytes=4096)
+    stream.scan()
+    streamed = build_token_cache(stream, gpt2_tokenizer, tmp_path / "b")
+    assert streamed.fingerprint == loaded.fingerprint
+    assert streamed.path.read_bytes() == loaded.path.read_bytes()
+    meta = json.loads(streamed.path.with_suffix(".json").read_text(encoding="utf-8"))
+    assert meta["corpus"]["n_documents"] == 1
 
 
 def test_token_dtype() -> None:
@@ -131,7 +194,7 @@ def test_cache_is_reused(ab_tokenizer, tmp_path: Path, monkeypatch: pytest.Monke
     def refuse(*args, **kwargs):
         raise AssertionError("re-tokenised although the cache was valid")
 
-    monkeypatch.setattr(tokens_module, "tokenize_documents", refuse)
+    monkeypatch.setattr(tokens_module, "token_chunks", refuse)
     second = build_token_cache(TEN, ab_tokenizer, tmp_path)
     assert second.fingerprint == first.fingerprint and second.path == first.path
     assert first.path.stat().st_mtime_ns == mtime
@@ -169,9 +232,31 @@ def test_damaged_cache_is_rebuilt(ab_tokenizer, tmp_path: Path, damage: str) -> 
 def test_cache_checks_fraction_before_tokenising(
     ab_tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(tokens_module, "tokenize_documents", lambda *a, **k: pytest.fail("tokenised"))
+    monkeypatch.setattr(tokens_module, "token_chunks", lambda *a, **k: pytest.fail("tokenised"))
     with pytest.raises(UsageError, match=r"val_fraction 0\.6 is not allowed"):
         build_token_cache(TEN, ab_tokenizer, tmp_path, val_fraction=0.6)
+
+
+def test_a_cache_dir_that_is_a_file_is_refused(ab_tokenizer, tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "cache"
+    not_a_dir.write_text("x", encoding="utf-8")
+    for where in (not_a_dir, not_a_dir / "below"):
+        with pytest.raises(UsageError, match=r"^`cache_dir` '.*cache' is a file, not a directory$"):
+            check_cache_dir(where)
+        with pytest.raises(UsageError, match=r"is a file, not a directory"):
+            build_token_cache(TEN, ab_tokenizer, where)
+    check_cache_dir(tmp_path / "new" / "dir")  # made when the cache is written
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_cache_dir_without_write_permission_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # root may write anywhere; simulate 0555
+    with pytest.raises(
+        UsageError, match=r"^`cache_dir` '.*new' cannot be written: permission denied on '.*'$"
+    ):
+        check_cache_dir(tmp_path / "new")
 
 
 def test_too_small_corpus(ab_tokenizer, tmp_path: Path) -> None:

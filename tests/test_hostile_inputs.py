@@ -204,7 +204,64 @@ CHECKPOINT_CASES: list[Hostile] = [
 BUDGET_CASES: list[Hostile] = []
 
 # ------------------------------------------------------------------ corpora and text inputs
-DATA_CASES: list[Hostile] = []
+
+
+def _write(name: str, text: str) -> Callable[[Path], None]:
+    """A setup that writes `text` into the file `name` of the test's directory."""
+    return lambda tmp: (tmp / name).write_text(text, encoding="utf-8")
+
+
+def _mkdir(name: str) -> Callable[[Path], None]:
+    """A setup that makes the directory `name` in the test's directory."""
+    return lambda tmp: (tmp / name).mkdir()
+
+
+_TRAIN_SMALL = "train --dataset {corpus} --n-layer 2 --n-head 2 --d-model 16 --block-size 16 --quiet"
+
+DATA_CASES: list[Hostile] = [
+    Hostile(
+        "jsonl-token-id-beyond-int64",
+        "shift --dataset {tmp}/big.jsonl --out {out}",
+        (
+            "big.jsonl",
+            "row 2",
+            "token id 100000000000000000000000000000",
+            "outside the model's vocabulary",
+            "allowed: 0..",
+        ),
+        setup=_write(
+            "big.jsonl", '{"input_ids": [1, 2, 3]}\n{"input_ids": [4, 100000000000000000000000000000]}\n'
+        ),
+    ),
+    Hostile(
+        "jsonl-mixing-token-rows-and-text-rows",
+        "shift --dataset {tmp}/mixed.jsonl --out {out}",
+        ("mixed.jsonl", "mixes 'input_ids' rows and 'text' rows", "row 1 has 'input_ids', row 2 has 'text'"),
+        setup=_write("mixed.jsonl", '{"input_ids": [1, 2, 3]}\n{"text": "hello there"}\n'),
+    ),
+    Hostile(
+        "train-on-jsonl-mixing-text-rows-and-token-rows",
+        "train --dataset {tmp}/mixed.jsonl {train} --out {out}",
+        ("mixed.jsonl", "mixes 'input_ids' rows and 'text' rows", "row 1 has 'text', row 2 has 'input_ids'"),
+        setup=_write("mixed.jsonl", '{"text": "hello there"}\n{"input_ids": [1, 2, 3]}\n'),
+    ),
+    Hostile(
+        "lens-text-file-is-a-directory",
+        "lens --text-file {tmp}/folder --out {out}",
+        ("--text-file", "folder' is a directory", "give a UTF-8 text file", "--text"),
+        setup=_mkdir("folder"),
+    ),
+    Hostile(
+        "data-dir-is-a-file",
+        "shift --dataset ptb --data-dir {corpus} --out {out}",
+        ("--data-dir", "corpus.txt' is a file, not a directory"),
+    ),
+    Hostile(
+        "cache-dir-is-a-file",
+        _TRAIN_SMALL + " --cache-dir {corpus} --out {out}",
+        ("--cache-dir", "corpus.txt' is a file, not a directory"),
+    ),
+]
 
 CASES = OUTPUT_CASES + CHECKPOINT_CASES + BUDGET_CASES + DATA_CASES
 

@@ -103,8 +103,18 @@ def test_bad_sizes(kwargs, pattern):
 
 
 def test_pinned_rows_are_used_exactly():
-    sample = sample_token_rows([[5, 6, 7], [8, 9]], source="pinned.jsonl")
+    sample = sample_token_rows([[5, 6, 7], [8, 9]], source="pinned.jsonl", vocab_size=10)
     assert [s.tolist() for s in sample.sequences] == [[5, 6, 7], [8, 9]]
     assert sample.num_tokens == 5 and sample.windows_available is None
     with pytest.raises(UsageError, match="row 2 has fewer than 2 input_ids"):
-        sample_token_rows([[5, 6], [7]], source="pinned.jsonl")
+        sample_token_rows([[5, 6], [7]], source="pinned.jsonl", vocab_size=10)
+
+
+@pytest.mark.parametrize("token", [10, 2**63, 10**29])
+def test_pinned_ids_outside_the_vocabulary_are_refused_before_they_become_tensors(token: int):
+    with pytest.raises(
+        UsageError,
+        match=rf"^row 2 of 'pinned.jsonl' holds token id {token}, outside the model's vocabulary "
+        r"of 10 \(allowed: 0\.\.9\)$",
+    ):
+        sample_token_rows([[5, 6], [7, token]], source="pinned.jsonl", vocab_size=10)

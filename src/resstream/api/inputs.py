@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
-from resstream.data.sampling import SequenceSample
+from resstream.data.sampling import SequenceSample, check_vocabulary
 from resstream.errors import UsageError
 from resstream.models import LoadedModel, ModelLike, ModelView, as_loaded, check_model, is_spec, load_model
 
@@ -169,7 +169,7 @@ def each_model(
                 check_length(corpus.seq_len, loaded.view, "`seq_len` {n}")
             key = tokenizer_fingerprint(loaded.tokenizer)
             if key not in samples:
-                samples[key] = sample_corpus(corpus, loaded.tokenizer)
+                samples[key] = sample_corpus(corpus, loaded.tokenizer, loaded.view.W_U.shape[0])
             sample, fingerprint = samples[key]
             _check_vocabulary(sample, loaded.view.W_U.shape[0], corpus.dataset)
             _check_sample_length(sample, loaded.view, corpus.dataset)
@@ -178,10 +178,11 @@ def each_model(
 
 
 def sample_corpus(
-    corpus: CorpusRequest, tokenizer: PreTrainedTokenizerBase
+    corpus: CorpusRequest, tokenizer: PreTrainedTokenizerBase, vocab_size: int
 ) -> tuple[SequenceSample, str | None]:
     """The sample a `CorpusRequest` asks for from `tokenizer`'s token stream, and the dataset
-    fingerprint (a pinned `.jsonl` of input_ids: its rows as given, fingerprinted by file)."""
+    fingerprint (a pinned `.jsonl` of input_ids: its rows as given, fingerprinted by file,
+    each id checked against the model's `vocab_size`)."""
     from resstream.data import default_split, load_token_rows, stream_corpus
     from resstream.data.sampling import sample_sequences, sample_token_rows
 
@@ -190,7 +191,7 @@ def sample_corpus(
         rows = load_token_rows(dataset)
         if rows is not None:
             digest = hashlib.sha256(Path(dataset).read_bytes()).hexdigest()[:16]
-            return sample_token_rows(rows, source=dataset), digest
+            return sample_token_rows(rows, source=dataset, vocab_size=vocab_size), digest
     stream = stream_corpus(dataset, split=default_split(dataset), data_dir=corpus.data_dir)
     sample = sample_sequences(
         stream,
@@ -218,13 +219,8 @@ def _check_sample_length(sample: SequenceSample, view: ModelView, source: str) -
 def _check_vocabulary(sample: SequenceSample, vocab: int, source: str) -> None:
     """Every token id must index the model's vocabulary (pinned rows may hold any integer)."""
     for row, seq in enumerate(sample.sequences, start=1):
-        top = int(seq.max())
-        if top >= vocab:
-            where = f"row {row} of {source!r}" if sample.windows_available is None else f"{source!r}"
-            raise UsageError(
-                f"{where} holds token id {top}, outside the model's vocabulary of {vocab} "
-                f"(allowed: 0..{vocab - 1})"
-            )
+        where = f"row {row} of {source!r}" if sample.windows_available is None else f"{source!r}"
+        check_vocabulary(int(seq.max()), vocab, where)
 
 
 def each_batch(

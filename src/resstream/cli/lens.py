@@ -33,27 +33,6 @@ def parse_positions(text: str | None) -> slice | None:
         raise UsageError(f"--positions {text!r} is not A:B with integers A < B (e.g. 3:10)") from None
 
 
-def read_text(text: str | None, text_file: Path | None) -> str:
-    """Exactly one of --text / --text-file; the file must be UTF-8."""
-    if (text is None) == (text_file is None):
-        raise UsageError("give exactly one of --text or --text-file")
-    if text is not None:
-        return text
-    if not text_file.is_file():
-        raise UsageError(f"--text-file {str(text_file)!r} does not exist")
-    raw = text_file.read_bytes()
-    try:
-        content = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UsageError(
-            f"--text-file {str(text_file)!r} is not UTF-8 text: byte 0x{raw[exc.start]:02x} "
-            f"at byte offset {exc.start}"
-        ) from None
-    if not content.strip():
-        raise UsageError(f"--text-file {str(text_file)!r} holds no text; give a file with the text to decode")
-    return content
-
-
 def lens(
     out: OutOption,
     model: Annotated[
@@ -80,10 +59,10 @@ def lens(
     from resstream.reporting.lens import plot_lens, terminal_lines, write_html
     from resstream.rundir import output_set
 
-    content = read_text(text, text_file)
     with output_set(out, "lens") as outputs:
         result = resstream.lens(
-            content,
+            text,
+            text_file=text_file,
             model=model,
             positions=parse_positions(positions),
             top_k=top_k,

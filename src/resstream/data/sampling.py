@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import torch
 
+from resstream.data.files import tokenizer_pieces
 from resstream.errors import UsageError
 
 BosPolicy = Literal["auto", "always", "never"]
@@ -62,11 +63,13 @@ def token_stream(documents: Iterable[str | Iterable[str]], tokenizer: Any) -> It
     """Token ids of the documents, one document at a time, eos after each (if any).
 
     A document is a string, or an iterable of consecutive pieces of one (a streamed file,
-    see `resstream.data.sources.CorpusStream`), tokenised piece by piece.
+    see `resstream.data.sources.CorpusStream`), tokenised in pieces of at most
+    `TOKENIZER_PIECE_CHARS` characters cut between pre-tokens (`split_text`), so that a long
+    line costs the memory of one piece.
     """
     eos = getattr(tokenizer, "eos_token_id", None)
     for document in documents:
-        for piece in (document,) if isinstance(document, str) else document:
+        for piece in tokenizer_pieces(document):
             yield from tokenizer(piece, add_special_tokens=False)["input_ids"]
         if eos is not None:
             yield eos
@@ -131,10 +134,25 @@ def sample_sequences(
     return SequenceSample(sequences, rule, add_bos, available)
 
 
-def sample_token_rows(rows: list[list[int]], *, source: str) -> SequenceSample:
-    """Pinned sequences from a `.jsonl` with `input_ids`: exactly as given, one per row."""
+def sample_token_rows(rows: list[list[int]], *, source: str, vocab_size: int) -> SequenceSample:
+    """Pinned sequences from a `.jsonl` with `input_ids`: exactly as given, one per row.
+
+    Every row needs at least 2 ids, each inside the model's vocabulary of `vocab_size`
+    (checked on the integers as read, before they become tensors).
+    """
+    for number, row in enumerate(rows, start=1):
+        if len(row) < 2:
+            raise UsageError(f"{source!r}: row {number} has fewer than 2 input_ids (nothing to score)")
+        check_vocabulary(max(row), vocab_size, f"row {number} of {source!r}")
     sequences = tuple(torch.tensor(row, dtype=torch.long) for row in rows)
-    short = [i + 1 for i, s in enumerate(sequences) if len(s) < 2]
-    if short:
-        raise UsageError(f"{source!r}: row {short[0]} has fewer than 2 input_ids (nothing to score)")
     return SequenceSample(sequences, f"{len(rows)} rows of {source!r} used exactly as given", False, None)
+
+
+def check_vocabulary(token: int, vocab_size: int, where: str) -> None:
+    """UsageError when `token` (the largest id of a sequence) is not an id of a vocabulary of
+    `vocab_size` tokens; `where` names the sequence ("row 2 of 'rows.jsonl'")."""
+    if token >= vocab_size:
+        raise UsageError(
+            f"{where} holds token id {token}, outside the model's vocabulary of {vocab_size} "
+            f"(allowed: 0..{vocab_size - 1})"
+        )

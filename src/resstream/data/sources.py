@@ -60,12 +60,12 @@ class CorpusStream:
     """A corpus handed out one document at a time, without holding it in memory.
 
     Iterating yields documents: a `str`, or, for a plain-text file, `Pieces` of the one
-    document. A piece ends just after a ``"\\n"`` that is followed by a non-blank character:
-    byte-level BPE pre-tokenisers (GPT-2, NeoX, Llama-3) split text there anyway, so the
-    tokens equal those of the whole file; tokenizers that add a prefix space to every call
-    (SentencePiece "▁") may differ at the cut points, about once per `STREAM_BLOCK_BYTES`.
+    document, cut where byte-level BPE pre-tokenisers (GPT-2, NeoX, Llama-3) split text
+    anyway, so the tokens equal those of the whole file (`resstream.data.files.split_text`
+    says where, and where they may differ).
     Consume a document's pieces before asking for the next document. Every pass re-reads the
-    source; after a complete pass `fingerprint` holds the content hash `load_corpus` gives.
+    source; after a complete pass `fingerprint` holds the content hash `load_corpus` gives and
+    `n_documents` the number of documents (`scan` makes such a pass without tokenising).
     A pass that finds no non-blank text raises `UsageError`.
     """
 
@@ -73,22 +73,34 @@ class CorpusStream:
         self.name = name
         self.origin = origin
         self.fingerprint: str | None = None
+        self.n_documents: int | None = None
         self._documents = documents
+
+    def scan(self) -> str:
+        """Read the corpus once (checking it as a pass does) and return its fingerprint."""
+        for document in self:
+            for _ in (document,) if isinstance(document, str) else document:
+                pass
+        assert self.fingerprint is not None  # set by the complete pass
+        return self.fingerprint
 
     def __iter__(self) -> Iterator[Document]:
         digest = hashlib.sha256()
-        seen_text: list[bool] = []
+        seen_text = [False]  # whether any non-blank text has been seen (a flag the pieces set)
+        count = 0
         for document in self._documents():
+            count += 1
             if isinstance(document, str):
-                seen_text.append(bool(document.strip()))
+                seen_text[0] = seen_text[0] or bool(document.strip())
                 _digest_document(digest, document)
                 yield document
             else:
                 digest.update(document.length.to_bytes(8, "little"))
                 yield Pieces(document.length, _hashed(document, digest, seen_text))
-        if not any(seen_text):
+        if not seen_text[0]:
             raise UsageError(f"dataset {self.name!r} is empty: no text in {self.origin}")
         self.fingerprint = digest.hexdigest()[:16]
+        self.n_documents = count
 
 
 def _digest_document(digest: Any, document: str) -> None:
@@ -101,7 +113,7 @@ def _digest_document(digest: Any, document: str) -> None:
 def _hashed(pieces: Iterable[str], digest: Any, seen_text: list[bool]) -> Iterator[str]:
     for piece in pieces:
         digest.update(piece.encode("utf-8"))
-        seen_text.append(bool(piece.strip()))
+        seen_text[0] = seen_text[0] or bool(piece.strip())
         yield piece
 
 
@@ -111,12 +123,20 @@ def _hashed(pieces: Iterable[str], digest: Any, seen_text: list[bool]) -> Iterat
 def data_dir(explicit: str | os.PathLike[str] | None = None) -> Path | None:
     """The local data directory: `explicit`, else env ``RESSTREAM_DATA``, else None.
 
-    The directory is not required to exist: a lookup in a missing directory reports it.
+    The directory is not required to exist: a lookup in a missing directory reports it. A
+    path that names a file is a `UsageError`.
     """
     if explicit is not None and str(explicit) != "":
-        return Path(explicit).expanduser()
+        return _not_a_file(Path(explicit).expanduser(), "`data_dir`")
     env = os.environ.get("RESSTREAM_DATA", "")
-    return Path(env).expanduser() if env else None
+    return _not_a_file(Path(env).expanduser(), "RESSTREAM_DATA") if env else None
+
+
+def _not_a_file(directory: Path, what: str) -> Path:
+    """`directory`, unless it is an existing file (then a UsageError naming `what`)."""
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"{what} {str(directory)!r} is a file, not a directory")
+    return directory
 
 
 def load_corpus(
@@ -141,8 +161,8 @@ def stream_corpus(
     """Like `load_corpus`, but files are read while the documents are consumed.
 
     A `.txt` file (a path, or the file of a named corpus that is one plain-text file) is
-    yielded as one document made of pieces of about `block_bytes`, each cut just after a
-    newline that is followed by a non-blank character (see `CorpusStream`); a `.jsonl` file
+    yielded as one document made of pieces of about `block_bytes`, each cut between
+    pre-tokens (see `CorpusStream`); a `.jsonl` file
     row by row. Memory then holds one piece, not the corpus. Corpora with structure to parse
     (WikiText articles, the built-in plays, Hugging Face rows) are loaded as `load_corpus`
     does and handed out from memory. The fingerprint equals `load_corpus`'s.

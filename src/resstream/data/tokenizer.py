@@ -25,10 +25,11 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from resstream.data.files import Document, check_readable, tokenizer_pieces
 from resstream.data.sources import data_dir as resolve_data_dir
 from resstream.errors import UsageError, short_reason
 from resstream.hub import looks_like_path, offline_reason
@@ -89,7 +90,7 @@ def gpt2_from_files(
 
 
 def train_bpe(
-    documents: Sequence[str],
+    documents: Iterable[Document],
     vocab_size: int,
     *,
     eos_token: str = EOS_TOKEN,
@@ -98,6 +99,10 @@ def train_bpe(
 
     The vocabulary holds the 256 byte symbols, `eos_token` (a special token) and
     `vocab_size - 257` merges (fewer when the text has no more pairs to merge).
+    `documents` may be a stream (`stream_corpus`); the trainer gets their text in pieces of
+    at most `TOKENIZER_PIECE_CHARS` characters cut between pre-tokens
+    (`resstream.data.files.split_text`), so it counts the same words as on whole documents
+    while its memory grows with the distinct words, not with the corpus or its longest line.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -117,7 +122,8 @@ def train_bpe(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         min_frequency=0,
     )
-    backend.train_from_iterator(documents, trainer=trainer, length=len(documents))
+    pieces = (piece for document in documents for piece in tokenizer_pieces(document))
+    backend.train_from_iterator(pieces, trainer=trainer)
     return _wrap(backend, eos=eos_token)
 
 
@@ -195,6 +201,7 @@ def _from_file(path: Path, spec: str) -> PreTrainedTokenizerFast:
         return _from_directory(path.parent, spec)
     from tokenizers import Tokenizer
 
+    check_readable(path, "tokenizer file")  # else the parser reports an unreadable file as malformed
     try:
         backend = Tokenizer.from_file(str(path))
     except Exception as exc:

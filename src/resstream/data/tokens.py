@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sized
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from resstream.data.sources import Corpus
+from resstream.data.files import Document, tokenizer_pieces
+from resstream.data.sources import Corpus, CorpusStream
 from resstream.data.tokenizer import tokenizer_fingerprint
 from resstream.errors import UsageError
 from resstream.io import atomic_path, write_json
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
 
 FORMAT_VERSION = 1
 MIN_VAL_TOKENS = 2
-_BATCH_CHARS = 1 << 22  # encode about 4 MB of text per batch
+_BATCH_CHARS = 1 << 18  # encode about 256 kB of text per batch (the tokenizer needs ~100x that)
 _BATCH_DOCS = 1024
 _PROGRESS_DOCS = 1000  # show a progress bar from this many documents on
 
@@ -61,27 +63,45 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def tokenize_documents(
-    documents: Sequence[str], tokenizer: PreTrainedTokenizerFast, *, progress: bool | None = None
+    documents: Iterable[Document], tokenizer: PreTrainedTokenizerFast, *, progress: bool | None = None
 ) -> np.ndarray:
     """All documents' ids concatenated, eos after each one (when the tokenizer has an eos).
 
-    Encodes in batches with the Rust tokenizer (no truncation, no special tokens added).
-    Returns uint16 ids when the vocabulary has at most 65536 tokens, else uint32.
-    `progress`: show a tqdm bar; None shows one from 1000 documents on.
+    The ids of `token_chunks`, in one array: uint16 when the vocabulary has at most 65536
+    tokens, else uint32. `progress`: show a tqdm bar; None shows one from 1000 documents on.
     """
-    eos = tokenizer.eos_token_id
-    dtype = token_dtype(len(tokenizer))
-    show = len(documents) >= _PROGRESS_DOCS if progress is None else progress
-    parts: list[np.ndarray] = []
-    with _plain_backend(tokenizer) as backend, _progress(len(documents), show) as bar:
+    dtype = token_dtype(id_bound(tokenizer))
+    parts = [chunk.astype(dtype) for chunk in token_chunks(documents, tokenizer, progress=progress)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+
+def token_chunks(
+    documents: Iterable[Document], tokenizer: PreTrainedTokenizerFast, *, progress: bool | None = None
+) -> Iterator[np.ndarray]:
+    """The token stream of `tokenize_documents` in consecutive uint32 chunks, computed as they
+    are consumed: memory holds one batch of about `_BATCH_CHARS` characters, whatever the size
+    of the corpus or of one document.
+
+    A document is a string or its consecutive pieces (a streamed file); it reaches the Rust
+    tokenizer in pieces of at most `TOKENIZER_PIECE_CHARS` characters, cut where the
+    tokens do not change (`resstream.data.files.split_text`), in batches (no truncation, no
+    special tokens added). `progress`: a tqdm bar counting documents (None: from 1000 on,
+    when the number of documents is known).
+    """
+    end = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]  # after each document
+    total = len(documents) if isinstance(documents, Sized) else None
+    show = (total or 0) >= _PROGRESS_DOCS if progress is None else progress
+    with _plain_backend(tokenizer) as backend, _progress(total, show) as bar:
         encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
-        for batch in _batches(documents):
-            for encoding in encode(list(batch), add_special_tokens=False):
-                ids = encoding.ids if eos is None else [*encoding.ids, eos]
-                parts.append(np.asarray(ids, dtype=np.uint32))
-            bar.update(len(batch))
-    tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
-    return _narrow(tokens, dtype)
+        for batch in _batches(documents, bar):
+            encodings = iter(encode([item for item in batch if item is not None], add_special_tokens=False))
+            ids = [next(encodings).ids if item is not None else end for item in batch]
+            yield np.fromiter(itertools.chain.from_iterable(ids), dtype=np.uint32)
+
+
+def id_bound(tokenizer: PreTrainedTokenizerFast) -> int:
+    """One more than the largest token id the tokenizer can give (at least its length)."""
+    return max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)
 
 
 def split_tokens(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
@@ -114,8 +134,22 @@ def check_val_fraction(val_fraction: float) -> float:
     return float(val_fraction)
 
 
+def check_cache_dir(cache_dir: str | os.PathLike[str]) -> Path:
+    """`cache_dir` as a Path if the cache can be written there (it is made when missing);
+    UsageError when it, or a folder above it, is a file, or it is not writable."""
+    path = Path(cache_dir).expanduser()
+    existing = next(p for p in (path, *path.parents) if p.exists() or p == p.parent)
+    if not existing.is_dir():
+        raise UsageError(f"`cache_dir` {str(existing)!r} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(
+            f"`cache_dir` {str(path)!r} cannot be written: permission denied on {str(existing)!r}"
+        )
+    return path
+
+
 def cache_fingerprint(
-    corpus: Corpus,
+    corpus: Corpus | CorpusStream,
     tokenizer: PreTrainedTokenizerFast,
     val_fraction: float,
 ) -> str:
@@ -130,7 +164,7 @@ def cache_fingerprint(
 
 
 def build_token_cache(
-    corpus: Corpus,
+    corpus: Corpus | CorpusStream,
     tokenizer: PreTrainedTokenizerFast,
     cache_dir: str | os.PathLike[str],
     *,
@@ -138,9 +172,15 @@ def build_token_cache(
 ) -> TokenSplits:
     """Tokenise `corpus` into `cache_dir` once, or reuse the cached file for the same inputs.
 
-    Returns read-only memory maps of the training and validation ids.
+    `corpus` may be a stream (`stream_corpus`): it is read once to learn its fingerprint (if
+    no pass has yet), and once more to tokenise it when the cache has no file for it. The
+    ids are appended to the file chunk by chunk (`token_chunks`), so memory does not grow
+    with the corpus. Returns read-only memory maps of the training and validation ids.
     """
     val_fraction = check_val_fraction(val_fraction)
+    cache_dir = check_cache_dir(cache_dir)
+    if isinstance(corpus, CorpusStream) and corpus.fingerprint is None:
+        corpus.scan()
     fingerprint = cache_fingerprint(corpus, tokenizer, val_fraction)
     path = Path(cache_dir) / f"tokens-{fingerprint}.bin"
     meta = _read_sidecar(path, fingerprint)
@@ -153,25 +193,35 @@ def build_token_cache(
 
 
 def _build(
-    corpus: Corpus, tokenizer: PreTrainedTokenizerFast, path: Path, fingerprint: str, val_fraction: float
+    corpus: Corpus | CorpusStream,
+    tokenizer: PreTrainedTokenizerFast,
+    path: Path,
+    fingerprint: str,
+    val_fraction: float,
 ) -> dict[str, Any]:
-    tokens = tokenize_documents(corpus.documents, tokenizer)
-    n_val = validation_size(len(tokens), val_fraction)
-    if n_val < MIN_VAL_TOKENS:
-        raise UsageError(
-            f"dataset {corpus.name!r} is too small: {len(tokens)} tokens give "
-            f"{n_val} validation tokens at val_fraction {val_fraction} "
-            f"(at least {MIN_VAL_TOKENS} needed)"
-        )
-    tokens = tokens.astype(tokens.dtype.newbyteorder("<"), copy=False)
-    with atomic_path(path) as tmp:
-        tokens.tofile(tmp)
+    """Tokenise `corpus` into `path`, chunk by chunk, then write the sidecar; the file appears
+    only when it is complete and large enough to split."""
+    dtype = token_dtype(id_bound(tokenizer)).newbyteorder("<")
+    documents = corpus.documents if isinstance(corpus, Corpus) else corpus
+    n_tokens = 0
+    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+        for chunk in token_chunks(documents, tokenizer):
+            chunk.astype(dtype).tofile(handle)
+            n_tokens += len(chunk)
+        handle.flush()
+        n_val = validation_size(n_tokens, val_fraction)
+        if n_val < MIN_VAL_TOKENS:
+            raise UsageError(
+                f"dataset {corpus.name!r} is too small: {n_tokens} tokens give "
+                f"{n_val} validation tokens at val_fraction {val_fraction} "
+                f"(at least {MIN_VAL_TOKENS} needed)"
+            )
     meta = {
         "format": FORMAT_VERSION,
         "fingerprint": fingerprint,
-        "dtype": tokens.dtype.name,
-        "n_tokens": len(tokens),
-        "n_train": int(len(tokens) - n_val),
+        "dtype": dtype.name,
+        "n_tokens": n_tokens,
+        "n_train": int(n_tokens - n_val),
         "n_val": int(n_val),
         "val_fraction": val_fraction,
         "vocab_size": len(tokenizer),
@@ -181,7 +231,7 @@ def _build(
             "name": corpus.name,
             "origin": corpus.origin,
             "fingerprint": corpus.fingerprint,
-            "n_documents": len(corpus.documents),
+            "n_documents": len(corpus.documents) if isinstance(corpus, Corpus) else corpus.n_documents,
         },
     }
     write_json(path.with_suffix(".json"), meta)
@@ -219,22 +269,22 @@ def _open(path: Path, meta: dict[str, Any]) -> TokenSplits:
     )
 
 
-def _narrow(tokens: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    if tokens.size and int(tokens.max()) >= np.iinfo(dtype).max + 1:
-        dtype = np.dtype(np.uint32)
-    return tokens.astype(dtype)
-
-
-def _batches(documents: Sequence[str]) -> Iterator[Sequence[str]]:
-    """Consecutive runs of documents of about `_BATCH_CHARS` characters."""
-    start, size = 0, 0
-    for i, doc in enumerate(documents):
-        size += len(doc)
-        if size >= _BATCH_CHARS or i + 1 - start >= _BATCH_DOCS:
-            yield documents[start : i + 1]
-            start, size = i + 1, 0
-    if start < len(documents):
-        yield documents[start:]
+def _batches(documents: Iterable[Document], bar: Any) -> Iterator[list[str | None]]:
+    """The documents' text in consecutive batches of about `_BATCH_CHARS` characters (at most
+    `_BATCH_DOCS` pieces): pieces for the tokenizer, None where a document ends."""
+    batch: list[str | None] = []
+    size = 0
+    for document in documents:
+        for piece in tokenizer_pieces(document):
+            batch.append(piece)
+            size += len(piece)
+            if size >= _BATCH_CHARS or len(batch) >= _BATCH_DOCS:
+                yield batch
+                batch, size = [], 0
+        batch.append(None)
+        bar.update(1)
+    if batch:
+        yield batch
 
 
 @contextlib.contextmanager
@@ -253,7 +303,7 @@ def _plain_backend(tokenizer: PreTrainedTokenizerFast) -> Iterator[Any]:
             backend.enable_padding(**padding)
 
 
-def _progress(total: int, show: bool) -> Any:
+def _progress(total: int | None, show: bool) -> Any:
     from tqdm import tqdm
 
     return tqdm(total=total, disable=not show, unit="doc", desc="tokenising", leave=False)
@@ -264,6 +314,7 @@ __all__ = [
     "TokenSplits",
     "build_token_cache",
     "cache_fingerprint",
+    "check_cache_dir",
     "check_val_fraction",
     "split_tokens",
     "token_dtype",

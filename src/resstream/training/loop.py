@@ -36,8 +36,16 @@ import torch.distributed as dist
 from torch import nn
 from tqdm.auto import tqdm
 
-from resstream.data import build_token_cache, load_corpus, load_tokenizer, save_tokenizer, train_bpe
+from resstream.data import (
+    CorpusStream,
+    build_token_cache,
+    load_tokenizer,
+    save_tokenizer,
+    stream_corpus,
+    train_bpe,
+)
 from resstream.data.tokenizer import tokenizer_fingerprint
+from resstream.data.tokens import check_cache_dir
 from resstream.devices import resolve_device
 from resstream.errors import RunError, UsageError
 from resstream.io import run_record, write_json
@@ -72,13 +80,13 @@ def default_cache_dir(config: TrainConfig) -> Path:
     return Path(os.environ.get("RESSTREAM_CACHE", Path.home() / ".cache" / "resstream"))
 
 
-def prepare_tokenizer(config: TrainConfig, corpus_documents: tuple[str, ...], out_dir: Path, resume: bool):
+def prepare_tokenizer(config: TrainConfig, corpus: CorpusStream, out_dir: Path, resume: bool):
     """The run's tokenizer: the saved one when resuming, else trained (`bpe`) or loaded."""
     saved = out_dir / ckpt.TOKENIZER_DIR
     if resume and saved.is_dir():
         return load_tokenizer(str(saved))
     if config.tokenizer.tokenizer == "bpe":
-        return train_bpe(corpus_documents, config.tokenizer.bpe_vocab_size)
+        return train_bpe(corpus, config.tokenizer.bpe_vocab_size)
     return load_tokenizer(config.tokenizer.tokenizer, data_dir=config.run.data_dir)
 
 
@@ -166,8 +174,12 @@ class Trainer:
         if config.run.threads > 0:
             torch.set_num_threads(config.run.threads)
         check_batch_layout(config, self.dist.world)
-        self.corpus = load_corpus(config.data.dataset, data_dir=config.run.data_dir)
-        self.tokenizer = prepare_tokenizer(config, self.corpus.documents, self.out_dir, resume)
+        check_cache_dir(default_cache_dir(config))
+        # streamed: memory holds a piece of the corpus, not all of it; one reading pass checks
+        # the text and gives its fingerprint before any tokenising
+        self.corpus = stream_corpus(config.data.dataset, data_dir=config.run.data_dir)
+        self.corpus.scan()
+        self.tokenizer = prepare_tokenizer(config, self.corpus, self.out_dir, resume)
         self.config = resolve_vocab(config, len(self.tokenizer))
         self._check_resume_compatible()
         self.schedule_steps = schedule_steps(self.config, self.checkpoint)
