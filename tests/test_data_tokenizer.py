@@ -208,3 +208,31 @@ def test_train_bpe_on_the_builtin_corpus_is_quick() -> None:
     tok = train_bpe(documents, 4096)
     assert time.perf_counter() - start < 30
     assert len(tok) == 4096
+
+
+def test_a_new_tokenizer_directory_appears_whole_with_the_umasks_mode(tmp_path, monkeypatch):
+    """An interrupted save leaves no empty tokenizer/ that a resume would take for a saved one."""
+    import os
+
+    from resstream.data import train_bpe
+    from resstream.data.tokenizer import save_tokenizer
+
+    tokenizer = train_bpe(["a b c d e f g"] * 50, 300)
+    target = tmp_path / "run" / "tokenizer"
+
+    def interrupted(self, path, *args, **kwargs):
+        (Path(path) / "tokenizer.json").write_text("{")
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(type(tokenizer), "save_pretrained", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            save_tokenizer(tokenizer, target)
+    assert not target.exists() and list((tmp_path / "run").iterdir()) == []
+    old = os.umask(0o022)
+    try:
+        save_tokenizer(tokenizer, target)
+    finally:
+        os.umask(old)
+    assert target.stat().st_mode & 0o777 == 0o755
+    assert (target / "tokenizer.json").is_file()

@@ -36,7 +36,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         yield tmp_path
         # mkstemp makes 0600 and some writers (safetensors) recreate the file with their own
         # mode: the final file gets the mode the umask gives, as any other file would
-        os.chmod(tmp_path, 0o666 & ~_umask())
+        os.chmod(tmp_path, 0o666 & ~current_umask())
         with open(tmp_path, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp_path, path)
@@ -49,7 +49,8 @@ def is_temporary_name(name: str) -> bool:
     return _TEMPORARY.fullmatch(name) is not None
 
 
-def _umask() -> int:
+def current_umask() -> int:
+    """The process's umask (read by setting and restoring it: there is no getter)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask

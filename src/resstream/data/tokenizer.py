@@ -33,6 +33,7 @@ from resstream.data.files import Document, check_readable, tokenizer_pieces
 from resstream.data.sources import data_dir as resolve_data_dir
 from resstream.errors import UsageError, short_reason
 from resstream.hub import looks_like_path, offline_reason
+from resstream.io import current_umask
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -130,14 +131,20 @@ def train_bpe(
 def save_tokenizer(tokenizer: PreTrainedTokenizerFast, directory: str | os.PathLike[str]) -> None:
     """Write `tokenizer` into `directory` so that `load_tokenizer(directory)` gives it back.
 
-    Files are written to a temporary folder first and then moved into place one by one, so
-    an interrupted save never leaves a half-written file.
+    Files are written to a temporary folder first. A new directory is that folder renamed
+    into place whole; an existing one gets the files moved in one by one. Either way an
+    interrupted save never leaves a half-written file, nor an empty directory that would
+    pass for a saved tokenizer.
     """
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tokenizer.", dir=directory.parent))
     try:
         tokenizer.save_pretrained(str(staging))
+        if not directory.exists():
+            staging.chmod(0o777 & ~current_umask())  # mkdtemp makes 0700; a directory follows the umask
+            os.replace(staging, directory)
+            return
         for item in sorted(staging.iterdir()):
             os.replace(item, directory / item.name)
     finally:
