@@ -18,7 +18,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "resstream"
 
-BOTTOM = {"errors", "io", "devices", "hub", "assets"}
+BOTTOM = {"errors", "io", "devices", "hub", "assets", "resources"}
 ALLOWED: dict[str, set[str]] = {
     "cli": {"api", "reporting", "analysis", "training", "training.records", "simulation", "models"}
     | {"models.adapters", "capture", "data", "cli", "(root)"}
@@ -39,6 +39,7 @@ ALLOWED: dict[str, set[str]] = {
     "devices": {"errors"},
     "hub": {"errors"},
     "assets": {"errors"},
+    "resources": {"errors"},
     "(root)": {"api"},
     "__main__": {"cli"},
 }

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from resstream.errors import RunError, UsageError
+from resstream.resources import format_bytes
 from resstream.simulation import (
     LAYERNORM_EPS,
     SimulationConfig,
@@ -395,7 +396,7 @@ def test_a_chunk_that_does_not_fit_in_memory_is_refused_with_its_size():
             dim=1024, sampling="embeddings", chunk_size=100_000, memory_limit_bytes=2_000_000_000
         )
     message = str(caught.value)
-    assert f"needs {need / 1e9:.2f} GB" in message and "limit of 2.00 GB" in message
+    assert f"needs ~{format_bytes(need)} of buffers" in message and "limit of 2.0 GB" in message
     assert "allowed: chunk_size <= " in message and "\n" not in message
     fitting = int(message.rsplit("<= ", 1)[1])
     assert chunk_bytes(config, fitting) <= 2e9 < chunk_bytes(config, fitting + 1)

@@ -9,12 +9,12 @@ names the value and what is allowed, so a config that exists is a config that ca
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from resstream.devices import resolve_device
 from resstream.errors import UsageError, check_choice
+from resstream.resources import format_bytes, host_available_bytes
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -22,9 +22,7 @@ __all__ = [
     "SAMPLINGS",
     "Sampling",
     "SimulationConfig",
-    "available_memory_bytes",
     "chunk_bytes",
-    "physical_memory_bytes",
 ]
 
 #: eps of the parameter-free LayerNorm: (x − mean) / sqrt(biased variance + eps), per token
@@ -43,24 +41,6 @@ SAMPLINGS: tuple[str, ...] = ("gram", "embeddings")
 
 _FLOAT32_BYTES = 4
 _MAX_SEED = 2**62
-
-
-def physical_memory_bytes() -> int:
-    """Physical memory of this machine in bytes (os.sysconf)."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def available_memory_bytes() -> int:
-    """Memory a new allocation can get now (Linux MemAvailable), the default memory limit;
-    the physical memory where /proc/meminfo is absent."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return physical_memory_bytes()
 
 
 def padded_to_16(count: int) -> int:
@@ -156,8 +136,9 @@ class SimulationConfig:
 
     @property
     def memory_limit(self) -> int:
-        """`memory_limit_bytes`, or the memory available now when it is None."""
-        return self.memory_limit_bytes or available_memory_bytes()
+        """`memory_limit_bytes`, or the memory this process can allocate now when it is None
+        (`resstream.resources.host_available_bytes`: chunks are drawn on the host)."""
+        return self.memory_limit_bytes or host_available_bytes()
 
     def _check_chunk_memory(self) -> None:
         chunk, limit = self.resolved_chunk_size, self.memory_limit
@@ -165,9 +146,9 @@ class SimulationConfig:
         if need > limit:
             fitting = max(limit // chunk_bytes(self, 1), 0)
             raise UsageError(
-                f"`chunk_size` {chunk} needs {need / 1e9:.2f} GB of buffers per chunk "
+                f"`chunk_size` {chunk} needs ~{format_bytes(need)} of buffers per chunk "
                 f"(tokens {self.tokens}, dim {self.dim}, sampling {self.sampling!r}), more than "
-                f"the memory limit of {limit / 1e9:.2f} GB; allowed: chunk_size <= {fitting}"
+                f"the memory limit of {format_bytes(limit)}; allowed: chunk_size <= {fitting}"
             )
 
     def to_dict(self) -> dict[str, Any]:
