@@ -6,7 +6,9 @@ import pytest
 
 from resstream.errors import UsageError
 from resstream.training.config import (
+    FIELDS,
     PRESETS,
+    RANGES,
     TrainConfig,
     build_config,
     from_dict,
@@ -105,7 +107,7 @@ def test_cut_layer_minus_one_means_middle_layer():
         ({"batch_size": 6, "grad_accum": 4}, r"`batch_size` 6 must be divisible by `grad_accum` 4"),
         ({"gate_strength": 1.0}, r"`gate_strength` 1.0 is outside \(0, 1\)"),
         ({"val_fraction": 0.9}, r"`val_fraction` 0.9 is outside"),
-        ({"max_steps": 0}, r"`max_steps` must be > 0"),
+        ({"max_steps": 0}, r"^`max_steps` 0 is outside \[1, 2\*\*63\)$"),
     ],
 )
 def test_bad_values_are_refused_with_their_flag(values, pattern):
@@ -123,3 +125,69 @@ def test_identity_diff_lists_model_data_tokenizer_changes_only():
     new = build_config({"n_layer": 6, "dataset": "x.txt", "lr": 1.0e-3, "max_steps": 9})
     diffs = identity_diff(old, new)
     assert diffs == ["model.n_layer: 4 -> 6", "data.dataset: 'shakespeare' -> 'x.txt'"]
+
+
+# ----------------------------------------------------------------------- ranges of numbers
+#: Fields whose values are not numbers, or whose range depends on other fields.
+NOT_RANGED = {"cut_layer"}
+
+
+def test_every_numeric_field_has_a_range():
+    """One declarative table holds the range of every int and float field."""
+    numeric = {
+        name
+        for name, (section, _) in FIELDS.items()
+        if type(getattr(getattr(TrainConfig(), section), name)) in (int, float)
+    }
+    assert numeric - NOT_RANGED == set(RANGES)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"beta1": 2}, r"^`beta1` 2.0 is outside \[0, 1\)$"),
+        ({"beta1": -1}, r"^`beta1` -1.0 is outside \[0, 1\)$"),
+        ({"beta2": 1.0}, r"^`beta2` 1.0 is outside \[0, 1\)$"),
+        ({"seed": 2**64}, r"^`seed` 18446744073709551616 is outside \[0, 2\*\*32\)$"),
+        ({"seed": -1}, r"^`seed` -1 is outside \[0, 2\*\*32\)$"),
+        ({"lr": 1e38}, r"^`lr` 1e\+38 is outside \(0, 1e\+06\]"),
+        ({"lr": 0}, r"^`lr` 0.0 is outside \(0, 1e\+06\]"),
+        ({"gate_lr": 1e7}, r"^`gate_lr` 10000000.0 is outside \[0, 1e\+06\]$"),
+        ({"min_lr": -1e-3}, r"^`min_lr` -0.001 is outside \[0, 1e\+06\]"),
+        ({"weight_decay": -0.1}, r"^`weight_decay` -0.1 is outside \[0, inf\)$"),
+        ({"grad_clip": -1}, r"^`grad_clip` -1.0 is outside \[0, inf\) \(0 disables clipping\)$"),
+        ({"peak_flops": -1}, r"^`peak_flops` -1.0 is outside \[0, inf\) \(0: a known GPU's peak\)$"),
+        ({"warmup_steps": -1}, r"^`warmup_steps` -1 is outside \[0, 2\*\*63\)$"),
+        ({"n_layer": 0}, r"^`n_layer` 0 is outside \[1, 2\*\*63\)$"),
+        ({"d_model": -8}, r"^`d_model` -8 is outside \[1, 2\*\*63\)$"),
+        ({"vocab_size": -5}, r"^`vocab_size` -5 is outside \[0, 2\*\*32\] \(0: the tokenizer's size\)$"),
+        ({"vocab_size": 2**32 + 1}, r"^`vocab_size` 4294967297 is outside \[0, 2\*\*32\]"),
+        ({"bpe_vocab_size": 100}, r"^`bpe_vocab_size` 100 is outside \[258, 2\*\*32\]"),
+        ({"d_mlp": -1}, r"^`d_mlp` -1 is outside \[0, 2\*\*63\) \(0: 4 x `d_model`\)$"),
+        ({"threads": -1}, r"^`threads` -1 is outside \[0, 2\*\*63\) \(0: torch's default\)$"),
+        ({"eval_batches": 0}, r"^`eval_batches` 0 is outside \[1, 2\*\*63\)$"),
+        ({"max_steps": 2**63}, r"^`max_steps` 9223372036854775808 is outside \[1, 2\*\*63\)$"),
+        ({"dropout": 1.0}, r"^`dropout` 1.0 is outside \[0, 1\)$"),
+        ({"val_fraction": 0}, r"^`val_fraction` 0.0 is outside \(0, 0.5\]$"),
+    ],
+)
+def test_numbers_outside_their_range_are_refused_with_the_range(values, message):
+    with pytest.raises(UsageError, match=message):
+        build_config(values)
+
+
+def test_a_saved_config_with_a_number_out_of_range_is_refused():
+    with pytest.raises(UsageError, match=r"^`vocab_size` -5 is outside"):
+        from_dict({"model": {"vocab_size": -5}})
+
+
+def test_min_lr_above_lr_is_refused():
+    with pytest.raises(UsageError, match=r"^`min_lr` 0.1 must be <= `lr` 0.01$"):
+        build_config({"lr": 0.01, "min_lr": 0.1})
+
+
+@pytest.mark.parametrize(
+    "values", [{"lr": 1e6, "min_lr": 0}, {"beta1": 0.0, "beta2": 0.999}, {"seed": 2**32 - 1}]
+)
+def test_numbers_at_the_edges_of_their_ranges_pass(values):
+    build_config(values)
