@@ -345,9 +345,9 @@ def _bound_text(value: float) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-#: Counts that only the machine limits (memory and time: `resstream.training.budget`) beyond
-#: what an int64 holds.
-_COUNT = 2**63
+#: Sizes and counts have no upper bound here: what limits them is the machine's memory and
+#: time, judged by `resstream.training.budget` before a run starts.
+_COUNT = math.inf
 #: Token ids are stored as uint32 (`resstream.data.tokens`).
 _MAX_VOCAB = 2**32
 #: AdamW moves every weight by about `lr` per step, so far smaller rates already diverge (and

@@ -28,6 +28,7 @@ from resstream.devices import resolve_device
 from resstream.errors import RunError, UsageError
 from resstream.io import run_record, write_json
 from resstream.training import checkpoint as ckpt
+from resstream.training.budget import check_training_budget
 from resstream.training.config import TrainConfig, from_dict, identity_diff
 from resstream.training.data import check_enough_tokens, eval_starts, micro_batch, windows
 from resstream.training.distributed import check_batch_layout, init_distributed
@@ -132,12 +133,14 @@ class Trainer:
         device_kind = resolve_device(config.run.device).type
         self.dist = init_distributed(device_kind)
         self.device = resolve_device(config.run.device, local_rank=self.dist.local_rank)
+        check_training_budget(config, self.device, world=self.dist.world)
         if config.run.threads > 0:
             torch.set_num_threads(config.run.threads)
         check_batch_layout(config, self.dist.world)
         self.corpus = load_corpus(config.data.dataset, data_dir=config.run.data_dir)
         self.tokenizer = prepare_tokenizer(config, self.corpus.documents, self.out_dir, resume)
         self.config = resolve_vocab(config, len(self.tokenizer))
+        check_training_budget(self.config, self.device, world=self.dist.world)  # the real vocabulary
         self._check_resume_compatible()
         self.splits = build_token_cache(
             self.corpus,
