@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -310,9 +311,23 @@ def build_config(*layers: dict[str, Any], preset: str | None = None) -> TrainCon
     return config
 
 
-def from_dict(tree: dict[str, Any]) -> TrainConfig:
-    """Rebuild a config saved with `TrainConfig.to_dict` (checkpoints, run.json)."""
-    return build_config(flatten(tree, "saved config"))
+def from_dict(tree: dict[str, Any], source: str | None = None) -> TrainConfig:
+    """Rebuild a config saved with `TrainConfig.to_dict` (checkpoints, run.json).
+
+    `source` names the file it was read from: a bad value is then reported as that file's,
+    by its key rather than as a parameter (no flag of the running command set it).
+    """
+    try:
+        return build_config(flatten(tree, "saved config"))
+    except UsageError as exc:
+        if source is None:
+            raise
+        plain = _MARKED.sub(r"\1", str(exc))
+        raise UsageError(f"{source} holds a bad config: {plain}") from None
+
+
+#: A parameter name marked in a message (see `resstream.errors`).
+_MARKED = re.compile(r"`([a-z_][a-z0-9_]*)`")
 
 
 @dataclass(frozen=True)
