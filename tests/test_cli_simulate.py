@@ -398,3 +398,19 @@ def test_ctrl_c_inside_a_file_write_leaves_no_partial_file(tmp_path, capsys, mon
     assert not (out / written[1]).exists()
     assert (out / written[0]).is_file()
     assert_complete_files(out)
+
+
+@pytest.mark.parametrize(
+    ("extra", "patterns"),
+    [
+        (["--tokens", "1000000000"], ["--tokens 1000000000 needs ~", "allowed: --tokens <= "]),
+        (["--layers", "1000000000"], ["--layers 1000000000 needs ~", "allowed: --layers <= "]),
+        (
+            ["--sims", "1000000000000000"],
+            ["--sims 1000000000000000 with --layers 2 and --tokens 5 would take at least ~", "--sims <= "],
+        ),
+    ],
+)
+def test_absurd_sizes_are_refused_up_front_naming_the_option_given(tmp_path, capsys, extra, patterns):
+    err = _bad(tmp_path, capsys, extra, *patterns)
+    assert "--chunk-size" not in err, err
