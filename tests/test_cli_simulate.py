@@ -411,6 +411,12 @@ def test_ctrl_c_inside_a_file_write_leaves_no_partial_file(tmp_path, capsys, mon
         ),
     ],
 )
-def test_absurd_sizes_are_refused_up_front_naming_the_option_given(tmp_path, capsys, extra, patterns):
+def test_absurd_sizes_are_refused_up_front_naming_the_option_given(
+    tmp_path, capsys, monkeypatch, extra, patterns
+):
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a simulation ran although it cannot fit or finish")
+
+    monkeypatch.setattr(importlib.import_module("resstream.api.simulate"), "run_simulation", must_not_run)
     err = _bad(tmp_path, capsys, extra, *patterns)
     assert "--chunk-size" not in err, err

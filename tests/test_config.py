@@ -242,23 +242,23 @@ def test_presets_fit_this_machine_on_the_cpu():
     [
         (
             {"n_layer": 1_000_000_000},
-            r"^`n_layer` 1000000000 and `d_model` 16 needs ~88.6 TB to train \(.*\); "
+            r"^`n_layer` 1000000000 and `d_model` 16 needs ~150.0 TB to train \(.*\); "
             r"12.3 GB available on this machine$",
         ),
         ({"d_model": 1_000_000_000, "n_head": 1}, r"^`d_model` 1000000000 and `n_layer` 2 needs ~\d"),
-        ({"block_size": 10**12}, r"^`block_size` 1000000000000 and `bpe_vocab_size` 300 needs ~5.6 PB"),
-        ({"vocab_size": 2**32}, r"^`vocab_size` 4294967296 and `d_model` 16 needs ~2.2 TB"),
+        ({"block_size": 10**12}, r"^`block_size` 1000000000000 and `bpe_vocab_size` 300 needs ~22.8 PB"),
+        ({"vocab_size": 2**32}, r"^`vocab_size` 4294967296 and `block_size` 16 needs ~4.4 TB"),
         ({"d_mlp": 10**12}, r"^`d_mlp` 1000000000000 and `d_model` 16 needs"),
-        ({"batch_size": 10**9}, r"^`batch_size` 1000000000 and `bpe_vocab_size` 300 needs ~21.2 TB"),
+        ({"batch_size": 10**9}, r"^`batch_size` 1000000000 and `bpe_vocab_size` 300 needs ~90.4 TB"),
         (
             {"n_layer": 400_000, "d_model": 2, "n_head": 1},
-            r"^`n_layer` 400000 needs ~13.5 GB",
+            r"^`n_layer` 400000 needs ~16.6 GB",
         ),
         (
             {"bpe_vocab_size": 1_000_000_000},
             r"^`bpe_vocab_size` 1000000000 needs ~60.0 GB for the BPE trainer's tables; 12.3 GB available",
         ),
-        ({"bpe_vocab_size": 100_000_000}, r"^`bpe_vocab_size` 100000000 and `d_model` 16 needs ~51.2 GB"),
+        ({"bpe_vocab_size": 100_000_000}, r"^`bpe_vocab_size` 100000000 and `block_size` 16 needs ~102.4 GB"),
     ],
 )
 def test_sizes_that_cannot_fit_are_refused_with_their_memory(machine_of_12gb, values, message):
@@ -326,14 +326,14 @@ def test_the_trainer_refuses_before_reading_the_corpus_or_training_a_tokenizer(
 def test_the_vocabulary_of_a_pretrained_tokenizer_is_judged_once_it_is_known(
     tmp_path, monkeypatch, machine_of_12gb, shared_data
 ):
-    """With `vocab_size` 0 the size comes from the tokenizer: 65536 tokens × 50257 logits of
-    float32 are ~13 GB, more than the 12.3 GB there are."""
+    """With `vocab_size` 0 the size comes from the tokenizer: 32768 tokens × 50257 × 3 values of
+    float32 (the logits and their log-softmax) are ~20 GB, more than the 12.3 GB there are."""
     from resstream.training import loop
 
     monkeypatch.setattr(loop, "build_token_cache", _must_not_run)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 50, encoding="utf-8")
-    values = {**TINY, "tokenizer": "gpt2", "batch_size": 4096, "dataset": str(corpus)}
+    values = {**TINY, "tokenizer": "gpt2", "batch_size": 2048, "dataset": str(corpus)}
     config = build_config({**values, "data_dir": str(shared_data), "cache_dir": str(tmp_path / "cache")})
-    with pytest.raises(UsageError, match=r"^`vocab_size` 50257 and `batch_size` 4096 needs ~13.\d GB"):
+    with pytest.raises(UsageError, match=r"^`vocab_size` 50257 and `batch_size` 2048 needs ~19.\d GB"):
         loop.Trainer(config, tmp_path / "out")

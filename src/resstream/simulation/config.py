@@ -14,7 +14,13 @@ from typing import Any, Literal
 
 from resstream.devices import resolve_device
 from resstream.errors import UsageError, check_choice
-from resstream.resources import MAX_RUN_SECONDS, check_duration, format_bytes, host_available_bytes
+from resstream.resources import (
+    MAX_RUN_SECONDS,
+    check_duration,
+    format_bytes,
+    host_available_bytes,
+    usable_cpus,
+)
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -55,10 +61,11 @@ _LAYER_BYTES_PER_SCORE = 160
 #: dominate below ~500 tokens).
 _SQUARE_STEP_WEIGHT = 512
 
-#: Work units (`simulation_work`) per second that no machine of the type exceeds, so that
-#: time estimates are lower bounds (benchmarks/bench_budget.py: at most ~1e9 on 2 CPU
-#: cores; the bounds leave a wide margin for larger machines).
-WORK_RATE_BOUND = {"cpu": 1e11, "cuda": 1e13}
+#: Work units (`simulation_work`) per second that no machine exceeds, so that time estimates
+#: are lower bounds: per usable CPU core, and per CUDA device. Measured at most (benchmarks/
+#: bench_budget.py): 4e9 per core on 2 cores, 1e10 per core on 16, 7.8e11 on an H100.
+WORK_RATE_PER_CPU_BOUND = 2e10
+WORK_RATE_PER_GPU_BOUND = 5e12
 
 
 def padded_to_16(count: int) -> int:
@@ -203,7 +210,7 @@ class SimulationConfig:
         """Refuse a run whose lower-bound time (`simulation_work` at `WORK_RATE_BOUND`) is
         longer than `resstream.resources.MAX_RUN_SECONDS`."""
         device = resolve_device(self.device).type
-        rate = WORK_RATE_BOUND[device]
+        rate = WORK_RATE_PER_GPU_BOUND if device == "cuda" else WORK_RATE_PER_CPU_BOUND * usable_cpus()
         seconds = simulation_work(self) / rate
         fitting = int(self.simulations * MAX_RUN_SECONDS / seconds) if seconds else self.simulations
         check_duration(
