@@ -147,3 +147,52 @@ def test_threads_beyond_a_few_per_cpu_are_refused(monkeypatch):
         UsageError, match=r"^`threads` 9 is more than 4 per CPU: .* 2 CPU\(s\); allowed: 0 .* to 8$"
     ):
         check_threads("threads", 9)
+
+
+# ------------------------------------------ refusals that must come without allocating
+#: Rows of the hostile-input table whose value would allocate terabytes or build 10⁹ modules:
+#: run again in a process whose address space is capped, so that a refusal that comes too
+#: late fails the test (MemoryError, an abort) instead of taking the machine down.
+ALLOCATING = (
+    "train-n-layer-1e9",
+    "train-d-model-1e9",
+    "train-block-size-1e12",
+    "train-bpe-vocab-size-1e9",
+    "sweep-n-layer-1e9",
+    "simulate-layers-1e9",
+    "simulate-tokens-1e9",
+    "shift-model-json-n-layer-1e9",
+    "eval-model-json-n-layer-1e9",
+    "shift-config-json-n-layer-1e9",
+    "shift-config-json-vocab-size-1e12",
+    "shift-config-json-n-positions-1e12",
+    "shift-config-json-n-embd-1e9",
+)
+#: The cap: the interpreter with torch and transformers maps ~1 GB.
+ADDRESS_SPACE_LIMIT = 4_000_000_000
+
+
+@pytest.mark.parametrize("name", ALLOCATING)
+def test_absurd_sizes_are_refused_under_a_memory_limit(name, tmp_path):
+    from tests.test_hostile_inputs import BUDGET_CASES, fill
+    from tests.test_train import corpus_text
+
+    case = next(case for case in BUDGET_CASES if case.name == name)
+    (tmp_path / "corpus.txt").write_text(corpus_text(), encoding="utf-8")
+    if case.setup is not None:
+        case.setup(tmp_path)
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_LIMIT, ADDRESS_SPACE_LIMIT))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "resstream", *fill(case.command, tmp_path)],
+        preexec_fn=cap,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("resstream: error:"), done.stderr
+    assert all(pattern in done.stderr for pattern in case.patterns), done.stderr
+    assert not (tmp_path / "out").exists()
