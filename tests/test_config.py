@@ -9,7 +9,7 @@ import torch
 
 from resstream import resources
 from resstream.errors import UsageError
-from resstream.training.budget import check_training_budget, parameter_count
+from resstream.training.budget import check_training_budget, flops_per_token, parameter_count
 from resstream.training.config import (
     FIELDS,
     PRESETS,
@@ -221,7 +221,10 @@ def test_parameter_count_is_exact_without_building_the_model(shape):
     from resstream.training.model import GPT
 
     model = build_config({**TINY, **shape, "vocab_size": 301}).model
-    assert parameter_count(model) == GPT(model).num_params()
+    built = GPT(model)
+    assert parameter_count(model) == built.num_params()
+    attention = 12 * model.n_layer * model.d_model * model.block_size
+    assert flops_per_token(model) == 6 * built.num_params(include_embeddings=False) + attention
 
 
 def test_presets_fit_a_big_gpu(monkeypatch):

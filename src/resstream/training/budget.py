@@ -8,8 +8,8 @@
   keeps for the backward pass (`ACTIVATION_VALUES_PER_WIDTH` per layer, and the logits). The
   figures are measured and rounded down, so that the estimate stays below the real peak (94%
   of it for GPT-2 small compiled on an H100): a refusal means the run surely cannot fit.
-* Time (`training_seconds`) is a lower bound too: training FLOPs (6·N per token and the
-  attention term, `GPT.flops_per_token`) and evaluation FLOPs at an optimistic peak rate
+* Time (`training_seconds`) is a lower bound too: training FLOPs (`flops_per_token`: 6·N per
+  token and the attention term) and evaluation FLOPs at an optimistic peak rate
   (`PEAK_FLOPS_BOUND`), and never less than `MIN_STEP_SECONDS` per step.
 
 `check_training_budget` refuses, with one line naming the values responsible, a run that
@@ -155,18 +155,24 @@ def _amp_bf16(config: TrainConfig, device: torch.device) -> bool:
     return dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda")
 
 
+def flops_per_token(model: ModelConfig, vocab_size: int | None = None) -> float:
+    """Training FLOPs per token (forward + backward) of resstream's GPT: 6·N + 12·L·d·T (PaLM
+    appendix B), N the parameters without the position embeddings."""
+    learned_positions = model.block_size * model.d_model if model.pos_emb == "learned" else 0
+    non_embedding = parameter_count(model, vocab_size) - learned_positions
+    return 6 * non_embedding + 12 * model.n_layer * model.d_model * model.block_size
+
+
 def training_seconds(config: TrainConfig, device: torch.device, world: int = 1) -> list[Cost]:
     """A lower bound on the time of the whole run in seconds: training steps, evaluations."""
     _, vocab = training_vocab(config)
-    model, run = config.model, config.run
-    learned_positions = model.block_size * model.d_model if model.pos_emb == "learned" else 0
-    non_embedding = parameter_count(model, vocab) - learned_positions
-    flops_per_token = 6 * non_embedding + 12 * model.n_layer * model.d_model * model.block_size
+    run, model = config.run, config.model
     tokens_per_step = run.batch_size * model.block_size
     rate = PEAK_FLOPS_BOUND.get(device.type, PEAK_FLOPS_BOUND["cpu"]) * world
-    step = max(flops_per_token * tokens_per_step / rate, MIN_STEP_SECONDS)
+    train_flops = flops_per_token(model, vocab) * tokens_per_step
+    step = max(train_flops / rate, MIN_STEP_SECONDS)
     evaluations = run.max_steps // run.eval_interval + 1
-    forward_flops = evaluations * run.eval_batches * tokens_per_step * flops_per_token / 3
+    forward_flops = evaluations * run.eval_batches * train_flops / 3
     return [
         Cost(run.max_steps * step, (("max_steps", run.max_steps),)),
         Cost(forward_flops / rate, (("eval_batches", run.eval_batches),)),
