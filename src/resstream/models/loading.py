@@ -41,6 +41,8 @@ from resstream.errors import UsageError, check_choice, short_reason
 from resstream.hub import looks_like_path, offline_reason
 from resstream.models.adapters.base import ModelView
 from resstream.models.adapters.registry import same_tensor, supported_families, view_of
+from resstream.resources import check_fits
+from resstream.training.budget import Cost, check_model_fits, largest, named_drivers
 from resstream.training.records import MODEL_META
 
 if TYPE_CHECKING:
@@ -199,7 +201,6 @@ def check_model(
         if source == "local":
             _check_tokenizer_files(where, name)
     else:
-        from resstream.training.budget import check_model_fits
         from resstream.training.checkpoint import read_run
 
         _, config = read_run(where)
@@ -355,14 +356,11 @@ def _hf_sizes(config: Any, source: str) -> dict[str, tuple[str, int]]:
     return sizes
 
 
-def hf_weight_costs(config: Any, source: str) -> list[Any]:
+def _hf_parameter_costs(config: Any, sizes: dict[str, tuple[str, int]]) -> list[Cost]:
     """Parameters of a Hugging Face causal LM per part (layers, embeddings, positions), each
-    with the config keys that drive it: a lower bound computed from the config alone (q, k,
-    v, o projections and a two-matrix MLP per layer, no norms or biases), so that a refusal
-    never blocks a real model."""
-    from resstream.training.budget import Cost
-
-    sizes = _hf_sizes(config, source)
+    with the config keys that drive it: a lower bound computed from the config's `sizes`
+    alone (q, k, v, o projections and a two-matrix MLP per layer, no norms or biases), so
+    that a refusal never blocks a real model."""
     (layers_key, layers), (width_key, d) = sizes["num_hidden_layers"], sizes["hidden_size"]
     heads = sizes["num_attention_heads"][1]
     head_dim = sizes.get("head_dim", (None, d // heads or 1))[1]
@@ -402,14 +400,11 @@ def _check_hf_sizes(config: Any, source: str, dtype: str, device: str, device_ma
     on the host, where from_pretrained reads them (with every layer's module objects), and
     on a CUDA `device` they are then moved to. With a `device_map` only the layers' objects
     are judged (the weights are spread over devices and the host)."""
-    from resstream.resources import check_fits
-    from resstream.training.budget import largest, named_drivers
-
-    costs = hf_weight_costs(config, source)
+    sizes = _hf_sizes(config, source)
+    costs = _hf_parameter_costs(config, sizes)
     torch_dtype = _param_dtype(config, dtype, device, device_map)
     weights = sum(cost.amount for cost in costs) * torch_dtype.itemsize
-    layers = _hf_sizes(config, source)["num_hidden_layers"][1]
-    objects = layers * HF_LAYER_OVERHEAD_BYTES
+    objects = sizes["num_hidden_layers"][1] * HF_LAYER_OVERHEAD_BYTES
     what = f"{source} with {named_drivers(largest(costs), marked=False)}"
     purpose = f"for the weights ({_dtype_name(torch_dtype)})"
     check_fits(what, objects + (weights if device_map is None else 0), "cpu", purpose=purpose)
