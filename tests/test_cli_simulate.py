@@ -312,10 +312,10 @@ def test_chunk_that_cannot_fit_in_memory_says_how_much_it_needs(tmp_path, capsys
         capsys,
         ["--sims", "100000000", "--chunk-size", "100000000", "--tokens", "1000"],
         ("--chunk-size 100000000", "chunk_size 100000000"),
-        "GB",
+        "PB",
     )
-    need = re.search(r"needs ([\d.]+) GB", err)
-    assert need and float(need.group(1)) > 1000, err
+    need = re.search(r"needs ~([\d.]+) PB", err)
+    assert need and float(need.group(1)) > 1, err
     fits = re.search(r"chunk_size <= (\d+)", err)
     assert fits and 0 < int(fits.group(1)) < 100_000_000, err
 
@@ -393,3 +393,25 @@ def test_ctrl_c_inside_a_file_write_leaves_nothing(tmp_path, capsys, monkeypatch
     check_interrupted(run_simulate(out), capsys)
     assert len(written) == 2
     assert_nothing_written(out)
+
+
+@pytest.mark.parametrize(
+    ("extra", "patterns"),
+    [
+        (["--tokens", "1000000000"], ["--tokens 1000000000 needs ~", "allowed: --tokens <= "]),
+        (["--layers", "1000000000"], ["--layers 1000000000 needs ~", "allowed: --layers <= "]),
+        (
+            ["--sims", "1000000000000000"],
+            ["--sims 1000000000000000 with --layers 2 and --tokens 5 would take at least ~", "--sims <= "],
+        ),
+    ],
+)
+def test_absurd_sizes_are_refused_up_front_naming_the_option_given(
+    tmp_path, capsys, monkeypatch, extra, patterns
+):
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a simulation ran although it cannot fit or finish")
+
+    monkeypatch.setattr(importlib.import_module("resstream.api.simulate"), "run_simulation", must_not_run)
+    err = _bad(tmp_path, capsys, extra, *patterns)
+    assert "--chunk-size" not in err, err

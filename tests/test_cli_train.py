@@ -102,8 +102,8 @@ def _bad(tmp_path, capsys, args, pattern):
         (["--batch-size", "4000"], "fewer than one batch (4000 sequences)"),
         (["--alpha", "0.5"], "--alpha only apply to --gate fixed (the gate is 'none')"),
         (["--gate", "learned", "--cut-layer", "1"], "--cut-layer only apply to --gate fixed"),
-        (["--d-mlp", "-1"], "--d-mlp -1 must be >= 0"),
-        (["--max-steps", "-1"], "--max-steps must be > 0"),
+        (["--d-mlp", "-1"], "--d-mlp -1 is outside [0, inf) (0: 4 x --d-model)"),
+        (["--max-steps", "-1"], "--max-steps -1 is outside [1, inf)"),
     ],
 )
 def test_bad_train_input(tmp_path, corpus, capsys, extra, pattern):

@@ -11,6 +11,8 @@ The table is split into sections by theme so that each can grow on its own.
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,8 +202,164 @@ CHECKPOINT_CASES: list[Hostile] = [
     ),
 ]
 
+
 # ------------------------------------------------------------------ sizes, memory and numbers
-BUDGET_CASES: list[Hostile] = []
+def run_with_model_json(**changes) -> Callable[[Path], None]:
+    """Setup: `{tmp}/run`, the built-in reference model's directory without its weights (the
+    refusal must come before they are read), with `changes` in model.json's model config."""
+
+    def setup(tmp: Path) -> None:
+        from resstream.assets import reference_model_dir
+
+        run = tmp / "run"
+        shutil.copytree(reference_model_dir(), run, ignore=shutil.ignore_patterns("*.safetensors"))
+        meta = json.loads((run / "model.json").read_text(encoding="utf-8"))
+        meta["config"]["model"].update(changes)
+        (run / "model.json").write_text(json.dumps(meta), encoding="utf-8")
+
+    return setup
+
+
+def hf_model_with_config(**changes) -> Callable[[Path], None]:
+    """Setup: `{tmp}/hf`, a tiny GPT-2 Hugging Face directory (config.json and a tokenizer, no
+    weights: the refusal must come before they are read) with `changes` in config.json."""
+
+    def setup(tmp: Path) -> None:
+        from transformers import GPT2Config
+
+        hf = tmp / "hf"
+        hf.mkdir()
+        config = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=300, n_positions=32).to_dict()
+        config.update(architectures=["GPT2LMHeadModel"], **changes)
+        (hf / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        (hf / "tokenizer.json").write_text("{}", encoding="utf-8")
+
+    return setup
+
+
+SHIFT = "shift --dataset {corpus} --num-seqs 2 --seq-len 8 --quiet --out {out} --model"
+_TRAIN = "train --dataset {corpus} {train} --out {out}"
+_SWEEP = "sweep --dataset {corpus} {train} --max-steps 3 --out {out}"
+_SIMULATE = "simulate --quiet --out {out}"
+BUDGET_CASES: list[Hostile] = [
+    # sizes of a model to train: refused before the corpus is read or a tokenizer trained
+    Hostile(
+        "train-n-layer-1e9",
+        f"{_TRAIN} --n-layer 1000000000",
+        ("--n-layer 1000000000", "needs ~", "available"),
+    ),
+    Hostile("train-d-model-1e9", f"{_TRAIN} --d-model 1000000000", ("--d-model 1000000000", "needs ~")),
+    Hostile(
+        "train-block-size-1e12",
+        f"{_TRAIN} --block-size 1000000000000",
+        ("--block-size 1000000000000", "needs ~"),
+    ),
+    Hostile(
+        "train-vocab-size-1e12",
+        f"{_TRAIN} --vocab-size 1000000000000",
+        ("--vocab-size 1000000000000 is outside [0, 2**32]",),
+    ),
+    Hostile(
+        "train-vocab-size-negative", f"{_TRAIN} --vocab-size -5", ("--vocab-size -5 is outside [0, 2**32]",)
+    ),
+    Hostile("train-n-layer-zero", f"{_TRAIN} --n-layer 0", ("--n-layer 0 is outside [1, inf)",)),
+    Hostile(
+        "train-bpe-vocab-size-1e9",
+        f"{_TRAIN} --bpe-vocab-size 1000000000",
+        ("--bpe-vocab-size 1000000000", "needs ~"),
+    ),
+    # numbers that crashed inside torch, or ran forever
+    Hostile("train-beta1-2", f"{_TRAIN} --beta1 2", ("--beta1 2.0 is outside [0, 1)",)),
+    Hostile("train-beta1-negative", f"{_TRAIN} --beta1 -1", ("--beta1 -1.0 is outside [0, 1)",)),
+    Hostile(
+        "train-seed-2**64",
+        f"{_TRAIN} --seed 18446744073709551616",
+        ("--seed 18446744073709551616 is outside [0, 2**32)",),
+    ),
+    Hostile("train-lr-1e38", f"{_TRAIN} --lr 1e38", ("--lr 1e+38 is outside (0, 1e+06]",)),
+    Hostile(
+        "train-threads-1e6",
+        f"{_TRAIN} --threads 1000000",
+        ("--threads 1000000 is more than 4 per CPU", "allowed: 0"),
+    ),
+    Hostile(
+        "train-max-steps-1e20",
+        f"{_TRAIN} --max-steps 100000000000000000000",
+        ("--max-steps 100000000000000000000 would take at least ~", "years", "allowed: --max-steps <= "),
+    ),
+    Hostile("train-max-steps-1e20-as-float", f"{_TRAIN} --max-steps 1e20", ("--max-steps", "'1e20'")),
+    Hostile("sweep-n-layer-1e9", f"{_SWEEP} --n-layer 1000000000", ("--n-layer 1000000000", "needs ~")),
+    Hostile(
+        "sweep-seeds-2**64",
+        f"{_SWEEP} --seeds 18446744073709551616",
+        ("--seeds 18446744073709551616 is outside [0, 2**32)",),
+    ),
+    # simulations
+    Hostile(
+        "simulate-layers-1e9",
+        f"{_SIMULATE} --layers 1000000000",
+        ("--layers 1000000000 needs ~", "allowed: --layers <= "),
+    ),
+    Hostile(
+        "simulate-sims-1e15",
+        f"{_SIMULATE} --sims 1000000000000000",
+        ("--sims 1000000000000000", "would take at least ~", "years"),
+    ),
+    Hostile(
+        "simulate-tokens-1e9",
+        f"{_SIMULATE} --tokens 1000000000",
+        ("--tokens 1000000000 needs ~", "allowed: --tokens <= "),
+    ),
+    # model configs of analysed models: refused before building the model or reading weights
+    Hostile(
+        "shift-model-json-n-layer-1e9",
+        f"{SHIFT} {{tmp}}/run",
+        ("model.json' with n_layer 1000000000", "needs ~"),
+        setup=run_with_model_json(n_layer=1_000_000_000),
+    ),
+    Hostile(
+        "eval-model-json-n-layer-1e9",
+        "eval --quiet --out {out} --model {tmp}/run",
+        ("model.json' with n_layer 1000000000", "needs ~"),
+        setup=run_with_model_json(n_layer=1_000_000_000),
+    ),
+    Hostile(
+        "shift-model-json-vocab-size-negative",
+        f"{SHIFT} {{tmp}}/run",
+        ("model.json' holds a bad config: vocab_size -5 is outside",),
+        setup=run_with_model_json(vocab_size=-5),
+    ),
+    Hostile(
+        "shift-config-json-n-layer-1e9",
+        f"{SHIFT} {{tmp}}/hf",
+        ("config.json' with n_layer 1000000000", "needs ~"),
+        setup=hf_model_with_config(n_layer=1_000_000_000),
+    ),
+    Hostile(
+        "shift-config-json-vocab-size-negative",
+        f"{SHIFT} {{tmp}}/hf",
+        ("config.json' has vocab_size -5; allowed: an integer >= 1",),
+        setup=hf_model_with_config(vocab_size=-5),
+    ),
+    Hostile(
+        "shift-config-json-vocab-size-1e12",
+        f"{SHIFT} {{tmp}}/hf",
+        ("config.json' with vocab_size 1000000000000", "needs ~"),
+        setup=hf_model_with_config(vocab_size=10**12),
+    ),
+    Hostile(
+        "shift-config-json-n-positions-1e12",
+        f"{SHIFT} {{tmp}}/hf",
+        ("config.json' with n_positions 1000000000000", "needs ~"),
+        setup=hf_model_with_config(n_positions=10**12),
+    ),
+    Hostile(
+        "shift-config-json-n-embd-1e9",
+        f"{SHIFT} {{tmp}}/hf",
+        ("config.json' with n_embd 1000000000", "needs ~"),
+        setup=hf_model_with_config(n_embd=10**9),
+    ),
+]
 
 # ------------------------------------------------------------------ corpora and text inputs
 

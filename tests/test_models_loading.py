@@ -262,3 +262,121 @@ def test_non_finite_weights_are_refused_with_the_tensor_named(gpt2_dir, tmp_path
     save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(UsageError, match=r"not finite: tensor 'transformer.wpe.weight' holds 2 non-finite"):
         load_model(str(path), device="cpu", progress=False)
+
+
+# ----------------------------------------------------------------- sizes of a config
+@pytest.fixture
+def machine_of_12gb(monkeypatch: pytest.MonkeyPatch) -> None:
+    from resstream import resources
+
+    monkeypatch.setattr(resources, "host_available_bytes", lambda: 12_300_000_000)
+
+
+def _with_config(source: Path, target: Path, config_file: str, **changes) -> Path:
+    """A copy of model directory `source` whose `config_file` has `changes` (the weights are
+    left out: nothing here may read them)."""
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.safetensors"))
+    config = json.loads((source / config_file).read_text())
+    section = config["config"]["model"] if config_file == "model.json" else config
+    section.update(changes)
+    (target / config_file).write_text(json.dumps(config))
+    return target
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"n_layer": 1_000_000_000}, r"config.json' with n_layer 1000000000 and n_embd 32 needs ~56.2 TB"),
+        ({"n_embd": 1_000_000_000}, r"config.json' with n_embd 1000000000 and n_layer 2 needs ~\d+.\d EB"),
+        ({"vocab_size": 10**12}, r"config.json' with vocab_size 1000000000000 and n_embd 32 needs ~128.0 TB"),
+        (
+            {"n_positions": 10**12},
+            r"config.json' with n_positions 1000000000000 and n_embd 32 needs ~128.0 TB",
+        ),
+        ({"vocab_size": -5}, r"config.json' has vocab_size -5; allowed: an integer >= 1$"),
+        ({"n_head": 0}, r"config.json' has n_head 0; allowed: an integer >= 1$"),
+        ({"n_inner": -1}, r"config.json' has n_inner -1; allowed: an integer >= 1$"),
+    ],
+)
+def test_absurd_hugging_face_configs_are_refused_before_loading(
+    tmp_path: Path, gpt2_dir, machine_of_12gb, changes: dict, message: str
+) -> None:
+    from resstream.models import check_model
+
+    bad = _with_config(gpt2_dir[0], tmp_path / "bad", "config.json", **changes)
+    for load in (check_model, load_model):
+        with pytest.raises(UsageError, match=message):
+            load(str(bad))
+
+
+def test_absurd_resstream_run_config_is_refused_before_building(tmp_path: Path, machine_of_12gb) -> None:
+    from resstream.models import check_model
+    from resstream.training.checkpoint import load_run
+
+    bad = _with_config(reference_model_dir(), tmp_path / "run", "model.json", n_layer=1_000_000_000)
+    message = r"model.json' with n_layer 1000000000 and d_model 128 needs ~\d+.\d TB for the weights"
+    for load in (check_model, load_model, load_run):
+        with pytest.raises(UsageError, match=message):
+            load(str(bad))
+
+
+def test_a_saved_config_out_of_range_names_its_file_not_a_flag(tmp_path: Path) -> None:
+    from resstream.training.checkpoint import load_run
+
+    bad = _with_config(reference_model_dir(), tmp_path / "run", "model.json", vocab_size=-5)
+    with pytest.raises(
+        UsageError, match=r"model.json' holds a bad config: vocab_size -5 is outside \[0, 2\*\*32\]"
+    ):
+        load_run(bad)
+
+
+def test_a_7b_model_in_bfloat16_passes_where_it_fits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Llama-2-7B's shape: 6.7e9 parameters, 13.5 GB in bfloat16: judged, never refused where it fits."""
+    from transformers import LlamaConfig
+
+    from resstream import resources
+    from resstream.models import check_model
+
+    LlamaConfig(
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        vocab_size=32000,
+    ).save_pretrained(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{}")
+    monkeypatch.setattr(resources, "host_available_bytes", lambda: 16_000_000_000)
+    check_model(str(tmp_path), dtype="bfloat16", device="cpu")
+    with pytest.raises(
+        UsageError, match=r"with intermediate_size 11008 and hidden_size 4096 needs ~21.2 GB .*\(float32\)"
+    ):
+        check_model(str(tmp_path), dtype="float32", device="cpu")
+
+
+def test_weights_missing_for_the_configs_layers_are_refused(tmp_path: Path, gpt2_dir) -> None:
+    """A config.json with more layers than the weights hold: refused, not initialised at random."""
+    bad = _with_config(gpt2_dir[0], tmp_path / "bad", "config.json", n_layer=3)
+    (bad / "model.safetensors").write_bytes((gpt2_dir[0] / "model.safetensors").read_bytes())
+    expected = (
+        r"^model '.*bad': its weights lack transformer.h.2.[\w.]+ and 11 more that its config.json asks"
+    )
+    with pytest.raises(UsageError, match=expected):
+        load_model(str(bad))
+
+
+def test_transformers_reports_are_silenced(tmp_path: Path, gpt2_dir) -> None:
+    """Only our one line reaches stderr: transformers' multi-line load report is kept quiet."""
+    import subprocess
+    import sys
+
+    bad = _with_config(gpt2_dir[0], tmp_path / "bad", "config.json", n_layer=3, vocab_size=-5)
+    (bad / "model.safetensors").write_bytes((gpt2_dir[0] / "model.safetensors").read_bytes())
+    wrong = _with_config(gpt2_dir[0], tmp_path / "wrong", "config.json", n_layer=3)
+    (wrong / "model.safetensors").write_bytes((gpt2_dir[0] / "model.safetensors").read_bytes())
+    for model in (bad, wrong):
+        command = ["shift", "--model", str(model), "--out", str(tmp_path / "out"), "--quiet"]
+        done = subprocess.run(
+            [sys.executable, "-m", "resstream", *command], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+        assert done.stderr.startswith("resstream: error: "), done.stderr

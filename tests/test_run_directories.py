@@ -280,7 +280,7 @@ def test_too_little_free_space_is_refused_before_work(tmp_path, capsys, monkeypa
     monkeypatch.setattr("resstream.api.simulate.run_simulation", lambda *a, **k: pytest.fail("work started"))
     exit_code = main([*SIMULATE, "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip()
-    assert exit_code == 1 and "needs ~16.8 MB, 1.0 kB free; nothing was written" in err, err
+    assert exit_code == 1 and "needs ~16.8 MB, 1.0 KB free; nothing was written" in err, err
     assert_nothing_written(tmp_path / "out")
 
 
@@ -412,7 +412,7 @@ def test_training_without_room_for_its_checkpoints_is_refused_before_it_starts(t
     code = main(train_args(tmp_path, "--max-steps", "6"))
     err = capsys.readouterr().err.strip()
     assert code == 1 and len(err.splitlines()) == 1, err
-    assert f"--out {str(tmp_path / 'run')!r}: this run needs ~" in err and "50.0 kB free" in err, err
+    assert f"--out {str(tmp_path / 'run')!r}: this run needs ~" in err and "50.0 KB free" in err, err
     assert not (tmp_path / "run").exists()
 
 

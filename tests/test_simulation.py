@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 
 import pytest
 import torch
 
 from resstream.errors import RunError, UsageError
+from resstream.resources import format_bytes
 from resstream.simulation import (
     LAYERNORM_EPS,
     SimulationConfig,
@@ -26,6 +28,7 @@ from resstream.simulation import (
     simulate_reference,
     trend_verdict,
 )
+from resstream.simulation.config import layer_bytes, simulation_work
 from resstream.simulation.inputs import (
     bartlett_factors,
     embedding_chunks,
@@ -395,10 +398,11 @@ def test_a_chunk_that_does_not_fit_in_memory_is_refused_with_its_size():
             dim=1024, sampling="embeddings", chunk_size=100_000, memory_limit_bytes=2_000_000_000
         )
     message = str(caught.value)
-    assert f"needs {need / 1e9:.2f} GB" in message and "limit of 2.00 GB" in message
+    assert f"needs ~{format_bytes(need)} of buffers" in message and "limit of 2.0 GB" in message
     assert "allowed: chunk_size <= " in message and "\n" not in message
     fitting = int(message.rsplit("<= ", 1)[1])
-    assert chunk_bytes(config, fitting) <= 2e9 < chunk_bytes(config, fitting + 1)
+    kept = config.layers * layer_bytes(config.tokens)  # every layer's statistics, beside the chunk
+    assert chunk_bytes(config, fitting) + kept <= 2e9 < chunk_bytes(config, fitting + 1) + kept
 
 
 def test_attention_maps_refuses_bad_shapes_and_weights():
@@ -508,3 +512,52 @@ def test_the_residual_weakens_the_recency():
             margin = spreads[k] - spreads[k + 1]
             assert margin > 4 * math.hypot(errors[k], errors[k + 1])
     assert runs[0].layer(4).spread_mean[9] > 2 * runs[2].layer(4).spread_mean[9]
+
+
+# ------------------------------------------------------------ what a simulation costs
+def test_tokens_that_do_not_fit_once_are_blamed_on_tokens_with_what_fits():
+    with pytest.raises(UsageError) as caught:
+        SimulationConfig(tokens=1_000_000_000, memory_limit_bytes=2_000_000_000)
+    message = str(caught.value)
+    assert message.startswith("`tokens` 1000000000 needs ~") and "for one simulation" in message
+    assert "chunk_size" not in message and "limit of 2.0 GB" in message
+    fitting = int(re.search(r"allowed: `tokens` <= (\d+)$", message)[1])
+    SimulationConfig(tokens=fitting, chunk_size=1, simulations=1, memory_limit_bytes=2_000_000_000)
+    with pytest.raises(UsageError):
+        SimulationConfig(tokens=fitting + 1, chunk_size=1, simulations=1, memory_limit_bytes=2_000_000_000)
+
+
+def test_every_layer_keeps_its_statistics_so_layers_are_limited_by_memory():
+    with pytest.raises(UsageError) as caught:
+        SimulationConfig(layers=1_000_000_000, memory_limit_bytes=2_000_000_000)
+    message = str(caught.value)
+    assert message.startswith("`layers` 1000000000 needs ~") and "statistics and results" in message
+    fitting = int(re.search(r"allowed: `layers` <= (\d+)$", message)[1])
+    SimulationConfig(layers=fitting, simulations=1, memory_limit_bytes=2_000_000_000)
+
+
+def test_layer_memory_estimate_covers_what_a_run_keeps_per_layer():
+    """The per-layer estimate is the right size: measured ~23 KB per layer at 10 tokens (the
+    accumulators and the result objects), ~1.6 MB at 100."""
+    assert 15_000 < layer_bytes(10) < 60_000
+    assert 1_000_000 < layer_bytes(100) < 4_000_000
+
+
+def test_a_run_that_would_take_years_says_how_long_and_how_many_simulations_fit():
+    with pytest.raises(UsageError) as caught:
+        SimulationConfig(simulations=10**15)
+    message = str(caught.value)
+    assert message.startswith(
+        "`simulations` 1000000000000000 with `layers` 6 and `tokens` 10 would take at least ~"
+    ), message
+    fitting = int(re.search(r"allowed: `simulations` <= (\d+), runs estimated under 1.0 years$", message)[1])
+    SimulationConfig(simulations=fitting)
+    assert fitting > 10**9  # a long but real run is not refused
+
+
+def test_work_grows_with_every_size_that_costs_time():
+    base = SimulationConfig()
+    for change in ({"simulations": 200_000}, {"layers": 12}, {"tokens": 20}):
+        assert simulation_work(replace(base, **change)) > simulation_work(base)
+    embeddings = replace(base, sampling="embeddings")
+    assert simulation_work(replace(embeddings, dim=4096)) > simulation_work(embeddings)

@@ -37,6 +37,7 @@ from typing import Any
 from resstream.errors import RunError, UsageError
 from resstream.interrupts import deferred_interrupts, raise_if_interrupted
 from resstream.io import is_temporary_name, write_json
+from resstream.resources import format_bytes
 
 LOCK_FILE = ".resstream.lock"
 RUN_FILE = "run.json"
@@ -75,9 +76,9 @@ def write_failure(
         return None
     where = _where(path, param)
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        needed = f"needs ~{human(need)}, " if need else ""
+        needed = f"needs ~{format_bytes(need)}, " if need else ""
         return RunError(
-            f"{reason} on {mount_point(path)} for {where}: this run {needed}{human(free_bytes(path))} "
+            f"{reason} on {mount_point(path)} for {where}: this run {needed}{format_bytes(free_bytes(path))} "
             f"free; {kept}"
         )
     return UsageError(f"cannot write to {where}: {reason}")
@@ -261,22 +262,13 @@ def mount_point(path: Path) -> str:
     return str(current)
 
 
-def human(size: float) -> str:
-    """Bytes as '12.3 MB' (powers of 1000, as file managers and `df -H` show them)."""
-    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
-        if abs(size) < 1000 or unit == "PB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    raise AssertionError("unreachable")
-
-
 def check_free_space(directory: Path, need: int, param: str | None = "out") -> None:
     """Refuse before work when the file system of `directory` has less than `need` bytes free."""
     free = free_bytes(directory)
     if free < need:
         raise RunError(
             f"no space left on {mount_point(directory)} for {_where(directory, param)}: this run "
-            f"needs ~{human(need)}, {human(free)} free; nothing was written"
+            f"needs ~{format_bytes(need)}, {format_bytes(free)} free; nothing was written"
         )
 
 

@@ -88,7 +88,13 @@ def loaded_models(models: ModelLike | Sequence[ModelLike], options: LoadOptions)
     wrapped = {}
     for index, model in enumerate(entries):
         if is_spec(model):
-            check_model(model, trust_remote_code=options.trust_remote_code)
+            check_model(
+                model,
+                trust_remote_code=options.trust_remote_code,
+                dtype=options.dtype,
+                device=options.device,
+                device_map=options.device_map,
+            )
         else:
             wrapped[index] = as_loaded(model, options.tokenizer)
     for index, model in enumerate(entries):

@@ -18,9 +18,10 @@ FLAGS: dict[str, str] = {
 }
 
 #: Per command, parameters whose flag there differs from `FLAGS` (sweep and compare hand
-#: their `--max-eval-tokens` to the evaluator's `max_tokens`).
+#: their `--max-eval-tokens` to the evaluator's `max_tokens`; sweep sets each run's `seed`
+#: from `--seeds`).
 COMMAND_FLAGS: dict[str, dict[str, str]] = {
-    "sweep": {"max_tokens": "--max-eval-tokens"},
+    "sweep": {"max_tokens": "--max-eval-tokens", "seed": "--seeds"},
     "compare": {"max_tokens": "--max-eval-tokens"},
 }
 

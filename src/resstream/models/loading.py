@@ -41,6 +41,8 @@ from resstream.errors import UsageError, check_choice, short_reason
 from resstream.hub import looks_like_path, offline_reason
 from resstream.models.adapters.base import ModelView
 from resstream.models.adapters.registry import same_tensor, supported_families, view_of
+from resstream.resources import check_fits
+from resstream.training.budget import Cost, check_model_fits, largest, named_drivers
 from resstream.training.records import MODEL_META
 
 if TYPE_CHECKING:
@@ -152,36 +154,57 @@ def load_model(
     where, name, source = _locate(spec)
     if source in ("reference", "resstream"):
         return _load_resstream(Path(where), name, source, dtype, device)
-    with _hf_progress_bars(progress):
+    with _hf_output(progress=progress):
         return _load_hf(where, name, source, dtype, device, device_map, trust_remote_code)
 
 
 @contextmanager
-def _hf_progress_bars(enabled: bool) -> Iterator[None]:
-    """Hugging Face's progress bars on or off for the block, restored afterwards."""
+def _hf_output(*, progress: bool = True) -> Iterator[None]:
+    """Hugging Face's logging kept to errors for the block (its multi-line load reports and
+    config warnings would come before our one-line message), and its progress bars off
+    unless `progress`; both restored afterwards."""
     from transformers.utils import logging as hf_logging
 
-    before = hf_logging.is_progress_bar_enabled()
-    if before and not enabled:
+    verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    if bars and not progress:
         hf_logging.disable_progress_bar()
     try:
         yield
     finally:
-        if before and not enabled:
+        hf_logging.set_verbosity(verbosity)
+        if bars and not progress:
             hf_logging.enable_progress_bar()
 
 
-def check_model(spec: ModelSpec, *, trust_remote_code: bool = False) -> None:
+def check_model(
+    spec: ModelSpec,
+    *,
+    trust_remote_code: bool = False,
+    dtype: str = "auto",
+    device: str = "auto",
+    device_map: str | None = None,
+) -> None:
     """Every refusal `load_model` would make before reading weights, without reading them.
 
     Lets a command that analyses several models reject a bad one before working on the
-    others: path, config, family, causal-LM head and tokenizer files are checked.
+    others: path, config (its sizes, and whether the weights they imply fit in memory with
+    `dtype` on `device`), family, causal-LM head and tokenizer files are checked.
     """
+    check_choice("dtype", dtype, DTYPES)
+    device = device_label(device)
     where, name, source = _locate(spec)
     if source in ("local", "hub"):
-        _checked_hf_config(where, name, source, trust_remote_code)
+        config, _ = _checked_hf_config(where, name, source, trust_remote_code)
+        _check_hf_sizes(config, _config_source(where, source), dtype, device, device_map)
         if source == "local":
             _check_tokenizer_files(where, name)
+    else:
+        from resstream.training.checkpoint import read_run
+
+        _, config = read_run(where)
+        check_model_fits(config.model, repr(str(Path(where) / MODEL_META)), device)
 
 
 def _locate(spec: ModelSpec) -> tuple[str, str, str]:
@@ -255,6 +278,7 @@ def _load_hf(
     from resstream.training.checkpoint import check_finite_weights, check_readable
 
     config, local_only = _checked_hf_config(where, name, source, trust_remote_code)
+    _check_hf_sizes(config, _config_source(where, source), dtype, device, device_map)
     tokenizer = _load_hf_tokenizer(where, name, source)
     if source == "local":
         check_readable(where)
@@ -298,6 +322,101 @@ def _checked_hf_config(where: str, name: str, source: str, trust_remote_code: bo
     return config, local_only
 
 
+#: Memory of one Hugging Face decoder layer beyond its tensors (module objects), measured on
+#: the meta device: 7 KB (Llama) to 38 KB (GPT-2); the smaller, so no real model is refused.
+HF_LAYER_OVERHEAD_BYTES = 7_000
+#: Families whose position embeddings are a learned (positions × width) table.
+LEARNED_POSITION_FAMILIES = ("gpt2",)
+#: Size fields every config must hold, by their standard names (a family's own spelling, such
+#: as GPT-2's n_layer for num_hidden_layers, comes from the config's attribute_map).
+_HF_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
+#: Size fields a config may leave out (None): they then take their family's default.
+_HF_OPTIONAL_SIZES = (
+    "intermediate_size",
+    "n_inner",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+)
+
+
+def _config_source(where: str, source: str) -> str:
+    """How messages name the config file of a model: its path, or hub name/config.json."""
+    path = Path(where) / HF_CONFIG if source == "local" else f"{where}/{HF_CONFIG}"
+    return repr(str(path))
+
+
+def _hf_sizes(config: Any, source: str) -> dict[str, tuple[str, int]]:
+    """Standard name -> (the file's key, value) of every size the config gives; UsageError
+    for one that is not a positive integer."""
+    sizes = {}
+    for field in _HF_SIZES + _HF_OPTIONAL_SIZES:
+        key = getattr(config, "attribute_map", {}).get(field, field)
+        value = getattr(config, field, None)
+        if value is None and field in _HF_OPTIONAL_SIZES:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UsageError(f"{source} has {key} {value!r}; allowed: an integer >= 1")
+        sizes[field] = (key, value)
+    return sizes
+
+
+def _hf_parameter_costs(config: Any, sizes: dict[str, tuple[str, int]]) -> list[Cost]:
+    """Parameters of a Hugging Face causal LM per part (layers, embeddings, positions), each
+    with the config keys that drive it: a lower bound computed from the config's `sizes`
+    alone (q, k, v, o projections and a two-matrix MLP per layer, no norms or biases), so
+    that a refusal never blocks a real model."""
+    (layers_key, layers), (width_key, d) = sizes["num_hidden_layers"], sizes["hidden_size"]
+    heads = sizes["num_attention_heads"][1]
+    head_dim = sizes.get("head_dim", (None, d // heads or 1))[1]
+    kv_heads = sizes.get("num_key_value_heads", (None, heads))[1]
+    mlp_size = sizes.get("intermediate_size") or sizes.get("n_inner")  # default: 4 × width
+    mlp = mlp_size[1] if mlp_size else 4 * d
+    attention = 2 * d * head_dim * (heads + kv_heads)
+    vocab_key, vocab = sizes["vocab_size"]
+    tied = bool(getattr(config, "tie_word_embeddings", True))
+    positions = sizes.get("max_position_embeddings")
+    learned = positions is not None and getattr(config, "model_type", None) in LEARNED_POSITION_FAMILIES
+    width = (width_key, d)
+    return [
+        Cost(
+            layers * (attention + 2 * d * mlp),
+            ((layers_key, layers), width, *([mlp_size] if mlp_size else [])),
+        ),
+        Cost(vocab * d * (1 if tied else 2), ((vocab_key, vocab), width)),
+        Cost(positions[1] * d if learned else 0, (positions, width) if learned else ()),
+    ]
+
+
+def _param_dtype(config: Any, dtype: str, device: str, device_map: str | None) -> torch.dtype:
+    """The dtype the weights are loaded in (`_load_hf_model`): the one asked for; with
+    "auto", float32 on the CPU, else the checkpoint's own (bfloat16 when it names none)."""
+    if DTYPES[dtype] is not None:
+        return DTYPES[dtype]
+    if device_map is None and device.startswith("cpu"):
+        return torch.float32
+    saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    saved = getattr(torch, saved, None) if isinstance(saved, str) else saved
+    return saved if isinstance(saved, torch.dtype) else torch.bfloat16
+
+
+def _check_hf_sizes(config: Any, source: str, dtype: str, device: str, device_map: str | None) -> None:
+    """Refuse a config whose sizes are not positive integers, or whose weights cannot fit:
+    on the host, where from_pretrained reads them (with every layer's module objects), and
+    on a CUDA `device` they are then moved to. With a `device_map` only the layers' objects
+    are judged (the weights are spread over devices and the host)."""
+    sizes = _hf_sizes(config, source)
+    costs = _hf_parameter_costs(config, sizes)
+    torch_dtype = _param_dtype(config, dtype, device, device_map)
+    weights = sum(cost.amount for cost in costs) * torch_dtype.itemsize
+    objects = sizes["num_hidden_layers"][1] * HF_LAYER_OVERHEAD_BYTES
+    what = f"{source} with {named_drivers(largest(costs), marked=False)}"
+    purpose = f"for the weights ({_dtype_name(torch_dtype)})"
+    check_fits(what, objects + (weights if device_map is None else 0), "cpu", purpose=purpose)
+    if device_map is None and device.startswith("cuda"):
+        check_fits(what, weights, device, purpose=purpose)
+
+
 def is_causal_config(config: Any) -> bool:
     """Whether a Hugging Face config describes a causal (decoder-only) LM.
 
@@ -329,9 +448,10 @@ def _load_config(where: str, name: str, source: str, local_only: bool, trust_rem
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(
-            where, trust_remote_code=trust_remote_code, local_files_only=local_only
-        )
+        with _hf_output():
+            return AutoConfig.from_pretrained(
+                where, trust_remote_code=trust_remote_code, local_files_only=local_only
+            )
     except Exception as exc:
         raise _hf_error(exc, name, source, local_only, "config") from None
 
@@ -392,17 +512,30 @@ def _load_hf_model(
         raise _hf_error(
             exc, name, "local" if Path(where).is_dir() else "hub", local_only, "weights"
         ) from None
-    missing = [k for k in (info or {}).get("missing_keys", []) if "lm_head" in k or "embed_out" in k]
+    missing = sorted((info or {}).get("missing_keys", []))
+    heads = [k for k in missing if "lm_head" in k or "embed_out" in k]
     head = model.get_output_embeddings()
     tied = head is not None and same_tensor(head.weight, model.get_input_embeddings().weight)
-    if missing and not tied:
+    if heads and not tied:
         raise UsageError(
-            f"model {name!r} has no trained language-model head ({missing[0]} is "
+            f"model {name!r} has no trained language-model head ({heads[0]} is "
             f"missing from its weights); allowed: a causal-LM checkpoint"
         )
+    _check_no_missing_weights([k for k in missing if k not in heads], name)
     if device_map is None:
         model.to(device)
     return model.eval()
+
+
+def _check_no_missing_weights(missing: list[str], name: str) -> None:
+    """Refuse weights that lack tensors the config asks for (more layers in config.json than
+    were saved, say), which Hugging Face would otherwise initialise at random."""
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise UsageError(
+            f"model {name!r}: its weights lack {missing[0]}{more} that its {HF_CONFIG} asks for; "
+            f"allowed: weights that match the config (missing ones would be random)"
+        )
 
 
 def _hf_error(

@@ -9,12 +9,18 @@ names the value and what is allowed, so a config that exists is a config that ca
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from resstream.devices import resolve_device
 from resstream.errors import UsageError, check_choice
+from resstream.resources import (
+    MAX_RUN_SECONDS,
+    check_duration,
+    format_bytes,
+    host_available_bytes,
+    usable_cpus,
+)
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -22,9 +28,9 @@ __all__ = [
     "SAMPLINGS",
     "Sampling",
     "SimulationConfig",
-    "available_memory_bytes",
     "chunk_bytes",
-    "physical_memory_bytes",
+    "layer_bytes",
+    "simulation_work",
 ]
 
 #: eps of the parameter-free LayerNorm: (x − mean) / sqrt(biased variance + eps), per token
@@ -44,23 +50,22 @@ SAMPLINGS: tuple[str, ...] = ("gram", "embeddings")
 _FLOAT32_BYTES = 4
 _MAX_SEED = 2**62
 
+#: What a run keeps per layer beyond its chunk buffers: the fp64 accumulators of 2·n² features
+#: on the device, and the layer's result (Python floats, then JSON) on the host. Measured:
+#: ~23 KB per layer at 10 tokens, ~270 KB at 40, ~1.6 MB at 100 (`layer_bytes`).
+_LAYER_FIXED_BYTES = 4_000
+_LAYER_BYTES_PER_SCORE = 160
 
-def physical_memory_bytes() -> int:
-    """Physical memory of this machine in bytes (os.sysconf)."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+#: Per simulation and layer, the n²-sized steps (normalisation, softmax, the statistics of
+#: 2·n² features) cost as much as this many n³ multiply-adds (measured on 2 CPU cores; they
+#: dominate below ~500 tokens).
+_SQUARE_STEP_WEIGHT = 512
 
-
-def available_memory_bytes() -> int:
-    """Memory a new allocation can get now (Linux MemAvailable), the default memory limit;
-    the physical memory where /proc/meminfo is absent."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return physical_memory_bytes()
+#: Work units (`simulation_work`) per second that no machine exceeds, so that time estimates
+#: are lower bounds: per usable CPU core, and per CUDA device. Measured at most (benchmarks/
+#: bench_budget.py): 4e9 per core on 2 cores, 1e10 per core on 16, 7.8e11 on an H100.
+WORK_RATE_PER_CPU_BOUND = 2e10
+WORK_RATE_PER_GPU_BOUND = 5e12
 
 
 def padded_to_16(count: int) -> int:
@@ -142,7 +147,8 @@ class SimulationConfig:
             _require_int("memory_limit_bytes", self.memory_limit_bytes, 1)
         check_choice("sampling", self.sampling, SAMPLINGS)
         _check_device(self.device)
-        self._check_chunk_memory()
+        self._check_memory()
+        self._check_duration()
 
     @property
     def resolved_chunk_size(self) -> int:
@@ -156,19 +162,63 @@ class SimulationConfig:
 
     @property
     def memory_limit(self) -> int:
-        """`memory_limit_bytes`, or the memory available now when it is None."""
-        return self.memory_limit_bytes or available_memory_bytes()
+        """`memory_limit_bytes`, or the memory this process can allocate now when it is None
+        (`resstream.resources.host_available_bytes`: chunks are drawn on the host)."""
+        return self.memory_limit_bytes or host_available_bytes()
 
-    def _check_chunk_memory(self) -> None:
-        chunk, limit = self.resolved_chunk_size, self.memory_limit
-        need = chunk_bytes(self, chunk)
-        if need > limit:
-            fitting = max(limit // chunk_bytes(self, 1), 0)
+    def _check_memory(self) -> None:
+        """One simulation and every layer's statistics must fit; then one chunk of them."""
+        limit, layers_need = self.memory_limit, self.layers * layer_bytes(self.tokens)
+        single = chunk_bytes(self, 1)
+        if single + layers_need > limit:
+            if single + layer_bytes(self.tokens) <= limit:  # fewer layers would fit
+                fitting = max((limit - single) // layer_bytes(self.tokens), 0)
+                raise UsageError(
+                    f"`layers` {self.layers} needs ~{format_bytes(layers_need)} for the statistics and "
+                    f"results of every layer (tokens {self.tokens}), more than the memory limit of "
+                    f"{format_bytes(limit)}; allowed: `layers` <= {fitting}"
+                )
             raise UsageError(
-                f"`chunk_size` {chunk} needs {need / 1e9:.2f} GB of buffers per chunk "
-                f"(tokens {self.tokens}, dim {self.dim}, sampling {self.sampling!r}), more than "
-                f"the memory limit of {limit / 1e9:.2f} GB; allowed: chunk_size <= {fitting}"
+                f"`tokens` {self.tokens} needs ~{format_bytes(single + layers_need)} for one simulation "
+                f"(layers {self.layers}, dim {self.dim}, sampling {self.sampling!r}), more than the "
+                f"memory limit of {format_bytes(limit)}; allowed: `tokens` <= {self._fitting_tokens(limit)}"
             )
+        chunk = self.resolved_chunk_size
+        need = chunk_bytes(self, chunk)
+        if need + layers_need > limit:
+            fitting = max((limit - layers_need) // single, 0)
+            raise UsageError(
+                f"`chunk_size` {chunk} needs ~{format_bytes(need)} of buffers per chunk "
+                f"(tokens {self.tokens}, dim {self.dim}, sampling {self.sampling!r}), more than "
+                f"the memory limit of {format_bytes(limit)}; allowed: chunk_size <= {fitting}"
+            )
+
+    def _fitting_tokens(self, limit: int) -> int:
+        """The most tokens whose single simulation and layers fit in `limit` bytes (>= 1)."""
+
+        def need(tokens: int) -> int:
+            floats = simulation_floats(tokens, self.dim, self.sampling, self.layernorm)
+            return floats * _FLOAT32_BYTES + self.layers * layer_bytes(tokens)
+
+        low, high = 1, self.tokens  # need(high) > limit
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if need(middle) <= limit else (low, middle)
+        return low
+
+    def _check_duration(self) -> None:
+        """Refuse a run whose lower-bound time (`simulation_work` at `WORK_RATE_BOUND`) is
+        longer than `resstream.resources.MAX_RUN_SECONDS`."""
+        device = resolve_device(self.device).type
+        rate = WORK_RATE_PER_GPU_BOUND if device == "cuda" else WORK_RATE_PER_CPU_BOUND * usable_cpus()
+        seconds = simulation_work(self) / rate
+        fitting = int(self.simulations * MAX_RUN_SECONDS / seconds) if seconds else self.simulations
+        check_duration(
+            f"`simulations` {self.simulations} with `layers` {self.layers} and `tokens` {self.tokens}",
+            seconds,
+            basis=f"at <= {rate:.0e} work units/s on {device}",
+            allowed=f"`simulations` <= {fitting}" if fitting >= 1 else "",
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of every field, plus the resolved chunk size and LayerNorm eps."""
@@ -180,19 +230,39 @@ class SimulationConfig:
 
 
 def chunk_bytes(config: SimulationConfig, chunk: int) -> int:
-    """Bytes of the float32 buffers that one chunk of `chunk` simulations allocates (at most).
+    """Bytes of the float32 buffers that one chunk of `chunk` simulations allocates (at most):
+    `chunk` × `simulation_floats` × 4. Accumulators and results are per layer (`layer_bytes`)."""
+    floats = simulation_floats(config.tokens, config.dim, config.sampling, config.layernorm)
+    return chunk * floats * _FLOAT32_BYTES
 
-    Per simulation: the layer loop holds 3 tokens × tokens matrices (Gram, attention, product)
-    and a few per-token vectors, the statistics 2·tokens² features; "gram" sampling adds its
-    random numbers and triangular factor; "embeddings" sampling adds the (tokens + 1) × dim
-    normals, the tokens × dim embeddings and their centred copy, and one more Gram matrix.
-    Accumulators (a few KB per layer) are not counted.
+
+def simulation_floats(tokens: int, dim: int, sampling: str, layernorm: bool) -> int:
+    """Float32 numbers one simulation of a chunk holds at most.
+
+    The layer loop holds 3 tokens × tokens matrices (Gram, attention, product) and a few
+    per-token vectors, the statistics 2·tokens² features; "gram" sampling adds its random
+    numbers and triangular factor; "embeddings" sampling adds the (tokens + 1) × dim normals,
+    the tokens × dim embeddings and their centred copy, and one more Gram matrix.
     """
-    n, d = config.tokens, config.dim
-    per_simulation = 3 * n * n + 2 * n * n + 4 * n
-    if config.sampling == "gram":
-        rank = min(n, d - 1 if config.layernorm else d)
-        per_simulation += padded_to_16(n * rank) + 2 * rank + n * rank
-    else:
-        per_simulation += padded_to_16((n + 1) * d) + 2 * n * d + n * n
-    return chunk * per_simulation * _FLOAT32_BYTES
+    n, d = tokens, dim
+    floats = 3 * n * n + 2 * n * n + 4 * n
+    if sampling == "gram":
+        rank = min(n, d - 1 if layernorm else d)
+        return floats + padded_to_16(n * rank) + 2 * rank + n * rank
+    return floats + padded_to_16((n + 1) * d) + 2 * n * d + n * n
+
+
+def layer_bytes(tokens: int) -> int:
+    """Bytes a run keeps for each layer, whatever the number of simulations: its statistics
+    and its result (measured, see `_LAYER_BYTES_PER_SCORE`)."""
+    return _LAYER_FIXED_BYTES + _LAYER_BYTES_PER_SCORE * tokens * tokens
+
+
+def simulation_work(config: SimulationConfig) -> float:
+    """Work units of a whole run, for time estimates: per simulation and layer n³ (the two
+    triangular n × n products) plus `_SQUARE_STEP_WEIGHT`·n² (the n²-sized steps), plus
+    drawing the inputs (n²·rank for "gram" sampling, n·(n + 1)·dim for "embeddings")."""
+    n = config.tokens
+    per_layer = n**3 + _SQUARE_STEP_WEIGHT * n * n
+    inputs = n * n * min(n, config.dim) if config.sampling == "gram" else n * (n + 1) * config.dim
+    return float(config.simulations) * (config.layers * per_layer + inputs)

@@ -523,11 +523,10 @@ def _weights_file(root: Path) -> Path:
     raise UsageError(f"{str(root)!r} has no weights ({MODEL_FILE} is missing)")
 
 
-def load_run(run_dir: str | os.PathLike[str], *, device: str | torch.device = "cpu") -> TrainedModel:
-    """Load the final model of a run directory (or the built-in reference model's folder)."""
-    from resstream.data import load_tokenizer
+def read_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]:
+    """The description (`model.json`) of a finished run and its config (a `TrainConfig`),
+    checked, without reading the weights."""
     from resstream.training.config import from_dict
-    from resstream.training.model import GPT
 
     root = Path(run_dir)
     meta_path = root / MODEL_META
@@ -540,11 +539,22 @@ def load_run(run_dir: str | os.PathLike[str], *, device: str | torch.device = "c
         )
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        config = from_dict(meta["config"])
+        return meta, from_dict(meta["config"], source=repr(str(meta_path)))
     except (ValueError, KeyError, TypeError) as exc:
         raise UsageError(
             f"{str(meta_path)!r} is corrupt ({type(exc).__name__}: {short_reason(exc)})"
         ) from None
+
+
+def load_run(run_dir: str | os.PathLike[str], *, device: str | torch.device = "cpu") -> TrainedModel:
+    """Load the final model of a run directory (or the built-in reference model's folder)."""
+    from resstream.data import load_tokenizer
+    from resstream.training.budget import check_model_fits
+    from resstream.training.model import GPT
+
+    root = Path(run_dir)
+    meta, config = read_run(root)
+    check_model_fits(config.model, repr(str(root / MODEL_META)), device)
     model = GPT(config.model)
     state = load_tensors(_weights_file(root))
     load_weights(model, state, root)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -310,56 +311,125 @@ def build_config(*layers: dict[str, Any], preset: str | None = None) -> TrainCon
     return config
 
 
-def from_dict(tree: dict[str, Any]) -> TrainConfig:
-    """Rebuild a config saved with `TrainConfig.to_dict` (checkpoints, run.json)."""
-    return build_config(flatten(tree, "saved config"))
+def from_dict(tree: dict[str, Any], source: str | None = None) -> TrainConfig:
+    """Rebuild a config saved with `TrainConfig.to_dict` (checkpoints, run.json).
+
+    `source` names the file it was read from: a bad value is then reported as that file's,
+    by its key rather than as a parameter (no flag of the running command set it).
+    """
+    try:
+        return build_config(flatten(tree, "saved config"))
+    except UsageError as exc:
+        if source is None:
+            raise
+        plain = _MARKED.sub(r"\1", str(exc))
+        raise UsageError(f"{source} holds a bad config: {plain}") from None
 
 
-def _positive(name: str, value: float) -> None:
-    if value <= 0:
-        raise UsageError(f"`{name}` must be > 0, got {value}")
+#: A parameter name marked in a message (see `resstream.errors`).
+_MARKED = re.compile(r"`([a-z_][a-z0-9_]*)`")
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The values a numeric field allows: from `low` to `high`, either end open or closed,
+    and what a special value means (`note`, shown in the refusal)."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+    note: str = ""
+
+    def allows(self, value: float) -> bool:
+        """Whether `value` lies inside."""
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        low, high = _bound_text(self.low), _bound_text(self.high)
+        text = f"{'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+        return f"{text} ({self.note})" if self.note else text
+
+
+def _bound_text(value: float) -> str:
+    """A bound as people read it: a large power of two as 2**k, floats short."""
+    if isinstance(value, int) and value >= 2**20 and value & (value - 1) == 0:
+        return f"2**{value.bit_length() - 1}"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+#: Sizes and counts have no upper bound here: what limits them is the machine's memory and
+#: time, judged by `resstream.training.budget` before a run starts.
+_COUNT = math.inf
+#: Token ids are stored as uint32 (`resstream.data.tokens`).
+_MAX_VOCAB = 2**32
+#: AdamW moves every weight by about `lr` per step, so far smaller rates already diverge (and
+#: the run says so); above ~3e38 `lr` is not even a float32 and torch fails outright. The
+#: bound leaves room to provoke a divergence on purpose.
+MAX_LR = 1e6
+#: Seeds are customary 32-bit numbers; the batch generator is seeded with
+#: seed * 1_000_003 + step, which must stay below 2**64 (`resstream.training.data`).
+MAX_SEED = 2**32
+
+#: The range of every int and float field (`cut_layer` depends on `n_layer`: see `validate`).
+RANGES: dict[str, Bounds] = {
+    "n_layer": Bounds(1, _COUNT, high_open=True),
+    "n_head": Bounds(1, _COUNT, high_open=True),
+    "d_model": Bounds(1, _COUNT, high_open=True),
+    "d_mlp": Bounds(0, _COUNT, high_open=True, note="0: 4 x `d_model`"),
+    "block_size": Bounds(1, _COUNT, high_open=True),
+    "vocab_size": Bounds(0, _MAX_VOCAB, note="0: the tokenizer's size"),
+    "dropout": Bounds(0.0, 1.0, high_open=True),
+    "alpha": Bounds(0.0, 1.0, low_open=True),
+    "gate_strength": Bounds(0.0, 1.0, low_open=True, high_open=True),
+    "val_fraction": Bounds(0.0, 0.5, low_open=True),
+    "bpe_vocab_size": Bounds(258, _MAX_VOCAB, note="256 bytes + the eos token + 1 merge at least"),
+    "lr": Bounds(0.0, MAX_LR, low_open=True),
+    "min_lr": Bounds(0.0, MAX_LR),
+    "gate_lr": Bounds(0.0, MAX_LR),
+    "weight_decay": Bounds(0.0, math.inf, high_open=True),
+    "beta1": Bounds(0.0, 1.0, high_open=True),
+    "beta2": Bounds(0.0, 1.0, high_open=True),
+    "warmup_steps": Bounds(0, _COUNT, high_open=True),
+    "grad_clip": Bounds(0.0, math.inf, high_open=True, note="0 disables clipping"),
+    "max_steps": Bounds(1, _COUNT, high_open=True),
+    "batch_size": Bounds(1, _COUNT, high_open=True),
+    "grad_accum": Bounds(1, _COUNT, high_open=True),
+    "seed": Bounds(0, MAX_SEED, high_open=True),
+    "eval_interval": Bounds(1, _COUNT, high_open=True),
+    "eval_batches": Bounds(1, _COUNT, high_open=True),
+    "checkpoint_interval": Bounds(1, _COUNT, high_open=True),
+    "log_interval": Bounds(1, _COUNT, high_open=True),
+    "peak_flops": Bounds(0.0, math.inf, high_open=True, note="0: a known GPU's peak"),
+    "threads": Bounds(0, _COUNT, high_open=True, note="0: torch's default"),
+}
+
+
+def check_ranges(config: TrainConfig) -> None:
+    """Refuse the first numeric field outside its `RANGES` entry, naming the range."""
+    for name, bounds in RANGES.items():
+        value = getattr(getattr(config, FIELDS[name][0]), name)
+        if not bounds.allows(value):
+            raise UsageError(f"`{name}` {value} is outside {bounds}")
 
 
 def validate(config: TrainConfig) -> None:
-    """Refuse values that no model or run can use, with a one-line message."""
+    """Refuse values that no model or run can use, with a one-line message: every number
+    outside its range (`RANGES`), then the rules that tie fields together."""
+    check_ranges(config)
     m, o, r = config.model, config.optim, config.run
-    for name in ("n_layer", "n_head", "d_model", "block_size"):
-        _positive(name, getattr(m, name))
-    for name in (
-        "max_steps",
-        "batch_size",
-        "grad_accum",
-        "eval_batches",
-        "eval_interval",
-        "checkpoint_interval",
-        "log_interval",
-    ):
-        _positive(name, getattr(r, name))
-    if m.d_mlp < 0:
-        raise UsageError(f"`d_mlp` {m.d_mlp} must be >= 0 (0 means 4 x `d_model`)")
     if m.d_model % m.n_head:
         raise UsageError(f"`d_model` {m.d_model} must be divisible by `n_head` {m.n_head}")
     if m.pos_emb == "rotary" and (m.d_model // m.n_head) % 2:
         raise UsageError(f"rotary embeddings need an even head size, got {m.d_model // m.n_head}")
-    if not 0 < m.alpha <= 1:
-        raise UsageError(f"`alpha` {m.alpha} is outside (0, 1]")
     if m.gate == "fixed" and not 0 <= m.resolved_cut_layer < m.n_layer:
         raise UsageError(f"`cut_layer` {m.cut_layer} is outside [0, {m.n_layer}) for {m.n_layer} layers")
-    if not 0 < m.gate_strength < 1:
-        raise UsageError(f"`gate_strength` {m.gate_strength} is outside (0, 1)")
-    if not 0 <= m.dropout < 1:
-        raise UsageError(f"`dropout` {m.dropout} is outside [0, 1)")
     if r.batch_size % r.grad_accum:
         raise UsageError(f"`batch_size` {r.batch_size} must be divisible by `grad_accum` {r.grad_accum}")
-    if o.lr <= 0 or o.min_lr < 0 or o.min_lr > o.lr or o.gate_lr < 0:
-        raise UsageError(
-            f"learning rates must satisfy 0 <= `min_lr` <= `lr` and `lr` > 0, `gate_lr` >= 0 "
-            f"(got lr={o.lr}, min_lr={o.min_lr}, gate_lr={o.gate_lr})"
-        )
-    if o.warmup_steps < 0 or o.grad_clip < 0 or o.weight_decay < 0:
-        raise UsageError("`warmup_steps`, `grad_clip` and `weight_decay` must be >= 0")
-    if not 0 < config.data.val_fraction <= 0.5:
-        raise UsageError(f"`val_fraction` {config.data.val_fraction} is outside (0, 0.5]")
+    if o.min_lr > o.lr:
+        raise UsageError(f"`min_lr` {o.min_lr} must be <= `lr` {o.lr}")
 
 
 def identity_diff(old: TrainConfig, new: TrainConfig) -> list[str]:

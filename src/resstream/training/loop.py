@@ -49,8 +49,10 @@ from resstream.data.tokens import check_cache_dir
 from resstream.devices import resolve_device
 from resstream.errors import RunError, UsageError
 from resstream.io import run_record, write_json
-from resstream.rundir import check_free_space, free_bytes, human, mount_point, write_failure
+from resstream.resources import format_bytes
+from resstream.rundir import check_free_space, free_bytes, mount_point, write_failure
 from resstream.training import checkpoint as ckpt
+from resstream.training.budget import check_training_budget
 from resstream.training.config import TrainConfig, from_dict, identity_diff
 from resstream.training.data import check_enough_tokens, eval_starts, micro_batch, windows
 from resstream.training.distributed import check_batch_layout, init_distributed, writer_lock
@@ -171,6 +173,7 @@ class Trainer:
         device_kind = resolve_device(config.run.device).type
         self.dist = init_distributed(device_kind)
         self.device = resolve_device(config.run.device, local_rank=self.dist.local_rank)
+        check_training_budget(config, self.device, world=self.dist.world)
         if config.run.threads > 0:
             torch.set_num_threads(config.run.threads)
         check_batch_layout(config, self.dist.world)
@@ -181,6 +184,7 @@ class Trainer:
         self.corpus.scan()
         self.tokenizer = prepare_tokenizer(config, self.corpus, self.out_dir, resume)
         self.config = resolve_vocab(config, len(self.tokenizer))
+        check_training_budget(self.config, self.device, world=self.dist.world)  # the real vocabulary
         self._check_resume_compatible()
         self.schedule_steps = schedule_steps(self.config, self.checkpoint)
         self.splits = build_token_cache(
@@ -503,8 +507,8 @@ class Trainer:
                 raise
             raise RunError(
                 f"no space left on {mount_point(self.out_dir)} for checkpoint {step} in `out_dir` "
-                f"{str(self.out_dir)!r}: it needs ~{human(self._checkpoint_bytes())}, "
-                f"{human(free_bytes(self.out_dir))} free; stopped, {self._good_checkpoint_text()}"
+                f"{str(self.out_dir)!r}: it needs ~{format_bytes(self._checkpoint_bytes())}, "
+                f"{format_bytes(free_bytes(self.out_dir))} free; stopped, {self._good_checkpoint_text()}"
             ) from None
         self.unverified = step
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from resstream.training.budget import flops_per_token
 from resstream.training.config import ModelConfig
 from resstream.training.gates import ResidualGate, make_gate
 
@@ -203,6 +204,6 @@ class GPT(nn.Module):
         return total
 
     def flops_per_token(self) -> float:
-        """Training FLOPs per token (forward + backward): 6·N + 12·L·d·T (PaLM appendix B)."""
-        c = self.config
-        return 6 * self.num_params(include_embeddings=False) + 12 * c.n_layer * c.d_model * c.block_size
+        """Training FLOPs per token (forward + backward): 6·N + 12·L·d·T (PaLM appendix B),
+        from the config (`resstream.training.budget.flops_per_token`)."""
+        return flops_per_token(self.config)

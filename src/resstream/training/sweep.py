@@ -34,6 +34,7 @@ from resstream.errors import UsageError
 from resstream.io import run_record, write_json
 from resstream.rundir import locked_directory
 from resstream.training import checkpoint as ckpt
+from resstream.training.budget import check_training_budget
 from resstream.training.config import TrainConfig, from_dict, identity_diff, validate
 from resstream.training.records import (
     EVAL_FILE,
@@ -114,6 +115,7 @@ def plan_sweep(
     learned: bool = True,
 ) -> SweepPlan:
     """Plan baseline, fixed cuts (at `layers`, default all) and learned gate for each seed."""
+    check_training_budget(base)  # before planning a run per layer of an absurd `n_layer`
     seeds = tuple(dict.fromkeys(seeds)) if seeds else (base.run.seed,)
     n_layer = base.model.n_layer
     layers = check_layers(range(n_layer) if layers is None else layers, n_layer)
