@@ -395,7 +395,8 @@ def _param_dtype(config: Any, dtype: str, device: str, device_map: str | None) -
         return DTYPES[dtype]
     if device_map is None and device.startswith("cpu"):
         return torch.float32
-    saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    # transformers 4.x stores `torch_dtype`; 5.x `dtype`, where reading `torch_dtype` warns
+    saved = getattr(config, "dtype", None) or vars(config).get("torch_dtype")
     saved = getattr(torch, saved, None) if isinstance(saved, str) else saved
     return saved if isinstance(saved, torch.dtype) else torch.bfloat16
 
