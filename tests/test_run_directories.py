@@ -327,7 +327,7 @@ def test_a_real_file_system_that_fills_up_while_writing(small_tmpfs, capsys, mon
 
 
 def interrupted_after(delay: float, out: Path) -> tuple[int, str]:
-    process = resstream_process(*SIMULATE, "--sims", "1000000", "--out", str(out))
+    process = resstream_process(*SIMULATE, "--sims", "20000000", "--out", str(out))
     time.sleep(delay)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
