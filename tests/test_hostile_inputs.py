@@ -56,7 +56,21 @@ def a_file_named(name: str) -> Callable[[Path], None]:
     return lambda tmp: (tmp / name).write_text("a file, not a directory")
 
 
+def a_simulation_output(tmp: Path) -> None:
+    """A directory that holds the output set of `resstream simulate`."""
+    (tmp / "sim").mkdir()
+    (tmp / "sim" / "simulate.json").write_text("{}")
+    (tmp / "sim" / "run.json").write_text('{"config": {"command": "simulate"}, "files": ["simulate.json"]}')
+
+
 OUTPUT_CASES: list[Hostile] = [
+    Hostile(
+        "train-into-an-analysis-output",
+        "train {train} --dataset {corpus} --out {tmp}/sim",
+        ("--out", "holds the outputs of resstream simulate", "choose another directory"),
+        2,
+        a_simulation_output,
+    ),
     Hostile(
         "out-is-a-file",
         f"{SIMULATE} --out {{tmp}}/taken",

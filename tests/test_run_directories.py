@@ -262,8 +262,9 @@ def test_a_full_disk_while_writing_keeps_nothing_of_the_run(tmp_path, capsys, mo
 
     def write_text_disk_full(path, text):
         calls.append(path)
-        if len(calls) == 2:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if len(calls) == 2:  # a write() fails: atomic_path names the file it was writing
+            with resstream.io.atomic_path(path):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real(path, text)
 
     monkeypatch.setattr(resstream.io, "write_text", write_text_disk_full)
@@ -289,8 +290,10 @@ def test_write_failures_elsewhere_are_not_blamed_on_out(tmp_path):
     assert rundir.write_failure(error, tmp_path, "out") is None
     inside = OSError(errno.EACCES, "Permission denied", str(tmp_path / "x.json"))
     assert isinstance(rundir.write_failure(inside, tmp_path, "out"), UsageError)
-    full = OSError(errno.ENOSPC, "No space left on device")
+    full = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "x.json"))
     assert isinstance(rundir.write_failure(full, tmp_path, "out"), RunError)
+    unnamed = OSError(errno.ENOSPC, "No space left on device")  # could be any file: not blamed
+    assert rundir.write_failure(unnamed, tmp_path, "out") is None
 
 
 @pytest.fixture
@@ -443,3 +446,46 @@ def test_a_disk_that_fills_up_during_a_checkpoint_names_the_last_good_one(tmp_pa
     monkeypatch.setattr(ckpt, "save_tensors", real)  # room again: the run continues from step 6
     code = main([*train_args(tmp_path, "--max-steps", "12"), "--resume"])
     assert code == 0, capsys.readouterr().err
+
+
+def test_a_sweeps_run_folder_is_locked_like_any_training_run(tmp_path, capsys):
+    """The sweep trains its runs itself: each run folder is held as `train` holds its own."""
+    sweep = tmp_path / "sweep"
+    holder = hold_lock(sweep / "seed-0" / "baseline")  # e.g. a `train --resume` on that run
+    try:
+        args = train_args(tmp_path, "--max-steps", "3", "--layers", "0", "--no-learned")
+        args[0] = "sweep"
+        args[args.index("--out") + 1] = str(sweep)
+        code = main(args)
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert (
+        f"{str(sweep / 'seed-0' / 'baseline')!r} is in use by another resstream process (pid {holder.pid}"
+        in err
+    )
+
+
+def test_a_full_cache_disk_names_the_cache_dir(tmp_path, capsys, monkeypatch):
+    import resstream.data.tokens as tokens
+
+    class FullDisk:
+        """A token chunk whose write fails as numpy's `tofile` does on a full disk."""
+
+        def __len__(self):
+            return 1000
+
+        def astype(self, dtype):
+            return self
+
+        def tofile(self, handle):
+            raise OSError("125234 requested and 32768 written")  # no errno
+
+    monkeypatch.setattr(tokens, "token_chunks", lambda *args: iter([FullDisk()]))
+    code = main(train_args(tmp_path, "--max-steps", "3"))
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and len(err.splitlines()) == 1, err
+    assert f"cannot write the token cache into --cache-dir {str(tmp_path / 'cache')!r}" in err, err
+    assert "125234 requested and 32768 written" in err and " free)" in err, err

@@ -33,7 +33,12 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     os.close(fd)
     tmp_path = Path(tmp)
     try:
-        yield tmp_path
+        try:
+            yield tmp_path
+        except OSError as exc:
+            if exc.filename is None and exc.errno is not None:  # a failed write() names no file
+                exc.filename = str(tmp_path)
+            raise
         # mkstemp makes 0600 and some writers (safetensors) recreate the file with their own
         # mode: the final file gets the mode the umask gives, as any other file would
         os.chmod(tmp_path, 0o666 & ~current_umask())

@@ -90,10 +90,11 @@ def _where(path: Path, param: str | None) -> str:
 
 
 def _concerns(exc: OSError, path: Path) -> bool:
-    """Whether the failed operation was on `path` or below it (an error without a file name,
-    as a failed write() has, is taken to be the destination's)."""
+    """Whether the failed operation was on `path` or below it. An error without a file name
+    (a failed write() has none; `io.atomic_path` adds it for its own writes) is not taken to
+    be the destination's: it could come from any file."""
     if not exc.filename:
-        return True
+        return False
     target = Path(os.fsdecode(exc.filename)).absolute()
     base = path.absolute()
     return target == base or base in target.parents
@@ -211,7 +212,8 @@ def _try_lock(fd: int) -> bool:
 def _holder(fd: int) -> str:
     """'pid 123, train, since 14:03:22' from a held lock file (what it says, if readable)."""
     try:
-        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        os.lseek(fd, 0, os.SEEK_SET)
+        info = json.loads(os.read(fd, 4096).decode() or "{}")
     except (OSError, ValueError, UnicodeDecodeError):
         info = {}
     if not isinstance(info, dict) or "pid" not in info:

@@ -39,6 +39,9 @@ def run() -> None:
         code = interrupted_exit()
     if code == 130:
         _exit_now(code)
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the command has finished: let it exit with its code
     sys.exit(code)
 
 

@@ -33,8 +33,10 @@ import numpy as np
 from resstream.data.files import Document, tokenizer_pieces
 from resstream.data.sources import Corpus, CorpusStream
 from resstream.data.tokenizer import tokenizer_fingerprint
-from resstream.errors import UsageError
+from resstream.errors import RunError, UsageError, short_reason
 from resstream.io import atomic_path, write_json
+from resstream.resources import format_bytes
+from resstream.rundir import free_bytes
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -185,7 +187,13 @@ def build_token_cache(
     path = Path(cache_dir) / f"tokens-{fingerprint}.bin"
     meta = _read_sidecar(path, fingerprint)
     if meta is None:
-        meta = _build(corpus, tokenizer, path, fingerprint, val_fraction)
+        try:
+            meta = _build(corpus, tokenizer, path, fingerprint, val_fraction)
+        except OSError as exc:  # numpy's tofile reports a full disk with no errno
+            raise RunError(
+                f"cannot write the token cache into `cache_dir` {str(cache_dir)!r}: {short_reason(exc)} "
+                f"({format_bytes(free_bytes(Path(cache_dir)))} free)"
+            ) from None
     return _open(path, meta)
 
 

@@ -50,7 +50,7 @@ from resstream.devices import resolve_device
 from resstream.errors import RunError, UsageError
 from resstream.io import run_record, write_json
 from resstream.resources import format_bytes
-from resstream.rundir import check_free_space, free_bytes, mount_point, write_failure
+from resstream.rundir import check_free_space, free_bytes, mount_point, previous_command, write_failure
 from resstream.training import checkpoint as ckpt
 from resstream.training.budget import check_training_budget
 from resstream.training.config import TrainConfig, from_dict, identity_diff
@@ -206,6 +206,12 @@ class Trainer:
         has_run = (
             ckpt.latest_checkpoint_step(self.out_dir) is not None or (self.out_dir / ckpt.MODEL_FILE).exists()
         )
+        holder = previous_command(self.out_dir)
+        if holder not in (None, "train"):
+            raise UsageError(
+                f"`out_dir` {str(self.out_dir)!r} holds the outputs of resstream {holder}; choose "
+                f"another directory (its run.json would be replaced)"
+            )
         if self.resume:
             return ckpt.load_checkpoint(self.out_dir)
         if has_run:

@@ -32,7 +32,7 @@ from typing import Any
 
 from resstream.errors import UsageError
 from resstream.io import run_record, write_json
-from resstream.rundir import locked_directory
+from resstream.rundir import locked_directory, write_failure
 from resstream.training import checkpoint as ckpt
 from resstream.training.budget import check_training_budget
 from resstream.training.config import TrainConfig, from_dict, identity_diff, validate
@@ -262,15 +262,16 @@ def _train_or_skip(
 
     run_dir = run.path(root)
     label = f"sweep [{index}/{total}] seed {run.seed} {run.name}"
-    if (run_dir / MODEL_META).is_file():
+    with locked_directory(run_dir, "train", param=None):  # as `loop.train` holds its run folder
+        if (run_dir / MODEL_META).is_file():
+            if log:
+                log(f"{label}: finished earlier, skipped")
+            return
+        resume = ckpt.latest_checkpoint_step(run_dir) is not None
+        trainer = Trainer(run.config, run_dir, resume=resume, progress=progress)
         if log:
-            log(f"{label}: finished earlier, skipped")
-        return
-    resume = ckpt.latest_checkpoint_step(run_dir) is not None
-    trainer = Trainer(run.config, run_dir, resume=resume, progress=progress)
-    if log:
-        log(f"{label}: {'resuming' if resume else 'training'}")
-    trainer.run()
+            log(f"{label}: {'resuming' if resume else 'training'}")
+        trainer.run()
 
 
 def _evaluate_all(
@@ -374,12 +375,18 @@ def run_sweep(
 
     root = Path(out_dir)
     with writer_lock(root, "sweep", param="out_dir"):
-        check_existing(plan, root)
-        total = len(plan.runs)
-        for index, run in enumerate(plan.runs, 1):
-            _train_or_skip(run, root, index, total, progress, log)
-        if benchmarks:
-            _evaluate_all(plan, root, benchmarks, max_eval_tokens, progress, log)
-        result = collect(plan, root, benchmarks)
-        _write_outputs(result, plan, max_eval_tokens)
+        try:
+            check_existing(plan, root)
+            total = len(plan.runs)
+            for index, run in enumerate(plan.runs, 1):
+                _train_or_skip(run, root, index, total, progress, log)
+            if benchmarks:
+                _evaluate_all(plan, root, benchmarks, max_eval_tokens, progress, log)
+            result = collect(plan, root, benchmarks)
+            _write_outputs(result, plan, max_eval_tokens)
+        except OSError as exc:  # a full disk or lost permission under the sweep's folder
+            failure = write_failure(exc, root, "out_dir", kept="its finished runs are kept")
+            if failure is None:
+                raise
+            raise failure from None
     return result
