@@ -445,11 +445,21 @@ def fill(command: str, tmp: Path) -> list[str]:
     return text.replace("{corpus}", str(tmp / "corpus.txt")).split()
 
 
+def snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under `root` with its size and modification time, and every folder (whose
+    own time changes when the lock file comes and goes)."""
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) if p.is_file() else (0, 0)
+        for p in root.rglob("*")
+    }
+
+
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_hostile_input_gets_one_line(case: Hostile, tmp_path, capsys):
     (tmp_path / "corpus.txt").write_text(corpus_text(), encoding="utf-8")
     if case.setup is not None:
         case.setup(tmp_path)
+    before = snapshot(tmp_path)
     capsys.readouterr()
     code = main(fill(case.command, tmp_path))
     err = capsys.readouterr().err.strip()
@@ -459,6 +469,8 @@ def test_hostile_input_gets_one_line(case: Hostile, tmp_path, capsys):
     for pattern in case.patterns:
         assert pattern in err, (pattern, err)
     assert_nothing_written(tmp_path / "out")
+    after = snapshot(tmp_path)  # nothing written anywhere: not into --out, nor beside it
+    assert {k: v for k, v in after.items() if not k.startswith("cache")} == before
 
 
 def test_case_names_are_unique():

@@ -489,3 +489,39 @@ def test_a_full_cache_disk_names_the_cache_dir(tmp_path, capsys, monkeypatch):
     assert code == 1 and len(err.splitlines()) == 1, err
     assert f"cannot write the token cache into --cache-dir {str(tmp_path / 'cache')!r}" in err, err
     assert "125234 requested and 32768 written" in err and " free)" in err, err
+
+
+STRESS = """
+import sys, time
+from resstream.rundir import locked_directory
+from resstream.errors import UsageError
+held = refused = 0
+start = time.time()
+while time.time() - start < 3:
+    try:
+        with locked_directory(f"{sys.argv[1]}/{int(time.time() * 50)}/x", "stress"):
+            held += 1
+    except UsageError:
+        refused += 1
+print(held, refused)
+"""
+
+
+@pytest.mark.slow
+def test_processes_creating_and_removing_the_same_folders_get_a_lock_or_a_refusal(tmp_path):
+    """Eight processes lock fresh folders that the others create and remove meanwhile: each
+    attempt ends in the lock or the one-line refusal, never in another exception."""
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", STRESS, str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(8)
+    ]
+    for worker in workers:
+        out, err = worker.communicate(timeout=120)
+        assert worker.returncode == 0, err
+        held, refused = map(int, out.split())
+        assert held > 0 and refused > 0, out

@@ -28,7 +28,6 @@ import json
 import os
 import shutil
 import socket
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -119,18 +118,17 @@ def locked_directory(
             _held[key] -= 1
         return
     created = _make_directory(directory, param)
+    handle = None
     try:
-        handle = _acquire(directory, command, param)
-    except BaseException:
-        _remove_if_empty(directory, created)
-        raise
-    _held[key] = 1
-    try:
+        with deferred_interrupts():  # a Ctrl-C here must not leave a lock nobody releases
+            handle = _acquire(directory, command, param)
+            _held[key] = 1
         remove_leftovers(directory)
         yield directory
     finally:
-        del _held[key]
-        _release(handle, directory)
+        if handle is not None:
+            _held.pop(key, None)
+            _release(handle, directory)
         _remove_if_empty(directory, created)
 
 
@@ -140,10 +138,24 @@ def _make_directory(directory: Path, param: str | None) -> Path | None:
         raise UsageError(f"{_where(directory, param)} is a file; give a directory")
     missing = [p for p in (directory, *directory.parents) if not p.exists()]
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        _ensure_directory(directory)
     except OSError as exc:
         raise write_failure(exc, directory, param) or exc from None
     return missing[-1] if missing else None
+
+
+def _ensure_directory(directory: Path, attempts: int = 20) -> None:
+    """`mkdir -p`, robust to other processes creating and removing the same folders meanwhile
+    (each removes a folder it created once it is done with it: `_remove_if_empty`)."""
+    for attempt in range(attempts):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            return
+        except (FileExistsError, FileNotFoundError):
+            if directory.is_dir():
+                return
+            if attempt == attempts - 1:
+                raise
 
 
 def _remove_if_empty(directory: Path, created: Path | None) -> None:
@@ -165,6 +177,9 @@ def _acquire(directory: Path, command: str, param: str | None) -> int:
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except FileNotFoundError:  # another process removed the folder it had created: again
+            _ensure_directory(directory)
+            continue
         except OSError as exc:
             raise write_failure(exc, directory, param) or exc from None
         if not _try_lock(fd):
@@ -357,8 +372,9 @@ def output_set(
                 f"choose another directory (its {RUN_FILE} would be replaced)"
             )
         check_free_space(directory, need_bytes, param)
-        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=directory))
+        staging = directory / f"{STAGING_PREFIX}{os.getpid()}"  # under the lock: one per directory
         try:
+            staging.mkdir()
             outputs = OutputSet(directory, staging)
             yield outputs
             outputs.commit()
