@@ -105,3 +105,21 @@ def test_each_caller_of_path_detection_refuses_a_missing_path_without_trying_the
         load_tokenizer("org/name/sub")
     with pytest.raises(UsageError, match=r"file 'a\\\\b' does not exist"):
         load_corpus("a\\b")
+
+
+def test_json_outputs_are_strict_json_even_with_non_finite_values(tmp_path):
+    """Python's json writes NaN and Infinity, which are not JSON: every output turns them to null."""
+    import numpy as np
+    import torch
+
+    from resstream.io import write_json
+    from tests.cli_support import strict_json
+
+    value = {
+        "loss": float("nan"),
+        "rates": np.array([1.0, np.inf]),
+        "t": torch.tensor([-np.inf, 2.0]),
+        "x": 1,
+    }
+    write_json(tmp_path / "a.json", value)
+    assert strict_json(tmp_path / "a.json") == {"loss": None, "rates": [1.0, None], "t": [None, 2.0], "x": 1}

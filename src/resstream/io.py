@@ -68,15 +68,21 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write `obj` as indented JSON, atomically."""
-    write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+    """Write `obj` as indented, strict JSON (see `strict_json`), atomically."""
+    write_text(path, strict_json(obj, indent=2) + "\n")
+
+
+def strict_json(obj: Any, **options: Any) -> str:
+    """`obj` as JSON that every parser reads: a non-finite float (nan, ±inf, which Python's
+    `json` would write as the invalid NaN / Infinity) becomes null, also inside arrays."""
+    return json.dumps(jsonable(obj), allow_nan=False, default=_json_default, **options)
 
 
 def _json_default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
+    if hasattr(obj, "tolist"):  # numpy and torch arrays and scalars
+        return jsonable(obj.tolist())
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 

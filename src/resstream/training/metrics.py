@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from resstream.io import write_text
+from resstream.io import strict_json, write_text
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -24,7 +24,7 @@ class MetricsLog:
     def __init__(self, path: Path, enabled: bool, resume_step: int | None) -> None:
         self.path, self.enabled = path, enabled
         if enabled and resume_step is not None and path.exists():
-            kept = [json.dumps(rec) for rec in read_records(path) if rec.get("step", 0) <= resume_step]
+            kept = [strict_json(rec) for rec in read_records(path) if rec.get("step", 0) <= resume_step]
             write_text(path, "".join(line + "\n" for line in kept))
         elif enabled and resume_step is None:
             write_text(path, "")
@@ -32,7 +32,7 @@ class MetricsLog:
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:
             with self.path.open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps(record) + "\n")
+                fh.write(strict_json(record) + "\n")
                 fh.flush()
 
 
