@@ -21,13 +21,11 @@ import pytest
 
 from resstream.cli.main import main
 from tests.cli_support import assert_nothing_written
+from tests.test_cli_train import TINY
 from tests.test_train import corpus_text
 
-#: Flags of a train run small enough for a test (2 layers, d_model 16, 300-token BPE).
-TINY_TRAIN = (
-    "--n-layer 2 --n-head 2 --d-model 16 --block-size 16 --bpe-vocab-size 300 --batch-size 4 "
-    "--eval-interval 3 --eval-batches 1 --checkpoint-interval 3 --quiet --cache-dir {tmp}/cache"
-)
+#: Flags of a train run small enough for a test (test_cli_train's), caching under the test's folder.
+TINY_TRAIN = " ".join(TINY) + " --cache-dir {tmp}/cache"
 
 
 @dataclass(frozen=True)

@@ -301,6 +301,16 @@ def previous_command(directory: Path) -> str | None:
     return config.get("command") if isinstance(config, dict) else None
 
 
+def refuse_another_commands_run(directory: Path, command: str, param: str | None = "out") -> None:
+    """Refuse a directory that holds another command's run: its run.json would be replaced."""
+    holder = previous_command(directory)
+    if holder not in (None, command):
+        raise UsageError(
+            f"{_where(directory, param)} holds the outputs of resstream {holder}; "
+            f"choose another directory (its {RUN_FILE} would be replaced)"
+        )
+
+
 class OutputSet:
     """The outputs of one run, staged and then moved into place together (see `output_set`)."""
 
@@ -365,12 +375,7 @@ def output_set(
     """
     directory = Path(path)
     with locked_directory(directory, command, param=param):
-        holder = previous_command(directory)
-        if holder not in (None, command):
-            raise UsageError(
-                f"{_where(directory, param)} holds the outputs of resstream {holder}; "
-                f"choose another directory (its {RUN_FILE} would be replaced)"
-            )
+        refuse_another_commands_run(directory, command, param)
         check_free_space(directory, need_bytes, param)
         staging = directory / f"{STAGING_PREFIX}{os.getpid()}"  # under the lock: one per directory
         try:

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 EOS_TOKEN = "<|endoftext|>"
 GPT2_DIR = "gpt2-tokenizer"
 GPT2_MAX_LENGTH = 1024
+#: `save_tokenizer` writes into a hidden folder with this prefix beside the target, then renames.
+STAGING_PREFIX = ".tokenizer."
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
 
 
@@ -138,7 +140,7 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, directory: str | os.PathL
     """
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tokenizer.", dir=directory.parent))
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=directory.parent))
     try:
         tokenizer.save_pretrained(str(staging))
         if not directory.exists():

@@ -44,9 +44,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from resstream import rundir
+from resstream.data.tokenizer import STAGING_PREFIX as TOKENIZER_STAGING_PREFIX
 from resstream.errors import RunError, UsageError, short_reason
 from resstream.io import atomic_path, is_temporary_name, write_json
-from resstream.training.metrics import METRICS_FILE
 from resstream.training.records import MODEL_META
 
 CHECKPOINTS = "checkpoints"
@@ -56,7 +57,7 @@ TRAINER_FILE = "trainer.safetensors"
 STATE_FILE = "state.json"
 VERIFIED = "verified.json"
 DIVERGED = "diverged.json"
-RUN_RECORD = "run.json"
+RUN_RECORD = rundir.RUN_FILE
 TOKENIZER_DIR = "tokenizer"
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
 #: Elements per slice when non-finite values are counted (bounds the temporary mask).
@@ -352,13 +353,12 @@ def newest_good_checkpoint(run_dir: Path) -> CheckpointRef | None:
 
 # ------------------------------------------------------------------ leftovers
 #: Files that atomic writers (`io.atomic_path`: `.NAME.<random>.tmp`) write, per directory.
-_RUN_FILES = (RUN_RECORD, METRICS_FILE, MODEL_FILE, MODEL_META)
 _CHECKPOINT_FILES = (LATEST,)
 _MARKER_FILES = (VERIFIED, DIVERGED)
 #: safetensors' own temporary file beside its target (Rust `tempfile`: `.tmp` + 6 characters).
 _SAFETENSORS_TMP = re.compile(r"\.tmp[A-Za-z0-9]{6}")
-#: `data.save_tokenizer`'s staging folder (`tempfile.mkdtemp(prefix=".tokenizer.")`).
-_TOKENIZER_STAGING = re.compile(r"\.tokenizer\.[A-Za-z0-9_]{8}")
+#: `data.save_tokenizer`'s staging folder (`tempfile.mkdtemp` with its prefix).
+_TOKENIZER_STAGING = re.compile(re.escape(TOKENIZER_STAGING_PREFIX) + r"[A-Za-z0-9_]{8}")
 
 
 def _atomic_tmp(name: str, files: Iterable[str]) -> bool:
@@ -377,9 +377,10 @@ def remove_leftovers(run_dir: Path) -> None:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return
+    rundir.remove_leftovers(run_dir)  # the atomic writers' temporaries, as in any --out
     for path in run_dir.iterdir():
         name = path.name
-        if path.is_file() and (_atomic_tmp(name, _RUN_FILES) or _SAFETENSORS_TMP.fullmatch(name)):
+        if path.is_file() and _SAFETENSORS_TMP.fullmatch(name):
             path.unlink(missing_ok=True)
         elif path.is_dir() and _TOKENIZER_STAGING.fullmatch(name):
             shutil.rmtree(path, ignore_errors=True)

@@ -38,9 +38,7 @@ def init_distributed(device_kind: str) -> Distributed:
     """Join the torchrun process group when launched by torchrun, else a single process."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return Distributed()
-    info = Distributed(
-        int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
-    )
+    info = Distributed(launched_rank(), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0)))
     if device_kind == "cuda":
         torch.cuda.set_device(info.local_rank)  # before NCCL, so each process owns its GPU
     if not dist.is_initialized():

@@ -50,7 +50,13 @@ from resstream.devices import resolve_device
 from resstream.errors import RunError, UsageError
 from resstream.io import run_record, write_json
 from resstream.resources import format_bytes
-from resstream.rundir import check_free_space, free_bytes, mount_point, previous_command, write_failure
+from resstream.rundir import (
+    check_free_space,
+    free_bytes,
+    mount_point,
+    refuse_another_commands_run,
+    write_failure,
+)
 from resstream.training import checkpoint as ckpt
 from resstream.training.budget import check_training_budget
 from resstream.training.config import TrainConfig, from_dict, identity_diff
@@ -206,12 +212,7 @@ class Trainer:
         has_run = (
             ckpt.latest_checkpoint_step(self.out_dir) is not None or (self.out_dir / ckpt.MODEL_FILE).exists()
         )
-        holder = previous_command(self.out_dir)
-        if holder not in (None, "train"):
-            raise UsageError(
-                f"`out_dir` {str(self.out_dir)!r} holds the outputs of resstream {holder}; choose "
-                f"another directory (its run.json would be replaced)"
-            )
+        refuse_another_commands_run(self.out_dir, "train", "out_dir")
         if self.resume:
             return ckpt.load_checkpoint(self.out_dir)
         if has_run:
@@ -518,15 +519,19 @@ class Trainer:
             ) from None
         self.unverified = step
 
+    def _weights_bytes(self) -> int:
+        """Bytes of the model's weights (and buffers) as `model.safetensors` holds them."""
+        return sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
+
     def _checkpoint_bytes(self) -> int:
         """Bytes of one checkpoint: the weights and AdamW's two moments, each the weights' size."""
-        return 3 * sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
+        return 3 * self._weights_bytes()
 
     def _check_disk_space(self) -> None:
         """Refuse to start a run whose checkpoints cannot fit: a fresh run keeps two checkpoints
         while writing a third, then the final weights; a resumed one adds one checkpoint."""
         checkpoints = 1 if self.checkpoint is not None else 3
-        need = checkpoints * self._checkpoint_bytes() + self._checkpoint_bytes() // 3
+        need = (3 * checkpoints + 1) * self._weights_bytes()
         check_free_space(self.out_dir, need, "out_dir")
 
     def _write_run_files(self) -> None:
