@@ -10,12 +10,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from matplotlib.axis import Axis
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from resstream.io import atomic_path
 
 DPI = 120
+
+#: The input token and the next token as matplotlib mathtext (a real subscript, not "t_i+1").
+INPUT_TOKEN = r"$t_i$"
+NEXT_TOKEN = r"$t_{i+1}$"
 
 
 def new_figure(width: float = 6.4, height: float = 4.2) -> Figure:
@@ -34,3 +40,9 @@ def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
     finally:
         fig.clear()
     return path
+
+
+def integer_ticks(axis: Axis) -> None:
+    """Ticks on whole numbers only (layers, positions, steps): a shallow model's layer axis
+    gets 0, 1, 2 instead of 0.25, 0.50, ..."""
+    axis.set_major_locator(MaxNLocator(integer=True))
