@@ -2,15 +2,18 @@
 
 `main(argv)` runs a command in-process and returns its exit code: 0 on success, 2 for bad
 input (one line on stderr, nothing written), 1 for a run that had to stop, 130 on Ctrl-C.
-`--debug` anywhere on the command line shows the traceback instead.
+`--debug` anywhere on the command line shows the traceback instead. A bare `resstream`
+prints the help (exit 0); `resstream --version` prints the version.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import click
 import typer
+from typer.core import TyperCommand
 
 from resstream.cli import compare as compare_cmd
 from resstream.cli import eval as eval_cmd
@@ -22,6 +25,7 @@ from resstream.cli import sweep as sweep_cmd
 from resstream.cli import train as train_cmd
 from resstream.cli.entry import interrupted_exit
 from resstream.cli.flags import cli_message
+from resstream.cli.help import FlagsWithoutTypes, GroupWithoutFlagTypes
 from resstream.errors import ResstreamError
 from resstream.interrupts import was_interrupted
 
@@ -36,9 +40,35 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    cls=GroupWithoutFlagTypes,
 )
 for module in (train_cmd, eval_cmd, sweep_cmd, compare_cmd, shift_cmd, lens_cmd, simulate_cmd, recency_cmd):
     module.register(app)
+for info in app.registered_commands:  # every command's help shows flags without a type
+    if info.cls in (None, TyperCommand):
+        info.cls = FlagsWithoutTypes
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from resstream import __version__
+
+        typer.echo(f"resstream {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", is_eager=True, callback=_print_version, help="Print the version and exit."),
+    ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option("--debug", help="Show the full traceback of an error (anywhere on the command line)."),
+    ] = False,
+) -> None:
+    """Residual-stream analysis and residual-attenuation training for causal Transformer LMs."""
 
 
 def _error(message: str) -> None:
@@ -79,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     except _EXIT as exc:
         result = exc.exit_code
     except _CLI_ERRORS as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a bare `resstream`: the help was printed
+            return 0
         if debug:
             raise
         _error(_describe(exc, args))

@@ -1,0 +1,62 @@
+"""What `resstream`, `resstream --help`, `--version` and `--debug` show a new user."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import resstream
+from resstream.cli.main import app, main
+
+COMMANDS = [info.name for info in app.registered_commands]
+
+
+def test_a_bare_resstream_prints_the_help_and_no_error(capsys):
+    code = main([])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "Usage: resstream" in captured.out
+    assert "error" not in captured.err.lower()
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"resstream {resstream.__version__}"
+
+
+def test_the_top_level_help_lists_version_and_debug(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--version" in out and "--debug" in out
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_no_flag_shows_a_type_as_if_it_took_a_value(command, capsys):
+    assert main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "<bool>" not in out, out
+    assert re.search(r"--help\s+Show this message", out), out
+
+
+def test_options_with_values_keep_their_type(capsys):
+    assert main(["shift", "--help"]) == 0
+    assert re.search(r"--seq-len\s+<int>", capsys.readouterr().out)
+
+
+def test_debug_shows_the_traceback_instead_of_one_line(tmp_path):
+    with pytest.raises(resstream.errors.UsageError, match="top_k"):
+        main(
+            [
+                "shift",
+                "--top-k",
+                "0",
+                "--num-seqs",
+                "1",
+                "--seq-len",
+                "8",
+                "--out",
+                str(tmp_path / "o"),
+                "--debug",
+            ]
+        )
