@@ -92,3 +92,50 @@ def test_models_sharing_a_tokenizer_share_one_sample(monkeypatch: pytest.MonkeyP
     report = resstream.shift([None, str(reference_model_dir())], num_seqs=2, seq_len=16, progress=False)
     assert len(calls) == 1
     assert report.results[0].in_match == report.results[1].in_match
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory) -> str:
+    """A short text (the built-in corpus takes seconds to tokenise)."""
+    path = tmp_path_factory.mktemp("corpus") / "text.txt"
+    path.write_text("To be, or not to be, that is the question. " * 40, encoding="utf-8")
+    return str(path)
+
+
+def test_a_model_given_as_one_string_is_one_model(small_corpus: str) -> None:
+    report = resstream.shift("reference", dataset=small_corpus, num_seqs=2, seq_len=16, progress=False)
+    assert [r.model for r in report.results] == ["reference"]
+    recency = resstream.recency("reference", dataset=small_corpus, num_seqs=2, seq_len=8, progress=False)
+    assert [r.model for r in recency.results] == ["reference"]
+
+
+def test_the_api_names_are_visible_to_completion() -> None:
+    assert set(resstream.__all__) <= set(dir(resstream))
+    assert "__version__" in dir(resstream)
+
+
+def test_reports_print_as_a_summary(small_corpus: str) -> None:
+    report = resstream.shift(dataset=small_corpus, num_seqs=2, seq_len=16, progress=False)
+    text = repr(report)
+    assert len(text) < 100 + len(small_corpus), text
+    assert "reference: shift layer" in text and f"2 × 16 tokens of {small_corpus!r}" in text
+    assert len(repr(report.results[0])) < 200 and "to_dict()" in repr(report.results[0])
+
+
+def test_the_default_length_is_clipped_with_a_notice_in_python(small_corpus: str) -> None:
+    from resstream.models import load_model
+    from resstream.notices import ResstreamNotice
+    from resstream.training.config import ModelConfig
+    from resstream.training.model import GPT
+
+    tokenizer = load_model(None).tokenizer
+    model = GPT(ModelConfig(n_layer=1, n_head=1, d_model=8, block_size=24, vocab_size=len(tokenizer)))
+    with pytest.warns(ResstreamNotice, match=r"`seq_len` 24: the default 128 is longer than the context"):
+        report = resstream.shift(model, tokenizer=tokenizer, dataset=small_corpus, num_seqs=2, progress=False)
+    assert report.seq_len == 24
+    with pytest.raises(
+        UsageError, match=r"`seq_len` 32 is longer than the context of model '.*' \(24 tokens\)"
+    ):
+        resstream.shift(
+            model, tokenizer=tokenizer, dataset=small_corpus, num_seqs=2, seq_len=32, progress=False
+        )

@@ -214,6 +214,11 @@ def test_two_models_in_one_run(tmp_path, corpus, gpt2_dir, capsys, monkeypatch):
     record = json.loads((out / "run.json").read_text())
     assert record["config"]["models"] == [str(ref_dir), str(gpt2_dir)]
     assert str(gpt2_dir) in captured.out
+    # two tokenizers: each model drew its own windows, and each line and entry says which
+    assert first["sample"] != second["sample"] and report["sample"] is None
+    lines = captured.out.splitlines()
+    for entry in (first, second):
+        assert any(line.startswith(entry["model"] + ":") and entry["sample"] in line for line in lines), lines
 
 
 def write_rows(path: Path, rows: list[list[int]]) -> Path:
@@ -657,3 +662,57 @@ def test_ctrl_c_inside_a_file_write_leaves_nothing(tmp_path, corpus, capsys, mon
     check_interrupted(code, capsys)
     assert len(written) == 2
     assert_nothing_written(out)
+
+
+# --------------------------------------------------------------------------- the sequence length
+
+
+def _refuse_loading(monkeypatch) -> None:
+    """Make loading any model fail the test: a refusal must come before it."""
+    import resstream.api.inputs as inputs
+
+    monkeypatch.setattr(inputs, "load_model", lambda *args, **kwargs: pytest.fail("a model was loaded"))
+
+
+def test_the_default_length_is_clipped_to_the_shortest_context_with_a_note(
+    tmp_path, corpus, gpt2_dir, capsys, no_plots
+):
+    out = tmp_path / "out"
+    code = run_shift(
+        out, "--model", str(gpt2_dir), "--model", "reference", "--dataset", str(corpus), "--num-seqs", "2"
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    note = [line for line in captured.err.splitlines() if line.startswith("resstream: note:")]
+    assert note == [
+        f"resstream: note: --seq-len 32: the default 128 is longer than the context of model "
+        f"{str(gpt2_dir)!r} (32 tokens)"
+    ]
+    report = json.loads((out / "shift.json").read_text())
+    assert report["seq_len"] == 32 and json.loads((out / "run.json").read_text())["config"]["seq_len"] == 32
+    assert all(entry["num_tokens"] == 2 * 31 for entry in report["models"])
+
+
+def test_a_default_that_fits_gives_no_note(tmp_path, corpus, capsys, no_plots):
+    code = run_shift(tmp_path / "out", "--dataset", str(corpus), "--num-seqs", "2")
+    captured = capsys.readouterr()
+    assert code == 0 and "note" not in captured.err, captured.err
+
+
+@pytest.mark.parametrize(
+    ("extra", "patterns"),
+    [
+        (
+            ["--seq-len", "64"],
+            ["--seq-len 64 is longer than the context of model", "(32 tokens); allowed: 2..32"],
+        ),
+        (["--seq-len", "1"], ["--seq-len 1 is too short"]),
+        (["--num-seqs", "0"], ["--num-seqs 0 must be >= 1"]),
+        (["--dataset", "no-such-corpus"], ["unknown dataset 'no-such-corpus'"]),
+    ],
+)
+def test_bad_sample_requests_are_refused_before_any_model_loads(
+    tmp_path, corpus, gpt2_dir, capsys, monkeypatch, extra, patterns
+):
+    _refuse_loading(monkeypatch)
+    _bad(tmp_path, capsys, ["--model", str(gpt2_dir), "--dataset", str(corpus), *extra], *patterns)

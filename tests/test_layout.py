@@ -18,7 +18,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "resstream"
 
-BOTTOM = {"errors", "io", "devices", "hub", "assets", "interrupts", "rundir", "resources"}
+BOTTOM = {"errors", "io", "devices", "hub", "assets", "interrupts", "notices", "rundir", "resources"}
 ALLOWED: dict[str, set[str]] = {
     "cli": {"api", "reporting", "analysis", "training", "training.records", "simulation", "models"}
     | {"models.adapters", "capture", "data", "cli", "(root)"}
@@ -37,6 +37,7 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "io": {"errors"},
     "interrupts": set(),
+    "notices": set(),
     "rundir": {"errors", "io", "interrupts", "resources"},
     "devices": {"errors"},
     "hub": {"errors"},

@@ -374,7 +374,16 @@ def test_transformers_reports_are_silenced(tmp_path: Path, gpt2_dir) -> None:
     wrong = _with_config(gpt2_dir[0], tmp_path / "wrong", "config.json", n_layer=3)
     (wrong / "model.safetensors").write_bytes((gpt2_dir[0] / "model.safetensors").read_bytes())
     for model in (bad, wrong):
-        command = ["shift", "--model", str(model), "--out", str(tmp_path / "out"), "--quiet"]
+        command = [
+            "shift",
+            "--model",
+            str(model),
+            "--out",
+            str(tmp_path / "out"),
+            "--quiet",
+            "--seq-len",
+            "16",
+        ]
         done = subprocess.run(
             [sys.executable, "-m", "resstream", *command], capture_output=True, text=True, timeout=300
         )

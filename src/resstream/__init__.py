@@ -23,3 +23,9 @@ def __getattr__(name: str):
     if name in __all__:
         return getattr(importlib.import_module(f"resstream.api.{name}"), name)
     raise AttributeError(f"module 'resstream' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's names with the API functions, which exist before they are imported (so
+    completion in a notebook offers them)."""
+    return sorted({*globals(), *__all__})

@@ -81,6 +81,14 @@ class AlignmentResult:
         """JSON-ready dict (lists instead of tuples, None instead of nan)."""
         return jsonable(asdict(self))
 
+    def __repr__(self) -> str:
+        where = "never" if self.shift_layer is None else f"{self.shift_layer:.2f}"
+        return (
+            f"AlignmentResult({self.model!r}: shift layer {where} of {self.num_layers}, "
+            f"top-{self.top_k} {self.decoder}, {self.num_tokens:,} positions in "
+            f"{self.num_sequences} sequences; .to_dict() has every field)"
+        )
+
 
 def shift_layer_from_rates(in_match: Sequence[float], out_match: Sequence[float]) -> float | None:
     """First depth where out_match − in_match turns positive, interpolated linearly.

@@ -1,10 +1,13 @@
 """What every analysis command does before it analyses: models in, corpus sampled, batches out.
 
 * `each_model` turns the models a user gave — spec strings to load, or models already in
-  memory (`resstream.models.as_loaded`) — into `LoadedModel`s one at a time: every spec is
-  checked before any model is loaded, each model gets its corpus sample (models that share a
-  tokenizer share one sample), and the sample must fit the model's vocabulary and context.
-  A model held in memory is analysed in eval mode and handed back in the mode it had.
+  memory (`resstream.models.as_loaded`) — into `LoadedModel`s one at a time. Before any
+  model is loaded, every spec is checked (from its config), the corpus is found and the
+  sequence length is settled: a length the user left to the default is clipped to the
+  shortest context among the models (with a notice), one they asked for must fit every
+  model. Each model then gets its corpus sample (models that share a tokenizer share one),
+  which must fit its vocabulary and context. A model held in memory is analysed in eval mode
+  and handed back in the mode it had.
 * `each_batch` stacks the sampled sequences into batches with a progress bar.
 """
 
@@ -14,31 +17,53 @@ import hashlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
 
-from resstream.data.sampling import SequenceSample, check_vocabulary
+from resstream.data.sampling import SequenceSample, check_sample_request, check_vocabulary
 from resstream.errors import UsageError
 from resstream.models import LoadedModel, ModelLike, ModelView, as_loaded, check_model, is_spec, load_model
+from resstream.notices import notify
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from resstream.data import CorpusStream
 
 
 @dataclass(frozen=True)
 class CorpusRequest:
     """What to sample for an analysis: `num_seqs` windows of `seq_len` tokens of `dataset`
-    with `seed`, or the rows of a pinned `.jsonl` (see `sample_corpus`)."""
+    with `seed`, or the rows of a pinned `.jsonl` (see `sample_corpus`). `seq_len` None
+    asks for `default_seq_len`, clipped to the shortest context among the models
+    (`settled_seq_len`)."""
 
     dataset: str
     num_seqs: int
-    seq_len: int
+    seq_len: int | None
     seed: int
     data_dir: str | os.PathLike[str] | None
+    default_seq_len: int = 128
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the dataset is a `.jsonl` whose rows may be token ids used as given."""
+        return self.dataset.endswith(".jsonl")
+
+
+@dataclass(frozen=True)
+class CheckedModel:
+    """A model an analysis was given, checked but not loaded: the entry as given, its name,
+    its context (None: unbounded or unknown) and, for a model in memory, its `LoadedModel`."""
+
+    entry: ModelLike
+    name: str
+    context: int | None
+    in_memory: LoadedModel | None
 
 
 @dataclass(frozen=True)
@@ -75,41 +100,83 @@ def check_batch_size(batch_size: int) -> None:
         raise UsageError(f"`batch_size` {batch_size} must be >= 1")
 
 
-def loaded_models(models: ModelLike | Sequence[ModelLike], options: LoadOptions) -> Iterator[LoadedModel]:
-    """Each model ready for analysis, loaded (specs) or wrapped (objects) one at a time.
-
-    `models` is one model or a list or tuple of them (an empty one: the reference model).
-    Every spec is checked and every object wrapped before the first model is loaded, so a bad
-    one is refused before time is spent on the others. The generator drops its reference to
-    a model before loading the next; the caller should too.
-    """
+def checked_models(models: ModelLike | Sequence[ModelLike], options: LoadOptions) -> list[CheckedModel]:
+    """Every model checked, none loaded: specs from their configs (`check_model`), objects
+    wrapped (`as_loaded`). `models` is one model or a list or tuple of them (an empty one:
+    the reference model)."""
     entries = (list(models) if isinstance(models, (list, tuple)) else [models]) or [None]
     _check_options(entries, options)
-    wrapped = {}
-    for index, model in enumerate(entries):
+    checked = []
+    for model in entries:
         if is_spec(model):
-            check_model(
+            context = check_model(
                 model,
                 trust_remote_code=options.trust_remote_code,
                 dtype=options.dtype,
                 device=options.device,
                 device_map=options.device_map,
             )
+            checked.append(CheckedModel(model, "reference" if model is None else str(model), context, None))
         else:
-            wrapped[index] = as_loaded(model, options.tokenizer)
-    for index, model in enumerate(entries):
-        if index in wrapped:
-            with eval_mode(wrapped[index].model):
-                yield wrapped[index]
+            loaded = as_loaded(model, options.tokenizer)
+            checked.append(CheckedModel(model, loaded.name, loaded.view.max_positions, loaded))
+    return checked
+
+
+def loaded_models(models: ModelLike | Sequence[ModelLike], options: LoadOptions) -> Iterator[LoadedModel]:
+    """Each model ready for analysis, loaded (specs) or wrapped (objects) one at a time.
+
+    Every model is checked (`checked_models`) before the first is loaded, so a bad one is
+    refused before time is spent on the others. The generator drops its reference to a model
+    before loading the next; the caller should too.
+    """
+    yield from _load_each(checked_models(models, options), options)
+
+
+def _load_each(checked: list[CheckedModel], options: LoadOptions) -> Iterator[LoadedModel]:
+    """The checked models loaded one at a time (a model in memory: in eval mode meanwhile)."""
+    for model in checked:
+        if model.in_memory is not None:
+            with eval_mode(model.in_memory.model):
+                yield model.in_memory
         else:
             yield load_model(
-                model,
+                model.entry,
                 dtype=options.dtype,
                 device=options.device,
                 device_map=options.device_map,
                 trust_remote_code=options.trust_remote_code,
                 progress=options.progress,
             )
+
+
+def settled_seq_len(corpus: CorpusRequest, checked: Sequence[CheckedModel]) -> int:
+    """The sequence length an analysis uses, decided before any model is loaded.
+
+    A length given (`corpus.seq_len`) must fit the shortest context among the models
+    (UsageError naming that model). Left to the default, it is `corpus.default_seq_len`,
+    clipped to the shortest context, with a notice saying so.
+    """
+    bounded = [model for model in checked if model.context is not None]
+    shortest = min(bounded, key=lambda model: model.context, default=None)
+    default = corpus.default_seq_len
+    if shortest is not None and shortest.context < default:
+        default = shortest.context
+    if corpus.pinned:  # token-id rows bring their own lengths, checked once read
+        return corpus.seq_len or default
+    if corpus.seq_len is not None:
+        if shortest is not None and corpus.seq_len > shortest.context:
+            raise UsageError(
+                f"`seq_len` {corpus.seq_len} is longer than the context of model "
+                f"{shortest.name!r} ({shortest.context} tokens); allowed: 2..{shortest.context}"
+            )
+        return corpus.seq_len
+    if default < corpus.default_seq_len:
+        notify(
+            f"`seq_len` {default}: the default {corpus.default_seq_len} is longer than "
+            f"the context of model {shortest.name!r} ({default} tokens)"
+        )
+    return default
 
 
 def _check_options(entries: Sequence[ModelLike], options: LoadOptions) -> None:
@@ -160,22 +227,27 @@ def each_model(
 ) -> Iterator[tuple[LoadedModel, SequenceSample, str | None]]:
     """(model, its sample, dataset fingerprint) for each model in turn (module docstring).
 
-    Each model passes `check(view)` (if given) before its sample is drawn. Use it in
-    `contextlib.closing`, so that a model held in memory gets its modes back when the caller
-    stops early or fails.
+    Before the first model loads, every model is checked, the corpus found and the sequence
+    length settled (`settled_seq_len`). Each model passes `check(view)` (if given) before its
+    sample is drawn. Use it in `contextlib.closing`, so that a model held in memory gets its
+    modes back when the caller stops early or fails.
     """
     from resstream.data import tokenizer_fingerprint
 
+    checked = checked_models(models, options)
+    check_sample_request(corpus.num_seqs, corpus.seq_len or corpus.default_seq_len)
+    stream = _corpus_stream(corpus)
+    corpus = replace(corpus, seq_len=settled_seq_len(corpus, checked))
     samples: dict[str, tuple[SequenceSample, str | None]] = {}  # by tokenizer
-    with closing(loaded_models(models, options)) as each_loaded:  # closed even on an error
+    with closing(_load_each(checked, options)) as each_loaded:  # closed even on an error
         for loaded in each_loaded:
             if check is not None:
                 check(loaded.view)
-            if not corpus.dataset.endswith(".jsonl"):  # pinned rows are checked once read
+            if not corpus.pinned:  # pinned rows are checked once read
                 check_length(corpus.seq_len, loaded.view, "`seq_len` {n}")
             key = tokenizer_fingerprint(loaded.tokenizer)
             if key not in samples:
-                samples[key] = sample_corpus(corpus, loaded.tokenizer, loaded.view.W_U.shape[0])
+                samples[key] = sample_corpus(corpus, loaded.tokenizer, loaded.view.W_U.shape[0], stream)
             sample, fingerprint = samples[key]
             _check_vocabulary(sample, loaded.view.W_U.shape[0], corpus.dataset)
             _check_sample_length(sample, loaded.view, corpus.dataset)
@@ -183,22 +255,37 @@ def each_model(
             del loaded
 
 
+def _corpus_stream(corpus: CorpusRequest) -> CorpusStream | None:
+    """The corpus, found (a bad name or path refused) before any model is loaded; None for a
+    pinned `.jsonl` file, which is read once a tokenizer is known."""
+    from resstream.data import default_split, stream_corpus
+
+    if corpus.pinned and Path(corpus.dataset).is_file():
+        return None
+    return stream_corpus(corpus.dataset, split=default_split(corpus.dataset), data_dir=corpus.data_dir)
+
+
 def sample_corpus(
-    corpus: CorpusRequest, tokenizer: PreTrainedTokenizerBase, vocab_size: int
+    corpus: CorpusRequest,
+    tokenizer: PreTrainedTokenizerBase,
+    vocab_size: int,
+    stream: CorpusStream | None = None,
 ) -> tuple[SequenceSample, str | None]:
-    """The sample a `CorpusRequest` asks for from `tokenizer`'s token stream, and the dataset
-    fingerprint (a pinned `.jsonl` of input_ids: its rows as given, fingerprinted by file,
-    each id checked against the model's `vocab_size`)."""
+    """The sample a `CorpusRequest` (with its `seq_len` settled) asks for from `tokenizer`'s
+    token stream, and the dataset fingerprint (a pinned `.jsonl` of input_ids: its rows as
+    given, fingerprinted by file, each id checked against the model's `vocab_size`).
+    `stream` is the corpus when it was opened already."""
     from resstream.data import default_split, load_token_rows, stream_corpus
     from resstream.data.sampling import sample_sequences, sample_token_rows
 
     dataset = corpus.dataset
-    if dataset.endswith(".jsonl") and Path(dataset).is_file():
+    if corpus.pinned and Path(dataset).is_file():
         rows = load_token_rows(dataset)
         if rows is not None:
             digest = hashlib.sha256(Path(dataset).read_bytes()).hexdigest()[:16]
             return sample_token_rows(rows, source=dataset, vocab_size=vocab_size), digest
-    stream = stream_corpus(dataset, split=default_split(dataset), data_dir=corpus.data_dir)
+    if stream is None:
+        stream = stream_corpus(dataset, split=default_split(dataset), data_dir=corpus.data_dir)
     sample = sample_sequences(
         stream,
         tokenizer,

@@ -18,6 +18,9 @@ from resstream.models import LoadedModel, ModelLike
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+#: Tokens per sequence when `seq_len` is not given (clipped to the shortest model context).
+DEFAULT_SEQ_LEN = 64
+
 
 @dataclass(frozen=True)
 class RecencyReport:
@@ -44,7 +47,7 @@ def recency(
     tokenizer: PreTrainedTokenizerBase | None = None,
     dataset: str = "shakespeare",
     num_seqs: int = 64,
-    seq_len: int = 64,
+    seq_len: int | None = None,
     batch_size: int = 8,
     seed: int = 0,
     threshold: float = 3.0,
@@ -58,16 +61,17 @@ def recency(
     """Mean attention by query and key position, per layer and head, over a corpus sample.
 
     Models are given as for `resstream.shift`, and the sample is drawn the same way (all
-    sequences must have one length: pinned rows of different lengths are refused). Each
-    sequence is one sample of the statistics, so the verdicts are the simulation's
+    sequences must have one length: pinned rows of different lengths are refused); `seq_len`
+    None means 64 tokens, clipped to the shortest model context as `resstream.shift` clips.
+    Each sequence is one sample of the statistics, so the verdicts are the simulation's
     (`resstream.analysis.recency`); `threshold` is the z-score a verdict needs.
     """
     if not threshold > 0:
         raise UsageError(f"`threshold` {threshold} must be > 0 (standard errors)")
     check_batch_size(batch_size)
-    corpus = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir)
+    corpus = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir, default_seq_len=DEFAULT_SEQ_LEN)
     options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
-    results, fingerprint, length = [], None, seq_len
+    results, fingerprint, length = [], None, seq_len or DEFAULT_SEQ_LEN
     with closing(each_model(models, corpus, options)) as each:
         for loaded, sample, fingerprint in each:  # noqa: B007 - the last one is reported
             length = _one_length(sample, dataset)

@@ -21,11 +21,15 @@ from resstream.api.inputs import (
     each_model,
 )
 from resstream.capture import residual_states
+from resstream.data.sampling import SequenceSample
 from resstream.errors import check_choice
 from resstream.models import LoadedModel, ModelLike, ModelView
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+#: Tokens per window when `seq_len` is not given (clipped to the shortest model context).
+DEFAULT_SEQ_LEN = 128
 
 
 @dataclass(frozen=True)
@@ -34,13 +38,27 @@ class ShiftReport:
 
     results: tuple[AlignmentResult, ...]
     dataset: str
-    sample_rule: str
     dataset_fingerprint: str | None
     num_seqs: int
     seq_len: int | None  # None for pinned rows of varying length
 
+    @property
+    def sample_rule(self) -> str | None:
+        """How the windows were chosen, when every model had the same sample; None when models
+        with different tokenizers drew their own (each result's `sample` says how)."""
+        rules = {result.sample for result in self.results}
+        return rules.pop() if len(rules) == 1 else None
+
+    def __repr__(self) -> str:
+        models = ", ".join(
+            f"{r.model}: shift layer {'never' if r.shift_layer is None else f'{r.shift_layer:.2f}'} "
+            f"of {r.num_layers}"
+            for r in self.results
+        )
+        return f"ShiftReport({models}; {self.num_seqs} × {self.seq_len} tokens of {self.dataset!r})"
+
     def to_dict(self) -> dict[str, Any]:
-        """The content of shift.json."""
+        """The content of shift.json (`sample` is None when models drew their own samples)."""
         return {
             "dataset": self.dataset,
             "sample": self.sample_rule,
@@ -57,7 +75,7 @@ def shift(
     tokenizer: PreTrainedTokenizerBase | None = None,
     dataset: str = "shakespeare",
     num_seqs: int = 64,
-    seq_len: int = 128,
+    seq_len: int | None = None,
     top_k: int = 5,
     decoder: DecoderKind = "logit-lens",
     batch_size: int = 8,
@@ -78,38 +96,38 @@ def shift(
     Each model gets `num_seqs` windows of `seq_len` tokens sampled from `dataset` with `seed`
     by the same rule (see `resstream.data.sampling`) from its own tokenizer's token stream, so
     models that share a tokenizer see identical windows; or a `.jsonl` of `input_ids` rows used
-    as given. Each model's entry records its own sample. Models are loaded one at a time and
+    as given. Each model's entry records its own sample. `seq_len` None means 128 tokens, or
+    the shortest context among the models when that is shorter (a `ResstreamNotice` says so);
+    a `seq_len` given must fit every model. Models are loaded one at a time and
     freed before the next; `progress` shows a bar per model.
     """
     check_choice("decoder", decoder, DECODERS)
     check_batch_size(batch_size)
-    corpus = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir)
+    corpus = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir, default_seq_len=DEFAULT_SEQ_LEN)
     options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
-    results, rule, lengths, count, fingerprint = [], "", set(), 0, None
+    results, lengths, count, fingerprint = [], set(), 0, None
 
     def check(view: ModelView) -> None:
         check_top_k(top_k, view.W_U.shape[0])
 
     with closing(each_model(models, corpus, options, check=check)) as each:
         for loaded, sample, fingerprint in each:  # noqa: B007 - the last one is reported
-            rule, count = sample.rule, len(sample.sequences)
-            lengths = {len(s) for s in sample.sequences}
-            results.append(_align(loaded, sample.sequences, rule, top_k, decoder, batch_size, progress))
+            count, lengths = len(sample.sequences), {len(s) for s in sample.sequences}
+            results.append(_align(loaded, sample, top_k, decoder, batch_size, progress))
             del loaded  # free this model before the next is loaded
     length = lengths.pop() if len(lengths) == 1 else None
-    return ShiftReport(tuple(results), dataset, rule, fingerprint, count, length)
+    return ShiftReport(tuple(results), dataset, fingerprint, count, length)
 
 
 def _align(
     loaded: LoadedModel,
-    sequences: Sequence[torch.Tensor],
-    sample: str,
+    sample: SequenceSample,
     top_k: int,
     decoder: DecoderKind,
     batch_size: int,
     progress: bool,
 ) -> AlignmentResult:
-    """The AlignmentResult of one model over the sequences."""
+    """The AlignmentResult of one model over its sampled sequences."""
     view = loaded.view
     accumulator = AlignmentAccumulator(
         num_layers=view.n_layers,
@@ -118,8 +136,8 @@ def _align(
         W_E=view.W_E.detach(),
         W_U=view.W_U.detach(),
     )
-    for batch in each_batch(sequences, batch_size, f"shift {loaded.name}", progress):
+    for batch in each_batch(sample.sequences, batch_size, f"shift {loaded.name}", progress):
         with torch.inference_mode():
             batch = batch.to(view.W_E.device)
             accumulator.update(residual_states(view, batch), batch)
-    return accumulator.result(loaded.name, sample=sample)
+    return accumulator.result(loaded.name, sample=sample.rule)

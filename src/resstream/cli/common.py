@@ -55,7 +55,12 @@ DatasetOption = Annotated[
     str, typer.Option(help="Named corpus, .txt/.jsonl path (.jsonl input_ids rows used as given).")
 ]
 NumSeqsOption = Annotated[int, typer.Option(help="Sequences sampled from the corpus.")]
-SeqLenOption = Annotated[int, typer.Option(help="Tokens per sequence.")]
+SeqLenOption = Annotated[
+    int | None,
+    typer.Option(
+        help="Tokens per sequence [default: shift 128, recency 64, or the shortest model context if shorter]."
+    ),
+]
 BatchSizeOption = Annotated[int, typer.Option(help="Sequences per forward pass.")]
 SampleSeedOption = Annotated[int, typer.Option(help="Seed of the sequence sample.")]
 DataDirOption = Annotated[Path | None, typer.Option(help="Local corpora (else env RESSTREAM_DATA).")]

@@ -9,6 +9,9 @@ prints the help (exit 0); `resstream --version` prints the version.
 from __future__ import annotations
 
 import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
 import click
@@ -28,6 +31,7 @@ from resstream.cli.flags import cli_message
 from resstream.cli.help import FlagsWithoutTypes, GroupWithoutFlagTypes
 from resstream.errors import ResstreamError
 from resstream.interrupts import was_interrupted
+from resstream.notices import ResstreamNotice
 
 # typer >= 0.20 ships its own copy of click: catch both families.
 _EXIT = (click.exceptions.Exit, typer.Exit)
@@ -51,9 +55,9 @@ for info in app.registered_commands:  # every command's help shows flags without
 
 def _print_version(value: bool) -> None:
     if value:
-        from resstream import __version__
+        import resstream
 
-        typer.echo(f"resstream {__version__}")
+        typer.echo(f"resstream {resstream.__version__}")
         raise typer.Exit()
 
 
@@ -99,11 +103,35 @@ def _describe(exc: Exception, args: list[str]) -> str:
     return message
 
 
+@contextmanager
+def _notices_as_lines(command: str | None) -> Iterator[None]:
+    """Within the block, a `ResstreamNotice` is one line on stderr, ``resstream: note: ...``,
+    its parameter names shown as flags; other warnings are shown as Python shows them."""
+    with warnings.catch_warnings():
+        show = warnings.showwarning
+
+        def show_notice(message, category, *args, **kwargs) -> None:
+            if issubclass(category, ResstreamNotice):
+                print(f"resstream: note: {cli_message(str(message), command)}", file=sys.stderr)
+            else:
+                show(message, category, *args, **kwargs)
+
+        warnings.showwarning = show_notice
+        yield
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI on `argv` (default: sys.argv[1:]) and return the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     args = [a for a in args if a != "--debug"]
+    command = next((arg for arg in args if not arg.startswith("-")), None)
+    with _notices_as_lines(command):
+        return _run(args, command, debug)
+
+
+def _run(args: list[str], command: str | None, debug: bool) -> int:
+    """`main` after its set-up: run the app on `args` and turn what it raises into an exit code."""
     try:
         result = app(args=args, prog_name="resstream", standalone_mode=False)
     except _EXIT as exc:
@@ -122,7 +150,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         if was_interrupted():  # a stop caused by an interrupt that a library swallowed
             return interrupted_exit()
-        command = next((arg for arg in args if not arg.startswith("-")), None)
         _error(cli_message(str(exc).splitlines()[0], command))
         return exc.exit_code
     except Exception:

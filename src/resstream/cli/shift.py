@@ -29,7 +29,7 @@ def shift(
     model: ModelsOption = None,
     dataset: DatasetOption = "shakespeare",
     num_seqs: NumSeqsOption = 64,
-    seq_len: SeqLenOption = 128,
+    seq_len: SeqLenOption = None,
     top_k: Annotated[int, typer.Option(help="k of the top-k match rates.")] = 5,
     decoder: Annotated[str, typer.Option(help="logit-lens or embedding.")] = "logit-lens",
     batch_size: BatchSizeOption = 8,
@@ -85,7 +85,7 @@ def shift(
             "models": specs,
             "dataset": dataset,
             "num_seqs": num_seqs,
-            "seq_len": seq_len,
+            "seq_len": report.seq_len,
             "top_k": top_k,
             "decoder": decoder,
             "batch_size": batch_size,
@@ -106,7 +106,7 @@ def shift(
         where = f"{result.shift_layer:.2f}" if result.shift_layer is not None else "never"
         typer.echo(
             f"{result.model}: shift layer {where} of {result.num_layers} "
-            f"({result.num_tokens:,} positions, {report.sample_rule})"
+            f"({result.num_tokens:,} positions, {result.sample})"
         )
         if result.tied is False and decoder == "logit-lens":
             typer.echo(f"  {result.model} is untied: decoded with {result.decoding}")

@@ -113,8 +113,7 @@ def sample_sequences(
     corpus_name: str = "corpus",
 ) -> SequenceSample:
     """Choose `num_seqs` windows of `seq_len` tokens from the documents' token stream."""
-    if num_seqs < 1:
-        raise UsageError(f"`num_seqs` {num_seqs} must be >= 1")
+    check_sample_request(num_seqs, seq_len)
     add_bos = prepends_bos(tokenizer, bos)
     content = seq_len - int(add_bos)
     if content < 2:
@@ -146,6 +145,15 @@ def sample_token_rows(rows: list[list[int]], *, source: str, vocab_size: int) ->
         check_vocabulary(max(row), vocab_size, f"row {number} of {source!r}")
     sequences = tuple(torch.tensor(row, dtype=torch.long) for row in rows)
     return SequenceSample(sequences, f"{len(rows)} rows of {source!r} used exactly as given", False, None)
+
+
+def check_sample_request(num_seqs: int, seq_len: int) -> None:
+    """UsageError for a sample no corpus can give: fewer than one sequence, or sequences
+    shorter than two tokens (one input and the next). Cheap: call it before loading models."""
+    if num_seqs < 1:
+        raise UsageError(f"`num_seqs` {num_seqs} must be >= 1")
+    if seq_len < 2:
+        raise UsageError(f"`seq_len` {seq_len} is too short: at least 2 tokens are needed")
 
 
 def check_vocabulary(token: int, vocab_size: int, where: str) -> None:

@@ -40,7 +40,7 @@ from resstream.devices import device_label
 from resstream.errors import UsageError, check_choice, short_reason
 from resstream.hub import looks_like_path, offline_reason
 from resstream.models.adapters.base import ModelView
-from resstream.models.adapters.registry import same_tensor, supported_families, view_of
+from resstream.models.adapters.registry import context_of, same_tensor, supported_families, view_of
 from resstream.resources import check_fits
 from resstream.training.budget import Cost, check_model_fits, largest, named_drivers
 from resstream.training.records import MODEL_META
@@ -185,8 +185,9 @@ def check_model(
     dtype: str = "auto",
     device: str = "auto",
     device_map: str | None = None,
-) -> None:
-    """Every refusal `load_model` would make before reading weights, without reading them.
+) -> int | None:
+    """Every refusal `load_model` would make before reading weights, without reading them;
+    returns the model's context in tokens (None when its config states none).
 
     Lets a command that analyses several models reject a bad one before working on the
     others: path, config (its sizes, and whether the weights they imply fit in memory with
@@ -200,11 +201,12 @@ def check_model(
         _check_hf_sizes(config, _config_source(where, source), dtype, device, device_map)
         if source == "local":
             _check_tokenizer_files(where, name)
-    else:
-        from resstream.training.checkpoint import read_run
+        return context_of(config)
+    from resstream.training.checkpoint import read_run
 
-        _, config = read_run(where)
-        check_model_fits(config.model, repr(str(Path(where) / MODEL_META)), device)
+    _, config = read_run(where)
+    check_model_fits(config.model, repr(str(Path(where) / MODEL_META)), device)
+    return config.model.block_size
 
 
 def _locate(spec: ModelSpec) -> tuple[str, str, str]:

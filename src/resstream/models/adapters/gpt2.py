@@ -13,9 +13,9 @@ from torch import Tensor, nn
 from resstream.models.adapters.base import BlockView, ModelView
 from resstream.models.adapters.registry import (
     bias_of,
+    context_of,
     conv1d_W_O,
     hf_model_view,
-    max_positions_of,
     positions,
     register,
 )
@@ -55,5 +55,5 @@ def gpt2_view(model: nn.Module) -> ModelView:
         final_norm=trunk.ln_f,
         n_heads=n_heads,
         d_model=config.n_embd,
-        max_positions=max_positions_of(config, "n_positions", "max_position_embeddings"),
+        max_positions=context_of(config),
     )

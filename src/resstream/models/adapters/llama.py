@@ -18,9 +18,9 @@ from torch import Tensor, nn
 from resstream.models.adapters.base import BlockView, ModelView
 from resstream.models.adapters.registry import (
     bias_of,
+    context_of,
     hf_model_view,
     linear_W_O,
-    max_positions_of,
     register,
 )
 
@@ -75,7 +75,7 @@ def llama_like_view(
         final_norm=trunk.norm,
         n_heads=n_heads,
         d_model=config.hidden_size,
-        max_positions=max_positions_of(config, "max_position_embeddings"),
+        max_positions=context_of(config),
         notes=notes,
         **extra,
     )

@@ -16,9 +16,9 @@ from torch import Tensor, nn
 from resstream.models.adapters.base import BlockView, ModelView
 from resstream.models.adapters.registry import (
     bias_of,
+    context_of,
     hf_model_view,
     linear_W_O,
-    max_positions_of,
     register,
 )
 
@@ -59,6 +59,6 @@ def neox_view(model: nn.Module) -> ModelView:
         final_norm=trunk.final_layer_norm,
         n_heads=n_heads,
         d_model=config.hidden_size,
-        max_positions=max_positions_of(config, "max_position_embeddings"),
+        max_positions=context_of(config),
         notes=notes,
     )

@@ -180,9 +180,15 @@ def hf_model_view(
     )
 
 
-def max_positions_of(config: object, *names: str) -> int | None:
-    """The first of `names` that the config sets to an int."""
-    for name in names:
+#: Where Hugging Face configs state the context (GPT-2: n_positions; the others:
+#: max_position_embeddings), in the order they are read.
+CONTEXT_FIELDS = ("n_positions", "max_position_embeddings")
+
+
+def context_of(config: object) -> int | None:
+    """The context in tokens a Hugging Face config states (the first of `CONTEXT_FIELDS`
+    set to an int), or None."""
+    for name in CONTEXT_FIELDS:
         value = getattr(config, name, None)
         if isinstance(value, int) and not isinstance(value, bool):
             return value

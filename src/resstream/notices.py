@@ -1,0 +1,26 @@
+"""Notices: what a user should know about a run that is not an error.
+
+Library code calls `notify(message)` when it decides something on the user's behalf (a
+default clipped to fit a model, say). A notice is a Python warning of category
+`ResstreamNotice`, so a notebook shows it and `warnings.filterwarnings` can silence it; the
+command line prints it as one line, ``resstream: note: ...``, with parameter names shown as
+flags. Messages follow `resstream.errors`: parameter names in backticks.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+
+class ResstreamNotice(UserWarning):
+    """Something resstream decided on the user's behalf."""
+
+
+# Every notice is shown, not only the first from each line of code: a second run in a notebook
+# that clips its default again should say so again. (A user's own filter, added later, wins.)
+warnings.simplefilter("always", ResstreamNotice)
+
+
+def notify(message: str) -> None:
+    """Tell the user `message` (a `ResstreamNotice` warning)."""
+    warnings.warn(message, ResstreamNotice, stacklevel=3)
