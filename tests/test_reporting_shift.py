@@ -52,3 +52,36 @@ def test_csv_rows_and_values():
     assert rows[2]["model"] == "a" and float(rows[2]["relative_depth"]) == 0.5
     assert float(rows[2]["in_match"]) == 0.5 and float(rows[2]["out_match_hi"]) == 0.55
     assert rows[5]["model"] == "b" and rows[5]["shift_depth_count"] == "0"
+
+
+def drawn(monkeypatch, draw, *args):
+    """The figure `draw` builds, kept instead of saved (saving clears it)."""
+    import resstream.reporting.shift as rendering
+
+    kept = []
+    monkeypatch.setattr(rendering, "save_figure", lambda fig, path: kept.append(fig))
+    draw(*args, "unused.png")
+    (fig,) = kept
+    fig.canvas.draw()  # lay out the ticks
+    return fig
+
+
+def test_a_shallow_model_gets_whole_layer_ticks(monkeypatch):
+    for draw in (plot_match_rates, plot_similarity):
+        ax = drawn(monkeypatch, draw, fake("a", 2)).axes[0]
+        ticks = [tick for tick in ax.get_xticks() if ax.get_xlim()[0] <= tick <= ax.get_xlim()[1]]
+        assert ticks == [0, 1, 2], ticks
+
+
+def test_the_next_token_is_a_subscript_and_the_bands_are_named(monkeypatch):
+    ax = drawn(monkeypatch, plot_match_rates, fake("a", 4)).axes[0]
+    labels = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert any("$t_{i+1}$" in label for label in labels) and not any("t_i+1" in label for label in labels)
+    assert any("95% CI" in label for label in labels)
+
+
+def test_the_comparison_has_a_band_per_model(monkeypatch):
+    ax = drawn(monkeypatch, plot_comparison, [fake("a", 4), fake("b", 8)]).axes[0]
+    assert len(ax.collections) == 2  # one confidence band per model
+    labels = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert labels[:2] == ["a (L=4)", "b (L=8)"] and "95% CI" in labels[2]

@@ -16,7 +16,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from resstream.analysis.alignment import AlignmentResult
-from resstream.reporting.figures import new_figure, save_figure
+from resstream.reporting.figures import INPUT_TOKEN, NEXT_TOKEN, integer_ticks, new_figure, save_figure
 
 
 def _save(fig: Figure, path: str | Path) -> None:
@@ -35,17 +35,29 @@ def plot_match_rates(result: AlignmentResult, path: str | Path) -> None:
     fig = new_figure(6.4, 4.0)
     ax = fig.add_subplot()
     layers = list(result.layers)
-    ax.plot(layers, result.in_match, "o-", color="tab:blue", label=f"input token t_i in top-{result.top_k}")
+    ax.plot(
+        layers,
+        result.in_match,
+        "o-",
+        color="tab:blue",
+        label=f"input token {INPUT_TOKEN} in top-{result.top_k}",
+    )
     _band(ax, layers, result.in_match_ci, "tab:blue")
     ax.plot(
-        layers, result.out_match, "s-", color="tab:green", label=f"next token t_i+1 in top-{result.top_k}"
+        layers,
+        result.out_match,
+        "s-",
+        color="tab:green",
+        label=f"next token {NEXT_TOKEN} in top-{result.top_k}",
     )
     _band(ax, layers, result.out_match_ci, "tab:green")
+    ax.plot([], [], color="tab:grey", alpha=0.3, linewidth=6, label="95% CI (over sequences)")
     if result.shift_layer is not None:
         ax.axvline(
             result.shift_layer, color="grey", linestyle=":", label=f"shift layer {result.shift_layer:.2f}"
         )
     ax.set_xlabel("layer (0 = embedding)")
+    integer_ticks(ax.xaxis)
     ax.set_ylabel("match rate")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f"{result.model}: {result.decoder} decoding, {result.num_tokens:,} tokens", fontsize=10)
@@ -59,8 +71,8 @@ def plot_similarity(result: AlignmentResult, path: str | Path) -> None:
     fig = new_figure(6.4, 4.0)
     ax = fig.add_subplot()
     layers = list(result.layers)
-    ax.plot(layers, result.cos_in, "o-", color="tab:blue", label="cos(h, W_E[t_i])")
-    ax.plot(layers, result.cos_out, "s-", color="tab:green", label="cos(h, W_U[t_i+1])")
+    ax.plot(layers, result.cos_in, "o-", color="tab:blue", label=r"cos($h$, $W_E[t_i]$)")
+    ax.plot(layers, result.cos_out, "s-", color="tab:green", label=r"cos($h$, $W_U[t_{i+1}]$)")
     ax.plot(
         layers,
         result.projection,
@@ -70,6 +82,7 @@ def plot_similarity(result: AlignmentResult, path: str | Path) -> None:
     )
     ax.axhline(0, color="black", linewidth=0.6)
     ax.set_xlabel("layer (0 = embedding)")
+    integer_ticks(ax.xaxis)
     ax.set_ylabel("mean over positions")
     ax.set_title(f"{result.model}: similarity to input and output tokens", fontsize=10)
     ax.grid(alpha=0.3)
@@ -78,7 +91,7 @@ def plot_similarity(result: AlignmentResult, path: str | Path) -> None:
 
 
 def plot_shift_depths(result: AlignmentResult, path: str | Path) -> None:
-    """Histogram of the first layer at which each position ranks t_i+1 above t_i."""
+    """Histogram of the first layer at which each position ranks t_{i+1} above t_i."""
     fig = new_figure(6.4, 3.6)
     ax = fig.add_subplot()
     counts = [*result.shift_depths, result.never_shifted]
@@ -91,7 +104,7 @@ def plot_shift_depths(result: AlignmentResult, path: str | Path) -> None:
     )
     ax.set_xticks(range(len(counts)))
     ax.set_xticklabels(labels)
-    ax.set_xlabel("per-token shift depth (first layer ranking t_i+1 above t_i)")
+    ax.set_xlabel(f"per-token shift depth (first layer ranking {NEXT_TOKEN} above {INPUT_TOKEN})")
     ax.set_ylabel("fraction of positions")
     ax.set_title(f"{result.model}: tokens shift at different depths", fontsize=10)
     ax.grid(alpha=0.3, axis="y")
@@ -99,17 +112,34 @@ def plot_shift_depths(result: AlignmentResult, path: str | Path) -> None:
 
 
 def plot_comparison(results: Sequence[AlignmentResult], path: str | Path) -> None:
-    """out_match − in_match of several models against relative depth (layer / L)."""
+    """out_match − in_match of several models against relative depth (layer / L), each with
+    a band from its two rates' 95% CIs (conservative: the CI of a difference of two rates
+    measured on the same positions is at most the sum of their half-widths)."""
     fig = new_figure(6.4, 4.0)
     ax = fig.add_subplot()
     for result in results:
         depth = [layer / result.num_layers for layer in result.layers]
         diff = [o - i for o, i in zip(result.out_match, result.in_match, strict=True)]
-        ax.plot(depth, diff, "o-", markersize=3, label=f"{result.model} (L={result.num_layers})")
+        (line,) = ax.plot(depth, diff, "o-", markersize=3, label=f"{result.model} (L={result.num_layers})")
+        half = [
+            (o_hi - o_lo + i_hi - i_lo) / 2
+            for (o_lo, o_hi), (i_lo, i_hi) in zip(result.out_match_ci, result.in_match_ci, strict=True)
+        ]
+        ax.fill_between(
+            depth,
+            [d - h for d, h in zip(diff, half, strict=True)],
+            [d + h for d, h in zip(diff, half, strict=True)],
+            color=line.get_color(),
+            alpha=0.15,
+            linewidth=0,
+        )
+    ax.plot(
+        [], [], color="tab:grey", alpha=0.3, linewidth=6, label="95% CI (sum of the two rates' half-widths)"
+    )
     ax.axhline(0, color="black", linewidth=0.6)
     ax.set_xlabel("relative depth (layer / L)")
-    ax.set_ylabel("out_match − in_match")
-    ax.set_title("where the causal shift happens", fontsize=10)
+    ax.set_ylabel(f"out_match − in_match (top-{results[0].top_k})")
+    ax.set_title(f"where the causal shift happens: {NEXT_TOKEN} overtakes {INPUT_TOKEN} above 0", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     _save(fig, path)
