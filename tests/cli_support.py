@@ -1,6 +1,6 @@
 """What the end-to-end CLI tests share: the bad-input contract, the Ctrl-C contract, output checks.
 
-The contract (DESIGN.md "Output conventions"): bad input exits with code 2 and one line on
+The contract (docs/design.md "Output conventions"): bad input exits with code 2 and one line on
 stderr that starts with "resstream: error:" and names the value, no traceback, nothing written
 to --out; Ctrl-C exits with 130 and one "interrupted" line, leaving only complete files.
 """

@@ -1,4 +1,4 @@
-"""The package layout of DESIGN.md: imports point downward only.
+"""The package layout of docs/design.md: imports point downward only.
 
 Every `import` of every module under src/resstream — at the top or inside a function — is
 checked against the table below: a part of the package may import only the parts listed

@@ -1,6 +1,6 @@
 """Where does a hidden state stop being "about" its input token and start predicting the next?
 
-Implements DESIGN.md "Metric definitions (alignment)" as streaming accumulation: a corpus is
+Implements the metric definitions of docs/metrics.md as streaming accumulation: a corpus is
 fed batch by batch (`AlignmentAccumulator.update`), each batch layer by layer and in chunks of
 positions, so the layers × batch × positions × vocab logits tensor is never built and no
 softmax is computed. For positions i = 0..T−2 of every sequence (t_{i+1} is the target):

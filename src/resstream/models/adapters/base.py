@@ -1,6 +1,6 @@
 """The common view of a causal LM's residual stream that every analysis works through.
 
-An adapter maps one model family onto `ModelView`. Residual states follow DESIGN.md:
+An adapter maps one model family onto `ModelView`. Residual states follow docs/design.md:
 h_0 is the input of block 0 (after any embedding scaling or positional embedding the model
 applies); h_l (l = 1..L) is the output of block l, taken before the final norm.
 """
