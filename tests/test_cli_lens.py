@@ -218,6 +218,12 @@ def test_no_colour_on_a_terminal_when_asked(tmp_path, capsys, monkeypatch, termi
     assert_text_marks(printed_table(tmp_path, capsys, *(how if isinstance(how, list) else [])))
 
 
+def test_help_names_the_text_marks(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # one line per option
+    assert main(["lens", "--help"]) == 0
+    assert "Mark cells with [input]/[next] instead of colour" in capsys.readouterr().out
+
+
 def test_an_empty_no_color_is_ignored(tmp_path, capsys, monkeypatch, terminal):
     monkeypatch.setenv("NO_COLOR", "")  # no-color.org: only a non-empty value counts
     assert any("\x1b[" in line for line in printed_table(tmp_path, capsys))

@@ -76,7 +76,8 @@ def lens(
         bool,
         typer.Option(
             "--no-colour",
-            help="Mark cells with [input]/[next] instead of colour (always so when stdout is not a "
+            # \[ keeps Rich (the help renderer) from reading [input] as markup and dropping it
+            help="Mark cells with \\[input]/\\[next] instead of colour (always so when stdout is not a "
             "terminal or NO_COLOR is set).",
         ),
     ] = False,
