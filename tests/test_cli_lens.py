@@ -34,7 +34,7 @@ def no_plot(monkeypatch):
     """Skip rendering lens.png (about 1 s) in tests that only read lens.json."""
     import resstream.reporting.lens as rendering
 
-    monkeypatch.setattr(rendering, "plot_lens", lambda *args, **kwargs: None)
+    monkeypatch.setattr(rendering, "plot_lens", lambda _result, path: [path])
 
 
 def run_lens(out: Path, *args: str) -> int:
@@ -53,6 +53,7 @@ def check_lens_json(report: dict, *, positions: list[int], top_k: int, num_layer
         top = row["top_ids"]
         assert len(top) == num_layers + 1  # layers 0..L
         assert all(len(ids) == top_k and len(set(ids)) == top_k for ids in top)
+        check_probabilities(row, top_k=top_k, depth=num_layers + 1)
         # the merged ranges cover layers 0..L in order, each holding that layer's top-1
         covered = []
         for cell in row["ranges"]:
@@ -65,10 +66,26 @@ def check_lens_json(report: dict, *, positions: list[int], top_k: int, num_layer
         assert covered == list(range(num_layers + 1))
 
 
+def check_probabilities(row: dict, *, top_k: int, depth: int) -> None:
+    """Every layer's top-k probabilities: in [0, 1], best first, summing to at most 1; t_{i+1}'s
+    probability is the top-1's when its rank is 0 and at most the top-1's otherwise."""
+    assert len(row["top_probs"]) == len(row["input_probs"]) == depth
+    for layer, probs in enumerate(row["top_probs"]):
+        assert len(probs) == top_k and all(0 <= p <= 1 for p in probs)
+        assert all(a >= b * (1 - 1e-5) for a, b in itertools.pairwise(probs)) and sum(probs) <= 1 + 1e-5
+        assert row["input_probs"][layer] <= probs[0] * (1 + 1e-5)
+        if row["next_probs"] is not None:
+            assert row["next_probs"][layer] <= probs[0] * (1 + 1e-5)
+            if row["next_ranks"][layer] == 0:
+                assert row["next_probs"][layer] == pytest.approx(probs[0], rel=1e-5)
+    if row["next_id"] is None:
+        assert row["next_probs"] is None
+
+
 def check_table(stdout: str, report: dict) -> None:
-    """The printed trajectory table: a header naming the depth, one line per position."""
+    """The printed trajectory table: a header naming the layers, one line per position."""
     lines = stdout.rstrip("\n").split("\n")  # not splitlines(): a token may decode to e.g. '\x1d'
-    assert f"{report['num_layers']} layers" in lines[0]
+    assert f"layers 0–{report['num_layers']} (0 = embedding)" in lines[0]
     body = [line for line in lines[1:] if not line.startswith("wrote ")]
     assert len(body) == len(report["positions"])
     for line, row in zip(body, report["positions"], strict=True):
@@ -133,6 +150,83 @@ def test_open_ended_positions(tmp_path, capsys, no_plot):
     assert run_lens(out, "--text", TEXT, "--positions", "2:") == 0, capsys.readouterr().err
     report = json.loads((out / "lens.json").read_text())
     assert report["positions"][0]["position"] == 2 and report["positions"][-1]["next_id"] is None
+
+
+def test_a_long_text_is_split_over_several_images_and_a_shorter_rerun_drops_the_extra_ones(
+    tmp_path, capsys, monkeypatch
+):
+    import resstream.reporting.lens as rendering
+
+    monkeypatch.setattr(rendering, "POSITIONS_PER_IMAGE", 2)
+    out = tmp_path / "out"
+    assert run_lens(out, "--text", TEXT, "--positions", "1:6") == 0, capsys.readouterr().err
+    images = ["lens.png", "lens_2.png", "lens_3.png"]  # positions 1–2, 3–4, 5
+    assert sorted(p.name for p in out.glob("lens*.png")) == images
+    assert json.loads((out / "run.json").read_text())["files"] == sorted(
+        ["lens.html", "lens.json", *images, "run.json"]
+    )
+    assert (
+        f"wrote lens.json, lens.html, lens.png … lens_3.png (at most 2 positions each) and run.json to {out}"
+        in (capsys.readouterr().out)
+    )
+    assert run_lens(out, "--text", TEXT, "--positions", "1:3") == 0, capsys.readouterr().err
+    assert sorted(p.name for p in out.glob("lens*.png")) == ["lens.png"]
+    assert f"wrote lens.json, lens.html, lens.png and run.json to {out}" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- colour or text marks
+
+
+def printed_table(tmp_path, capsys, *args: str) -> list[str]:
+    code = run_lens(tmp_path / "out", "--text", TEXT, "--positions", "1:4", *args)
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return captured.out.split("\n")
+
+
+def assert_text_marks(lines: list[str]) -> None:
+    assert "[input] = input token t_i, [next] = next token t_{i+1}" in lines[0], lines[0]
+    assert "blue" not in lines[0] and "green" not in lines[0]
+    assert not any("\x1b[" in line for line in lines)
+    assert any("[next]" in line or "[input]" in line for line in lines[1:])
+
+
+def test_piped_output_uses_text_marks_and_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert_text_marks(printed_table(tmp_path, capsys))  # capsys is not a terminal
+
+
+@pytest.fixture
+def terminal(monkeypatch):
+    """stdout is a terminal."""
+    import resstream.cli.lens as command
+
+    monkeypatch.setattr(command, "stdout_is_terminal", lambda: True)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+
+
+def test_a_terminal_gets_colour_and_a_header_naming_the_colours(tmp_path, capsys, terminal):
+    lines = printed_table(tmp_path, capsys)
+    assert "blue = input token t_i, green = next token t_{i+1}" in lines[0]
+    assert any("\x1b[" in line for line in lines[1:]) and not any("[next]" in line for line in lines)
+
+
+@pytest.mark.parametrize("how", [["--no-colour"], "NO_COLOR"])
+def test_no_colour_on_a_terminal_when_asked(tmp_path, capsys, monkeypatch, terminal, how):
+    if how == "NO_COLOR":
+        monkeypatch.setenv("NO_COLOR", "1")
+    assert_text_marks(printed_table(tmp_path, capsys, *(how if isinstance(how, list) else [])))
+
+
+def test_help_names_the_text_marks(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # one line per option
+    assert main(["lens", "--help"]) == 0
+    assert "Mark cells with [input]/[next] instead of colour" in capsys.readouterr().out
+
+
+def test_an_empty_no_color_is_ignored(tmp_path, capsys, monkeypatch, terminal):
+    monkeypatch.setenv("NO_COLOR", "")  # no-color.org: only a non-empty value counts
+    assert any("\x1b[" in line for line in printed_table(tmp_path, capsys))
 
 
 # --------------------------------------------------------------------------- bad input

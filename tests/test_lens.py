@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from resstream.analysis.decoding import Decoder
-from resstream.analysis.lens import LayerRange, merge_ranges, trajectories
+from resstream.analysis.lens import LayerRange, merge_ranges, token_probabilities, trajectories
 
 
 def test_merge_ranges():
@@ -66,3 +68,113 @@ def test_position_range_and_bad_input():
         trajectories(states, tokens, identity(), top_k=9)
     with pytest.raises(ValueError, match="must be"):
         trajectories(states[:, :4], tokens, identity())
+
+
+def softmax(scores: list[float]) -> list[float]:
+    """By hand: exp(s) / sum(exp(s))."""
+    total = sum(math.exp(s) for s in scores)
+    return [math.exp(s) / total for s in scores]
+
+
+def test_probabilities_are_the_softmax_of_the_decoder_scores():
+    # identity decoder: the scores are the states. Position 0, layer 1: h = (1, 0, 2, 0),
+    # top-2 = (2, 0) with softmax e²/Z and e/Z, Z = e + e² + 2; t_i = 0, t_{i+1} = 2.
+    e = torch.eye(4)
+    states = torch.stack(
+        [
+            torch.stack([e[0], e[2], e[3]]),
+            torch.stack([e[0] + 2 * e[2], e[2], e[1]]),
+            torch.stack([e[2] + 0.5 * e[0], e[3], e[1]]),
+        ]
+    )
+    result = trajectories(states, torch.tensor([0, 2, 3]), identity(), top_k=2)
+    first, _, last = result.trajectories
+    p = softmax([1.0, 0.0, 2.0, 0.0])
+    assert first.top_probs[1] == pytest.approx((p[2], p[0]), rel=1e-6)
+    assert first.input_probs[1] == pytest.approx(p[0], rel=1e-6)
+    assert first.next_probs[1] == pytest.approx(p[2], rel=1e-6)
+    q = softmax([1.0, 0.0, 0.0, 0.0])  # layer 0: (1, 0, 0, 0), top-2 = (0, 1)
+    assert first.top_probs[0] == pytest.approx((q[0], q[1]), rel=1e-6)
+    assert last.next_probs is None and len(last.input_probs) == 3
+    data = result.to_dict()["positions"][0]
+    assert data["top_probs"][1] == pytest.approx([p[2], p[0]], rel=1e-6)
+    assert data["input_probs"][1] == pytest.approx(p[0], rel=1e-6)
+    assert data["next_probs"][1] == pytest.approx(p[2], rel=1e-6)
+    assert result.to_dict()["positions"][2]["next_probs"] is None
+
+
+def test_probabilities_follow_norm_bias_and_soft_capping():
+    # scores = 2·tanh((W·(2h) + b) / 2); h = (0.5, 0.25): 2h = (1, 0.5), W·2h = (1, 0.5, 1.5),
+    # + b = (1, 1, 0.5), capped: (2·tanh(0.5), 2·tanh(0.5), 2·tanh(0.25))
+    decoder = Decoder(
+        "logit-lens",
+        torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]),
+        bias=torch.tensor([0.0, 0.5, -1.0]),
+        norm=lambda h: 2 * h,
+        softcap=2.0,
+    )
+    p = softmax([2 * math.tanh(0.5), 2 * math.tanh(0.5), 2 * math.tanh(0.25)])
+    h = torch.tensor([[0.5, 0.25]])
+    got = token_probabilities(decoder, h, torch.tensor([[0, 1, 2]]))
+    assert got[0].tolist() == pytest.approx(p, rel=1e-6)
+    states = h.reshape(1, 1, 2).expand(2, 1, 2)  # two depths of one position
+    result = trajectories(states, torch.tensor([2]), decoder.exact(), top_k=3)
+    assert result.trajectories[0].top_probs[1] == pytest.approx((p[0], p[1], p[2]), rel=1e-6)
+
+
+def test_probabilities_do_not_depend_on_the_block_size():
+    torch.manual_seed(0)
+    decoder = Decoder("embedding", torch.randn(50, 8))
+    h = torch.randn(7, 8)
+    ids = torch.randint(0, 50, (7, 3))
+    whole = token_probabilities(decoder, h, ids)
+    expected = torch.softmax(h.double() @ decoder.matrix.double().T, -1).gather(1, ids)
+    assert torch.allclose(whole.double(), expected, rtol=1e-5)
+    one_row_at_a_time = token_probabilities(decoder, h, ids, chunk_bytes=1)
+    assert torch.allclose(one_row_at_a_time, whole, rtol=1e-5)  # float32 scores: BLAS may round apart
+
+
+def test_repr_is_one_short_line():
+    states = torch.randn(3, 5, 4)
+    tokens = torch.tensor([0, 1, 2, 3, 0])
+    result = trajectories(states, tokens, identity(), positions=range(1, 4), model="toy")
+    text = repr(result)
+    assert text == "LensResult(model='toy', positions 1–3 (3), layers 0–2, decoder 'embedding', top_k=1)"
+
+
+def test_last_layer_logit_lens_probabilities_are_the_models_own():
+    """At layer L the logit lens is the model's head: its probabilities are the model's softmax."""
+    import resstream
+    from resstream.models.loading import load_model
+
+    loaded = load_model("reference", device="cpu", progress=False)
+    text = "To be, or not to be"
+    result = resstream.lens(text, model=loaded, top_k=3, progress=False)
+    ids = loaded.tokenizer(text, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        logits, _ = loaded.view.model(ids)
+    own = torch.softmax(logits[0].double(), -1)
+    for t in result.trajectories:
+        expected = own[t.position, list(t.top_ids[-1])].tolist()
+        assert t.top_probs[-1] == pytest.approx(expected, rel=1e-4, abs=1e-7)
+        if t.next_id is not None:
+            assert t.next_probs[-1] == pytest.approx(float(own[t.position, t.next_id]), rel=1e-4, abs=1e-7)
+
+
+def test_the_api_docstring_names_only_what_a_user_can_reach():
+    """Every backticked name in `resstream.lens`'s docstring is one of its parameters, the
+    result type or one of the result's public fields and methods, or the public API."""
+    import dataclasses
+    import inspect
+    import re
+
+    import resstream
+    from resstream.analysis.lens import LensResult, PositionTrajectory
+
+    reachable = set(inspect.signature(resstream.lens).parameters) | {"LensResult"}
+    for kind in (LensResult, PositionTrajectory):
+        reachable |= {f.name for f in dataclasses.fields(kind)}
+        reachable |= {name for name in vars(kind) if not name.startswith("_")}
+    reachable |= {f"resstream.{name}" for name in resstream.__all__}
+    named = {re.sub(r"\(.*\)$", "", name) for name in re.findall(r"`([^`]+)`", resstream.lens.__doc__)}
+    assert named <= reachable, named - reachable

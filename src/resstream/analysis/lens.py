@@ -4,9 +4,11 @@ For every scored position i and every depth l = 0..L, the top-k token ids of the
 scores of h_l(i) (`resstream.analysis.decoding`: the logit lens or the embedding decoder),
 exact and ordered by score with ties broken by the lower id, and the exact ranks of the input
 token t_i and of the next token t_{i+1} — the ranks `shift` counts, so a rank below k here is
-a top-k hit there. Consecutive layers whose top-1 decoding is the same token are merged into
-ranges, e.g. "0–6: ' the'", "7–11: ' cat'". A range is marked when its token is the input
-token t_i or the next token t_{i+1}.
+a top-k hit there. Each of these tokens also gets its probability: the softmax of the same
+decoder's scores (`Decoder.logits`, soft-capping included), so at the last layer the logit
+lens gives the model's own next-token probabilities. Consecutive layers whose top-1
+decoding is the same token are merged into ranges, e.g. "0–6: ' the'", "7–11: ' cat'". A
+range is marked when its token is the input token t_i or the next token t_{i+1}.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from resstream.analysis.decoding import ExactScorer, NonFiniteInputs
+from resstream.analysis.decoding import Decoder, ExactScorer, NonFiniteInputs
+from resstream.analysis.ranks import DEFAULT_CHUNK_BYTES
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,9 @@ class PositionTrajectory:
     top_ids: tuple[tuple[int, ...], ...]  # [layer][rank], rank 0 = top-1
     input_ranks: tuple[int, ...] = ()  # [layer]: entries scoring strictly above t_i
     next_ranks: tuple[int, ...] | None = None  # [layer]: the same for t_{i+1}; None at the end
+    top_probs: tuple[tuple[float, ...], ...] = ()  # [layer][rank]: probability of top_ids
+    input_probs: tuple[float, ...] = ()  # [layer]: probability of t_i
+    next_probs: tuple[float, ...] | None = None  # [layer]: probability of t_{i+1}; None at the end
 
     @property
     def top1(self) -> tuple[int, ...]:
@@ -73,6 +79,14 @@ class LensResult:
     trajectories: tuple[PositionTrajectory, ...]
     decoding: str = ""  # what the decoder applies, in words
     texts: tuple[tuple[int, str], ...] = ()  # (token id, its text) of every token mentioned
+
+    def __repr__(self) -> str:
+        positions = [t.position for t in self.trajectories]
+        span = f"{positions[0]}–{positions[-1]}" if positions else "none"
+        return (
+            f"LensResult(model={self.model!r}, positions {span} ({len(positions)}), "
+            f"layers 0–{self.num_layers}, decoder {self.decoder!r}, top_k={self.top_k})"
+        )
 
     def token_text(self, token_id: int) -> str:
         """The decoded text of a token the result mentions (its id in brackets if unknown)."""
@@ -104,6 +118,9 @@ class LensResult:
                     "top_ids": [list(ids) for ids in t.top_ids],
                     "input_ranks": list(t.input_ranks),
                     "next_ranks": None if t.next_ranks is None else list(t.next_ranks),
+                    "top_probs": [list(probs) for probs in t.top_probs],
+                    "input_probs": list(t.input_probs),
+                    "next_probs": None if t.next_probs is None else list(t.next_probs),
                     "ranges": [
                         {
                             "layers": r.label,
@@ -165,8 +182,12 @@ def trajectories(
     with torch.inference_mode():
         picked = states[:, index].reshape(-1, states.shape[-1])  # (L+1)·P rows, layer-major
         top, _ = scorer.top_k(picked, top_k)
-        ranks = _target_ranks(scorer, picked, ids, chosen, depth)
+        targets = _targets(ids, chosen, depth)
+        ranks, _ = scorer.ranks(picked, targets.to(top.device))
+        probs = token_probabilities(scorer.decoder, picked, torch.cat([top, targets.to(top.device)], 1))
     top = top.reshape(depth, len(chosen), top_k).cpu()
+    ranks = ranks.reshape(depth, len(chosen), 2).cpu()
+    probs = probs.reshape(depth, len(chosen), top_k + 2).cpu()
     result = tuple(
         PositionTrajectory(
             position=pos,
@@ -175,6 +196,9 @@ def trajectories(
             top_ids=tuple(tuple(top[layer, j].tolist()) for layer in range(depth)),
             input_ranks=tuple(ranks[:, j, 0].tolist()),
             next_ranks=tuple(ranks[:, j, 1].tolist()) if pos + 1 < length else None,
+            top_probs=tuple(tuple(probs[layer, j, :top_k].tolist()) for layer in range(depth)),
+            input_probs=tuple(probs[:, j, top_k].tolist()),
+            next_probs=tuple(probs[:, j, top_k + 1].tolist()) if pos + 1 < length else None,
         )
         for j, pos in enumerate(chosen)
     )
@@ -193,13 +217,28 @@ def _check_finite(states: Tensor) -> None:
         )
 
 
-def _target_ranks(scorer: ExactScorer, picked: Tensor, ids: list[int], chosen: range, depth: int) -> Tensor:
-    """Exact ranks (L+1, P, 2) of the input and the next token of each chosen position (the
-    last position of the text has no next token: its input token stands in, and is ignored)."""
+def _targets(ids: list[int], chosen: range, depth: int) -> Tensor:
+    """The (input, next) token ids ((L+1)·P, 2), layer-major like the picked states (the last
+    position of the text has no next token: its input token stands in, and is ignored)."""
     pairs = [(ids[p], ids[p + 1] if p + 1 < len(ids) else ids[p]) for p in chosen]
-    targets = torch.tensor(pairs, dtype=torch.long).repeat(depth, 1)
-    ranks, _ = scorer.ranks(picked, targets)
-    return ranks.reshape(depth, len(chosen), 2).cpu()
+    return torch.tensor(pairs, dtype=torch.long).repeat(depth, 1)
+
+
+def token_probabilities(
+    decoder: Decoder, h: Tensor, ids: Tensor, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> Tensor:
+    """Probabilities (n, m) of tokens `ids` (n, m) under the softmax of the decoder's scores of
+    states h (n, d_model): exp(s[id] − logsumexp(s)) with s = `decoder.logits(h)` (float32
+    scores, soft-capping applied; the normaliser summed in float64). The states are scored a
+    block of rows at a time, `chunk_bytes` of scores per block, so a large vocabulary times
+    many positions never needs one (n, vocab) matrix."""
+    rows = max(1, chunk_bytes // (4 * decoder.vocab_size))
+    blocks = []
+    for start in range(0, h.shape[0], rows):
+        scores = decoder.logits(h[start : start + rows]).double()
+        picked = scores.gather(1, ids[start : start + rows].to(scores.device))
+        blocks.append(torch.exp(picked - torch.logsumexp(scores, dim=1, keepdim=True)))
+    return torch.cat(blocks).float() if blocks else torch.zeros(ids.shape)
 
 
 def _texts(

@@ -34,14 +34,20 @@ def lens(
     trust_remote_code: bool = False,
     progress: bool = True,
 ) -> LensResult:
-    """Decoding trajectories of `text` (or of the UTF-8 file `text_file`: exactly one of the
-    two): per position and layer, the exact top-`top_k` tokens and the ranks of the input
-    and the next token (`resstream.analysis.lens`).
+    """What every layer's residual state decodes to, position by position, in `text` (or in
+    the UTF-8 file `text_file`: exactly one of the two).
 
     `model` is a spec (loaded with `dtype`, `device`, `device_map`, `trust_remote_code`) or
     a model in memory with its `tokenizer`, as for `resstream.shift`; `positions` a range or
-    slice of token positions (a slice may leave its end open). The result carries the text of
-    every token it mentions (`LensResult.token_text`).
+    slice of token positions (a slice may leave its end open); `decoder` "logit-lens" or
+    "embedding".
+
+    Returns a `LensResult`: per position (`trajectories`) and layer 0..L (0 = embedding),
+    the exact top-`top_k` token ids (`top_ids`) with their probabilities (`top_probs`, the
+    softmax of the decoder's scores), and the ranks and probabilities of the input token
+    (`input_ranks`, `input_probs`) and of the next token (`next_ranks`, `next_probs`).
+    `token_text(id)` gives the text of every token it mentions; `to_dict()` the content of
+    lens.json.
     """
     text = _the_text(text, text_file)
     options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -33,6 +35,27 @@ def parse_positions(text: str | None) -> slice | None:
         raise UsageError(f"--positions {text!r} is not A:B with integers A < B (e.g. 3:10)") from None
 
 
+def stdout_is_terminal() -> bool:
+    """Whether the table goes to a terminal (not a pipe or a file)."""
+    return sys.stdout.isatty()
+
+
+def use_colour(no_colour: bool) -> bool:
+    """Colour the table only on a terminal, and not with --no-colour or a non-empty NO_COLOR
+    (https://no-color.org); otherwise cells get [input] / [next] marks."""
+    return not no_colour and not os.environ.get("NO_COLOR") and stdout_is_terminal()
+
+
+def written_files(images: list[Path]) -> str:
+    """The files of the set in words, the PNGs of a long text as a span."""
+    from resstream.reporting.lens import POSITIONS_PER_IMAGE
+
+    pngs = images[0].name
+    if len(images) > 1:
+        pngs += f" … {images[-1].name} (at most {POSITIONS_PER_IMAGE} positions each)"
+    return f"lens.json, lens.html, {pngs} and run.json"
+
+
 def lens(
     out: OutOption,
     model: Annotated[
@@ -50,7 +73,13 @@ def lens(
     trust_remote_code: TrustRemoteCodeOption = False,
     quiet: QuietOption = False,
     no_colour: Annotated[
-        bool, typer.Option("--no-colour", help="Mark cells with [input]/[next] instead of colour.")
+        bool,
+        typer.Option(
+            "--no-colour",
+            # \[ keeps Rich (the help renderer) from reading [input] as markup and dropping it
+            help="Mark cells with \\[input]/\\[next] instead of colour (always so when stdout is not a "
+            "terminal or NO_COLOR is set).",
+        ),
     ] = False,
 ) -> None:
     """Decode every layer's hidden state of a text: which layers hold the input token, which the next."""
@@ -75,7 +104,7 @@ def lens(
         )
         write_json(outputs / "lens.json", result.to_dict())
         write_html(result, outputs / "lens.html")
-        plot_lens(result, outputs / "lens.png")
+        images = plot_lens(result, outputs / "lens.png")
         settings = {
             "command": "lens",
             "model": model,
@@ -88,9 +117,10 @@ def lens(
         }
         device_used = resolved_device(device, device_map)
         outputs.write_record(run_record(settings, seed=None, device=device_used, dataset_fingerprint=None))
-    for line in terminal_lines(result, colour=not no_colour):
-        typer.echo(line)
-    typer.echo(f"wrote lens.json, lens.html, lens.png and run.json to {out}")
+    colour = use_colour(no_colour)
+    for line in terminal_lines(result, colour=colour):
+        typer.echo(line, color=colour)
+    typer.echo(f"wrote {written_files(images)} to {out}")
 
 
 def register(app: typer.Typer) -> None:

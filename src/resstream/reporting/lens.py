@@ -1,7 +1,11 @@
-"""Render decoding trajectories: a coloured terminal table, an HTML table and a PNG grid.
+"""Render decoding trajectories: a terminal table, an HTML table and PNG grids.
 
 Cells that decode to the input token t_i are blue, cells that decode to the next token
-t_{i+1} are green; everything else is plain. Nothing here computes model outputs.
+t_{i+1} are green; everything else is plain. Without colour (a pipe, NO_COLOR, --no-colour)
+the terminal marks such cells `[input]` / `[next]` instead, and its header says so. The HTML
+and PNG cells show the top-1 token with its probability (the HTML lists the top-k with their
+probabilities on hover); a long text is split over several PNGs of at most
+`POSITIONS_PER_IMAGE` positions each. Nothing here computes model outputs.
 """
 
 from __future__ import annotations
@@ -10,13 +14,18 @@ import html
 from pathlib import Path
 
 import typer
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from resstream.analysis.lens import LensResult, PositionTrajectory
 from resstream.io import write_text
-from resstream.reporting.figures import new_figure, save_figure
+from resstream.reporting.figures import INPUT_TOKEN, NEXT_TOKEN, new_figure, save_figure
 
 INPUT_COLOUR = "#9ecae1"  # blue: decodes to the input token
 NEXT_COLOUR = "#a1d99b"  # green: decodes to the next token
+LAYER_HEADER = "layer (0 = embedding)"
+POSITIONS_PER_IMAGE = 32  # rows of one PNG: lens.png, then lens_2.png, lens_3.png, ...
+HOVER_TOKENS = 10  # at most this many of the top-k in an HTML cell's hover text
 
 
 def _kind(trajectory: PositionTrajectory, token_id: int) -> str | None:
@@ -34,13 +43,22 @@ def _show(text: str) -> str:
     return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
+def probability_text(probability: float) -> str:
+    """A probability in at most 7 characters: 0.412, or 1.2e-04 below 0.001."""
+    return f"{probability:.3f}" if probability >= 0.001 else f"{probability:.1e}"
+
+
 def terminal_lines(result: LensResult, *, colour: bool = True) -> list[str]:
-    """One line per position: input → next, then the merged layer ranges."""
+    """A header, then one line per position: input → next, then the merged layer ranges.
+    Input and next cells are bold blue / green with `colour`, else suffixed [input] / [next];
+    the header names the marks in use."""
     how = f" ({result.decoding})" if result.decoding else ""
-    lines = [
-        f"decoder {result.decoder}{how}, {result.num_layers} layers; "
-        f"{'blue' if colour else '[input]'} = input token, {'green' if colour else '[next]'} = next token"
-    ]
+    marks = (
+        "blue = input token t_i, green = next token t_{i+1}"
+        if colour
+        else "[input] = input token t_i, [next] = next token t_{i+1}"
+    )
+    lines = [f"decoder {result.decoder}{how}; layers 0–{result.num_layers} (0 = embedding); {marks}"]
     for t in result.trajectories:
         head = f"{t.position:>4} {_show(result.token_text(t.input_id))!r:>14} → "
         head += f"{_show(result.token_text(t.next_id))!r:<14}" if t.next_id is not None else f"{'':<14}"
@@ -57,70 +75,143 @@ def terminal_lines(result: LensResult, *, colour: bool = True) -> list[str]:
     return lines
 
 
+def _hover_text(result: LensResult, t: PositionTrajectory, layer: int) -> str:
+    """An HTML cell's title: the layer's top-k (at most HOVER_TOKENS) with probabilities, then
+    the rank and probability of the input and the next token."""
+    ids, probs = t.top_ids[layer], t.top_probs[layer]
+    lines = [f"layer {layer}: top-{len(ids)}"]
+    for token, probability in list(zip(ids, probs, strict=True))[:HOVER_TOKENS]:
+        lines.append(f"{_show(result.token_text(token))} {probability_text(probability)}")
+    if len(ids) > HOVER_TOKENS:
+        lines.append(f"… {len(ids) - HOVER_TOKENS} more in lens.json")
+    targets = [("input", t.input_id, t.input_ranks, t.input_probs)]
+    if t.next_id is not None and t.next_ranks is not None and t.next_probs is not None:
+        targets.append(("next", t.next_id, t.next_ranks, t.next_probs))
+    for name, token, ranks, probabilities in targets:
+        text = _show(result.token_text(token))
+        lines.append(f"{name} {text}: rank {ranks[layer]}, p {probability_text(probabilities[layer])}")
+    return "\n".join(lines)
+
+
+def _html_cell(result: LensResult, t: PositionTrajectory, layer: int) -> str:
+    """One table cell: the top-1 token, its probability below, the top-k on hover."""
+    token = t.top_ids[layer][0]
+    colour = {"input": INPUT_COLOUR, "next": NEXT_COLOUR}.get(_kind(t, token) or "")
+    style = f' style="background:{colour}"' if colour else ""
+    title = html.escape(_hover_text(result, t, layer), quote=True).replace("\n", "&#10;")
+    return (
+        f'<td title="{title}"{style}>{html.escape(_show(result.token_text(token)))}'
+        f"<small>{probability_text(t.top_probs[layer][0])}</small></td>"
+    )
+
+
+#: The page's style. Each cell has its own border (`separate`): with collapsed borders, or
+#: with borders on some sides only, Chromium paints the scrolled rows over the sticky header.
+PAGE_STYLE = (
+    "body{font-family:sans-serif}"
+    "td,th{border:1px solid #ddd;padding:2px 6px;font-family:monospace;white-space:pre}"
+    "table{border-collapse:separate;border-spacing:0}"
+    "thead{position:sticky;top:0;z-index:1}thead th{background:#f4f4f4}"
+    "td small{display:block;color:#555;font-size:75%}td{cursor:help}"
+    ".scroll{max-height:85vh;overflow:auto;display:inline-block}"
+)
+
+
+def _html_key(result: LensResult) -> str:
+    """The paragraph above the table: model, decoder, colours, what a cell and its hover show."""
+    how = f" ({result.decoding})" if result.decoding else ""
+    return (
+        f"<p>{html.escape(result.model)} — decoder {html.escape(result.decoder + how)}; "
+        f"<span style='background:{INPUT_COLOUR}'>input token</span> "
+        f"<span style='background:{NEXT_COLOUR}'>next token</span>; each cell: the top-1 token and "
+        f"its probability (hover a cell for the top-{result.top_k} and the input and next token's "
+        "rank and probability; rank = how many tokens score higher, 0 = top-1)</p>"
+    )
+
+
+def _html_header(depth: int) -> str:
+    """Two header rows: "layer" over the layer columns, then pos, input, next, 0..L."""
+    layers = "".join(f"<th>{layer}</th>" for layer in range(depth))
+    return (
+        f"<thead><tr><th colspan='3'></th><th colspan='{depth}'>{LAYER_HEADER}</th></tr>"
+        f"<tr><th>pos</th><th>input</th><th>next</th>{layers}</tr></thead>"
+    )
+
+
 def write_html(result: LensResult, path: str | Path) -> None:
-    """A table: rows = positions, columns = layers, cells = top-1 decoding, coloured."""
-    head = "".join(f"<th>{layer}</th>" for layer in range(result.num_layers + 1))
+    """A table: rows = positions, columns = layers 0..L under a "layer" header, cells = top-1
+    decoding with its probability, coloured; hovering a cell lists its top-k. The table
+    scrolls in a box of at most the window's height, its header staying in view."""
+    depth = result.num_layers + 1
     rows = []
     for t in result.trajectories:
-        cells = []
-        for tok in t.top1:
-            kind = _kind(t, tok)
-            style = {"input": INPUT_COLOUR, "next": NEXT_COLOUR}.get(kind or "", "")
-            attr = f' style="background:{style}"' if style else ""
-            cells.append(f"<td{attr}>{html.escape(_show(result.token_text(tok)))}</td>")
         nxt = html.escape(_show(result.token_text(t.next_id))) if t.next_id is not None else ""
+        cells = "".join(_html_cell(result, t, layer) for layer in range(depth))
         rows.append(
             f"<tr><th>{t.position}</th><th>{html.escape(_show(result.token_text(t.input_id)))}</th>"
-            f"<th>{nxt}</th>{''.join(cells)}</tr>"
+            f"<th>{nxt}</th>{cells}</tr>"
         )
     page = (
-        "<!doctype html><meta charset='utf-8'><title>resstream lens</title>"
-        "<style>body{font-family:sans-serif}td,th{border:1px solid #ccc;padding:2px 6px;"
-        "font-family:monospace;white-space:pre}table{border-collapse:collapse}</style>"
-        f"<p>{html.escape(result.model)} — decoder {html.escape(result.decoder)}"
-        f"{html.escape(f' ({result.decoding})' if result.decoding else '')}; "
-        f"<span style='background:{INPUT_COLOUR}'>input token</span> "
-        f"<span style='background:{NEXT_COLOUR}'>next token</span></p>"
-        f"<table><tr><th>pos</th><th>input</th><th>next</th>{head}</tr>{''.join(rows)}</table>"
+        f"<!doctype html><meta charset='utf-8'><title>resstream lens</title><style>{PAGE_STYLE}</style>"
+        f"{_html_key(result)}<div class='scroll'><table>{_html_header(depth)}"
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
     )
     write_text(path, page)
 
 
-def plot_lens(result: LensResult, path: str | Path) -> None:
-    """The same grid as a PNG (readable for up to a few dozen positions)."""
-    n_pos, n_depth = len(result.trajectories), result.num_layers + 1
-    fig = new_figure(1.0 + 0.9 * n_depth, 0.8 + 0.32 * n_pos)
+def image_count(result: LensResult) -> int:
+    """How many PNGs the grid takes: one per POSITIONS_PER_IMAGE positions."""
+    return max(1, -(-len(result.trajectories) // POSITIONS_PER_IMAGE))
+
+
+def image_path(path: str | Path, part: int) -> Path:
+    """The file of part `part` (0-based): `path` itself, then lens_2.png, lens_3.png, ..."""
+    path = Path(path)
+    return path if part == 0 else path.with_name(f"{path.stem}_{part + 1}{path.suffix}")
+
+
+def lens_figure(result: LensResult, part: int = 0) -> Figure:
+    """Part `part` (0-based) of the grid: rows = its positions, columns = layers 0..L (labelled
+    above and below), cells = the top-1 token with its probability in small print below it."""
+    rows = result.trajectories[part * POSITIONS_PER_IMAGE : (part + 1) * POSITIONS_PER_IMAGE]
+    n_pos, n_depth = len(rows), result.num_layers + 1
+    fig = new_figure(1.4 + 0.9 * n_depth, 1.3 + 0.42 * n_pos)
     ax = fig.add_subplot()
     ax.set_xlim(-0.5, n_depth - 0.5)
     ax.set_ylim(n_pos - 0.5, -0.5)
-    for row, t in enumerate(result.trajectories):
-        for layer, tok in enumerate(t.top1):
-            kind = _kind(t, tok)
+    for row, t in enumerate(rows):
+        for layer, (token, probability) in enumerate(zip(t.top1, (p[0] for p in t.top_probs), strict=True)):
+            kind = _kind(t, token)
             if kind is not None:
-                ax.add_patch(_cell(layer, row, INPUT_COLOUR if kind == "input" else NEXT_COLOUR))
-            ax.text(
-                layer,
-                row,
-                _show(result.token_text(tok))[:10],
-                ha="center",
-                va="center",
-                fontsize=7,
-                family="monospace",
-            )
+                colour = INPUT_COLOUR if kind == "input" else NEXT_COLOUR
+                ax.add_patch(Rectangle((layer - 0.5, row - 0.5), 1, 1, facecolor=colour, edgecolor="none"))
+            text = _show(result.token_text(token))[:10]
+            ax.text(layer, row - 0.1, text, ha="center", va="center", fontsize=7, family="monospace")
+            ax.text(layer, row + 0.25, probability_text(probability), ha="center", va="center", fontsize=5.5)
     ax.set_xticks(range(n_depth))
-    ax.set_xlabel("layer (0 = embedding)")
+    ax.tick_params(axis="x", top=True, labeltop=True)
+    ax.xaxis.set_label_position("top")
+    ax.set_xlabel(LAYER_HEADER)
     ax.set_yticks(range(n_pos))
     ax.set_yticklabels(
-        [f"{t.position} {_show(result.token_text(t.input_id))[:10]}" for t in result.trajectories],
+        [f"{t.position} {_show(result.token_text(t.input_id))[:10]}" for t in rows],
         fontsize=7,
         family="monospace",
     )
-    ax.set_title(f"{result.model}: top-1 {result.decoder} decoding (blue = input, green = next)", fontsize=9)
-    fig.tight_layout()
-    save_figure(fig, path)
+    ax.set_ylabel("position and input token")
+    span = f"positions {rows[0].position}–{rows[-1].position}" if rows else "no positions"
+    ax.set_title(
+        f"{result.model}: top-1 {result.decoder} decoding and its probability, "
+        f"{span} (part {part + 1} of {image_count(result)})\n"
+        f"blue = input token {INPUT_TOKEN}, green = next token {NEXT_TOKEN}",
+        fontsize=9,
+    )
+    return fig
 
 
-def _cell(x: int, y: int, colour: str):
-    from matplotlib.patches import Rectangle
-
-    return Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor=colour, edgecolor="none")
+def plot_lens(result: LensResult, path: str | Path) -> list[Path]:
+    """The grid as PNGs of at most POSITIONS_PER_IMAGE positions each: `path` (e.g. lens.png)
+    holds the first, lens_2.png the next, and so on; returns the paths written."""
+    return [
+        save_figure(lens_figure(result, part), image_path(path, part)) for part in range(image_count(result))
+    ]
