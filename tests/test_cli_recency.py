@@ -149,7 +149,8 @@ def test_reference_model_on_the_built_in_corpus(tmp_path, capsys, monkeypatch):
     captured = capsys.readouterr()
     assert code == 0, captured.err
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["distance.png", "recency.json", "recency.npz", "recency.png", "run.json"], names
+    names_expected = ["distance_reference.png", "recency.json", "recency.npz", "recency.png", "run.json"]
+    assert names == names_expected, names
     assert_complete_files(out)
 
     report = strict_json(out / "recency.json")
@@ -191,9 +192,10 @@ def test_two_models_write_one_distance_plot_each(tmp_path, corpus, gpt2_dir, cap
     captured = capsys.readouterr()
     assert code == 0, captured.err
     names = sorted(p.name for p in out.iterdir())
+    # one distance plot per model, named after its last two path parts
     assert names == [
-        "distance_0.png",
-        "distance_1.png",
+        "distance_assets_reference.png",
+        f"distance_{gpt2_dir.parent.name}_tiny-gpt2.png",
         "recency.json",
         "recency.npz",
         "recency.png",

@@ -263,7 +263,8 @@ def _bad(
         (["--tokens", "1"], ["tokens 1", ">= 2"]),
         (["--dim", "1"], ["dim 1", ">= 2"]),
         (["--layers", "0"], ["layers 0", ">= 1"]),
-        (["--sims", "0"], [("--sims 0", "simulations 0"), ">= 1"]),
+        (["--sims", "0"], ["--simulations 0", ">= 1"]),
+        (["--simulations", "0"], ["--simulations 0", ">= 1"]),
         (["--sigma", "0"], ["sigma 0", "> 0"]),
         (["--sigma", "-1"], ["sigma -1", "> 0"]),
         (["--residual-scale", "0", "--residual"], [("--residual-scale 0", "residual_scale 0"), "> 0"]),
@@ -402,7 +403,10 @@ def test_ctrl_c_inside_a_file_write_leaves_nothing(tmp_path, capsys, monkeypatch
         (["--layers", "1000000000"], ["--layers 1000000000 needs ~", "allowed: --layers <= "]),
         (
             ["--sims", "1000000000000000"],
-            ["--sims 1000000000000000 with --layers 2 and --tokens 5 would take at least ~", "--sims <= "],
+            [
+                "--simulations 1000000000000000 with --layers 2 and --tokens 5 would take at least ~",
+                "--simulations <= ",
+            ],
         ),
     ],
 )
