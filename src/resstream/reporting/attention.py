@@ -186,9 +186,9 @@ def format_z(z: float) -> str:
     if math.isnan(z):
         return "n/a"
     if math.isinf(z):
-        return "+∞" if z > 0 else "−∞"
+        return "+∞" if z > 0 else "-∞"
     if abs(z) >= Z_DISPLAY_LIMIT:
-        return f"> {Z_DISPLAY_LIMIT:.0f}" if z > 0 else f"< −{Z_DISPLAY_LIMIT:.0f}"
+        return f"> {Z_DISPLAY_LIMIT:.0f}" if z > 0 else f"< -{Z_DISPLAY_LIMIT:.0f}"
     return f"{z:+.1f}"
 
 
