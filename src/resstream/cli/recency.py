@@ -45,7 +45,8 @@ def recency(
     trust_remote_code: TrustRemoteCodeOption = False,
     quiet: QuietOption = False,
 ) -> None:
-    """Mean attention by query and key position (and distance), per layer and head, over a corpus."""
+    """Mean attention by query and key position (and distance), per layer and head, over a corpus,
+    with its trend with key position (95% intervals over the sequences) and the strict verdict."""
     import resstream
     from resstream.io import run_record, write_json
     from resstream.reporting.attention import LEGEND, plot_attention_grid, plot_distance_profiles

@@ -47,7 +47,8 @@ def simulate(
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N.")] = "cpu",
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
 ) -> None:
-    """Mean attention of every layer (± standard error) and a recency verdict per layer."""
+    """Mean attention of every layer (± standard error), its trend with key position (95% intervals)
+    and the strict all-steps verdict per layer."""
     import resstream
     from resstream.io import run_record, write_json
     from resstream.reporting.attention import LEGEND, layer_lines, plot_attention_grid

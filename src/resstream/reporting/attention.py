@@ -204,7 +204,7 @@ def _interval(estimate: Estimate, fmt: str) -> str:
 
 
 def _band_text(band: BandRatio) -> str:
-    return f"{band.label} ×{_interval(band.ratio, '.3g')}"
+    return f"{band.label} ×{_interval(band.ratio, '#.3g')}"
 
 
 def trend_line(trend: AttentionTrend) -> str:
