@@ -82,8 +82,10 @@ def strict_json(path: Path):
 
 
 def verdict_layers(text: str) -> list[int]:
-    """Layer numbers of the printed recency/primacy verdict lines, in order."""
-    return [int(n) for n in re.findall(r"^\s+layer (\d+): .*recency", text, flags=re.MULTILINE)]
+    """Layer numbers of the printed per-layer lines of `simulate` and `recency` (the trend line,
+    each followed by its strict verdicts), in order."""
+    layers = re.findall(r"^\s+layer (\d+): .*ρ .*\n\s+strict, every step: recency", text, flags=re.MULTILINE)
+    return [int(n) for n in layers]
 
 
 def overflowing(real):

@@ -46,7 +46,7 @@ MODEL_KEYS = {
     "stderr",
     "layers",
 }
-HEAD_KEYS = {"head", "recency", "primacy", "by_distance"}
+HEAD_KEYS = {"head", "trend", "recency", "primacy", "by_distance"}
 
 
 @pytest.fixture(scope="module")
@@ -101,9 +101,13 @@ def check_model_entry(
     if num_sequences >= 2:
         assert np.all(np.isfinite(stderr)) and np.all(stderr >= 0.0)
     assert len(entry["layers"]) == num_layers
+    # the trend leads: one entry per layer at the top, the same as each layer's own
+    assert len(entry["trend"]) == num_layers
     for number, layer in enumerate(entry["layers"], start=1):
         assert layer["layer"] == number
-        assert {"recency", "primacy", "by_distance", "heads"} <= set(layer)
+        assert {"trend", "recency", "primacy", "by_distance", "heads"} <= set(layer)
+        assert list(layer)[:2] == ["layer", "trend"] and layer["trend"] == entry["trend"][number - 1]
+        check_trend(layer["trend"], seq_len, num_sequences)
         by_distance = layer["by_distance"]
         assert len(by_distance) == seq_len
         # δ tokens back, averaged over the queries where that distance exists
@@ -114,7 +118,22 @@ def check_model_entry(
             assert set(head) >= HEAD_KEYS, HEAD_KEYS - set(head)
             assert len(head["by_distance"]) == seq_len
             assert head["recency"]["direction"] == "recency" and head["primacy"]["direction"] == "primacy"
+            check_trend(head["trend"], seq_len, num_sequences)
             assert isinstance(head["recency"]["holds"], bool)
+
+
+def check_trend(trend: dict, seq_len: int, num_sequences: int) -> None:
+    """A layer's or head's trend: direction, ρ in [−1, 1] inside its interval, one ratio per band."""
+    assert trend["direction"] in ("recency", "primacy", "none", "untestable")
+    assert trend["samples"] == num_sequences and trend["level"] == 0.95
+    rho = trend["spearman"]
+    assert -1.0 <= rho["value"] <= 1.0
+    if num_sequences >= 2:
+        assert rho["low"] <= rho["value"] <= rho["high"]
+    bands = [band["distances"] for band in trend["bands"]]
+    assert bands[0] == [0, 0] and bands[1][0] == 1 and bands[-1][1] == seq_len - 1
+    for band in trend["bands"]:
+        assert band["ratio"]["value"] >= 0.0
 
 
 def check_head_arrays(out: Path, report: dict) -> None:
@@ -149,7 +168,8 @@ def test_reference_model_on_the_built_in_corpus(tmp_path, capsys, monkeypatch):
     captured = capsys.readouterr()
     assert code == 0, captured.err
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["distance.png", "recency.json", "recency.npz", "recency.png", "run.json"], names
+    names_expected = ["distance_reference.png", "recency.json", "recency.npz", "recency.png", "run.json"]
+    assert names == names_expected, names
     assert_complete_files(out)
 
     report = strict_json(out / "recency.json")
@@ -168,6 +188,9 @@ def test_reference_model_on_the_built_in_corpus(tmp_path, capsys, monkeypatch):
     assert record["dataset_fingerprint"] == report["dataset_fingerprint"]
     assert verdict_layers(captured.out) == [1, 2, 3, 4, 5, 6], captured.out
     assert "reference" in captured.out and "wrote recency.json" in captured.out
+    assert "distance_reference.png" in captured.out
+    # under each layer's trend and strict lines, its heads' directions and ρ
+    assert len(re.findall(r"^\s+heads: .*\(ρ by head( [+-]\d\.\d\d){4}\)$", captured.out, re.MULTILINE)) == 6
 
 
 def test_two_models_write_one_distance_plot_each(tmp_path, corpus, gpt2_dir, capsys):
@@ -191,9 +214,10 @@ def test_two_models_write_one_distance_plot_each(tmp_path, corpus, gpt2_dir, cap
     captured = capsys.readouterr()
     assert code == 0, captured.err
     names = sorted(p.name for p in out.iterdir())
+    # one distance plot per model, named after its last two path parts
     assert names == [
-        "distance_0.png",
-        "distance_1.png",
+        "distance_assets_reference.png",
+        f"distance_{gpt2_dir.parent.name}_tiny-gpt2.png",
         "recency.json",
         "recency.npz",
         "recency.png",

@@ -123,7 +123,14 @@ def test_single_configuration(tmp_path, capsys):
     assert record["config"]["layers"] == 3 and record["config"]["gamma"] == 0.2
     assert record["device"] == "cpu" and "versions" in record
 
-    # a verdict line per layer, each naming its layer
+    # the trend leads, in the JSON and in the terminal: one entry per layer
+    assert list(report)[:2] == ["label", "trend"] and len(report["trend"]) == 3
+    for layer, trend in zip(report["layers"], report["trend"], strict=True):
+        assert layer["trend"] == trend and trend["samples"] == 600
+        assert trend["direction"] in ("recency", "primacy", "none")
+        assert trend["spearman"]["low"] <= trend["spearman"]["value"] <= trend["spearman"]["high"]
+        assert [band["distances"] for band in trend["bands"]] == [[0, 0], [1, 3], [4, 4]]
+    # a trend line per layer, each naming its layer, with the strict verdicts below it
     assert verdict_layers(captured.out) == [1, 2, 3], captured.out
     assert "wrote simulate.json" in captured.out
 
@@ -169,6 +176,21 @@ def test_grid_gives_the_four_standard_configurations(tmp_path, capsys):
     for label in labels:
         assert label in captured.out, label
     assert verdict_layers(captured.out) == [1, 2] * 4, captured.out
+
+
+def test_simulations_is_the_flag_and_sims_its_alias(tmp_path, capsys, no_plots):
+    import resstream
+    from resstream.errors import UsageError
+
+    for flag in ("--simulations", "--sims"):
+        out = tmp_path / flag.strip("-")
+        assert run_simulate(out, flag, "321") == 0, capsys.readouterr().err
+        assert strict_json(out / "simulate.json")["config"]["simulations"] == 321
+        assert strict_json(out / "run.json")["config"]["simulations"] == 321
+    # the library's name is the flag's: a user who writes sims= is told which name it is
+    with pytest.raises(UsageError, match=r"unknown simulation field 'sims' \(did you mean 'simulations'\?\)"):
+        resstream.simulate(sims=5, progress=False)
+    assert resstream.simulate(simulations=3, tokens=3, layers=1, progress=False)[0][1].config.simulations == 3
 
 
 def test_grid_without_gamma_uses_a_positive_one(tmp_path, capsys, no_plots):
@@ -263,7 +285,8 @@ def _bad(
         (["--tokens", "1"], ["tokens 1", ">= 2"]),
         (["--dim", "1"], ["dim 1", ">= 2"]),
         (["--layers", "0"], ["layers 0", ">= 1"]),
-        (["--sims", "0"], [("--sims 0", "simulations 0"), ">= 1"]),
+        (["--sims", "0"], ["--simulations 0", ">= 1"]),
+        (["--simulations", "0"], ["--simulations 0", ">= 1"]),
         (["--sigma", "0"], ["sigma 0", "> 0"]),
         (["--sigma", "-1"], ["sigma -1", "> 0"]),
         (["--residual-scale", "0", "--residual"], [("--residual-scale 0", "residual_scale 0"), "> 0"]),
@@ -402,7 +425,10 @@ def test_ctrl_c_inside_a_file_write_leaves_nothing(tmp_path, capsys, monkeypatch
         (["--layers", "1000000000"], ["--layers 1000000000 needs ~", "allowed: --layers <= "]),
         (
             ["--sims", "1000000000000000"],
-            ["--sims 1000000000000000 with --layers 2 and --tokens 5 would take at least ~", "--sims <= "],
+            [
+                "--simulations 1000000000000000 with --layers 2 and --tokens 5 would take at least ~",
+                "--simulations <= ",
+            ],
         ),
     ],
 )

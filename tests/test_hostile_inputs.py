@@ -315,7 +315,7 @@ BUDGET_CASES: list[Hostile] = [
     Hostile(
         "simulate-sims-1e15",
         f"{_SIMULATE} --sims 1000000000000000",
-        ("--sims 1000000000000000", "would take at least ~", "years"),
+        ("--simulations 1000000000000000", "would take at least ~", "years"),
     ),
     Hostile(
         "simulate-tokens-1e9",

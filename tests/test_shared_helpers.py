@@ -21,7 +21,7 @@ from resstream.hub import looks_like_path
             "--out 'runs/a' already holds a run; pass --resume",
         ),
         ("`learned=False` with no `layers`", "--no-learned with no --layers"),
-        ("`simulations` 0 is not allowed", "--sims 0 is not allowed"),
+        ("`simulations` 0 is not allowed", "--simulations 0 is not allowed"),
         # only backticked identifiers are parameters: prose and commands stay as they are
         (
             "the model's vocabulary of 10; run `resstream sweep` first",

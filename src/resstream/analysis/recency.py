@@ -6,8 +6,11 @@ head and for the head average, the streaming mean and standard error of every sc
 of every step A[i][j+1] − A[i][j] and of every spread A[i][i−1] − A[i][0] — the statistics
 the parameter-free simulation reports (`resstream.simulation.statistics`), with one sequence
 playing the part of one simulation. So the recency / primacy verdicts of a trained model and of
-the simulation are the same test (`resstream.simulation.results`): a row shows recency when
-every step is positive by at least `threshold` standard errors.
+the simulation are the same statistics: the trend (`resstream.simulation.trend`: rank
+correlation of attention with key position and ratios to uniform causal attention by distance
+band, with 95% intervals over the sequences, which are the clusters) and the strict verdict
+(`resstream.simulation.results`): a row shows recency when every step is positive by at least
+`threshold` standard errors.
 
 `by_distance[δ]` is the mean over queries i ≥ δ of mean[i][i − δ]: how much attention goes
 δ tokens back, averaged over the positions where that distance exists (δ = 0: the token
@@ -23,7 +26,7 @@ import torch
 from torch import Tensor
 
 from resstream.io import jsonable
-from resstream.simulation.results import LayerAttention
+from resstream.simulation.results import LayerAttention, trend_summary
 from resstream.simulation.statistics import (
     MomentAccumulator,
     attention_features,
@@ -91,6 +94,7 @@ class RecencyResult:
             entry["heads"] = [
                 {
                     "head": h,
+                    "trend": head.trend.to_dict(),
                     "recency": head.recency.to_dict(),
                     "primacy": head.primacy.to_dict(),
                     "by_distance": list(profile),
@@ -108,10 +112,18 @@ class RecencyResult:
                 "threshold": self.threshold,
                 "sample": self.sample,
                 "notes": list(self.notes),
+                "trend": [layer.average.trend.to_dict() for layer in self.layers],
                 "mean_attention": [list(map(list, m)) for m in self.mean_attention],
                 "stderr": [list(map(list, m)) for m in self.stderr],
                 "layers": layers,
             }
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"RecencyResult({self.model!r}, {self.num_layers} layers × {self.num_heads} heads, "
+            f"{self.num_sequences} sequences of {self.seq_len} tokens; "
+            f"{trend_summary([layer.average for layer in self.layers])})"
         )
 
     def head_arrays(self) -> dict[str, Tensor]:

@@ -40,6 +40,10 @@ class RecencyReport:
             "models": [r.to_dict() for r in self.results],
         }
 
+    def __repr__(self) -> str:
+        models = "; ".join(repr(result) for result in self.results)
+        return f"RecencyReport({self.dataset!r}, {self.seq_len} tokens: {models})"
+
 
 def recency(
     models: ModelLike | Sequence[ModelLike] = (None,),

@@ -7,6 +7,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from resstream.errors import UsageError, closest
 from resstream.simulation import SimulationConfig, SimulationResult
 from resstream.simulation import simulate as run_simulation
 
@@ -33,9 +34,10 @@ def simulate(*, grid: bool = False, progress: bool = True, **fields: Any) -> Lab
     `fields` are `resstream.simulation.SimulationConfig` fields (each checked there). With
     `grid`, the four standard configurations (`grid_configurations`, γ from `fields["gamma"]`
     when it is > 0) are run with the other fields shared; otherwise the one configuration
-    given. Every configuration is checked before any is run.
+    given. Every configuration is checked before any is run. The number of simulations is
+    `simulations` (the command line's `--simulations`, also spelled `--sims`).
     """
-    base = SimulationConfig(**fields)
+    base = SimulationConfig(**_checked_fields(fields))
     if grid:
         gamma = base.gamma or GRID_GAMMA
         configs = [
@@ -50,6 +52,22 @@ def simulate(*, grid: bool = False, progress: bool = True, **fields: Any) -> Lab
         ) as bar:
             results.append((label, run_simulation(config, progress=bar.update)))
     return tuple(results)
+
+
+#: Names users reach for that mean a field of another name.
+_FIELD_ALIASES = {"sims": "simulations", "n_sims": "simulations", "num_simulations": "simulations"}
+
+
+def _checked_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` if each names a `SimulationConfig` field; else a UsageError naming the first
+    unknown one, the field it probably means, and the fields allowed."""
+    allowed = [field.name for field in dataclasses.fields(SimulationConfig)]
+    for name in fields:
+        if name not in allowed:
+            meant = _FIELD_ALIASES.get(name)
+            hint = f" (did you mean {meant!r}?)" if meant else closest(name, allowed)
+            raise UsageError(f"unknown simulation field {name!r}{hint}; allowed: {', '.join(allowed)}")
+    return fields
 
 
 def _label(config: SimulationConfig) -> str:

@@ -14,7 +14,6 @@ import re
 FLAGS: dict[str, str] = {
     "models": "--model",
     "out_dir": "--out",
-    "simulations": "--sims",
 }
 
 #: Per command, parameters whose flag there differs from `FLAGS` (sweep and compare hand

@@ -45,14 +45,12 @@ def recency(
     trust_remote_code: TrustRemoteCodeOption = False,
     quiet: QuietOption = False,
 ) -> None:
-    """Mean attention by query and key position (and distance), per layer and head, over a corpus."""
+    """Mean attention by query and key position (and distance), per layer and head, over a corpus,
+    with its trend with key position (95% intervals over the sequences) and the strict verdict."""
     import resstream
     from resstream.io import run_record, write_json
-    from resstream.reporting.attention import (
-        plot_attention_grid,
-        plot_distance_profiles,
-        verdict_lines,
-    )
+    from resstream.reporting.attention import LEGEND, plot_attention_grid, plot_distance_profiles
+    from resstream.reporting.figures import model_file_stems
     from resstream.rundir import output_set
 
     specs = list(model) if model else [None]
@@ -78,15 +76,15 @@ def recency(
             [(r.model, r.mean_attention) for r in report.results],
             outputs / "recency.png",
             title=f"mean attention over {report.results[0].num_sequences} sequences of "
-            f"{report.seq_len} tokens, heads averaged (query ↓, key →)",
+            f"{report.seq_len} tokens, heads averaged",
         )
-        for index, result in enumerate(report.results):
-            suffix = "" if len(report.results) == 1 else f"_{index}"
+        stems = model_file_stems([result.model for result in report.results])
+        for stem, result in zip(stems, report.results, strict=True):
             plot_distance_profiles(
                 [layer.by_distance for layer in result.layers],
-                outputs / f"distance{suffix}.png",
+                outputs / f"distance_{stem}.png",
                 head_profiles=[layer.head_by_distance() for layer in result.layers],
-                title=f"{result.model}: attention δ tokens back (blue: heads averaged, grey: heads)",
+                title=f"{result.model}: attention δ tokens back",
             )
         settings = {
             "command": "recency",
@@ -110,9 +108,24 @@ def recency(
         )
     for result in report.results:
         typer.echo(f"{result.model} (heads averaged, {result.num_sequences} sequences; {result.sample})")
-        for line in verdict_lines([layer.average for layer in result.layers]):
+        for line in recency_lines(result):
             typer.echo(f"  {line}")
-    typer.echo(f"wrote recency.json, recency.npz, recency.png, distance plots and run.json to {out}")
+    typer.echo(LEGEND)
+    typer.echo(
+        f"wrote recency.json, recency.npz, recency.png, {', '.join(f'distance_{s}.png' for s in stems)} "
+        f"and run.json to {out}"
+    )
+
+
+def recency_lines(result: RecencyResult) -> list[str]:
+    """Per layer: the trend line and strict verdicts of the head average, then the heads' directions."""
+    from resstream.reporting.attention import heads_line, layer_lines
+
+    lines = []
+    for layer in result.layers:
+        lines.extend(layer_lines([layer.average]))
+        lines.append(f"  {heads_line([head.trend for head in layer.heads])}")
+    return lines
 
 
 def write_head_arrays(path: Path, results: Sequence[RecencyResult]) -> None:

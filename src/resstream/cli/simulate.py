@@ -19,7 +19,9 @@ def simulate(
     layers: Annotated[int, typer.Option(help="Attention layers.")] = 6,
     tokens: Annotated[int, typer.Option(help="Tokens n per simulated sequence.")] = 10,
     dim: Annotated[int, typer.Option(help="Width d of the embeddings.")] = 64,
-    sims: Annotated[int, typer.Option(help="Number of simulations.")] = 100_000,
+    simulations: Annotated[
+        int, typer.Option("--simulations", "--sims", help="Number of simulations (--sims: the same).")
+    ] = 100_000,
     gamma: Annotated[
         float, typer.Option(help="Anisotropy γ in [0, 1): expected cosine between two tokens.")
     ] = 0.0,
@@ -45,17 +47,18 @@ def simulate(
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N.")] = "cpu",
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
 ) -> None:
-    """Mean attention of every layer (± standard error) and a recency verdict per layer."""
+    """Mean attention of every layer (± standard error), its trend with key position (95% intervals)
+    and the strict all-steps verdict per layer."""
     import resstream
     from resstream.io import run_record, write_json
-    from resstream.reporting.attention import plot_attention_grid, verdict_lines
+    from resstream.reporting.attention import LEGEND, layer_lines, plot_attention_grid
     from resstream.rundir import output_set
 
     config: dict[str, Any] = {
         "layers": layers,
         "tokens": tokens,
         "dim": dim,
-        "simulations": sims,
+        "simulations": simulations,
         "gamma": gamma,
         "sigma": sigma,
         "layernorm": layernorm,
@@ -74,7 +77,7 @@ def simulate(
         plot_attention_grid(
             [(label, result.mean_attention) for label, result in runs],
             outputs / "simulate.png",
-            title=f"mean attention over {sims:,} simulations (query ↓, key →)",
+            title=f"mean attention over {simulations:,} simulations",
         )
         outputs.write_record(
             run_record(
@@ -85,17 +88,20 @@ def simulate(
             )
         )
     for label, result in runs:
-        typer.echo(label)
-        for line in verdict_lines(result.layers):
+        typer.echo(f"{label} ({simulations:,} simulations)")
+        for line in layer_lines(result.layers):
             typer.echo(f"  {line}")
+    typer.echo(LEGEND)
     typer.echo(f"wrote simulate.json, simulate.npz, simulate.png and run.json to {out}")
 
 
 def simulation_entry(label: str, result: SimulationResult) -> dict[str, Any]:
-    """One configuration in simulate.json: mean_attention[layer][query][key], stderr, verdicts."""
+    """One configuration in simulate.json: the trend of every layer first, then
+    mean_attention[layer][query][key], stderr and per layer the strict verdicts."""
     data = result.to_dict()
     return {
         "label": label,
+        "trend": [layer["trend"] for layer in data["layers"]],
         "config": data["config"],
         "method": data["method"],
         "mean_attention": [layer["mean"] for layer in data["layers"]],

@@ -1,12 +1,17 @@
-"""Heatmaps of mean attention (simulated stacks and trained models) and distance profiles.
+"""Heatmaps of mean attention (simulated stacks and trained models), distance profiles, and the
+per-layer lines that `simulate` and `recency` print.
 
-`plot_attention_grid` draws the classic figure: one row per configuration or model, one
-column per layer, each panel the mean attention matrix (query down, key across, the masked
-future blank). Every row has its own colour scale, from 0 to the largest score a query gives
-an earlier token: self-attention, which can take most of the mass, saturates the colour, so
-the structure among the earlier keys stays visible.
-`plot_distance_profiles` draws, per layer, the mean attention δ tokens back, beside what
-uniform causal attention would give.
+`attention_grid_figure` draws the classic figure: one row per configuration or model, one
+column per layer, each panel the mean attention matrix (query i down, key j across, integer
+positions on both axes, the masked future blank). The rows are there to be compared, so the
+whole figure has ONE colour scale and one labelled colour bar, from 0 to the largest score any
+query gives an earlier token: self-attention, which can take most of the mass, saturates the
+colour (the bar's arrow), so the structure among the earlier keys stays visible and a row whose
+earlier scores are all tiny looks dark rather than stretched to full brightness.
+`distance_figure` draws, per layer, the mean attention δ tokens back beside what uniform
+causal attention would give, named in a legend.
+`layer_lines` gives per layer the trend line (direction, rank correlation, band ratios, 95%
+intervals) and below it the strict all-steps verdict.
 """
 
 from __future__ import annotations
@@ -17,11 +22,24 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from matplotlib.figure import Figure
 
-from resstream.reporting.figures import new_figure, save_figure
+from resstream.reporting.figures import integer_ticks, new_figure, save_figure
 from resstream.simulation import LayerAttention
+from resstream.simulation.intervals import Estimate
+from resstream.simulation.results import AttentionTrend, BandRatio, TrendVerdict
 
 Matrix = Sequence[Sequence[float]]
+
+#: The label of the one colour bar of an attention grid.
+COLOUR_BAR_LABEL = "mean attention (one scale for all rows)"
+
+#: The legend entry of the no-bias reference in distance plots.
+UNIFORM_LABEL = "uniform causal attention"
+
+#: |z| beyond which a z-score is shown as a bound: so large only when the standard error is
+#: (nearly) zero, e.g. float rounding around a deterministic pattern, where z says nothing.
+Z_DISPLAY_LIMIT = 1000.0
 
 
 def _masked(matrix: Matrix) -> np.ndarray:
@@ -31,55 +49,120 @@ def _masked(matrix: Matrix) -> np.ndarray:
     return array
 
 
-def _row_scale(maps: Sequence[Matrix]) -> float:
-    """The largest score to an earlier token (self excluded) over a row's maps, so the
-    structure among earlier keys stays visible; larger self scores saturate the colour."""
+def shared_scale(rows: Sequence[Sequence[Matrix]]) -> float:
+    """The top of the one colour scale: the largest score to an earlier token (self excluded)
+    over every map of every row; larger (self) scores saturate. 1.0 when there is none."""
     tops = []
-    for matrix in maps:
-        earlier = _masked(matrix)
-        np.fill_diagonal(earlier, np.nan)
-        if np.isfinite(earlier).any():
-            tops.append(float(np.nanmax(earlier)))
+    for maps in rows:
+        for matrix in maps:
+            earlier = _masked(matrix)
+            np.fill_diagonal(earlier, np.nan)
+            if np.isfinite(earlier).any():
+                tops.append(float(np.nanmax(earlier)))
     top = max(tops, default=1.0)
     return top if math.isfinite(top) and top > 0 else 1.0
+
+
+def attention_grid_figure(
+    rows: Sequence[tuple[str, Sequence[Matrix]]], *, title: str = "mean attention"
+) -> Figure:
+    """Rows = (label, one matrix per layer); columns = layers 1..L; one colour scale."""
+    if not rows or not all(maps for _, maps in rows):
+        raise ValueError("an attention grid needs at least one row with at least one layer")
+    columns = max(len(maps) for _, maps in rows)
+    fig = new_figure(width=1.8 * columns + 2.4, height=1.8 * len(rows) + 0.9)
+    axes = fig.subplots(len(rows), columns, squeeze=False)
+    vmax = shared_scale([maps for _, maps in rows])
+    image = None
+    for r, (label, maps) in enumerate(rows):
+        for c, ax in enumerate(axes[r]):
+            if c >= len(maps):
+                ax.axis("off")
+                continue
+            image = ax.imshow(_masked(maps[c]), cmap="viridis", vmin=0.0, vmax=vmax, interpolation="nearest")
+            _position_axes(ax, first_column=c == 0, last_row=r == len(rows) - 1 or c >= len(rows[r + 1][1]))
+            if r == 0:
+                ax.set_title(f"layer {c + 1}", fontsize=9)
+        axes[r][0].annotate(
+            label,
+            xy=(0, 0.5),
+            xycoords="axes fraction",
+            xytext=(-34, 0),
+            textcoords="offset points",
+            ha="right",
+            va="center",
+            fontsize=8,
+        )
+    # as long as the grid is tall: the bar's length is `aspect` times its width
+    bar = fig.colorbar(
+        image, ax=list(axes.ravel()), fraction=0.02, pad=0.015, extend="max", aspect=20 * len(rows)
+    )
+    bar.set_label(COLOUR_BAR_LABEL, fontsize=8)
+    bar.ax.tick_params(labelsize=7)
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def _position_axes(ax, *, first_column: bool, last_row: bool) -> None:
+    """Integer query / key positions on a heatmap panel; axis names on the outer panels."""
+    for axis in (ax.xaxis, ax.yaxis):
+        integer_ticks(axis)
+    ax.locator_params(nbins=6)
+    ax.tick_params(labelsize=6, length=2, pad=1)
+    if first_column:
+        ax.set_ylabel("query i", fontsize=7, labelpad=1)
+    if last_row:
+        ax.set_xlabel("key j", fontsize=7, labelpad=1)
 
 
 def plot_attention_grid(
     rows: Sequence[tuple[str, Sequence[Matrix]]],
     path: str | os.PathLike[str],
     *,
-    title: str = "mean attention (query ↓, key →)",
+    title: str = "mean attention",
 ) -> Path:
-    """Rows = (label, one matrix per layer); columns = layers 1..L. Writes a PNG."""
-    if not rows or not all(maps for _, maps in rows):
-        raise ValueError("plot_attention_grid needs at least one row with at least one layer")
-    columns = max(len(maps) for _, maps in rows)
-    fig = new_figure(width=1.6 * columns + 1.6, height=1.6 * len(rows) + 0.8)
-    axes = fig.subplots(len(rows), columns, squeeze=False)
-    for r, (label, maps) in enumerate(rows):
-        vmax = _row_scale(maps)
-        image = None
-        for c in range(columns):
-            ax = axes[r][c]
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if c >= len(maps):
-                ax.axis("off")
-                continue
-            image = ax.imshow(_masked(maps[c]), cmap="viridis", vmin=0.0, vmax=vmax, interpolation="nearest")
-            if r == 0:
-                ax.set_title(f"layer {c + 1}", fontsize=9)
-        axes[r][0].set_ylabel(label, fontsize=8, rotation=0, ha="right", va="center", labelpad=6)
-        if image is not None:
-            fig.colorbar(image, ax=list(axes[r]), fraction=0.02, pad=0.01)
-    fig.suptitle(title, fontsize=10)
-    return save_figure(fig, path)
+    """`attention_grid_figure` written as a PNG to `path`."""
+    return save_figure(attention_grid_figure(rows, title=title), path)
 
 
 def uniform_profile(tokens: int) -> list[float]:
     """The distance profile of uniform causal attention (query i gives 1/(i+1) to each key):
     it falls with δ too, because long distances exist only for late queries with many keys."""
     return [sum(1.0 / (i + 1) for i in range(delta, tokens)) / (tokens - delta) for delta in range(tokens)]
+
+
+def distance_figure(
+    profiles: Sequence[Sequence[float]],
+    *,
+    head_profiles: Sequence[Sequence[Sequence[float]]] | None = None,
+    title: str = "attention by distance",
+) -> Figure:
+    """Per layer (one panel each), mean attention δ tokens back (δ = 0: the token itself);
+    thin grey lines for single heads when `head_profiles` is given, a dotted line for uniform
+    causal attention (`uniform_profile`), the no-bias reference; a legend names the three. Log
+    scale, integer distances."""
+    layers = len(profiles)
+    fig = new_figure(width=min(2.2 * layers, 13.0) + 0.6, height=2.9)
+    axes = fig.subplots(1, layers, squeeze=False, sharey=True)[0]
+    for layer, ax in enumerate(axes):
+        distances = range(len(profiles[layer]))
+        if head_profiles is not None:
+            for h, head in enumerate(head_profiles[layer]):
+                ax.plot(distances, head, color="0.7", linewidth=0.6, label="single heads" if h == 0 else None)
+        ax.plot(distances, profiles[layer], color="tab:blue", linewidth=1.6, label="heads averaged")
+        uniform = uniform_profile(len(profiles[layer]))
+        ax.plot(distances, uniform, color="black", linestyle=":", linewidth=1.0, label=UNIFORM_LABEL)
+        ax.set_yscale("log")
+        integer_ticks(ax.xaxis)
+        ax.locator_params(axis="x", nbins=4)  # narrow panels: a few whole distances
+        ax.set_title(f"layer {layer + 1}", fontsize=9)
+        ax.set_xlabel("distance δ = i − j", fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("mean attention", fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, frameon=False)
+    fig.suptitle(title, fontsize=10, y=1.04)
+    return fig
 
 
 def plot_distance_profiles(
@@ -89,42 +172,89 @@ def plot_distance_profiles(
     head_profiles: Sequence[Sequence[Sequence[float]]] | None = None,
     title: str = "attention by distance",
 ) -> Path:
-    """Per layer (one panel each), mean attention δ tokens back (δ = 0: the token itself);
-    thin grey lines for single heads when `head_profiles` is given, a dotted line for uniform
-    causal attention (`uniform_profile`), the no-bias reference. Log scale."""
-    layers = len(profiles)
-    fig = new_figure(width=min(2.2 * layers, 13.0) + 0.6, height=2.8)
-    axes = fig.subplots(1, layers, squeeze=False, sharey=True)[0]
-    for layer, ax in enumerate(axes):
-        if head_profiles is not None:
-            for head in head_profiles[layer]:
-                ax.plot(range(len(head)), head, color="0.7", linewidth=0.6)
-        ax.plot(range(len(profiles[layer])), profiles[layer], color="tab:blue", linewidth=1.6)
-        ax.plot(
-            range(len(profiles[layer])),
-            uniform_profile(len(profiles[layer])),
-            color="black",
-            linestyle=":",
-            linewidth=1.0,
-        )
-        ax.set_yscale("log")
-        ax.set_title(f"layer {layer + 1}", fontsize=9)
-        ax.set_xlabel("distance δ = i − j", fontsize=8)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("mean attention", fontsize=8)
-    fig.suptitle(title, fontsize=10, y=1.04)
-    return save_figure(fig, path)
+    """`distance_figure` written as a PNG to `path`."""
+    return save_figure(distance_figure(profiles, head_profiles=head_profiles, title=title), path)
 
 
-def verdict_lines(layers: Sequence[LayerAttention]) -> list[str]:
-    """One line per layer: recency (rows that hold, weakest z) and primacy (the same)."""
+# --------------------------------------------------------------------------- printed lines
+
+
+def format_z(z: float) -> str:
+    """A z-score for the terminal: "+3.2"; beyond ±`Z_DISPLAY_LIMIT` a bound ("> 1000"), as
+    such values come from a (near-)zero standard error and their digits mean nothing; "∞" for
+    an exact nonzero step; "n/a" without a standard error."""
+    if math.isnan(z):
+        return "n/a"
+    if math.isinf(z):
+        return "+∞" if z > 0 else "-∞"
+    if abs(z) >= Z_DISPLAY_LIMIT:
+        return f"> {Z_DISPLAY_LIMIT:.0f}" if z > 0 else f"< -{Z_DISPLAY_LIMIT:.0f}"
+    return f"{z:+.1f}"
+
+
+def _interval(estimate: Estimate, fmt: str) -> str:
+    """ "value [low, high]" in `fmt`, "n/a" for nan ends."""
+
+    def show(value: float) -> str:
+        return "n/a" if math.isnan(value) else format(value, fmt)
+
+    if math.isnan(estimate.low):
+        return f"{show(estimate.value)} [no interval]"
+    return f"{show(estimate.value)} [{show(estimate.low)}, {show(estimate.high)}]"
+
+
+def _band_text(band: BandRatio) -> str:
+    return f"{band.label} ×{_interval(band.ratio, '#.3g')}"
+
+
+def trend_line(trend: AttentionTrend) -> str:
+    """The direction of the trend, Spearman's ρ and the near and far band ratios to uniform
+    causal attention, each with its 95% interval."""
+    parts = [f"{trend.direction}: ρ {_interval(trend.spearman, '+.3f')}"]
+    bands = [band for band in (trend.near, trend.far) if band is not None]
+    if bands:
+        parts.append("vs uniform " + ", ".join(_band_text(band) for band in bands))
+    return "; ".join(parts)
+
+
+def _verdict_text(verdict: TrendVerdict) -> str:
+    testable = len(verdict.rows) - len(verdict.untestable_rows)
+    state = "holds" if verdict.holds else f"{len(verdict.holding_rows)}/{testable} rows"
+    margins = [row.min_margin for row in verdict.rows if row.testable]
+    weakest = min(margins) if margins and not any(math.isnan(m) for m in margins) else math.nan
+    step = "n/a" if math.isnan(weakest) else f"{weakest:+.2g}"
+    return f"{verdict.direction} {state} (smallest step {step}, min z {format_z(verdict.min_z)})"
+
+
+def strict_line(layer: LayerAttention) -> str:
+    """The strict all-steps verdicts of a layer (`resstream.simulation.results`): rows that
+    hold, and the weakest step's size and z-score in each direction."""
+    return f"strict, every step: {_verdict_text(layer.recency)}; {_verdict_text(layer.primacy)}"
+
+
+#: What the printed lines mean, printed once after them by `simulate` and `recency`.
+LEGEND = (
+    "trend: ρ = rank correlation of attention with key position among earlier keys, averaged over "
+    "rows (> 0: recency, < 0: primacy), ×r = attention on distances δ = i − j relative to uniform "
+    "causal attention, both with 95% intervals; strict: rows whose every step "
+    "A[i][j+1] − A[i][j] is ≥ --threshold standard errors in one direction"
+)
+
+
+def layer_lines(layers: Sequence[LayerAttention]) -> list[str]:
+    """Per layer two lines: "layer N: <trend line>" and, indented, its strict verdicts."""
     lines = []
     for layer in layers:
-        parts = []
-        for verdict in (layer.recency, layer.primacy):
-            testable = len(verdict.rows) - len(verdict.untestable_rows)
-            held = len(verdict.holding_rows)
-            state = "holds" if verdict.holds else f"{held}/{testable} rows"
-            parts.append(f"{verdict.direction} {state} (min z {verdict.min_z:.1f})")
-        lines.append(f"layer {layer.layer}: " + "; ".join(parts))
+        lines.append(f"layer {layer.layer}: {trend_line(layer.trend)}")
+        lines.append(f"  {strict_line(layer)}")
     return lines
+
+
+def heads_line(trends: Sequence[AttentionTrend]) -> str:
+    """How many heads of a layer show each direction, and every head's ρ in head order."""
+    counts = dict.fromkeys(("recency", "primacy", "none", "untestable"), 0)
+    for trend in trends:
+        counts[trend.direction] += 1
+    shown = ", ".join(f"{direction} {count}" for direction, count in counts.items() if count)
+    values = " ".join(f"{trend.spearman.value:+.2f}" for trend in trends)
+    return f"heads: {shown} (ρ by head {values})"

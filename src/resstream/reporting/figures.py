@@ -8,6 +8,8 @@ atomically (an interrupted run never leaves half an image) and then closes (clea
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from matplotlib.axis import Axis
@@ -18,6 +20,12 @@ from matplotlib.ticker import MaxNLocator
 from resstream.io import atomic_path
 
 DPI = 120
+
+#: Characters a file stem keeps; every run of others becomes one "_".
+_UNSAFE = re.compile(r"[^A-Za-z0-9.-]+")
+
+#: Longest stem kept (the end of a long path, which names the model most specifically).
+_STEM_LENGTH = 60
 
 #: The input token and the next token as matplotlib mathtext (a real subscript, not "t_i+1").
 INPUT_TOKEN = r"$t_i$"
@@ -46,3 +54,30 @@ def integer_ticks(axis: Axis) -> None:
     """Ticks on whole numbers only (layers, positions, steps): a shallow model's layer axis
     gets 0, 1, 2 instead of 0.25, 0.50, ..."""
     axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def model_file_stem(name: str) -> str:
+    """A filesystem-safe stem for a model's files, from the last two parts of its name or path:
+    "reference" → "reference", "runs/tiny" and "/home/me/runs/tiny/" → "runs_tiny",
+    "EleutherAI/pythia-70m" → "EleutherAI_pythia-70m". Every run of characters other than
+    letters, digits, "." and "-" becomes "_"; leading and trailing "_" and "." are dropped; a
+    long stem keeps its last 60 characters; nothing left gives "model"."""
+    parts = [part for part in re.split(r"[\\/]+", name) if part not in ("", ".", "..")]
+    stem = _UNSAFE.sub("_", "_".join(parts[-2:])).strip("_.")
+    return stem[-_STEM_LENGTH:].strip("_.") or "model"
+
+
+def model_file_stems(names: Sequence[str]) -> list[str]:
+    """`model_file_stem` of each name, made unique (also on case-insensitive filesystems): a
+    stem seen before gets "_2", "_3", ... in the order of `names`."""
+    stems: list[str] = []
+    taken: set[str] = set()
+    for name in names:
+        stem = base = model_file_stem(name)
+        number = 1
+        while stem.lower() in taken:
+            number += 1
+            stem = f"{base}_{number}"
+        taken.add(stem.lower())
+        stems.append(stem)
+    return stems

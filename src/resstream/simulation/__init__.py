@@ -2,9 +2,11 @@
 
 How causal attention and LayerNorm create a positional (recency) bias, measured by Monte
 Carlo: `simulate(SimulationConfig(...))` returns the mean attention matrix of every layer with
-standard errors and recency / primacy verdicts (`SimulationResult`, JSON-ready with
-`to_dict()`). `simulate_reference` is the slow per-simulation loop that the tests and the
-benchmark compare against; `attention_maps` runs the stack on given embeddings.
+standard errors, its trend with key position (`AttentionTrend`: row rank correlation and band
+ratios to uniform causal attention with 95% intervals, `resstream.simulation.trend`) and the
+strict recency / primacy verdicts (`SimulationResult`, JSON-ready with `to_dict()`).
+`simulate_reference` is the slow per-simulation loop that the tests and the benchmark compare
+against; `attention_maps` runs the stack on given embeddings.
 
 Conventions: layers are numbered from 1 (layer 1 is computed from the embeddings), token
 positions from 0; LayerNorm is parameter-free with eps `LAYERNORM_EPS` = 1e-5.
@@ -21,6 +23,8 @@ from resstream.simulation.config import (
 from resstream.simulation.reference import simulate_reference
 from resstream.simulation.results import (
     DIRECTIONS,
+    AttentionTrend,
+    BandRatio,
     LayerAttention,
     RowTrend,
     SimulationResult,
@@ -33,6 +37,8 @@ __all__ = [
     "DIRECTIONS",
     "LAYERNORM_EPS",
     "SAMPLINGS",
+    "AttentionTrend",
+    "BandRatio",
     "LayerAttention",
     "RowTrend",
     "SimulationConfig",

@@ -240,12 +240,14 @@ def simulation_floats(tokens: int, dim: int, sampling: str, layernorm: bool) -> 
     """Float32 numbers one simulation of a chunk holds at most.
 
     The layer loop holds 3 tokens × tokens matrices (Gram, attention, product) and a few
-    per-token vectors, the statistics 2·tokens² features; "gram" sampling adds its random
-    numbers and triangular factor; "embeddings" sampling adds the (tokens + 1) × dim normals,
-    the tokens × dim embeddings and their centred copy, and one more Gram matrix.
+    per-token vectors, the statistics 2·tokens² features and, for the trend statistics
+    (`resstream.simulation.trend`), 3 more tokens² temporaries (the earlier scores, their row
+    shares, the pairwise signs of the longest row); "gram" sampling adds its random numbers and
+    triangular factor; "embeddings" sampling adds the (tokens + 1) × dim normals, the
+    tokens × dim embeddings and their centred copy, and one more Gram matrix.
     """
     n, d = tokens, dim
-    floats = 3 * n * n + 2 * n * n + 4 * n
+    floats = 3 * n * n + 2 * n * n + 3 * n * n + 4 * n
     if sampling == "gram":
         rank = min(n, d - 1 if layernorm else d)
         return floats + padded_to_16(n * rank) + 2 * rank + n * rank

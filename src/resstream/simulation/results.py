@@ -1,4 +1,9 @@
-"""Result objects of a simulation and the recency / primacy verdicts (pure Python, JSON-ready).
+"""Result objects of a simulation: the trend statistics and the strict recency / primacy
+verdicts (pure Python, JSON-ready).
+
+The trend (`AttentionTrend`, computed in `resstream.simulation.trend`) is the headline: band
+ratios to uniform causal attention and the mean row rank correlation, with 95% intervals. The
+strict verdict below is the secondary, all-or-nothing test.
 
 Conventions: layers are numbered from 1 (layer 1 is the first attention layer, computed from
 the embeddings); token positions (query i, key j) from 0, so row i has the keys j = 0..i.
@@ -28,9 +33,12 @@ from typing import Any, Literal
 from resstream.errors import UsageError, check_choice
 from resstream.io import jsonable
 from resstream.simulation.config import SimulationConfig
+from resstream.simulation.intervals import Estimate
 
 __all__ = [
     "DIRECTIONS",
+    "AttentionTrend",
+    "BandRatio",
     "Direction",
     "LayerAttention",
     "RowTrend",
@@ -44,6 +52,91 @@ Direction = Literal["recency", "primacy"]
 DIRECTIONS: tuple[str, ...] = ("recency", "primacy")
 
 Matrix = tuple[tuple[float, ...], ...]
+
+
+def _log(value: float) -> float:
+    """Natural log, −inf for 0 (a band that got no attention), nan stays nan."""
+    if math.isnan(value):
+        return math.nan
+    return math.log(value) if value > 0 else -math.inf
+
+
+@dataclass(frozen=True)
+class BandRatio:
+    """Attention on the distances `first`..`last` (i − j) relative to uniform causal attention:
+    `ratio` is 1 for uniform attention (`resstream.simulation.trend`), with its 95% interval."""
+
+    first: int
+    last: int
+    ratio: Estimate
+
+    @property
+    def log_ratio(self) -> Estimate:
+        """The natural log of the ratio and of its interval's ends (0: as uniform)."""
+        return Estimate(_log(self.ratio.value), _log(self.ratio.low), _log(self.ratio.high))
+
+    @property
+    def label(self) -> str:
+        """ "self", "δ 1" or "δ 1–3"."""
+        if self.last == 0:
+            return "self"
+        return f"δ {self.first}" if self.first == self.last else f"δ {self.first}–{self.last}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """{"distances": [first, last], "log_ratio": {...}, "ratio": {...}}."""
+        return {
+            "distances": [self.first, self.last],
+            "log_ratio": self.log_ratio.to_dict(),
+            "ratio": self.ratio.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class AttentionTrend:
+    """The trend of one layer's attention with key position, over `samples` simulations or
+    sequences: `spearman` (mean row rank correlation of the scores of earlier keys with their
+    position, 95% interval) and `bands` (ratio to uniform causal attention per distance band,
+    self first). See `resstream.simulation.trend`."""
+
+    spearman: Estimate
+    bands: tuple[BandRatio, ...]
+    samples: int
+
+    @property
+    def direction(self) -> str:
+        """ "recency" when the 95% interval of ρ lies above 0, "primacy" when below, "none"
+        when it holds 0, "untestable" without an interval (one sample, or fewer than 3 tokens)."""
+        low, high = self.spearman.low, self.spearman.high
+        if math.isnan(low) or len(self.bands) < 2 or self.bands[-1].last < 2:
+            return "untestable"
+        if low > 0:
+            return "recency"
+        return "primacy" if high < 0 else "none"
+
+    @property
+    def near(self) -> BandRatio | None:
+        """The nearest band after self (δ 1–3), None with a single token."""
+        return self.bands[1] if len(self.bands) > 1 else None
+
+    @property
+    def far(self) -> BandRatio | None:
+        """The farthest band when it is not the near one (None for fewer than 5 tokens)."""
+        return self.bands[-1] if len(self.bands) > 2 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the direction, ρ and every band."""
+        return jsonable(
+            {
+                "direction": self.direction,
+                "spearman": self.spearman.to_dict(),
+                "bands": [band.to_dict() for band in self.bands],
+                "samples": self.samples,
+                "level": 0.95,
+            }
+        )
+
+    def __repr__(self) -> str:
+        return f"AttentionTrend({self.direction}, ρ {self.spearman.value:+.3f}, {self.samples} samples)"
 
 
 @dataclass(frozen=True)
@@ -183,12 +276,19 @@ class LayerAttention:
     spread_stderr: tuple[float, ...]
     recency: TrendVerdict
     primacy: TrendVerdict
+    trend: AttentionTrend
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (lists, None instead of nan)."""
-        fields = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        """JSON-ready dict (lists, None instead of nan): the layer, its trend first, then the
+        matrices and the strict verdicts."""
+        fields = {"layer": self.layer, "trend": self.trend.to_dict()}
+        fields.update({k: getattr(self, k) for k in self.__dataclass_fields__ if k not in fields})
         fields["recency"], fields["primacy"] = self.recency.to_dict(), self.primacy.to_dict()
         return jsonable(fields)
+
+    def __repr__(self) -> str:
+        n = len(self.mean)
+        return f"LayerAttention(layer {self.layer}, {n} tokens, trend {self.trend!r})"
 
 
 @dataclass(frozen=True)
@@ -218,6 +318,14 @@ class SimulationResult:
             raise UsageError(f"layer {number} does not exist; allowed: 1..{len(self.layers)}")
         return self.layers[number - 1]
 
+    def __repr__(self) -> str:
+        c = self.config
+        return (
+            f"SimulationResult({c.layers} layers × {c.tokens} tokens, {c.simulations:,} simulations, "
+            f"{'LayerNorm' if c.layernorm else 'no LayerNorm'}, γ = {c.gamma:g}"
+            f"{', residual' if c.residual else ''}; {trend_summary(self.layers)})"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: the config, the method and every layer."""
         return jsonable(
@@ -227,3 +335,9 @@ class SimulationResult:
                 "layers": [layer.to_dict() for layer in self.layers],
             }
         )
+
+
+def trend_summary(layers: Sequence[LayerAttention]) -> str:
+    """ "ρ by layer +0.01, +0.12, …": the mean row rank correlation of each layer, for reprs."""
+    values = ", ".join(f"{layer.trend.spearman.value:+.2f}" for layer in layers)
+    return f"ρ by layer {values}"

@@ -1,11 +1,13 @@
 """Streaming means and standard errors of the attention matrices, chunk by chunk.
 
 Per simulation and layer the statistics see one row of *features* (`attention_features`):
-the n² scores A[i][j], the n·(n−1) steps A[i][j+1] − A[i][j] and the n − 1 spreads
-A[i][i−1] − A[i][0] (i ≥ 1). Per chunk, `MomentAccumulator.add` takes the fp32 chunk mean
-and the sum of squared deviations from it (two passes, no cancellation), then merges them into
-fp64 totals with Chan et al.'s parallel formula. The standard error of a mean over N
-simulations is sd / √N with the sample (N − 1) standard deviation; nan for N = 1.
+the n² scores A[i][j], the n·(n−1) steps A[i][j+1] − A[i][j], the n − 1 spreads
+A[i][i−1] − A[i][0] (i ≥ 1) and the trend features (`resstream.simulation.trend`: one ratio to
+uniform attention per distance band and the mean row rank correlation). Per chunk,
+`MomentAccumulator.add` takes the fp32 chunk mean and the sum of squared deviations from it (two
+passes, no cancellation), then merges them into fp64 totals with Chan et al.'s parallel formula.
+The standard error of a mean over N simulations is sd / √N with the sample (N − 1) standard
+deviation; nan for N = 1.
 """
 
 from __future__ import annotations
@@ -16,12 +18,19 @@ import torch
 from torch import Tensor
 
 from resstream.simulation.results import LayerAttention, trend_verdict
+from resstream.simulation.trend import summarise_trend, trend_features, trend_width
 
 __all__ = ["MomentAccumulator", "attention_features", "feature_width", "summarise_layer"]
 
 
 def feature_width(tokens: int) -> int:
-    """Number of features per simulation: n² scores, n·(n−1) steps, n − 1 spreads."""
+    """Number of features per simulation: n² scores, n·(n−1) steps, n − 1 spreads, then the
+    trend features (`trend_width`)."""
+    return _spreads_end(tokens) + trend_width(tokens)
+
+
+def _spreads_end(tokens: int) -> int:
+    """Where the trend features start: after the scores, steps and spreads."""
     return tokens * tokens + tokens * (tokens - 1) + tokens - 1
 
 
@@ -34,12 +43,13 @@ def attention_features(attention: Tensor, out: Tensor | None = None) -> Tensor:
     a = attention.permute(1, 2, 0)  # (n, n, batch): a view, contiguous for the simulation's own
     if out is None:
         out = attention.new_empty(feature_width(n), batch)
-    scores_end, steps_end = n * n, n * n + n * (n - 1)
+    scores_end, steps_end, spreads_end = n * n, n * n + n * (n - 1), _spreads_end(n)
     out[:scores_end].view(n, n, batch).copy_(a)
     steps = out[scores_end:steps_end].view(n, n - 1, batch)
     torch.sub(a[:, 1:], a[:, :-1], out=steps)
     recent = torch.diagonal(a, offset=-1, dim1=0, dim2=1).T
-    torch.sub(recent, a[1:, 0], out=out[steps_end:])
+    torch.sub(recent, a[1:, 0], out=out[steps_end:spreads_end])
+    trend_features(a, out=out[spreads_end:])
     return out
 
 
@@ -93,7 +103,7 @@ def summarise_layer(
     n = tokens
     mean = accumulator.mean.cpu().tolist()
     stderr = accumulator.stderr().cpu().tolist()
-    scores_end, steps_end = n * n, n * n + n * (n - 1)
+    scores_end, steps_end, spreads_end = n * n, n * n + n * (n - 1), _spreads_end(n)
     step_mean = _steps(mean[scores_end:steps_end], n)
     step_stderr = _steps(stderr[scores_end:steps_end], n)
     return LayerAttention(
@@ -102,8 +112,9 @@ def summarise_layer(
         stderr=_square(stderr[:scores_end], n),
         step_mean=step_mean,
         step_stderr=step_stderr,
-        spread_mean=_spreads(mean[steps_end:], n),
-        spread_stderr=_spreads(stderr[steps_end:], n),
+        spread_mean=_spreads(mean[steps_end:spreads_end], n),
+        spread_stderr=_spreads(stderr[steps_end:spreads_end], n),
         recency=trend_verdict(layer, step_mean, step_stderr, "recency", threshold),
         primacy=trend_verdict(layer, step_mean, step_stderr, "primacy", threshold),
+        trend=summarise_trend(mean[spreads_end:], stderr[spreads_end:], accumulator.count, n),
     )
