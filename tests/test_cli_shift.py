@@ -150,7 +150,7 @@ def test_shift_reference_model_on_the_built_in_corpus(tmp_path, capsys, monkeypa
     for name in ("shift.json", "shift.csv", "run.json"):
         assert (out / name).is_file(), name
     pngs = sorted(p.name for p in out.glob("*.png"))
-    assert len(pngs) >= 3 and "comparison.png" not in pngs, pngs  # rates, similarity, histogram
+    assert pngs == ["match_rates_reference.png", "shift_depths_reference.png", "similarity_reference.png"]
     assert_complete_files(out)
 
     report = json.loads((out / "shift.json").read_text())
@@ -176,10 +176,12 @@ def test_shift_reference_model_on_the_built_in_corpus(tmp_path, capsys, monkeypa
 def test_two_models_in_one_run(tmp_path, corpus, gpt2_dir, capsys, monkeypatch):
     import resstream.reporting.shift as rendering
     from resstream.assets import reference_model_dir
+    from resstream.reporting.figures import model_file_stem
 
     # per-model plots are checked above; here only the comparison figure is rendered
+    drawn = []
     for name in ("plot_match_rates", "plot_similarity", "plot_shift_depths"):
-        monkeypatch.setattr(rendering, name, lambda *args, **kwargs: None)
+        monkeypatch.setattr(rendering, name, lambda result, path: drawn.append(Path(path).name))
 
     out = tmp_path / "out"
     ref_dir = reference_model_dir()  # the built-in reference model, named by its directory
@@ -201,6 +203,11 @@ def test_two_models_in_one_run(tmp_path, corpus, gpt2_dir, capsys, monkeypatch):
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert (out / "comparison.png").is_file()
+    assert sorted(drawn) == sorted(  # each model's plots are named after it
+        f"{kind}_{stem}.png"
+        for kind in ("match_rates", "similarity", "shift_depths")
+        for stem in (model_file_stem(str(ref_dir)), model_file_stem(str(gpt2_dir)))
+    )
     assert_complete_files(out)
     report = json.loads((out / "shift.json").read_text())
     assert len(report["models"]) == 2

@@ -44,6 +44,7 @@ def shift(
     """Per layer: top-k match with the input and the next token, cosines, projection, shift depth."""
     import resstream
     from resstream.io import run_record, write_json, write_text
+    from resstream.reporting.figures import model_file_stems
     from resstream.reporting.shift import (
         plot_comparison,
         plot_match_rates,
@@ -73,11 +74,12 @@ def shift(
         )
         write_json(outputs / "shift.json", report.to_dict())
         write_text(outputs / "shift.csv", shift_csv(report.results))
-        for index, result in enumerate(report.results):
-            suffix = "" if len(report.results) == 1 else f"_{index}"
-            plot_match_rates(result, outputs / f"match_rates{suffix}.png")
-            plot_similarity(result, outputs / f"similarity{suffix}.png")
-            plot_shift_depths(result, outputs / f"shift_depths{suffix}.png")
+        for result, stem in zip(
+            report.results, model_file_stems([r.model for r in report.results]), strict=True
+        ):
+            plot_match_rates(result, outputs / f"match_rates_{stem}.png")
+            plot_similarity(result, outputs / f"similarity_{stem}.png")
+            plot_shift_depths(result, outputs / f"shift_depths_{stem}.png")
         if len(report.results) > 1:
             plot_comparison(report.results, outputs / "comparison.png")
         settings = {
