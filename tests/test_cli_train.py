@@ -72,6 +72,49 @@ def test_train_then_resume_end_to_end(tmp_path, corpus, capsys):
     assert ckpt.latest_checkpoint_step(tmp_path / "run") == 6
 
 
+def test_resuming_a_finished_run_says_it_was_complete_and_writes_nothing(tmp_path, corpus, capsys):
+    assert run_train(tmp_path, corpus, "--max-steps", "3") == 0
+    capsys.readouterr()
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    assert main(["train", "--resume", "--out", str(tmp_path / "run")]) == 0
+    captured = capsys.readouterr()
+    assert "trained 3 steps" not in captured.out, captured.out
+    assert captured.out.startswith(f"{tmp_path / 'run'} was already complete (3 steps; validation loss ")
+    assert "nothing trained (resume with --max-steps above 3 to train further)" in captured.out
+    assert captured.err == ""
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*") if p.is_file()} == stamps
+    # a resume that trains says how many more steps it took
+    assert main(["train", "--resume", "--out", str(tmp_path / "run"), "--max-steps", "5", "--quiet"]) == 0
+    assert "trained 2 more steps (4 to 5);" in capsys.readouterr().out
+
+
+def test_train_says_what_it_prepares_before_the_first_step(tmp_path, corpus, capsys):
+    args = [a for a in TINY if a != "--quiet"]
+    code = main(
+        [
+            "train",
+            "--dataset",
+            str(corpus),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--out",
+            str(tmp_path / "run"),
+            "--max-steps",
+            "2",
+            *args,
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 0, err
+    status = [line for line in err.splitlines() if line.startswith("preparing: ")]
+    assert status == [
+        f"preparing: reading the corpus {str(corpus)!r}",
+        "preparing: training a 300-token byte-level BPE tokenizer on the corpus",
+        f"preparing: the token cache in {str(tmp_path / 'cache')!r} (the corpus is tokenised on first use)",
+        "preparing: building the model (2 layers x 16 wide, gate 'none')",
+    ], err
+
+
 def test_yaml_config_and_flag_override(tmp_path, corpus):
     config = tmp_path / "c.yaml"
     config.write_text("model:\n  gate: learned\nrun:\n  max_steps: 2\n")

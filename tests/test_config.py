@@ -28,6 +28,13 @@ def test_defaults_build_and_round_trip():
     assert from_dict(config.to_dict()) == config
 
 
+@pytest.mark.parametrize("preset", [None, *sorted(PRESETS)])
+def test_every_preset_warms_up_for_a_small_part_of_its_steps(preset):
+    """Warmup that lasts the whole run (tiny had 20 of 20 steps) never reaches the peak rate."""
+    config = build_config(preset=preset)
+    assert 1 <= config.optim.warmup_steps <= config.run.max_steps // 5, (preset, config.optim.warmup_steps)
+
+
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_preset_is_valid(preset):
     config = build_config(preset=preset)

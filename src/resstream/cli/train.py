@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -11,6 +11,9 @@ from resstream.cli.common import echo_err
 from resstream.cli.flags import cli_message, flag
 from resstream.errors import UsageError, closest
 from resstream.training.config import FIELDS, build_config, flatten, load_yaml
+
+if TYPE_CHECKING:
+    from resstream.training.loop import TrainResult
 
 #: Fields that have typed options of their own; every other field is an extra `--flag`.
 _TYPED = ("gate", "alpha", "cut_layer", "max_steps", "seed")
@@ -116,7 +119,23 @@ def train(
         result = run_training(
             cfg, out, resume=resume, progress=not quiet, log=lambda line: echo_err(cli_message(line, "train"))
         )
-    typer.echo(f"trained {result.steps} steps; validation loss {result.final_val_loss:.4f}; run in {out}")
+    typer.echo(outcome_line(result, out))
+
+
+def outcome_line(result: TrainResult, out: Path) -> str:
+    """What a `train` call did, in one line: trained, resumed, or found the run complete."""
+    val = f"validation loss {result.final_val_loss:.4f}"
+    if result.already_complete:
+        return (
+            f"{out} was already complete ({result.steps} steps; {val}); nothing trained "
+            f"(resume with --max-steps above {result.steps} to train further)"
+        )
+    if result.steps_run == 0:
+        return f"nothing left to train at step {result.steps}; wrote the final model; {val}; run in {out}"
+    if result.steps_run < result.steps:
+        first = result.steps - result.steps_run + 1
+        return f"trained {result.steps_run} more steps ({first} to {result.steps}); {val}; run in {out}"
+    return f"trained {result.steps} steps; {val}; run in {out}"
 
 
 def register(app: typer.Typer) -> None:

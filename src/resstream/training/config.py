@@ -152,6 +152,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "tiny": {
         "model": {"n_layer": 2, "n_head": 2, "d_model": 32, "block_size": 32},
         "tokenizer": {"tokenizer": "bpe", "bpe_vocab_size": 512},
+        "optim": {"warmup_steps": 2},
         "run": {
             "max_steps": 20,
             "batch_size": 8,
