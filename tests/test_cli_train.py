@@ -9,6 +9,7 @@ import torch
 
 from resstream.cli.main import main
 from resstream.training import checkpoint as ckpt
+from resstream.training import loop
 from tests.test_train import corpus_text
 
 TINY = [
@@ -88,7 +89,8 @@ def test_resuming_a_finished_run_says_it_was_complete_and_writes_nothing(tmp_pat
     assert "trained 2 more steps (4 to 5);" in capsys.readouterr().out
 
 
-def test_train_says_what_it_prepares_before_the_first_step(tmp_path, corpus, capsys):
+def test_train_says_what_it_prepares_before_the_first_step(tmp_path, corpus, capsys, monkeypatch):
+    monkeypatch.setattr(loop, "STATUS_DELAY_S", 0.0)  # every step counts as slow
     args = [a for a in TINY if a != "--quiet"]
     code = main(
         [

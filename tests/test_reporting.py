@@ -205,14 +205,6 @@ def test_csv_and_json(sweep_dir):
     json.dumps(data)
 
 
-def test_saved_benchmarks(sweep_dir):
-    records = load_runs([sweep_dir])
-    assert tables.saved_benchmarks(records, ("wikitext-2", "lambada", "shakespeare")) == (
-        "wikitext-2",
-        "lambada",
-    )
-
-
 # ----------------------------------------------------------------------------- plots
 def hand_result(root: Path) -> SweepResult:
     runs = tuple(

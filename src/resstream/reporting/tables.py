@@ -295,12 +295,6 @@ def compare_table(records: Sequence[RunRecord], benchmarks: Sequence[str]) -> Co
     return CompareTable(tuple(rows), columns, cuts, best)
 
 
-def saved_benchmarks(records: Sequence[RunRecord], known: Sequence[str]) -> tuple[str, ...]:
-    """Benchmarks that some run already has scores for, in the order of `known` (then others)."""
-    found = {name for r in records for name in r.evals}
-    return tuple([b for b in known if b in found] + sorted(found - set(known)))
-
-
 # ---------------------------------------------------------------------------- sweep CSV
 def sweep_csv(result: SweepResult) -> str:
     """One line per run: seed, name, gate, cut layer, α, val loss, then every benchmark metric."""

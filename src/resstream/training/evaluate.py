@@ -58,9 +58,18 @@ class EvalReport:
     batch_size: int = DEFAULT_BATCH_SIZE
     max_tokens: int | None = None
     device: str = "cpu"
+    model_fingerprint: str | None = None  # of the weights file scored (`checkpoint.weights_fingerprint`)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-data form written to eval.json."""
+        """Plain-data form written to eval.json. Every benchmark entry also carries what it was
+        scored under (`max_tokens`, `stride`, `model_fingerprint`; its corpus `fingerprint` is its
+        own), so an entry kept from an earlier call is reused only when they match
+        (`resstream.training.sweep.stale_reason`)."""
+        provenance = {
+            "max_tokens": self.max_tokens,
+            "stride": self.stride,
+            "model_fingerprint": self.model_fingerprint,
+        }
         return {
             "model": self.model,
             "stride": self.stride,
@@ -74,7 +83,8 @@ class EvalReport:
                 "loss": "mean next-token cross-entropy in nats; perplexity = exp(loss); "
                 "accuracy = next-token top-1 in percent",
             },
-            "benchmarks": [r.to_dict() for r in self.results],
+            "model_fingerprint": self.model_fingerprint,
+            "benchmarks": [{**r.to_dict(), **provenance} for r in self.results],
         }
 
 
@@ -175,6 +185,27 @@ def check_benchmark_data(names: Iterable[str], data_dir: str | os.PathLike[str] 
     check_data_dir(data_dir)
     for name in names:
         load_benchmark_corpus(name, data_dir)
+
+
+@dataclass(frozen=True)
+class BenchmarkData:
+    """Which benchmarks' texts can be read here: the fingerprint of each readable one, and
+    why each other one cannot be read (the one-line message of `load_benchmark_corpus`)."""
+
+    fingerprints: dict[str, str]
+    unavailable: dict[str, str]
+
+
+def find_benchmark_data(names: Iterable[str], data_dir: str | os.PathLike[str] | None) -> BenchmarkData:
+    """Try to read every benchmark of `names`; nothing is refused (see `check_benchmark_data`)."""
+    check_data_dir(data_dir)
+    fingerprints, unavailable = {}, {}
+    for name in names:
+        try:
+            fingerprints[name] = load_benchmark_corpus(name, data_dir).fingerprint
+        except UsageError as exc:
+            unavailable[name] = str(exc)
+    return BenchmarkData(fingerprints, unavailable)
 
 
 def _shakespeare_note(trained: TrainedModel, corpus_fingerprint: str, val_fraction: float) -> str:
@@ -283,6 +314,8 @@ def score_benchmark(plan: EvalPlan, bench: PreparedBenchmark, *, progress: bool)
 
 def run_plan(plan: EvalPlan, *, progress: bool = True) -> EvalReport:
     """Score every benchmark of a prepared plan."""
+    from resstream.training.checkpoint import weights_fingerprint
+
     results = tuple(score_benchmark(plan, bench, progress=progress) for bench in plan.benchmarks)
     return EvalReport(
         model=str(plan.trained.path),
@@ -292,6 +325,7 @@ def run_plan(plan: EvalPlan, *, progress: bool = True) -> EvalReport:
         batch_size=plan.batch_size,
         max_tokens=plan.max_tokens,
         device=str(plan.device),
+        model_fingerprint=weights_fingerprint(plan.trained.path),
     )
 
 

@@ -24,8 +24,9 @@ import errno
 import math
 import os
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,10 @@ from resstream.training.distributed import check_batch_layout, init_distributed,
 from resstream.training.metrics import METRICS_FILE, MetricsLog, read_records
 from resstream.training.model import GPT
 from resstream.training.optim import apply_optim_config, lr_scale, make_optimizer, set_lr
+
+#: A step of a run's set-up (corpus, tokenizer, token cache, model) that takes longer than
+#: this many seconds says what it does (`Trainer._preparing`).
+STATUS_DELAY_S = 0.5
 
 #: Dense bf16 peak FLOP/s of known accelerators, for the MFU estimate.
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
@@ -240,31 +245,47 @@ class Trainer:
         check_cache_dir(default_cache_dir(config))
         # streamed: memory holds a piece of the corpus, not all of it; one reading pass checks
         # the text and gives its fingerprint before any tokenising
-        self._status(f"preparing: reading the corpus {config.data.dataset!r}")
-        self.corpus = stream_corpus(config.data.dataset, data_dir=config.run.data_dir)
-        self.corpus.scan()
-        self._status(f"preparing: {tokenizer_task(config, self.out_dir, resume)}")
-        self.tokenizer = prepare_tokenizer(config, self.corpus, self.out_dir, resume)
+        with self._preparing(f"reading the corpus {config.data.dataset!r}"):
+            self.corpus = stream_corpus(config.data.dataset, data_dir=config.run.data_dir)
+            self.corpus.scan()
+        with self._preparing(tokenizer_task(config, self.out_dir, resume)):
+            self.tokenizer = prepare_tokenizer(config, self.corpus, self.out_dir, resume)
         self.config = resolve_vocab(config, len(self.tokenizer))
         check_training_budget(self.config, self.device, world=self.dist.world)  # the real vocabulary
         self._check_resume_compatible()
         self.schedule_steps = schedule_steps(self.config, self.checkpoint)
         cache = default_cache_dir(self.config)
-        self._status(f"preparing: the token cache in {str(cache)!r} (the corpus is tokenised on first use)")
-        self.splits = build_token_cache(
-            self.corpus, self.tokenizer, cache, val_fraction=self.config.data.val_fraction
-        )
+        with self._preparing(f"the token cache in {str(cache)!r} (the corpus is tokenised on first use)"):
+            self.splits = build_token_cache(
+                self.corpus, self.tokenizer, cache, val_fraction=self.config.data.val_fraction
+            )
         check_enough_tokens(
             self.splits.train, self.config.model.block_size, "training", sequences=self.config.run.batch_size
         )
         check_enough_tokens(self.splits.val, self.config.model.block_size, "validation")
-        self._status(f"preparing: {model_task(self.config, self.checkpoint)}")
-        self._build_model()
+        with self._preparing(model_task(self.config, self.checkpoint)):
+            self._build_model()
 
-    def _status(self, line: str) -> None:
-        """A one-line status of the preparation on `log` (only with `progress`, only on rank 0)."""
-        if self.progress and self.dist.is_main:
+    @contextlib.contextmanager
+    def _preparing(self, what: str) -> Iterator[None]:
+        """Say "preparing: <what>" on `log` if this step of the set-up lasts longer than
+        `STATUS_DELAY_S` (only with `progress`, only on rank 0): a slow step is named while it
+        runs, and bad input refused at once still gets its one line and nothing else."""
+        if not (self.progress and self.dist.is_main):
+            yield
+            return
+        line = f"preparing: {what}"
+        if STATUS_DELAY_S <= 0:
             self.log(line)
+            yield
+            return
+        timer = threading.Timer(STATUS_DELAY_S, self.log, args=(line,))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
 
     # ----------------------------------------------------------------- set-up
     def _check_out_dir(self) -> ckpt.Checkpoint | None:
