@@ -290,3 +290,21 @@ def test_resume_with_another_max_steps_says_which_schedule_it_keeps(tmp_path, co
     err = capsys.readouterr().err.strip()
     assert err.startswith("resuming at step 3 with --max-steps 5 (was 3):"), err
     assert len(err.splitlines()) == 1
+
+
+def test_help_describes_every_field_with_its_defaults_per_preset(capsys, monkeypatch):
+    from resstream.training.config import FIELDS, description
+
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["train", "--help"]) == 0
+    text = capsys.readouterr().out
+    for name in FIELDS:
+        assert description(name).rstrip(".") in text, name
+    lines = {line.split()[0]: line for line in text.splitlines() if line.strip().startswith("--")}
+    assert (
+        lines["--warmup-steps"]
+        .strip()
+        .endswith("Steps of linear learning-rate warmup (default 20; reference 100, tiny 2, gpt2-124m 700)")
+    ), lines["--warmup-steps"]
+    assert "(default 200; reference 1500, tiny 20, laptop 300, gpt2-124m 19073)" in text  # --max-steps
+    assert "(default 0.9)" in lines["--beta1"]  # no preset changes it

@@ -6,11 +6,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 
 from resstream.cli.common import echo_err
 from resstream.cli.flags import cli_message, flag
 from resstream.errors import UsageError, closest
-from resstream.training.config import FIELDS, build_config, flatten, load_yaml
+from resstream.training.config import FIELDS, build_config, description, flatten, load_yaml, preset_values
 
 if TYPE_CHECKING:
     from resstream.training.loop import TrainResult
@@ -19,12 +20,34 @@ if TYPE_CHECKING:
 _TYPED = ("gate", "alpha", "cut_layer", "max_steps", "seed")
 
 
+def default_text(name: str) -> str:
+    """A field's default, honestly: the base value, then each preset's own where it differs."""
+    _, fld = FIELDS[name]
+    presets = [f"{preset} {value!r}" for preset, value in preset_values(name).items() if value != fld.default]
+    text = f"default {fld.default!r}"
+    return f"{text}; {', '.join(presets)}" if presets else text
+
+
+def option_help(name: str) -> str:
+    """The help of a typed option that sets config field `name`: description and defaults."""
+    return f"{description(name).rstrip('.')} ({default_text(name)})."
+
+
 def field_help() -> str:
-    lines = ["Every config field is also a flag (value after it, booleans also as --no-NAME):"]
-    for name, (section, fld) in FIELDS.items():
+    """The epilog of `train --help`: every other config field, one line each, by section."""
+    paragraphs = [
+        "Every config field is also a flag: --name VALUE (booleans also --no-name). A default is "
+        "the base config's (no --preset); a preset's own value follows where it differs. Precedence: "
+        "preset < --config YAML < flags."
+    ]
+    by_section: dict[str, list[str]] = {}
+    for name, (section, _) in FIELDS.items():
         if name not in _TYPED:
-            lines.append(f"  {flag(name)} ({section}, default {fld.default!r})")
-    return "\n\n".join(lines)
+            line = f"  {flag(name):<22} {description(name).rstrip('.')} ({default_text(name)})"
+            by_section.setdefault(section, []).append(escape(line))
+    for section, lines in by_section.items():
+        paragraphs.append("\n".join([f"{section}:", *lines]))
+    return "\n\n".join(paragraphs)
 
 
 def parse_field_flags(args: list[str]) -> dict[str, str | bool]:
@@ -89,13 +112,11 @@ def train(
     out: Annotated[Path, typer.Option("--out", help="Run directory (created if missing).")],
     preset: Annotated[str | None, typer.Option(help="Preset: reference, tiny, laptop, gpt2-124m.")] = None,
     config: Annotated[Path | None, typer.Option("--config", help="YAML config file.")] = None,
-    gate: Annotated[str | None, typer.Option(help="Residual gate: none, fixed, learned, router.")] = None,
-    alpha: Annotated[
-        float | None, typer.Option(help="Identity-path scale of the fixed gate, in (0, 1].")
-    ] = None,
-    cut_layer: Annotated[int | None, typer.Option(help="Layer of the fixed gate, in [0, n_layer).")] = None,
-    max_steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed of initialisation and data order.")] = None,
+    gate: Annotated[str | None, typer.Option(help=option_help("gate"))] = None,
+    alpha: Annotated[float | None, typer.Option(help=option_help("alpha"))] = None,
+    cut_layer: Annotated[int | None, typer.Option(help=option_help("cut_layer"))] = None,
+    max_steps: Annotated[int | None, typer.Option(help=option_help("max_steps"))] = None,
+    seed: Annotated[int | None, typer.Option(help=option_help("seed"))] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue the run in --out from its latest checkpoint.")
     ] = False,
