@@ -125,7 +125,7 @@ def test_sweep_then_compare(setup, capsys):
         after = entries(out / r)
         assert after["shakespeare"]["max_tokens"] == 150 and after["shakespeare"]["num_tokens"] == 149
         assert {k: after[k] for k in ("lambada", "openwebtext")} == before[r]  # kept as they were
-    for name in ("compare.md", "compare.csv", "compare.json", "run.json"):
+    for name in ("compare.md", "compare.csv", "compare.json", "compare.png", "run.json"):
         assert (cmp / name).is_file(), name
     assert (cmp / "compare.md").read_text() == captured.out
     saved = json.loads((cmp / "compare.json").read_text())

@@ -117,6 +117,20 @@ def test_train_says_what_it_prepares_before_the_first_step(tmp_path, corpus, cap
     ], err
 
 
+def test_train_writes_its_loss_curve_and_a_gated_run_its_gate(tmp_path, corpus):
+    import matplotlib.image
+
+    assert run_train(tmp_path, corpus, "--max-steps", "3", "--gate", "learned") == 0
+    for name in ("loss_curve.png", "gate.png"):
+        image = matplotlib.image.imread(tmp_path / "run" / name)
+        assert image.shape[0] > 200 and image.std() > 0, name
+    assert main(["train", "--dataset", str(corpus), "--cache-dir", str(tmp_path / "cache"),
+                 "--out", str(tmp_path / "plain"), *TINY, "--max-steps", "3"]) == 0  # fmt: skip
+    assert (tmp_path / "plain" / "loss_curve.png").is_file() and not (
+        tmp_path / "plain" / "gate.png"
+    ).exists()
+
+
 def test_yaml_config_and_flag_override(tmp_path, corpus):
     config = tmp_path / "c.yaml"
     config.write_text("model:\n  gate: learned\nrun:\n  max_steps: 2\n")

@@ -64,9 +64,10 @@ def compare(
     device: Annotated[str, typer.Option(help="Device for runs evaluated now: auto, cpu, cuda.")] = "auto",
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False,
 ) -> None:
-    """Compare baseline, best fixed cut and learned gate; writes compare.md/.csv/.json and run.json."""
+    """Compare baseline, best fixed cut and learned gate; writes compare.md/.csv/.json/.png and run.json."""
     from resstream.devices import resolve_device
     from resstream.io import run_record, write_json, write_text
+    from resstream.reporting.plots import plot_compare
     from resstream.reporting.tables import compare_table
     from resstream.rundir import output_set
     from resstream.training import sweep as sw
@@ -105,6 +106,7 @@ def compare(
         markdown = table.to_markdown()
         write_text(outputs / "compare.md", markdown)
         write_text(outputs / "compare.csv", table.to_csv())
+        plot_compare(table, outputs / "compare.png")
         write_json(
             outputs / "compare.json",
             {

@@ -122,9 +122,10 @@ def train(
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
-    """Train a model; writes weights, tokenizer, metrics.jsonl and run.json into --out."""
+    """Train a model; writes weights, tokenizer, metrics.jsonl, run.json and loss_curve.png
+    (gated runs also gate.png) into --out."""
     from resstream.training import checkpoint as ckpt
-    from resstream.training.distributed import writer_lock
+    from resstream.training.distributed import launched_rank, writer_lock
     from resstream.training.loop import train as run_training
 
     if resume and preset is not None:
@@ -140,7 +141,26 @@ def train(
         result = run_training(
             cfg, out, resume=resume, progress=not quiet, log=lambda line: echo_err(cli_message(line, "train"))
         )
+        if not result.already_complete and launched_rank() == 0:
+            write_run_figures(out, cfg.model.gate)
     typer.echo(outcome_line(result, out))
+
+
+#: Gates whose distribution over layers is learned, and is drawn in gate.png.
+GATED = ("learned", "router")
+
+
+def write_run_figures(out: Path, gate: str) -> list[Path]:
+    """loss_curve.png (training and validation loss against step) and, for a learned or
+    router gate, gate.png (its distribution over layers during training and at the end)."""
+    from resstream.reporting.plots import plot_loss_curve, plot_run_gate
+    from resstream.training.records import gate_history, training_curve
+
+    written = [plot_loss_curve(training_curve(out), out / "loss_curve.png", title=f"training {out.name}")]
+    history = gate_history(out) if gate in GATED else None
+    if history is not None and history.steps:
+        written.append(plot_run_gate(history, gate, out / "gate.png"))
+    return written
 
 
 def outcome_line(result: TrainResult, out: Path) -> str:

@@ -162,6 +162,10 @@ class CompareTable:
             )
         return "; ".join(parts) + "."
 
+    def panels(self) -> tuple[Column, ...]:
+        """The columns a figure of the table draws: validation loss and each perplexity."""
+        return tuple(c for c in self.columns if c.key == "val_loss" or c.key.endswith("/perplexity"))
+
     def to_markdown(self) -> str:
         """The table as GitHub Markdown with a footer line."""
         header = ["model", "n", *(c.label for c in self.columns)]

@@ -141,6 +141,34 @@ def gate_history(run_dir: str | Path) -> GateHistory:
     return GateHistory(steps, tuple(by_step[s] for s in steps))
 
 
+@dataclass(frozen=True)
+class TrainingCurve:
+    """A run's training loss at each logged step and validation loss at each evaluation."""
+
+    steps: tuple[int, ...]
+    loss: tuple[float, ...]
+    val_steps: tuple[int, ...]
+    val_loss: tuple[float, ...]
+
+
+def training_curve(run_dir: str | Path) -> TrainingCurve:
+    """The losses logged in a run's metrics.jsonl (a resumed run's records count once per step)."""
+    train: dict[int, float] = {}
+    val: dict[int, float] = {}
+    for record in iter_metrics(run_dir):
+        if "step" not in record:
+            continue
+        step = int(record["step"])
+        if record.get("loss") is not None:
+            train[step] = float(record["loss"])
+        if record.get("val_loss") is not None:
+            val[step] = float(record["val_loss"])
+    steps, val_steps = sorted(train), sorted(val)
+    return TrainingCurve(
+        tuple(steps), tuple(train[s] for s in steps), tuple(val_steps), tuple(val[s] for s in val_steps)
+    )
+
+
 def eval_entries(data: Any) -> list[dict[str, Any]]:
     """The per-benchmark entries of an eval.json, each a dict with its `name`.
 
