@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -260,3 +261,34 @@ def test_a_benchmark_with_nothing_scored_has_null_scores_and_says_why():
     row = ScoreSums().result("wikitext-2").to_dict()
     assert (row["loss"], row["perplexity"], row["accuracy"]) == (None, None, None)
     assert row["null_reason"] == "nothing was scored"
+
+
+def test_eval_says_how_many_tokens_and_how_long_up_front(run_dir, data_dir, tmp_path, capsys, monkeypatch):
+    import resstream.training.evaluate as evaluate
+
+    args = [
+        "eval",
+        "--model",
+        str(run_dir),
+        "--data-dir",
+        str(data_dir),
+        "--benchmarks",
+        "openwebtext,lambada",
+    ]
+    assert main([*args, "--device", "cpu", "--out", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    first = next(line for line in err.splitlines() if line.startswith("eval:"))
+    report = json.loads((tmp_path / "a" / "eval.json").read_text())
+    sizes = {b["name"]: b["num_tokens"] for b in report["benchmarks"]}
+    total = sum(sizes.values())
+    each = f"openwebtext {sizes['openwebtext']:,}, lambada {sizes['lambada']:,}"
+    assert first.startswith(f"eval: scoring {total:,} tokens ({each}); about "), first
+    assert "(an estimate from the speed of a first batch" in first
+    assert "--max-tokens" not in err  # quick: no hint
+    assert "tok" in err  # the progress bars count tokens
+    # A slow machine: the estimate is long, and --max-tokens is suggested.
+    monkeypatch.setattr(evaluate, "measure_speed", lambda plan: 10.0)
+    assert main([*args, "--device", "cpu", "--out", str(tmp_path / "b")]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("eval:")]
+    assert "10 tokens/s fed" in lines[0] and len(lines) == 2, lines
+    assert re.match(r"eval: --max-tokens \d+ scores the first [\d,]+ tokens of each benchmark", lines[1])

@@ -107,23 +107,88 @@ def test_sweep_then_compare(setup, capsys):
     csv_lines = (out / "sweep.csv").read_text().splitlines()
     assert len(csv_lines) == 7 and "openwebtext/perplexity" in csv_lines[0]
 
-    # compare re-uses the saved evaluations: nothing is evaluated again.
-    stamps = {r: (out / r / "eval.json").stat().st_mtime_ns for r in runs}
+    # With no data folder, compare compares what it can read here (the built-in shakespeare),
+    # says which benchmarks it skipped and why, and evaluates with the sweep's --max-eval-tokens.
+    before = {r: entries(out / r) for r in runs}
     cmp = setup / "cmp"
     assert main(["compare", str(out), "--out", str(cmp), "--quiet"]) == 0
-    printed = capsys.readouterr().out
-    assert printed.startswith(
-        "| model | n | val loss | lambada ppl | lambada last-word acc (%) | openwebtext ppl |"
-    )
-    assert "| best fixed cut (k=1, α=0.25) | 2 |" in printed
-    assert {r: (out / r / "eval.json").stat().st_mtime_ns for r in runs} == stamps
-    for name in ("compare.md", "compare.csv", "compare.json", "run.json"):
+    captured = capsys.readouterr()
+    assert captured.out.startswith("| model | n | val loss | shakespeare ppl |\n"), captured.out
+    err = captured.err.splitlines()
+    assert err[0] == (
+        "compare: skipped wikitext-2, lambada, openwebtext, fineweb-edu: no data directory is set "
+        "(give --data-dir or set RESSTREAM_DATA) and Hugging Face could not be reached; "
+        "comparing validation loss and shakespeare"
+    ), err
+    assert err[1:] == ["compare: evaluated now: shakespeare (6 runs: not evaluated before)"], err
+    for r in runs:
+        after = entries(out / r)
+        assert after["shakespeare"]["max_tokens"] == 150 and after["shakespeare"]["num_tokens"] == 149
+        assert {k: after[k] for k in ("lambada", "openwebtext")} == before[r]  # kept as they were
+    for name in ("compare.md", "compare.csv", "compare.json", "compare.png", "run.json"):
         assert (cmp / name).is_file(), name
-    assert (cmp / "compare.md").read_text() == printed
-    assert json.loads((cmp / "compare.json").read_text())["best_fixed_cut"]["cut_layer"] == 1
+    assert (cmp / "compare.md").read_text() == captured.out
+    saved = json.loads((cmp / "compare.json").read_text())
+    assert saved["best_fixed_cut"]["cut_layer"] == 1 and saved["max_eval_tokens"] == 150
+    assert set(saved["skipped"]) == {"wikitext-2", "lambada", "openwebtext", "fineweb-edu"}
+
+    # Named benchmarks whose scores are cached for these weights and token cap are reused,
+    # even without their data (which compare then cannot compare, and says so).
+    stamps = {r: (out / r / "eval.json").stat().st_mtime_ns for r in runs}
+    cmp1 = setup / "cmp1"
+    assert (
+        main(["compare", str(out), "--benchmarks", "openwebtext,lambada", "--out", str(cmp1), "--quiet"]) == 0
+    )
+    captured = capsys.readouterr()
+    assert captured.out.startswith(
+        "| model | n | val loss | openwebtext ppl | lambada ppl | lambada last-word acc (%) |"
+    )
+    assert "| best fixed cut (k=1, α=0.25) | 2 |" in captured.out
+    assert captured.err.splitlines() == [
+        "compare: reused cached scores from the runs' eval.json: openwebtext (6 runs), lambada (6 runs); "
+        "same max_tokens (150), same weights and same benchmark data "
+        "(data of openwebtext, lambada not readable here: not compared)"
+    ]
+    assert {r: (out / r / "eval.json").stat().st_mtime_ns for r in runs} == stamps
+
+    # Another token cap: the cached score no longer answers, it is evaluated again (never the
+    # old figure under a new label), and the entry says which cap it was made with.
+    cmp2 = setup / "cmp2"
+    args = ["--data-dir", str(setup / "data"), "--quiet"]
+    assert main(["compare", str(out), "--benchmarks", "openwebtext", "--max-eval-tokens", "100",
+                 "--out", str(cmp2), *args]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert "compare: evaluated now: openwebtext (6 runs: cached with max_tokens 150)" in err, err
+    for r in runs:
+        after = entries(out / r)
+        assert after["openwebtext"]["max_tokens"] == 100 and after["openwebtext"]["num_tokens"] == 99
+        assert after["lambada"] == before[r]["lambada"]
+    row = json.loads((cmp2 / "compare.json").read_text())["rows"][0]["cells"]["openwebtext/perplexity"]
+    baselines = [entries(out / f"seed-{s}/baseline")["openwebtext"]["perplexity"] for s in (0, 1)]
+    assert row["values"] == baselines
+
+    # The default benchmarks do not follow the earlier calls: every benchmark readable with
+    # this data folder, at the sweep's own cap (150), reusing only what matches.
+    cmp3 = setup / "cmp3"
+    assert main(["compare", str(out), "--out", str(cmp3), *args]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("compare: skipped wikitext-2, fineweb-edu: they are not in the data directory")
+    assert err[1] == (
+        "compare: reused cached scores from the runs' eval.json: lambada (6 runs), shakespeare (6 runs); "
+        "same max_tokens (150), same weights and same benchmark data"
+    )
+    assert err[2] == "compare: evaluated now: openwebtext (6 runs: cached with max_tokens 100)"
+
+    # New weights (the run trained on): its cached scores are of the old weights.
+    baseline = out / "seed-0" / "baseline"
+    assert main(["train", "--resume", "--out", str(baseline), "--max-steps", "4", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(out), "--benchmarks", "lambada", "--out", str(setup / "cmp4"), *args]) == 0
+    err = capsys.readouterr().err
+    assert "compare: evaluated now: lambada (1 run: cached for other weights)" in err, err
 
     # A seed folder works as input, and a benchmark nobody evaluated yet is evaluated now.
-    cmp2 = setup / "cmp2"
+    cmp5 = setup / "cmp5"
     assert (
         main(
             [
@@ -134,15 +199,20 @@ def test_sweep_then_compare(setup, capsys):
                 "--data-dir",
                 str(setup / "data"),
                 "--max-eval-tokens",
-                "100",
+                "120",
                 "--out",
-                str(cmp2),
+                str(cmp5),
                 "--quiet",
             ]
         )
         == 0
     )
-    assert "| baseline | 1 |" in (cmp2 / "compare.md").read_text()
+    assert "| baseline | 1 |" in (cmp5 / "compare.md").read_text()
+
+
+def entries(run_dir):
+    """A run's eval.json entries by benchmark name."""
+    return {e["name"]: e for e in json.loads((run_dir / "eval.json").read_text())["benchmarks"]}
 
 
 def test_sweep_restart_skips_finished(setup, capsys):
@@ -234,6 +304,21 @@ def test_bad_compare_input(tmp_path, capsys, monkeypatch):
     ]
     for args, patterns in cases:
         assert_refused(tmp_path, capsys, ["compare", *args, *out], *patterns)
+
+
+def test_compare_asks_for_a_cap_when_the_sweeps_were_evaluated_with_different_ones(tmp_path, capsys):
+    sweeps = [write_sweep(tmp_path / name, VAL, EVALS) for name in ("a", "b")]
+    for sweep, cap in zip(sweeps, (150, 20000), strict=True):
+        (sweep / "run.json").write_text(json.dumps({"config": {"max_eval_tokens": cap}}))
+    assert_refused(
+        tmp_path,
+        capsys,
+        ["compare", *map(str, sweeps), "--out", str(tmp_path / "out")],
+        "the sweeps were evaluated with different --max-eval-tokens (150, 20000); give --max-eval-tokens",
+    )
+    assert (
+        main(["compare", *map(str, sweeps), "--max-eval-tokens", "150", "--out", str(tmp_path / "out")]) == 0
+    )
 
 
 def test_compare_refuses_unavailable_benchmark_for_runs_to_evaluate(setup, capsys):

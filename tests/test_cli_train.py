@@ -9,6 +9,7 @@ import torch
 
 from resstream.cli.main import main
 from resstream.training import checkpoint as ckpt
+from resstream.training import loop
 from tests.test_train import corpus_text
 
 TINY = [
@@ -70,6 +71,64 @@ def test_train_then_resume_end_to_end(tmp_path, corpus, capsys):
     # --resume needs no repeated flags: the saved config is the base, --max-steps extends it.
     assert main(["train", "--resume", "--out", str(tmp_path / "run"), "--max-steps", "6", "--quiet"]) == 0
     assert ckpt.latest_checkpoint_step(tmp_path / "run") == 6
+
+
+def test_resuming_a_finished_run_says_it_was_complete_and_writes_nothing(tmp_path, corpus, capsys):
+    assert run_train(tmp_path, corpus, "--max-steps", "3") == 0
+    capsys.readouterr()
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    assert main(["train", "--resume", "--out", str(tmp_path / "run")]) == 0
+    captured = capsys.readouterr()
+    assert "trained 3 steps" not in captured.out, captured.out
+    assert captured.out.startswith(f"{tmp_path / 'run'} was already complete (3 steps; validation loss ")
+    assert "nothing trained (resume with --max-steps above 3 to train further)" in captured.out
+    assert captured.err == ""
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*") if p.is_file()} == stamps
+    # a resume that trains says how many more steps it took
+    assert main(["train", "--resume", "--out", str(tmp_path / "run"), "--max-steps", "5", "--quiet"]) == 0
+    assert "trained 2 more steps (4 to 5);" in capsys.readouterr().out
+
+
+def test_train_says_what_it_prepares_before_the_first_step(tmp_path, corpus, capsys, monkeypatch):
+    monkeypatch.setattr(loop, "STATUS_DELAY_S", 0.0)  # every step counts as slow
+    args = [a for a in TINY if a != "--quiet"]
+    code = main(
+        [
+            "train",
+            "--dataset",
+            str(corpus),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--out",
+            str(tmp_path / "run"),
+            "--max-steps",
+            "2",
+            *args,
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 0, err
+    status = [line for line in err.splitlines() if line.startswith("preparing: ")]
+    assert status == [
+        f"preparing: reading the corpus {str(corpus)!r}",
+        "preparing: training a 300-token byte-level BPE tokenizer on the corpus",
+        f"preparing: the token cache in {str(tmp_path / 'cache')!r} (the corpus is tokenised on first use)",
+        "preparing: building the model (2 layers x 16 wide, gate 'none')",
+    ], err
+
+
+def test_train_writes_its_loss_curve_and_a_gated_run_its_gate(tmp_path, corpus):
+    import matplotlib.image
+
+    assert run_train(tmp_path, corpus, "--max-steps", "3", "--gate", "learned") == 0
+    for name in ("loss_curve.png", "gate.png"):
+        image = matplotlib.image.imread(tmp_path / "run" / name)
+        assert image.shape[0] > 200 and image.std() > 0, name
+    assert main(["train", "--dataset", str(corpus), "--cache-dir", str(tmp_path / "cache"),
+                 "--out", str(tmp_path / "plain"), *TINY, "--max-steps", "3"]) == 0  # fmt: skip
+    assert (tmp_path / "plain" / "loss_curve.png").is_file() and not (
+        tmp_path / "plain" / "gate.png"
+    ).exists()
 
 
 def test_yaml_config_and_flag_override(tmp_path, corpus):
@@ -245,3 +304,21 @@ def test_resume_with_another_max_steps_says_which_schedule_it_keeps(tmp_path, co
     err = capsys.readouterr().err.strip()
     assert err.startswith("resuming at step 3 with --max-steps 5 (was 3):"), err
     assert len(err.splitlines()) == 1
+
+
+def test_help_describes_every_field_with_its_defaults_per_preset(capsys, monkeypatch):
+    from resstream.training.config import FIELDS, description
+
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["train", "--help"]) == 0
+    text = capsys.readouterr().out
+    for name in FIELDS:
+        assert description(name).rstrip(".") in text, name
+    lines = {line.split()[0]: line for line in text.splitlines() if line.strip().startswith("--")}
+    assert (
+        lines["--warmup-steps"]
+        .strip()
+        .endswith("Steps of linear learning-rate warmup (default 20; reference 100, tiny 2, gpt2-124m 700)")
+    ), lines["--warmup-steps"]
+    assert "(default 200; reference 1500, tiny 20, laptop 300, gpt2-124m 19073)" in text  # --max-steps
+    assert "(default 0.9)" in lines["--beta1"]  # no preset changes it

@@ -28,6 +28,13 @@ def test_defaults_build_and_round_trip():
     assert from_dict(config.to_dict()) == config
 
 
+@pytest.mark.parametrize("preset", [None, *sorted(PRESETS)])
+def test_every_preset_warms_up_for_a_small_part_of_its_steps(preset):
+    """Warmup that lasts the whole run (tiny had 20 of 20 steps) never reaches the peak rate."""
+    config = build_config(preset=preset)
+    assert 1 <= config.optim.warmup_steps <= config.run.max_steps // 5, (preset, config.optim.warmup_steps)
+
+
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_preset_is_valid(preset):
     config = build_config(preset=preset)
@@ -340,3 +347,18 @@ def test_the_vocabulary_of_a_pretrained_tokenizer_is_judged_once_it_is_known(
     config = build_config({**values, "data_dir": str(shared_data), "cache_dir": str(tmp_path / "cache")})
     with pytest.raises(UsageError, match=r"^`vocab_size` 50257 and `batch_size` 2048 needs ~19.\d GB"):
         loop.Trainer(config, tmp_path / "out")
+
+
+def test_every_field_has_a_one_line_description():
+    from resstream.training.config import description
+
+    for name in FIELDS:
+        text = description(name)
+        assert text and "\n" not in text and len(text) <= 80, (name, text)
+
+
+def test_preset_values_lists_each_preset_that_sets_a_field():
+    from resstream.training.config import preset_values
+
+    assert preset_values("warmup_steps") == {"reference": 100, "tiny": 2, "laptop": 20, "gpt2-124m": 700}
+    assert preset_values("gate_lr") == {}

@@ -192,3 +192,38 @@ def test_shakespeare_note_says_whether_the_tail_is_held_out():
     assert "held out: the run trained on shakespeare" in _shakespeare_note(trained("shakespeare"), "f", 0.1)
     assert "NOT held out" in _shakespeare_note(trained("wikitext-2"), "f", 0.1)
     assert "differs" in _shakespeare_note(trained("shakespeare", "g"), "f", 0.1)
+
+
+def test_an_estimate_counts_the_tokens_fed_and_suggests_a_cap():
+    from resstream.training.evaluate import BenchmarkSize, EvalEstimate, duration_text
+
+    # 100,001 tokens, block 128, stride 64: 1,562 windows of 128 fed; lambada feeds 2,000.
+    sizes = (
+        BenchmarkSize("wikitext-2", 100_000, 199_936, 100_001),
+        BenchmarkSize("lambada", 300, 2_000, 2_020),
+    )
+    guess = EvalEstimate(sizes, tokens_per_s=1_000.0)
+    assert guess.scored == 100_300
+    assert guess.seconds() == pytest.approx(201.936)
+    # max_tokens 20,000: a fifth of the text (39,987 tokens fed), all of lambada (2,000)
+    assert guess.seconds(20_000) == pytest.approx((199_936 * 20_000 / 100_001 + 2_000) / 1_000)
+    assert guess.suggested_cap() == 20_000  # 42 s; 50,000 would take 102 s
+    assert EvalEstimate(sizes, tokens_per_s=10_000.0).suggested_cap() is None  # 20 s: not long
+    assert EvalEstimate(sizes, tokens_per_s=1.0).suggested_cap() == 100  # nothing fits: the smallest
+    small = (BenchmarkSize("lambada", 30, 90, 99),)
+    assert EvalEstimate(small, tokens_per_s=1.0).suggested_cap() is None  # no cap shortens it
+    assert [duration_text(t) for t in (0.2, 44.6, 200, 600, 3_000, 7_500)] == [
+        "1 s", "45 s", "3 min 20 s", "10 min", "50 min", "2 h 5 min"
+    ]  # fmt: skip
+
+
+def test_the_estimate_sizes_match_what_scoring_counts(tmp_path):
+    from resstream.training.evaluate import benchmark_size, prepare, run_plan
+
+    run = make_run(tmp_path / "run")
+    plan = prepare(run, "openwebtext,lambada", data_dir=write_data_dir(tmp_path / "data"), max_tokens=90)
+    report = run_plan(plan, progress=False)
+    for bench, result in zip(plan.benchmarks, report.results, strict=True):
+        size = benchmark_size(plan, bench)
+        assert size.scored == result.num_tokens
+        assert size.capped <= 90

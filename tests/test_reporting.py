@@ -205,14 +205,6 @@ def test_csv_and_json(sweep_dir):
     json.dumps(data)
 
 
-def test_saved_benchmarks(sweep_dir):
-    records = load_runs([sweep_dir])
-    assert tables.saved_benchmarks(records, ("wikitext-2", "lambada", "shakespeare")) == (
-        "wikitext-2",
-        "lambada",
-    )
-
-
 # ----------------------------------------------------------------------------- plots
 def hand_result(root: Path) -> SweepResult:
     runs = tuple(
@@ -308,3 +300,49 @@ def test_sweep_csv(tmp_path):
     )
     assert lines[1].startswith("0,baseline,none,,,2.0,,9.5,")
     assert lines[2].startswith("0,fixed-k1,fixed,1,0.5,2.5,,,")
+
+
+def _tick_numbers(axis) -> list[float]:
+    return [float(t.get_text().replace("−", "-")) for t in axis.get_ticklabels() if t.get_text()]
+
+
+def test_loss_curve_has_both_losses_and_whole_step_ticks():
+    from resstream.reporting.plots import loss_curve_figure
+    from resstream.training.records import TrainingCurve
+
+    curve = TrainingCurve((1, 2, 3), (6.0, 5.5, 5.2), (2, 3), (5.6, 5.3))
+    fig = loss_curve_figure(curve)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    assert [list(line.get_xdata()) for line in ax.get_lines()] == [[1, 2, 3], [2, 3]]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["training loss (batch)", "validation loss"]
+    assert all(v.is_integer() for v in _tick_numbers(ax.xaxis)), _tick_numbers(ax.xaxis)
+
+
+def test_run_gate_figure_shows_training_and_the_final_distribution():
+    from resstream.reporting.plots import run_gate_figure
+
+    history = GateHistory((1, 2, 3), ((0.5, 0.5), (0.6, 0.4), (0.7, 0.3)))
+    fig = run_gate_figure(history, "learned")
+    fig.canvas.draw()
+    heat, bars = fig.axes[0], fig.axes[1]
+    assert all(v.is_integer() for v in _tick_numbers(heat.xaxis))
+    assert [p.get_width() for p in bars.patches] == pytest.approx([0.7, 0.3])
+    assert bars.get_title() == "final p (step 3)"
+
+
+def test_compare_figure_draws_each_row_with_its_std(sweep_dir):
+    from resstream.reporting.plots import compare_figure
+
+    table = tables.compare_table(load_runs([sweep_dir]), ("wikitext-2",))
+    fig = compare_figure(table)
+    assert [ax.get_title() for ax in fig.axes] == ["val loss", "wikitext-2 ppl"]
+    ax = fig.axes[0]
+    means = [row.cells["val_loss"].mean for row in table.rows]
+    drawn = [
+        line.get_ydata()[0]
+        for line in ax.get_lines()
+        if len(line.get_ydata()) == 1 and line.get_marker() == "o"
+    ]
+    assert drawn == pytest.approx(means)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["baseline", "fixed k=1", "learned"]

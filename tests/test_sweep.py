@@ -218,7 +218,7 @@ def test_sweep_json(swept):
             assert run["val_loss"] == meta["val_loss"]
             assert run["dir"] == f"seed-{seed}/{name}"
             saved = json.loads((out / f"seed-{seed}" / name / "eval.json").read_text())
-            assert saved["max_tokens"] == 200
+            assert {b["max_tokens"] for b in saved["benchmarks"]} == {200}  # each entry says its own
             by_name = {b["name"]: b for b in saved["benchmarks"]}
             assert set(run["eval"]) == set(BENCHMARKS)
             for bench in BENCHMARKS:
@@ -325,3 +325,40 @@ def test_run_sweep_refuses_bad_evaluation_settings_before_training(tmp_path):
     with pytest.raises(UsageError, match="unknown benchmark 'nope'"):
         sw.run_sweep(plan, out, benchmarks=("nope",), progress=False)
     assert not out.exists()  # nothing was trained
+
+
+@pytest.mark.parametrize(
+    ("entry", "corpus", "reason"),
+    [
+        (None, None, "not evaluated before"),
+        ({"name": "lambada", "loss": 2.0}, None, "cached without its settings"),  # an older eval.json
+        (
+            {"max_tokens": 19999, "model_fingerprint": "w1", "fingerprint": "c1"},
+            "c1",
+            "cached with max_tokens 19999",
+        ),
+        (
+            {"max_tokens": 4000, "model_fingerprint": "w0", "fingerprint": "c1"},
+            "c1",
+            "cached for other weights",
+        ),
+        (
+            {"max_tokens": 4000, "model_fingerprint": "w1", "fingerprint": "c0"},
+            "c1",
+            "cached on other benchmark data",
+        ),
+        ({"max_tokens": 4000, "model_fingerprint": "w1", "fingerprint": "c0"}, None, None),  # data unreadable
+        ({"max_tokens": 4000, "model_fingerprint": "w1", "fingerprint": "c1"}, "c1", None),
+    ],
+)
+def test_a_cached_score_is_reused_only_when_it_answers_the_request(entry, corpus, reason):
+    assert (
+        sw.stale_reason(entry, max_tokens=4000, model_fingerprint="w1", corpus_fingerprint=corpus) == reason
+    )
+
+
+def test_a_cached_score_without_a_cap_does_not_answer_a_capped_request():
+    entry = {"max_tokens": None, "model_fingerprint": "w1", "fingerprint": "c1"}
+    assert sw.stale_reason(entry, max_tokens=4000, model_fingerprint="w1", corpus_fingerprint="c1") == (
+        "cached with max_tokens unset"
+    )

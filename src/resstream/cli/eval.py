@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from resstream.cli.common import echo_err
+
 if TYPE_CHECKING:
     from resstream.rundir import OutputSet
-    from resstream.training.evaluate import EvalPlan, EvalReport
+    from resstream.training.evaluate import EvalEstimate, EvalPlan, EvalReport
 
 #: Columns of eval.csv, in order.
 CSV_FIELDS = (
@@ -56,6 +58,26 @@ def table_text(report: EvalReport) -> str:
         )
     lines.append(f"(block_size {report.block_size}, stride {report.stride}; loss in nats per token)")
     return "\n".join(lines)
+
+
+def estimate_lines(guess: EvalEstimate, plan: EvalPlan) -> list[str]:
+    """What will be scored and about how long it takes; for a long run, the --max-tokens that
+    brings it to about a minute."""
+    from resstream.training.evaluate import duration_text
+
+    sizes = ", ".join(f"{size.name} {size.scored:,}" for size in guess.sizes)
+    lines = [
+        f"eval: scoring {guess.scored:,} tokens ({sizes}); about {duration_text(guess.seconds())} "
+        f"on {plan.device} (an estimate from the speed of a first batch, "
+        f"{guess.tokens_per_s:,.0f} tokens/s fed)"
+    ]
+    cap = guess.suggested_cap()
+    if cap is not None:
+        lines.append(
+            f"eval: --max-tokens {cap} scores the first {cap:,} tokens of each benchmark instead, "
+            f"in about {duration_text(guess.seconds(cap))}"
+        )
+    return lines
 
 
 def write_outputs(outputs: OutputSet, report: EvalReport, plan: EvalPlan, settings: dict[str, Any]) -> None:
@@ -107,7 +129,7 @@ def eval_command(
 ) -> None:
     """Evaluate a trained model: loss, perplexity, top-1 accuracy (and LAMBADA last-word accuracy)."""
     from resstream.rundir import output_set
-    from resstream.training.evaluate import BENCHMARKS, prepare, run_plan
+    from resstream.training.evaluate import BENCHMARKS, estimate, prepare, run_plan
 
     if model is None:
         from resstream.assets import reference_model_dir
@@ -125,6 +147,9 @@ def eval_command(
             max_tokens=max_tokens,
             progress=not quiet,
         )
+        if not quiet:
+            for line in estimate_lines(estimate(plan), plan):
+                echo_err(line)
         report = run_plan(plan, progress=not quiet)
         settings = {
             "model": str(model),

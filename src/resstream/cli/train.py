@@ -3,25 +3,51 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 
 from resstream.cli.common import echo_err
 from resstream.cli.flags import cli_message, flag
 from resstream.errors import UsageError, closest
-from resstream.training.config import FIELDS, build_config, flatten, load_yaml
+from resstream.training.config import FIELDS, build_config, description, flatten, load_yaml, preset_values
+
+if TYPE_CHECKING:
+    from resstream.training.loop import TrainResult
 
 #: Fields that have typed options of their own; every other field is an extra `--flag`.
 _TYPED = ("gate", "alpha", "cut_layer", "max_steps", "seed")
 
 
+def default_text(name: str) -> str:
+    """A field's default, honestly: the base value, then each preset's own where it differs."""
+    _, fld = FIELDS[name]
+    presets = [f"{preset} {value!r}" for preset, value in preset_values(name).items() if value != fld.default]
+    text = f"default {fld.default!r}"
+    return f"{text}; {', '.join(presets)}" if presets else text
+
+
+def option_help(name: str) -> str:
+    """The help of a typed option that sets config field `name`: description and defaults."""
+    return f"{description(name).rstrip('.')} ({default_text(name)})."
+
+
 def field_help() -> str:
-    lines = ["Every config field is also a flag (value after it, booleans also as --no-NAME):"]
-    for name, (section, fld) in FIELDS.items():
+    """The epilog of `train --help`: every other config field, one line each, by section."""
+    paragraphs = [
+        "Every config field is also a flag: --name VALUE (booleans also --no-name). A default is "
+        "the base config's (no --preset); a preset's own value follows where it differs. Precedence: "
+        "preset < --config YAML < flags."
+    ]
+    by_section: dict[str, list[str]] = {}
+    for name, (section, _) in FIELDS.items():
         if name not in _TYPED:
-            lines.append(f"  {flag(name)} ({section}, default {fld.default!r})")
-    return "\n\n".join(lines)
+            line = f"  {flag(name):<22} {description(name).rstrip('.')} ({default_text(name)})"
+            by_section.setdefault(section, []).append(escape(line))
+    for section, lines in by_section.items():
+        paragraphs.append("\n".join([f"{section}:", *lines]))
+    return "\n\n".join(paragraphs)
 
 
 def parse_field_flags(args: list[str]) -> dict[str, str | bool]:
@@ -86,21 +112,20 @@ def train(
     out: Annotated[Path, typer.Option("--out", help="Run directory (created if missing).")],
     preset: Annotated[str | None, typer.Option(help="Preset: reference, tiny, laptop, gpt2-124m.")] = None,
     config: Annotated[Path | None, typer.Option("--config", help="YAML config file.")] = None,
-    gate: Annotated[str | None, typer.Option(help="Residual gate: none, fixed, learned, router.")] = None,
-    alpha: Annotated[
-        float | None, typer.Option(help="Identity-path scale of the fixed gate, in (0, 1].")
-    ] = None,
-    cut_layer: Annotated[int | None, typer.Option(help="Layer of the fixed gate, in [0, n_layer).")] = None,
-    max_steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed of initialisation and data order.")] = None,
+    gate: Annotated[str | None, typer.Option(help=option_help("gate"))] = None,
+    alpha: Annotated[float | None, typer.Option(help=option_help("alpha"))] = None,
+    cut_layer: Annotated[int | None, typer.Option(help=option_help("cut_layer"))] = None,
+    max_steps: Annotated[int | None, typer.Option(help=option_help("max_steps"))] = None,
+    seed: Annotated[int | None, typer.Option(help=option_help("seed"))] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue the run in --out from its latest checkpoint.")
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
-    """Train a model; writes weights, tokenizer, metrics.jsonl and run.json into --out."""
+    """Train a model; writes weights, tokenizer, metrics.jsonl, run.json and loss_curve.png
+    (gated runs also gate.png) into --out."""
     from resstream.training import checkpoint as ckpt
-    from resstream.training.distributed import writer_lock
+    from resstream.training.distributed import launched_rank, writer_lock
     from resstream.training.loop import train as run_training
 
     if resume and preset is not None:
@@ -116,7 +141,42 @@ def train(
         result = run_training(
             cfg, out, resume=resume, progress=not quiet, log=lambda line: echo_err(cli_message(line, "train"))
         )
-    typer.echo(f"trained {result.steps} steps; validation loss {result.final_val_loss:.4f}; run in {out}")
+        if not result.already_complete and launched_rank() == 0:
+            write_run_figures(out, cfg.model.gate)
+    typer.echo(outcome_line(result, out))
+
+
+#: Gates whose distribution over layers is learned, and is drawn in gate.png.
+GATED = ("learned", "router")
+
+
+def write_run_figures(out: Path, gate: str) -> list[Path]:
+    """loss_curve.png (training and validation loss against step) and, for a learned or
+    router gate, gate.png (its distribution over layers during training and at the end)."""
+    from resstream.reporting.plots import plot_loss_curve, plot_run_gate
+    from resstream.training.records import gate_history, training_curve
+
+    written = [plot_loss_curve(training_curve(out), out / "loss_curve.png", title=f"training {out.name}")]
+    history = gate_history(out) if gate in GATED else None
+    if history is not None and history.steps:
+        written.append(plot_run_gate(history, gate, out / "gate.png"))
+    return written
+
+
+def outcome_line(result: TrainResult, out: Path) -> str:
+    """What a `train` call did, in one line: trained, resumed, or found the run complete."""
+    val = f"validation loss {result.final_val_loss:.4f}"
+    if result.already_complete:
+        return (
+            f"{out} was already complete ({result.steps} steps; {val}); nothing trained "
+            f"(resume with --max-steps above {result.steps} to train further)"
+        )
+    if result.steps_run == 0:
+        return f"nothing left to train at step {result.steps}; wrote the final model; {val}; run in {out}"
+    if result.steps_run < result.steps:
+        first = result.steps - result.steps_run + 1
+        return f"trained {result.steps_run} more steps ({first} to {result.steps}); {val}; run in {out}"
+    return f"trained {result.steps} steps; {val}; run in {out}"
 
 
 def register(app: typer.Typer) -> None:

@@ -10,12 +10,16 @@ import os
 import statistics
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from matplotlib.figure import Figure
 
-from resstream.reporting.figures import new_figure, save_figure
-from resstream.training.records import GateHistory, RunRecord, SweepResult
+from resstream.reporting.figures import integer_ticks, new_figure, save_figure
+from resstream.training.records import GateHistory, RunRecord, SweepResult, TrainingCurve
+
+if TYPE_CHECKING:
+    from resstream.reporting.tables import CompareTable
 
 
 def gate_matrix(history: GateHistory) -> np.ndarray:
@@ -70,6 +74,7 @@ def _draw_fixed(ax, result: SweepResult) -> None:
             label=f"fixed cut, mean ± std ({len(seeds)} seeds)",
         )
     ax.set_xticks(layers if layers else range(result.n_layer))
+    integer_ticks(ax.xaxis)
 
 
 def sweep_val_loss_figure(result: SweepResult) -> Figure:
@@ -110,7 +115,7 @@ def gate_heatmap_figure(histories: Mapping[int, GateHistory]) -> Figure:
     for ax, (seed, history) in zip(axes, shown.items(), strict=True):
         image = _draw_heatmap(ax, history, matrices[seed], low, high)
         ax.set_title(f"learned gate p, seed {seed}")
-    fig.colorbar(image, ax=list(axes), label="gate probability p_l")
+    fig.colorbar(image, ax=list(axes), label="gate probability $p_l$")
     return fig
 
 
@@ -122,6 +127,7 @@ def _draw_heatmap(ax, history: GateHistory, matrix: np.ndarray, low: float, high
         matrix, aspect="auto", interpolation="nearest", cmap="viridis", vmin=low, vmax=high, extent=extent
     )
     ax.set_yticks(range(matrix.shape[0]))
+    integer_ticks(ax.xaxis)
     ax.set_xlabel("training step")
     ax.set_ylabel("layer")
     return image
@@ -130,3 +136,102 @@ def _draw_heatmap(ax, history: GateHistory, matrix: np.ndarray, low: float, high
 def plot_gate_heatmap(histories: Mapping[int, GateHistory], path: str | os.PathLike[str]) -> Path:
     """Write learned_gate_heatmap.png."""
     return save_figure(gate_heatmap_figure(histories), path)
+
+
+# ------------------------------------------------------------------------ one training run
+def loss_curve_figure(curve: TrainingCurve, title: str = "training") -> Figure:
+    """Training loss (every logged step) and validation loss (each evaluation) against step."""
+    fig = new_figure()
+    ax = fig.add_subplot()
+    if curve.steps:
+        ax.plot(curve.steps, curve.loss, color="tab:blue", linewidth=1.2, label="training loss (batch)")
+    if curve.val_steps:
+        ax.plot(curve.val_steps, curve.val_loss, color="tab:orange", marker="o", label="validation loss")
+    integer_ticks(ax.xaxis)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats per token)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def plot_loss_curve(curve: TrainingCurve, path: str | os.PathLike[str], title: str = "training") -> Path:
+    """Write loss_curve.png."""
+    return save_figure(loss_curve_figure(curve, title), path)
+
+
+def run_gate_figure(history: GateHistory, gate: str) -> Figure:
+    """A gated run's distribution p over layers: over training (heatmap) and at the end (bars)."""
+    if not history.steps:
+        raise ValueError("no gate records to plot")
+    matrix = gate_matrix(history)
+    low, high = float(matrix.min()), float(matrix.max())
+    if high - low < 1e-9:
+        low, high = low - 1e-3, high + 1e-3
+    fig = new_figure(width=9.6, height=3.8)
+    over_time, final = fig.subplots(1, 2, gridspec_kw={"width_ratios": [2, 1]})
+    image = _draw_heatmap(over_time, history, matrix, low, high)
+    over_time.set_title(f"{gate} gate p over training")
+    fig.colorbar(image, ax=over_time, label="gate probability $p_l$")
+    layers = np.arange(matrix.shape[0])
+    final.barh(layers, matrix[:, -1], color="tab:red")
+    final.axvline(1.0 / len(layers), color="black", linestyle=":")
+    final.set_yticks(layers)
+    final.invert_yaxis()  # layer 0 on top, as in the heatmap
+    final.set_xlabel("$p_l$ (dotted: uniform 1/L)")
+    final.set_ylabel("layer")
+    final.set_title(f"final p (step {history.steps[-1]})")
+    return fig
+
+
+def plot_run_gate(history: GateHistory, gate: str, path: str | os.PathLike[str]) -> Path:
+    """Write gate.png."""
+    return save_figure(run_gate_figure(history, gate), path)
+
+
+# ------------------------------------------------------------------------------ compare
+#: Colours of the comparison's rows, the same in every panel.
+ROW_COLORS = {"baseline": "tab:gray", "fixed": "tab:blue", "learned": "tab:red"}
+
+
+def compare_figure(table: CompareTable) -> Figure:
+    """The comparison table drawn: one panel per metric (validation loss, each benchmark's
+    perplexity), one point per row at its mean over seeds, error bars ± the sample std."""
+    columns = table.panels()
+    fig = new_figure(width=max(6.4, 2.6 * len(columns)), height=3.6)
+    axes = fig.subplots(1, len(columns), squeeze=False)[0]
+    for ax, column in zip(axes, columns, strict=True):
+        for i, row in enumerate(table.rows):
+            stat = row.cells.get(column.key)
+            if stat is None:
+                continue
+            ax.errorbar(
+                [i],
+                [stat.mean],
+                yerr=[stat.std or 0.0],
+                fmt="o",
+                capsize=5,
+                color=ROW_COLORS.get(row.key, "black"),
+                label=f"{row.label} (n={stat.n})",
+            )
+        ax.set_xticks(range(len(table.rows)), [_short_label(row) for row in table.rows])
+        ax.set_xlim(-0.6, len(table.rows) - 0.4)
+        ax.set_title(column.label)
+        ax.grid(axis="y", alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(
+        handles, labels, loc="lower center", ncol=len(labels), fontsize="small", bbox_to_anchor=(0.5, -0.08)
+    )
+    fig.suptitle("mean ± sample std over seeds (lower is better)")
+    return fig
+
+
+def _short_label(row) -> str:
+    """A row's name under its point: baseline, fixed k=<k>, learned."""
+    return f"fixed k={row.cut_layer}" if row.key == "fixed" else row.key
+
+
+def plot_compare(table: CompareTable, path: str | os.PathLike[str]) -> Path:
+    """Write compare.png."""
+    return save_figure(compare_figure(table), path)

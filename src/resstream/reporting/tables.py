@@ -162,6 +162,10 @@ class CompareTable:
             )
         return "; ".join(parts) + "."
 
+    def panels(self) -> tuple[Column, ...]:
+        """The columns a figure of the table draws: validation loss and each perplexity."""
+        return tuple(c for c in self.columns if c.key == "val_loss" or c.key.endswith("/perplexity"))
+
     def to_markdown(self) -> str:
         """The table as GitHub Markdown with a footer line."""
         header = ["model", "n", *(c.label for c in self.columns)]
@@ -293,12 +297,6 @@ def compare_table(records: Sequence[RunRecord], benchmarks: Sequence[str]) -> Co
     if learned:
         rows.append(_row("learned", "learned gate", learned, columns))
     return CompareTable(tuple(rows), columns, cuts, best)
-
-
-def saved_benchmarks(records: Sequence[RunRecord], known: Sequence[str]) -> tuple[str, ...]:
-    """Benchmarks that some run already has scores for, in the order of `known` (then others)."""
-    found = {name for r in records for name in r.evals}
-    return tuple([b for b in known if b in found] + sorted(found - set(known)))
 
 
 # ---------------------------------------------------------------------------- sweep CSV

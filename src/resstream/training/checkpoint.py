@@ -47,7 +47,7 @@ from safetensors.torch import load_file, save_file
 from resstream import rundir
 from resstream.data.tokenizer import STAGING_PREFIX as TOKENIZER_STAGING_PREFIX
 from resstream.errors import RunError, UsageError, short_reason
-from resstream.io import atomic_path, is_temporary_name, write_json
+from resstream.io import atomic_path, file_fingerprint, is_temporary_name, write_json
 from resstream.training.records import MODEL_META
 
 CHECKPOINTS = "checkpoints"
@@ -522,6 +522,13 @@ def _weights_file(root: Path) -> Path:
         if candidates:
             return candidates[0]
     raise UsageError(f"{str(root)!r} has no weights ({MODEL_FILE} is missing)")
+
+
+def weights_fingerprint(run_dir: str | os.PathLike[str]) -> str | None:
+    """sha256 (16 hex) of a finished run's weights file, None without one: which weights a
+    benchmark score is of."""
+    path = Path(run_dir) / MODEL_FILE
+    return file_fingerprint(path) if path.is_file() else None
 
 
 def read_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]:

@@ -29,6 +29,11 @@ NormPosition = Literal["pre", "post"]
 PosEmbKind = Literal["learned", "rotary", "none"]
 
 
+def about(description: str) -> dict[str, str]:
+    """A config field's metadata: its one-line description (shown by `resstream train --help`)."""
+    return {"help": description}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape of the GPT-2-style decoder and of its residual gate."""
@@ -37,21 +42,37 @@ class ModelConfig:
     #: Face config's model_type); a class constant, not a field of saved configs.
     model_type: ClassVar[str] = "resstream"
 
-    n_layer: int = 4
-    n_head: int = 4
-    d_model: int = 128
-    d_mlp: int = 0  # 0 means 4 * d_model
-    block_size: int = 128
-    vocab_size: int = 0  # 0 means "take it from the tokenizer"
-    norm: NormKind = "layernorm"
-    norm_position: NormPosition = "pre"
-    pos_emb: PosEmbKind = "learned"
-    bias: bool = True
-    dropout: float = 0.0
-    gate: GateKind = "none"
-    alpha: float = 0.5  # `fixed`: identity-path scale at `cut_layer`
-    cut_layer: int = -1  # `fixed`: the layer whose identity path is scaled (-1: middle layer)
-    gate_strength: float = 0.5  # `learned`/`router`: s in alpha_l = 1 - s * p_l
+    n_layer: int = field(default=4, metadata=about("Transformer blocks."))
+    n_head: int = field(default=4, metadata=about("Attention heads per block (must divide d_model)."))
+    d_model: int = field(default=128, metadata=about("Width of the residual stream."))
+    d_mlp: int = field(default=0, metadata=about("Hidden width of the MLP (0: 4 x d_model)."))
+    block_size: int = field(
+        default=128, metadata=about("Context length in tokens (training windows, positions).")
+    )
+    vocab_size: int = field(
+        default=0, metadata=about("Embedding rows (0: the tokenizer's size; more pads it).")
+    )
+    norm: NormKind = field(default="layernorm", metadata=about("Normalisation: layernorm, rmsnorm or none."))
+    norm_position: NormPosition = field(
+        default="pre", metadata=about("pre (norm before attention/MLP) or post (after the sum).")
+    )
+    pos_emb: PosEmbKind = field(
+        default="learned", metadata=about("Positional embeddings: learned, rotary or none.")
+    )
+    bias: bool = field(default=True, metadata=about("Biases in linear layers and norms."))
+    dropout: float = field(default=0.0, metadata=about("Dropout probability in training."))
+    gate: GateKind = field(
+        default="none", metadata=about("Residual gate: none, fixed (alpha at cut_layer), learned, router.")
+    )
+    alpha: float = field(
+        default=0.5, metadata=about("fixed gate: identity-path scale at cut_layer, in (0, 1].")
+    )
+    cut_layer: int = field(
+        default=-1, metadata=about("fixed gate: the layer it scales (-1: the middle layer).")
+    )
+    gate_strength: float = field(
+        default=0.5, metadata=about("learned/router: s in alpha_l = 1 - s * p_l, in (0, 1).")
+    )
 
     @property
     def mlp_width(self) -> int:
@@ -68,51 +89,68 @@ class ModelConfig:
 class DataConfig:
     """Where the training tokens come from."""
 
-    dataset: str = "shakespeare"
-    val_fraction: float = 0.1
+    dataset: str = field(
+        default="shakespeare", metadata=about("Training corpus: a named corpus or a .txt/.jsonl path.")
+    )
+    val_fraction: float = field(
+        default=0.1, metadata=about("Last fraction of the token stream held out for validation.")
+    )
 
 
 @dataclass(frozen=True)
 class TokenizerConfig:
     """Which tokenizer: a Hugging Face name/directory, or `bpe` trained on the corpus."""
 
-    tokenizer: str = "bpe"
-    bpe_vocab_size: int = 4096
+    tokenizer: str = field(
+        default="bpe",
+        metadata=about("bpe (trained on the corpus) or a Hugging Face tokenizer name/directory."),
+    )
+    bpe_vocab_size: int = field(default=4096, metadata=about("Vocabulary size of the bpe tokenizer."))
 
 
 @dataclass(frozen=True)
 class OptimConfig:
     """AdamW with linear warmup and cosine decay."""
 
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    gate_lr: float = 1e-2
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    warmup_steps: int = 20
-    grad_clip: float = 1.0  # 0 disables clipping
+    lr: float = field(default=3e-3, metadata=about("Peak learning rate (AdamW)."))
+    min_lr: float = field(default=3e-4, metadata=about("Learning rate at the end of the cosine decay."))
+    gate_lr: float = field(default=1e-2, metadata=about("Learning rate of the gate's parameters."))
+    weight_decay: float = field(default=0.1, metadata=about("AdamW weight decay of the weight matrices."))
+    beta1: float = field(default=0.9, metadata=about("AdamW beta1."))
+    beta2: float = field(default=0.95, metadata=about("AdamW beta2."))
+    warmup_steps: int = field(default=20, metadata=about("Steps of linear learning-rate warmup."))
+    grad_clip: float = field(default=1.0, metadata=about("Gradient-norm clipping (0: off)."))
 
 
 @dataclass(frozen=True)
 class RunConfig:
     """How long, how big a batch, where and how often."""
 
-    max_steps: int = 200
-    batch_size: int = 16  # sequences per optimizer step, over all processes
-    grad_accum: int = 1
-    seed: int = 0
-    eval_interval: int = 50
-    eval_batches: int = 8
-    checkpoint_interval: int = 100
-    log_interval: int = 1
-    device: str = "auto"
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # autocast dtype; auto = bf16 on CUDA
-    compile: Literal["auto", "on", "off"] = "auto"  # auto = on CUDA only
-    peak_flops: float = 0.0  # for MFU; 0 = known GPU peak, else MFU is not reported
-    threads: int = 0  # torch CPU threads; 0 leaves torch's default
-    data_dir: str | None = None  # local corpora (else env RESSTREAM_DATA, then Hugging Face)
-    cache_dir: str | None = None  # token caches; None: env RESSTREAM_CACHE or ~/.cache/resstream
+    max_steps: int = field(default=200, metadata=about("Optimizer steps."))
+    batch_size: int = field(default=16, metadata=about("Sequences per optimizer step, over all processes."))
+    grad_accum: int = field(default=1, metadata=about("Micro-batches per step (gradient accumulation)."))
+    seed: int = field(default=0, metadata=about("Seed of initialisation and data order."))
+    eval_interval: int = field(default=50, metadata=about("Steps between validation losses."))
+    eval_batches: int = field(default=8, metadata=about("Batches in each validation loss."))
+    checkpoint_interval: int = field(default=100, metadata=about("Steps between checkpoints."))
+    log_interval: int = field(default=1, metadata=about("Steps between metrics.jsonl records."))
+    device: str = field(default="auto", metadata=about("auto, cpu, cuda or cuda:N."))
+    dtype: Literal["auto", "float32", "bfloat16"] = field(
+        default="auto", metadata=about("Autocast dtype: auto (bfloat16 on CUDA), float32, bfloat16.")
+    )
+    compile: Literal["auto", "on", "off"] = field(
+        default="auto", metadata=about("torch.compile: auto (on CUDA), on, off.")
+    )
+    peak_flops: float = field(
+        default=0.0, metadata=about("Peak FLOP/s for the MFU estimate (0: a known GPU's peak).")
+    )
+    threads: int = field(default=0, metadata=about("torch CPU threads (0: torch's default)."))
+    data_dir: str | None = field(
+        default=None, metadata=about("Local corpora (else env RESSTREAM_DATA, then Hugging Face).")
+    )
+    cache_dir: str | None = field(
+        default=None, metadata=about("Token caches (else env RESSTREAM_CACHE, then ~/.cache/resstream).")
+    )
 
 
 @dataclass(frozen=True)
@@ -152,6 +190,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "tiny": {
         "model": {"n_layer": 2, "n_head": 2, "d_model": 32, "block_size": 32},
         "tokenizer": {"tokenizer": "bpe", "bpe_vocab_size": 512},
+        "optim": {"warmup_steps": 2},
         "run": {
             "max_steps": 20,
             "batch_size": 8,
@@ -201,6 +240,21 @@ def _field_index() -> dict[str, tuple[str, dataclasses.Field[Any]]]:
 
 
 FIELDS = _field_index()
+
+
+def description(name: str) -> str:
+    """The one-line description of config field `name`."""
+    return FIELDS[name][1].metadata["help"]
+
+
+def preset_values(name: str) -> dict[str, Any]:
+    """The value of field `name` in each preset that sets it."""
+    values = {}
+    for preset, sections in PRESETS.items():
+        section = sections.get(FIELDS[name][0], {})
+        if name in section:
+            values[preset] = section[name]
+    return values
 
 
 def _field_type(section: str, name: str) -> Any:

@@ -58,9 +58,18 @@ class EvalReport:
     batch_size: int = DEFAULT_BATCH_SIZE
     max_tokens: int | None = None
     device: str = "cpu"
+    model_fingerprint: str | None = None  # of the weights file scored (`checkpoint.weights_fingerprint`)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-data form written to eval.json."""
+        """Plain-data form written to eval.json. Every benchmark entry also carries what it was
+        scored under (`max_tokens`, `stride`, `model_fingerprint`; its corpus `fingerprint` is its
+        own), so an entry kept from an earlier call is reused only when they match
+        (`resstream.training.sweep.stale_reason`)."""
+        provenance = {
+            "max_tokens": self.max_tokens,
+            "stride": self.stride,
+            "model_fingerprint": self.model_fingerprint,
+        }
         return {
             "model": self.model,
             "stride": self.stride,
@@ -74,7 +83,8 @@ class EvalReport:
                 "loss": "mean next-token cross-entropy in nats; perplexity = exp(loss); "
                 "accuracy = next-token top-1 in percent",
             },
-            "benchmarks": [r.to_dict() for r in self.results],
+            "model_fingerprint": self.model_fingerprint,
+            "benchmarks": [{**r.to_dict(), **provenance} for r in self.results],
         }
 
 
@@ -177,6 +187,27 @@ def check_benchmark_data(names: Iterable[str], data_dir: str | os.PathLike[str] 
         load_benchmark_corpus(name, data_dir)
 
 
+@dataclass(frozen=True)
+class BenchmarkData:
+    """Which benchmarks' texts can be read here: the fingerprint of each readable one, and
+    why each other one cannot be read (the one-line message of `load_benchmark_corpus`)."""
+
+    fingerprints: dict[str, str]
+    unavailable: dict[str, str]
+
+
+def find_benchmark_data(names: Iterable[str], data_dir: str | os.PathLike[str] | None) -> BenchmarkData:
+    """Try to read every benchmark of `names`; nothing is refused (see `check_benchmark_data`)."""
+    check_data_dir(data_dir)
+    fingerprints, unavailable = {}, {}
+    for name in names:
+        try:
+            fingerprints[name] = load_benchmark_corpus(name, data_dir).fingerprint
+        except UsageError as exc:
+            unavailable[name] = str(exc)
+    return BenchmarkData(fingerprints, unavailable)
+
+
 def _shakespeare_note(trained: TrainedModel, corpus_fingerprint: str, val_fraction: float) -> str:
     trained_on = trained.config.data.dataset
     base = f"validation tail (val_fraction={val_fraction}) of the built-in corpus"
@@ -254,6 +285,107 @@ def prepare(
     return EvalPlan(trained, prepared, stride, batch_size, max_tokens, torch_device)
 
 
+# ---------------------------------------------------------------------- how long it takes
+#: An evaluation estimated to take longer than this many seconds suggests `max_tokens`.
+LONG_EVAL_S = 60.0
+#: The `max_tokens` values a suggestion picks from (the largest that fits `LONG_EVAL_S`).
+SUGGESTED_CAPS = (100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000, 500_000)
+
+
+@dataclass(frozen=True)
+class BenchmarkSize:
+    """How many tokens a prepared benchmark scores, feeds through the model, and caps
+    (`max_tokens` counts `capped`: the text's tokens, or LAMBADA's passage tokens)."""
+
+    name: str
+    scored: int
+    fed: int
+    capped: int
+
+
+def benchmark_size(plan: EvalPlan, bench: PreparedBenchmark) -> BenchmarkSize:
+    """The sizes of one prepared benchmark under the plan's window settings."""
+    from resstream.training.scoring import window_plan
+
+    if bench.examples is not None:
+        fed = sum(len(ex.ids) - 1 for ex in bench.examples)
+        scored = sum(ex.num_target for ex in bench.examples)
+        return BenchmarkSize(bench.name, scored, fed, fed + len(bench.examples))
+    windows = window_plan(len(bench.tokens), plan.trained.config.model.block_size, plan.stride)
+    return BenchmarkSize(bench.name, len(bench.tokens) - 1, len(windows) * windows.length, len(bench.tokens))
+
+
+@dataclass(frozen=True)
+class EvalEstimate:
+    """How long scoring a plan should take, from a measured speed (tokens fed per second)."""
+
+    sizes: tuple[BenchmarkSize, ...]
+    tokens_per_s: float
+
+    @property
+    def scored(self) -> int:
+        """Tokens scored over all benchmarks."""
+        return sum(size.scored for size in self.sizes)
+
+    def seconds(self, max_tokens: int | None = None) -> float:
+        """Estimated seconds; with `max_tokens`, for the benchmarks cut to that many tokens."""
+        fed = 0.0
+        for size in self.sizes:
+            share = 1.0 if max_tokens is None else min(1.0, max_tokens / size.capped)
+            fed += size.fed * share
+        return fed / self.tokens_per_s
+
+    def suggested_cap(self) -> int | None:
+        """For a long evaluation (over `LONG_EVAL_S`), the largest of `SUGGESTED_CAPS` that
+        brings it within that time, else the smallest that shortens it; None when the
+        evaluation is not long or no cap would shorten it."""
+        if self.seconds() <= LONG_EVAL_S:
+            return None
+        shorter = [cap for cap in SUGGESTED_CAPS if self.seconds(cap) < self.seconds()]
+        fitting = [cap for cap in shorter if self.seconds(cap) <= LONG_EVAL_S]
+        if fitting:
+            return max(fitting)
+        return min(shorter) if shorter else None
+
+
+def measure_speed(plan: EvalPlan, *, min_batches: int = 3, min_seconds: float = 0.5) -> float:
+    """Tokens per second the model takes in full batches of `batch_size` windows on the plan's
+    device: after one warm-up batch, the mean over at least `min_batches` batches and
+    `min_seconds` (at most 10 batches)."""
+    import time
+
+    from resstream.training.scoring import logits_of
+
+    block = plan.trained.config.model.block_size
+    batch = torch.zeros(plan.batch_size, block, dtype=torch.long, device=plan.device)
+    timed, elapsed = 0, 0.0
+    with torch.inference_mode():
+        logits_of(plan.trained.model, batch).float().sum().item()  # warm-up; .item() waits
+        while timed < 10 and (timed < min_batches or elapsed < min_seconds):
+            started = time.perf_counter()
+            logits_of(plan.trained.model, batch).float().sum().item()
+            elapsed += time.perf_counter() - started
+            timed += 1
+    return timed * batch.numel() / max(elapsed, 1e-9)
+
+
+def estimate(plan: EvalPlan) -> EvalEstimate:
+    """The plan's sizes and a speed measured on its model (`measure_speed`)."""
+    sizes = tuple(benchmark_size(plan, bench) for bench in plan.benchmarks)
+    return EvalEstimate(sizes, measure_speed(plan))
+
+
+def duration_text(seconds: float) -> str:
+    """'45 s', '3 min 20 s', '2 h 5 min': an estimate, rounded as people say it."""
+    if seconds < 60:
+        return f"{max(1, round(seconds))} s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s" if minutes < 10 and secs else f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+
+
 def score_benchmark(plan: EvalPlan, bench: PreparedBenchmark, *, progress: bool) -> BenchmarkResult:
     """Score one prepared benchmark."""
     model, block = plan.trained.model, plan.trained.config.model.block_size
@@ -283,6 +415,8 @@ def score_benchmark(plan: EvalPlan, bench: PreparedBenchmark, *, progress: bool)
 
 def run_plan(plan: EvalPlan, *, progress: bool = True) -> EvalReport:
     """Score every benchmark of a prepared plan."""
+    from resstream.training.checkpoint import weights_fingerprint
+
     results = tuple(score_benchmark(plan, bench, progress=progress) for bench in plan.benchmarks)
     return EvalReport(
         model=str(plan.trained.path),
@@ -292,6 +426,7 @@ def run_plan(plan: EvalPlan, *, progress: bool = True) -> EvalReport:
         batch_size=plan.batch_size,
         max_tokens=plan.max_tokens,
         device=str(plan.device),
+        model_fingerprint=weights_fingerprint(plan.trained.path),
     )
 
 

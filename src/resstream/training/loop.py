@@ -24,8 +24,9 @@ import errno
 import math
 import os
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,10 @@ from resstream.training.metrics import METRICS_FILE, MetricsLog, read_records
 from resstream.training.model import GPT
 from resstream.training.optim import apply_optim_config, lr_scale, make_optimizer, set_lr
 
+#: A step of a run's set-up (corpus, tokenizer, token cache, model) that takes longer than
+#: this many seconds says what it does (`Trainer._preparing`).
+STATUS_DELAY_S = 0.5
+
 #: Dense bf16 peak FLOP/s of known accelerators, for the MFU estimate.
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
 
@@ -79,6 +84,12 @@ class TrainResult:
     final_val_loss: float
     train_losses: tuple[float, ...]  # losses of the steps this call ran
     tokens_per_s: float
+    already_complete: bool = False  # a resume found the final model of `steps` >= max_steps
+
+    @property
+    def steps_run(self) -> int:
+        """Optimizer steps this call took (0 for a run that was already complete)."""
+        return len(self.train_losses)
 
 
 def default_cache_dir(config: TrainConfig) -> Path:
@@ -96,6 +107,24 @@ def prepare_tokenizer(config: TrainConfig, corpus: CorpusStream, out_dir: Path, 
     if config.tokenizer.tokenizer == "bpe":
         return train_bpe(corpus, config.tokenizer.bpe_vocab_size)
     return load_tokenizer(config.tokenizer.tokenizer, data_dir=config.run.data_dir)
+
+
+def tokenizer_task(config: TrainConfig, out_dir: Path, resume: bool) -> str:
+    """What `prepare_tokenizer` is about to do, in words."""
+    if resume and (out_dir / ckpt.TOKENIZER_DIR).is_dir():
+        return "loading the run's saved tokenizer"
+    if config.tokenizer.tokenizer == "bpe":
+        return f"training a {config.tokenizer.bpe_vocab_size}-token byte-level BPE tokenizer on the corpus"
+    return f"loading the tokenizer {config.tokenizer.tokenizer!r}"
+
+
+def model_task(config: TrainConfig, checkpoint: ckpt.Checkpoint | None) -> str:
+    """What `Trainer._build_model` is about to do, in words."""
+    m = config.model
+    shape = f"{m.n_layer} layers x {m.d_model} wide, gate {m.gate!r}"
+    if checkpoint is not None:
+        return f"building the model ({shape}) from checkpoint step {checkpoint.step}"
+    return f"building the model ({shape})"
 
 
 def resolve_vocab(config: TrainConfig, tokenizer_size: int) -> TrainConfig:
@@ -145,6 +174,36 @@ def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+def refuse_identity_changes(saved: dict[str, Any], config: TrainConfig, extra: list[str] = ()) -> None:
+    """Refuse to resume with a model, data or tokenizer section other than the saved one."""
+    diffs = identity_diff(from_dict(saved), config) + list(extra)
+    if diffs:
+        raise UsageError(
+            "cannot resume: the checkpoint was trained with a different config: " + "; ".join(diffs)
+        )
+
+
+def completed_run(config: TrainConfig, out_dir: str | os.PathLike[str]) -> TrainResult | None:
+    """The result of the run in `out_dir` when its final model already has `max_steps` steps
+    (a resume then has nothing to train and writes nothing); None otherwise."""
+    out_dir = Path(out_dir)
+    if not (out_dir / ckpt.MODEL_FILE).is_file():
+        return None
+    meta, _ = ckpt.read_run(out_dir)
+    steps = int(meta.get("steps", 0))
+    if steps < config.run.max_steps:
+        return None
+    refuse_another_commands_run(out_dir, "train", "out_dir")
+    saved = from_dict(meta["config"])
+    if config.model.vocab_size == 0:  # "from the tokenizer": the run resolved it when it trained
+        config = dataclasses.replace(
+            config, model=dataclasses.replace(config.model, vocab_size=saved.model.vocab_size)
+        )
+    refuse_identity_changes(meta["config"], config)
+    val_loss = float(meta["val_loss"]) if meta.get("val_loss") is not None else math.nan
+    return TrainResult(out_dir, steps, val_loss, (), math.nan, already_complete=True)
+
+
 def say_on_stderr(line: str) -> None:
     """The default `log` of a run: one line on stderr."""
     print(line, file=sys.stderr, flush=True)
@@ -186,24 +245,47 @@ class Trainer:
         check_cache_dir(default_cache_dir(config))
         # streamed: memory holds a piece of the corpus, not all of it; one reading pass checks
         # the text and gives its fingerprint before any tokenising
-        self.corpus = stream_corpus(config.data.dataset, data_dir=config.run.data_dir)
-        self.corpus.scan()
-        self.tokenizer = prepare_tokenizer(config, self.corpus, self.out_dir, resume)
+        with self._preparing(f"reading the corpus {config.data.dataset!r}"):
+            self.corpus = stream_corpus(config.data.dataset, data_dir=config.run.data_dir)
+            self.corpus.scan()
+        with self._preparing(tokenizer_task(config, self.out_dir, resume)):
+            self.tokenizer = prepare_tokenizer(config, self.corpus, self.out_dir, resume)
         self.config = resolve_vocab(config, len(self.tokenizer))
         check_training_budget(self.config, self.device, world=self.dist.world)  # the real vocabulary
         self._check_resume_compatible()
         self.schedule_steps = schedule_steps(self.config, self.checkpoint)
-        self.splits = build_token_cache(
-            self.corpus,
-            self.tokenizer,
-            default_cache_dir(self.config),
-            val_fraction=self.config.data.val_fraction,
-        )
+        cache = default_cache_dir(self.config)
+        with self._preparing(f"the token cache in {str(cache)!r} (the corpus is tokenised on first use)"):
+            self.splits = build_token_cache(
+                self.corpus, self.tokenizer, cache, val_fraction=self.config.data.val_fraction
+            )
         check_enough_tokens(
             self.splits.train, self.config.model.block_size, "training", sequences=self.config.run.batch_size
         )
         check_enough_tokens(self.splits.val, self.config.model.block_size, "validation")
-        self._build_model()
+        with self._preparing(model_task(self.config, self.checkpoint)):
+            self._build_model()
+
+    @contextlib.contextmanager
+    def _preparing(self, what: str) -> Iterator[None]:
+        """Say "preparing: <what>" on `log` if this step of the set-up lasts longer than
+        `STATUS_DELAY_S` (only with `progress`, only on rank 0): a slow step is named while it
+        runs, and bad input refused at once still gets its one line and nothing else."""
+        if not (self.progress and self.dist.is_main):
+            yield
+            return
+        line = f"preparing: {what}"
+        if STATUS_DELAY_S <= 0:
+            self.log(line)
+            yield
+            return
+        timer = threading.Timer(STATUS_DELAY_S, self.log, args=(line,))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
 
     # ----------------------------------------------------------------- set-up
     def _check_out_dir(self) -> ckpt.Checkpoint | None:
@@ -226,15 +308,12 @@ class Trainer:
         if self.checkpoint is None:
             return
         state = self.checkpoint.state
-        diffs = identity_diff(from_dict(state["config"]), self.config)
+        diffs = []
         if state.get("tokenizer_fingerprint") not in (None, tokenizer_fingerprint(self.tokenizer)):
             diffs.append("tokenizer fingerprint differs")
         if state.get("corpus_fingerprint") not in (None, self.corpus.fingerprint):
             diffs.append("corpus text differs (fingerprint)")
-        if diffs:
-            raise UsageError(
-                "cannot resume: the checkpoint was trained with a different config: " + "; ".join(diffs)
-            )
+        refuse_identity_changes(state["config"], self.config, diffs)
 
     def _build_model(self) -> None:
         torch.manual_seed(self.config.run.seed)
@@ -584,10 +663,16 @@ def train(
     The directory is locked for the whole run (`resstream.rundir`): a second process that
     trains, resumes or evaluates into it is refused until this one ends. `log` receives the
     run's one-line notices (default: stderr), such as which learning-rate schedule a resume
-    with another `max_steps` follows.
+    with another `max_steps` follows, and, with `progress`, what is being prepared before the
+    first step (corpus, tokenizer, token cache, model). A resume of a run whose final model
+    already has `max_steps` steps trains nothing, writes nothing and returns a result with
+    `already_complete` set.
     """
     with writer_lock(out_dir, "train", param="out_dir"):
         try:
+            done = completed_run(config, out_dir) if resume else None
+            if done is not None:
+                return done
             return Trainer(config, out_dir, resume=resume, progress=progress, log=log).run()
         except OSError as exc:  # a full disk or lost permission while writing the run's files
             failure = write_failure(exc, Path(out_dir), "out_dir", kept="its complete checkpoints are kept")

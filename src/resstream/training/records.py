@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from resstream.errors import UsageError, short_reason
+from resstream.rundir import RUN_FILE
 from resstream.training.metrics import METRICS_FILE, iter_metrics
 
 MODEL_META = "model.json"  # a finished run's config and final validation loss
@@ -138,6 +139,34 @@ def gate_history(run_dir: str | Path) -> GateHistory:
             by_step[int(record["step"])] = tuple(float(v) for v in record["gate"])
     steps = tuple(sorted(by_step))
     return GateHistory(steps, tuple(by_step[s] for s in steps))
+
+
+@dataclass(frozen=True)
+class TrainingCurve:
+    """A run's training loss at each logged step and validation loss at each evaluation."""
+
+    steps: tuple[int, ...]
+    loss: tuple[float, ...]
+    val_steps: tuple[int, ...]
+    val_loss: tuple[float, ...]
+
+
+def training_curve(run_dir: str | Path) -> TrainingCurve:
+    """The losses logged in a run's metrics.jsonl (a resumed run's records count once per step)."""
+    train: dict[int, float] = {}
+    val: dict[int, float] = {}
+    for record in iter_metrics(run_dir):
+        if "step" not in record:
+            continue
+        step = int(record["step"])
+        if record.get("loss") is not None:
+            train[step] = float(record["loss"])
+        if record.get("val_loss") is not None:
+            val[step] = float(record["val_loss"])
+    steps, val_steps = sorted(train), sorted(val)
+    return TrainingCurve(
+        tuple(steps), tuple(train[s] for s in steps), tuple(val_steps), tuple(val[s] for s in val_steps)
+    )
 
 
 def eval_entries(data: Any) -> list[dict[str, Any]]:
@@ -270,6 +299,28 @@ def find_runs(path: str | Path) -> list[RunRecord]:
     if not seed_dirs:
         raise _not_a_sweep(path, f"no {SWEEP_FILE} and no seed-<s> folders")
     return [rec for d, seed in seed_dirs for rec in _records_from_seed_dir(d, seed)]
+
+
+def _sweep_root(path: Path) -> Path:
+    """The sweep directory of a sweep directory or of one of its seed-<s> folders."""
+    return path.parent if SEED_DIR.match(path.name) and not (path / SWEEP_FILE).is_file() else path
+
+
+def sweep_max_eval_tokens(paths: Sequence[str | Path]) -> int | None:
+    """The `max_eval_tokens` the sweeps of `paths` evaluated with (their run.json), None when
+    they record none; UsageError when they differ (the caller must choose)."""
+    found = set()
+    for path in paths:
+        record = read_json(_sweep_root(Path(path)) / RUN_FILE)
+        settings = record.get("config") if isinstance(record, dict) else None
+        if isinstance(settings, dict) and "max_eval_tokens" in settings:
+            found.add(settings["max_eval_tokens"])
+    if len(found) > 1:
+        values = ", ".join(str(v) for v in sorted(found, key=str))
+        raise UsageError(
+            f"the sweeps were evaluated with different `max_eval_tokens` ({values}); give `max_eval_tokens`"
+        )
+    return found.pop() if found else None
 
 
 def load_runs(paths: Sequence[str | Path]) -> list[RunRecord]:

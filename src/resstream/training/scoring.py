@@ -155,12 +155,25 @@ def window_plan(num_tokens: int, block_size: int, stride: int) -> WindowPlan:
     return WindowPlan(starts=starts, skip=reached - starts, length=length)
 
 
-def _logits(model: torch.nn.Module, idx: torch.Tensor) -> torch.Tensor:
+def logits_of(model: torch.nn.Module, idx: torch.Tensor) -> torch.Tensor:
     """Logits of a resstream GPT (tuple), a plain tensor model or a Hugging Face model."""
     out = model(idx)
     if isinstance(out, tuple):
         return out[0]
     return getattr(out, "logits", out)
+
+
+def _token_bar(total: int, desc: str | None, progress: bool) -> tqdm:
+    """A progress bar that counts the tokens scored (`num_tokens` of the result)."""
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit="tok",
+        unit_scale=True,
+        disable=not progress,
+        dynamic_ncols=True,
+        leave=False,
+    )
 
 
 def _as_numpy(tokens: np.ndarray | torch.Tensor) -> np.ndarray:
@@ -188,21 +201,17 @@ def score_tokens(
     """
     stream = _as_numpy(tokens)
     plan = window_plan(len(stream), block_size, stride)
-    with (
-        torch.inference_mode(),
-        tqdm(
-            total=len(plan), desc=desc, unit="win", disable=not progress, dynamic_ncols=True, leave=False
-        ) as bar,
-    ):
+    with torch.inference_mode(), _token_bar(len(stream) - 1, desc, progress) as bar:
         sums = torch.zeros(3, dtype=torch.float64, device=device)  # nll, correct, count
         for first in range(0, len(plan), batch_size):
             starts = plan.starts[first : first + batch_size]
             rows = np.stack([stream[s : s + plan.length + 1] for s in starts.tolist()]).astype(np.int64)
             batch = torch.from_numpy(rows).to(device)
-            logits = _logits(model, batch[:, :-1])
-            for row, skip in enumerate(plan.skip[first : first + batch_size].tolist()):
+            logits = logits_of(model, batch[:, :-1])
+            skips = plan.skip[first : first + batch_size].tolist()
+            for row, skip in enumerate(skips):
                 sums += _row_sums(logits[row, skip:], batch[row, skip + 1 :])
-            bar.update(len(starts))
+            bar.update(sum(plan.length - skip for skip in skips))
     nll, correct, count = sums.tolist()
     return ScoreSums(nll=nll, correct=int(correct), count=int(count))
 
@@ -294,17 +303,7 @@ def score_lambada(
     does not depend on `batch_size`.
     """
     sums = LambadaSums()
-    with (
-        torch.inference_mode(),
-        tqdm(
-            total=len(examples),
-            desc=desc,
-            unit="passage",
-            disable=not progress,
-            dynamic_ncols=True,
-            leave=False,
-        ) as bar,
-    ):
+    with torch.inference_mode(), _token_bar(sum(ex.num_target for ex in examples), desc, progress) as bar:
         for first in range(0, len(examples), batch_size):
             chunk = examples[first : first + batch_size]
             width = max(len(ex.ids) for ex in chunk)
@@ -312,7 +311,7 @@ def score_lambada(
             for i, ex in enumerate(chunk):
                 rows[i, : len(ex.ids)] = torch.tensor(ex.ids)
             rows = rows.to(device)
-            logits = _logits(model, rows[:, :-1])
+            logits = logits_of(model, rows[:, :-1])
             for i, ex in enumerate(chunk):
                 end = len(ex.ids) - 1  # input positions end - num_target .. end - 1 predict the target
                 pred = logits[i, end - ex.num_target : end].float()
@@ -323,7 +322,7 @@ def score_lambada(
                 sums.count += ex.num_target
                 sums.words_correct += int(hits == ex.num_target)
                 sums.examples += 1
-            bar.update(len(chunk))
+            bar.update(sum(ex.num_target for ex in chunk))
     return sums
 
 

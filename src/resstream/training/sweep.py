@@ -18,14 +18,16 @@ loss, evaluation results) and, per seed, the learned gate's distribution over tr
 them back from disk, are `resstream.training.records`; tables and plots are drawn from them by
 `resstream.reporting`.
 
-This module also evaluates the runs whose evaluation is missing (`fill_evals`, for
-`resstream compare`).
+This module also gives runs the benchmark scores a comparison asks for (`fill_evals`, for the
+sweep and `resstream compare`): a score cached in a run's eval.json is reused only when it was
+made with the same `max_tokens`, of the same weights and on the same benchmark text
+(`stale_reason`); every other one is evaluated again, and the summary says which were which.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,58 +169,181 @@ def check_existing(plan: SweepPlan, out_dir: str | Path) -> None:
 
 
 # ----------------------------------------------------------------------------- evaluation
-def evaluate_missing(
-    run_dir: Path,
+def stale_reason(
+    entry: Mapping[str, Any] | None,
+    *,
+    max_tokens: int | None,
+    model_fingerprint: str | None,
+    corpus_fingerprint: str | None,
+) -> str | None:
+    """Why a cached eval.json entry does not answer what is asked now (None: it does).
+
+    It must exist, have been scored with the same `max_tokens`, of the same weights (model
+    fingerprint) and, when the benchmark's text can be read now (`corpus_fingerprint`), on the
+    same text. An entry that does not record its settings (written before they were recorded)
+    never matches.
+    """
+    if entry is None:
+        return "not evaluated before"
+    if "max_tokens" not in entry or "model_fingerprint" not in entry:
+        return "cached without its settings"
+    if entry["max_tokens"] != max_tokens:
+        cap = entry["max_tokens"]
+        return f"cached with max_tokens {'unset' if cap is None else cap}"
+    if entry["model_fingerprint"] != model_fingerprint:
+        return "cached for other weights"
+    if corpus_fingerprint is not None and entry.get("fingerprint") != corpus_fingerprint:
+        return "cached on other benchmark data"
+    return None
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    """One run's benchmarks: the cached scores that answer the request, and the rest to evaluate
+    (benchmark -> why it is evaluated)."""
+
+    record: RunRecord
+    cached: Scores
+    todo: dict[str, str]
+
+
+def plan_evals(
+    records: Sequence[RunRecord],
     benchmarks: Sequence[str],
     *,
     max_tokens: int | None,
-    device: str,
-    data_dir: str | None,
-    progress: bool,
-    redo_all: bool = False,
-) -> Scores:
-    """Evaluate the benchmarks a run's eval.json lacks; merge and save eval.json; return scores.
+    corpora: Mapping[str, str],
+) -> list[EvalTask]:
+    """For each run, which of `benchmarks` its eval.json already answers (`stale_reason`) and
+    which must be evaluated. `corpora` maps a benchmark to the fingerprint of its text where it
+    can be read. A run without weights cannot be evaluated: its saved scores are kept."""
+    tasks = []
+    for record in records:
+        if record.path is None or not (record.path / MODEL_META).is_file():
+            tasks.append(EvalTask(record, {b: record.evals[b] for b in benchmarks if b in record.evals}, {}))
+            continue
+        _, raw = read_eval(record.path)
+        entries = {str(entry["name"]): entry for entry in eval_entries(raw)}
+        weights = ckpt.weights_fingerprint(record.path)
+        cached, todo = {}, {}
+        for name in benchmarks:
+            reason = stale_reason(
+                entries.get(name),
+                max_tokens=max_tokens,
+                model_fingerprint=weights,
+                corpus_fingerprint=corpora.get(name),
+            )
+            if reason is None:
+                cached[name] = normalise_eval({"benchmarks": [entries[name]]})[name]
+            else:
+                todo[name] = reason
+        tasks.append(EvalTask(record, cached, todo))
+    return tasks
 
-    With `redo_all`, every benchmark is evaluated again and the old eval.json is replaced.
-    """
+
+def benchmarks_to_evaluate(tasks: Sequence[EvalTask]) -> tuple[str, ...]:
+    """The benchmarks some run must be evaluated on (their text must be readable)."""
+    return tuple(dict.fromkeys(name for task in tasks for name in task.todo))
+
+
+@dataclass(frozen=True)
+class EvalSummary:
+    """What an evaluation pass reused and what it evaluated, per benchmark, in runs."""
+
+    max_tokens: int | None
+    reused: dict[str, int]
+    evaluated: dict[str, dict[str, int]]  # benchmark -> reason -> runs
+    unchecked: tuple[str, ...] = ()  # reused without comparing the text (it could not be read)
+
+    def lines(self) -> list[str]:
+        """One line on the cached scores reused, one on the scores evaluated now (if any)."""
+        lines = []
+        if self.reused:
+            reused = ", ".join(f"{name} ({n} run{'s' * (n != 1)})" for name, n in self.reused.items())
+            line = (
+                f"reused cached scores from the runs' eval.json: {reused}; same max_tokens "
+                f"({self.max_tokens}), same weights and same benchmark data"
+            )
+            if self.unchecked:
+                line += f" (data of {', '.join(self.unchecked)} not readable here: not compared)"
+            lines.append(line)
+        if self.evaluated:
+            parts = [
+                f"{name} ({n} run{'s' * (n != 1)}: {reason})"
+                for name, reasons in self.evaluated.items()
+                for reason, n in reasons.items()
+            ]
+            lines.append(f"evaluated now: {', '.join(parts)}")
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for compare.json."""
+        return dataclasses.asdict(self)
+
+
+def summarise_evals(
+    tasks: Sequence[EvalTask], max_tokens: int | None, corpora: Mapping[str, str]
+) -> EvalSummary:
+    """Count, per benchmark, the runs whose cached score was reused and those evaluated (by reason)."""
+    reused: dict[str, int] = {}
+    evaluated: dict[str, dict[str, int]] = {}
+    for task in tasks:
+        for name in task.cached:
+            reused[name] = reused.get(name, 0) + 1
+        for name, reason in task.todo.items():
+            counts = evaluated.setdefault(name, {})
+            counts[reason] = counts.get(reason, 0) + 1
+    unchecked = tuple(name for name in reused if name not in corpora)
+    return EvalSummary(max_tokens, reused, evaluated, unchecked)
+
+
+def evaluate_task(
+    task: EvalTask, *, max_tokens: int | None, device: str, data_dir: str | None, progress: bool
+) -> Scores:
+    """Evaluate a run on its `todo` benchmarks, replace their entries in its eval.json (other
+    entries are kept) and return the scores of the cached and the new benchmarks."""
     from resstream.training.evaluate import evaluate_run
 
+    run_dir = task.record.path
     with locked_directory(run_dir, "eval", param=None):  # not while the run trains or is evaluated
-        raw = None if redo_all else read_eval(run_dir)[1]
-        saved = normalise_eval(raw)
-        missing = [b for b in benchmarks if b not in saved]
-        if not missing:
-            return saved
+        _, raw = read_eval(run_dir)
         report = evaluate_run(
             run_dir,
-            tuple(missing),
+            tuple(task.todo),
             data_dir=data_dir,
             device=device,
             max_tokens=max_tokens,
             progress=progress,
         )
         payload = report.to_dict()
-        kept = [entry for entry in eval_entries(raw) if entry["name"] not in missing]
+        kept = [entry for entry in eval_entries(raw) if entry["name"] not in task.todo]
         payload["benchmarks"] = kept + list(payload["benchmarks"])
+        payload.pop("max_tokens")  # per entry: the entries kept may have other settings
         write_json(run_dir / EVAL_FILE, payload)
-    return normalise_eval(payload)
+    return {**task.cached, **normalise_eval({"benchmarks": payload["benchmarks"][len(kept) :]})}
 
 
-def runs_to_evaluate(records: Sequence[RunRecord], benchmarks: Sequence[str]) -> list[RunRecord]:
-    """Runs lacking scores for some of `benchmarks` that have weights to evaluate."""
-    return [
-        r
-        for r in records
-        if any(b not in r.evals for b in benchmarks)
-        and r.path is not None
-        and (r.path / MODEL_META).is_file()
-    ]
-
-
-def missing_benchmarks(records: Sequence[RunRecord], benchmarks: Sequence[str]) -> tuple[str, ...]:
-    """The benchmarks that `fill_evals` would have to evaluate for some run."""
-    todo = runs_to_evaluate(records, benchmarks)
-    return tuple(b for b in benchmarks if any(b not in r.evals for r in todo))
+def run_evals(
+    tasks: Sequence[EvalTask],
+    *,
+    max_tokens: int | None,
+    device: str,
+    data_dir: str | None,
+    progress: bool,
+    log: Log | None,
+) -> list[RunRecord]:
+    """Evaluate every task that has something to do; the runs' records with exactly the
+    requested scores (cached or new) as their `evals`."""
+    todo = [task for task in tasks if task.todo]
+    done: dict[int, Scores] = {}
+    for i, task in enumerate(todo, 1):
+        if log:
+            run = f"seed {task.record.seed} {task.record.name}"
+            log(f"evaluate [{i}/{len(todo)}] {run}: {', '.join(task.todo)}")
+        done[id(task)] = evaluate_task(
+            task, max_tokens=max_tokens, device=device, data_dir=data_dir, progress=progress
+        )
+    return [dataclasses.replace(task.record, evals=done.get(id(task), task.cached)) for task in tasks]
 
 
 def fill_evals(
@@ -230,23 +355,22 @@ def fill_evals(
     data_dir: str | None = None,
     progress: bool = True,
     log: Log | None = None,
-) -> list[RunRecord]:
-    """Evaluate runs that lack some of `benchmarks` (and have weights to evaluate)."""
-    todo = runs_to_evaluate(records, benchmarks)
-    done: dict[int, RunRecord] = {}
-    for i, record in enumerate(todo, 1):
-        if log:
-            log(f"evaluate [{i}/{len(todo)}] seed {record.seed} {record.name}")
-        scores = evaluate_missing(
-            record.path,
-            benchmarks,
-            max_tokens=max_tokens,
-            device=device,
-            data_dir=data_dir,
-            progress=progress,
-        )
-        done[id(record)] = dataclasses.replace(record, evals={**record.evals, **scores})
-    return [done.get(id(r), r) for r in records]
+) -> tuple[list[RunRecord], EvalSummary]:
+    """Give every run scores for `benchmarks` made with `max_tokens` on its current weights:
+    cached ones where they match (`stale_reason`), new ones (evaluated now) otherwise.
+
+    A benchmark some run must be evaluated on is refused first when its text cannot be read.
+    """
+    from resstream.training.evaluate import check_benchmark_data, find_benchmark_data
+
+    corpora = find_benchmark_data(benchmarks, data_dir).fingerprints
+    tasks = plan_evals(records, benchmarks, max_tokens=max_tokens, corpora=corpora)
+    check_benchmark_data(benchmarks_to_evaluate(tasks), data_dir)
+    summary = summarise_evals(tasks, max_tokens, corpora)
+    done = run_evals(
+        tasks, max_tokens=max_tokens, device=device, data_dir=data_dir, progress=progress, log=log
+    )
+    return done, summary
 
 
 # ---------------------------------------------------------------------------- running
@@ -282,24 +406,21 @@ def _evaluate_all(
     progress: bool,
     log: Log | None,
 ) -> None:
+    """Evaluate every run of the sweep whose eval.json does not answer `benchmarks` yet."""
     from resstream.devices import resolve_device
 
-    device = str(resolve_device(plan.base.run.device))
-    for i, run in enumerate(plan.runs, 1):
-        run_dir = run.path(root)
-        _, raw = read_eval(run_dir)
-        stale = raw is not None and raw.get("max_tokens") != max_tokens
-        if log:
-            log(f"evaluate [{i}/{len(plan.runs)}] seed {run.seed} {run.name}")
-        evaluate_missing(
-            run_dir,
-            benchmarks,
-            max_tokens=max_tokens,
-            device=device,
-            data_dir=plan.base.run.data_dir,
-            progress=progress,
-            redo_all=stale,
-        )
+    records = [record_from_run_dir(run.path(root), run.seed) for run in plan.runs]
+    _, summary = fill_evals(
+        records,
+        benchmarks,
+        max_tokens=max_tokens,
+        device=str(resolve_device(plan.base.run.device)),
+        data_dir=plan.base.run.data_dir,
+        progress=progress,
+        log=log,
+    )
+    for line in summary.lines() if log else ():
+        log(line)
 
 
 def collect(plan: SweepPlan, root: str | Path, benchmarks: Sequence[str] = ()) -> SweepResult:
