@@ -93,25 +93,22 @@ def test_eval_end_to_end(run_dir, data_dir, tmp_path, capsys, small_shakespeare)
     assert "lambada" in captured.out and "wrote eval.json" in captured.out
 
 
+def two_benchmarks(run_dir, data_dir) -> list[str]:
+    """`resstream eval` of the run on openwebtext and lambada (add --out and any flags)."""
+    return [
+        "eval",
+        "--model",
+        str(run_dir),
+        "--data-dir",
+        str(data_dir),
+        "--benchmarks",
+        "openwebtext,lambada",
+    ]
+
+
 def test_default_stride_and_subset(run_dir, data_dir, tmp_path, capsys):
     out = tmp_path / "out"
-    assert (
-        main(
-            [
-                "eval",
-                "--model",
-                str(run_dir),
-                "--data-dir",
-                str(data_dir),
-                "--benchmarks",
-                "openwebtext,lambada",
-                "--out",
-                str(out),
-                "--quiet",
-            ]
-        )
-        == 0
-    )
+    assert main([*two_benchmarks(run_dir, data_dir), "--out", str(out), "--quiet"]) == 0
     report = json.loads((out / "eval.json").read_text())
     assert report["stride"] == 8 and [b["name"] for b in report["benchmarks"]] == ["openwebtext", "lambada"]
 
@@ -266,15 +263,7 @@ def test_a_benchmark_with_nothing_scored_has_null_scores_and_says_why():
 def test_eval_says_how_many_tokens_and_how_long_up_front(run_dir, data_dir, tmp_path, capsys, monkeypatch):
     import resstream.training.evaluate as evaluate
 
-    args = [
-        "eval",
-        "--model",
-        str(run_dir),
-        "--data-dir",
-        str(data_dir),
-        "--benchmarks",
-        "openwebtext,lambada",
-    ]
+    args = two_benchmarks(run_dir, data_dir)
     assert main([*args, "--device", "cpu", "--out", str(tmp_path / "a")]) == 0
     err = capsys.readouterr().err
     first = next(line for line in err.splitlines() if line.startswith("eval:"))

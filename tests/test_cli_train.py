@@ -42,7 +42,10 @@ def corpus(tmp_path):
     return path
 
 
-def run_train(tmp_path, corpus, *extra):
+def run_train(tmp_path, corpus, *extra, quiet: bool = True):
+    """`resstream train` of a TINY model on `corpus` into tmp_path/run (`quiet=False`: with
+    its progress and status lines)."""
+    flags = TINY if quiet else [flag for flag in TINY if flag != "--quiet"]
     return main(
         [
             "train",
@@ -52,7 +55,7 @@ def run_train(tmp_path, corpus, *extra):
             str(tmp_path / "cache"),
             "--out",
             str(tmp_path / "run"),
-            *TINY,
+            *flags,
             *extra,
         ]
     )
@@ -91,21 +94,7 @@ def test_resuming_a_finished_run_says_it_was_complete_and_writes_nothing(tmp_pat
 
 def test_train_says_what_it_prepares_before_the_first_step(tmp_path, corpus, capsys, monkeypatch):
     monkeypatch.setattr(loop, "STATUS_DELAY_S", 0.0)  # every step counts as slow
-    args = [a for a in TINY if a != "--quiet"]
-    code = main(
-        [
-            "train",
-            "--dataset",
-            str(corpus),
-            "--cache-dir",
-            str(tmp_path / "cache"),
-            "--out",
-            str(tmp_path / "run"),
-            "--max-steps",
-            "2",
-            *args,
-        ]
-    )
+    code = run_train(tmp_path, corpus, "--max-steps", "2", quiet=False)
     err = capsys.readouterr().err
     assert code == 0, err
     status = [line for line in err.splitlines() if line.startswith("preparing: ")]

@@ -44,13 +44,7 @@ from resstream.simulation.statistics import (
     summarise_layer,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def sigmoid(x: float) -> float:

@@ -19,13 +19,7 @@ from resstream.simulation.statistics import (
 )
 from resstream.simulation.trend import distance_bands, row_spearman, uniform_band_mass
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def uniform(n: int) -> torch.Tensor:
