@@ -369,6 +369,21 @@ def test_seq_len_over_a_hf_models_context(tmp_path, corpus, gpt2_dir, capsys):
     )
 
 
+def test_the_default_length_is_clipped_to_a_short_context_with_a_note(
+    tmp_path, corpus, gpt2_dir, capsys, no_plots
+):
+    # the default 64 tokens exceed the tiny GPT-2's context of 32: clipped, and said so
+    out = tmp_path / "out"
+    code = run_recency(out, "--model", str(gpt2_dir), "--dataset", str(corpus), "--num-seqs", "2")
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert (
+        f"resstream: note: --seq-len 32: the default 64 is longer than the context of model "
+        f"{str(gpt2_dir)!r} (32 tokens)" in captured.err.splitlines()
+    )
+    assert json.loads((out / "recency.json").read_text())["seq_len"] == 32
+
+
 def test_seq_len_over_the_second_models_context_writes_nothing(tmp_path, corpus, gpt2_dir, capsys):
     from resstream.assets import reference_model_dir
 
