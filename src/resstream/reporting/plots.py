@@ -223,7 +223,7 @@ def compare_figure(table: CompareTable) -> Figure:
     fig.legend(
         handles, labels, loc="lower center", ncol=len(labels), fontsize="small", bbox_to_anchor=(0.5, -0.08)
     )
-    fig.suptitle("mean ± sample std over seeds (lower is better)")
+    fig.suptitle("mean ± sample std over seeds (lower is better)", y=1.04)
     return fig
 
 
