@@ -10,6 +10,7 @@ import pytest
 
 from resstream.reporting.attention import (
     COLOUR_BAR_LABEL,
+    COLOUR_FLOOR,
     UNIFORM_LABEL,
     attention_grid_figure,
     distance_figure,
@@ -42,7 +43,9 @@ def test_grid_has_integer_positions_one_scale_and_a_labelled_colour_bar(tmp_path
     assert len(panels) == 4
     limits = {ax.images[0].get_clim() for ax in panels}
     assert len(limits) == 1  # one colour scale for the whole grid: the dim row looks dim
-    assert limits.pop() == (0.0, pytest.approx(0.5))  # the largest score to an earlier key
+    # log scale: from a thousandth of the largest score to an earlier key up to that score
+    assert limits.pop() == (pytest.approx(0.5 * COLOUR_FLOOR), pytest.approx(0.5))
+    assert all(type(ax.images[0].norm).__name__ == "LogNorm" for ax in panels)
     for ax in panels:
         assert _tick_labels_are_integers(ax.xaxis) and _tick_labels_are_integers(ax.yaxis)
     bars = [ax for ax in fig.axes if not ax.images and ax.get_ylabel()]

@@ -4,10 +4,13 @@ per-layer lines that `simulate` and `recency` print.
 `attention_grid_figure` draws the classic figure: one row per configuration or model, one
 column per layer, each panel the mean attention matrix (query i down, key j across, integer
 positions on both axes, the masked future blank). The rows are there to be compared, so the
-whole figure has ONE colour scale and one labelled colour bar, from 0 to the largest score any
-query gives an earlier token: self-attention, which can take most of the mass, saturates the
-colour (the bar's arrow), so the structure among the earlier keys stays visible and a row whose
-earlier scores are all tiny looks dark rather than stretched to full brightness.
+whole figure has ONE colour scale and one labelled colour bar. The scale is logarithmic, up to
+the largest score any query gives an earlier token and down to a thousandth of it: attention
+spreads over keys as 1/(i + 1) and a bias multiplies that, so on a linear scale everything
+beyond the first few queries is one dark colour. Self-attention, which can take most of the
+mass, saturates the top (the bar's upper arrow), scores under the floor the bottom (the lower
+arrow); a row whose earlier scores are all tiny looks dark rather than stretched to full
+brightness.
 `distance_figure` draws, per layer, the mean attention δ tokens back beside what uniform
 causal attention would give, named in a legend.
 `layer_lines` gives per layer the trend line (direction, rank correlation, band ratios, 95%
@@ -22,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
 from resstream.reporting.figures import integer_ticks, new_figure, save_figure
@@ -32,7 +36,10 @@ from resstream.simulation.results import AttentionTrend, BandRatio, TrendVerdict
 Matrix = Sequence[Sequence[float]]
 
 #: The label of the one colour bar of an attention grid.
-COLOUR_BAR_LABEL = "mean attention (one scale for all rows)"
+COLOUR_BAR_LABEL = "mean attention (log scale, one for all rows)"
+
+#: The bottom of the colour scale as a fraction of its top (`shared_scale`).
+COLOUR_FLOOR = 1e-3
 
 #: The legend entry of the no-bias reference in distance plots.
 UNIFORM_LABEL = "uniform causal attention"
@@ -73,13 +80,14 @@ def attention_grid_figure(
     fig = new_figure(width=1.8 * columns + 2.4, height=1.8 * len(rows) + 0.9)
     axes = fig.subplots(len(rows), columns, squeeze=False)
     vmax = shared_scale([maps for _, maps in rows])
+    norm = LogNorm(vmin=vmax * COLOUR_FLOOR, vmax=vmax, clip=False)
     image = None
     for r, (label, maps) in enumerate(rows):
         for c, ax in enumerate(axes[r]):
             if c >= len(maps):
                 ax.axis("off")
                 continue
-            image = ax.imshow(_masked(maps[c]), cmap="viridis", vmin=0.0, vmax=vmax, interpolation="nearest")
+            image = ax.imshow(_masked(maps[c]), cmap="viridis", norm=norm, interpolation="nearest")
             _position_axes(ax, first_column=c == 0, last_row=r == len(rows) - 1 or c >= len(rows[r + 1][1]))
             if r == 0:
                 ax.set_title(f"layer {c + 1}", fontsize=9)
@@ -95,7 +103,7 @@ def attention_grid_figure(
         )
     # as long as the grid is tall: the bar's length is `aspect` times its width
     bar = fig.colorbar(
-        image, ax=list(axes.ravel()), fraction=0.02, pad=0.015, extend="max", aspect=20 * len(rows)
+        image, ax=list(axes.ravel()), fraction=0.02, pad=0.015, extend="both", aspect=20 * len(rows)
     )
     bar.set_label(COLOUR_BAR_LABEL, fontsize=8)
     bar.ax.tick_params(labelsize=7)
