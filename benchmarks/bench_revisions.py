@@ -1,8 +1,9 @@
-"""`shift` of one git revision against another, measured side by side on this machine.
+"""`shift` (or `simulate`) of one git revision against another, measured side by side here.
 
     python benchmarks/bench_revisions.py --base 896a7d7            # base revision vs the working tree
     python benchmarks/bench_revisions.py --base A --head B --processes 8
     python benchmarks/bench_revisions.py --base /path/to/tree   # an exported tree: git archive REV
+    python benchmarks/bench_revisions.py --base 0739c62 --workload simulate --threads 1
 
 Each revision is checked out into a temporary git worktree (the working tree itself stands
 for `--head` when none is given); a directory given instead of a revision is used as it is
@@ -15,6 +16,11 @@ rounds, median), on the CPU with an fp32 model or, with `--device cuda`, on the 
 bf16 model as `bench_shift.py --cuda` does. Printed: per process its shift/forward ratio,
 then the median head/base ratio of shift/forward (the machine-independent figure) and of raw
 shift time over adjacent pairs.
+
+`--workload simulate` times `resstream.simulation.simulate` with the default `SimulationConfig`
+(100,000 simulations × 10 tokens × 6 layers, LayerNorm, γ = 0) instead: one small warm-up, then
+the median of `--rounds` runs per process; printed is the raw head/base time over adjacent
+pairs (no machine-independent denominator exists for it, so the alternation carries the load).
 """
 
 from __future__ import annotations
@@ -43,6 +49,21 @@ times, _ = b.measure(variants, rounds=int(sys.argv[3]), device=device)
 print(json.dumps({name: statistics.median(values) for name, values in times.items()}))
 """
 
+CHILD_SIMULATE = """
+import json, statistics, sys, time, torch
+torch.set_num_threads(int(sys.argv[2]))
+from resstream.simulation import SimulationConfig, simulate
+simulate(SimulationConfig(simulations=1000))  # warm-up
+times = []
+for _ in range(int(sys.argv[3])):
+    start = time.perf_counter()
+    simulate(SimulationConfig())
+    times.append(time.perf_counter() - start)
+print(json.dumps({"simulate": statistics.median(times)}))
+"""
+
+CHILDREN = {"shift": CHILD, "simulate": CHILD_SIMULATE}
+
 
 def checkout(revision: str, into: Path) -> Path:
     """A detached worktree of `revision` at `into` (an existing directory: itself)."""
@@ -54,11 +75,22 @@ def checkout(revision: str, into: Path) -> Path:
     return into
 
 
-def time_revision(tree: Path, threads: int, rounds: int, device: str) -> dict[str, float]:
-    """Median seconds of `forward` and `shift` in a fresh process running `tree`'s code."""
+def time_revision(
+    tree: Path, threads: int, rounds: int, device: str, workload: str = "shift"
+) -> dict[str, float]:
+    """Median seconds of the workload's variants (`forward` and `shift`, or `simulate`) in a
+    fresh process running `tree`'s code."""
     env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": str(threads)}
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(tree / "benchmarks"), str(threads), str(rounds), device],
+        [
+            sys.executable,
+            "-c",
+            CHILDREN[workload],
+            str(tree / "benchmarks"),
+            str(threads),
+            str(rounds),
+            device,
+        ],
         env=env,
         check=True,
         capture_output=True,
@@ -77,6 +109,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per process")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu (fp32 model) or cuda (bf16 model)")
+    parser.add_argument("--workload", choices=sorted(CHILDREN), default="shift", help="what is timed")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         trees = {"base": checkout(args.base, Path(scratch) / "base")}
@@ -86,13 +119,9 @@ def main() -> None:
             for index in range(args.processes):
                 order = ("base", "head") if index % 2 == 0 else ("head", "base")
                 for name in order:
-                    timing = time_revision(trees[name], args.threads, args.rounds, args.device)
+                    timing = time_revision(trees[name], args.threads, args.rounds, args.device, args.workload)
                     runs[name].append(timing)
-                    print(
-                        f"{name} process {len(runs[name])}: forward {timing['forward'] * 1e3:.0f} ms, "
-                        f"shift {timing['shift'] * 1e3:.0f} ms, "
-                        f"shift/forward {timing['shift'] / timing['forward']:.2f}x"
-                    )
+                    print(f"{name} process {len(runs[name])}: " + describe(timing))
         finally:
             for name in ("base", "head"):
                 if trees[name].is_relative_to(scratch):
@@ -102,7 +131,22 @@ def main() -> None:
     report(runs, args)
 
 
+def describe(timing: dict[str, float]) -> str:
+    """One process's times (and shift/forward where both were timed)."""
+    text = ", ".join(f"{name} {seconds * 1e3:.0f} ms" for name, seconds in timing.items())
+    if "forward" in timing:
+        text += f", shift/forward {timing['shift'] / timing['forward']:.2f}x"
+    return text
+
+
 def report(runs: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> None:
+    if args.workload == "simulate":
+        pairs = [h["simulate"] / b["simulate"] for h, b in zip(runs["head"], runs["base"], strict=True)]
+        print(
+            f"\nraw simulate time head/base over adjacent pairs: median {statistics.median(pairs):.3f} "
+            f"(min {min(pairs):.3f}, max {max(pairs):.3f}, {len(pairs)} pairs)"
+        )
+        return
     ratio = {name: [r["shift"] / r["forward"] for r in timings] for name, timings in runs.items()}
     relative = statistics.median(ratio["head"]) / statistics.median(ratio["base"])
     pairs = [h["shift"] / b["shift"] for h, b in zip(runs["head"], runs["base"], strict=True)]
