@@ -74,6 +74,24 @@ def test_uniform_attention_has_no_trend() -> None:
     assert trend.direction == "none"
 
 
+def tilted(n: int, tilt: float) -> torch.Tensor:
+    """Uniform causal attention tilted toward later keys: query i gives key j a weight
+    proportional to 1 + tilt·j, so every row orders its keys although nearly uniform."""
+    weights = torch.tensor([[1 + tilt * j if j <= i else 0.0 for j in range(n)] for i in range(n)])
+    return weights / weights.sum(dim=1, keepdim=True)
+
+
+def test_a_consistent_but_negligible_tilt_is_no_direction() -> None:
+    # every row ranks its keys in order (ρ = 1 in every row), yet no band is 5% off uniform
+    small = layer_of(tilted(8, 0.001), tilted(8, 0.002), tilted(8, 0.0015)).trend
+    assert small.spearman.low > 0.99
+    assert all(abs(band.ratio.value - 1) < 0.05 for band in small.bands[1:])
+    assert not small.departs_from_uniform and small.direction == "none"
+    # the same ordering with a visible tilt is recency
+    large = layer_of(tilted(8, 0.5), tilted(8, 0.6), tilted(8, 0.55)).trend
+    assert large.departs_from_uniform and large.direction == "recency"
+
+
 def test_previous_token_pattern_by_hand() -> None:
     n = 8  # bands: self, δ 1–3, δ 4–7
     trend = layer_of(previous_token(n), previous_token(n)).trend

@@ -61,6 +61,11 @@ def _log(value: float) -> float:
     return math.log(value) if value > 0 else -math.inf
 
 
+#: A distance band whose ratio to uniform attention is within this of 1 does not count as a
+#: bias (`AttentionTrend.direction`): 5%, the size of a plainly visible tilt in a distance plot.
+NEGLIGIBLE_RATIO = 0.05
+
+
 @dataclass(frozen=True)
 class BandRatio:
     """Attention on the distances `first`..`last` (i − j) relative to uniform causal attention:
@@ -105,13 +110,22 @@ class AttentionTrend:
     @property
     def direction(self) -> str:
         """ "recency" when the 95% interval of ρ lies above 0, "primacy" when below, "none"
-        when it holds 0, "untestable" without an interval (one sample, or fewer than 3 tokens)."""
+        when it holds 0 or when every distance band (δ ≥ 1) is within `NEGLIGIBLE_RATIO` of
+        uniform attention (a consistent ordering too small to matter: ρ ranks, so differences
+        of a fraction of a percent can still give |ρ| ≈ 0.5), "untestable" without an interval
+        (one sample, or fewer than 3 tokens)."""
         low, high = self.spearman.low, self.spearman.high
         if math.isnan(low) or len(self.bands) < 2 or self.bands[-1].last < 2:
             return "untestable"
-        if low > 0:
-            return "recency"
-        return "primacy" if high < 0 else "none"
+        if not (low > 0 or high < 0) or not self.departs_from_uniform:
+            return "none"
+        return "recency" if low > 0 else "primacy"
+
+    @property
+    def departs_from_uniform(self) -> bool:
+        """Whether some distance band (δ ≥ 1) differs from uniform attention by at least
+        `NEGLIGIBLE_RATIO` (a ratio outside [0.95, 1.05])."""
+        return any(abs(band.ratio.value - 1.0) >= NEGLIGIBLE_RATIO for band in self.bands[1:])
 
     @property
     def near(self) -> BandRatio | None:
