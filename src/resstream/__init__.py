@@ -4,12 +4,12 @@
 the module of its name under `resstream.api`), imported on first use (torch is heavy).
 """
 
-import importlib
-from typing import TYPE_CHECKING
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-if TYPE_CHECKING:
+if _TYPE_CHECKING:
     from resstream.api.lens import lens
     from resstream.api.recency import recency
     from resstream.api.shift import shift
@@ -21,11 +21,11 @@ __all__ = ["lens", "recency", "shift", "simulate"]
 def __getattr__(name: str):
     """The API functions, imported on first use."""
     if name in __all__:
-        return getattr(importlib.import_module(f"resstream.api.{name}"), name)
+        return getattr(_importlib.import_module(f"resstream.api.{name}"), name)
     raise AttributeError(f"module 'resstream' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
     """The module's names with the API functions, which exist before they are imported (so
     completion in a notebook offers them)."""
-    return sorted({*globals(), *__all__})
+    return sorted({*(name for name in globals() if not name.startswith("_")), *__all__, "__version__"})

@@ -107,7 +107,8 @@ def recency(
             )
         )
     for result in report.results:
-        typer.echo(f"{result.model} (heads averaged, {result.num_sequences} sequences; {result.sample})")
+        sequences = f"{result.num_sequences} sequence{'s' if result.num_sequences != 1 else ''}"
+        typer.echo(f"{result.model} (heads averaged, {sequences}; {result.sample})")
         for line in recency_lines(result):
             typer.echo(f"  {line}")
     typer.echo(LEGEND)

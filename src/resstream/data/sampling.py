@@ -144,7 +144,12 @@ def sample_token_rows(rows: list[list[int]], *, source: str, vocab_size: int) ->
             raise UsageError(f"{source!r}: row {number} has fewer than 2 input_ids (nothing to score)")
         check_vocabulary(max(row), vocab_size, f"row {number} of {source!r}")
     sequences = tuple(torch.tensor(row, dtype=torch.long) for row in rows)
-    return SequenceSample(sequences, f"{len(rows)} rows of {source!r} used exactly as given", False, None)
+    return SequenceSample(
+        sequences,
+        f"{len(rows)} row{'s' if len(rows) != 1 else ''} of {source!r} used exactly as given",
+        False,
+        None,
+    )
 
 
 def check_sample_request(num_seqs: int, seq_len: int) -> None:

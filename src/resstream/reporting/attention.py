@@ -89,7 +89,7 @@ def attention_grid_figure(
                 continue
             image = ax.imshow(_masked(maps[c]), cmap="viridis", norm=norm, interpolation="nearest")
             _position_axes(ax, first_column=c == 0, last_row=r == len(rows) - 1 or c >= len(rows[r + 1][1]))
-            if r == 0:
+            if r == 0 or c >= len(rows[r - 1][1]):  # the top panel of each column
                 ax.set_title(f"layer {c + 1}", fontsize=9)
         axes[r][0].annotate(
             label,

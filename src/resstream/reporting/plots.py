@@ -7,7 +7,6 @@ drawn; the `plot_*` functions save it (`resstream.reporting.figures.save_figure`
 from __future__ import annotations
 
 import os
-import statistics
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,6 +15,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from resstream.reporting.figures import integer_ticks, new_figure, save_figure
+from resstream.reporting.tables import make_stat
 from resstream.training.records import GateHistory, RunRecord, SweepResult, TrainingCurve
 
 if TYPE_CHECKING:
@@ -28,19 +28,11 @@ def gate_matrix(history: GateHistory) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------- val loss vs cut
-def _mean_std(values: list[float]) -> tuple[float, float | None]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) >= 2 else None)
-
-
-def _finite(runs: list[RunRecord]) -> list[float]:
-    return [r.val_loss for r in runs if np.isfinite(r.val_loss)]
-
-
 def _draw_reference(ax, runs: list[RunRecord], label: str, style: str, color: str) -> None:
-    values = _finite(runs)
-    if not values:
+    stat = make_stat(r.val_loss for r in runs)
+    if stat is None:
         return
-    mean, std = _mean_std(values)
+    mean, std = stat.mean, stat.std
     spread = f" ± {std:.3f}" if std is not None else ""
     ax.axhline(mean, linestyle=style, color=color, linewidth=1.6, label=f"{label}: {mean:.3f}{spread}")
     if std is not None:
@@ -63,17 +55,16 @@ def _draw_fixed(ax, result: SweepResult) -> None:
             label=f"fixed cut, seed {seed}",
         )
     if len(seeds) > 1:
-        stats = [_mean_std([r.val_loss for r in fixed if r.cut_layer == k]) for k in layers]
+        stats = [make_stat(r.val_loss for r in fixed if r.cut_layer == k) for k in layers]
         ax.errorbar(
             layers,
-            [m for m, _ in stats],
-            yerr=[s or 0.0 for _, s in stats],
+            [stat.mean if stat else np.nan for stat in stats],
+            yerr=[(stat.std or 0.0) if stat else 0.0 for stat in stats],
             color="black",
             marker="s",
             capsize=4,
             label=f"fixed cut, mean ± std ({len(seeds)} seeds)",
         )
-    ax.set_xticks(layers if layers else range(result.n_layer))
     integer_ticks(ax.xaxis)
 
 

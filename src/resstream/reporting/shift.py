@@ -134,7 +134,12 @@ def plot_comparison(results: Sequence[AlignmentResult], path: str | Path) -> Non
             linewidth=0,
         )
     ax.plot(
-        [], [], color="tab:grey", alpha=0.3, linewidth=6, label="95% CI (sum of the two rates' half-widths)"
+        [],
+        [],
+        color="tab:grey",
+        alpha=0.3,
+        linewidth=6,
+        label="≥ 95% CI (conservative: the two rates' half-widths added)",
     )
     ax.axhline(0, color="black", linewidth=0.6)
     ax.set_xlabel("relative depth (layer / L)")
