@@ -153,6 +153,19 @@ def test_an_output_set_replaces_the_previous_set_whole(tmp_path):
     assert record["files"] == ["match_rates.png", "shift.json", "run.json"]
 
 
+def test_a_run_that_does_not_list_its_files_is_not_mixed_with_a_new_set(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "match_rates_0.png").write_text("an older resstream's plot")
+    (out / "run.json").write_text(json.dumps({"config": {"command": "shift"}}))  # no "files"
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(
+        UsageError, match=r"holds a resstream shift run whose run\.json does not list its files"
+    ):
+        write_set(out, ["shift.json"])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
 def test_an_output_set_that_fails_leaves_the_previous_set_untouched(tmp_path):
     out = tmp_path / "out"
     write_set(out, ["shift.json"])

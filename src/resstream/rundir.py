@@ -302,12 +302,20 @@ def previous_command(directory: Path) -> str | None:
 
 
 def refuse_another_commands_run(directory: Path, command: str, param: str | None = "out") -> None:
-    """Refuse a directory that holds another command's run: its run.json would be replaced."""
+    """Refuse a directory that holds another command's run (its run.json would be replaced),
+    or an analysis run whose run.json does not list its files (written before run.json had a
+    `files` list), whose files could not be told apart and would mix with the new set."""
     holder = previous_command(directory)
     if holder not in (None, command):
         raise UsageError(
             f"{_where(directory, param)} holds the outputs of resstream {holder}; "
             f"choose another directory (its {RUN_FILE} would be replaced)"
+        )
+    if holder is not None and holder != "train" and _listed_files(directory) is None:
+        raise UsageError(
+            f"{_where(directory, param)} holds a resstream {holder} run whose {RUN_FILE} does not "
+            f"list its files (an older resstream wrote it), so they cannot be replaced as a set; "
+            f"remove them or choose another directory"
         )
 
 
@@ -349,14 +357,19 @@ class OutputSet:
 
 def _previous_files(directory: Path) -> set[str]:
     """The files the previous run.json in `directory` listed as its set (plain names only)."""
+    files = _listed_files(directory) or []
+    return {f for f in files if isinstance(f, str) and Path(f).name == f and f not in (LOCK_FILE, "")}
+
+
+def _listed_files(directory: Path) -> list[object] | None:
+    """The `files` list of the run.json in `directory`; None without one (no run.json, not
+    JSON, or a record without the list)."""
     try:
         record = json.loads((directory / RUN_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError, UnicodeDecodeError):
-        return set()
+        return None
     files = record.get("files") if isinstance(record, dict) else None
-    if not isinstance(files, list):
-        return set()
-    return {f for f in files if isinstance(f, str) and Path(f).name == f and f not in (LOCK_FILE, "")}
+    return files if isinstance(files, list) else None
 
 
 @contextlib.contextmanager
