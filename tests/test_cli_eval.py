@@ -272,7 +272,7 @@ def test_eval_says_how_many_tokens_and_how_long_up_front(run_dir, data_dir, tmp_
     total = sum(sizes.values())
     each = f"openwebtext {sizes['openwebtext']:,}, lambada {sizes['lambada']:,}"
     assert first.startswith(f"eval: scoring {total:,} tokens ({each}); about "), first
-    assert "(an estimate from the speed of a first batch" in first
+    assert "(an estimate from timing a few batches" in first
     assert "--max-tokens" not in err  # quick: no hint
     assert "tok" in err  # the progress bars count tokens
     # A slow machine: the estimate is long, and --max-tokens is suggested.

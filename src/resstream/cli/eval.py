@@ -68,7 +68,7 @@ def estimate_lines(guess: EvalEstimate, plan: EvalPlan) -> list[str]:
     sizes = ", ".join(f"{size.name} {size.scored:,}" for size in guess.sizes)
     lines = [
         f"eval: scoring {guess.scored:,} tokens ({sizes}); about {duration_text(guess.seconds())} "
-        f"on {plan.device} (an estimate from the speed of a first batch, "
+        f"on {plan.device} (an estimate from timing a few batches, "
         f"{guess.tokens_per_s:,.0f} tokens/s fed)"
     ]
     cap = guess.suggested_cap()

@@ -350,23 +350,30 @@ class EvalEstimate:
 
 def measure_speed(plan: EvalPlan, *, min_batches: int = 3, min_seconds: float = 0.5) -> float:
     """Tokens per second the model takes in full batches of `batch_size` windows on the plan's
-    device: after one warm-up batch, the mean over at least `min_batches` batches and
-    `min_seconds` (at most 10 batches)."""
+    device, each scored as the evaluation scores it (forward, then the loss of every token):
+    after one warm-up batch, the mean over at least `min_batches` batches and `min_seconds`
+    (at most 10 batches). Token ids are zeros: the cost does not depend on them."""
     import time
-
-    from resstream.training.scoring import logits_of
 
     block = plan.trained.config.model.block_size
     batch = torch.zeros(plan.batch_size, block, dtype=torch.long, device=plan.device)
     timed, elapsed = 0, 0.0
     with torch.inference_mode():
-        logits_of(plan.trained.model, batch).float().sum().item()  # warm-up; .item() waits
+        _score_once(plan, batch)  # warm-up
         while timed < 10 and (timed < min_batches or elapsed < min_seconds):
             started = time.perf_counter()
-            logits_of(plan.trained.model, batch).float().sum().item()
+            _score_once(plan, batch)
             elapsed += time.perf_counter() - started
             timed += 1
     return timed * batch.numel() / max(elapsed, 1e-9)
+
+
+def _score_once(plan: EvalPlan, batch: torch.Tensor) -> float:
+    """The summed next-token loss of one batch (`.item()` waits for the device)."""
+    from resstream.training.scoring import logits_of
+
+    logits = logits_of(plan.trained.model, batch).float()
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.flatten(), reduction="sum").item()
 
 
 def estimate(plan: EvalPlan) -> EvalEstimate:
