@@ -104,6 +104,11 @@ def test_sweep_then_compare(setup, capsys):
     assert data["runs"]["1"]["fixed-k1"]["alpha"] == 0.25
     assert set(data["runs"]["0"]["baseline"]["eval"]) == {"openwebtext", "lambada"}
     assert (out / "seed-0" / "learned" / "gate_history.json").is_file()
+    for run in runs:  # each run has the figures `train` writes: a loss curve, a gate for gated runs
+        pngs = sorted(p.name for p in (out / run).glob("*.png"))
+        assert pngs == (["gate.png", "loss_curve.png"] if run.endswith("learned") else ["loss_curve.png"]), (
+            run
+        )
     csv_lines = (out / "sweep.csv").read_text().splitlines()
     assert len(csv_lines) == 7 and "openwebtext/perplexity" in csv_lines[0]
 

@@ -9,7 +9,7 @@ import typer
 
 from resstream.cli.common import check_max_eval_tokens, echo_err, split_names
 from resstream.cli.flags import flag
-from resstream.cli.train import field_help, parse_field_flags, resolve_train_config
+from resstream.cli.train import field_help, parse_field_flags, resolve_train_config, write_run_figures
 from resstream.errors import UsageError
 
 if TYPE_CHECKING:
@@ -102,6 +102,9 @@ def sweep(
         plot_sweep_val_loss(result, out / "sweep_val_loss.png")
         if any(h.steps for h in result.gate_histories.values()):
             plot_gate_heatmap(result.gate_histories, out / "learned_gate_heatmap.png")
+        for run in result.runs:  # each run's own figures, as `train` writes them
+            if run.path is not None:
+                write_run_figures(run.path, run.gate)
     _summary(result, out)
 
 
