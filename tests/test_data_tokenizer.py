@@ -236,3 +236,34 @@ def test_a_new_tokenizer_directory_appears_whole_with_the_umasks_mode(tmp_path, 
         os.umask(old)
     assert target.stat().st_mode & 0o777 == 0o755
     assert (target / "tokenizer.json").is_file()
+
+
+def test_a_token_that_is_part_of_a_character_shows_its_bytes() -> None:
+    from resstream.data import train_bpe
+    from resstream.data.tokenizer import token_text
+
+    tokenizer = train_bpe(["plain ascii text, nothing else " * 20], vocab_size=300)
+    ids = tokenizer("a — é", add_special_tokens=False)["input_ids"]
+    assert "\ufffd" in tokenizer.decode([ids[2]])  # what decoding alone shows: "�"
+    assert [token_text(tokenizer, i) for i in ids] == ["a", " ", "⟨e2⟩", "⟨80⟩", "⟨94⟩", " ", "⟨c3⟩", "⟨a9⟩"]
+
+
+def test_bytes_shown_in_hex_keep_the_complete_characters_beside_them() -> None:
+    from resstream.data.tokenizer import _with_hex_bytes
+
+    assert _with_hex_bytes(" é".encode() + b"\xe2\x80") == " é⟨e2⟩⟨80⟩"
+    assert _with_hex_bytes(b"\\x41\xc3") == "\\x41⟨c3⟩"  # a literal backslash stays text
+    assert _with_hex_bytes("—".encode()) == "—"
+
+
+def test_a_non_byte_level_token_part_of_a_character_shows_its_vocabulary_entry() -> None:
+    from resstream.data.tokenizer import token_text
+
+    class ByteFallback:  # SentencePiece-style byte tokens, as Llama-2's tokenizer has them
+        def decode(self, ids: list[int]) -> str:
+            return "\ufffd"
+
+        def convert_ids_to_tokens(self, token_id: int) -> str:
+            return "<0xE2>"
+
+    assert token_text(ByteFallback(), 7) == "<0xE2>"

@@ -11,6 +11,7 @@ from resstream.analysis.lens import LensResult, trajectories
 from resstream.api.inputs import LoadOptions, check_length, check_top_k, one_model
 from resstream.capture import residual_states
 from resstream.data.files import read_text, tokenizer_pieces
+from resstream.data.tokenizer import token_text
 from resstream.errors import UsageError
 from resstream.models import ModelLike, ModelView
 
@@ -64,7 +65,7 @@ def lens(
             top_k=top_k,
             positions=chosen,
             model=loaded.name,
-            token_text=lambda token: loaded.tokenizer.decode([token]),
+            token_text=lambda token: token_text(loaded.tokenizer, token),
         )
 
 

@@ -20,6 +20,7 @@ wrapped with ``PreTrainedTokenizerFast(tokenizer_object=...)``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -169,6 +170,57 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerFast) -> str:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def token_text(tokenizer: Any, token_id: int) -> str:
+    """The text of one token, readable also when it is part of a character.
+
+    A token that is only some of the UTF-8 bytes of a character decodes to "\ufffd" ("�"),
+    which hides which bytes it is. A byte-level BPE token (GPT-2, NeoX, Llama-3, resstream's)
+    is then shown as its text with the incomplete bytes in hex, "⟨e2⟩⟨80⟩" or " ⟨e2⟩"; another
+    tokenizer's token as its vocabulary entry (SentencePiece's byte tokens read "<0xE2>").
+    """
+    text = tokenizer.decode([token_id])
+    if "\ufffd" not in text:
+        return text
+    piece = tokenizer.convert_ids_to_tokens(token_id)
+    if not isinstance(piece, str):
+        return text
+    alphabet = _byte_level_alphabet()
+    if not piece or any(ch not in alphabet for ch in piece):
+        return piece
+    return _with_hex_bytes(bytes(alphabet[ch] for ch in piece))
+
+
+def _with_hex_bytes(data: bytes) -> str:
+    """`data` as UTF-8 text, each byte that is not part of a complete character as "⟨e2⟩"
+    (no spaces: a space in a token's text means a space)."""
+    parts: list[str | bytes] = []
+    while data:
+        try:
+            parts.append(data.decode("utf-8"))
+            break
+        except UnicodeDecodeError as exc:
+            if exc.start:
+                parts.append(data[: exc.start].decode("utf-8"))
+            if parts and isinstance(parts[-1], bytes):
+                parts[-1] += data[exc.start : exc.end]
+            else:
+                parts.append(data[exc.start : exc.end])
+            data = data[exc.end :]
+    return "".join(p if isinstance(p, str) else "".join(f"⟨{b:02x}⟩" for b in p) for p in parts)
+
+
+@functools.cache
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's characters and the bytes they stand for: the printable bytes of
+    Latin-1 ("!".."~", "¡".."¬", "®".."ÿ") stand for themselves; every other byte b, in
+    order, for chr(256 + n) with n counting those bytes (so " " is "Ġ", "\n" is "Ċ")."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    alphabet = {chr(b): b for b in kept}
+    others = [b for b in range(256) if b not in alphabet.values()]
+    alphabet.update({chr(256 + n): b for n, b in enumerate(others)})
+    return alphabet
 
 
 def _wrap(
