@@ -60,3 +60,12 @@ def test_debug_shows_the_traceback_instead_of_one_line(tmp_path):
                 "--debug",
             ]
         )
+
+
+def test_the_train_field_list_continues_under_its_own_column():
+    from resstream.cli.train import HELP_WIDTH, field_help
+
+    lines = field_help().split("\n\n", 1)[1].splitlines()  # after the paragraph of prose
+    assert all(len(line) <= HELP_WIDTH for line in lines)
+    continued = [line for line in lines if line and not line.startswith("  --") and line[0] == " "]
+    assert continued and all(line.startswith(" " * 25) and line[25] != " " for line in continued)

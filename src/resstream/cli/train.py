@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -33,6 +34,11 @@ def option_help(name: str) -> str:
     return f"{description(name).rstrip('.')} ({default_text(name)})."
 
 
+#: Width the field list of `train --help` is wrapped to, so that a long description continues
+#: under its own column on an 80-column terminal instead of at the left edge.
+HELP_WIDTH = 76
+
+
 def field_help() -> str:
     """The epilog of `train --help`: every other config field, one line each, by section."""
     paragraphs = [
@@ -44,7 +50,10 @@ def field_help() -> str:
     for name, (section, _) in FIELDS.items():
         if name not in _TYPED:
             line = f"  {flag(name):<22} {description(name).rstrip('.')} ({default_text(name)})"
-            by_section.setdefault(section, []).append(escape(line))
+            wrapped = textwrap.fill(
+                line, width=HELP_WIDTH, subsequent_indent=" " * 25, break_on_hyphens=False
+            )
+            by_section.setdefault(section, []).append(escape(wrapped))
     for section, lines in by_section.items():
         paragraphs.append("\n".join([f"{section}:", *lines]))
     return "\n\n".join(paragraphs)
