@@ -81,11 +81,20 @@ class LoadOptions:
 
 def check_length(length: int, view: ModelView, what: str) -> None:
     """UsageError when `length` tokens exceed the model's context; `what` names them ({n})."""
-    if view.max_positions is not None and length > view.max_positions:
-        raise UsageError(
-            f"{what.format(n=length)} is longer than the model's context of "
-            f"{view.max_positions} tokens; allowed: 2..{view.max_positions}"
-        )
+    check_fits(length, view.max_positions, what)
+
+
+def check_fits(length: int, context: int | None, what: str, model: str | None = None) -> None:
+    """UsageError when `length` tokens exceed `context` (None: unbounded); `what` names the
+    tokens ({n}), `model` the model whose context it is, when several are in play."""
+    if context is None or length <= context:
+        return
+    whose = (
+        f"the model's context of {context} tokens"
+        if model is None
+        else f"the context of model {model!r} ({context} tokens)"
+    )
+    raise UsageError(f"{what.format(n=length)} is longer than {whose}; allowed: 2..{context}")
 
 
 def check_top_k(top_k: int, vocab: int) -> None:
@@ -165,11 +174,8 @@ def settled_seq_len(corpus: CorpusRequest, checked: Sequence[CheckedModel]) -> i
     if corpus.pinned:  # token-id rows bring their own lengths, checked once read
         return corpus.seq_len or default
     if corpus.seq_len is not None:
-        if shortest is not None and corpus.seq_len > shortest.context:
-            raise UsageError(
-                f"`seq_len` {corpus.seq_len} is longer than the context of model "
-                f"{shortest.name!r} ({shortest.context} tokens); allowed: 2..{shortest.context}"
-            )
+        if shortest is not None:
+            check_fits(corpus.seq_len, shortest.context, "`seq_len` {n}", shortest.name)
         return corpus.seq_len
     if default < corpus.default_seq_len:
         notify(
@@ -243,8 +249,6 @@ def each_model(
         for loaded in each_loaded:
             if check is not None:
                 check(loaded.view)
-            if not corpus.pinned:  # pinned rows are checked once read
-                check_length(corpus.seq_len, loaded.view, "`seq_len` {n}")
             key = tokenizer_fingerprint(loaded.tokenizer)
             if key not in samples:
                 samples[key] = sample_corpus(corpus, loaded.tokenizer, loaded.view.W_U.shape[0], stream)
@@ -258,10 +262,15 @@ def each_model(
 def _corpus_stream(corpus: CorpusRequest) -> CorpusStream | None:
     """The corpus, found (a bad name or path refused) before any model is loaded; None for a
     pinned `.jsonl` file, which is read once a tokenizer is known."""
-    from resstream.data import default_split, stream_corpus
-
     if corpus.pinned and Path(corpus.dataset).is_file():
         return None
+    return _open_corpus(corpus)
+
+
+def _open_corpus(corpus: CorpusRequest) -> CorpusStream:
+    """The requested corpus as a stream (a bad name or path refused)."""
+    from resstream.data import default_split, stream_corpus
+
     return stream_corpus(corpus.dataset, split=default_split(corpus.dataset), data_dir=corpus.data_dir)
 
 
@@ -275,7 +284,7 @@ def sample_corpus(
     token stream, and the dataset fingerprint (a pinned `.jsonl` of input_ids: its rows as
     given, fingerprinted by file, each id checked against the model's `vocab_size`).
     `stream` is the corpus when it was opened already."""
-    from resstream.data import default_split, load_token_rows, stream_corpus
+    from resstream.data import load_token_rows
     from resstream.data.sampling import sample_sequences, sample_token_rows
 
     dataset = corpus.dataset
@@ -285,7 +294,7 @@ def sample_corpus(
             digest = hashlib.sha256(Path(dataset).read_bytes()).hexdigest()[:16]
             return sample_token_rows(rows, source=dataset, vocab_size=vocab_size), digest
     if stream is None:
-        stream = stream_corpus(dataset, split=default_split(dataset), data_dir=corpus.data_dir)
+        stream = _open_corpus(corpus)
     sample = sample_sequences(
         stream,
         tokenizer,
