@@ -12,23 +12,21 @@ from typing import Any
 from typer.core import TyperCommand, TyperGroup
 
 
-def _without_flag_types(params: list[Any]) -> list[Any]:
-    """The parameters, each flag given an empty metavar (help shows the metavar as its type)."""
-    for param in params:
-        if getattr(param, "is_flag", False) and param.metavar is None:
-            param.metavar = ""
-    return params
+class _FlagsShowNoType:
+    """Mixin for a click command or group: its help shows every flag without a type (each
+    flag is given an empty metavar, which help shows in the type's place)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        return params
 
 
-class FlagsWithoutTypes(TyperCommand):
+class FlagsWithoutTypes(_FlagsShowNoType, TyperCommand):
     """A command whose help shows flags without a type."""
 
-    def get_params(self, ctx: Any) -> list[Any]:
-        return _without_flag_types(super().get_params(ctx))
 
-
-class GroupWithoutFlagTypes(TyperGroup):
+class GroupWithoutFlagTypes(_FlagsShowNoType, TyperGroup):
     """The top-level group, whose help shows flags without a type."""
-
-    def get_params(self, ctx: Any) -> list[Any]:
-        return _without_flag_types(super().get_params(ctx))
