@@ -24,6 +24,7 @@ from resstream.cli.common import (
     TrustRemoteCodeOption,
     resolved_device,
 )
+from resstream.cli.flags import cli_message
 
 if TYPE_CHECKING:
     from resstream.analysis.recency import RecencyResult
@@ -111,7 +112,7 @@ def recency(
         typer.echo(f"{result.model} (heads averaged, {sequences}; {result.sample})")
         for line in recency_lines(result):
             typer.echo(f"  {line}")
-    typer.echo(LEGEND)
+    typer.echo(cli_message(LEGEND))
     typer.echo(
         f"wrote recency.json, recency.npz, recency.png, {', '.join(f'distance_{s}.png' for s in stems)} "
         f"and run.json to {out}"

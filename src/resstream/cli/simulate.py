@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from resstream.cli.common import resolved_device
+from resstream.cli.flags import cli_message
 
 if TYPE_CHECKING:
     from resstream.simulation import SimulationResult
@@ -91,7 +92,7 @@ def simulate(
         typer.echo(f"{label} ({simulations:,} simulations)")
         for line in layer_lines(result.layers):
             typer.echo(f"  {line}")
-    typer.echo(LEGEND)
+    typer.echo(cli_message(LEGEND))
     typer.echo(f"wrote simulate.json, simulate.npz, simulate.png and run.json to {out}")
 
 

@@ -240,12 +240,13 @@ def strict_line(layer: LayerAttention) -> str:
     return f"strict, every step: {_verdict_text(layer.recency)}; {_verdict_text(layer.primacy)}"
 
 
-#: What the printed lines mean, printed once after them by `simulate` and `recency`.
+#: What the printed lines mean, printed once after them by `simulate` and `recency` (the
+#: backticked parameter name as its flag there: `resstream.cli.flags.cli_message`).
 LEGEND = (
     "trend: ρ = rank correlation of attention with key position among earlier keys, averaged over "
     "rows (> 0: recency, < 0: primacy), ×r = attention on distances δ = i − j relative to uniform "
     "causal attention, both with 95% intervals; strict: rows whose every step "
-    "A[i][j+1] − A[i][j] is ≥ --threshold standard errors in one direction"
+    "A[i][j+1] − A[i][j] is ≥ `threshold` standard errors in one direction"
 )
 
 
