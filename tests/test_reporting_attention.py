@@ -99,7 +99,7 @@ def test_layer_lines_lead_with_the_trend_then_the_strict_verdict() -> None:
 def test_model_file_stems() -> None:
     assert model_file_stem("reference") == "reference"
     assert model_file_stem("runs/tiny") == "runs_tiny"
-    assert model_file_stem("/home/me/work/runs/tiny/") == "runs_tiny"
+    assert model_file_stem("/srv/experiments/runs/tiny/") == "runs_tiny"
     assert model_file_stem("EleutherAI/pythia-70m") == "EleutherAI_pythia-70m"
     assert model_file_stem("a b:c") == "a_b_c"
     assert model_file_stem("..") == "model"

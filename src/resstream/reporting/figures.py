@@ -58,7 +58,7 @@ def integer_ticks(axis: Axis) -> None:
 
 def model_file_stem(name: str) -> str:
     """A filesystem-safe stem for a model's files, from the last two parts of its name or path:
-    "reference" → "reference", "runs/tiny" and "/home/me/runs/tiny/" → "runs_tiny",
+    "reference" → "reference", "runs/tiny" and "/srv/runs/tiny/" → "runs_tiny",
     "EleutherAI/pythia-70m" → "EleutherAI_pythia-70m". Every run of characters other than
     letters, digits, "." and "-" becomes "_"; leading and trailing "_" and "." are dropped; a
     long stem keeps its last 60 characters; nothing left gives "model"."""
