@@ -85,6 +85,7 @@ def compare(
         if max_eval_tokens is None:
             max_tokens = sweep_max_eval_tokens(inputs)
         skipped: dict[str, str] = {}
+        data = None
         if names is None:
             data = find_benchmark_data(BENCHMARKS, local)
             names, skipped = tuple(data.fingerprints), data.unavailable
@@ -99,6 +100,7 @@ def compare(
             data_dir=local,
             progress=not quiet,
             log=None if quiet else echo_err,
+            data=data,
         )
         for line in summary.lines():
             echo_err(f"compare: {line}")

@@ -30,7 +30,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resstream.errors import UsageError
 from resstream.io import run_record, write_json
@@ -53,6 +53,9 @@ from resstream.training.records import (
     read_json,
     record_from_run_dir,
 )
+
+if TYPE_CHECKING:
+    from resstream.training.evaluate import BenchmarkData
 
 Log = Callable[[str], None]
 
@@ -355,17 +358,24 @@ def fill_evals(
     data_dir: str | None = None,
     progress: bool = True,
     log: Log | None = None,
+    data: BenchmarkData | None = None,
 ) -> tuple[list[RunRecord], EvalSummary]:
     """Give every run scores for `benchmarks` made with `max_tokens` on its current weights:
     cached ones where they match (`stale_reason`), new ones (evaluated now) otherwise.
 
     A benchmark some run must be evaluated on is refused first when its text cannot be read.
+    `data` is what `find_benchmark_data` found for them, when the caller looked already (each
+    benchmark's text is then read once, not again here).
     """
-    from resstream.training.evaluate import check_benchmark_data, find_benchmark_data
+    from resstream.training.evaluate import find_benchmark_data
 
-    corpora = find_benchmark_data(benchmarks, data_dir).fingerprints
+    if data is None:
+        data = find_benchmark_data(benchmarks, data_dir)
+    corpora = data.fingerprints
     tasks = plan_evals(records, benchmarks, max_tokens=max_tokens, corpora=corpora)
-    check_benchmark_data(benchmarks_to_evaluate(tasks), data_dir)
+    unreadable = [name for name in benchmarks_to_evaluate(tasks) if name in data.unavailable]
+    if unreadable:
+        raise UsageError(data.unavailable[unreadable[0]])
     summary = summarise_evals(tasks, max_tokens, corpora)
     done = run_evals(
         tasks, max_tokens=max_tokens, device=device, data_dir=data_dir, progress=progress, log=log
