@@ -7,7 +7,7 @@ drawn; the `plot_*` functions save it (`resstream.reporting.figures.save_figure`
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -96,10 +96,7 @@ def gate_heatmap_figure(histories: Mapping[int, GateHistory]) -> Figure:
     if not shown:
         raise ValueError("no gate records to plot")
     matrices = {seed: gate_matrix(h) for seed, h in shown.items()}
-    low = min(float(m.min()) for m in matrices.values())
-    high = max(float(m.max()) for m in matrices.values())
-    if high - low < 1e-9:
-        low, high = low - 1e-3, high + 1e-3
+    low, high = _colour_range(matrices.values())
     fig = new_figure(width=max(6.4, 4.2 * len(shown)), height=3.6)
     axes = fig.subplots(1, len(shown), squeeze=False)[0]
     image = None
@@ -108,6 +105,17 @@ def gate_heatmap_figure(histories: Mapping[int, GateHistory]) -> Figure:
         ax.set_title(f"learned gate p, seed {seed}")
     fig.colorbar(image, ax=list(axes), label="gate probability $p_l$")
     return fig
+
+
+def _colour_range(matrices: Iterable[np.ndarray]) -> tuple[float, float]:
+    """The colour scale shared by gate heatmaps: their smallest and largest p, widened to
+    ± 0.001 when all p are equal (a gate that has not moved) so the scale is not empty."""
+    matrices = list(matrices)
+    low = min(float(m.min()) for m in matrices)
+    high = max(float(m.max()) for m in matrices)
+    if high - low < 1e-9:
+        low, high = low - 1e-3, high + 1e-3
+    return low, high
 
 
 def _draw_heatmap(ax, history: GateHistory, matrix: np.ndarray, low: float, high: float):
@@ -157,9 +165,7 @@ def run_gate_figure(history: GateHistory, gate: str) -> Figure:
     if not history.steps:
         raise ValueError("no gate records to plot")
     matrix = gate_matrix(history)
-    low, high = float(matrix.min()), float(matrix.max())
-    if high - low < 1e-9:
-        low, high = low - 1e-3, high + 1e-3
+    low, high = _colour_range([matrix])
     fig = new_figure(width=9.6, height=3.8)
     over_time, final = fig.subplots(1, 2, gridspec_kw={"width_ratios": [2, 1]})
     image = _draw_heatmap(over_time, history, matrix, low, high)
