@@ -303,3 +303,83 @@ def test_reference_model_view_reproduces_its_logits() -> None:
         theirs = view.model(ids)[0]
         ours = decoder_of(view).logits(states[-1])
     assert ((ours - theirs).abs().max() / theirs.abs().max()) <= 1e-5
+
+
+def _attention_input(view, block_index: int, ids: torch.Tensor) -> torch.Tensor:
+    """What block `block_index`'s attention module receives (hooked)."""
+    from resstream.capture import record
+
+    with torch.no_grad(), record([view.blocks[block_index].attn], inputs=True) as seen:
+        view.model(ids)
+    return seen["0"][0]
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+def test_per_head_values_reproduce_the_attention_output(case: str) -> None:
+    """z_h(t) = Σ_j A_h[t, j] · (x_j @ W_V[h] + b_V[h]): the per-head value matrices, with the
+    captured attention probabilities, rebuild what the output projection receives."""
+    from resstream.capture import attention_probs, record
+
+    view = view_of(tiny_model(case))
+    ids = tiny_ids()
+    probs = attention_probs(view, ids)
+    for index, block in enumerate(view.blocks):
+        weights = block.attention_weights()
+        assert weights.W_Q.shape == weights.W_K.shape == weights.W_V.shape
+        assert weights.W_V.shape == (view.n_heads, view.d_model, view.d_head)
+        x = _attention_input(view, index, ids)
+        with torch.no_grad(), record([block.out_proj], inputs=True) as seen:
+            view.model(ids)
+        z = seen["0"][0].view(2, SEQ, view.n_heads, view.d_head)
+        v = torch.einsum("btm,hmd->bhtd", x, weights.W_V)
+        if weights.b_V is not None:
+            v = v + weights.b_V[None, :, None, :]
+        rebuilt = torch.einsum("bhtj,bhjd->bthd", probs[index], v)
+        torch.testing.assert_close(rebuilt, z, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+def test_query_key_weights_reproduce_the_attention_pattern_without_rotary(case: str) -> None:
+    """For families with absolute or no positions, softmax(causal(q·k/√d)) from W_Q/W_K is the
+    model's own attention pattern; rotary families differ only by the rotation, so they check
+    the shapes and that q from W_Q has the model's own norm at position 0 (no rotation there)."""
+    from resstream.capture import attention_probs
+
+    view = view_of(tiny_model(case))
+    if case not in ("gpt2", "resstream", "resstream_post", "resstream_learned", "resstream_fixed"):
+        pytest.skip("rotary positions: W_Q/W_K are read before the rotation")
+    ids = tiny_ids()
+    probs = attention_probs(view, ids)
+    for index, block in enumerate(view.blocks):
+        w = block.attention_weights()
+        x = _attention_input(view, index, ids)
+        q = torch.einsum("btm,hmd->bhtd", x, w.W_Q) + (0 if w.b_Q is None else w.b_Q[None, :, None])
+        k = torch.einsum("btm,hmd->bhtd", x, w.W_K) + (0 if w.b_K is None else w.b_K[None, :, None])
+        scores = q @ k.transpose(-1, -2) / view.d_head**0.5
+        future = torch.ones(SEQ, SEQ, dtype=torch.bool).triu(1)
+        ours = scores.masked_fill(future, float("-inf")).softmax(-1)
+        torch.testing.assert_close(ours, probs[index], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+def test_mlp_weights_reproduce_the_mlp(case: str) -> None:
+    """act(x W_in + b_in) [· (x W_up + b_up)] @ W_out + b_out is the MLP module's output, and
+    the coefficients m are what `mlp_out_proj` receives."""
+    from resstream.capture import record
+
+    view = view_of(tiny_model(case))
+    gen = torch.Generator().manual_seed(3)
+    for block in view.blocks:
+        w = block.mlp_weights()
+        assert w.W_in.shape == (view.d_model, w.d_ff) and w.W_out.shape == (w.d_ff, view.d_model)
+        x = torch.randn(2, 5, view.d_model, generator=gen)
+        with torch.no_grad(), record([block.mlp_out_proj], inputs=True) as seen:
+            direct = block.mlp(x)
+            pre = x @ w.W_in + (0 if w.b_in is None else w.b_in)
+            m = w.act(pre)
+            if w.gated:
+                m = m * (x @ w.W_up + (0 if w.b_up is None else w.b_up))
+            ours = m @ w.W_out + (0 if w.b_out is None else w.b_out)
+        torch.testing.assert_close(m, seen["0"][0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(ours, direct, rtol=1e-5, atol=1e-6)
+        assert w.gated is (case in ("llama", "llama_tied", "mistral", "qwen2", "gemma", "gemma2"))

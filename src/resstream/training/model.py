@@ -99,8 +99,13 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(config.mlp_width, config.d_model, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
+    @staticmethod
+    def act(x: Tensor) -> Tensor:
+        """The activation: GELU, tanh approximation (as GPT-2)."""
+        return F.gelu(x, approximate="tanh")
+
     def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
 
 
 class Block(nn.Module):

@@ -5,7 +5,13 @@
 structure: they import torch, never `transformers`, `training` or `data`.
 """
 
-from resstream.models.adapters.base import BlockView, ModelView
+from resstream.models.adapters.base import AttentionWeights, BlockView, MLPWeights, ModelView
 from resstream.models.adapters.registry import ADAPTERS, family_of, register, supported_families, view_of
 
-__all__ = ["ADAPTERS", "BlockView", "ModelView", "family_of", "register", "supported_families", "view_of"]
+__all__ = [
+    "ADAPTERS",
+    "AttentionWeights",
+    "BlockView",
+    "MLPWeights",
+    "ModelView",
+    "family_of", "register", "supported_families", "view_of"]

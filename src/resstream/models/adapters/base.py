@@ -9,8 +9,52 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class AttentionWeights:
+    """One block's attention read/write matrices per query head, in the model's orientation
+    x @ W: `W_Q`, `W_K`, `W_V` (n_heads, d_model, d_head), biases (n_heads, d_head) or None.
+    Grouped-query models repeat each key/value head for the query heads that share it, so
+    head h always reads v = x @ W_V[h] + b_V[h]. Rotary position embeddings (applied to q and
+    k after these projections) are not part of W_Q/W_K; values are never rotated.
+    """
+
+    W_Q: Tensor
+    W_K: Tensor
+    W_V: Tensor
+    b_Q: Tensor | None = None
+    b_K: Tensor | None = None
+    b_V: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class MLPWeights:
+    """One block's MLP as key -> value memories. Neuron k's coefficient is
+    m_k = act(x @ W_in[:, k] + b_in[k]), times (x @ W_up[:, k] + b_up[k]) for gated (SwiGLU /
+    GeGLU) MLPs where W_in is the gate; the MLP writes Σ_k m_k · W_out[k] + b_out.
+    `W_in`/`W_up` are (d_model, d_ff), `W_out` (d_ff, d_model)."""
+
+    W_in: Tensor
+    W_out: Tensor
+    act: Callable[[Tensor], Tensor]
+    b_in: Tensor | None = None
+    b_out: Tensor | None = None
+    W_up: Tensor | None = None
+    b_up: Tensor | None = None
+
+    @property
+    def d_ff(self) -> int:
+        """Number of neurons."""
+        return int(self.W_out.shape[0])
+
+    @property
+    def gated(self) -> bool:
+        """Whether m_k is act(gate_k) · up_k."""
+        return self.W_up is not None
 
 
 @dataclass(frozen=True)
@@ -23,6 +67,13 @@ class BlockView:
     `post_mlp_norm`). `W_O` is the attention output projection as (n_heads, d_head, d_model),
     so head h writes z_h @ W_O[h]; `b_O` its bias (d_model) or None. `out_proj` is the module
     that applies W_O: its input is the concatenation of the per-head z (hook it to get z).
+
+    `attention_weights()` / `mlp_weights()` build the per-head Q/K/V matrices and the MLP's
+    key/value matrices on demand (`AttentionWeights`, `MLPWeights`); `mlp_out_proj` is the
+    module that applies W_out (its input is the neuron coefficients m: hook it to get m).
+    `identity_scale(args, kwargs)` reads, from the arguments the block is called with, the
+    factor α its identity path is scaled by (resstream's residual gates: y = α·x + attn(...)),
+    None for 1.
 
     `parallel`: attention and MLP both read the block input (GPT-NeoX's parallel residual:
     out = x + attn(ln1(x)) + mlp(ln2(x))). `norm_position`: "pre" (the usual
@@ -42,6 +93,10 @@ class BlockView:
     out_proj: nn.Module | None = None
     parallel: bool = False
     norm_position: str = "pre"
+    attention_weights: Callable[[], AttentionWeights] | None = None
+    mlp_weights: Callable[[], MLPWeights] | None = None
+    mlp_out_proj: nn.Module | None = None
+    identity_scale: Callable[[tuple[Any, ...], dict[str, Any]], Tensor | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -11,18 +11,49 @@ default, small Qwen2 models tied. `head_dim` may differ from hidden_size / n_hea
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from torch import Tensor, nn
 
-from resstream.models.adapters.base import BlockView, ModelView
+from resstream.models.adapters.base import AttentionWeights, BlockView, MLPWeights, ModelView
 from resstream.models.adapters.registry import (
     bias_of,
     context_of,
     hf_model_view,
     linear_W_O,
+    linear_weight,
+    per_head,
+    per_head_bias,
     register,
+    repeat_heads,
 )
+
+
+def _attention_weights(attn: nn.Module, n_heads: int) -> AttentionWeights:
+    """Q/K/V per query head from q/k/v_proj; grouped key/value heads repeated (`repeat_heads`)."""
+
+    def read(proj: nn.Module) -> tuple[Tensor, Tensor | None]:
+        W = linear_weight(proj)
+        heads = W.shape[1] // attn.head_dim
+        W_h = repeat_heads(per_head(W, heads), n_heads)
+        return W_h, repeat_heads(per_head_bias(bias_of(proj), heads), n_heads)
+
+    (W_Q, b_Q), (W_K, b_K), (W_V, b_V) = (read(p) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+    return AttentionWeights(W_Q, W_K, W_V, b_Q, b_K, b_V)
+
+
+def _mlp_weights(mlp: nn.Module) -> MLPWeights:
+    """The gated MLP: down_proj(act(gate_proj(x)) * up_proj(x))."""
+    return MLPWeights(
+        W_in=linear_weight(mlp.gate_proj),
+        b_in=bias_of(mlp.gate_proj),
+        W_up=linear_weight(mlp.up_proj),
+        b_up=bias_of(mlp.up_proj),
+        W_out=linear_weight(mlp.down_proj),
+        b_out=bias_of(mlp.down_proj),
+        act=mlp.act_fn,
+    )
 
 
 def llama_like_blocks(trunk: nn.Module, n_heads: int, *, sandwich: bool = False) -> tuple[BlockView, ...]:
@@ -42,6 +73,9 @@ def llama_like_blocks(trunk: nn.Module, n_heads: int, *, sandwich: bool = False)
             post_attn_norm=layer.post_attention_layernorm if sandwich else None,
             post_mlp_norm=layer.post_feedforward_layernorm if sandwich else None,
             out_proj=layer.self_attn.o_proj,
+            attention_weights=partial(_attention_weights, layer.self_attn, n_heads),
+            mlp_weights=partial(_mlp_weights, layer.mlp),
+            mlp_out_proj=layer.mlp.down_proj,
         )
         for layer in trunk.layers
     )

@@ -11,16 +11,43 @@ transformers 5.x, `embed_out` in 4.x checkpoints' naming) is untied in Pythia; f
 
 from __future__ import annotations
 
+from functools import partial
+
 from torch import Tensor, nn
 
-from resstream.models.adapters.base import BlockView, ModelView
+from resstream.models.adapters.base import AttentionWeights, BlockView, MLPWeights, ModelView
 from resstream.models.adapters.registry import (
     bias_of,
     context_of,
     hf_model_view,
     linear_W_O,
+    linear_weight,
     register,
 )
+
+
+def _attention_weights(attention: nn.Module, n_heads: int) -> AttentionWeights:
+    """Q/K/V per head from the fused `query_key_value` Linear, whose output is laid out per
+    head as [q_h | k_h | v_h] (viewed (…, n_heads, 3·d_head) and chunked in three)."""
+    W = linear_weight(attention.query_key_value)  # (d_model, n_heads * 3 * d_head)
+    d_model = W.shape[0]
+    W_Q, W_K, W_V = W.reshape(d_model, n_heads, 3, -1).permute(2, 1, 0, 3).unbind(0)
+    bias = attention.query_key_value.bias
+    b_Q = b_K = b_V = None
+    if bias is not None:
+        b_Q, b_K, b_V = bias.reshape(n_heads, 3, -1).unbind(1)
+    return AttentionWeights(W_Q, W_K, W_V, b_Q, b_K, b_V)
+
+
+def _mlp_weights(mlp: nn.Module) -> MLPWeights:
+    """GPT-NeoX's MLP: dense_4h_to_h(act(dense_h_to_4h(x)))."""
+    return MLPWeights(
+        W_in=linear_weight(mlp.dense_h_to_4h),
+        b_in=mlp.dense_h_to_4h.bias,
+        W_out=linear_weight(mlp.dense_4h_to_h),
+        b_out=mlp.dense_4h_to_h.bias,
+        act=mlp.act,
+    )
 
 
 @register("gpt_neox")
@@ -41,6 +68,9 @@ def neox_view(model: nn.Module) -> ModelView:
             b_O=bias_of(layer.attention.dense),
             out_proj=layer.attention.dense,
             parallel=parallel,
+            attention_weights=partial(_attention_weights, layer.attention, n_heads),
+            mlp_weights=partial(_mlp_weights, layer.mlp),
+            mlp_out_proj=layer.mlp.dense_4h_to_h,
         )
         for layer in trunk.layers
     )

@@ -89,6 +89,31 @@ def conv1d_W_O(proj: nn.Module, n_heads: int) -> Tensor:
     return weight.view(n_heads, weight.shape[0] // n_heads, weight.shape[1])
 
 
+def linear_weight(module: nn.Module) -> Tensor:
+    """The (in, out) matrix W of an `nn.Linear` (y = x @ W + b; its weight is stored (out, in))."""
+    return module.weight.T
+
+
+def per_head(weight: Tensor, n_heads: int) -> Tensor:
+    """(n_heads, d_model, d_head) from an (in=d_model, out=n_heads*d_head) matrix whose output
+    columns are grouped by head, as every family lays them out."""
+    d_model, width = weight.shape
+    return weight.reshape(d_model, n_heads, width // n_heads).permute(1, 0, 2)
+
+
+def per_head_bias(bias: Tensor | None, n_heads: int) -> Tensor | None:
+    """(n_heads, d_head) from a bias laid out like `per_head`'s columns, or None."""
+    return None if bias is None else bias.reshape(n_heads, -1)
+
+
+def repeat_heads(tensor: Tensor | None, n_heads: int) -> Tensor | None:
+    """Grouped-query attention: key/value heads (first dim) repeated for the query heads that
+    share them (kv head j serves query heads j·g .. j·g+g−1, g = n_heads / n_kv_heads)."""
+    if tensor is None or tensor.shape[0] == n_heads:
+        return tensor
+    return tensor.repeat_interleave(n_heads // tensor.shape[0], dim=0)
+
+
 def bias_of(module: nn.Module | None) -> Tensor | None:
     """The module's `bias` parameter, or None."""
     bias = getattr(module, "bias", None)

@@ -9,10 +9,46 @@ the identity path of their blocks by α from `model.gate` (stated in the notes).
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Any
+
 from torch import Tensor, nn
 
-from resstream.models.adapters.base import BlockView, ModelView
-from resstream.models.adapters.registry import bias_of, linear_W_O, register
+from resstream.models.adapters.base import AttentionWeights, BlockView, MLPWeights, ModelView
+from resstream.models.adapters.registry import (
+    bias_of,
+    linear_W_O,
+    linear_weight,
+    per_head,
+    per_head_bias,
+    register,
+)
+
+
+def _attention_weights(attn: nn.Module, n_heads: int) -> AttentionWeights:
+    """Q/K/V per head from `c_attn` (a Linear whose output is q | k | v, each d_model wide)."""
+    W = linear_weight(attn.c_attn)
+    W_Q, W_K, W_V = (per_head(w, n_heads) for w in W.split(W.shape[1] // 3, dim=1))
+    bias = bias_of(attn.c_attn)
+    biases = bias.split(bias.shape[0] // 3) if bias is not None else (None, None, None)
+    b_Q, b_K, b_V = (per_head_bias(b, n_heads) for b in biases)
+    return AttentionWeights(W_Q, W_K, W_V, b_Q, b_K, b_V)
+
+
+def _mlp_weights(mlp: nn.Module) -> MLPWeights:
+    """c_proj(act(c_fc(x))), the activation being the module's own `act`."""
+    return MLPWeights(
+        W_in=linear_weight(mlp.c_fc),
+        b_in=bias_of(mlp.c_fc),
+        W_out=linear_weight(mlp.c_proj),
+        b_out=bias_of(mlp.c_proj),
+        act=mlp.act,
+    )
+
+
+def _gate_alpha(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+    """The α a resstream block is called with (`Block.forward(x, alpha)`), None for 1."""
+    return args[1] if len(args) > 1 else kwargs.get("alpha")
 
 FAMILY = "resstream"  # the model_type that resstream's ModelConfig declares
 
@@ -34,6 +70,10 @@ def resstream_view(model: nn.Module) -> ModelView:
             b_O=bias_of(block.attn.c_proj),
             out_proj=block.attn.c_proj,
             norm_position="post" if post else "pre",
+            attention_weights=partial(_attention_weights, block.attn, config.n_head),
+            mlp_weights=partial(_mlp_weights, block.mlp),
+            mlp_out_proj=block.mlp.c_proj,
+            identity_scale=_gate_alpha,
         )
         for block in model.blocks
     )
