@@ -14,4 +14,8 @@ __all__ = [
     "BlockView",
     "MLPWeights",
     "ModelView",
-    "family_of", "register", "supported_families", "view_of"]
+    "family_of",
+    "register",
+    "supported_families",
+    "view_of",
+]

@@ -50,6 +50,7 @@ def _gate_alpha(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
     """The α a resstream block is called with (`Block.forward(x, alpha)`), None for 1."""
     return args[1] if len(args) > 1 else kwargs.get("alpha")
 
+
 FAMILY = "resstream"  # the model_type that resstream's ModelConfig declares
 
 

@@ -1,0 +1,140 @@
+"""Normalisation layers as formulas, so a norm can be frozen at a state and applied linearly.
+
+Every norm the supported families use is, at an input u (..., d),
+
+    norm(u) = centre(u) · g / s(u) + b
+
+with centre(u) = u − mean(u) for LayerNorm (u itself for RMSNorm), s(u) =
+sqrt(mean(centre(u)²) + eps), g the gain (Gemma's RMSNorm: 1 + weight) and b the bias (None
+for RMSNorm). The identity (post-norm models' final norm) has g = 1, s = 1, b = 0.
+
+With s frozen at an actual state u = Σ_c v_c, the norm is an affine map of each part:
+norm(u) = Σ_c centre(v_c) · g / s(u) + b exactly, which is how decomposition and attribution
+pass components through a norm (`FrozenNorm`). `norm_form(module)` reads the formula of a
+module and checks it against the module's own output on a probe input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+#: Relative difference between a module's output and its read formula above which
+#: `norm_form` refuses the module (the formula would be wrong, not rounded).
+FORM_TOLERANCE = 1e-4
+
+
+@dataclass(frozen=True, eq=False)
+class NormForm:
+    """norm(u) = centre(u) · gain / s(u) + bias (module docstring). `gain`/`bias` (d,) or None
+    (1 / 0); `identity` norms have s = 1."""
+
+    centre: bool
+    eps: float = 0.0
+    gain: Tensor | None = None
+    bias: Tensor | None = None
+    identity: bool = False
+
+    def centred(self, v: Tensor) -> Tensor:
+        """v − mean(v) over the last dim for LayerNorm; v itself otherwise."""
+        return v - v.mean(-1, keepdim=True) if self.centre else v
+
+    def inverse_scale(self, u: Tensor) -> Tensor:
+        """1 / s(u), shape (..., 1)."""
+        if self.identity:
+            return torch.ones_like(u[..., :1])
+        c = self.centred(u)
+        return torch.rsqrt(c.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def freeze(self, u: Tensor) -> FrozenNorm:
+        """The norm with its scale fixed at the actual input `u` (..., d)."""
+        return FrozenNorm(self, self.inverse_scale(u))
+
+    def __call__(self, u: Tensor) -> Tensor:
+        return self.freeze(u).apply(u) + self.offset(u)
+
+    def offset(self, like: Tensor) -> Tensor:
+        """The bias b (zeros when None), broadcast to `like`'s dtype/device."""
+        if self.bias is None:
+            return torch.zeros((), dtype=like.dtype, device=like.device)
+        return self.bias.to(like.dtype)
+
+
+@dataclass(frozen=True, eq=False)
+class FrozenNorm:
+    """A norm linearised at a state: `apply(v)` = centre(v) · gain · inverse_scale, linear in v
+    (so the parts of a sum map to parts summing to norm(u) − bias). `inverse_scale` (..., 1)
+    broadcasts over v's leading dims from the right (give v as (..., d) aligned with it)."""
+
+    form: NormForm
+    inverse_scale: Tensor
+
+    def apply(self, v: Tensor) -> Tensor:
+        out = self.form.centred(v) * self.inverse_scale.to(v.dtype)
+        if self.form.gain is not None:
+            out = out * self.form.gain.to(v.dtype)
+        return out
+
+    def gain_vector(self, d_model: int, like: Tensor) -> Tensor:
+        """The gain as a (d,) tensor (ones when None)."""
+        if self.form.gain is None:
+            return torch.ones(d_model, dtype=like.dtype, device=like.device)
+        return self.form.gain.to(like.dtype)
+
+
+def norm_form(module: nn.Module | None) -> NormForm:
+    """The formula of a norm module: identity (None or `nn.Identity`), `nn.LayerNorm`,
+    `nn.RMSNorm`, or a Hugging Face RMSNorm (`weight` and `eps`/`variance_epsilon`; the gain
+    is `weight` or, as in Gemma, `1 + weight`, decided by the module's own output). Raises
+    ValueError for a module none of these formulas reproduces."""
+    if module is None or isinstance(module, nn.Identity):
+        return NormForm(centre=False, identity=True)
+    if isinstance(module, nn.LayerNorm):
+        return _checked(module, [NormForm(True, module.eps, module.weight, module.bias)])
+    eps = _eps_of(module)
+    weight = getattr(module, "weight", None)
+    if eps is None or not isinstance(weight, Tensor):
+        raise ValueError(f"cannot read the norm {type(module).__name__}: no weight and eps")
+    candidates = [NormForm(False, eps, weight), NormForm(False, eps, 1.0 + weight)]
+    return _checked(module, candidates)
+
+
+def _eps_of(module: nn.Module) -> float | None:
+    for name in ("eps", "variance_epsilon"):
+        value = getattr(module, name, None)
+        if isinstance(value, float):
+            return value
+    return None
+
+
+def _checked(module: nn.Module, candidates: list[NormForm]) -> NormForm:
+    """The first candidate formula that reproduces the module on a probe input."""
+    weight = getattr(module, "weight", None)
+    d = int(weight.shape[0])
+    probe = torch.randn(3, d, generator=torch.Generator().manual_seed(0)).to(weight.device, torch.float32)
+    with torch.no_grad():
+        actual = module(probe.to(weight.dtype)).float()
+        for form in candidates:
+            ours = _float_form(form)(probe)
+            if (ours - actual).abs().max() <= FORM_TOLERANCE * (actual.abs().max() + 1e-6) + _dtype_slack(
+                weight
+            ):
+                return form
+    raise ValueError(f"the norm {type(module).__name__} matches neither LayerNorm nor RMSNorm formulas")
+
+
+def _float_form(form: NormForm) -> NormForm:
+    def as_float(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.detach().float()
+
+    return NormForm(form.centre, form.eps, as_float(form.gain), as_float(form.bias), form.identity)
+
+
+def _dtype_slack(weight: Tensor) -> float:
+    """Absolute slack for half-precision modules (their output is rounded to 8-11 bits)."""
+    return 0.0 if weight.dtype in (torch.float32, torch.float64) else 2e-2
+
+
+__all__ = ["FORM_TOLERANCE", "FrozenNorm", "NormForm", "norm_form"]
