@@ -1,0 +1,233 @@
+"""The frozen results of `attribute`: who wrote the target token into the stream.
+
+One text, one position (`AttributeResult`) or a corpus, every position's next token
+(`CorpusAttribution`). Every score is defined in docs/attribution.md:
+
+* `contribution` (C): log p(w | x + v) − log p(w | x), p the softmax of the logit lens
+  (soft-capping included), w the target token, v what a component writes, x the stream it
+  writes into (a block's input for attention and heads and sources, the stream after
+  attention for the MLP and its neurons). For a whole sub-layer it is the change of log p(w)
+  between the residual points around it.
+* `dla`: the direct logit attribution, the component's share of the target's logit (or of the
+  target − foil difference) through the final norm frozen at the actual final state.
+
+`to_dict()` gives the content of attribute.json (schema in docs/attribution.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from resstream.simulation.intervals import Estimate
+
+
+@dataclass(frozen=True)
+class LayerAttribution:
+    """One block's attention and MLP: contribution C and direct logit attribution."""
+
+    layer: int
+    attn_contribution: float
+    mlp_contribution: float
+    attn_dla: float
+    mlp_dla: float
+
+
+@dataclass(frozen=True)
+class HeadAttribution:
+    """One attention head (its bias share is in the layer's attention, not here)."""
+
+    layer: int
+    head: int
+    contribution: float
+    dla: float
+
+
+@dataclass(frozen=True)
+class SourceAttribution:
+    """What one head moved from one source position: α_{t,j}·v_j·W_O[h]."""
+
+    layer: int
+    head: int
+    source_position: int
+    source_token: str
+    contribution: float
+    dla: float
+
+
+@dataclass(frozen=True)
+class NeuronAttribution:
+    """One FFN neuron: its coefficient m_k, its value vector's C and DLA, the tokens its
+    value vector promotes most (through the final norm's gain)."""
+
+    layer: int
+    neuron: int
+    coefficient: float
+    contribution: float
+    dla: float
+    promoted: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TrajectoryPoint:
+    """The target at one residual point: `point` is L_in_<l>, L_res_<l> or L_out_<l>
+    (L_out_<l> is L_in_<l+1>, listed once)."""
+
+    point: str
+    layer: int
+    stage: str  # "in", "res" or "out"
+    probability: float
+    rank: int  # tokens scoring strictly above the target (0 = top-1)
+    logprob: float
+
+
+@dataclass(frozen=True)
+class QueryShare:
+    """One lower component's share of an upper neuron's pre-activation."""
+
+    component: str  # e.g. "embed", "L1.H3", "L1.H3<-5", "L0.N712", "L2.attn_bias"
+    layer: int | None
+    kind: str  # embed | head | source | attn_bias | mlp | neuron | mlp_bias | norm_bias
+    share: float
+
+
+@dataclass(frozen=True)
+class QueryContribution:
+    """Which lower vectors switch neuron `neuron` of `layer` on: the pre-activation of its
+    `projection` ("key" for a plain MLP; "gate" or "up" for a gated one) is exactly
+    Σ shares + constant, with the MLP's input norm frozen at the actual stream."""
+
+    layer: int
+    neuron: int
+    projection: str
+    preactivation: float
+    constant: float
+    shares: tuple[QueryShare, ...]  # the largest |share| first (top N)
+    residual: float  # |Σ all shares + constant − preactivation|
+
+
+@dataclass(frozen=True)
+class LinearityCheck:
+    """One layer's neurons ranked by C: C of their cumulative sum against the sum of their C."""
+
+    layer: int
+    counts: tuple[int, ...]  # n = 1, 2, ...
+    cumulative: tuple[float, ...]  # C(v_1 + ... + v_n)
+    summed: tuple[float, ...]  # C(v_1) + ... + C(v_n)
+    correlation: float  # Pearson r between the two
+
+
+@dataclass(frozen=True)
+class AttributionCheck:
+    """Measured exactness: the decomposition's and the DLA's residuals."""
+
+    decomposition_max_abs: float  # max |Σ components − state| over all residual points
+    decomposition_relative: float  # the same / ‖state‖
+    dla_residual: float  # |Σ DLA + norm bias term − actual logit (difference)|
+
+
+@dataclass(frozen=True)
+class AttributeResult:
+    """Attribution of one prediction: `target` at `position` of a text."""
+
+    model: str
+    decoder: str
+    tokens: tuple[str, ...]  # the text's tokens as text
+    position: int
+    target_id: int
+    target: str
+    logit: float  # before soft-capping
+    logprob: float
+    probability: float
+    rank: int
+    layers: tuple[LayerAttribution, ...]
+    heads: tuple[HeadAttribution, ...]
+    sources: tuple[SourceAttribution, ...]  # top N by |C|
+    neurons: tuple[NeuronAttribution, ...]  # top N by |C|
+    trajectory: tuple[TrajectoryPoint, ...]
+    query_contributions: tuple[QueryContribution, ...]
+    linearity: LinearityCheck | None
+    check: AttributionCheck
+    embed_dla: float
+    bias_dla: float  # the final norm's bias (and b_U) term of the logit (difference)
+    foil_id: int | None = None
+    foil: str | None = None
+    logit_difference: float | None = None  # target − foil, when a foil is given
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The content of attribute.json."""
+        return {"kind": "attribute", **asdict(self)}
+
+
+@dataclass(frozen=True)
+class LayerSummary:
+    """Corpus mode: one block's mean scores over sequences, each with a 95% interval."""
+
+    layer: int
+    attn_contribution: Estimate
+    mlp_contribution: Estimate
+    attn_dla: Estimate
+    mlp_dla: Estimate
+
+
+@dataclass(frozen=True)
+class HeadSummary:
+    """Corpus mode: one head's mean C and DLA, each with a 95% interval over sequences."""
+
+    layer: int
+    head: int
+    contribution: Estimate
+    dla: Estimate
+
+
+@dataclass(frozen=True)
+class NeuronSummary:
+    """Corpus mode: one neuron's mean C and DLA over every scored position (95% intervals)."""
+
+    layer: int
+    neuron: int
+    contribution: Estimate
+    dla: Estimate
+    mean_coefficient: float
+    promoted: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CorpusAttribution:
+    """Corpus mode: every position's next token is the target; means over sequences."""
+
+    model: str
+    decoder: str
+    dataset: str
+    num_seqs: int
+    seq_len: int
+    positions: int  # scored positions in all
+    layers: tuple[LayerSummary, ...]
+    heads: tuple[HeadSummary, ...]
+    neurons: tuple[NeuronSummary, ...]  # the largest mean |C| first (top N)
+    neuron_rule: str  # how the scored neurons were chosen, in words
+    check: AttributionCheck
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The content of attribute.json in corpus mode."""
+        return {"kind": "attribute-corpus", **asdict(self)}
+
+
+__all__ = [
+    "AttributeResult",
+    "AttributionCheck",
+    "CorpusAttribution",
+    "HeadAttribution",
+    "HeadSummary",
+    "LayerAttribution",
+    "LayerSummary",
+    "LinearityCheck",
+    "NeuronAttribution",
+    "NeuronSummary",
+    "QueryContribution",
+    "QueryShare",
+    "SourceAttribution",
+    "TrajectoryPoint",
+]
