@@ -92,13 +92,19 @@ def norm_form(module: nn.Module | None) -> NormForm:
     if module is None or isinstance(module, nn.Identity):
         return NormForm(centre=False, identity=True)
     if isinstance(module, nn.LayerNorm):
-        return _checked(module, [NormForm(True, module.eps, module.weight, module.bias)])
+        bias = None if module.bias is None else module.bias.detach()
+        return _checked(module, [NormForm(True, module.eps, _detached(module.weight), bias)])
     eps = _eps_of(module)
     weight = getattr(module, "weight", None)
     if eps is None or not isinstance(weight, Tensor):
         raise ValueError(f"cannot read the norm {type(module).__name__}: no weight and eps")
+    weight = weight.detach()
     candidates = [NormForm(False, eps, weight), NormForm(False, eps, 1.0 + weight)]
     return _checked(module, candidates)
+
+
+def _detached(tensor: Tensor | None) -> Tensor | None:
+    return None if tensor is None else tensor.detach()
 
 
 def _eps_of(module: nn.Module) -> float | None:

@@ -1,0 +1,167 @@
+"""What every block reads and writes during one forward: the inputs of attribution.
+
+`block_internals(view, input_ids)` runs the model's own forward once with hooks on every
+block and records, per block (`BlockInternals`, tensors (batch, seq, ...)):
+
+* `block_input` (L_in) and `block_output` (L_out), and the factor α the block scales its
+  identity path by (resstream's residual gates; None for 1);
+* `attn_input`: what the attention module reads (ln1(L_in) for pre-norm models), from which
+  every head's values are recomputed for attention sources;
+* `z`: the per-head attention results, the input of the output projection (batch, seq,
+  heads, d_head); `attn_raw`: the attention module's output Σ_h z_h W_O[h] + b_O;
+  `attn_output`: what is added to the stream (Gemma-2: after its post-attention norm);
+* `mlp_input`: what the MLP reads; `coefficients`: the neuron coefficients m (the input of
+  the MLP's output projection, batch, seq, d_ff); `mlp_raw`: the MLP module's output;
+  `mlp_output`: what is added (Gemma-2: after its post-feed-forward norm);
+* `probs` (with `attention=True`): the attention probabilities (batch, heads, query, key),
+  from `capture.attention_probs` (a second forward: fused kernels do not return them).
+
+Nothing is computed here beyond what the model computes; `analysis.decomposition` turns the
+records into components. Tensors are normal (non-inference) float tensors in the model's
+dtype; hooks are removed also when the forward raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from resstream.capture.attention import attention_probs
+from resstream.capture.hooks import _block_input, _hooks, check_input_ids, first_tensor, run_forward
+from resstream.models.adapters.base import BlockView, ModelView
+
+
+@dataclass(frozen=True, eq=False)
+class BlockInternals:
+    """One block's reads and writes (module docstring), each (batch, seq, ...)."""
+
+    block_input: Tensor
+    block_output: Tensor
+    identity_scale: Tensor | None
+    attn_input: Tensor
+    z: Tensor
+    attn_raw: Tensor
+    attn_output: Tensor
+    mlp_input: Tensor
+    coefficients: Tensor
+    mlp_raw: Tensor
+    mlp_output: Tensor
+    probs: Tensor | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Internals:
+    """Every block's `BlockInternals` for `input_ids` (batch, seq), and h_0."""
+
+    input_ids: Tensor
+    embedding: Tensor  # h_0 (batch, seq, d_model)
+    blocks: tuple[BlockInternals, ...]
+
+
+def _require(block: BlockView, index: int) -> None:
+    if block.out_proj is None or block.mlp_out_proj is None:
+        raise ValueError(f"block {index} of this view has no out_proj / mlp_out_proj to hook")
+
+
+def block_internals(view: ModelView, input_ids: Tensor, *, attention: bool = False) -> Internals:
+    """Record every block's reads and writes during one forward of `input_ids` (batch, seq)
+    (module docstring); `attention=True` adds each block's attention probabilities."""
+    check_input_ids(view, input_ids)
+    input_ids = input_ids.to(view.W_E.device)
+    seen: list[dict[str, Any]] = [{} for _ in view.blocks]
+    handles: list[torch.utils.hooks.RemovableHandle] = []
+    try:
+        for index, block in enumerate(view.blocks):
+            _require(block, index)
+            handles += _block_hooks(block, seen[index])
+    except BaseException:
+        for handle in handles:
+            handle.remove()
+        raise
+    with _hooks(handles), torch.inference_mode():
+        run_forward(view, input_ids)
+    probs = attention_probs(view, input_ids) if attention else None
+    blocks = tuple(
+        _internals(block, record, probs, i)
+        for i, (block, record) in enumerate(zip(view.blocks, seen, strict=True))
+    )
+    return Internals(input_ids=input_ids, embedding=blocks[0].block_input, blocks=blocks)
+
+
+def _block_hooks(block: BlockView, record: dict[str, Any]) -> list[torch.utils.hooks.RemovableHandle]:
+    """Hooks that fill `record` with one block's reads and writes (each module runs once)."""
+
+    def keep(name: str, value: Tensor) -> None:
+        if name in record:
+            raise RuntimeError(f"{name} was recorded twice in one forward")
+        with torch.inference_mode(False):
+            record[name] = value.detach().clone()
+
+    def on_input(name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            keep(name, _block_input(args, kwargs))
+
+        return hook
+
+    def on_output(name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            keep(name, first_tensor(output))
+
+        return hook
+
+    def on_block(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        keep("block_input", _block_input(args, kwargs))
+        alpha = block.identity_scale(args, kwargs) if block.identity_scale is not None else None
+        record["identity_scale"] = None if alpha is None else alpha.detach().clone()
+
+    pre = [
+        (block.module, on_block),
+        (block.attn, on_input("attn_input")),
+        (block.out_proj, on_input("z")),
+        (block.mlp, on_input("mlp_input")),
+        (block.mlp_out_proj, on_input("coefficients")),
+    ]
+    post = [
+        (block.module, on_output("block_output")),
+        (block.attn, on_output("attn_raw")),
+        (block.mlp, on_output("mlp_raw")),
+    ]
+    if block.post_attn_norm is not None:
+        post.append((block.post_attn_norm, on_output("attn_output")))
+    if block.post_mlp_norm is not None:
+        post.append((block.post_mlp_norm, on_output("mlp_output")))
+    handles = [module.register_forward_pre_hook(hook, with_kwargs=True) for module, hook in pre]
+    return handles + [module.register_forward_hook(hook) for module, hook in post]
+
+
+def _internals(block: BlockView, record: dict[str, Any], probs: Tensor | None, index: int) -> BlockInternals:
+    missing = [
+        n
+        for n in ("block_input", "block_output", "attn_raw", "z", "mlp_raw", "coefficients")
+        if n not in record
+    ]
+    if missing:
+        raise RuntimeError(f"block {index}: the forward did not run {', '.join(missing)}")
+    z = record["z"]
+    n_heads, d_head = block.W_O.shape[0], block.W_O.shape[1]
+    return BlockInternals(
+        block_input=record["block_input"],
+        block_output=record["block_output"],
+        identity_scale=record.get("identity_scale"),
+        attn_input=record["attn_input"],
+        z=z.reshape(*z.shape[:-1], n_heads, d_head),
+        attn_raw=record["attn_raw"],
+        attn_output=record.get("attn_output", record["attn_raw"]),
+        mlp_input=record["mlp_input"],
+        coefficients=record["coefficients"],
+        mlp_raw=record["mlp_raw"],
+        mlp_output=record.get("mlp_output", record["mlp_raw"]),
+        probs=None if probs is None else probs[index],
+    )
+
+
+__all__ = ["BlockInternals", "Internals", "block_internals"]

@@ -1,0 +1,98 @@
+"""Decomposition: the components sum back to the captured state at every residual point, for
+every family, at every level of detail."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from resstream.analysis.decomposition import decompose, point_count, point_name
+from resstream.capture import block_internals, record
+from resstream.models.adapters import view_of
+from tests.test_models_adapters import ALL_CASES, SEQ, tiny_ids, tiny_model
+
+TOLERANCE = 1e-5  # max |Σ − h| ≤ 1e-5·‖h‖
+
+
+def _internals(case: str):
+    view = view_of(tiny_model(case))
+    return view, block_internals(view, tiny_ids(), attention=True)
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+@pytest.mark.parametrize(
+    "level",
+    [
+        {"heads": False},
+        {"heads": True},
+        {"sources": True},
+        {"neurons": True},
+        {"sources": True, "neurons": True},
+    ],
+)
+def test_components_sum_to_the_state_at_every_point(case: str, level: dict) -> None:
+    view, rec = _internals(case)
+    positions = [0, 5, SEQ - 1]
+    for point in range(point_count(view.n_layers)):
+        parts = decompose(view, rec, positions, point=point, sequence=1, **level)
+        _, relative = parts.residual()
+        assert relative <= TOLERANCE, f"{case} {point_name(point)} {level}: {relative:.2e}"
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+def test_outputs_states_are_the_captured_block_outputs(case: str) -> None:
+    view, rec = _internals(case)
+    for layer in range(view.n_layers):
+        parts = decompose(view, rec, list(range(SEQ)), point=2 * layer + 2)
+        assert torch.equal(parts.state, rec.blocks[layer].block_output[0])
+    assert torch.equal(decompose(view, rec, [3], point=0).vectors[0, 0], rec.embedding[0, 3])
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+def test_head_outputs_equal_what_the_attention_module_computes(case: str) -> None:
+    """Σ_h z_h W_O[h] + b_O is the attention module's own (hooked) output to 1e-5."""
+    view, rec = _internals(case)
+    ids = tiny_ids()
+    with torch.no_grad(), record([b.attn for b in view.blocks]) as seen:
+        view.model(ids)
+    for layer, block in enumerate(view.blocks):
+        parts = decompose(view, rec, list(range(SEQ)), point=2 * layer + 1)
+        if (
+            block.post_attn_norm is not None
+            or block.norm_position == "post"
+            or rec.blocks[layer].identity_scale is not None
+        ):
+            continue  # the heads' parts are rescaled by a frozen norm or gate: checked by the sums
+        mask = (parts.layers == layer) & (parts.kinds <= 4) & (parts.kinds != 0)
+        hooked = seen[str(layer)][0][0]
+        torch.testing.assert_close(parts.vectors[mask].sum(0), hooked, rtol=1e-5, atol=1e-5)
+
+
+def test_labels_and_counts() -> None:
+    view, rec = _internals("gpt2")
+    parts = decompose(view, rec, [4], sources=True, neurons=True)
+    labels = [parts.label(i) for i in range(len(parts))]
+    d_ff = view.blocks[0].mlp_weights().d_ff
+    # embed + per layer: heads x SEQ sources, attn bias, d_ff neurons, mlp bias
+    assert len(parts) == 1 + view.n_layers * (view.n_heads * SEQ + 1 + d_ff + 1)
+    assert labels[0] == "embed" and "L0.H2<-3" in labels and "L1.N7" in labels and "L1.mlp_bias" in labels
+    # sources after the position get exactly zero weight (causal mask)
+    future = parts.sources > 4
+    assert torch.count_nonzero(parts.vectors[future]) == 0
+
+
+def test_post_norm_adds_norm_bias_components() -> None:
+    view, rec = _internals("resstream_post")
+    parts = decompose(view, rec, [2])
+    assert "L0.norm_bias" in [parts.label(i) for i in range(len(parts))]
+
+
+def test_bad_points_and_positions() -> None:
+    view, rec = _internals("gpt2")
+    with pytest.raises(ValueError, match="outside 0..4"):
+        decompose(view, rec, [0], point=5)
+    with pytest.raises(ValueError, match="positions must lie in 0..11"):
+        decompose(view, rec, [12])
+    no_probs = block_internals(view, tiny_ids())
+    with pytest.raises(ValueError, match="attention=True"):
+        decompose(view, no_probs, [1], sources=True)
