@@ -89,9 +89,9 @@ def test_post_norm_adds_norm_bias_components() -> None:
 
 def test_bad_points_and_positions() -> None:
     view, rec = _internals("gpt2")
-    with pytest.raises(ValueError, match="outside 0..4"):
+    with pytest.raises(ValueError, match=r"outside 0\.\.4"):
         decompose(view, rec, [0], point=5)
-    with pytest.raises(ValueError, match="positions must lie in 0..11"):
+    with pytest.raises(ValueError, match=r"positions must lie in 0\.\.11"):
         decompose(view, rec, [12])
     no_probs = block_internals(view, tiny_ids())
     with pytest.raises(ValueError, match="attention=True"):

@@ -31,10 +31,11 @@ What is linear is split exactly; what is not is frozen at the actual state:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from resstream.analysis.norms import norm_form
 from resstream.capture.internals import BlockInternals, Internals
@@ -160,7 +161,7 @@ class _Parts:
             )
         )
 
-    def map(self, fn) -> None:  # noqa: ANN001 - a Tensor -> Tensor function
+    def map(self, fn: Callable[[Tensor], Tensor]) -> None:
         """Apply a linear map to every component so far (a gate's α, a frozen norm)."""
         self.vectors = [fn(v) for v in self.vectors]
 
@@ -325,7 +326,7 @@ def _mlp_step(
     return rec.block_output[at]
 
 
-def _freeze_sublayer(parts: _Parts, first: int, layer: int, module, raw: Tensor) -> None:  # noqa: ANN001
+def _freeze_sublayer(parts: _Parts, first: int, layer: int, module: nn.Module, raw: Tensor) -> None:
     """Pass the parts added since `first` through a post-sub-layer norm frozen at `raw`."""
     form = norm_form(module)
     frozen = form.freeze(raw)
@@ -334,7 +335,7 @@ def _freeze_sublayer(parts: _Parts, first: int, layer: int, module, raw: Tensor)
         parts.add("norm_bias", layer, form.offset(raw).expand_as(raw).unsqueeze(0))
 
 
-def _freeze_stream(parts: _Parts, layer: int, module, summed: Tensor) -> Tensor:  # noqa: ANN001
+def _freeze_stream(parts: _Parts, layer: int, module: nn.Module, summed: Tensor) -> Tensor:
     """Post-norm: pass every component through the stream norm frozen at the actual sum."""
     form = norm_form(module)
     frozen = form.freeze(summed)
