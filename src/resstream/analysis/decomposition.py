@@ -226,14 +226,51 @@ def decompose(
     return parts.result(point, pos, state)
 
 
-def _scale_identity(parts: _Parts, rec: BlockInternals, at: tuple[int, Tensor]) -> Tensor | None:
-    """Scale every earlier component by the block's α (resstream gates); returns α at `at`."""
+def attention_parts(
+    parts: _Parts,
+    layer: int,
+    block: BlockView,
+    rec: BlockInternals,
+    at: tuple[int, Tensor],
+    *,
+    heads: bool,
+    sources: bool,
+) -> None:
+    """Add block `layer`'s attention writes as they are added to the stream (Gemma-2: through
+    its post-attention norm frozen at the actual raw output): heads, sources or one part."""
+    n_before = len(parts.vectors)
+    W_O = block.W_O.detach()
+    if sources:
+        _add_sources(parts, layer, block, rec, at)
+    elif heads:
+        per_head = torch.einsum("nhd,hdm->hnm", rec.z[at].to(W_O.dtype), W_O)
+        parts.add("head", layer, per_head, heads=torch.arange(per_head.shape[0]))
+    else:
+        bias = 0 if block.b_O is None else block.b_O.detach()
+        parts.add("attn", layer, (rec.attn_raw[at] - bias).unsqueeze(0))
+    if block.b_O is not None:
+        parts.add("attn_bias", layer, block.b_O.detach().expand_as(rec.attn_raw[at]).unsqueeze(0))
+    if block.post_attn_norm is not None:
+        _freeze_sublayer(parts, n_before, layer, block.post_attn_norm, rec.attn_raw[at])
+
+
+def attention_base(rec: BlockInternals, at: tuple[int, Tensor]) -> Tensor:
+    """The stream the attention output is added to: α·L_in (L_in without a gate)."""
+    block_in = rec.block_input[at]
+    alpha = _alpha_at(rec, at)
+    return block_in if alpha is None else block_in * alpha
+
+
+def after_attention(block: BlockView, rec: BlockInternals, at: tuple[int, Tensor]) -> Tensor:
+    """The actual L_res: α·L_in + attention output, normalised by ln1 in post-norm blocks."""
+    summed = attention_base(rec, at) + rec.attn_output[at]
+    return norm_form(block.ln1)(summed) if block.norm_position == "post" else summed
+
+
+def _alpha_at(rec: BlockInternals, at: tuple[int, Tensor]) -> Tensor | None:
     alpha = rec.identity_scale
-    if alpha is None:
-        return None
-    if alpha.ndim >= 2:  # a per-token router: (batch, seq, 1)
+    if alpha is not None and alpha.ndim >= 2:  # a per-token router: (batch, seq, 1)
         alpha = alpha[at]
-    parts.map(lambda v: v * alpha.to(v.dtype))
     return alpha
 
 
@@ -248,27 +285,13 @@ def _attention_step(
     sources: bool,
 ) -> Tensor:
     """Add block `layer`'s attention parts; returns the actual L_res at `at`."""
-    block_in = rec.block_input[at]
-    alpha = _scale_identity(parts, rec, at)
-    n_before = len(parts.vectors)
-    W_O = block.W_O.detach()
-    if sources:
-        _add_sources(parts, layer, block, rec, at)
-    elif heads:
-        per_head = torch.einsum("nhd,hdm->hnm", rec.z[at].to(W_O.dtype), W_O)
-        parts.add("head", layer, per_head, heads=torch.arange(per_head.shape[0]))
-    else:
-        bias = 0 if block.b_O is None else block.b_O.detach()
-        parts.add("attn", layer, (rec.attn_raw[at] - bias).unsqueeze(0))
-    if block.b_O is not None:
-        parts.add("attn_bias", layer, block.b_O.detach().expand_as(block_in).unsqueeze(0))
-    if block.post_attn_norm is not None:
-        _freeze_sublayer(parts, n_before, layer, block.post_attn_norm, rec.attn_raw[at])
-    written = rec.attn_output[at]
-    scaled_in = block_in if alpha is None else block_in * alpha
+    alpha = _alpha_at(rec, at)
+    if alpha is not None:
+        parts.map(lambda v: v * alpha.to(v.dtype))
+    attention_parts(parts, layer, block, rec, at, heads=heads, sources=sources)
     if block.norm_position == "post":
-        return _freeze_stream(parts, layer, block.ln1, scaled_in + written)
-    return scaled_in + written
+        _freeze_stream(parts, layer, block.ln1, attention_base(rec, at) + rec.attn_output[at])
+    return after_attention(block, rec, at)
 
 
 def _add_sources(
@@ -296,6 +319,27 @@ def _add_sources(
     )
 
 
+def mlp_parts(
+    parts: _Parts, layer: int, block: BlockView, rec: BlockInternals, at: tuple[int, Tensor], *, neurons: bool
+) -> None:
+    """Add block `layer`'s MLP writes as they are added to the stream (Gemma-2: through its
+    post-feed-forward norm frozen at the actual raw output): neurons + bias, or one part."""
+    n_before = len(parts.vectors)
+    if neurons:
+        weights = block.mlp_weights()
+        m = rec.coefficients[at]  # (N, d_ff)
+        split = m.T.unsqueeze(-1).to(weights.W_out.dtype) * weights.W_out.detach().unsqueeze(
+            1
+        )  # (d_ff, N, d)
+        parts.add("neuron", layer, split, neurons=torch.arange(split.shape[0]))
+        if weights.b_out is not None:
+            parts.add("mlp_bias", layer, weights.b_out.detach().expand_as(rec.mlp_raw[at]).unsqueeze(0))
+    else:
+        parts.add("mlp", layer, rec.mlp_raw[at].unsqueeze(0))
+    if block.post_mlp_norm is not None:
+        _freeze_sublayer(parts, n_before, layer, block.post_mlp_norm, rec.mlp_raw[at])
+
+
 def _mlp_step(
     parts: _Parts,
     layer: int,
@@ -307,23 +351,47 @@ def _mlp_step(
     neurons: bool,
 ) -> Tensor:
     """Add block `layer`'s MLP parts; returns the actual L_out at `at`."""
-    n_before = len(parts.vectors)
-    if neurons:
-        weights = block.mlp_weights()
-        m = rec.coefficients[at]  # (N, d_ff)
-        split = m.T.unsqueeze(-1).to(weights.W_out.dtype) * weights.W_out.detach().unsqueeze(
-            1
-        )  # (d_ff, N, d)
-        parts.add("neuron", layer, split, neurons=torch.arange(split.shape[0]))
-        if weights.b_out is not None:
-            parts.add("mlp_bias", layer, weights.b_out.detach().expand_as(res).unsqueeze(0))
-    else:
-        parts.add("mlp", layer, rec.mlp_raw[at].unsqueeze(0))
-    if block.post_mlp_norm is not None:
-        _freeze_sublayer(parts, n_before, layer, block.post_mlp_norm, rec.mlp_raw[at])
+    mlp_parts(parts, layer, block, rec, at, neurons=neurons)
     if block.norm_position == "post":
         _freeze_stream(parts, layer, block.ln2, res + rec.mlp_output[at])
     return rec.block_output[at]
+
+
+def sublayer_writes(
+    view: ModelView,
+    internals: Internals,
+    layer: int,
+    sublayer: str,
+    positions: Tensor | list[int],
+    *,
+    sequence: int = 0,
+    sources: bool = False,
+    neurons: bool = False,
+) -> Decomposition:
+    """The parts one sub-layer ("attn": heads or sources + bias; "mlp": the whole MLP or its
+    neurons + bias) adds to the stream at `positions`, as added (before a post-norm block's
+    stream norm); their sum is the sub-layer's actual output (`state`)."""
+    pos = torch.as_tensor(positions, dtype=torch.long).reshape(-1)
+    at = (sequence, pos.to(internals.embedding.device))
+    block, rec = view.blocks[layer], internals.blocks[layer]
+    parts = _Parts()
+    if sublayer == "attn":
+        attention_parts(parts, layer, block, rec, at, heads=True, sources=sources)
+        return parts.result(2 * layer + 1, pos, rec.attn_output[at])
+    mlp_parts(parts, layer, block, rec, at, neurons=neurons)
+    return parts.result(2 * layer + 2, pos, rec.mlp_output[at])
+
+
+def residual_points(
+    view: ModelView, internals: Internals, positions: Tensor | list[int], *, sequence: int = 0
+) -> Tensor:
+    """The actual states at all 2L+1 residual points (`point_name`), (2L+1, N, d)."""
+    pos = torch.as_tensor(positions, dtype=torch.long).reshape(-1)
+    at = (sequence, pos.to(internals.embedding.device))
+    states = [internals.embedding[at]]
+    for block, rec in zip(view.blocks, internals.blocks, strict=True):
+        states += [after_attention(block, rec, at), rec.block_output[at]]
+    return torch.stack(states)
 
 
 def _freeze_sublayer(parts: _Parts, first: int, layer: int, module: nn.Module, raw: Tensor) -> None:
@@ -345,4 +413,14 @@ def _freeze_stream(parts: _Parts, layer: int, module: nn.Module, summed: Tensor)
     return form(summed)
 
 
-__all__ = ["KINDS", "Decomposition", "decompose", "point_count", "point_name"]
+__all__ = [
+    "KINDS",
+    "Decomposition",
+    "after_attention",
+    "attention_base",
+    "decompose",
+    "point_count",
+    "point_name",
+    "residual_points",
+    "sublayer_writes",
+]

@@ -55,6 +55,14 @@ class NormForm:
     def __call__(self, u: Tensor) -> Tensor:
         return self.freeze(u).apply(u) + self.offset(u)
 
+    def to(self, dtype: torch.dtype) -> NormForm:
+        """The same formula with its gain and bias in `dtype`."""
+
+        def cast(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.detach().to(dtype)
+
+        return NormForm(self.centre, self.eps, cast(self.gain), cast(self.bias), self.identity)
+
     def offset(self, like: Tensor) -> Tensor:
         """The bias b (zeros when None), broadcast to `like`'s dtype/device."""
         if self.bias is None:
@@ -76,6 +84,14 @@ class FrozenNorm:
         if self.form.gain is not None:
             out = out * self.form.gain.to(v.dtype)
         return out
+
+    def adjoint(self, r: Tensor) -> Tensor:
+        """The transpose of `apply`: ⟨apply(v), r⟩ = ⟨v, adjoint(r)⟩ for every v (centring is
+        its own transpose). Carries a read-out direction back through the frozen norm."""
+        out = r * self.inverse_scale.to(r.dtype)
+        if self.form.gain is not None:
+            out = out * self.form.gain.to(r.dtype)
+        return self.form.centred(out)
 
     def gain_vector(self, d_model: int, like: Tensor) -> Tensor:
         """The gain as a (d,) tensor (ones when None)."""
@@ -123,19 +139,12 @@ def _checked(module: nn.Module, candidates: list[NormForm]) -> NormForm:
     with torch.no_grad():
         actual = module(probe.to(weight.dtype)).float()
         for form in candidates:
-            ours = _float_form(form)(probe)
+            ours = form.to(torch.float32)(probe)
             if (ours - actual).abs().max() <= FORM_TOLERANCE * (actual.abs().max() + 1e-6) + _dtype_slack(
                 weight
             ):
                 return form
     raise ValueError(f"the norm {type(module).__name__} matches neither LayerNorm nor RMSNorm formulas")
-
-
-def _float_form(form: NormForm) -> NormForm:
-    def as_float(t: Tensor | None) -> Tensor | None:
-        return None if t is None else t.detach().float()
-
-    return NormForm(form.centre, form.eps, as_float(form.gain), as_float(form.bias), form.identity)
 
 
 def _dtype_slack(weight: Tensor) -> float:
