@@ -15,13 +15,38 @@ terms of the sum above. Logit soft-capping is applied after the sum and is not a
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+from resstream.analysis.attribution_results import (
+    AttributeResult,
+    AttributionCheck,
+    HeadAttribution,
+    LayerAttribution,
+    LinearityCheck,
+    NeuronAttribution,
+    QueryContribution,
+    QueryShare,
+    SourceAttribution,
+    TrajectoryPoint,
+)
+from resstream.analysis.contributions import LogProbs, log_probs_of
 from resstream.analysis.decoding import Decoder
-from resstream.analysis.decomposition import after_attention, attention_base
+from resstream.analysis.decomposition import (
+    KINDS,
+    Decomposition,
+    after_attention,
+    attention_base,
+    decompose,
+    point_count,
+    point_name,
+    residual_points,
+    sublayer_writes,
+)
 from resstream.analysis.norms import NormForm, norm_form
 from resstream.capture.internals import Internals
 from resstream.models.adapters.base import ModelView
@@ -39,6 +64,8 @@ class Readouts:
     embed: Tensor
     attn: tuple[Tensor, ...]
     mlp: tuple[Tensor, ...]
+    attn_added: tuple[Tensor, ...]  # reads a sub-layer's parts as added (after its post norm)
+    mlp_added: tuple[Tensor, ...]
     constant: Tensor
     final_constant: Tensor  # the final norm's bias and b_U part of `constant`
 
@@ -81,22 +108,34 @@ def readouts(
     r = form.freeze(final).adjoint(u)
     attn: list[Tensor] = []
     mlp: list[Tensor] = []
+    attn_added: list[Tensor] = []
+    mlp_added: list[Tensor] = []
     for block, rec in zip(reversed(view.blocks), reversed(internals.blocks), strict=True):
         if block.norm_position == "post":
             res = after_attention(block, rec, at).double()
             r, constant = _through(block.ln2, res + rec.mlp_output[at].double(), r, constant)
+        mlp_added.append(r)
         mlp.append(_sublayer_readout(block.post_mlp_norm, rec.mlp_raw[at], r))
         constant = constant + _sublayer_bias(block.post_mlp_norm, r)
         if block.norm_position == "post":
             r, constant = _through(
                 block.ln1, (attention_base(rec, at) + rec.attn_output[at]).double(), r, constant
             )
+        attn_added.append(r)
         attn.append(_sublayer_readout(block.post_attn_norm, rec.attn_raw[at], r))
         constant = constant + _sublayer_bias(block.post_attn_norm, r)
         alpha = rec.identity_scale
         if alpha is not None:
             r = r * (alpha[at] if alpha.ndim >= 2 else alpha).double()
-    return Readouts(r, tuple(reversed(attn)), tuple(reversed(mlp)), constant, final_constant)
+    return Readouts(
+        r,
+        tuple(reversed(attn)),
+        tuple(reversed(mlp)),
+        tuple(reversed(attn_added)),
+        tuple(reversed(mlp_added)),
+        constant,
+        final_constant,
+    )
 
 
 def _bias_term(form: NormForm, u: Tensor) -> Tensor:
@@ -125,4 +164,386 @@ def _sublayer_bias(module: nn.Module | None, r: Tensor) -> Tensor:
     return _bias_term(norm_form(module).to(torch.float64), r)
 
 
-__all__ = ["Readouts", "bias_difference", "direction", "readouts"]
+# --------------------------------------------------------------------------- one prediction
+
+
+@dataclass(frozen=True)
+class Levels:
+    """What `attribute_position` computes beyond layers and heads: `top` items kept per list,
+    attention `sources`, all `neurons`, the `linearity` check, and query contributions for
+    the `queries` top neurons."""
+
+    top: int = 20
+    sources: bool = True
+    neurons: bool = True
+    linearity: bool = True
+    queries: int = 3
+    linearity_count: int = 100
+
+
+def attribute_position(
+    view: ModelView,
+    internals: Internals,
+    decoder: Decoder,
+    position: int,
+    target: int,
+    *,
+    foil: int | None = None,
+    levels: Levels = Levels(),
+    token_text: Callable[[int], str] = str,
+    promoted: Callable[[int, Tensor], tuple[tuple[str, ...], ...]] | None = None,
+    model: str = "",
+) -> AttributeResult:
+    """Who wrote `target` into the stream at `position` of sequence 0 of `internals` (recorded
+    with `attention=True` when `levels.sources`): trajectory, per-layer / head / source /
+    neuron contribution C and DLA, query contributions and the exactness checks.
+    `promoted(layer, neuron_ids)` gives the tokens each neuron's value vector promotes."""
+    lp = log_probs_of(decoder)
+    pos = torch.tensor([position])
+    ids = torch.tensor([target])
+    foil_ids = None if foil is None else torch.tensor([foil])
+    points = residual_points(view, internals, pos).float()  # (2L+1, 1, d)
+    point_lp = lp.of_states(points, ids.to(points.device))[:, 0]  # (2L+1,)
+    r = readouts(view, internals, decoder, pos, ids, foil_ids)
+    at = (0, pos.to(internals.embedding.device))
+    layers, heads, sources, neurons = [], [], [], []
+    for layer in range(view.n_layers):
+        layers.append(_layer_scores(internals, r, point_lp, layer, at))
+        heads += _head_scores(view, internals, lp, r, layer, pos, ids)
+        if levels.sources:
+            sources += _source_scores(view, internals, lp, r, layer, pos, ids, token_text)
+        if levels.neurons:
+            neurons.append(_neuron_scores(view, internals, lp, r, layer, pos, ids, points))
+    top_neurons = _top_neurons(neurons, levels.top, promoted)
+    result_check = _check(view, internals, decoder, pos, ids, foil_ids, r, points)
+    logit = _actual_logit(decoder, points[-1], ids, None)
+    return AttributeResult(
+        model=model,
+        decoder=decoder.description,
+        tokens=tuple(token_text(int(t)) for t in internals.input_ids[0].tolist()),
+        position=position,
+        target_id=target,
+        target=token_text(target),
+        logit=float(logit),
+        logprob=float(point_lp[-1]),
+        probability=float(point_lp[-1].exp()),
+        rank=_ranks(decoder, points, ids)[-1],
+        layers=tuple(layers),
+        heads=tuple(heads),
+        sources=tuple(sorted(sources, key=lambda s: -abs(s.contribution))[: levels.top]),
+        neurons=top_neurons,
+        trajectory=_trajectory(decoder, points, ids, point_lp),
+        query_contributions=_queries(view, internals, pos, top_neurons, levels) if levels.neurons else (),
+        linearity=_linearity(view, internals, lp, pos, ids, points, neurons, levels)
+        if levels.neurons and levels.linearity
+        else None,
+        check=result_check,
+        embed_dla=float((internals.embedding[at].double() * r.embed).sum()),
+        bias_dla=float(r.constant[0]),
+        foil_id=foil,
+        foil=None if foil is None else token_text(foil),
+        logit_difference=None if foil is None else float(_actual_logit(decoder, points[-1], ids, foil_ids)),
+        notes=view.notes,
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class _NeuronLayer:
+    """One layer's neuron scores at the position, and what the linearity check reuses."""
+
+    layer: int
+    contribution: Tensor  # (d_ff,)
+    dla: Tensor  # (d_ff,)
+    coefficient: Tensor  # m (d_ff,)
+    effective: Tensor  # m as added (Gemma-2: times the post norm's frozen 1/s) (d_ff,)
+    values: Tensor  # value vectors as added (Gemma-2: times the post norm's gain) (d_ff, d)
+    base: Tensor  # x = L_res (1, d)
+
+
+def _layer_scores(
+    internals: Internals, r: Readouts, point_lp: Tensor, layer: int, at: tuple
+) -> LayerAttribution:
+    rec = internals.blocks[layer]
+    return LayerAttribution(
+        layer=layer,
+        attn_contribution=float(point_lp[2 * layer + 1] - point_lp[2 * layer]),
+        mlp_contribution=float(point_lp[2 * layer + 2] - point_lp[2 * layer + 1]),
+        attn_dla=float((rec.attn_raw[at].double() * r.attn[layer]).sum()),
+        mlp_dla=float((rec.mlp_raw[at].double() * r.mlp[layer]).sum()),
+    )
+
+
+def _head_scores(
+    view: ModelView, internals: Internals, lp: LogProbs, r: Readouts, layer: int, pos: Tensor, ids: Tensor
+) -> list[HeadAttribution]:
+    writes = sublayer_writes(view, internals, layer, "attn", pos)
+    heads = writes.kinds == KINDS.index("head")
+    at = (0, pos.to(internals.embedding.device))
+    x = attention_base(internals.blocks[layer], at)
+    contribution = lp.added(x, writes.vectors[heads], ids.to(x.device))[:, 0]
+    dla = writes.vectors[heads].double()[:, 0] @ r.attn_added[layer][0]
+    return [
+        HeadAttribution(layer, int(h), float(c), float(d))
+        for h, c, d in zip(writes.heads[heads].tolist(), contribution.tolist(), dla.tolist(), strict=True)
+    ]
+
+
+def _source_scores(
+    view: ModelView,
+    internals: Internals,
+    lp: LogProbs,
+    r: Readouts,
+    layer: int,
+    pos: Tensor,
+    ids: Tensor,
+    token_text: Callable[[int], str],
+) -> list[SourceAttribution]:
+    writes = sublayer_writes(view, internals, layer, "attn", pos, sources=True)
+    keep = (writes.kinds == KINDS.index("source")) & (writes.sources <= int(pos[0]))
+    at = (0, pos.to(internals.embedding.device))
+    x = attention_base(internals.blocks[layer], at)
+    vectors = writes.vectors[keep]
+    contribution = lp.added(x, vectors, ids.to(x.device))[:, 0]
+    dla = vectors.double()[:, 0] @ r.attn_added[layer][0]
+    tokens = internals.input_ids[0].tolist()
+    return [
+        SourceAttribution(layer, int(h), int(j), token_text(tokens[int(j)]), float(c), float(d))
+        for h, j, c, d in zip(
+            writes.heads[keep].tolist(),
+            writes.sources[keep].tolist(),
+            contribution.tolist(),
+            dla.tolist(),
+            strict=True,
+        )
+    ]
+
+
+def _neuron_scores(
+    view: ModelView,
+    internals: Internals,
+    lp: LogProbs,
+    r: Readouts,
+    layer: int,
+    pos: Tensor,
+    ids: Tensor,
+    points: Tensor,
+) -> _NeuronLayer:
+    block, rec = view.blocks[layer], internals.blocks[layer]
+    weights = block.mlp_weights()
+    at = (0, pos.to(internals.embedding.device))
+    m = rec.coefficients[at].float()  # (1, d_ff)
+    values = weights.W_out.detach().float()
+    effective = m
+    if block.post_mlp_norm is not None:
+        frozen = norm_form(block.post_mlp_norm).to(torch.float32).freeze(rec.mlp_raw[at].float())
+        if frozen.form.centre:
+            raise ValueError("a centring post-MLP norm does not split into neurons")
+        effective = m * frozen.inverse_scale
+        values = values * frozen.gain_vector(values.shape[-1], values)
+    x = points[2 * layer + 1]
+    contribution = lp.neurons(x, effective, values, ids.to(x.device))[:, 0]
+    dla = m[0].double() * (weights.W_out.detach().double() @ r.mlp[layer][0])
+    return _NeuronLayer(layer, contribution, dla, m[0], effective[0], values, x)
+
+
+def _top_neurons(
+    layers: list[_NeuronLayer],
+    top: int,
+    promoted: Callable[[int, Tensor], tuple[tuple[str, ...], ...]] | None,
+) -> tuple[NeuronAttribution, ...]:
+    if not layers:
+        return ()
+    scores = torch.cat([n.contribution for n in layers])
+    order = scores.abs().argsort(descending=True)[:top].tolist()
+    d_ff = [len(n.contribution) for n in layers]
+    starts = [sum(d_ff[:i]) for i in range(len(layers))]
+    picked: list[tuple[int, int]] = []
+    for flat in order:
+        index = max(i for i, s in enumerate(starts) if s <= flat)
+        picked.append((index, flat - starts[index]))
+    tokens: dict[tuple[int, int], tuple[str, ...]] = {}
+    if promoted is not None:
+        for index in sorted({i for i, _ in picked}):
+            ks = [k for i, k in picked if i == index]
+            for k, words in zip(ks, promoted(layers[index].layer, torch.tensor(ks)), strict=True):
+                tokens[(index, k)] = words
+    return tuple(
+        NeuronAttribution(
+            layer=layers[i].layer,
+            neuron=k,
+            coefficient=float(layers[i].coefficient[k]),
+            contribution=float(layers[i].contribution[k]),
+            dla=float(layers[i].dla[k]),
+            promoted=tokens.get((i, k), ()),
+        )
+        for i, k in picked
+    )
+
+
+def _actual_logit(decoder: Decoder, h: Tensor, ids: Tensor, foil: Tensor | None) -> Tensor:
+    """The target's logit (− the foil's) before soft-capping, from the model's own final norm."""
+    with torch.no_grad():
+        x = decoder.inputs(h).double()
+    u = direction(
+        decoder, ids.to(decoder.matrix.device), None if foil is None else foil.to(decoder.matrix.device)
+    )
+    return (x * u.to(x.device)).sum(-1)[0] + bias_difference(decoder, ids, foil)[0].to(x.device)
+
+
+def _ranks(decoder: Decoder, points: Tensor, ids: Tensor) -> list[int]:
+    states = points[:, 0, :]
+    with torch.no_grad():
+        ranks, _ = decoder.exact().ranks(states, ids.reshape(1, 1).expand(states.shape[0], 1))
+    return [int(r) for r in ranks[:, 0].tolist()]
+
+
+def _trajectory(
+    decoder: Decoder, points: Tensor, ids: Tensor, point_lp: Tensor
+) -> tuple[TrajectoryPoint, ...]:
+    ranks = _ranks(decoder, points, ids)
+    out = []
+    for index, (logprob, rank) in enumerate(zip(point_lp.tolist(), ranks, strict=True)):
+        name = point_name(index)
+        stage, layer = name.split("_")[1], int(name.rsplit("_", 1)[1])
+        out.append(TrajectoryPoint(name, layer, stage, math.exp(logprob), rank, logprob))
+    return tuple(out)
+
+
+def _check(
+    view: ModelView,
+    internals: Internals,
+    decoder: Decoder,
+    pos: Tensor,
+    ids: Tensor,
+    foil: Tensor | None,
+    r: Readouts,
+    points: Tensor,
+) -> AttributionCheck:
+    worst_abs, worst_rel = 0.0, 0.0
+    for point in range(point_count(view.n_layers)):
+        absolute, relative = decompose(view, internals, pos, point=point, neurons=True).residual()
+        worst_abs, worst_rel = max(worst_abs, absolute), max(worst_rel, relative)
+    at = (0, pos.to(internals.embedding.device))
+    total = (internals.embedding[at].double() * r.embed).sum() + r.constant[0]
+    for layer, rec in enumerate(internals.blocks):
+        total = (
+            total
+            + (rec.attn_raw[at].double() * r.attn[layer]).sum()
+            + (rec.mlp_raw[at].double() * r.mlp[layer]).sum()
+        )
+    dla_residual = abs(float(total - _actual_logit(decoder, points[-1], ids, foil)))
+    return AttributionCheck(worst_abs, worst_rel, dla_residual)
+
+
+def _queries(
+    view: ModelView, internals: Internals, pos: Tensor, neurons: tuple[NeuronAttribution, ...], levels: Levels
+) -> tuple[QueryContribution, ...]:
+    out: list[QueryContribution] = []
+    for neuron in neurons[: levels.queries]:
+        out += query_contributions(
+            view, internals, neuron.layer, neuron.neuron, int(pos[0]), sources=levels.sources, top=levels.top
+        )
+    return tuple(out)
+
+
+def query_contributions(
+    view: ModelView,
+    internals: Internals,
+    layer: int,
+    neuron: int,
+    position: int,
+    *,
+    sources: bool = True,
+    top: int = 20,
+    sequence: int = 0,
+) -> list[QueryContribution]:
+    """Which lower vectors switch neuron `neuron` of `layer` on at `position`: the stream the
+    MLP reads (L_res_l; L_in_l for a parallel block) as components — embedding, heads (or
+    their sources), lower neurons, biases — each passed through the MLP's input norm frozen at
+    the actual stream and projected on the neuron's key (gate and up separately for gated
+    MLPs). Shares + constant = the actual pre-activation (checked: `residual`)."""
+    block, rec = view.blocks[layer], internals.blocks[layer]
+    point = 2 * layer if block.parallel else 2 * layer + 1
+    pos = torch.tensor([position])
+    parts = decompose(view, internals, pos, point=point, sequence=sequence, sources=sources, neurons=True)
+    form = norm_form(block.ln2 if block.norm_position == "pre" else None).to(torch.float64)
+    frozen = form.freeze(parts.state.double())
+    normed = frozen.apply(parts.vectors.double())[:, 0]  # (C, d)
+    weights = block.mlp_weights()
+    actual_input = rec.mlp_input[(sequence, pos.to(rec.mlp_input.device))].double()[0]
+    keys = [("gate" if weights.gated else "key", weights.W_in, weights.b_in)]
+    if weights.gated:
+        keys.append(("up", weights.W_up, weights.b_up))
+    out = []
+    for name, matrix, bias in keys:
+        key = matrix.detach()[:, neuron].double()
+        bias = None if bias is None else bias.detach()
+        shares = normed @ key
+        constant = float((form.offset(key) * key).sum()) + (0.0 if bias is None else float(bias[neuron]))
+        pre = float(actual_input @ key) + (0.0 if bias is None else float(bias[neuron]))
+        order = shares.abs().argsort(descending=True)[:top].tolist()
+        listed = tuple(
+            QueryShare(parts.label(i), _layer_of(parts, i), parts.kind(i), float(shares[i])) for i in order
+        )
+        residual = abs(float(shares.sum()) + constant - pre)
+        out.append(QueryContribution(layer, neuron, name, pre, constant, listed, residual))
+    return out
+
+
+def _layer_of(parts: Decomposition, index: int) -> int | None:
+    layer = int(parts.layers[index])
+    return None if layer < 0 else layer
+
+
+def _linearity(
+    view: ModelView,
+    internals: Internals,
+    lp: LogProbs,
+    pos: Tensor,
+    ids: Tensor,
+    points: Tensor,
+    layers: list[_NeuronLayer],
+    levels: Levels,
+) -> LinearityCheck | None:
+    """The layer with the largest |MLP contribution|: its neurons ranked by C, then
+    C(v_1 + … + v_n) against Σ_{i≤n} C(v_i) for n = 1 .. `levels.linearity_count`."""
+    if not layers:
+        return None
+    mlp_change = [abs(float(points_lp_delta)) for points_lp_delta in _mlp_changes(lp, points, ids)]
+    chosen = layers[max(range(len(layers)), key=lambda i: mlp_change[layers[i].layer])]
+    order = chosen.contribution.argsort(descending=True)[: levels.linearity_count]
+    vectors = chosen.effective[order].unsqueeze(-1) * chosen.values[order]  # (n, d)
+    cumulative = lp.added(chosen.base, vectors.cumsum(0).unsqueeze(1), ids.to(vectors.device))[:, 0]
+    summed = chosen.contribution[order].cumsum(0)
+    return LinearityCheck(
+        layer=chosen.layer,
+        counts=tuple(range(1, len(order) + 1)),
+        cumulative=tuple(cumulative.tolist()),
+        summed=tuple(summed.tolist()),
+        correlation=_pearson(cumulative, summed),
+    )
+
+
+def _mlp_changes(lp: LogProbs, points: Tensor, ids: Tensor) -> list[float]:
+    point_lp = lp.of_states(points, ids.to(points.device))[:, 0]
+    layers = (len(point_lp) - 1) // 2
+    return [float(point_lp[2 * i + 2] - point_lp[2 * i + 1]) for i in range(layers)]
+
+
+def _pearson(a: Tensor, b: Tensor) -> float:
+    if len(a) < 2:
+        return math.nan
+    a, b = a.double() - a.double().mean(), b.double() - b.double().mean()
+    denominator = float(a.norm() * b.norm())
+    return float((a * b).sum()) / denominator if denominator > 0 else math.nan
+
+
+__all__ = [
+    "Levels",
+    "Readouts",
+    "attribute_position",
+    "bias_difference",
+    "direction",
+    "query_contributions",
+    "readouts",
+]
