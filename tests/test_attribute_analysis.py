@@ -1,0 +1,149 @@
+"""attribute_position / attribute_corpus: every score equals a direct computation, and
+corpus mode equals the mean of per-position runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from resstream.analysis.attribution import Levels, attribute_position
+from resstream.analysis.attribution_corpus import attribute_corpus
+from resstream.analysis.decoding import decoder_of
+from resstream.analysis.decomposition import residual_points, sublayer_writes
+from resstream.capture import block_internals
+from resstream.models.adapters import view_of
+from tests.test_models_adapters import ALL_CASES, SEQ, tiny_ids, tiny_model
+
+POSITION, TARGET = 9, 17
+
+
+def _log_prob(view, h: torch.Tensor, target: int) -> float:
+    with torch.no_grad():
+        return float(decoder_of(view).logits(h.float()).log_softmax(-1)[..., target])
+
+
+def _run(case: str, **levels):
+    view = view_of(tiny_model(case))
+    rec = block_internals(view, tiny_ids(batch=1), attention=True)
+    result = attribute_position(
+        view, rec, decoder_of(view), POSITION, TARGET, levels=Levels(top=500, **levels)
+    )
+    return view, rec, result
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+def test_checks_are_at_rounding_level(case: str) -> None:
+    _, _, result = _run(case, linearity=False)
+    assert result.check.decomposition_relative <= 1e-5
+    assert result.check.dla_residual <= 1e-4
+    for query in result.query_contributions:
+        assert query.residual <= 1e-4 * max(1.0, abs(query.preactivation))
+    dla_total = result.embed_dla + result.bias_dla + sum(x.attn_dla + x.mlp_dla for x in result.layers)
+    assert dla_total == pytest.approx(result.logit, abs=1e-4)
+
+
+@pytest.mark.parametrize("case", ["gpt2", "llama", "gemma2", "resstream_learned"])
+def test_every_level_equals_a_direct_decode(case: str) -> None:
+    """C = log p(w | x + v) − log p(w | x) with the model's own final norm and unembedding."""
+    view, rec, result = _run(case)
+    points = residual_points(view, rec, [POSITION])
+    for layer in result.layers:
+        l_ = layer.layer
+        expected = _log_prob(view, points[2 * l_ + 1], TARGET) - _log_prob(view, points[2 * l_], TARGET)
+        assert layer.attn_contribution == pytest.approx(expected, abs=1e-5)
+    at = (0, torch.tensor([POSITION]))
+    for head in result.heads[:4]:
+        writes = sublayer_writes(view, rec, head.layer, "attn", [POSITION])
+        v = writes.vectors[head.head, 0]
+        x = rec.blocks[head.layer].block_input[at][0]
+        if rec.blocks[head.layer].identity_scale is not None:
+            x = x * rec.blocks[head.layer].identity_scale
+        expected = _log_prob(view, x + v, TARGET) - _log_prob(view, x, TARGET)
+        assert head.contribution == pytest.approx(expected, abs=1e-5)
+    for neuron in result.neurons[:4]:
+        writes = sublayer_writes(view, rec, neuron.layer, "mlp", [POSITION], neurons=True)
+        v = writes.vectors[neuron.neuron, 0]
+        x = points[2 * neuron.layer + 1][0]
+        expected = _log_prob(view, x + v, TARGET) - _log_prob(view, x, TARGET)
+        assert neuron.contribution == pytest.approx(expected, abs=1e-5)
+    source = result.sources[0]
+    writes = sublayer_writes(view, rec, source.layer, "attn", [POSITION], sources=True)
+    index = int(((writes.heads == source.head) & (writes.sources == source.source_position)).nonzero()[0])
+    x = rec.blocks[source.layer].block_input[at][0]
+    if rec.blocks[source.layer].identity_scale is not None:
+        x = x * rec.blocks[source.layer].identity_scale
+    v = writes.vectors[index, 0]
+    assert source.contribution == pytest.approx(
+        _log_prob(view, x + v, TARGET) - _log_prob(view, x, TARGET), abs=1e-5
+    )
+    assert all(s.source_position <= POSITION for s in result.sources)
+
+
+def test_trajectory_and_prediction() -> None:
+    view, _, result = _run("gpt2")
+    assert [p.point for p in result.trajectory] == ["L_in_0", "L_res_0", "L_out_0", "L_res_1", "L_out_1"]
+    with torch.no_grad():
+        logits = view.model(tiny_ids(batch=1)).logits[0, POSITION]
+    probs = logits.softmax(-1)
+    assert result.probability == pytest.approx(float(probs[TARGET]), rel=1e-4)
+    assert result.rank == int((logits > logits[TARGET]).sum())
+    assert result.trajectory[-1].rank == result.rank
+
+
+def test_linearity_check_starts_equal() -> None:
+    _, _, result = _run("gpt2")
+    check = result.linearity
+    assert check is not None and check.counts[0] == 1
+    assert check.cumulative[0] == pytest.approx(check.summed[0], abs=1e-6)  # one vector: C(v1) = C(v1)
+    assert -1.0 <= check.correlation <= 1.0
+
+
+@pytest.mark.parametrize("case", ["gpt2", "gemma2"])
+def test_corpus_mode_equals_the_mean_of_per_position_runs(case: str) -> None:
+    view = view_of(tiny_model(case))
+    decoder = decoder_of(view)
+    batches = [tiny_ids(batch=2), tiny_ids(batch=1, seed=7)]
+    corpus = attribute_corpus(view, decoder, batches, top=3, candidates=4)
+    per_sequence = []
+    for ids in batches:
+        for s in range(ids.shape[0]):
+            rec = block_internals(view, ids[s : s + 1])
+            runs = [
+                attribute_position(
+                    view,
+                    rec,
+                    decoder,
+                    i,
+                    int(ids[s, i + 1]),
+                    levels=Levels(sources=False, neurons=True, linearity=False, queries=0, top=10_000),
+                )
+                for i in range(SEQ - 1)
+            ]
+            per_sequence.append(runs)
+    for layer in range(view.n_layers):
+        attn = [sum(r.layers[layer].attn_contribution for r in runs) / len(runs) for runs in per_sequence]
+        dla = [sum(r.layers[layer].mlp_dla for r in runs) / len(runs) for runs in per_sequence]
+        assert corpus.layers[layer].attn_contribution.value == pytest.approx(sum(attn) / len(attn), abs=1e-5)
+        assert corpus.layers[layer].mlp_dla.value == pytest.approx(sum(dla) / len(dla), abs=1e-5)
+    head = corpus.heads[1]
+    expected = [
+        sum(
+            next(h.contribution for h in r.heads if (h.layer, h.head) == (head.layer, head.head))
+            for r in runs
+        )
+        / len(runs)
+        for runs in per_sequence
+    ]
+    assert head.contribution.value == pytest.approx(sum(expected) / len(expected), abs=1e-5)
+    neuron = corpus.neurons[0]
+    expected = [
+        sum(
+            next(n.contribution for n in r.neurons if (n.layer, n.neuron) == (neuron.layer, neuron.neuron))
+            for r in runs
+        )
+        / len(runs)
+        for runs in per_sequence
+    ]
+    assert neuron.contribution.value == pytest.approx(sum(expected) / len(expected), abs=1e-5)
+    assert corpus.num_seqs == 3 and corpus.positions == 3 * (SEQ - 1)
+    assert corpus.check.dla_residual <= 1e-4
