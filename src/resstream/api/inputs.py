@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
+from resstream.data.files import read_text, tokenizer_pieces
 from resstream.data.sampling import SequenceSample, check_sample_request, check_vocabulary
 from resstream.errors import UsageError
 from resstream.models import LoadedModel, ModelLike, ModelView, as_loaded, check_model, is_spec, load_model
@@ -339,3 +340,33 @@ def each_batch(
                 batch = torch.stack(group[start : start + batch_size])
                 yield batch
                 bar.update(len(batch))
+
+
+def encode_text(tokenizer: PreTrainedTokenizerBase, text: str, view: ModelView) -> torch.Tensor:
+    """The text's ids (1 x T, with the tokenizer's special tokens); UsageError when they do not
+    fit the model's context. A long text is counted piece by piece first and refused once it
+    overflows, so a huge file costs the memory of one piece, not of all its tokens."""
+    if view.max_positions is not None:
+        count = 0
+        for piece in tokenizer_pieces(text):
+            count += len(tokenizer(piece, add_special_tokens=False)["input_ids"])
+            if count > view.max_positions:
+                check_length(count, view, "the text (at least {n} tokens)")
+    ids = tokenizer(text, add_special_tokens=True, return_tensors="pt")["input_ids"]
+    check_length(ids.shape[1], view, "the text ({n} tokens)")
+    return ids
+
+
+def text_of(text: str | None, text_file: str | os.PathLike[str] | None) -> str:
+    """The text to analyse: `text`, or the content of `text_file`; UsageError unless exactly one
+    is given and it holds text."""
+    if (text is None) == (text_file is None):
+        raise UsageError("give exactly one of `text` or `text_file`")
+    if text_file is None:
+        if not text.strip():
+            raise UsageError("`text` is empty")
+        return text
+    content = read_text(Path(text_file), "`text_file`", alternative=" or `text`")
+    if not content.strip():
+        raise UsageError(f"`text_file` {str(text_file)!r} holds no text; give a file with text")
+    return content

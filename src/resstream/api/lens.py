@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from resstream.analysis.decoding import DecoderKind, decoder_of
 from resstream.analysis.lens import LensResult, trajectories
-from resstream.api.inputs import LoadOptions, check_length, check_top_k, one_model
+from resstream.api.inputs import LoadOptions, check_top_k, encode_text, one_model, text_of
 from resstream.capture import residual_states
-from resstream.data.files import read_text, tokenizer_pieces
 from resstream.data.tokenizer import token_text
 from resstream.errors import UsageError
-from resstream.models import ModelLike, ModelView
+from resstream.models import ModelLike
 
 if TYPE_CHECKING:
-    import torch
     from transformers import PreTrainedTokenizerBase
 
 
@@ -50,11 +47,11 @@ def lens(
     `token_text(id)` gives the text of every token it mentions; `to_dict()` the content of
     lens.json.
     """
-    text = _the_text(text, text_file)
+    text = text_of(text, text_file)
     options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
     with one_model(model, options) as loaded:
         view = loaded.view
-        ids = _encode(loaded.tokenizer, text, view)
+        ids = encode_text(loaded.tokenizer, text, view)
         check_top_k(top_k, view.W_U.shape[0])
         chosen = _position_range(positions, ids.shape[1])
         states = residual_states(view, ids.to(view.W_E.device))[:, 0]
@@ -67,36 +64,6 @@ def lens(
             model=loaded.name,
             token_text=lambda token: token_text(loaded.tokenizer, token),
         )
-
-
-def _encode(tokenizer: PreTrainedTokenizerBase, text: str, view: ModelView) -> torch.Tensor:
-    """The text's ids (1 x T, with the tokenizer's special tokens); UsageError when they do not
-    fit the model's context. A long text is counted piece by piece first and refused once it
-    overflows, so a huge file costs the memory of one piece, not of all its tokens."""
-    if view.max_positions is not None:
-        count = 0
-        for piece in tokenizer_pieces(text):
-            count += len(tokenizer(piece, add_special_tokens=False)["input_ids"])
-            if count > view.max_positions:
-                check_length(count, view, "the text (at least {n} tokens)")
-    ids = tokenizer(text, add_special_tokens=True, return_tensors="pt")["input_ids"]
-    check_length(ids.shape[1], view, "the text ({n} tokens)")
-    return ids
-
-
-def _the_text(text: str | None, text_file: str | os.PathLike[str] | None) -> str:
-    """The text to decode: `text`, or the content of `text_file`; UsageError unless exactly one
-    is given and it holds text."""
-    if (text is None) == (text_file is None):
-        raise UsageError("give exactly one of `text` or `text_file`")
-    if text_file is None:
-        if not text.strip():
-            raise UsageError("`text` is empty")
-        return text
-    content = read_text(Path(text_file), "`text_file`", alternative=" or `text`")
-    if not content.strip():
-        raise UsageError(f"`text_file` {str(text_file)!r} holds no text; give a file with the text to decode")
-    return content
 
 
 def _position_range(positions: range | slice | None, length: int) -> range | None:
