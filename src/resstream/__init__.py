@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 __version__ = "0.1.0"
 
 if _TYPE_CHECKING:
+    from resstream.api.attribute import attribute
     from resstream.api.lens import lens
     from resstream.api.recency import recency
     from resstream.api.shift import shift
     from resstream.api.simulate import simulate
 
-__all__ = ["lens", "recency", "shift", "simulate"]
+__all__ = ["attribute", "lens", "recency", "shift", "simulate"]
 
 
 def __getattr__(name: str):

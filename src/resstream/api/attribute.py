@@ -1,0 +1,244 @@
+"""`resstream.attribute(...)`: who wrote a predicted token into the residual stream.
+
+One text (`text` or `text_file`): the prediction at `position` (default: the last) of
+`target` (default: the model's own top prediction there), attributed to layers, heads,
+attention sources and FFN neurons (`analysis.attribution`). A corpus (`dataset`): every
+position's next token is the target, means over sequences (`analysis.attribution_corpus`).
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import closing
+from functools import partial
+from typing import TYPE_CHECKING
+
+import torch
+from tqdm.auto import tqdm
+
+from resstream.analysis.attribution import Levels, attribute_position
+from resstream.analysis.attribution_corpus import attribute_corpus
+from resstream.analysis.attribution_results import AttributeResult, CorpusAttribution
+from resstream.analysis.decoding import Decoder, decoder_of
+from resstream.analysis.neurons import promoted_tokens
+from resstream.api.inputs import CorpusRequest, LoadOptions, each_model, encode_text, one_model, text_of
+from resstream.capture import Internals, block_internals
+from resstream.data.tokenizer import token_text
+from resstream.errors import UsageError
+from resstream.models import ModelLike, ModelView
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from transformers import PreTrainedTokenizerBase
+
+#: Promoted tokens listed per neuron.
+PROMOTED_TOKENS = 5
+#: Tokens per window in corpus mode when `seq_len` is not given.
+DEFAULT_SEQ_LEN = 64
+
+
+def attribute(
+    text: str | None = None,
+    *,
+    text_file: str | os.PathLike[str] | None = None,
+    model: ModelLike = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    position: int | None = None,
+    target: str | None = None,
+    target_id: int | None = None,
+    foil: str | None = None,
+    top: int = 20,
+    sources: bool = True,
+    neurons: bool = True,
+    dataset: str | None = None,
+    num_seqs: int = 16,
+    seq_len: int | None = None,
+    seed: int = 0,
+    candidates: int = 64,
+    data_dir: str | os.PathLike[str] | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
+    device_map: str | None = None,
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> AttributeResult | CorpusAttribution:
+    """Attribute a prediction (one text) or every next token of a corpus sample (`dataset`).
+
+    One text: `position` (default the last token; negative counts from the end), `target` a
+    string that must be exactly one token (or `target_id`; default: the model's top
+    prediction at the position), `foil` an optional second token for a target − foil logit
+    difference; `top` items kept per list; `sources`/`neurons` switch the attention-source and
+    neuron levels off. Returns an `AttributeResult`.
+
+    Corpus (`dataset` given instead of a text): `num_seqs` windows of `seq_len` tokens (default
+    64, clipped to the model's context) sampled with `seed`; neurons' exact C is computed for
+    the `candidates` neurons with the largest mean |DLA|. Returns a `CorpusAttribution`.
+
+    `model` is a spec or a loaded model with its `tokenizer`, as for `resstream.lens`.
+    """
+    if top < 1:
+        raise UsageError(f"`top` {top} is not allowed; allowed: 1 or more")
+    if dataset is not None:
+        if text is not None or text_file is not None:
+            raise UsageError("give a text (`text`/`text_file`) or a `dataset`, not both")
+        return _corpus(
+            model,
+            dataset,
+            num_seqs,
+            seq_len,
+            seed,
+            data_dir,
+            top,
+            candidates,
+            LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress),
+        )
+    text = text_of(text, text_file)
+    options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
+    with one_model(model, options) as loaded:
+        view = loaded.view
+        decoder = decoder_of(view)
+        ids = encode_text(loaded.tokenizer, text, view)
+        where = _position(position, ids.shape[1])
+        internals = block_internals(view, ids, attention=sources)
+        chosen = _target(loaded.tokenizer, view, decoder, internals, where, target, target_id)
+        foil_id = _foil(loaded.tokenizer, foil, chosen)
+
+        def name(token: int) -> str:
+            return token_text(loaded.tokenizer, token)
+
+        return attribute_position(
+            view,
+            internals,
+            decoder,
+            where,
+            chosen,
+            foil=foil_id,
+            levels=Levels(top=top, sources=sources, neurons=neurons),
+            token_text=name,
+            promoted=_promoted(view, decoder, name),
+            model=loaded.name,
+        )
+
+
+def _corpus(
+    model: ModelLike,
+    dataset: str,
+    num_seqs: int,
+    seq_len: int | None,
+    seed: int,
+    data_dir: str | os.PathLike[str] | None,
+    top: int,
+    candidates: int,
+    options: LoadOptions,
+) -> CorpusAttribution:
+    if candidates < 1:
+        raise UsageError(f"`candidates` {candidates} is not allowed; allowed: 1 or more")
+    corpus = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir, default_seq_len=DEFAULT_SEQ_LEN)
+    with closing(each_model([model], corpus, options)) as each:
+        for loaded, sample, _ in each:
+            view = loaded.view
+            decoder = decoder_of(view)
+            batches = [torch.as_tensor(seq).reshape(1, -1) for seq in sample.sequences]
+            if any(b.shape[1] < 2 for b in batches):
+                raise UsageError("every sequence needs at least 2 tokens (a target after a position)")
+            bar = _bar(len(batches), f"attribute {loaded.name}", options.progress)
+            try:
+                return attribute_corpus(
+                    view,
+                    decoder,
+                    batches,
+                    top=top,
+                    candidates=candidates,
+                    promoted=_promoted(view, decoder, partial(token_text, loaded.tokenizer)),
+                    model=loaded.name,
+                    dataset=dataset,
+                    progress=bar.update if bar is not None else None,
+                )
+            finally:
+                if bar is not None:
+                    bar.close()
+    raise UsageError("no model to attribute")  # pragma: no cover - each_model yields one
+
+
+def _bar(total: int, desc: str, show: bool) -> tqdm | None:
+    if not show:
+        return None
+    return tqdm(total=total, desc=desc, unit="seq", leave=False)
+
+
+def _position(position: int | None, length: int) -> int:
+    """The position to attribute (default the last); UsageError outside the text."""
+    if length < 2:
+        raise UsageError(f"the text is {length} token long; attribute needs at least 2 tokens (a context)")
+    if position is None:
+        return length - 1
+    where = position + length if position < 0 else position
+    if not 0 <= where < length:
+        raise UsageError(
+            f"`position` {position} is outside the text's {length} tokens; allowed: 0..{length - 1} "
+            f"(or -{length}..-1 from the end)"
+        )
+    return where
+
+
+def _single_token(tokenizer: PreTrainedTokenizerBase, text: str, what: str) -> int:
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        pieces = " + ".join(repr(tokenizer.decode([i])) for i in ids) or "no tokens"
+        raise UsageError(
+            f"`{what}` {text!r} is {len(ids)} tokens ({pieces}); give text that is one token "
+            f"(e.g. with its leading space) or `{what}_id`"
+            if what == "target"
+            else f"`{what}` {text!r} is {len(ids)} tokens ({pieces}); give text that is one token"
+        )
+    return int(ids[0])
+
+
+def _target(
+    tokenizer: PreTrainedTokenizerBase,
+    view: ModelView,
+    decoder: Decoder,
+    internals: Internals,
+    position: int,
+    target: str | None,
+    target_id: int | None,
+) -> int:
+    """The target token: given as text, as an id, or the model's top prediction."""
+    if target is not None and target_id is not None:
+        raise UsageError("give `target` or `target_id`, not both")
+    vocab = decoder.vocab_size
+    if target_id is not None:
+        if not 0 <= target_id < vocab:
+            raise UsageError(f"`target_id` {target_id} is outside the vocabulary; allowed: 0..{vocab - 1}")
+        return target_id
+    if target is not None:
+        return _single_token(tokenizer, target, "target")
+    final = internals.blocks[-1].block_output[0, position]
+    with torch.no_grad():
+        return int(decoder.logits(final).argmax())
+
+
+def _foil(tokenizer: PreTrainedTokenizerBase, foil: str | None, target: int) -> int | None:
+    if foil is None:
+        return None
+    foil_id = _single_token(tokenizer, foil, "foil")
+    if foil_id == target:
+        raise UsageError(f"`foil` {foil!r} is the target token itself; give a different token")
+    return foil_id
+
+
+def _promoted(
+    view: ModelView, decoder: Decoder, name: Callable[[int], str]
+) -> Callable[[int, torch.Tensor], tuple[tuple[str, ...], ...]]:
+    """The tokens each neuron's value vector promotes most, as text."""
+
+    def promoted(layer: int, neurons: torch.Tensor) -> tuple[tuple[str, ...], ...]:
+        rows = view.blocks[layer].mlp_weights().W_out.detach()[neurons.to(view.W_E.device)]
+        found = promoted_tokens(decoder, rows, min(PROMOTED_TOKENS, decoder.vocab_size))
+        return tuple(tuple(name(t) for t in ids) for ids in found.promoted_ids)
+
+    return promoted
+
+
+__all__ = ["attribute"]

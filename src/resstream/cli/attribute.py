@@ -1,0 +1,132 @@
+"""`resstream attribute`: who wrote a predicted token into the residual stream."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from resstream.cli.common import (
+    DataDirOption,
+    DeviceMapOption,
+    DeviceOption,
+    DtypeOption,
+    OutOption,
+    QuietOption,
+    SampleSeedOption,
+    TrustRemoteCodeOption,
+    resolved_device,
+)
+
+
+def attribute(
+    out: OutOption,
+    model: Annotated[
+        str | None,
+        typer.Option(help="Run dir, HF directory or hub name (default: built-in reference model)."),
+    ] = None,
+    text: Annotated[str | None, typer.Option(help="The text whose prediction is attributed.")] = None,
+    text_file: Annotated[Path | None, typer.Option(help="A UTF-8 file holding the text.")] = None,
+    position: Annotated[
+        int | None,
+        typer.Option(help="Token position to attribute (default: the last; negative: from the end)."),
+    ] = None,
+    target: Annotated[
+        str | None,
+        typer.Option(help="Target token as text, one token (default: the model's top prediction)."),
+    ] = None,
+    target_id: Annotated[int | None, typer.Option(help="Target token id (instead of --target).")] = None,
+    foil: Annotated[
+        str | None, typer.Option(help="A second token: attribute the target − foil logit difference.")
+    ] = None,
+    top: Annotated[
+        int, typer.Option(help="Sources, neurons and query shares listed (the largest |score| first).")
+    ] = 20,
+    no_sources: Annotated[
+        bool, typer.Option("--no-sources", help="Skip splitting heads into source positions.")
+    ] = False,
+    no_neurons: Annotated[bool, typer.Option("--no-neurons", help="Skip the per-neuron scores.")] = False,
+    dataset: Annotated[
+        str | None,
+        typer.Option(help="Corpus mode: a named corpus or .txt/.jsonl path; every next token is a target."),
+    ] = None,
+    num_seqs: Annotated[int, typer.Option(help="Corpus mode: sequences sampled.")] = 16,
+    seq_len: Annotated[
+        int | None, typer.Option(help="Corpus mode: tokens per sequence [default: 64].")
+    ] = None,
+    candidates: Annotated[
+        int,
+        typer.Option(help="Corpus mode: neurons (largest mean |DLA|) whose exact contribution is computed."),
+    ] = 64,
+    seed: SampleSeedOption = 0,
+    data_dir: DataDirOption = None,
+    dtype: DtypeOption = "auto",
+    device: DeviceOption = "auto",
+    device_map: DeviceMapOption = None,
+    trust_remote_code: TrustRemoteCodeOption = False,
+    quiet: QuietOption = False,
+) -> None:
+    """Attribute a prediction to layers, heads, attention sources and FFN neurons (or, with --dataset, every next token of a corpus)."""
+    import resstream
+    from resstream.io import run_record, write_json
+    from resstream.reporting.attribute import terminal_summary, write_attribute_report
+    from resstream.rundir import output_set
+
+    with output_set(out, "attribute") as outputs:
+        result = resstream.attribute(
+            text,
+            text_file=text_file,
+            model=model,
+            position=position,
+            target=target,
+            target_id=target_id,
+            foil=foil,
+            top=top,
+            sources=not no_sources,
+            neurons=not no_neurons,
+            dataset=dataset,
+            num_seqs=num_seqs,
+            seq_len=seq_len,
+            seed=seed,
+            candidates=candidates,
+            data_dir=data_dir,
+            dtype=dtype,
+            device=device,
+            device_map=device_map,
+            trust_remote_code=trust_remote_code,
+            progress=not quiet,
+        )
+        write_json(outputs / "attribute.json", result.to_dict())
+        written = write_attribute_report(result, outputs.staging)
+        settings = {
+            "command": "attribute",
+            "model": model,
+            "text_file": str(text_file) if text_file else None,
+            "position": position,
+            "target": target,
+            "target_id": target_id,
+            "foil": foil,
+            "top": top,
+            "sources": not no_sources,
+            "neurons": not no_neurons,
+            "dataset": dataset,
+            "num_seqs": num_seqs if dataset else None,
+            "seq_len": seq_len,
+            "candidates": candidates if dataset else None,
+            "dtype": dtype,
+            "device_map": device_map,
+        }
+        device_used = resolved_device(device, device_map)
+        outputs.write_record(
+            run_record(settings, seed=seed if dataset else None, device=device_used, dataset_fingerprint=None)
+        )
+    for line in terminal_summary(result):
+        typer.echo(line)
+    names = ", ".join(sorted(p.name for p in written))
+    typer.echo(f"wrote attribute.json, {names} and run.json to {out}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `attribute` to the app."""
+    app.command("attribute")(attribute)
