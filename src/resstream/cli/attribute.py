@@ -67,7 +67,10 @@ def attribute(
     trust_remote_code: TrustRemoteCodeOption = False,
     quiet: QuietOption = False,
 ) -> None:
-    """Attribute a prediction to layers, heads, attention sources and FFN neurons (or, with --dataset, every next token of a corpus)."""
+    """Attribute a prediction to layers, heads, attention sources and FFN neurons.
+
+    With --dataset: every next token of a corpus sample, averaged over sequences.
+    """
     import resstream
     from resstream.io import run_record, write_json
     from resstream.reporting.attribute import terminal_summary, write_attribute_report
