@@ -130,9 +130,14 @@ def brute_force_top(all_m: torch.Tensor, keep: int) -> list[list[tuple[float, in
     return best
 
 
-def test_streaming_top_n_equals_a_full_sort() -> None:
+@pytest.mark.parametrize("ties", [False, True])
+def test_streaming_top_n_equals_a_full_sort(ties: bool) -> None:
+    """Against a stable full sort (equal values in corpus order); with `ties`, small integers
+    with most values repeated, including ReLU-like runs of zeros."""
     gen = torch.Generator().manual_seed(6)
     all_m = torch.randn(11, 9, 5, generator=gen)
+    if ties:
+        all_m = all_m.mul(1.5).round().clamp(min=0)
     tracker = TopActivations(5, keep=7)
     for start, stop in ((0, 3), (3, 4), (4, 11)):  # batches of 3, 1 and 7 sequences
         tracker.update(all_m[start:stop], start)

@@ -144,19 +144,20 @@ class TopActivations:
         batch, seq, neurons = m.shape
         if neurons != self.num_neurons:
             raise ValueError(f"expected {self.num_neurons} neurons, got {neurons}")
-        flat = m.detach().float().cpu().reshape(batch * seq, neurons).T  # (neurons, positions)
-        if not bool(torch.isfinite(flat).all()):
+        flat = m.detach().float().reshape(batch * seq, neurons).T.contiguous()  # (neurons, positions)
+        best = _stable_top(flat, self.keep)  # on m's device: only the winners move
+        best_values = flat.gather(1, best).cpu()
+        if not bool(torch.isfinite(best_values).all()):  # nan and inf always reach the top
             raise RunError(
                 "non-finite neuron coefficients (a float16/bfloat16 model overflowing? try `dtype` float32)"
             )
-        best = _stable_top(flat, self.keep)
-        candidates_seq = first_sequence + torch.div(best, seq, rounding_mode="floor")
-        candidates_pos = best % seq
-        values = torch.cat([self.values, flat.gather(1, best)], dim=1)
+        best = best.cpu()
+        values = torch.cat([self.values, best_values], dim=1)
         order = _stable_top(values, self.keep)
         self.values = values.gather(1, order)
+        candidates_seq = first_sequence + torch.div(best, seq, rounding_mode="floor")
         self.sequences = torch.cat([self.sequences, candidates_seq], dim=1).gather(1, order)
-        self.positions = torch.cat([self.positions, candidates_pos], dim=1).gather(1, order)
+        self.positions = torch.cat([self.positions, best % seq], dim=1).gather(1, order)
 
     def maxima(self) -> Tensor:
         """Each neuron's largest coefficient so far (num_neurons,); -inf before any update."""
@@ -172,9 +173,23 @@ class TopActivations:
 
 
 def _stable_top(values: Tensor, k: int) -> Tensor:
-    """Indices of the k largest entries of each row, largest first, equal values in the order
-    they appear (earlier entries: earlier positions)."""
-    return torch.sort(values, dim=1, descending=True, stable=True).indices[:, :k]
+    """Indices of the k largest entries of each row (at most the row's length), largest first,
+    equal values in the order they appear (earlier entries: earlier positions). `topk` finds
+    them; only when more entries equal a row's k-th value than there are places left (ReLU
+    zeros, say) are the earliest of them chosen explicitly. (A full sort would give the same,
+    several times slower on a layer's neurons × positions.)"""
+    k = min(k, values.shape[1])
+    best = values.topk(k, dim=1)
+    kth = best.values[:, -1:]
+    if bool(((values >= kth).sum(dim=1) > k).any()):
+        above, tied = values > kth, values == kth
+        room = k - above.sum(dim=1, keepdim=True)
+        chosen = above | (tied & (tied.cumsum(dim=1) <= room))
+        indices = chosen.nonzero()[:, 1].view(-1, k)  # k per row, in column order
+    else:
+        indices = best.indices.sort(dim=1).values
+    order = torch.sort(values.gather(1, indices), dim=1, descending=True, stable=True).indices
+    return indices.gather(1, order)
 
 
 def rank_neurons(maxima: Tensor, top: int) -> list[int]:
