@@ -21,6 +21,7 @@ from typer.core import TyperCommand
 from resstream.cli import compare as compare_cmd
 from resstream.cli import eval as eval_cmd
 from resstream.cli import lens as lens_cmd
+from resstream.cli import neurons as neurons_cmd
 from resstream.cli import recency as recency_cmd
 from resstream.cli import shift as shift_cmd
 from resstream.cli import simulate as simulate_cmd
@@ -46,7 +47,17 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     cls=GroupWithoutFlagTypes,
 )
-for module in (train_cmd, eval_cmd, sweep_cmd, compare_cmd, shift_cmd, lens_cmd, simulate_cmd, recency_cmd):
+for module in (
+    train_cmd,
+    eval_cmd,
+    sweep_cmd,
+    compare_cmd,
+    shift_cmd,
+    lens_cmd,
+    neurons_cmd,
+    simulate_cmd,
+    recency_cmd,
+):
     module.register(app)
 for info in app.registered_commands:  # every command's help shows flags without a type
     if info.cls in (None, TyperCommand):
