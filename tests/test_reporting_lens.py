@@ -175,8 +175,9 @@ def test_a_long_text_is_split_over_several_images(tmp_path):
 
 
 def test_control_characters_are_shown_as_escapes() -> None:
-    from resstream.reporting.lens import _show
+    from resstream.reporting.lens import visible_text
 
-    assert _show(" the\n") == "␣the↵"
-    assert _show("a\x1db\u2028") == "a\\x1db\\u2028"
-    assert len(_show("x\x1dy").splitlines()) == 1
+    assert visible_text(" the\n") == "␣the↵"
+    assert visible_text("a\x1db\u2028") == "a\\x1db\\u2028"
+    assert len(visible_text("x\x1dy").splitlines()) == 1
+    assert visible_text(" the cat\n", spaces=False) == " the cat↵"

@@ -98,10 +98,10 @@ def check_fits(length: int, context: int | None, what: str, model: str | None = 
     raise UsageError(f"{what.format(n=length)} is longer than {whose}; allowed: 2..{context}")
 
 
-def check_top_k(top_k: int, vocab: int) -> None:
-    """`top_k` must lie in [1, vocab]."""
+def check_top_k(top_k: int, vocab: int, name: str = "top_k") -> None:
+    """`top_k` must lie in [1, vocab]; `name` is the parameter that gave it."""
     if not 1 <= top_k <= vocab:
-        raise UsageError(f"`top_k` {top_k} is outside [1, {vocab}] (the model's vocabulary)")
+        raise UsageError(f"`{name}` {top_k} is outside [1, {vocab}] (the model's vocabulary)")
 
 
 def check_batch_size(batch_size: int) -> None:

@@ -22,6 +22,7 @@ from resstream.cli import attribute as attribute_cmd
 from resstream.cli import compare as compare_cmd
 from resstream.cli import eval as eval_cmd
 from resstream.cli import lens as lens_cmd
+from resstream.cli import neurons as neurons_cmd
 from resstream.cli import recency as recency_cmd
 from resstream.cli import shift as shift_cmd
 from resstream.cli import simulate as simulate_cmd
@@ -55,6 +56,7 @@ for module in (
     shift_cmd,
     lens_cmd,
     attribute_cmd,
+    neurons_cmd,
     simulate_cmd,
     recency_cmd,
 ):

@@ -1,0 +1,416 @@
+"""FFN neurons as key -> value memories (Geva et al. 2021): what a neuron writes, and when.
+
+An MLP writes Σ_k m_k · w_k + b_out, where w_k = W_out[k] is neuron k's **value** vector and its
+coefficient m_k = act(x · W_in[:, k] + b_in[k]) (× the up projection for gated MLPs) is how
+strongly the block input x matches its **key** (`resstream.models.adapters.MLPWeights`).
+
+Value side. Neuron k's direct effect on the scores is read through the final norm as it
+acts on a direction: scores(w_k) = W_U · (g ⊙ centre(w_k)), with g the final norm's gain and
+centre(w) = w − mean(w) for LayerNorm (w itself for RMSNorm; the identity for models without
+a final norm). The rest of the norm only rescales or shifts these scores by the same amount
+for every token: 1/s(u), fixed at whatever state u the vector is added to, multiplies all of
+them by one positive number (the ranking of tokens is unchanged), and the norm's bias b and the
+unembedding bias b_U add the same vector W_U · b + b_U whatever the neuron. Soft-capping is
+monotone and left out for the same reason. `value_logits` gives these scores,
+`promoted_tokens` the tokens each value vector raises and lowers most. This is a direct
+effect through the final norm only: what later layers do with w_k is not counted.
+
+Key side. Over a corpus, the positions where m_k is largest are the contexts the key
+matches. `TopActivations` keeps, per neuron, the `keep` largest (m_k, sequence, position)
+while the batches stream by (never all positions at once); `top_activations` runs it over
+(ids, coefficients) batches and cuts each winner's text window. When the user asks for the
+top N neurons of a layer instead of naming them, neurons are ranked by their largest
+activation over the corpus (ties: the lower index first): a neuron whose key some context
+matches strongly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from resstream.analysis.decoding import Decoder
+from resstream.analysis.norms import norm_form
+from resstream.errors import RunError
+
+#: Bytes of one block of value scores (chunk of neurons × vocabulary, float32) in
+#: `promoted_tokens`: a GPT-2-small layer (3072 × 50257) is scored 300-odd neurons at a time.
+DEFAULT_CHUNK_BYTES = 64 << 20
+
+#: Tokens shown before the activating token in a context window.
+DEFAULT_WINDOW = 12
+
+#: How neurons are chosen when the user asks for the top N of a layer.
+RANK_RULE = "the layer's neurons ranked by their largest activation over the corpus (ties: lower index)"
+
+VALUE_RULE = (
+    "W_U · (g ⊙ centre(W_out[k])): the value vector through the final norm's gain (and centring "
+    "for LayerNorm); the norm's 1/s and the biases are the same for every neuron and left out"
+)
+
+
+# --------------------------------------------------------------------------- value side
+
+
+def value_directions(decoder: Decoder, W_out_rows: Tensor) -> Tensor:
+    """g ⊙ centre(w) of each value vector `W_out_rows` (n, d_model), float32, on the decoder's
+    device: what the final norm makes of a direction, up to its positive scale 1/s."""
+    form = norm_form(decoder.norm if isinstance(decoder.norm, torch.nn.Module) else None)
+    rows = W_out_rows.detach().to(decoder.matrix.device, torch.float32)
+    directions = form.centred(rows)
+    if form.gain is not None and not form.identity:
+        directions = directions * form.gain.detach().to(directions.device, torch.float32)
+    return directions
+
+
+def value_logits(decoder: Decoder, W_out_rows: Tensor) -> Tensor:
+    """Scores (n, vocab) of each value vector: W_U · (g ⊙ centre(w_k)) (module docstring: no
+    1/s, no bias, no soft-capping, which change every neuron's scores alike)."""
+    return value_directions(decoder, W_out_rows) @ decoder.matrix.detach().float().T
+
+
+@dataclass(frozen=True)
+class ValueTokens:
+    """Per neuron (in the order given), the `top` token ids its value vector promotes most
+    (highest `value_logits` first) and suppresses most (lowest first), with their scores."""
+
+    promoted_ids: tuple[tuple[int, ...], ...]
+    promoted_scores: tuple[tuple[float, ...], ...]
+    suppressed_ids: tuple[tuple[int, ...], ...]
+    suppressed_scores: tuple[tuple[float, ...], ...]
+
+    def __len__(self) -> int:
+        return len(self.promoted_ids)
+
+
+def promoted_tokens(
+    decoder: Decoder, W_out_rows: Tensor, top: int, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> ValueTokens:
+    """The `top` tokens each value vector `W_out_rows` (n, d_model) promotes and suppresses most
+    (`value_logits`), scored a chunk of neurons at a time so that at most `chunk_bytes` of
+    scores exist at once. Raises ValueError unless 1 <= top <= vocabulary."""
+    vocab = decoder.vocab_size
+    if not 1 <= top <= vocab:
+        raise ValueError(f"top {top} is outside [1, {vocab}] (the vocabulary)")
+    chunk = max(1, chunk_bytes // (4 * vocab))
+    lists: list[list[tuple[float, ...] | tuple[int, ...]]] = [[], [], [], []]
+    for start in range(0, W_out_rows.shape[0], chunk):
+        scores = value_logits(decoder, W_out_rows[start : start + chunk])
+        high = scores.topk(top, dim=-1)
+        low = scores.topk(top, dim=-1, largest=False)
+        for target, tensor in zip(lists, (high.indices, high.values, low.indices, low.values), strict=True):
+            target.extend(tuple(row) for row in tensor.tolist())
+    return ValueTokens(*(tuple(entries) for entries in lists))
+
+
+# --------------------------------------------------------------------------- key side
+
+
+@dataclass(frozen=True)
+class Activation:
+    """One coefficient m_k at `position` of sequence `sequence` (0-based, in corpus order)."""
+
+    value: float
+    sequence: int
+    position: int
+
+
+class TopActivations:
+    """Streaming top-`keep` of each of `num_neurons` neurons' coefficients (module docstring).
+
+    `update(m, first_sequence)` takes one batch's coefficients m (batch, seq, num_neurons),
+    whose row r is sequence `first_sequence + r`; memory is O(num_neurons · keep) whatever
+    the corpus size. Equal coefficients keep corpus order (earlier sequence, then position).
+    """
+
+    def __init__(self, num_neurons: int, keep: int) -> None:
+        if keep < 1:
+            raise ValueError(f"keep {keep} must be >= 1")
+        self.keep = keep
+        self.values = torch.full((num_neurons, keep), float("-inf"))
+        self.sequences = torch.full((num_neurons, keep), -1, dtype=torch.long)
+        self.positions = torch.full((num_neurons, keep), -1, dtype=torch.long)
+
+    @property
+    def num_neurons(self) -> int:
+        return int(self.values.shape[0])
+
+    def update(self, m: Tensor, first_sequence: int) -> None:
+        """Merge one batch's coefficients (batch, seq, num_neurons) into the running top lists."""
+        batch, seq, neurons = m.shape
+        if neurons != self.num_neurons:
+            raise ValueError(f"expected {self.num_neurons} neurons, got {neurons}")
+        flat = m.detach().float().reshape(batch * seq, neurons).T.contiguous()  # (neurons, positions)
+        best = _stable_top(flat, self.keep)  # on m's device: only the winners move
+        best_values = flat.gather(1, best).cpu()
+        if not bool(torch.isfinite(best_values).all()):  # nan and inf always reach the top
+            raise RunError(
+                "non-finite neuron coefficients (a float16/bfloat16 model overflowing? try `dtype` float32)"
+            )
+        best = best.cpu()
+        values = torch.cat([self.values, best_values], dim=1)
+        order = _stable_top(values, self.keep)
+        self.values = values.gather(1, order)
+        candidates_seq = first_sequence + torch.div(best, seq, rounding_mode="floor")
+        self.sequences = torch.cat([self.sequences, candidates_seq], dim=1).gather(1, order)
+        self.positions = torch.cat([self.positions, best % seq], dim=1).gather(1, order)
+
+    def maxima(self) -> Tensor:
+        """Each neuron's largest coefficient so far (num_neurons,); -inf before any update."""
+        return self.values[:, 0].clone()
+
+    def best(self, index: int) -> tuple[Activation, ...]:
+        """Neuron `index`'s largest coefficients, largest first (at most `keep`)."""
+        return tuple(
+            Activation(float(v), int(s), int(p))
+            for v, s, p in zip(self.values[index], self.sequences[index], self.positions[index], strict=True)
+            if s >= 0
+        )
+
+
+def _stable_top(values: Tensor, k: int) -> Tensor:
+    """Indices of the k largest entries of each row (at most the row's length), largest first,
+    equal values in the order they appear (earlier entries: earlier positions). `topk` finds
+    them; only when more entries equal a row's k-th value than there are places left (ReLU
+    zeros, say) are the earliest of them chosen explicitly. (A full sort would give the same,
+    several times slower on a layer's neurons × positions.)"""
+    k = min(k, values.shape[1])
+    best = values.topk(k, dim=1)
+    kth = best.values[:, -1:]
+    if bool(((values >= kth).sum(dim=1) > k).any()):
+        above, tied = values > kth, values == kth
+        room = k - above.sum(dim=1, keepdim=True)
+        chosen = above | (tied & (tied.cumsum(dim=1) <= room))
+        indices = chosen.nonzero()[:, 1].view(-1, k)  # k per row, in column order
+    else:
+        indices = best.indices.sort(dim=1).values
+    order = torch.sort(values.gather(1, indices), dim=1, descending=True, stable=True).indices
+    return indices.gather(1, order)
+
+
+def rank_neurons(maxima: Tensor, top: int) -> list[int]:
+    """The `top` neurons with the largest `maxima` (RANK_RULE), best first."""
+    order = torch.sort(maxima.float().cpu(), descending=True, stable=True).indices
+    return [int(k) for k in order[:top]]
+
+
+@dataclass(frozen=True)
+class Context:
+    """A context that switches a neuron on: its coefficient `activation` at `position` of
+    sequence `sequence`, and the window of token ids ending with the activating token."""
+
+    activation: float
+    sequence: int
+    position: int
+    window: tuple[int, ...]
+
+    @property
+    def token_id(self) -> int:
+        """The token at `position` (the last of the window)."""
+        return self.window[-1]
+
+
+@dataclass(frozen=True)
+class KeySide:
+    """The key side of the chosen neurons of one layer over a corpus: per neuron its largest
+    coefficient and top contexts, and how many positions were seen."""
+
+    neurons: tuple[int, ...]
+    maxima: tuple[float, ...]
+    contexts: tuple[tuple[Context, ...], ...]
+    num_positions: int
+
+
+def top_activations(
+    batches: Iterable[tuple[Tensor, Tensor]],
+    *,
+    neurons: Sequence[int] | None = None,
+    top: int | None = None,
+    keep: int = 10,
+    window: int = DEFAULT_WINDOW,
+) -> KeySide:
+    """The `keep` largest coefficients of the chosen neurons over a corpus, with their windows.
+
+    `batches` yields (ids (batch, seq), m (batch, seq, d_ff)): a batch's token ids and the
+    coefficients of all the layer's neurons there (recorded at the MLP's output projection),
+    sequences numbered in the order they come. Give the `neurons` (indices into d_ff) or
+    `top`: the `top` neurons by RANK_RULE, which tracks every neuron of the layer. Each
+    context's window holds up to `window` tokens before the activating one, and it.
+    """
+    if (neurons is None) == (top is None):
+        raise ValueError("give exactly one of neurons or top")
+    rows: list[Tensor] = []
+    tracker: TopActivations | None = None
+    chosen = None if neurons is None else torch.tensor(list(neurons), dtype=torch.long)
+    positions = 0
+    for ids, m in batches:
+        if chosen is not None:
+            m = m[..., chosen.to(m.device)]
+        if tracker is None:
+            tracker = TopActivations(m.shape[-1], keep)
+        tracker.update(m, len(rows))
+        rows.extend(ids.detach().cpu())
+        positions += ids.numel()
+    if tracker is None:
+        raise ValueError("no batches: the corpus gave no sequences")
+    if neurons is not None:
+        slots, names = list(range(len(neurons))), [int(n) for n in neurons]
+    else:
+        slots = names = rank_neurons(tracker.maxima(), top)
+    maxima = tracker.maxima()
+    return KeySide(
+        neurons=tuple(names),
+        maxima=tuple(float(maxima[i]) for i in slots),
+        contexts=tuple(tuple(_context(a, rows, window) for a in tracker.best(i)) for i in slots),
+        num_positions=positions,
+    )
+
+
+def _context(activation: Activation, rows: Sequence[Tensor], window: int) -> Context:
+    """The context of one activation: its window of up to `window` tokens before it, and it."""
+    row = rows[activation.sequence]
+    start = max(0, activation.position - window)
+    ids = tuple(int(t) for t in row[start : activation.position + 1])
+    return Context(activation.value, activation.sequence, activation.position, ids)
+
+
+# --------------------------------------------------------------------------- the result
+
+
+@dataclass(frozen=True)
+class NeuronReport:
+    """One neuron: its largest coefficient over the corpus, the tokens its value vector
+    promotes and suppresses (id, score), and its top contexts."""
+
+    neuron: int
+    max_activation: float
+    promoted: tuple[tuple[int, float], ...]
+    suppressed: tuple[tuple[int, float], ...]
+    contexts: tuple[Context, ...]
+
+
+@dataclass(frozen=True)
+class NeuronsResult:
+    """Neurons of one layer as key -> value memories (module docstring), with the text of every
+    token the result mentions (`token_text`), so it renders itself."""
+
+    model: str
+    layer: int
+    num_layers: int
+    d_ff: int
+    gated: bool
+    selection: str
+    value_rule: str
+    dataset: str
+    sample: str
+    dataset_fingerprint: str | None
+    num_seqs: int
+    num_positions: int
+    neurons: tuple[NeuronReport, ...]
+    texts: tuple[tuple[int, str], ...] = ()
+
+    def token_text(self, token_id: int) -> str:
+        """The decoded text of a token the result mentions (its id in brackets if unknown)."""
+        return dict(self.texts).get(token_id, f"<{token_id}>")
+
+    def __repr__(self) -> str:
+        ids = ", ".join(str(n.neuron) for n in self.neurons)
+        where = f"layer {self.layer}, neurons {ids}; {self.num_positions:,} positions"
+        return f"NeuronsResult({self.model}: {where})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for neurons.json, with the decoded strings."""
+        text = dict(self.texts)
+
+        def tokens(pairs: Sequence[tuple[int, float]]) -> list[dict[str, Any]]:
+            return [{"token_id": t, "token": text.get(t), "score": s} for t, s in pairs]
+
+        return {
+            "model": self.model,
+            "layer": self.layer,
+            "num_layers": self.num_layers,
+            "d_ff": self.d_ff,
+            "gated": self.gated,
+            "selection": self.selection,
+            "value_rule": self.value_rule,
+            "dataset": self.dataset,
+            "sample": self.sample,
+            "dataset_fingerprint": self.dataset_fingerprint,
+            "num_seqs": self.num_seqs,
+            "num_positions": self.num_positions,
+            "neurons": [
+                {
+                    "neuron": n.neuron,
+                    "max_activation": n.max_activation,
+                    "promoted": tokens(n.promoted),
+                    "suppressed": tokens(n.suppressed),
+                    "contexts": [
+                        {
+                            "activation": c.activation,
+                            "sequence": c.sequence,
+                            "position": c.position,
+                            "token_id": c.token_id,
+                            "token": text.get(c.token_id),
+                            "window_ids": list(c.window),
+                            "window": [text.get(t) for t in c.window],
+                        }
+                        for c in n.contexts
+                    ],
+                }
+                for n in self.neurons
+            ],
+        }
+
+
+def neuron_reports(key: KeySide, values: ValueTokens) -> tuple[NeuronReport, ...]:
+    """The key side and the value side (same neurons, same order) joined per neuron."""
+    if len(values) != len(key.neurons):
+        raise ValueError(f"{len(values)} value lists for {len(key.neurons)} neurons")
+    return tuple(
+        NeuronReport(
+            neuron=neuron,
+            max_activation=key.maxima[i],
+            promoted=tuple(zip(values.promoted_ids[i], values.promoted_scores[i], strict=True)),
+            suppressed=tuple(zip(values.suppressed_ids[i], values.suppressed_scores[i], strict=True)),
+            contexts=key.contexts[i],
+        )
+        for i, neuron in enumerate(key.neurons)
+    )
+
+
+def mentioned_tokens(
+    reports: Sequence[NeuronReport], token_text: Callable[[int], str]
+) -> tuple[tuple[int, str], ...]:
+    """(id, text) of every token the reports mention, by id."""
+    ids: set[int] = set()
+    for report in reports:
+        ids.update(t for t, _ in report.promoted + report.suppressed)
+        for context in report.contexts:
+            ids.update(context.window)
+    return tuple((t, token_text(t)) for t in sorted(ids))
+
+
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "DEFAULT_WINDOW",
+    "RANK_RULE",
+    "VALUE_RULE",
+    "Activation",
+    "Context",
+    "KeySide",
+    "NeuronReport",
+    "NeuronsResult",
+    "TopActivations",
+    "ValueTokens",
+    "mentioned_tokens",
+    "neuron_reports",
+    "promoted_tokens",
+    "rank_neurons",
+    "top_activations",
+    "value_directions",
+    "value_logits",
+]

@@ -1,0 +1,220 @@
+"""Render neurons as key -> value memories: a PNG of value tokens, an HTML page, a CSV, lines.
+
+The PNG has one panel per neuron: the tokens its value vector promotes most (green, positive
+scores) and suppresses most (red, negative), as horizontal bars labelled with the token text
+(a leading space shown as '␣'). The HTML page sets each neuron's top activating contexts (the
+activating token highlighted, its coefficient beside it) next to its value tokens, and needs
+no network. Nothing here computes model outputs.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import math
+from pathlib import Path
+
+from resstream.analysis.neurons import Context, NeuronReport, NeuronsResult
+from resstream.io import write_text
+from resstream.reporting.figures import new_figure, save_figure
+from resstream.reporting.lens import visible_text
+
+PROMOTED_COLOUR = "#31a354"
+SUPPRESSED_COLOUR = "#de2d26"
+HIGHLIGHT = "#fdd49e"
+PANEL_COLUMNS = 3  # panels per row of neurons.png
+LABEL_CHARS = 16  # a token label longer than this is cut with "…"
+
+CSV_COLUMNS = ("neuron", "list", "rank", "value", "token_id", "token", "sequence", "position", "context")
+
+
+def _label(text: str) -> str:
+    """A token as a plot label: whitespace visible, cut to LABEL_CHARS, '$' escaped so that
+    matplotlib never reads a token as mathtext."""
+    shown = visible_text(text)
+    if len(shown) > LABEL_CHARS:
+        shown = shown[: LABEL_CHARS - 1] + "…"
+    return shown.replace("$", r"\$")
+
+
+def context_text(result: NeuronsResult, context: Context, mark: tuple[str, str] = ("⟦", "⟧")) -> str:
+    """The window as running text, the activating token between the `mark` pair."""
+    before = "".join(result.token_text(t) for t in context.window[:-1])
+    token = result.token_text(context.token_id)
+    return visible_text(before, spaces=False) + mark[0] + visible_text(token, spaces=False) + mark[1]
+
+
+def neurons_csv(result: NeuronsResult) -> str:
+    """One row per listed item: per neuron its promoted and suppressed tokens (`value` = the
+    value score) and its top contexts (`value` = the coefficient m_k, with sequence, position
+    and the window, the activating token in ⟦ ⟧). Token texts keep their spaces; a newline is
+    '↵' and other control characters are escapes, so each row is one line (neurons.json has
+    the exact texts)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for n in result.neurons:
+        for name, pairs in (("promoted", n.promoted), ("suppressed", n.suppressed)):
+            for rank, (token, score) in enumerate(pairs):
+                writer.writerow([n.neuron, name, rank, score, token, _cell(result, token), "", "", ""])
+        for rank, c in enumerate(n.contexts):
+            writer.writerow(
+                [
+                    n.neuron,
+                    "context",
+                    rank,
+                    c.activation,
+                    c.token_id,
+                    _cell(result, c.token_id),
+                    c.sequence,
+                    c.position,
+                    context_text(result, c),
+                ]
+            )
+    return buffer.getvalue()
+
+
+def _cell(result: NeuronsResult, token: int) -> str:
+    return visible_text(result.token_text(token), spaces=False)
+
+
+def summary_lines(result: NeuronsResult, tokens: int = 5) -> list[str]:
+    """A header and one line per neuron: its largest coefficient, the first `tokens` tokens it
+    promotes and suppresses, and its top context."""
+    lines = [
+        f"{result.model}: layer {result.layer} of {result.num_layers}, {len(result.neurons)} of "
+        f"{result.d_ff} neurons ({result.selection}); {result.num_positions:,} positions"
+    ]
+    for n in result.neurons:
+        promoted = " ".join(repr(result.token_text(t)) for t, _ in n.promoted[:tokens])
+        suppressed = " ".join(repr(result.token_text(t)) for t, _ in n.suppressed[:tokens])
+        lines.append(
+            f"  neuron {n.neuron}: max m {n.max_activation:.3g}; promotes {promoted}; suppresses {suppressed}"
+        )
+        if n.contexts:
+            lines.append(
+                f"    top context ({n.contexts[0].activation:.3g}): {context_text(result, n.contexts[0])}"
+            )
+    return lines
+
+
+# --------------------------------------------------------------------------- PNG
+
+
+def _panel(ax, result: NeuronsResult, n: NeuronReport) -> None:
+    """Bars of one neuron: promoted tokens on top (largest first), then suppressed ones."""
+    rows = list(n.promoted) + list(reversed(n.suppressed))  # the most suppressed at the bottom
+    scores = [score for _, score in rows]
+    colours = [PROMOTED_COLOUR] * len(n.promoted) + [SUPPRESSED_COLOUR] * len(n.suppressed)
+    positions = list(range(len(rows)))
+    ax.barh(positions, scores, color=colours, height=0.75)
+    ax.set_yticks(positions)
+    ax.set_yticklabels([_label(result.token_text(t)) for t, _ in rows], fontsize=7, family="monospace")
+    ax.invert_yaxis()
+    ax.axvline(0.0, color="black", linewidth=0.6)
+    ax.axhline(len(n.promoted) - 0.5, color="#999999", linewidth=0.6, linestyle=":")
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_title(f"neuron {n.neuron} (max m = {n.max_activation:.3g})", fontsize=8.5)
+
+
+def plot_neurons(result: NeuronsResult, path: str | Path) -> Path:
+    """neurons.png: one panel per neuron (module docstring), PANEL_COLUMNS to a row."""
+    count = max(1, len(result.neurons))
+    columns = min(PANEL_COLUMNS, count)
+    rows = math.ceil(count / columns)
+    bars = max((len(n.promoted) + len(n.suppressed) for n in result.neurons), default=1)
+    fig = new_figure(3.4 * columns + 0.6, (0.17 * bars + 0.9) * rows + 0.8)
+    for index, n in enumerate(result.neurons):
+        ax = fig.add_subplot(rows, columns, index + 1)
+        _panel(ax, result, n)
+        if index // columns == rows - 1 or index + columns >= count:
+            ax.set_xlabel("value score W_U·(g⊙w_k)", fontsize=7.5)
+    fig.suptitle(
+        f"{result.model}, layer {result.layer}: tokens each neuron's value vector promotes (green) "
+        f"and suppresses (red)\ndirect effect through the final norm's gain; "
+        f"max m = largest coefficient over {result.num_positions:,} positions of {result.dataset}",
+        fontsize=9,
+    )
+    return save_figure(fig, path)
+
+
+# --------------------------------------------------------------------------- HTML
+
+PAGE_STYLE = (
+    "body{font-family:sans-serif;margin:1em 2em}"
+    "section{border-top:1px solid #ccc;padding:.4em 0;display:flex;gap:2em;align-items:flex-start}"
+    "h2{font-size:110%;margin:.2em 0}"
+    "table{border-collapse:collapse}td,th{padding:1px 6px;text-align:left;vertical-align:top}"
+    "td.num{text-align:right;font-family:monospace}"
+    "td.ctx{font-family:monospace;white-space:pre-wrap;max-width:60em}"
+    f"mark{{background:{HIGHLIGHT};font-weight:bold}}"
+    ".tok{font-family:monospace;white-space:pre}"
+    f".up{{color:{PROMOTED_COLOUR}}}.down{{color:{SUPPRESSED_COLOUR}}}"
+    ".note{color:#555;font-size:90%}"
+)
+
+
+def _contexts_table(result: NeuronsResult, n: NeuronReport) -> str:
+    rows = "".join(
+        f"<tr><td class='num'>{c.activation:.4g}</td><td class='num'>{c.sequence}:{c.position}</td>"
+        f"<td class='ctx'>{_html_context(result, c)}</td></tr>"
+        for c in n.contexts
+    )
+    return (
+        "<div><table><thead><tr><th>m</th><th>seq:pos</th><th>context (activating token marked)</th></tr>"
+        f"</thead><tbody>{rows}</tbody></table></div>"
+    )
+
+
+def _html_context(result: NeuronsResult, context: Context) -> str:
+    before = "".join(result.token_text(t) for t in context.window[:-1])
+    token = result.token_text(context.token_id)
+    return (
+        html.escape(visible_text(before, spaces=False))
+        + f"<mark>{html.escape(visible_text(token, spaces=False))}</mark>"
+    )
+
+
+def _tokens_table(result: NeuronsResult, n: NeuronReport) -> str:
+    def cells(pairs, css):
+        return [
+            f"<td class='tok {css}'>{html.escape(visible_text(result.token_text(t)))}</td>"
+            f"<td class='num'>{score:+.3f}</td>"
+            for t, score in pairs
+        ]
+
+    up, down = cells(n.promoted, "up"), cells(n.suppressed, "down")
+    rows = "".join(
+        f"<tr>{up[i] if i < len(up) else '<td></td><td></td>'}{down[i] if i < len(down) else ''}</tr>"
+        for i in range(max(len(up), len(down)))
+    )
+    return (
+        "<div><table><thead><tr><th colspan='2'>promotes</th><th colspan='2'>suppresses</th></tr>"
+        f"</thead><tbody>{rows}</tbody></table></div>"
+    )
+
+
+def write_html(result: NeuronsResult, path: str | Path) -> None:
+    """neurons.html: per neuron its top contexts (activating token highlighted, coefficient
+    m_k beside it) and the tokens its value vector promotes and suppresses; self-contained."""
+    sections = "".join(
+        f"<h2>neuron {n.neuron} <span class='note'>max m = {n.max_activation:.4g}</span></h2>"
+        f"<section>{_contexts_table(result, n)}{_tokens_table(result, n)}</section>"
+        for n in result.neurons
+    )
+    key = (
+        f"<h1>{html.escape(result.model)}: layer {result.layer} neurons as key → value memories</h1>"
+        f"<p class='note'>Neurons: {html.escape(result.selection)}. Contexts: the largest coefficients m_k "
+        f"over {result.num_positions:,} positions ({html.escape(result.sample)}); each window ends with "
+        f"the activating token (the model sees only the tokens up to it). Value tokens: "
+        f"{html.escape(result.value_rule)}. ␣ = a space, ↵ = a newline.</p>"
+    )
+    page = (
+        "<!doctype html><meta charset='utf-8'><title>resstream neurons</title>"
+        f"<style>{PAGE_STYLE}</style>{key}{sections}"
+    )
+    write_text(path, page)
+
+
+__all__ = ["CSV_COLUMNS", "context_text", "neurons_csv", "plot_neurons", "summary_lines", "write_html"]
