@@ -14,10 +14,10 @@ from resstream.reporting.lens import (
     POSITIONS_PER_IMAGE,
     lens_figure,
     plot_lens,
-    probability_text,
     terminal_lines,
     write_html,
 )
+from resstream.reporting.text import probability_text, show_token
 
 
 def result(top_k: int = 1):
@@ -175,9 +175,6 @@ def test_a_long_text_is_split_over_several_images(tmp_path):
 
 
 def test_control_characters_are_shown_as_escapes() -> None:
-    from resstream.reporting.lens import visible_text
-
-    assert visible_text(" the\n") == "␣the↵"
-    assert visible_text("a\x1db\u2028") == "a\\x1db\\u2028"
-    assert len(visible_text("x\x1dy").splitlines()) == 1
-    assert visible_text(" the cat\n", spaces=False) == " the cat↵"
+    assert show_token(" the\n") == "␣the↵"
+    assert show_token("a\x1db\u2028") == "a\\x1db\\u2028"
+    assert len(show_token("x\x1dy").splitlines()) == 1

@@ -20,6 +20,7 @@ from matplotlib.patches import Rectangle
 from resstream.analysis.lens import LensResult, PositionTrajectory
 from resstream.io import write_text
 from resstream.reporting.figures import INPUT_TOKEN, NEXT_TOKEN, new_figure, save_figure
+from resstream.reporting.text import probability_text, show_token
 
 INPUT_COLOUR = "#9ecae1"  # blue: decodes to the input token
 NEXT_COLOUR = "#a1d99b"  # green: decodes to the next token
@@ -36,21 +37,6 @@ def _kind(trajectory: PositionTrajectory, token_id: int) -> str | None:
     return None
 
 
-def visible_text(text: str, *, spaces: bool = True) -> str:
-    """Visible whitespace and control characters: ' the' is shown as '␣the' (with `spaces`;
-    without, spaces stay spaces, for running text), a newline as '↵', other control
-    characters as escapes ('\\x1d'), so a token never breaks a line."""
-    if spaces:
-        text = text.replace(" ", "␣")
-    text = text.replace("\n", "↵")
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
-
-
-def probability_text(probability: float) -> str:
-    """A probability in at most 7 characters: 0.412, or 1.2e-04 below 0.001."""
-    return f"{probability:.3f}" if probability >= 0.001 else f"{probability:.1e}"
-
-
 def terminal_lines(result: LensResult, *, colour: bool = True) -> list[str]:
     """A header, then one line per position: input → next, then the merged layer ranges.
     Input and next cells are bold blue / green with `colour`, else suffixed [input] / [next];
@@ -63,13 +49,11 @@ def terminal_lines(result: LensResult, *, colour: bool = True) -> list[str]:
     )
     lines = [f"decoder {result.decoder}{how}; layers 0–{result.num_layers} (0 = embedding); {marks}"]
     for t in result.trajectories:
-        head = f"{t.position:>4} {visible_text(result.token_text(t.input_id))!r:>14} → "
-        head += (
-            f"{visible_text(result.token_text(t.next_id))!r:<14}" if t.next_id is not None else f"{'':<14}"
-        )
+        head = f"{t.position:>4} {show_token(result.token_text(t.input_id))!r:>14} → "
+        head += f"{show_token(result.token_text(t.next_id))!r:<14}" if t.next_id is not None else f"{'':<14}"
         cells = []
         for r in t.ranges():
-            cell = f"{r.label}: {visible_text(result.token_text(r.token_id))}"
+            cell = f"{r.label}: {show_token(result.token_text(r.token_id))}"
             kind = _kind(t, r.token_id)
             if colour and kind is not None:
                 cell = typer.style(cell, fg="green" if kind == "next" else "blue", bold=True)
@@ -86,14 +70,14 @@ def _hover_text(result: LensResult, t: PositionTrajectory, layer: int) -> str:
     ids, probs = t.top_ids[layer], t.top_probs[layer]
     lines = [f"layer {layer}: top-{len(ids)}"]
     for token, probability in list(zip(ids, probs, strict=True))[:HOVER_TOKENS]:
-        lines.append(f"{visible_text(result.token_text(token))} {probability_text(probability)}")
+        lines.append(f"{show_token(result.token_text(token))} {probability_text(probability)}")
     if len(ids) > HOVER_TOKENS:
         lines.append(f"… {len(ids) - HOVER_TOKENS} more in lens.json")
     targets = [("input", t.input_id, t.input_ranks, t.input_probs)]
     if t.next_id is not None and t.next_ranks is not None and t.next_probs is not None:
         targets.append(("next", t.next_id, t.next_ranks, t.next_probs))
     for name, token, ranks, probabilities in targets:
-        text = visible_text(result.token_text(token))
+        text = show_token(result.token_text(token))
         lines.append(f"{name} {text}: rank {ranks[layer]}, p {probability_text(probabilities[layer])}")
     return "\n".join(lines)
 
@@ -105,7 +89,7 @@ def _html_cell(result: LensResult, t: PositionTrajectory, layer: int) -> str:
     style = f' style="background:{colour}"' if colour else ""
     title = html.escape(_hover_text(result, t, layer), quote=True).replace("\n", "&#10;")
     return (
-        f'<td title="{title}"{style}>{html.escape(visible_text(result.token_text(token)))}'
+        f'<td title="{title}"{style}>{html.escape(show_token(result.token_text(token)))}'
         f"<small>{probability_text(t.top_probs[layer][0])}</small></td>"
     )
 
@@ -150,10 +134,10 @@ def write_html(result: LensResult, path: str | Path) -> None:
     depth = result.num_layers + 1
     rows = []
     for t in result.trajectories:
-        nxt = html.escape(visible_text(result.token_text(t.next_id))) if t.next_id is not None else ""
+        nxt = html.escape(show_token(result.token_text(t.next_id))) if t.next_id is not None else ""
         cells = "".join(_html_cell(result, t, layer) for layer in range(depth))
         rows.append(
-            f"<tr><th>{t.position}</th><th>{html.escape(visible_text(result.token_text(t.input_id)))}</th>"
+            f"<tr><th>{t.position}</th><th>{html.escape(show_token(result.token_text(t.input_id)))}</th>"
             f"<th>{nxt}</th>{cells}</tr>"
         )
     page = (
@@ -190,7 +174,7 @@ def lens_figure(result: LensResult, part: int = 0) -> Figure:
             if kind is not None:
                 colour = INPUT_COLOUR if kind == "input" else NEXT_COLOUR
                 ax.add_patch(Rectangle((layer - 0.5, row - 0.5), 1, 1, facecolor=colour, edgecolor="none"))
-            text = visible_text(result.token_text(token))[:10]
+            text = show_token(result.token_text(token))[:10]
             ax.text(layer, row - 0.1, text, ha="center", va="center", fontsize=7, family="monospace")
             ax.text(layer, row + 0.25, probability_text(probability), ha="center", va="center", fontsize=5.5)
     ax.set_xticks(range(n_depth))
@@ -199,7 +183,7 @@ def lens_figure(result: LensResult, part: int = 0) -> Figure:
     ax.set_xlabel(LAYER_HEADER)
     ax.set_yticks(range(n_pos))
     ax.set_yticklabels(
-        [f"{t.position} {visible_text(result.token_text(t.input_id))[:10]}" for t in rows],
+        [f"{t.position} {show_token(result.token_text(t.input_id))[:10]}" for t in rows],
         fontsize=7,
         family="monospace",
     )

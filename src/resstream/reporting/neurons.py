@@ -18,7 +18,7 @@ from pathlib import Path
 from resstream.analysis.neurons import Context, NeuronReport, NeuronsResult
 from resstream.io import write_text
 from resstream.reporting.figures import new_figure, save_figure
-from resstream.reporting.lens import visible_text
+from resstream.reporting.text import show_token
 
 PROMOTED_COLOUR = "#31a354"
 SUPPRESSED_COLOUR = "#de2d26"
@@ -32,7 +32,7 @@ CSV_COLUMNS = ("neuron", "list", "rank", "value", "token_id", "token", "sequence
 def _label(text: str) -> str:
     """A token as a plot label: whitespace visible, cut to LABEL_CHARS, '$' escaped so that
     matplotlib never reads a token as mathtext."""
-    shown = visible_text(text)
+    shown = show_token(text)
     if len(shown) > LABEL_CHARS:
         shown = shown[: LABEL_CHARS - 1] + "…"
     return shown.replace("$", r"\$")
@@ -42,7 +42,7 @@ def context_text(result: NeuronsResult, context: Context, mark: tuple[str, str] 
     """The window as running text, the activating token between the `mark` pair."""
     before = "".join(result.token_text(t) for t in context.window[:-1])
     token = result.token_text(context.token_id)
-    return visible_text(before, spaces=False) + mark[0] + visible_text(token, spaces=False) + mark[1]
+    return show_token(before, spaces=False) + mark[0] + show_token(token, spaces=False) + mark[1]
 
 
 def neurons_csv(result: NeuronsResult) -> str:
@@ -76,7 +76,7 @@ def neurons_csv(result: NeuronsResult) -> str:
 
 
 def _cell(result: NeuronsResult, token: int) -> str:
-    return visible_text(result.token_text(token), spaces=False)
+    return show_token(result.token_text(token), spaces=False)
 
 
 def summary_lines(result: NeuronsResult, tokens: int = 5) -> list[str]:
@@ -171,15 +171,15 @@ def _html_context(result: NeuronsResult, context: Context) -> str:
     before = "".join(result.token_text(t) for t in context.window[:-1])
     token = result.token_text(context.token_id)
     return (
-        html.escape(visible_text(before, spaces=False))
-        + f"<mark>{html.escape(visible_text(token, spaces=False))}</mark>"
+        html.escape(show_token(before, spaces=False))
+        + f"<mark>{html.escape(show_token(token, spaces=False))}</mark>"
     )
 
 
 def _tokens_table(result: NeuronsResult, n: NeuronReport) -> str:
     def cells(pairs, css):
         return [
-            f"<td class='tok {css}'>{html.escape(visible_text(result.token_text(t)))}</td>"
+            f"<td class='tok {css}'>{html.escape(show_token(result.token_text(t)))}</td>"
             f"<td class='num'>{score:+.3f}</td>"
             for t, score in pairs
         ]

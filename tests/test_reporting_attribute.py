@@ -1,0 +1,597 @@
+"""attribute's renderers (CSV, PNG, HTML, terminal) on hand-made results."""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from matplotlib.image import imread
+
+from resstream.analysis.attribution_results import (
+    AttributeResult,
+    AttributionCheck,
+    CorpusAttribution,
+    HeadAttribution,
+    HeadSummary,
+    LayerAttribution,
+    LayerSummary,
+    LinearityCheck,
+    NeuronAttribution,
+    NeuronSummary,
+    QueryContribution,
+    QueryShare,
+    SourceAttribution,
+    TrajectoryPoint,
+)
+from resstream.reporting.attribute import (
+    CORPUS_FILES,
+    SINGLE_FILES,
+    attribute_tables,
+    heads_figure,
+    layers_figure,
+    linearity_figure,
+    neurons_figure,
+    plot_attribute,
+    terminal_summary,
+    trajectory_figure,
+    write_attribute_csvs,
+    write_attribute_html,
+    write_attribute_report,
+)
+from resstream.rundir import output_set
+from resstream.simulation.intervals import Estimate
+
+CHECK = AttributionCheck(decomposition_max_abs=2.5e-6, decomposition_relative=1.25e-7, dla_residual=3e-6)
+
+
+def trajectory(layers: int) -> tuple[TrajectoryPoint, ...]:
+    """2L+1 points: the rank climbs while p stays near 0 (silent), then p jumps (loud)."""
+    names = [("in", 0)] + [(stage, layer) for layer in range(layers) for stage in ("res", "out")]
+    count = len(names)
+    points = []
+    for index, (stage, layer) in enumerate(names):
+        loud = index == count - 1
+        probability = 0.62 if loud else 1e-5 * (index + 1)
+        rank = 0 if loud else 30000 // (index + 1) ** 3
+        points.append(
+            TrajectoryPoint(f"L_{stage}_{layer}", layer, stage, probability, rank, math.log(probability))
+        )
+    return tuple(points)
+
+
+def single(layers: int = 3, heads: int = 4, *, foil: bool = True, target: str = " Paris") -> AttributeResult:
+    """3 layers × 4 heads, 6 sources, 8 neurons, 7 trajectory points, 2 query contributions."""
+    tokens = ("The", " capital", " of", " France", " is", "\n", "<b>")
+    return AttributeResult(
+        model="toy-gpt",
+        decoder="logit-lens",
+        tokens=tokens,
+        position=4,
+        target_id=6342,
+        target=target,
+        logit=14.25,
+        logprob=math.log(0.62),
+        probability=0.62,
+        rank=0,
+        layers=tuple(
+            LayerAttribution(layer, 0.1 * layer - 0.05, 0.7 * layer + 0.01, 0.3 - layer, 1.5 * layer)
+            for layer in range(layers)
+        ),
+        heads=tuple(
+            HeadAttribution(layer, head, 0.05 * (head - 1.5) * (layer + 1), 0.2 * (layer - head))
+            for layer in range(layers)
+            for head in range(heads)
+        ),
+        sources=tuple(
+            SourceAttribution(j % layers, j % heads, j, tokens[j], 0.3 - 0.1 * j, 0.5 - 0.2 * j)
+            for j in range(6)
+        ),
+        neurons=tuple(
+            NeuronAttribution(
+                (k % layers),
+                700 + k,
+                2.0 - 0.3 * k,
+                0.9 - 0.2 * k,
+                1.1 - 0.25 * k,
+                (" Paris", " France", "$x$", "\n")[: 1 + k % 4],
+            )
+            for k in range(8)
+        ),
+        trajectory=trajectory(layers),
+        query_contributions=(
+            QueryContribution(
+                layers - 1,
+                700,
+                "key",
+                1.75,
+                -0.25,
+                (
+                    QueryShare("embed", None, "embed", 1.0),
+                    QueryShare("L0.H3", 0, "head", 0.5),
+                    QueryShare("L0.H3<-5", 0, "source", 0.25),
+                ),
+                1e-7,
+            ),
+            QueryContribution(
+                layers - 1, 701, "gate", -0.5, 0.125, (QueryShare("L0.N712", 0, "neuron", -0.625),), 2e-7
+            ),
+        ),
+        linearity=LinearityCheck(
+            layer=layers - 1,
+            counts=tuple(range(1, 9)),
+            cumulative=tuple(0.2 * n - 0.01 * n * n for n in range(1, 9)),
+            summed=tuple(0.2 * n for n in range(1, 9)),
+            correlation=0.987,
+        ),
+        check=CHECK,
+        embed_dla=0.4,
+        bias_dla=-0.05,
+        foil_id=3648 if foil else None,
+        foil=" London" if foil else None,
+        logit_difference=3.5 if foil else None,
+        notes=("a note about <post-norm> models",),
+    )
+
+
+def estimate(value: float, spread: float) -> Estimate:
+    return Estimate(value, value - spread, value + spread)
+
+
+def corpus(layers: int = 3, heads: int = 4, num_seqs: int = 16) -> CorpusAttribution:
+    spread = (lambda v: Estimate(v, math.nan, math.nan)) if num_seqs < 2 else (lambda v: estimate(v, 0.1))
+    return CorpusAttribution(
+        model="toy-gpt",
+        decoder="logit-lens",
+        dataset="shakespeare",
+        num_seqs=num_seqs,
+        seq_len=128,
+        positions=num_seqs * 127,
+        layers=tuple(
+            LayerSummary(layer, spread(0.2 * layer), spread(0.5 - 0.1 * layer), spread(-0.3), spread(layer))
+            for layer in range(layers)
+        ),
+        heads=tuple(
+            HeadSummary(layer, head, spread(0.01 * (head - layer)), spread(0.1 * head))
+            for layer in range(layers)
+            for head in range(heads)
+        ),
+        neurons=tuple(
+            NeuronSummary(k % layers, 300 + k, spread(0.4 - 0.05 * k), spread(0.2), 1.5, (" the", " <b>"))
+            for k in range(6)
+        ),
+        neuron_rule="every neuron of every layer, the 6 with the largest mean |C| kept",
+        check=CHECK,
+        notes=(),
+    )
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def optional_int(text: str) -> int | None:
+    return None if text == "" else int(text)
+
+
+def promoted(row: dict[str, str]) -> tuple[str, ...]:
+    keys = sorted((k for k in row if k.startswith("promoted_")), key=lambda k: int(k.split("_")[1]))
+    return tuple(row[k] for k in keys if row[k] != "")
+
+
+def read_estimate(row: dict[str, str], name: str) -> Estimate:
+    return Estimate(float(row[name]), float(row[f"{name}_low"]), float(row[f"{name}_high"]))
+
+
+def same(a: Estimate, b: Estimate) -> bool:
+    """Equal, nan bounds counting as equal."""
+    return all(
+        x == y or (math.isnan(x) and math.isnan(y))
+        for x, y in zip(a.__dict__.values(), b.__dict__.values(), strict=True)
+    )
+
+
+# ------------------------------------------------------------------------------------ CSV
+def test_single_text_csv_rows_equal_the_result_lists(tmp_path):
+    result = single()
+    paths = write_attribute_csvs(result, tmp_path)
+    assert [p.name for p in paths] == [
+        "layers.csv",
+        "heads.csv",
+        "sources.csv",
+        "neurons.csv",
+        "trajectory.csv",
+        "query_contributions.csv",
+        "linearity.csv",
+    ]
+    layers = read_csv(tmp_path / "layers.csv")
+    assert list(layers[0]) == ["layer", "attn_contribution", "mlp_contribution", "attn_dla", "mlp_dla"]
+    assert (
+        tuple(LayerAttribution(int(r["layer"]), *(float(r[k]) for k in list(r)[1:])) for r in layers)
+        == result.layers
+    )
+    heads = read_csv(tmp_path / "heads.csv")
+    assert (
+        tuple(
+            HeadAttribution(int(r["layer"]), int(r["head"]), float(r["contribution"]), float(r["dla"]))
+            for r in heads
+        )
+        == result.heads
+    )
+    sources = read_csv(tmp_path / "sources.csv")
+    assert (
+        tuple(
+            SourceAttribution(
+                int(r["layer"]),
+                int(r["head"]),
+                int(r["source_position"]),
+                r["source_token"],
+                float(r["contribution"]),
+                float(r["dla"]),
+            )
+            for r in sources
+        )
+        == result.sources
+    )
+    assert sources[5]["source_token"] == "\n"  # raw token text in the CSV, not the shown form
+    neurons = read_csv(tmp_path / "neurons.csv")
+    assert (
+        tuple(
+            NeuronAttribution(
+                int(r["layer"]),
+                int(r["neuron"]),
+                float(r["coefficient"]),
+                float(r["contribution"]),
+                float(r["dla"]),
+                promoted(r),
+            )
+            for r in neurons
+        )
+        == result.neurons
+    )
+    points = read_csv(tmp_path / "trajectory.csv")
+    assert (
+        tuple(
+            TrajectoryPoint(
+                r["point"],
+                int(r["layer"]),
+                r["stage"],
+                float(r["probability"]),
+                int(r["rank"]),
+                float(r["logprob"]),
+            )
+            for r in points
+        )
+        == result.trajectory
+    )
+
+
+def test_query_contributions_csv_has_one_row_per_share(tmp_path):
+    result = single()
+    write_attribute_csvs(result, tmp_path)
+    rows = read_csv(tmp_path / "query_contributions.csv")
+    expected = [(q, s) for q in result.query_contributions for s in q.shares]
+    assert len(rows) == len(expected) == 4
+    for row, (query, share) in zip(rows, expected, strict=True):
+        assert (int(row["layer"]), int(row["neuron"]), row["projection"]) == (
+            query.layer,
+            query.neuron,
+            query.projection,
+        )
+        assert float(row["preactivation"]) == query.preactivation and float(row["constant"]) == query.constant
+        assert float(row["residual"]) == query.residual
+        assert (
+            QueryShare(
+                row["component"], optional_int(row["component_layer"]), row["kind"], float(row["share"])
+            )
+            == share
+        )
+
+
+def test_linearity_csv_and_floats_keep_full_precision(tmp_path):
+    result = single()
+    write_attribute_csvs(result, tmp_path)
+    rows = read_csv(tmp_path / "linearity.csv")
+    assert [int(r["count"]) for r in rows] == list(result.linearity.counts)
+    assert tuple(float(r["cumulative"]) for r in rows) == result.linearity.cumulative
+    assert tuple(float(r["summed"]) for r in rows) == result.linearity.summed
+    assert any(len(r["cumulative"]) > 10 for r in rows)  # e.g. 0.36000000000000004, not rounded
+
+
+def test_corpus_csv_rows_equal_the_result_lists_with_interval_columns(tmp_path):
+    result = corpus()
+    paths = write_attribute_csvs(result, tmp_path)
+    assert [p.name for p in paths] == ["layers.csv", "heads.csv", "neurons.csv"]
+    layers = read_csv(tmp_path / "layers.csv")
+    assert list(layers[0])[:4] == [
+        "layer",
+        "attn_contribution",
+        "attn_contribution_low",
+        "attn_contribution_high",
+    ]
+    assert (
+        tuple(
+            LayerSummary(
+                int(r["layer"]),
+                read_estimate(r, "attn_contribution"),
+                read_estimate(r, "mlp_contribution"),
+                read_estimate(r, "attn_dla"),
+                read_estimate(r, "mlp_dla"),
+            )
+            for r in layers
+        )
+        == result.layers
+    )
+    heads = read_csv(tmp_path / "heads.csv")
+    assert (
+        tuple(
+            HeadSummary(
+                int(r["layer"]), int(r["head"]), read_estimate(r, "contribution"), read_estimate(r, "dla")
+            )
+            for r in heads
+        )
+        == result.heads
+    )
+    neurons = read_csv(tmp_path / "neurons.csv")
+    assert (
+        tuple(
+            NeuronSummary(
+                int(r["layer"]),
+                int(r["neuron"]),
+                read_estimate(r, "contribution"),
+                read_estimate(r, "dla"),
+                float(r["mean_coefficient"]),
+                promoted(r),
+            )
+            for r in neurons
+        )
+        == result.neurons
+    )
+
+
+def test_nan_intervals_are_written_and_read_back(tmp_path):
+    result = corpus(num_seqs=1)
+    write_attribute_csvs(result, tmp_path)
+    row = read_csv(tmp_path / "layers.csv")[1]
+    assert same(read_estimate(row, "mlp_contribution"), result.layers[1].mlp_contribution)
+    assert row["mlp_contribution_low"] == "nan"
+
+
+def test_tables_follow_the_result_types():
+    tables = {t.name: t for t in attribute_tables(single())}
+    assert tables["neurons"].columns[-4:] == ("promoted_1", "promoted_2", "promoted_3", "promoted_4")
+    assert tables["query_contributions"].columns[-4:] == ("component", "component_layer", "kind", "share")
+    assert "linearity" not in {t.name for t in attribute_tables(single_without_linearity())}
+
+
+def single_without_linearity() -> AttributeResult:
+    from dataclasses import replace
+
+    return replace(single(), linearity=None)
+
+
+# ---------------------------------------------------------------------------------- files
+@pytest.mark.parametrize(
+    ("make", "names"),
+    [
+        (single, SINGLE_FILES),
+        (corpus, CORPUS_FILES),
+        (lambda: single(layers=1, heads=1), SINGLE_FILES),
+        (lambda: corpus(layers=1, num_seqs=1), CORPUS_FILES),
+        (lambda: single(layers=32, heads=32), SINGLE_FILES),
+    ],
+    ids=["single", "corpus", "one-layer", "one-sequence", "deep"],
+)
+def test_every_file_is_written_and_not_empty(tmp_path, make, names):
+    paths = write_attribute_report(make(), tmp_path)
+    assert sorted(p.name for p in paths) == sorted(names)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names)  # nothing else, no temporaries
+    for path in paths:
+        assert path.stat().st_size > 0, path
+        if path.suffix == ".png":
+            assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+            height, width = imread(path).shape[:2]
+            assert 200 < width < 3000 and 150 < height < 3000, (path.name, width, height)
+
+
+def test_without_linearity_there_is_no_linearity_figure(tmp_path):
+    names = {p.name for p in plot_attribute(single_without_linearity(), tmp_path)}
+    assert names == {"layers.png", "heads.png", "trajectory.png", "neurons.png"}
+
+
+def test_the_report_is_written_into_an_output_set(tmp_path):
+    with output_set(tmp_path / "out", "attribute") as outputs:
+        paths = write_attribute_report(single(), outputs)
+        outputs.write_record({"command": "attribute"})
+    assert {p.name for p in paths} == set(SINGLE_FILES)
+    assert {p.name for p in (tmp_path / "out").iterdir()} >= set(SINGLE_FILES)
+
+
+# -------------------------------------------------------------------------------- figures
+def test_layers_figure_has_integer_layer_ticks_a_zero_line_and_names_the_target():
+    fig = layers_figure(single(layers=3))
+    fig.canvas.draw()
+    top, bottom = fig.axes[:2]
+    assert [t.get_text() for t in bottom.get_xticklabels()] == ["0", "1", "2"]
+    assert any(line.get_ydata()[0] == 0 for line in top.lines)  # the zero line
+    title = fig.get_suptitle()
+    assert "toy-gpt" in title and "␣Paris" in title and "position 4" in title and "␣London" in title
+    assert "logit difference" in bottom.get_ylabel()
+    assert "logit difference" not in layers_figure(single(foil=False)).axes[1].get_ylabel()
+
+
+def test_heads_heatmap_is_centred_at_zero_with_symmetric_limits():
+    result = single()
+    fig = heads_figure(result)
+    images = [ax.images[0] for ax in fig.axes if ax.images]
+    assert len(images) == 2  # C and DLA side by side
+    for image, values in zip(
+        images, ([h.contribution for h in result.heads], [h.dla for h in result.heads]), strict=True
+    ):
+        low, high = image.get_clim()
+        assert low == -high and high == pytest.approx(max(abs(v) for v in values))
+        assert image.get_array().shape == (3, 4)
+    c = images[0].get_array()
+    assert c[2, 3] == pytest.approx(result.heads[2 * 4 + 3].contribution)
+
+
+def test_trajectory_shows_probability_and_rank_on_a_log_axis_at_every_point():
+    result = single()
+    fig = trajectory_figure(result)
+    fig.canvas.draw()
+    probability, rank = fig.axes[:2]
+    assert rank.get_yscale() == "log"
+    labels = [t.get_text() for t in rank.get_xticklabels()]
+    assert labels == [p.point for p in result.trajectory]
+    assert list(probability.lines[0].get_ydata()) == [p.probability for p in result.trajectory]
+
+
+def test_a_deep_model_names_every_few_blocks_on_the_trajectory_and_one_layer_gets_whole_ticks():
+    fig = trajectory_figure(single(layers=32))
+    fig.canvas.draw()
+    labels = [t.get_text() for t in fig.axes[1].get_xticklabels()]
+    assert len(labels) == 65 and [label for label in labels if label][:3] == ["L_in_0", "L_out_3", "L_out_7"]
+    heads = heads_figure(corpus(layers=1, num_seqs=1)).axes[0]
+    assert list(heads.get_yticks()) == [0] and list(heads.get_xticks()) == [0, 1, 2, 3]
+
+
+def test_linearity_scatter_has_the_diagonal_and_r_in_the_title():
+    fig = linearity_figure(single())
+    ax = fig.axes[0]
+    assert "r = 0.987" in ax.get_title()
+    diagonal = ax.lines[0]
+    assert list(diagonal.get_xdata()) == list(diagonal.get_ydata())
+
+
+def test_neuron_bars_are_labelled_by_layer_and_neuron_with_promoted_tokens():
+    result = single()
+    fig = neurons_figure(result)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[0].startswith("L0.N700") and labels[1].startswith("L1.N701")
+    texts = [t.get_text() for t in ax.texts]
+    assert any("‘␣Paris’ ‘␣France’" in t for t in texts)
+    assert any(r"\$x\$" in t for t in texts)  # a "$" in a token is not read as mathtext
+
+
+def test_corpus_layers_have_error_bars_and_nan_intervals_draw_none():
+    fig = layers_figure(corpus())
+    assert fig.axes[0].containers and "16 sequences" in fig.get_suptitle()
+    fig = layers_figure(corpus(num_seqs=1))  # nan intervals: no error bar, no warning
+    fig.canvas.draw()
+    assert "no interval" in fig.get_suptitle()
+
+
+# ----------------------------------------------------------------------------------- HTML
+class Page(HTMLParser):
+    """Every tag's attributes and the page's text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.text = ""
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.text += data
+
+
+def page_of(result, tmp_path) -> tuple[str, Page]:
+    paths = write_attribute_report(result, tmp_path)
+    page_path = tmp_path / "attribute.html"
+    assert page_path in paths
+    page = page_path.read_text(encoding="utf-8")
+    parsed = Page()
+    parsed.feed(page)
+    return page, parsed
+
+
+@pytest.mark.parametrize("make", [single, corpus], ids=["single", "corpus"])
+def test_html_is_self_contained_and_embeds_every_image(tmp_path, make):
+    page, parsed = page_of(make(), tmp_path)
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, re.IGNORECASE)
+    assert "@import" not in page and "url(" not in page
+    images = [attrs for tag, attrs in parsed.tags if tag == "img"]
+    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert sorted(a["alt"] for a in images) == pngs
+    assert all(a["src"].startswith("data:image/png;base64,") for a in images)
+    for name in pngs:  # the embedded bytes are the written file
+        import base64
+
+        src = next(a["src"] for a in images if a["alt"] == name)
+        assert base64.b64decode(src.split(",", 1)[1]) == (tmp_path / name).read_bytes()
+    tables = [attrs for tag, attrs in parsed.tags if tag == "table"]
+    assert len(tables) >= len(list(tmp_path.glob("*.csv")))
+    assert len([tag for tag, _ in parsed.tags if tag == "figcaption"]) == len(pngs)
+
+
+def test_html_escapes_token_text_and_shows_the_prediction(tmp_path):
+    page, parsed = page_of(single(target="<b>"), tmp_path)
+    assert not any(tag == "b" for tag, _ in parsed.tags)  # "<b>" is text, never a tag
+    assert "&lt;b&gt;" in page and "<b>" in parsed.text
+    assert "&lt;post-norm&gt;" in page  # notes are escaped too
+    text = parsed.text
+    assert "␣capital" in text and "↵" in text  # spaces and newlines shown
+    assert "0.620" in text and "␣London" in text and "3.5" in text  # probability, foil, logit difference
+    assert "2.5e-06" in text and "3e-06" in text  # the check residuals
+
+
+def test_html_marks_the_target_position(tmp_path):
+    page, parsed = page_of(single(), tmp_path)
+    marked = [attrs for tag, attrs in parsed.tags if attrs.get("class") == "position"]
+    assert len(marked) == 1
+    assert re.search(r'class="position"[^>]*>␣is<', page)
+
+
+def test_corpus_html_names_the_dataset_and_sequences(tmp_path):
+    _, parsed = page_of(corpus(), tmp_path)
+    assert "shakespeare" in parsed.text and "16 sequences" in parsed.text
+
+
+def test_html_can_be_written_from_figures_already_saved(tmp_path):
+    result = single()
+    images = plot_attribute(result, tmp_path)
+    path = write_attribute_html(result, tmp_path, images)
+    assert path == tmp_path / "attribute.html" and path.stat().st_size > sum(p.stat().st_size for p in images)
+
+
+# ------------------------------------------------------------------------------- terminal
+def test_terminal_summary_of_one_text():
+    lines = terminal_summary(single())
+    text = "\n".join(lines)
+    assert lines[0].startswith("toy-gpt: target '␣Paris' (id 6342) after position 4 '␣is'")
+    assert "p 0.620" in lines[0] and "rank 0" in lines[0]
+    assert "foil '␣London'" in text and "logit difference 3.5" in text
+    top_layers = next(line for line in lines if line.startswith("top layers"))
+    assert top_layers.split(": ", 1)[1].startswith("L2 MLP +1.41, L1 MLP +0.71")  # by |C|
+    assert top_layers.count(",") == 4
+    top_heads = next(line for line in lines if line.startswith("top heads"))
+    assert top_heads.split(": ", 1)[1].startswith("L2.H0 -0.225, L2.H3 +0.225")
+    first = lines.index("top neurons by |C| (→ promoted tokens):")
+    assert lines[first + 1 : first + 3] == ["  L0.N700 +0.9 → ␣Paris", "  L1.N701 +0.7 → ␣Paris ␣France"]
+    assert (
+        lines[first + 5].startswith("  L0.N706 -0.3")
+        and lines[first + 6] == "note: a note about <post-norm> models"
+    )
+    assert lines[-1].startswith("check:") and "2.5e-06" in lines[-1] and "3e-06" in lines[-1]
+
+
+def test_terminal_summary_of_a_corpus():
+    lines = terminal_summary(corpus())
+    assert lines[0].startswith("toy-gpt on shakespeare: 16 sequences × 128 tokens")
+    top_layers = next(line for line in lines if line.startswith("top layers"))
+    assert "L0 MLP +0.5 [+0.4, +0.6]" in top_layers
+    assert "  L0.N300 +0.4 [+0.3, +0.5] → ␣the ␣<b>" in lines
+    assert lines[-1].startswith("check:")
+    one = terminal_summary(corpus(num_seqs=1))
+    assert (
+        one[0] == "toy-gpt on shakespeare: 1 sequence × 128 tokens, 127 positions (no interval: 1 sequence)"
+    )
+    assert "L0 MLP +0.5, L1 MLP +0.4" in one[1]  # no brackets for nan intervals
