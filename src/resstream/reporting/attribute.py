@@ -533,7 +533,9 @@ def _single_figures(result: AttributeResult) -> list[tuple[str, Callable[[], Fig
     ]
     if result.linearity is not None:
         figures.append(("linearity.png", lambda: linearity_figure(result)))
-    return [*figures, ("neurons.png", lambda: neurons_figure(result))]
+    if result.neurons:
+        figures.append(("neurons.png", lambda: neurons_figure(result)))
+    return figures
 
 
 def plot_attribute(result: Result, directory: Directory) -> list[Path]:

@@ -1,0 +1,125 @@
+"""`resstream attribute` end to end, in-process, and its answers to bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from resstream.cli.main import main
+from tests.cli_support import assert_complete_files, expect_usage_error
+
+TEXT = "The king said that the queen"
+FAST = ["--device", "cpu", "--quiet"]
+
+pytestmark = pytest.mark.usefixtures("hf_offline", "one_torch_thread")
+
+
+def test_attribute_one_text_writes_every_output(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "attr"
+    code = main(
+        ["attribute", *FAST, "--text", TEXT, "--target", ",", "--foil", ".", "--top", "5", "--out", str(out)]
+    )
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert_complete_files(out)
+    names = {p.name for p in out.iterdir()}
+    for name in (
+        "attribute.json",
+        "attribute.html",
+        "run.json",
+        "layers.png",
+        "heads.png",
+        "trajectory.png",
+        "linearity.png",
+        "neurons.png",
+        "layers.csv",
+        "heads.csv",
+        "sources.csv",
+        "neurons.csv",
+        "trajectory.csv",
+        "query_contributions.csv",
+    ):
+        assert name in names, name
+    report = json.loads((out / "attribute.json").read_text())
+    assert report["model"] == "reference" and report["target"] == "," and report["foil"] == "."
+    assert report["position"] == 5 and len(report["layers"]) == 6
+    assert len(report["trajectory"]) == 13 and report["trajectory"][0]["point"] == "L_in_0"
+    assert len(report["neurons"]) == 5 and len(report["sources"]) == 5
+    assert report["check"]["decomposition_relative"] <= 1e-5 and report["check"]["dla_residual"] <= 1e-4
+    dla = (
+        report["embed_dla"] + report["bias_dla"] + sum(x["attn_dla"] + x["mlp_dla"] for x in report["layers"])
+    )
+    assert dla == pytest.approx(report["logit_difference"], abs=1e-4)
+    rows = list(csv.DictReader((out / "heads.csv").read_text().splitlines()))
+    assert len(rows) == len(report["heads"])
+    assert "check: decomposition" in printed and "wrote attribute.json" in printed
+    html = (out / "attribute.html").read_text()
+    assert "http://" not in html and "https://" not in html.replace("https://www.w3.org", "")
+
+
+def test_attribute_defaults_to_the_top_prediction_at_the_last_position(tmp_path: Path) -> None:
+    out = tmp_path / "attr"
+    assert main(["attribute", *FAST, "--text", TEXT, "--no-sources", "--no-neurons", "--out", str(out)]) == 0
+    report = json.loads((out / "attribute.json").read_text())
+    assert report["rank"] == 0 and report["position"] == 5
+    assert report["sources"] == [] and report["neurons"] == [] and report["linearity"] is None
+    assert not (out / "neurons.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "patterns"),
+    [
+        (["--text", TEXT, "--target", " queen said"], ("--target", "2 tokens", "one token")),
+        (["--text", TEXT, "--position", "6"], ("--position 6", "0..5")),
+        (["--text", TEXT, "--position", "-7"], ("--position -7",)),
+        (["--text", "The"], ("1 token", "at least 2")),
+        (["--text", TEXT, "--target", ",", "--foil", ","], ("--foil", "target token itself")),
+        (["--text", TEXT, "--top", "0"], ("--top 0", "1 or more")),
+        (["--text", TEXT, "--target", ",", "--target-id", "3"], ("--target", "--target-id", "not both")),
+        (["--text", TEXT, "--target-id", "999999"], ("--target-id 999999", "vocabulary")),
+        (["--text", TEXT, "--dataset", "shakespeare"], ("--dataset", "not both")),
+        ([], ("exactly one of --text or --text-file",)),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(
+    tmp_path: Path, capsys, args: list[str], patterns: tuple[str, ...]
+) -> None:
+    expect_usage_error(["attribute", *FAST, *args], tmp_path / "attr", capsys, *patterns)
+
+
+@pytest.mark.skipif(
+    not (Path("/work/shared/data").exists() or "RESSTREAM_DATA" in __import__("os").environ), reason="no data"
+)
+def test_attribute_corpus_mode(tmp_path: Path, capsys) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The king said that the queen was there, and the prince went home. " * 40)
+    out = tmp_path / "attr"
+    code = main(
+        [
+            "attribute",
+            *FAST,
+            "--dataset",
+            str(corpus),
+            "--num-seqs",
+            "3",
+            "--seq-len",
+            "12",
+            "--top",
+            "4",
+            "--candidates",
+            "8",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    report = json.loads((out / "attribute.json").read_text())
+    assert report["kind"] == "attribute-corpus" and report["num_seqs"] == 3 and report["positions"] == 3 * 11
+    assert len(report["neurons"]) == 4 and len(report["layers"]) == 6
+    assert (
+        report["layers"][0]["attn_contribution"]["low"] <= report["layers"][0]["attn_contribution"]["value"]
+    )
+    assert (out / "attribute.html").exists() and (out / "layers.png").exists()
