@@ -1,6 +1,6 @@
 """resstream: the residual stream of causal Transformer language models.
 
-`resstream.shift`, `.lens`, `.recency` and `.simulate` are the Python API (each defined in
+`resstream.shift`, `.lens`, `.composition`, `.recency` and `.simulate` are the Python API (each defined in
 the module of its name under `resstream.api`), imported on first use (torch is heavy).
 """
 
@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 __version__ = "0.1.0"
 
 if _TYPE_CHECKING:
+    from resstream.api.composition import composition
     from resstream.api.lens import lens
     from resstream.api.recency import recency
     from resstream.api.shift import shift
     from resstream.api.simulate import simulate
 
-__all__ = ["lens", "recency", "shift", "simulate"]
+__all__ = ["composition", "lens", "recency", "shift", "simulate"]
 
 
 def __getattr__(name: str):
