@@ -157,18 +157,24 @@ def test_query_side_key_side_and_value_are_told_apart():
     assert scores.q[1, 0, 0, 0].isnan() and scores.q[0, 0, 0, 0].isnan()  # l2 <= l1 is NaN
 
 
-def test_top_ranks_pairs_and_refuses_zero():
-    d = 4
-    heads = 2
+def random_hand_view(layers: int = 3, heads: int = 2, d: int = 4) -> ModelView:
+    """A hand view of `layers` blocks of `heads` random rank-1 heads."""
     generator = torch.Generator().manual_seed(0)
     blocks = [
         {
-            name: torch.randn(heads, d, 1, generator=generator) if name != "W_O" else torch.randn(heads, 1, d)
+            name: torch.randn(heads, d, 1, generator=generator)
+            if name != "W_O"
+            else torch.randn(heads, 1, d, generator=generator)
             for name in ("W_Q", "W_K", "W_V", "W_O")
         }
-        for _ in range(3)
+        for _ in range(layers)
     ]
-    result = composition(hand_view(blocks, d), model="hand", samples=4)
+    return hand_view(blocks, d)
+
+
+def test_top_ranks_pairs_and_refuses_zero():
+    heads = 2
+    result = composition(random_hand_view(heads=heads), model="hand", samples=4)
     for kind in KINDS:
         top = result.top(kind, 100)
         assert len(top) == heads * heads * 3  # pairs of layers (0,1), (0,2), (1,2)
@@ -336,3 +342,25 @@ def test_the_api_takes_a_model_object_without_a_tokenizer_and_a_spec():
     assert reference.model == "reference" and reference.q.shape == (6, 4, 6, 4)
     with pytest.raises(UsageError, match="`dtype` applies to models loaded from a spec"):
         resstream.composition(tiny_model("llama"), dtype="float32")
+
+
+def test_the_heatmap_puts_later_heads_in_rows_and_earlier_heads_in_columns(tmp_path):
+    from resstream.reporting.composition import composition_csv, heatmap_matrix, plot_composition
+
+    result = composition(random_hand_view(layers=4, heads=2), model="hand", samples=4)
+    L, H = result.n_layers, result.n_heads
+    for kind in KINDS:
+        matrix = heatmap_matrix(result, kind)
+        assert matrix.shape == ((L - 1) * H, (L - 1) * H)
+        for l1 in range(L - 1):
+            for l2 in range(1, L):
+                for h1 in range(H):
+                    for h2 in range(H):
+                        cell = matrix[(l2 - 1) * H + h2, l1 * H + h1]
+                        if l2 <= l1:
+                            assert math.isnan(cell)
+                        else:
+                            assert cell == float(result.scores(kind)[l1, h1, l2, h2])
+    assert plot_composition(result, "v", tmp_path / "v.png").read_bytes().startswith(b"\x89PNG")
+    rows = composition_csv(result).splitlines()
+    assert rows[0] == "layer_a,head_a,layer_b,head_b,q,k,v" and len(rows) == 1 + H * H * 6

@@ -217,6 +217,12 @@ def check_top(n: int) -> None:
         raise UsageError(f"`top` {n} must be >= 1")
 
 
+def check_samples(samples: int) -> None:
+    """`samples` (the baseline's random draws) must be >= 2."""
+    if samples < 2:
+        raise UsageError(f"`samples` {samples} must be >= 2 (the baseline's standard error needs two)")
+
+
 def _unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     out = []
     for size in reversed(shape):
@@ -237,8 +243,7 @@ def composition(
             f"model {model!r} has {n_layers} layer; head composition needs heads in two different "
             f"layers (a model with at least 2 layers)"
         )
-    if samples < 2:
-        raise UsageError(f"`samples` {samples} must be >= 2 (the baseline's standard error needs two)")
+    check_samples(samples)
     shape = (n_layers, n_heads, n_layers, n_heads)
     scores = {kind: torch.full(shape, float("nan")) for kind in KINDS}
     with torch.no_grad():
@@ -397,6 +402,7 @@ __all__ = [
     "Baseline",
     "CompositionResult",
     "HeadPair",
+    "check_samples",
     "check_top",
     "composition",
     "pair_scores",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from resstream.analysis.composition import BASELINE_SAMPLES, BASELINE_SEED, CompositionResult
+from resstream.analysis.composition import BASELINE_SAMPLES, BASELINE_SEED, CompositionResult, check_samples
 from resstream.analysis.composition import composition as composition_scores
 from resstream.api.inputs import LoadOptions, one_model
 from resstream.models import ModelLike
@@ -31,6 +31,7 @@ def composition(
     NaN where l2 <= l1), `baseline`, `top(kind, n)` and `to_dict()` (composition.json).
     UsageError for a model with fewer than 2 layers.
     """
+    check_samples(samples)
     options = LoadOptions(None, dtype, device, device_map, trust_remote_code, progress, needs_tokenizer=False)
     with one_model(model, options) as loaded:
         return composition_scores(loaded.view, model=loaded.name, samples=samples, seed=seed)

@@ -19,6 +19,7 @@ import typer
 from typer.core import TyperCommand
 
 from resstream.cli import compare as compare_cmd
+from resstream.cli import composition as composition_cmd
 from resstream.cli import eval as eval_cmd
 from resstream.cli import lens as lens_cmd
 from resstream.cli import recency as recency_cmd
@@ -46,7 +47,17 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     cls=GroupWithoutFlagTypes,
 )
-for module in (train_cmd, eval_cmd, sweep_cmd, compare_cmd, shift_cmd, lens_cmd, simulate_cmd, recency_cmd):
+for module in (
+    train_cmd,
+    eval_cmd,
+    sweep_cmd,
+    compare_cmd,
+    shift_cmd,
+    lens_cmd,
+    composition_cmd,
+    simulate_cmd,
+    recency_cmd,
+):
     module.register(app)
 for info in app.registered_commands:  # every command's help shows flags without a type
     if info.cls in (None, TyperCommand):
