@@ -254,7 +254,8 @@ def composition(
                 gain = path_gain(view.blocks, l1, l2)
                 for kind in KINDS:
                     scores[kind][l1, :, l2, :] = pair_scores(writes[l1], reads[kind], gain).cpu()
-        baseline = random_baseline(view.d_model, view.d_head, samples=samples, seed=seed)
+        device = view.blocks[0].W_O.device
+        baseline = random_baseline(view.d_model, view.d_head, samples=samples, seed=seed, device=device)
     return CompositionResult(
         model=model,
         n_layers=n_layers,
@@ -365,20 +366,26 @@ def _normalised(products: Tensor, left: Tensor, right: Tensor) -> Tensor:
 
 
 def random_baseline(
-    d_model: int, d_head: int, *, samples: int = BASELINE_SAMPLES, seed: int = BASELINE_SEED
+    d_model: int,
+    d_head: int,
+    *,
+    samples: int = BASELINE_SAMPLES,
+    seed: int = BASELINE_SEED,
+    device: torch.device | str | None = None,
 ) -> Baseline:
     """The composition score of random matrices of the given shapes (module docstring):
-    `samples` draws of Gaussian factors V, O, P, S (seeded, drawn on the CPU), each scored
-    as ‖V O P Sᵀ‖_F / (‖V O‖_F ‖P Sᵀ‖_F) through the same squeezed factors as the model."""
+    `samples` draws of Gaussian factors V, O, P, S (seeded and drawn on the CPU, so the same
+    on every device; scored on `device`), each scored as ‖V O P Sᵀ‖_F / (‖V O‖_F ‖P Sᵀ‖_F)
+    through the same squeezed factors as the model."""
     generator = torch.Generator().manual_seed(seed)
     drawn = []
     for start in range(0, samples, _BASELINE_CHUNK):
         n = min(_BASELINE_CHUNK, samples - start)
-        V, P, S = (torch.randn(n, d_model, d_head, generator=generator) for _ in range(3))
-        W = torch.randn(n, d_head, d_model, generator=generator)
+        V, P, S = (torch.randn(n, d_model, d_head, generator=generator).to(device) for _ in range(3))
+        W = torch.randn(n, d_head, d_model, generator=generator).to(device)
         A, B = squeezed_write(V, W), squeezed_read(P, S)
         drawn.append(_normalised(_frobenius(A @ B), _frobenius(A), _frobenius(B)))
-    values = torch.cat(drawn).double()
+    values = torch.cat(drawn).double().cpu()
     squares = values.pow(2)
     return Baseline(
         d_model=d_model,
