@@ -34,7 +34,7 @@ W_K, so they are not in these matrices).
 Speed. M_A = V O and R = P Sᵀ are products of d×d_head factors. With the thin QR
 factorisations V = Q_V T_V and S = Q_S T_S (Q orthonormal columns), ‖V O P Sᵀ‖_F =
 ‖T_V O P T_Sᵀ‖_F, so a pair costs one (d_head×d)(d×d_head) product and the d×d matrices are
-never formed: `write_factor` gives Â = T_V O (k×d), `read_factor` B̂ = P T_Sᵀ (d×k), and
+never formed: `write_factor` gives Â = T_V O (k×d), `read_factors` B̂ = P T_Sᵀ (d×k), and
 ‖M_A‖ = ‖Â‖, ‖R‖ = ‖B̂‖.
 
 Baseline. For random matrices of the same shapes with Gaussian factors, the reading matrix is
@@ -344,8 +344,9 @@ def pair_scores(writes: Tensor, reads: Tensor, gain: Tensor | None = None) -> Te
     """Scores of every earlier head against every later head: `writes` Â (Ha, k, d), `reads`
     B̂ (Hb, d, k'), `gain` (d,) a diagonal between them or None. Returns (Ha, Hb):
     ‖Â G B̂‖_F / (‖Â G‖_F ‖B̂‖_F), 0 where either norm is 0."""
+    reads = reads.to(writes.device)  # blocks spread over devices (device_map) meet on the writer's
     if gain is not None:
-        writes = writes * gain
+        writes = writes * gain.to(writes.device)
     n_a, k_a, d = writes.shape
     n_b, _, k_b = reads.shape
     cores = writes.reshape(n_a * k_a, d) @ reads.permute(1, 0, 2).reshape(d, n_b * k_b)
