@@ -1,5 +1,6 @@
 """The Python API the CLI mirrors: one module per command (`resstream.api.shift`, `.lens`,
-`.neurons`, `.recency`, `.simulate`), each function re-exported at the top as `resstream.shift` etc.
+`.attribute`, `.neurons`, `.composition`, `.recency`, `.simulate`), each function re-exported
+at the top as `resstream.shift` etc.
 
 Every function accepts its models as spec strings (run directory, Hugging Face directory or
 hub name, "reference") or as models already in memory with their tokenizer, samples the

@@ -70,7 +70,8 @@ class CheckedModel:
 @dataclass(frozen=True)
 class LoadOptions:
     """How spec strings are loaded (`resstream.models.load_model`); models passed as objects
-    are used as they are, with `tokenizer`."""
+    are used as they are, with `tokenizer` (required unless `needs_tokenizer` is False: an
+    analysis of the weights alone)."""
 
     tokenizer: PreTrainedTokenizerBase | None = None
     dtype: str = "auto"
@@ -78,6 +79,7 @@ class LoadOptions:
     device_map: str | None = None
     trust_remote_code: bool = False
     progress: bool = True
+    needs_tokenizer: bool = True
 
 
 def check_length(length: int, view: ModelView, what: str) -> None:
@@ -128,7 +130,7 @@ def checked_models(models: ModelLike | Sequence[ModelLike], options: LoadOptions
             )
             checked.append(CheckedModel(model, "reference" if model is None else str(model), context, None))
         else:
-            loaded = as_loaded(model, options.tokenizer)
+            loaded = as_loaded(model, options.tokenizer, needs_tokenizer=options.needs_tokenizer)
             checked.append(CheckedModel(model, loaded.name, loaded.view.max_positions, loaded))
     return checked
 

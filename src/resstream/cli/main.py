@@ -20,6 +20,7 @@ from typer.core import TyperCommand
 
 from resstream.cli import attribute as attribute_cmd
 from resstream.cli import compare as compare_cmd
+from resstream.cli import composition as composition_cmd
 from resstream.cli import eval as eval_cmd
 from resstream.cli import lens as lens_cmd
 from resstream.cli import neurons as neurons_cmd
@@ -57,6 +58,7 @@ for module in (
     lens_cmd,
     attribute_cmd,
     neurons_cmd,
+    composition_cmd,
     simulate_cmd,
     recency_cmd,
 ):

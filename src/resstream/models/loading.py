@@ -71,7 +71,7 @@ class LoadedModel:
     """
 
     view: ModelView
-    tokenizer: PreTrainedTokenizerBase
+    tokenizer: PreTrainedTokenizerBase | None  # None only for an analysis that reads weights alone
     name: str
     source: str
     dtype: str = "float32"
@@ -99,6 +99,7 @@ def as_loaded(
     tokenizer: PreTrainedTokenizerBase | None = None,
     *,
     name: str | None = None,
+    needs_tokenizer: bool = True,
 ) -> LoadedModel:
     """A model already in memory, ready for analysis like a loaded one.
 
@@ -106,7 +107,8 @@ def as_loaded(
     of a supported family, or its `ModelView`; `tokenizer` the tokenizer it reads (required,
     since a model object does not carry one). A `LoadedModel` is returned as it is. `name`
     labels results (default: the model's `name_or_path`, else its class name). The model is
-    used where it is, on its device, in its dtype.
+    used where it is, on its device, in its dtype. An analysis that reads only the weights
+    (head composition) passes `needs_tokenizer=False` and may then get no tokenizer.
     """
     if isinstance(model, LoadedModel):
         return model
@@ -116,7 +118,7 @@ def as_loaded(
             f"Hugging Face directory or hub name, 'reference'), a loaded model or its ModelView"
         )
     view = model if isinstance(model, ModelView) else view_of(model)
-    if tokenizer is None:
+    if tokenizer is None and needs_tokenizer:
         raise UsageError(
             f"a model passed as an object ({type(view.model).__name__}) needs its `tokenizer`; "
             f"pass tokenizer=..., or load it by spec"

@@ -1,0 +1,97 @@
+"""Head composition on a GPT-2-small-shaped model (random weights): the fast form against the
+naive d×d products (issue 11, item 6).
+
+    python benchmarks/bench_composition.py            # CPU, ~1 min; --device cuda when present
+
+Prints the seconds of `analysis.composition.composition` for all 9,504 pairs of heads (three
+kinds; the baseline timed apart), the seconds per pair of the naive products
+‖M_A R‖_F / (‖M_A‖_F ‖R‖_F) with M_A, R formed as d×d matrices (timed on `--naive-pairs`
+pairs and extrapolated), their ratio, and the largest difference between the two on those
+pairs. A random model's scores should all sit at the random baseline: their range is printed
+beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from resstream.analysis.composition import composition, random_baseline
+from resstream.models.adapters import view_of
+
+
+def gpt2_small(device: str):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=1024, bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(config).eval().to(device)
+
+
+def naive(view, l1: int, h1: int, l2: int, h2: int) -> list[float]:
+    """The three scores from the d×d matrices."""
+    a, b = view.blocks[l1], view.blocks[l2]
+    wa, wb = a.attention_weights(), b.attention_weights()
+    g = b.ln1.weight[:, None]
+    M_A = wa.W_V[h1] @ a.W_O[h1]
+    R_Q = (g * wb.W_Q[h2]) @ (g * wb.W_K[h2]).T
+    R_V = (g * wb.W_V[h2]) @ b.W_O[h2]
+    return [
+        float(torch.linalg.norm(M_A @ R) / (torch.linalg.norm(M_A) * torch.linalg.norm(R)))
+        for R in (R_Q, R_Q.T, R_V)
+    ]
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--naive-pairs", type=int, default=24)
+    args = parser.parse_args()
+    view = view_of(gpt2_small(args.device))
+    with torch.no_grad():
+        composition(view, model="warm-up", samples=2)
+        sync(args.device)
+        start = time.perf_counter()
+        result = composition(view, model="gpt2-small-shaped", samples=2)
+        sync(args.device)
+        fast = time.perf_counter() - start
+        start = time.perf_counter()
+        baseline = random_baseline(768, 64, device=args.device)
+        sync(args.device)
+        baseline_seconds = time.perf_counter() - start
+        pairs = result.pairs()
+        chosen = pairs[:: max(1, len(pairs) // args.naive_pairs)][: args.naive_pairs]
+        start = time.perf_counter()
+        slow = [naive(view, *pair) for pair in chosen]
+        sync(args.device)
+        per_pair = (time.perf_counter() - start) / len(chosen)
+    differences = [
+        abs(slow[i][j] - float(result.scores(kind)[pair]))
+        for i, pair in enumerate(chosen)
+        for j, kind in enumerate("qkv")
+    ]
+    scores = torch.cat([result.scores(kind)[~result.scores(kind).isnan()] for kind in "qkv"])
+    print(f"device {args.device}, torch threads {torch.get_num_threads()}, {len(pairs)} pairs of heads")
+    print(f"fast, all pairs, three kinds: {fast:.2f} s ({fast / len(pairs) * 1e3:.3f} ms a pair)")
+    print(f"baseline, 256 draws: {baseline_seconds:.2f} s")
+    print(
+        f"naive d×d products: {per_pair * 1e3:.1f} ms a pair (over {len(chosen)} pairs), "
+        f"{per_pair * len(pairs):.0f} s for all; fast is {per_pair * len(pairs) / fast:.0f}× faster"
+    )
+    print(f"largest |fast − naive| on those pairs: {max(differences):.2e}")
+    print(
+        f"random model's scores {float(scores.min()):.4f} … {float(scores.max()):.4f} (mean "
+        f"{float(scores.mean()):.4f}); baseline {baseline.mean:.4f} ± {baseline.stderr:.4f}, "
+        f"1/√d = {baseline.rms_analytic:.4f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

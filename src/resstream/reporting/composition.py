@@ -1,0 +1,116 @@
+"""Head composition rendered: one heatmap per kind and the one-row-per-pair CSV.
+
+`plot_composition` draws, for one kind (Q, K or V), every earlier head (columns, grouped by
+layer 0..L−2) against every later head (rows, grouped by layer 1..L−1, top to bottom): a
+cell is the score of the column's head into the row's head, and cells where the row's layer
+is not later than the column's are blank. Lines separate the layers, each group is labelled
+with its layer number, and the colour bar marks the random baseline with a line (also stated
+in the title).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+
+from resstream.analysis.composition import KIND_NAMES, KINDS, CompositionResult, HeadPair, Kind
+from resstream.reporting.figures import new_figure, save_figure
+
+CSV_COLUMNS = ("layer_a", "head_a", "layer_b", "head_b", "q", "k", "v")
+
+
+def composition_csv(result: CompositionResult) -> str:
+    """One row per pair of heads: earlier (layer_a, head_a), later (layer_b, head_b), q, k, v."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for pair in result.pairs():
+        writer.writerow([*pair, *(float(result.scores(kind)[pair]) for kind in KINDS)])
+    return buffer.getvalue()
+
+
+def heatmap_matrix(result: CompositionResult, kind: Kind) -> np.ndarray:
+    """The ((L−1)·H, (L−1)·H) matrix drawn: row (l2−1)·H + h2 (later head, layers 1..L−1),
+    column l1·H + h1 (earlier head, layers 0..L−2); NaN where l2 <= l1."""
+    L, H = result.n_layers, result.n_heads
+    scores = result.scores(kind).numpy()  # [l1, h1, l2, h2]
+    later_by_earlier = scores.transpose(2, 3, 0, 1)[1:, :, : L - 1, :]  # [l2, h2, l1, h1]
+    return later_by_earlier.reshape((L - 1) * H, (L - 1) * H)
+
+
+def plot_composition(result: CompositionResult, kind: Kind, path: str | os.PathLike[str]) -> Path:
+    """The heatmap of one kind (module docstring), saved as PNG to `path`."""
+    L, H = result.n_layers, result.n_heads
+    matrix = heatmap_matrix(result, kind)
+    size = min(9.0, max(4.5, 0.12 * matrix.shape[0] + 3.0))
+    fig = new_figure(size + 1.4, size)
+    ax = fig.add_subplot()
+    top = max(float(np.nanmax(matrix)), result.baseline.mean * 2)
+    cmap = _colour_map()
+    image = ax.imshow(matrix, cmap=cmap, vmin=0.0, vmax=top, interpolation="nearest", aspect="equal")
+    _layer_grid(ax, L, H)
+    baseline = result.baseline
+    ax.set_title(
+        f"{KIND_NAMES[kind]}: {result.model}\n"
+        f"random baseline {baseline.mean:.3f} (mean of {baseline.samples} Gaussian draws; "
+        f"1/√d = {baseline.rms_analytic:.3f})",
+        fontsize=9,
+    )
+    ax.set_xlabel("earlier head (writes), grouped by layer")
+    ax.set_ylabel("later head (reads), grouped by layer")
+    bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    bar.set_label(f"{KIND_NAMES[kind]} score (dashed: random baseline)")
+    bar.ax.axhline(baseline.mean, color="white", linewidth=2.5)
+    bar.ax.axhline(baseline.mean, color="black", linewidth=1.0, linestyle="--")
+    return save_figure(fig, path)
+
+
+def _colour_map():
+    """viridis with blank (white) NaN cells: the invalid triangle."""
+    from matplotlib import colormaps
+
+    return colormaps["viridis"].with_extremes(bad="white")
+
+
+def _layer_grid(ax, n_layers: int, n_heads: int) -> None:
+    """Separators between layers (across the drawn cells) and one integer label per layer
+    group (columns: layers 0..L−2, rows: 1..L−1); the head index inside a group is the
+    offset from its start."""
+    groups = n_layers - 1
+    bottom = groups * n_heads - 0.5
+    for g in range(1, groups):  # only across the drawn cells, not the blank triangle
+        edge = g * n_heads - 0.5
+        ax.vlines(edge, (g - 1) * n_heads - 0.5, bottom, color="0.35", linewidth=0.8)
+        ax.hlines(edge, -0.5, (g + 1) * n_heads - 0.5, color="0.35", linewidth=0.8)
+    centres = [g * n_heads + (n_heads - 1) / 2 for g in range(groups)]
+    step = max(1, groups // 16)  # at most ~16 labels per axis
+    shown = list(range(0, groups, step))
+    ax.set_xticks([centres[g] for g in shown], [str(g) for g in shown])
+    ax.set_yticks([centres[g] for g in shown], [str(g + 1) for g in shown])
+    ax.tick_params(length=0)
+
+
+def top_lines(result: CompositionResult, n: int) -> list[str]:
+    """The lines `composition` prints: the baseline, then per kind its `n` strongest pairs."""
+    baseline = result.baseline
+    lines = [
+        f"{result.model}: {result.n_layers} layers × {result.n_heads} heads; random baseline "
+        f"{baseline.mean:.4f} ± {baseline.stderr:.4f} (mean of {baseline.samples} Gaussian draws; "
+        f"1/√d_model = {baseline.rms_analytic:.4f})"
+    ]
+    for kind in KINDS:
+        pairs = result.top(kind, n)
+        lines.append(f"{KIND_NAMES[kind]}, top {len(pairs)} (earlier layer.head -> later layer.head):")
+        lines += [
+            f"  {_pair_text(pair)}  {pair.score:.4f}  ({pair.score / baseline.mean:.1f}× baseline)"
+            for pair in pairs
+        ]
+    return lines
+
+
+def _pair_text(pair: HeadPair) -> str:
+    return f"{pair.layer_a}.{pair.head_a} -> {pair.layer_b}.{pair.head_b}"
