@@ -69,3 +69,11 @@ def test_the_train_field_list_continues_under_its_own_column():
     assert all(len(line) <= HELP_WIDTH for line in lines)
     continued = [line for line in lines if line and not line.startswith("  --") and line[0] == " "]
     assert continued and all(line.startswith(" " * 25) and line[25] != " " for line in continued)
+
+
+@pytest.mark.parametrize(("command", "default"), [("shift", "[default: shift 128"), ("attribute", "[default: 64]")])
+def test_bracketed_defaults_in_help_text_are_shown(command, default, capsys, monkeypatch):
+    """Rich reads [default: …] in help text as markup and drops it unless it is escaped."""
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main([command, "--help"]) == 0
+    assert default in capsys.readouterr().out

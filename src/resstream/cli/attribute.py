@@ -53,7 +53,7 @@ def attribute(
     ] = None,
     num_seqs: Annotated[int, typer.Option(help="Corpus mode: sequences sampled.")] = 16,
     seq_len: Annotated[
-        int | None, typer.Option(help="Corpus mode: tokens per sequence [default: 64].")
+        int | None, typer.Option(help="Corpus mode: tokens per sequence \\[default: 64].")
     ] = None,
     candidates: Annotated[
         int,
