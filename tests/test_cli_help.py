@@ -71,7 +71,9 @@ def test_the_train_field_list_continues_under_its_own_column():
     assert continued and all(line.startswith(" " * 25) and line[25] != " " for line in continued)
 
 
-@pytest.mark.parametrize(("command", "default"), [("shift", "[default: shift 128"), ("attribute", "[default: 64]")])
+@pytest.mark.parametrize(
+    ("command", "default"), [("shift", "[default: shift 128"), ("attribute", "[default: 64]")]
+)
 def test_bracketed_defaults_in_help_text_are_shown(command, default, capsys, monkeypatch):
     """Rich reads [default: …] in help text as markup and drops it unless it is escaped."""
     monkeypatch.setenv("COLUMNS", "200")

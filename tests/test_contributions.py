@@ -68,3 +68,19 @@ def test_embedding_decoder_is_refused() -> None:
     view = view_of(tiny_model("gpt2"))
     with pytest.raises(ValueError, match="logit lens"):
         log_probs_of(decoder_of(view, "embedding"))
+
+
+@pytest.mark.parametrize("case", ["gpt2", "llama", "gemma2", "resstream_post"])
+def test_low_rank_scores_match_one_decode_per_vector(case: str) -> None:
+    view = view_of(tiny_model(case))
+    decoder = decoder_of(view)
+    lp = log_probs_of(decoder)
+    gen = torch.Generator().manual_seed(6)
+    bases = view.blocks[0].W_O.detach()  # (H, d_head, d)
+    coefficients = torch.randn(bases.shape[0], 7, bases.shape[1], generator=gen)
+    x = torch.randn(view.d_model, generator=gen)
+    with torch.no_grad():
+        ours = lp.low_rank_added(x, coefficients, bases, torch.tensor(9))
+    vectors = torch.einsum("hnr,hrd->hnd", coefficients, bases)
+    direct = _direct(decoder, x + vectors, torch.tensor(9)) - _direct(decoder, x, torch.tensor(9))
+    torch.testing.assert_close(ours, direct, rtol=1e-4, atol=1e-5)

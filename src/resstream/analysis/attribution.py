@@ -216,6 +216,7 @@ def attribute_position(
             neurons.append(_neuron_scores(view, internals, lp, r, layer, pos, ids, points))
     top_neurons = _top_neurons(neurons, levels.top, promoted)
     result_check = _check(view, internals, decoder, pos, ids, foil_ids, r, points)
+    trajectory = _trajectory(decoder, points, ids, point_lp)
     logit = _actual_logit(decoder, points[-1], ids, None)
     return AttributeResult(
         model=model,
@@ -227,12 +228,12 @@ def attribute_position(
         logit=float(logit),
         logprob=float(point_lp[-1]),
         probability=float(point_lp[-1].exp()),
-        rank=_ranks(decoder, points, ids)[-1],
+        rank=trajectory[-1].rank,
         layers=tuple(layers),
         heads=tuple(heads),
         sources=tuple(sorted(sources, key=lambda s: -abs(s.contribution))[: levels.top]),
         neurons=top_neurons,
-        trajectory=_trajectory(decoder, points, ids, point_lp),
+        trajectory=trajectory,
         query_contributions=_queries(view, internals, pos, top_neurons, levels) if levels.neurons else (),
         linearity=_linearity(view, internals, lp, pos, ids, points, neurons, levels)
         if levels.neurons and levels.linearity
@@ -298,23 +299,38 @@ def _source_scores(
     ids: Tensor,
     token_text: Callable[[int], str],
 ) -> list[SourceAttribution]:
-    writes = sublayer_writes(view, internals, layer, "attn", pos, sources=True)
-    keep = (writes.kinds == KINDS.index("source")) & (writes.sources <= int(pos[0]))
-    at = (0, pos.to(internals.embedding.device))
-    x = attention_base(internals.blocks[layer], at)
-    vectors = writes.vectors[keep]
-    contribution = lp.added(x, vectors, ids.to(x.device))[:, 0]
-    dla = vectors.double()[:, 0] @ r.attn_added[layer][0]
+    """Every head's sources j ≤ t, α_{t,j}·(x_j W_V[h] + b_V[h])·W_O[h] as added (Gemma-2:
+    through the post-attention norm frozen at the actual output), scored through each head's
+    d_head-wide output space (`LogProbs.low_rank_added`)."""
+    block, rec = view.blocks[layer], internals.blocks[layer]
+    if rec.probs is None:
+        raise ValueError("attention sources need internals recorded with attention=True")
+    position = int(pos[0])
+    weights = block.attention_weights()
+    x_in = rec.attn_input[0, : position + 1].float()  # (j, d)
+    values = torch.einsum("jm,hmd->hjd", x_in, weights.W_V.detach().float())
+    if weights.b_V is not None:
+        values = values + weights.b_V.detach().float()[:, None, :]
+    probs = rec.probs[0, :, position, : position + 1].float()  # (H, j)
+    basis = block.W_O.detach().float()  # (H, d_head, d)
+    if block.post_attn_norm is not None:
+        frozen = norm_form(block.post_attn_norm).to(torch.float32).freeze(rec.attn_raw[0, position].float())
+        if frozen.form.centre:
+            raise ValueError("a centring post-attention norm does not split into sources")
+        probs = probs * frozen.inverse_scale
+        basis = basis * frozen.gain_vector(basis.shape[-1], basis)
+    x = attention_base(rec, (0, pos.to(rec.block_input.device)))[0]
+    readout = r.attn_added[layer][0].float()
     tokens = internals.input_ids[0].tolist()
+    coefficients = probs.unsqueeze(-1) * values  # (H, j, d_head)
+    contribution = lp.low_rank_added(x, coefficients, basis, ids[0].to(x.device))  # (H, j)
+    dla = torch.einsum("hjd,hd->hj", coefficients, basis @ readout)
     return [
-        SourceAttribution(layer, int(h), int(j), token_text(tokens[int(j)]), float(c), float(d))
-        for h, j, c, d in zip(
-            writes.heads[keep].tolist(),
-            writes.sources[keep].tolist(),
-            contribution.tolist(),
-            dla.tolist(),
-            strict=True,
+        SourceAttribution(
+            layer, head, j, token_text(tokens[j]), float(contribution[head, j]), float(dla[head, j])
         )
+        for head in range(basis.shape[0])
+        for j in range(coefficients.shape[1])
     ]
 
 
@@ -420,8 +436,18 @@ def _check(
     points: Tensor,
 ) -> AttributionCheck:
     worst_abs, worst_rel = 0.0, 0.0
-    for point in range(point_count(view.n_layers)):
-        absolute, relative = decompose(view, internals, pos, point=point, neurons=True).residual()
+    last = point_count(view.n_layers) - 1
+    for point in range(last + 1):
+        finest = point == last  # every point by heads and MLPs, the last also by sources and neurons
+        parts = decompose(
+            view,
+            internals,
+            pos,
+            point=point,
+            sources=finest and internals.blocks[0].probs is not None,
+            neurons=finest,
+        )
+        absolute, relative = parts.residual()
         worst_abs, worst_rel = max(worst_abs, absolute), max(worst_rel, relative)
     at = (0, pos.to(internals.embedding.device))
     total = (internals.embedding[at].double() * r.embed).sum() + r.constant[0]

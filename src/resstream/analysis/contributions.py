@@ -6,17 +6,22 @@ Knowledge Attribution in Large Language Models"):
     C(v; x, w) = log p(w | x + v) − log p(w | x),   p(· | h) = softmax(decoder(h)),
 
 the decoder being the logit lens (final norm, unembedding, bias, soft-capping: `decoding.py`).
-Computed exactly, and fast, from the norm's formula (`norms.py`):
-decoder(h) = A(h) / s(h) + b, A(h) = (W_U ⊙ g) · centre(h), b = W_U·β + b_U, so A is linear:
-A(x + v) = A(x) + A(v), and s(x + v) needs only d-dimensional sums. A batch of vectors then
-costs one (V × d) product each; a layer's neurons v_k = m_k · w_k (w_k the value vector) share
-P = (W_U ⊙ g) · centre(W_out)ᵀ (V × d_ff, computed in chunks of neurons), after which every
-neuron's scores are A(x) + m_k·P[:, k] — the floor is that product, L·d_ff·V·d multiply-adds.
+Computed exactly from the norm's formula (`norms.py`): decoder(h) = (W_U ⊙ g)·n(h) + b with
+n(h) = centre(h)/s(h) and b = W_U·β + b_U, so the scores of a batch of states are one fused
+matrix product with the bias added in the same call (`torch.addmm`), followed by a
+log-sum-exp — no pass over the (states × vocabulary) scores beyond those two. A layer's
+neurons, v_k = m_k·w_k, need the scores of x + m_k·w_k for every k: the product of the
+d_ff states with the d × V unembedding is the floor, L·d_ff·V·d multiply-adds for all layers.
+
+A head's attention sources v_j = α_j·(x_j W_V + b_V)·W_O all lie in the head's d_head-wide
+output space, so `low_rank_added` projects a layer's W_O into the vocabulary once
+(V·d·d, all heads in one product) and scores every source through it with d_head + 1
+multiply-adds per token instead of d.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -24,99 +29,125 @@ from torch import Tensor
 from resstream.analysis.decoding import Decoder
 from resstream.analysis.norms import NormForm, norm_form
 
-#: Bytes of (vectors × vocabulary) scores computed at once.
-CHUNK_BYTES = 256 * 2**20
+#: Bytes of (states × vocabulary) scores computed at once.
+CHUNK_BYTES = 128 * 2**20
 
 
 @dataclass(frozen=True, eq=False)
 class LogProbs:
-    """Exact log-probabilities of target tokens through a decoder, in the split form of the
-    module docstring. Build with `log_probs_of(decoder)`; all arithmetic in float32."""
+    """Exact log-probabilities of target tokens through a logit-lens decoder (module
+    docstring). Build with `log_probs_of(decoder)`; all arithmetic in float32."""
 
     form: NormForm
     weighted: Tensor  # W_U ⊙ g (V, d)
     offset: Tensor  # W_U·β + b_U (V,)
     softcap: float | None
+    # One (rows × vocabulary) buffer reused by every chunk: a fresh allocation of that size
+    # is new memory the kernel must map page by page, which costs more than the scores.
+    _scratch: dict[str, Tensor] = field(default_factory=dict, repr=False)
 
     @property
     def vocab_size(self) -> int:
         return int(self.weighted.shape[0])
 
-    def project(self, v: Tensor) -> Tensor:
-        """A(v) = (W_U ⊙ g)·centre(v), (..., V) for v (..., d)."""
-        return self.form.centred(v.float()) @ self.weighted.T
-
-    def inverse_scale(self, h: Tensor) -> Tensor:
-        """1 / s(h), (..., 1)."""
-        return self.form.inverse_scale(h.float())
-
-    def from_projection(self, projected: Tensor, inverse_scale: Tensor, target: Tensor) -> Tensor:
-        """log p(target) from A(h) (..., V) and 1/s(h) (..., 1); `target` token ids, shaped
-        like A(h)'s leading dims or broadcastable to them from the right."""
-        logits = projected * inverse_scale + self.offset
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        picked = logits.gather(-1, target.expand(logits.shape[:-1]).unsqueeze(-1)).squeeze(-1)
-        return picked - torch.logsumexp(logits, dim=-1)
-
-    def of_states(self, h: Tensor, target: Tensor) -> Tensor:
-        """log p(target | h) for states h (..., d)."""
-        return self.from_projection(self.project(h), self.inverse_scale(h), target)
+    def normalised(self, h: Tensor) -> Tensor:
+        """n(h) = centre(h)/s(h) (..., d): what the gain-weighted unembedding reads."""
+        h = h.float()
+        return self.form.centred(h) * self.form.inverse_scale(h)
 
     def logits(self, h: Tensor) -> Tensor:
         """The decoder's scores (soft-capped) of h (..., d): equal to `Decoder.logits`."""
-        logits = self.project(h) * self.inverse_scale(h) + self.offset
-        return torch.tanh(logits / self.softcap) * self.softcap if self.softcap else logits
+        rows = self.normalised(h).reshape(-1, h.shape[-1])
+        return self._capped(torch.addmm(self.offset, rows, self.weighted.T)).reshape(*h.shape[:-1], -1)
+
+    def of_states(self, h: Tensor, target: Tensor) -> Tensor:
+        """log p(target | h) for states h (..., d); `target` broadcastable to h's leading dims."""
+        rows = self.normalised(h).reshape(-1, h.shape[-1])
+        ids = target.to(rows.device).expand(h.shape[:-1]).reshape(-1)
+        out = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
+        step = _chunk(self.vocab_size)
+        for start in range(0, rows.shape[0], step):
+            scores = self._scores(rows[start : start + step], self.weighted.T)
+            out[start : start + step] = _picked_log_softmax(scores, ids[start : start + step])
+        return out.reshape(h.shape[:-1])
+
+    def _scores(self, rows: Tensor, reader: Tensor) -> Tensor:
+        """offset + rows @ reader, soft-capped, in the reused scratch buffer (rows, V)."""
+        buffer = self._scratch.get("scores")
+        n = rows.shape[0]
+        if buffer is None or buffer.shape[0] < n or buffer.device != rows.device:
+            buffer = torch.empty(
+                (max(n, _chunk(self.vocab_size)), self.vocab_size), dtype=torch.float32, device=rows.device
+            )
+            self._scratch["scores"] = buffer
+        scores = buffer[:n]
+        torch.addmm(self.offset, rows, reader, out=scores)
+        if self.softcap:
+            scores.div_(self.softcap).tanh_().mul_(self.softcap)
+        return scores
 
     def added(self, x: Tensor, vectors: Tensor, target: Tensor) -> Tensor:
         """C of each of `vectors` (C, N, d) added onto x (N, d), target (N,): (C, N)."""
         x = x.float()
-        base_projection = self.project(x)
-        base = self.from_projection(base_projection, self.inverse_scale(x), target)
+        base = self.of_states(x, target)
         out = torch.empty(vectors.shape[:2], dtype=torch.float32, device=x.device)
-        step = _chunk(vectors.shape[1] * self.vocab_size)
+        step = max(1, _chunk(self.vocab_size) // max(vectors.shape[1], 1))
         for start in range(0, vectors.shape[0], step):
-            v = vectors[start : start + step].float()
-            projected = base_projection + self.project(v)
-            scale = self.inverse_scale(x + v)
-            out[start : start + step] = self.from_projection(projected, scale, target) - base
+            out[start : start + step] = (
+                self.of_states(x + vectors[start : start + step].float(), target) - base
+            )
         return out
 
     def neurons(self, x: Tensor, coefficients: Tensor, values: Tensor, target: Tensor) -> Tensor:
         """C of every neuron k, v_k = m_k·values[k], added onto x: (d_ff, N) for x (N, d),
-        coefficients m (N, d_ff), values (d_ff, d), target (N,). Uses P = A(values) in chunks
-        of neurons (module docstring)."""
+        coefficients m (N, d_ff), values (d_ff, d), target (N,). The states x + v_k are built
+        a chunk of neurons at a time, never all at once."""
         x = x.float()
-        base_projection = self.project(x)  # (N, V)
-        base = self.from_projection(base_projection, self.inverse_scale(x), target)
-        cx = self.form.centred(x)
+        base = self.of_states(x, target)
         n_neurons = values.shape[0]
         out = torch.empty((n_neurons, x.shape[0]), dtype=torch.float32, device=x.device)
-        step = _chunk(max(x.shape[0], 1) * self.vocab_size)
+        step = max(1, _chunk(self.vocab_size) // max(x.shape[0], 1))
         for start in range(0, n_neurons, step):
-            w = values[start : start + step].float()  # (k, d)
-            cw = self.form.centred(w)
-            P = self.project(w)  # (k, V)
             m = coefficients[:, start : start + step].T.float()  # (k, N)
-            projected = base_projection.unsqueeze(0) + m.unsqueeze(-1) * P.unsqueeze(1)  # (k, N, V)
-            scale = self._scale_of_sum(cx, cw, m)
-            out[start : start + step] = self.from_projection(projected, scale, target) - base
+            states = x + m.unsqueeze(-1) * values[start : start + step].float().unsqueeze(1)  # (k, N, d)
+            out[start : start + step] = self.of_states(states, target) - base
         return out
 
-    def _scale_of_sum(self, cx: Tensor, cw: Tensor, m: Tensor) -> Tensor:
-        """1/s(x + m·w) (k, N, 1) from centred x (N, d), centred w (k, d), m (k, N)."""
-        if self.form.identity:
-            return torch.ones((*m.shape, 1), dtype=cx.dtype, device=cx.device)
-        d = cx.shape[-1]
-        xx = cx.pow(2).sum(-1) / d  # (N,)
-        xw = (cw @ cx.T) / d  # (k, N)
-        ww = cw.pow(2).sum(-1, keepdim=True) / d  # (k, 1)
-        mean_square = xx + 2 * m * xw + m.pow(2) * ww
-        return torch.rsqrt(mean_square.clamp_min(0) + self.form.eps).unsqueeze(-1)
+    def low_rank_added(self, x: Tensor, coefficients: Tensor, bases: Tensor, target: Tensor) -> Tensor:
+        """C of the vectors v_{h,i} = coefficients[h, i] @ bases[h] added onto one state x (d,),
+        for coefficients (H, n, r) and bases (H, r, d) with r ≪ d (the sources of a layer's H
+        heads: r = d_head), target a 0-d id: (H, n). Scores are
+        (W_U ⊙ g)·(centre(x) + centre(v))/s(x + v) + b; the rank-r parts go through
+        M = centre(bases) @ (W_U ⊙ g)ᵀ (H·r × V), one product for all heads."""
+        x, coefficients, bases = x.float(), coefficients.float(), bases.float()
+        n_heads, rank = bases.shape[0], bases.shape[1]
+        base = self.of_states(x, target)
+        M = self.form.centred(bases.reshape(n_heads * rank, -1)) @ self.weighted.T  # (H·r, V)
+        A_x = (self.weighted @ self.form.centred(x)).unsqueeze(0)  # (1, V)
+        out = torch.empty(coefficients.shape[:2], dtype=torch.float32, device=x.device)
+        step = _chunk(self.vocab_size)
+        for head in range(n_heads):
+            reader = torch.cat([M[head * rank : (head + 1) * rank], A_x])  # (r + 1, V)
+            for start in range(0, coefficients.shape[1], step):
+                c = coefficients[head, start : start + step]
+                scale = self.form.inverse_scale(x + c @ bases[head])  # (n, 1)
+                scores = self._scores(torch.cat([c * scale, scale], dim=1), reader)
+                ids = target.reshape(1).expand(c.shape[0])
+                out[head, start : start + step] = _picked_log_softmax(scores, ids) - base
+        return out
+
+    def _capped(self, scores: Tensor) -> Tensor:
+        return torch.tanh(scores / self.softcap) * self.softcap if self.softcap else scores
 
 
-def _chunk(scores_per_item: int) -> int:
-    return max(1, CHUNK_BYTES // (4 * max(scores_per_item, 1)))
+def _picked_log_softmax(scores: Tensor, ids: Tensor) -> Tensor:
+    """log softmax(scores)[ids] per row."""
+    return scores.gather(1, ids.unsqueeze(1)).squeeze(1) - torch.logsumexp(scores, dim=1)
+
+
+def _chunk(vocab: int) -> int:
+    """Rows of scores per step."""
+    return max(1, CHUNK_BYTES // (4 * max(vocab, 1)))
 
 
 def log_probs_of(decoder: Decoder) -> LogProbs:
@@ -124,15 +155,15 @@ def log_probs_of(decoder: Decoder) -> LogProbs:
     scores are not the model's probabilities)."""
     if decoder.kind != "logit-lens":
         raise ValueError(f"contribution scores are defined through the logit lens, not {decoder.kind!r}")
-    form = norm_form(decoder.norm)
-    W_U = decoder.matrix.float()
-    weighted = W_U if form.gain is None else W_U * form.gain.float()
+    form = norm_form(decoder.norm).to(torch.float32)
+    W_U = decoder.matrix.detach().float()
+    weighted = W_U if form.gain is None else W_U * form.gain
     offset = torch.zeros(W_U.shape[0], dtype=torch.float32, device=W_U.device)
     if form.bias is not None:
-        offset = offset + W_U @ form.bias.float()
+        offset = offset + W_U @ form.bias
     if decoder.bias is not None:
-        offset = offset + decoder.bias.float()
-    return LogProbs(form=form, weighted=weighted, offset=offset, softcap=decoder.softcap)
+        offset = offset + decoder.bias.detach().float()
+    return LogProbs(form=form, weighted=weighted.contiguous(), offset=offset, softcap=decoder.softcap)
 
 
 __all__ = ["CHUNK_BYTES", "LogProbs", "log_probs_of"]

@@ -58,7 +58,8 @@ NumSeqsOption = Annotated[int, typer.Option(help="Sequences sampled from the cor
 SeqLenOption = Annotated[
     int | None,
     typer.Option(
-        help="Tokens per sequence \\[default: shift 128, recency 64, or the shortest model context if shorter]."
+        help="Tokens per sequence \\[default: shift 128, recency 64, "
+        "or the shortest model context if shorter]."
     ),
 ]
 BatchSizeOption = Annotated[int, typer.Option(help="Sequences per forward pass.")]
