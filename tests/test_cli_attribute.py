@@ -82,6 +82,8 @@ def test_attribute_defaults_to_the_top_prediction_at_the_last_position(tmp_path:
         (["--text", TEXT, "--target-id", "999999"], ("--target-id 999999", "vocabulary")),
         (["--text", TEXT, "--dataset", "shakespeare"], ("--dataset", "not both")),
         ([], ("exactly one of --text or --text-file",)),
+        (["--dataset", "shakespeare", "--candidates", "0"], ("--candidates 0", "1 or more")),
+        (["--dataset", "shakespeare", "--batch-size", "0"], ("--batch-size 0", ">= 1")),
     ],
 )
 def test_bad_input_is_one_line_exit_2(

@@ -53,10 +53,45 @@ class SequenceScores:
     dla_residual: float
 
 
-def sequence_scores(
-    view: ModelView, internals: Internals, decoder: Decoder, lp: LogProbs, sequence: int = 0
+def batch_scores(
+    view: ModelView, internals: Internals, decoder: Decoder, lp: LogProbs
+) -> list[SequenceScores]:
+    """Every scored position of every sequence of `internals` (module docstring). The heads'
+    C go layer by layer over the whole batch, so each layer's W_O is projected into the
+    vocabulary once per batch (`LogProbs.low_rank_added`)."""
+    n_seqs = internals.input_ids.shape[0]
+    head_c = torch.stack([_head_contributions(view, internals, lp, layer) for layer in range(view.n_layers)])
+    return [
+        _sequence_scores(view, internals, decoder, lp, sequence, head_c[:, :, sequence])
+        for sequence in range(n_seqs)
+    ]
+
+
+def _head_contributions(view: ModelView, internals: Internals, lp: LogProbs, layer: int) -> Tensor:
+    """Mean C of every head of `layer` per sequence, (H, S): v = z_h·W_O[h] as added (Gemma-2:
+    through the post-attention norm frozen at the actual output), x = α·L_in."""
+    block, rec = view.blocks[layer], internals.blocks[layer]
+    ids = internals.input_ids
+    n_seqs, n_pos = ids.shape[0], ids.shape[1] - 1
+    pos = torch.arange(n_pos)
+    x = torch.cat(
+        [attention_base(rec, (s, pos.to(rec.block_input.device))) for s in range(n_seqs)]
+    )  # (S·N, d)
+    z = rec.z[:, :n_pos].reshape(n_seqs * n_pos, *rec.z.shape[2:]).float()  # (S·N, H, d_head)
+    bases = block.W_O.detach().float()
+    if block.post_attn_norm is not None:
+        raw = rec.attn_raw[:, :n_pos].reshape(n_seqs * n_pos, -1).float()
+        frozen = norm_form(block.post_attn_norm).to(torch.float32).freeze(raw)
+        z = z * frozen.inverse_scale.unsqueeze(-1)
+        bases = bases * frozen.gain_vector(bases.shape[-1], bases)
+    scores = lp.low_rank_added(x, z.permute(1, 0, 2), bases, ids[:, 1:].reshape(-1))  # (H, S·N)
+    return scores.reshape(-1, n_seqs, n_pos).mean(-1)
+
+
+def _sequence_scores(
+    view: ModelView, internals: Internals, decoder: Decoder, lp: LogProbs, sequence: int, head_c: Tensor
 ) -> SequenceScores:
-    """Every scored position of one sequence of `internals` (module docstring)."""
+    """One sequence's scores other than the heads' C (`head_c`, (L, H), already computed)."""
     ids = internals.input_ids[sequence]
     pos = torch.arange(len(ids) - 1)
     target = ids[1:]
@@ -64,7 +99,7 @@ def sequence_scores(
     points = residual_points(view, internals, pos, sequence=sequence).float()
     point_lp = torch.stack([lp.of_states(p, target.to(p.device)) for p in points])  # (2L+1, N)
     r = readouts(view, internals, decoder, pos, target, sequence=sequence)
-    attn_dla, mlp_dla, head_c, head_dla, neuron_dla, coefficient = [], [], [], [], [], []
+    attn_dla, mlp_dla, head_dla, neuron_dla, coefficient = [], [], [], [], []
     total = (internals.embedding[at].double() * r.embed).sum(-1) + r.constant
     for layer, (block, rec) in enumerate(zip(view.blocks, internals.blocks, strict=True)):
         attn = (rec.attn_raw[at].double() * r.attn[layer]).sum(-1)
@@ -74,8 +109,6 @@ def sequence_scores(
         mlp_dla.append(mlp.mean())
         writes = sublayer_writes(view, internals, layer, "attn", pos, sequence=sequence)
         heads = writes.kinds == KINDS.index("head")
-        x = attention_base(rec, at)
-        head_c.append(lp.added(x, writes.vectors[heads], target.to(x.device)).mean(-1))
         head_dla.append((writes.vectors[heads].double() * r.attn_added[layer]).sum(-1).mean(-1))
         W_out = block.mlp_weights().W_out.detach().double()
         m = rec.coefficients[at].double()
@@ -87,7 +120,7 @@ def sequence_scores(
         mlp_contribution=(point_lp[2::2] - point_lp[1::2]).mean(-1),
         attn_dla=torch.stack(attn_dla),
         mlp_dla=torch.stack(mlp_dla),
-        head_contribution=torch.stack(head_c),
+        head_contribution=head_c,
         head_dla=torch.stack(head_dla),
         neuron_dla=torch.stack(neuron_dla),
         neuron_coefficient=torch.stack(coefficient),
@@ -153,15 +186,17 @@ def attribute_corpus(
 ) -> CorpusAttribution:
     """Corpus mode (module docstring) over `batches` of token ids (batch, T), T ≥ 2. Each
     batch is run twice: once for everything but the neurons' C, once (after the candidates
-    are known) for the candidates' exact C; `batches` must therefore be re-iterable."""
+    are known) for the candidates' exact C; `progress(n)` is told of n sequences done after
+    each batch of either pass (2 × the sequences in all)."""
     lp = log_probs_of(decoder)
     batches = list(batches)
     scores: list[SequenceScores] = []
     for ids in batches:
         internals = block_internals(view, ids)
-        scores += [sequence_scores(view, internals, decoder, lp, s) for s in range(ids.shape[0])]
+        scores += batch_scores(view, internals, decoder, lp)
         if progress is not None:
             progress(ids.shape[0])
+        del internals
     if not scores:
         raise ValueError("no sequences to attribute")
     mean_dla = torch.stack([s.neuron_dla for s in scores]).mean(0)  # (L, d_ff)
@@ -172,6 +207,9 @@ def attribute_corpus(
     for ids in batches:
         internals = block_internals(view, ids)
         per_sequence_c += [neuron_contributions(view, internals, lp, chosen, s) for s in range(ids.shape[0])]
+        if progress is not None:
+            progress(ids.shape[0])
+        del internals
     neuron_c = torch.stack(per_sequence_c)  # (S, K)
     neurons = _neuron_summaries(scores, chosen, neuron_c, top, promoted)
     positions = sum(int(ids.shape[0]) * (int(ids.shape[1]) - 1) for ids in batches)
@@ -256,4 +294,4 @@ def _neuron_summaries(
     return tuple(out)
 
 
-__all__ = ["SequenceScores", "attribute_corpus", "neuron_contributions", "sequence_scores"]
+__all__ = ["SequenceScores", "attribute_corpus", "batch_scores", "neuron_contributions"]

@@ -73,18 +73,8 @@ class LogProbs:
 
     def _scores(self, rows: Tensor, reader: Tensor) -> Tensor:
         """offset + rows @ reader, soft-capped, in the reused scratch buffer (rows, V)."""
-        buffer = self._scratch.get("scores")
-        n = rows.shape[0]
-        if buffer is None or buffer.shape[0] < n or buffer.device != rows.device:
-            buffer = torch.empty(
-                (max(n, _chunk(self.vocab_size)), self.vocab_size), dtype=torch.float32, device=rows.device
-            )
-            self._scratch["scores"] = buffer
-        scores = buffer[:n]
-        torch.addmm(self.offset, rows, reader, out=scores)
-        if self.softcap:
-            scores.div_(self.softcap).tanh_().mul_(self.softcap)
-        return scores
+        scores = torch.addmm(self.offset, rows, reader, out=self._buffer(rows.shape[0]))
+        return self._capped_(scores)
 
     def added(self, x: Tensor, vectors: Tensor, target: Tensor) -> Tensor:
         """C of each of `vectors` (C, N, d) added onto x (N, d), target (N,): (C, N)."""
@@ -114,30 +104,58 @@ class LogProbs:
         return out
 
     def low_rank_added(self, x: Tensor, coefficients: Tensor, bases: Tensor, target: Tensor) -> Tensor:
-        """C of the vectors v_{h,i} = coefficients[h, i] @ bases[h] added onto one state x (d,),
-        for coefficients (H, n, r) and bases (H, r, d) with r ≪ d (the sources of a layer's H
-        heads: r = d_head), target a 0-d id: (H, n). Scores are
-        (W_U ⊙ g)·(centre(x) + centre(v))/s(x + v) + b; the rank-r parts go through
-        M = centre(bases) @ (W_U ⊙ g)ᵀ (H·r × V), one product for all heads."""
+        """C of the vectors v_{h,i} = coefficients[h, i] @ bases[h], each added onto its state
+        x[i] (x (n, d), or one state (d,) shared by all), for coefficients (H, n, r) and bases
+        (H, r, d) with r ≪ d — a layer's heads (r = d_head) at n positions, or one head's
+        sources at one position; `target` (n,) or a 0-d id. Returns (H, n).
+
+        Scores are s·(A(x) + M_h·c) + b with A(x) = (W_U ⊙ g)·centre(x) and
+        M = centre(bases) @ (W_U ⊙ g)ᵀ (H·r × V), one product for all heads; per head and chunk
+        of rows that is one fused `addmm` onto s ⊙ A(x) + b."""
         x, coefficients, bases = x.float(), coefficients.float(), bases.float()
-        n_heads, rank = bases.shape[0], bases.shape[1]
-        base = self.of_states(x, target)
+        n_heads, n, rank = coefficients.shape
+        xs = x.expand(n, x.shape[-1]) if x.ndim == 1 else x
+        ids = target.to(xs.device).expand(n)
         M = self.form.centred(bases.reshape(n_heads * rank, -1)) @ self.weighted.T  # (H·r, V)
-        A_x = (self.weighted @ self.form.centred(x)).unsqueeze(0)  # (1, V)
-        out = torch.empty(coefficients.shape[:2], dtype=torch.float32, device=x.device)
+        out = torch.empty((n_heads, n), dtype=torch.float32, device=xs.device)
         step = _chunk(self.vocab_size)
-        for head in range(n_heads):
-            reader = torch.cat([M[head * rank : (head + 1) * rank], A_x])  # (r + 1, V)
-            for start in range(0, coefficients.shape[1], step):
-                c = coefficients[head, start : start + step]
-                scale = self.form.inverse_scale(x + c @ bases[head])  # (n, 1)
-                scores = self._scores(torch.cat([c * scale, scale], dim=1), reader)
-                ids = target.reshape(1).expand(c.shape[0])
-                out[head, start : start + step] = _picked_log_softmax(scores, ids) - base
+        for start in range(0, n, step):
+            rows = slice(start, start + step)
+            A_x = self.form.centred(xs[rows]) @ self.weighted.T  # (k, V)
+            base = self._log_probs_of(A_x, self.form.inverse_scale(xs[rows]), None, None, ids[rows])
+            for head in range(n_heads):
+                c = coefficients[head, rows]
+                scale = self.form.inverse_scale(xs[rows] + c @ bases[head])  # (k, 1)
+                reader = M[head * rank : (head + 1) * rank]
+                out[head, rows] = self._log_probs_of(A_x, scale, c * scale, reader, ids[rows]) - base
         return out
+
+    def _log_probs_of(
+        self, A_x: Tensor, scale: Tensor, rows: Tensor | None, reader: Tensor | None, ids: Tensor
+    ) -> Tensor:
+        """log p(ids) from scores b + scale ⊙ A_x (+ rows @ reader), built in the scratch buffer."""
+        scores = torch.addcmul(self.offset, A_x, scale, out=self._buffer(A_x.shape[0]))
+        if rows is not None:
+            scores.addmm_(rows, reader)
+        return _picked_log_softmax(self._capped_(scores), ids)
+
+    def _buffer(self, n: int) -> Tensor:
+        """The reused scratch buffer's first n rows (see `_scratch`)."""
+        buffer = self._scratch.get("scores")
+        if buffer is None or buffer.shape[0] < n:
+            size = (max(n, _chunk(self.vocab_size)), self.vocab_size)
+            buffer = torch.empty(size, dtype=torch.float32, device=self.weighted.device)
+            self._scratch["scores"] = buffer
+        return buffer[:n]
 
     def _capped(self, scores: Tensor) -> Tensor:
         return torch.tanh(scores / self.softcap) * self.softcap if self.softcap else scores
+
+    def _capped_(self, scores: Tensor) -> Tensor:
+        """Soft-capping in place."""
+        if self.softcap:
+            scores.div_(self.softcap).tanh_().mul_(self.softcap)
+        return scores
 
 
 def _picked_log_softmax(scores: Tensor, ids: Tensor) -> Tensor:

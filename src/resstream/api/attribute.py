@@ -21,7 +21,16 @@ from resstream.analysis.attribution_corpus import attribute_corpus
 from resstream.analysis.attribution_results import AttributeResult, CorpusAttribution
 from resstream.analysis.decoding import Decoder, decoder_of
 from resstream.analysis.neurons import promoted_tokens
-from resstream.api.inputs import CorpusRequest, LoadOptions, each_model, encode_text, one_model, text_of
+from resstream.api.inputs import (
+    CorpusRequest,
+    LoadOptions,
+    check_batch_size,
+    each_batch,
+    each_model,
+    encode_text,
+    one_model,
+    text_of,
+)
 from resstream.capture import Internals, block_internals
 from resstream.data.tokenizer import token_text
 from resstream.errors import UsageError
@@ -56,6 +65,7 @@ def attribute(
     seq_len: int | None = None,
     seed: int = 0,
     candidates: int = 64,
+    batch_size: int = 8,
     data_dir: str | os.PathLike[str] | None = None,
     dtype: str = "auto",
     device: str = "auto",
@@ -73,7 +83,8 @@ def attribute(
 
     Corpus (`dataset` given instead of a text): `num_seqs` windows of `seq_len` tokens (default
     64, clipped to the model's context) sampled with `seed`; neurons' exact C is computed for
-    the `candidates` neurons with the largest mean |DLA|. Returns a `CorpusAttribution`.
+    the `candidates` neurons with the largest mean |DLA|; `batch_size` sequences share one
+    forward (and one projection of each layer's W_O). Returns a `CorpusAttribution`.
 
     `model` is a spec or a loaded model with its `tokenizer`, as for `resstream.lens`.
     """
@@ -82,6 +93,7 @@ def attribute(
     if dataset is not None:
         if text is not None or text_file is not None:
             raise UsageError("give a text (`text`/`text_file`) or a `dataset`, not both")
+        check_batch_size(batch_size)
         return _corpus(
             model,
             dataset,
@@ -91,6 +103,7 @@ def attribute(
             data_dir,
             top,
             candidates,
+            batch_size,
             LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress),
         )
     text = text_of(text, text_file)
@@ -130,6 +143,7 @@ def _corpus(
     data_dir: str | os.PathLike[str] | None,
     top: int,
     candidates: int,
+    batch_size: int,
     options: LoadOptions,
 ) -> CorpusAttribution:
     if candidates < 1:
@@ -139,10 +153,10 @@ def _corpus(
         for loaded, sample, _ in each:
             view = loaded.view
             decoder = decoder_of(view)
-            batches = [torch.as_tensor(seq).reshape(1, -1) for seq in sample.sequences]
+            batches = list(each_batch(sample.sequences, batch_size, "", progress=False))
             if any(b.shape[1] < 2 for b in batches):
                 raise UsageError("every sequence needs at least 2 tokens (a target after a position)")
-            bar = _bar(len(batches), f"attribute {loaded.name}", options.progress)
+            bar = _bar(2 * len(sample.sequences), f"attribute {loaded.name}", options.progress)
             try:
                 return attribute_corpus(
                     view,

@@ -59,6 +59,7 @@ def attribute(
         int,
         typer.Option(help="Corpus mode: neurons (largest mean |DLA|) whose exact contribution is computed."),
     ] = 64,
+    batch_size: Annotated[int, typer.Option(help="Corpus mode: sequences per forward pass.")] = 8,
     seed: SampleSeedOption = 0,
     data_dir: DataDirOption = None,
     dtype: DtypeOption = "auto",
@@ -93,6 +94,7 @@ def attribute(
             seq_len=seq_len,
             seed=seed,
             candidates=candidates,
+            batch_size=batch_size,
             data_dir=data_dir,
             dtype=dtype,
             device=device,
@@ -117,6 +119,7 @@ def attribute(
             "num_seqs": num_seqs if dataset else None,
             "seq_len": seq_len,
             "candidates": candidates if dataset else None,
+            "batch_size": batch_size if dataset else None,
             "dtype": dtype,
             "device_map": device_map,
         }
