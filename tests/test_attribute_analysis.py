@@ -147,3 +147,4 @@ def test_corpus_mode_equals_the_mean_of_per_position_runs(case: str) -> None:
     assert neuron.contribution.value == pytest.approx(sum(expected) / len(expected), abs=1e-5)
     assert corpus.num_seqs == 3 and corpus.positions == 3 * (SEQ - 1)
     assert corpus.check.dla_residual <= 1e-4
+    assert corpus.check.decomposition_relative <= 1e-5

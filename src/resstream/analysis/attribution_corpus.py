@@ -31,7 +31,13 @@ from resstream.analysis.attribution_results import (
 )
 from resstream.analysis.contributions import LogProbs, log_probs_of
 from resstream.analysis.decoding import Decoder
-from resstream.analysis.decomposition import KINDS, attention_base, residual_points, sublayer_writes
+from resstream.analysis.decomposition import (
+    KINDS,
+    attention_base,
+    decompose,
+    residual_points,
+    sublayer_writes,
+)
 from resstream.analysis.norms import norm_form
 from resstream.capture.internals import Internals, block_internals
 from resstream.models.adapters.base import ModelView
@@ -51,6 +57,7 @@ class SequenceScores:
     neuron_dla: Tensor  # (L, d_ff)
     neuron_coefficient: Tensor  # (L, d_ff)
     dla_residual: float
+    decomposition_residual: tuple[float, float]  # max |Σ components − h_L| and relative
 
 
 def batch_scores(
@@ -125,6 +132,7 @@ def _sequence_scores(
         neuron_dla=torch.stack(neuron_dla),
         neuron_coefficient=torch.stack(coefficient),
         dla_residual=float((total - actual).abs().max()),
+        decomposition_residual=decompose(view, internals, pos, sequence=sequence).residual(),
     )
 
 
@@ -227,7 +235,11 @@ def attribute_corpus(
             f"exact C at every position for the {len(chosen)} neurons with the largest mean |DLA| "
             f"(the DLA of all {mean_dla.numel()} neurons was averaged first); listed: the largest mean |C|"
         ),
-        check=AttributionCheck(math.nan, math.nan, max(s.dla_residual for s in scores)),
+        check=AttributionCheck(
+            max(s.decomposition_residual[0] for s in scores),
+            max(s.decomposition_residual[1] for s in scores),
+            max(s.dla_residual for s in scores),
+        ),
         notes=view.notes,
     )
 
