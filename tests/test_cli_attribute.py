@@ -125,3 +125,19 @@ def test_attribute_corpus_mode(tmp_path: Path, capsys) -> None:
         report["layers"][0]["attn_contribution"]["low"] <= report["layers"][0]["attn_contribution"]["value"]
     )
     assert (out / "attribute.html").exists() and (out / "layers.png").exists()
+
+
+def test_attribute_a_hugging_face_model_from_a_local_directory(tmp_path: Path, capsys) -> None:
+    """The path a user takes with `--model gpt2` online, from a `save_pretrained` directory."""
+    from tests.test_cli_composition import hf_dir
+
+    model_dir = hf_dir(tmp_path, 2)
+    out = tmp_path / "attr"
+    code = main(
+        ["attribute", *FAST, "--model", str(model_dir), "--text", "the cat sat on the mat", "--out", str(out)]
+    )
+    assert code == 0, capsys.readouterr().err
+    report = json.loads((out / "attribute.json").read_text())
+    assert report["model"] == str(model_dir) and len(report["layers"]) == 2
+    assert report["check"]["decomposition_relative"] <= 1e-5 and report["check"]["dla_residual"] <= 1e-4
+    assert report["query_contributions"] and all(q["residual"] <= 1e-4 for q in report["query_contributions"])
