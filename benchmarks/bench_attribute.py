@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import resource
 import time
+from functools import partial
 
 import torch
 
@@ -108,7 +109,12 @@ def main() -> None:
     ]
     forward = timed(lambda: [model.transformer(b.to(args.device)) for b in batches], args.device)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    corpus = timed(lambda: attribute_corpus(view, decoder, batches, top=20, candidates=64), args.device)
+    corpus = timed(
+        lambda: attribute_corpus(
+            view, decoder, batches, partial(block_internals, view), top=20, candidates=64
+        ),
+        args.device,
+    )
     extra = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     print(
         f"corpus {args.num_seqs} x {args.seq_len}: {corpus:.1f} s vs plain forward {forward:.2f} s "

@@ -3,6 +3,8 @@ corpus mode equals the mean of per-position runs."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -103,7 +105,7 @@ def test_corpus_mode_equals_the_mean_of_per_position_runs(case: str) -> None:
     view = view_of(tiny_model(case))
     decoder = decoder_of(view)
     batches = [tiny_ids(batch=2), tiny_ids(batch=1, seed=7)]
-    corpus = attribute_corpus(view, decoder, batches, top=3, candidates=4)
+    corpus = attribute_corpus(view, decoder, batches, partial(block_internals, view), top=3, candidates=4)
     per_sequence = []
     for ids in batches:
         for s in range(ids.shape[0]):

@@ -48,8 +48,7 @@ from resstream.analysis.decomposition import (
     sublayer_writes,
 )
 from resstream.analysis.norms import NormForm, norm_form
-from resstream.capture.internals import Internals
-from resstream.models.adapters.base import ModelView
+from resstream.models.adapters.base import Internals, ModelView
 
 
 @dataclass(frozen=True, eq=False)

@@ -39,8 +39,7 @@ from resstream.analysis.decomposition import (
     sublayer_writes,
 )
 from resstream.analysis.norms import norm_form
-from resstream.capture.internals import Internals, block_internals
-from resstream.models.adapters.base import ModelView
+from resstream.models.adapters.base import Internals, ModelView
 from resstream.simulation.intervals import Estimate, mean_interval
 
 
@@ -184,6 +183,7 @@ def attribute_corpus(
     view: ModelView,
     decoder: Decoder,
     batches: Iterable[Tensor],
+    record: Callable[[Tensor], Internals],
     *,
     top: int = 20,
     candidates: int = 64,
@@ -192,7 +192,8 @@ def attribute_corpus(
     dataset: str = "",
     progress: Callable[[int], None] | None = None,
 ) -> CorpusAttribution:
-    """Corpus mode (module docstring) over `batches` of token ids (batch, T), T ≥ 2. Each
+    """Corpus mode (module docstring) over `batches` of token ids (batch, T), T ≥ 2, whose
+    block internals `record(ids)` captures (`capture.block_internals` bound to the view). Each
     batch is run twice: once for everything but the neurons' C, once (after the candidates
     are known) for the candidates' exact C; `progress(n)` is told of n sequences done after
     each batch of either pass (2 × the sequences in all)."""
@@ -200,7 +201,7 @@ def attribute_corpus(
     batches = list(batches)
     scores: list[SequenceScores] = []
     for ids in batches:
-        internals = block_internals(view, ids)
+        internals = record(ids)
         scores += batch_scores(view, internals, decoder, lp)
         if progress is not None:
             progress(ids.shape[0])
@@ -213,7 +214,7 @@ def attribute_corpus(
     chosen = [(i // d_ff, i % d_ff) for i in flat]
     per_sequence_c: list[Tensor] = []
     for ids in batches:
-        internals = block_internals(view, ids)
+        internals = record(ids)
         per_sequence_c += [neuron_contributions(view, internals, lp, chosen, s) for s in range(ids.shape[0])]
         if progress is not None:
             progress(ids.shape[0])

@@ -38,8 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from resstream.analysis.norms import norm_form
-from resstream.capture.internals import BlockInternals, Internals
-from resstream.models.adapters.base import BlockView, ModelView
+from resstream.models.adapters.base import BlockInternals, BlockView, Internals, ModelView
 
 #: Component kinds, in the codes `Decomposition.kinds` stores.
 KINDS: tuple[str, ...] = (

@@ -162,6 +162,7 @@ def _corpus(
                     view,
                     decoder,
                     batches,
+                    partial(block_internals, view),
                     top=top,
                     candidates=candidates,
                     promoted=_promoted(view, decoder, partial(token_text, loaded.tokenizer)),

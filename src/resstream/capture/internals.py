@@ -17,14 +17,15 @@ block and records, per block (`BlockInternals`, tensors (batch, seq, ...)):
   from `capture.attention_probs` (a second forward: fused kernels do not return them).
 
 Nothing is computed here beyond what the model computes; `analysis.decomposition` turns the
-records into components. Tensors are normal (non-inference) float tensors in the model's
-dtype; hooks are removed also when the forward raises.
+records into components. The record types live with the view they describe
+(`models.adapters.base`), so analysis reads them without depending on the hooks. Tensors are
+normal (non-inference) float tensors in the model's dtype; hooks are removed also when the
+forward raises.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,34 +33,7 @@ from torch import Tensor, nn
 
 from resstream.capture.attention import attention_probs
 from resstream.capture.hooks import _block_input, _hooks, check_input_ids, first_tensor, run_forward
-from resstream.models.adapters.base import BlockView, ModelView
-
-
-@dataclass(frozen=True, eq=False)
-class BlockInternals:
-    """One block's reads and writes (module docstring), each (batch, seq, ...)."""
-
-    block_input: Tensor
-    block_output: Tensor
-    identity_scale: Tensor | None
-    attn_input: Tensor
-    z: Tensor
-    attn_raw: Tensor
-    attn_output: Tensor
-    mlp_input: Tensor
-    coefficients: Tensor
-    mlp_raw: Tensor
-    mlp_output: Tensor
-    probs: Tensor | None = None
-
-
-@dataclass(frozen=True, eq=False)
-class Internals:
-    """Every block's `BlockInternals` for `input_ids` (batch, seq), and h_0."""
-
-    input_ids: Tensor
-    embedding: Tensor  # h_0 (batch, seq, d_model)
-    blocks: tuple[BlockInternals, ...]
+from resstream.models.adapters.base import BlockInternals, BlockView, Internals, ModelView
 
 
 def _require(block: BlockView, index: int) -> None:

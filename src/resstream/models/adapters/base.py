@@ -137,3 +137,31 @@ class ModelView:
         if self.blocks:
             return int(self.blocks[0].W_O.shape[1])
         return self.d_model // self.n_heads
+
+
+@dataclass(frozen=True, eq=False)
+class BlockInternals:
+    """One block's reads and writes in one forward, each (batch, seq, ...), as recorded by
+    `resstream.capture.block_internals` (its docstring says what each field holds)."""
+
+    block_input: Tensor
+    block_output: Tensor
+    identity_scale: Tensor | None
+    attn_input: Tensor
+    z: Tensor
+    attn_raw: Tensor
+    attn_output: Tensor
+    mlp_input: Tensor
+    coefficients: Tensor
+    mlp_raw: Tensor
+    mlp_output: Tensor
+    probs: Tensor | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Internals:
+    """Every block's `BlockInternals` for `input_ids` (batch, seq), and h_0."""
+
+    input_ids: Tensor
+    embedding: Tensor  # h_0 (batch, seq, d_model)
+    blocks: tuple[BlockInternals, ...]
