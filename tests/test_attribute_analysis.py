@@ -150,3 +150,21 @@ def test_corpus_mode_equals_the_mean_of_per_position_runs(case: str) -> None:
     assert corpus.num_seqs == 3 and corpus.positions == 3 * (SEQ - 1)
     assert corpus.check.dla_residual <= 1e-4
     assert corpus.check.decomposition_relative <= 1e-5
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+def test_half_precision_models_are_attributed(case: str) -> None:
+    """A bfloat16 model (what `--dtype auto` loads for most checkpoints on a GPU) runs through
+    every level in both modes; the checks hold to bfloat16's precision."""
+    import copy
+
+    view = view_of(copy.deepcopy(tiny_model(case)).to(torch.bfloat16))
+    decoder = decoder_of(view)
+    rec = block_internals(view, tiny_ids(batch=1), attention=True)
+    result = attribute_position(view, rec, decoder, POSITION, TARGET, levels=Levels(top=5))
+    assert result.check.decomposition_relative <= 2e-2
+    assert result.check.dla_residual <= 5e-2 * max(1.0, abs(result.logit))
+    corpus = attribute_corpus(
+        view, decoder, [tiny_ids(batch=2)], partial(block_internals, view), top=3, candidates=4
+    )
+    assert corpus.check.dla_residual <= 5e-2 * 10

@@ -201,7 +201,8 @@ def attribute_position(
     pos = torch.tensor([position])
     ids = torch.tensor([target])
     foil_ids = None if foil is None else torch.tensor([foil])
-    points = residual_points(view, internals, pos).float()  # (2L+1, 1, d)
+    states = residual_points(view, internals, pos)  # (2L+1, 1, d), the model's dtype
+    points = states.float()
     point_lp = lp.of_states(points, ids.to(points.device))[:, 0]  # (2L+1,)
     r = readouts(view, internals, decoder, pos, ids, foil_ids)
     at = (0, pos.to(internals.embedding.device))
@@ -215,8 +216,8 @@ def attribute_position(
             neurons.append(_neuron_scores(view, internals, lp, r, layer, pos, ids, points))
     top_neurons = _top_neurons(neurons, levels.top, promoted)
     result_check = _check(view, internals, decoder, pos, ids, foil_ids, r, points)
-    trajectory = _trajectory(decoder, points, ids, point_lp)
-    logit = _actual_logit(decoder, points[-1], ids, None)
+    trajectory = _trajectory(decoder, states, ids, point_lp)
+    logit = actual_logits(decoder, points[-1], ids)[0]
     return AttributeResult(
         model=model,
         decoder=decoder.description,
@@ -234,7 +235,7 @@ def attribute_position(
         neurons=top_neurons,
         trajectory=trajectory,
         query_contributions=_queries(view, internals, pos, top_neurons, levels) if levels.neurons else (),
-        linearity=_linearity(view, internals, lp, pos, ids, points, neurons, levels)
+        linearity=_linearity(lp, ids, neurons, layers, levels)
         if levels.neurons and levels.linearity
         else None,
         check=result_check,
@@ -242,7 +243,9 @@ def attribute_position(
         bias_dla=float(r.constant[0]),
         foil_id=foil,
         foil=None if foil is None else token_text(foil),
-        logit_difference=None if foil is None else float(_actual_logit(decoder, points[-1], ids, foil_ids)),
+        logit_difference=None
+        if foil is None
+        else float(actual_logits(decoder, points[-1], ids, foil_ids)[0]),
         notes=view.notes,
     )
 
@@ -395,17 +398,19 @@ def _top_neurons(
     )
 
 
-def _actual_logit(decoder: Decoder, h: Tensor, ids: Tensor, foil: Tensor | None) -> Tensor:
-    """The target's logit (− the foil's) before soft-capping, from the model's own final norm."""
-    with torch.no_grad():
-        x = decoder.inputs(h).double()
-    u = direction(
-        decoder, ids.to(decoder.matrix.device), None if foil is None else foil.to(decoder.matrix.device)
-    )
-    return (x * u.to(x.device)).sum(-1)[0] + bias_difference(decoder, ids, foil)[0].to(x.device)
+def actual_logits(decoder: Decoder, h: Tensor, target: Tensor, foil: Tensor | None = None) -> Tensor:
+    """The target's logit (− the foil's) before soft-capping for final states h (N, d), (N,)
+    in float64: the final norm's formula (`norms.py`, checked against the module) applied in
+    float64, so a float16/bfloat16 model is read without mixing dtypes."""
+    normed = norm_form(decoder.norm).to(torch.float64)(h.double())
+    device = decoder.matrix.device
+    u = direction(decoder, target.to(device), None if foil is None else foil.to(device)).to(normed.device)
+    return (normed * u).sum(-1) + bias_difference(decoder, target.to(device), foil).to(normed.device)
 
 
 def _ranks(decoder: Decoder, points: Tensor, ids: Tensor) -> list[int]:
+    """Exact ranks of the target at every point; `points` in the model's own dtype (the
+    decoder applies the model's final norm module)."""
     states = points[:, 0, :]
     with torch.no_grad():
         ranks, _ = decoder.exact().ranks(states, ids.reshape(1, 1).expand(states.shape[0], 1))
@@ -456,7 +461,7 @@ def _check(
             + (rec.attn_raw[at].double() * r.attn[layer]).sum()
             + (rec.mlp_raw[at].double() * r.mlp[layer]).sum()
         )
-    dla_residual = abs(float(total - _actual_logit(decoder, points[-1], ids, foil)))
+    dla_residual = abs(float(total - actual_logits(decoder, points[-1], ids, foil)[0]))
     return AttributionCheck(worst_abs, worst_rel, dla_residual)
 
 
@@ -521,21 +526,18 @@ def _layer_of(parts: Decomposition, index: int) -> int | None:
 
 
 def _linearity(
-    view: ModelView,
-    internals: Internals,
     lp: LogProbs,
-    pos: Tensor,
     ids: Tensor,
-    points: Tensor,
     layers: list[_NeuronLayer],
+    layer_scores: list[LayerAttribution],
     levels: Levels,
 ) -> LinearityCheck | None:
     """The layer with the largest |MLP contribution|: its neurons ranked by C, then
     C(v_1 + … + v_n) against Σ_{i≤n} C(v_i) for n = 1 .. `levels.linearity_count`."""
     if not layers:
         return None
-    mlp_change = [abs(float(points_lp_delta)) for points_lp_delta in _mlp_changes(lp, points, ids)]
-    chosen = layers[max(range(len(layers)), key=lambda i: mlp_change[layers[i].layer])]
+    mlp_change = {layer.layer: abs(layer.mlp_contribution) for layer in layer_scores}
+    chosen = max(layers, key=lambda neurons: mlp_change[neurons.layer])
     order = chosen.contribution.argsort(descending=True)[: levels.linearity_count]
     vectors = chosen.effective[order].unsqueeze(-1) * chosen.values[order]  # (n, d)
     cumulative = lp.added(chosen.base, vectors.cumsum(0).unsqueeze(1), ids.to(vectors.device))[:, 0]
@@ -547,12 +549,6 @@ def _linearity(
         summed=tuple(summed.tolist()),
         correlation=_pearson(cumulative, summed),
     )
-
-
-def _mlp_changes(lp: LogProbs, points: Tensor, ids: Tensor) -> list[float]:
-    point_lp = lp.of_states(points, ids.to(points.device))[:, 0]
-    layers = (len(point_lp) - 1) // 2
-    return [float(point_lp[2 * i + 2] - point_lp[2 * i + 1]) for i in range(layers)]
 
 
 def _pearson(a: Tensor, b: Tensor) -> float:

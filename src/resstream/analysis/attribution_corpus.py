@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from resstream.analysis.attribution import readouts
+from resstream.analysis.attribution import actual_logits, readouts
 from resstream.analysis.attribution_results import (
     AttributionCheck,
     CorpusAttribution,
@@ -120,7 +120,7 @@ def _sequence_scores(
         m = rec.coefficients[at].double()
         neuron_dla.append((m * (r.mlp[layer] @ W_out.T)).mean(0))
         coefficient.append(m.mean(0))
-    actual = _logits_before_softcap(decoder, points[-1], target)
+    actual = actual_logits(decoder, points[-1], target)
     return SequenceScores(
         attn_contribution=(point_lp[1::2] - point_lp[0:-1:2]).mean(-1),
         mlp_contribution=(point_lp[2::2] - point_lp[1::2]).mean(-1),
@@ -160,15 +160,6 @@ def neuron_contributions(
         scores = lp.neurons(x, m, values, target.to(x.device)).mean(-1)
         out[rows] = scores.double().cpu()
     return out
-
-
-def _logits_before_softcap(decoder: Decoder, h: Tensor, target: Tensor) -> Tensor:
-    with torch.no_grad():
-        x = decoder.inputs(h).double()
-    logit = (x * decoder.matrix[target.to(decoder.matrix.device)].double().to(x.device)).sum(-1)
-    if decoder.bias is not None:
-        logit = logit + decoder.bias.double()[target].to(x.device)
-    return logit
 
 
 def _estimate(values: list[float]) -> Estimate:
