@@ -42,6 +42,11 @@ def test_checks_are_at_rounding_level(case: str) -> None:
         assert query.residual <= 1e-4 * max(1.0, abs(query.preactivation))
     dla_total = result.embed_dla + result.bias_dla + sum(x.attn_dla + x.mlp_dla for x in result.layers)
     assert dla_total == pytest.approx(result.logit, abs=1e-4)
+    for layer in result.layers:  # a sub-layer's DLA is its parts' plus its bias's
+        heads = sum(h.dla for h in result.heads if h.layer == layer.layer)
+        assert heads + layer.attn_bias_dla == pytest.approx(layer.attn_dla, abs=1e-5)
+        neurons = sum(n.dla for n in result.neurons if n.layer == layer.layer)
+        assert neurons + layer.mlp_bias_dla == pytest.approx(layer.mlp_dla, abs=1e-5)
 
 
 @pytest.mark.parametrize("case", ["gpt2", "llama", "gemma2", "resstream_learned"])

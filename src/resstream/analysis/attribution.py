@@ -42,9 +42,11 @@ from resstream.analysis.decomposition import (
     after_attention,
     attention_base,
     decompose,
+    neuron_terms,
     point_count,
     point_name,
     residual_points,
+    source_terms,
     sublayer_writes,
 )
 from resstream.analysis.norms import NormForm, norm_form
@@ -208,7 +210,7 @@ def attribute_position(
     at = (0, pos.to(internals.embedding.device))
     layers, heads, sources, neurons = [], [], [], []
     for layer in range(view.n_layers):
-        layers.append(_layer_scores(internals, r, point_lp, layer, at))
+        layers.append(_layer_scores(view, internals, r, point_lp, layer, at))
         heads += _head_scores(view, internals, lp, r, layer, pos, ids)
         if levels.sources:
             sources += _source_scores(view, internals, lp, r, layer, pos, ids, token_text)
@@ -264,16 +266,26 @@ class _NeuronLayer:
 
 
 def _layer_scores(
-    internals: Internals, r: Readouts, point_lp: Tensor, layer: int, at: tuple
+    view: ModelView, internals: Internals, r: Readouts, point_lp: Tensor, layer: int, at: tuple
 ) -> LayerAttribution:
-    rec = internals.blocks[layer]
+    rec, block = internals.blocks[layer], view.blocks[layer]
+    b_out = block.mlp_weights().b_out
     return LayerAttribution(
         layer=layer,
         attn_contribution=float(point_lp[2 * layer + 1] - point_lp[2 * layer]),
         mlp_contribution=float(point_lp[2 * layer + 2] - point_lp[2 * layer + 1]),
         attn_dla=float((rec.attn_raw[at].double() * r.attn[layer]).sum()),
         mlp_dla=float((rec.mlp_raw[at].double() * r.mlp[layer]).sum()),
+        attn_bias_dla=_bias_dla(block.b_O, r.attn[layer]),
+        mlp_bias_dla=_bias_dla(b_out, r.mlp[layer]),
     )
+
+
+def _bias_dla(bias: Tensor | None, readout: Tensor) -> float:
+    """⟨bias, r⟩ at the one position (0 without a bias)."""
+    if bias is None:
+        return 0.0
+    return float((bias.detach().double().to(readout.device) * readout[0]).sum())
 
 
 def _head_scores(
@@ -304,27 +316,13 @@ def _source_scores(
     """Every head's sources j ≤ t, α_{t,j}·(x_j W_V[h] + b_V[h])·W_O[h] as added (Gemma-2:
     through the post-attention norm frozen at the actual output), scored through each head's
     d_head-wide output space (`LogProbs.low_rank_added`)."""
-    block, rec = view.blocks[layer], internals.blocks[layer]
-    if rec.probs is None:
-        raise ValueError("attention sources need internals recorded with attention=True")
-    position = int(pos[0])
-    weights = block.attention_weights()
-    x_in = rec.attn_input[0, : position + 1].float()  # (j, d)
-    values = torch.einsum("jm,hmd->hjd", x_in, weights.W_V.detach().float())
-    if weights.b_V is not None:
-        values = values + weights.b_V.detach().float()[:, None, :]
-    probs = rec.probs[0, :, position, : position + 1].float()  # (H, j)
-    basis = block.W_O.detach().float()  # (H, d_head, d)
-    if block.post_attn_norm is not None:
-        frozen = norm_form(block.post_attn_norm).to(torch.float32).freeze(rec.attn_raw[0, position].float())
-        if frozen.form.centre:
-            raise ValueError("a centring post-attention norm does not split into sources")
-        probs = probs * frozen.inverse_scale
-        basis = basis * frozen.gain_vector(basis.shape[-1], basis)
+    rec = internals.blocks[layer]
+    coefficients, basis = source_terms(
+        view.blocks[layer], rec, 0, int(pos[0])
+    )  # (H, j, d_head), (H, d_head, d)
     x = attention_base(rec, (0, pos.to(rec.block_input.device)))[0]
     readout = r.attn_added[layer][0].float()
     tokens = internals.input_ids[0].tolist()
-    coefficients = probs.unsqueeze(-1) * values  # (H, j, d_head)
     contribution = lp.low_rank_added(x, coefficients, basis, ids[0].to(x.device))  # (H, j)
     dla = torch.einsum("hjd,hd->hj", coefficients, basis @ readout)
     return [
@@ -350,14 +348,7 @@ def _neuron_scores(
     weights = block.mlp_weights()
     at = (0, pos.to(internals.embedding.device))
     m = rec.coefficients[at].float()  # (1, d_ff)
-    values = weights.W_out.detach().float()
-    effective = m
-    if block.post_mlp_norm is not None:
-        frozen = norm_form(block.post_mlp_norm).to(torch.float32).freeze(rec.mlp_raw[at].float())
-        if frozen.form.centre:
-            raise ValueError("a centring post-MLP norm does not split into neurons")
-        effective = m * frozen.inverse_scale
-        values = values * frozen.gain_vector(values.shape[-1], values)
+    effective, values = neuron_terms(block, rec, at)
     x = points[2 * layer + 1]
     contribution = lp.neurons(x, effective, values, ids.to(x.device))[:, 0]
     dla = m[0].double() * (weights.W_out.detach().double() @ r.mlp[layer][0])

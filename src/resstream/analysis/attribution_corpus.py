@@ -35,6 +35,7 @@ from resstream.analysis.decomposition import (
     KINDS,
     attention_base,
     decompose,
+    neuron_terms,
     residual_points,
     sublayer_writes,
 )
@@ -149,13 +150,8 @@ def neuron_contributions(
     for layer in sorted({layer for layer, _ in chosen}):
         rows = [i for i, (l_, _) in enumerate(chosen) if l_ == layer]
         ks = torch.tensor([chosen[i][1] for i in rows])
-        block, rec = view.blocks[layer], internals.blocks[layer]
-        values = block.mlp_weights().W_out.detach().float()[ks]
-        m = rec.coefficients[at].float()[:, ks]
-        if block.post_mlp_norm is not None:
-            frozen = norm_form(block.post_mlp_norm).to(torch.float32).freeze(rec.mlp_raw[at].float())
-            m = m * frozen.inverse_scale
-            values = values * frozen.gain_vector(values.shape[-1], values)
+        m, values = neuron_terms(view.blocks[layer], internals.blocks[layer], at)
+        m, values = m[:, ks], values[ks]
         x = points[2 * layer + 1]
         scores = lp.neurons(x, m, values, target.to(x.device)).mean(-1)
         out[rows] = scores.double().cpu()

@@ -24,13 +24,17 @@ from resstream.simulation.intervals import Estimate
 
 @dataclass(frozen=True)
 class LayerAttribution:
-    """One block's attention and MLP: contribution C and direct logit attribution."""
+    """One block's attention and MLP: contribution C and direct logit attribution. The DLA
+    of a sub-layer is its heads' (neurons') DLA plus its output bias's: attn_dla = Σ heads +
+    attn_bias_dla, mlp_dla = Σ neurons + mlp_bias_dla."""
 
     layer: int
     attn_contribution: float
     mlp_contribution: float
     attn_dla: float
     mlp_dla: float
+    attn_bias_dla: float = 0.0  # b_O's share of attn_dla
+    mlp_bias_dla: float = 0.0  # b_out's share of mlp_dla
 
 
 @dataclass(frozen=True)

@@ -297,14 +297,8 @@ def _add_sources(
     parts: _Parts, layer: int, block: BlockView, rec: BlockInternals, at: tuple[int, Tensor]
 ) -> None:
     """Every head split by source position j: probs[h, t, j] · (x_j W_V[h] + b_V[h]) W_O[h]."""
-    if rec.probs is None:
-        raise ValueError("attention sources need internals recorded with attention=True")
-    weights = block.attention_weights()
     sequence, pos = at
-    x = rec.attn_input[sequence]  # (T, d)
-    values = torch.einsum("tm,hmd->htd", x.to(weights.W_V.dtype), weights.W_V.detach())
-    if weights.b_V is not None:
-        values = values + weights.b_V.detach()[:, None, :]
+    values = head_values(block, rec, sequence, rec.attn_input.shape[1]).to(block.W_O.dtype)
     written = torch.einsum("htd,hdm->htm", values, block.W_O.detach())  # (H, T, d)
     probs = rec.probs[sequence][:, pos, :].to(written.dtype)  # (H, N, T)
     n_heads, seq_len = written.shape[0], written.shape[1]
@@ -316,6 +310,56 @@ def _add_sources(
         heads=torch.arange(n_heads).repeat_interleave(seq_len),
         sources=torch.arange(seq_len).repeat(n_heads),
     )
+
+
+def neuron_terms(block: BlockView, rec: BlockInternals, at: tuple[int, Tensor]) -> tuple[Tensor, Tensor]:
+    """Neuron k's write as added at `at` is m_k·values[k]: returns m (N, d_ff) and values
+    (d_ff, d) in float32 — W_out itself, or for Gemma-2 W_out ⊙ gain with m scaled by the
+    post-feed-forward norm's 1/s frozen at the actual MLP output."""
+    m = rec.coefficients[at].float()
+    values = block.mlp_weights().W_out.detach().float()
+    if block.post_mlp_norm is not None:
+        frozen = norm_form(block.post_mlp_norm).to(torch.float32).freeze(rec.mlp_raw[at].float())
+        if frozen.form.centre:
+            raise ValueError("a centring post-MLP norm does not split into neurons")
+        m = m * frozen.inverse_scale
+        values = values * frozen.gain_vector(values.shape[-1], values)
+    return m, values
+
+
+def head_values(block: BlockView, rec: BlockInternals, sequence: int, count: int) -> Tensor:
+    """Every head's value vectors x_j W_V[h] + b_V[h] of the first `count` positions,
+    (H, count, d_head) in float32; refused without recorded attention probabilities (sources
+    need both)."""
+    if rec.probs is None:
+        raise ValueError("attention sources need internals recorded with attention=True")
+    weights = block.attention_weights()
+    x = rec.attn_input[sequence, :count].float()
+    values = torch.einsum("jm,hmd->hjd", x, weights.W_V.detach().float())
+    if weights.b_V is not None:
+        values = values + weights.b_V.detach().float()[:, None, :]
+    return values
+
+
+def source_terms(
+    block: BlockView, rec: BlockInternals, sequence: int, position: int
+) -> tuple[Tensor, Tensor]:
+    """The sources j ≤ `position` of every head as added: v_{h,j} = coefficients[h, j] @
+    bases[h] with coefficients α_{t,j}·(x_j W_V[h] + b_V[h]) (H, t+1, d_head) and bases W_O
+    (H, d_head, d), in float32 (Gemma-2: bases ⊙ the post-attention gain, coefficients × its
+    1/s frozen at the actual attention output)."""
+    values = head_values(block, rec, sequence, position + 1)
+    probs = rec.probs[sequence, :, position, : position + 1].float()  # (H, j)
+    bases = block.W_O.detach().float()
+    if block.post_attn_norm is not None:
+        frozen = (
+            norm_form(block.post_attn_norm).to(torch.float32).freeze(rec.attn_raw[sequence, position].float())
+        )
+        if frozen.form.centre:
+            raise ValueError("a centring post-attention norm does not split into sources")
+        probs = probs * frozen.inverse_scale
+        bases = bases * frozen.gain_vector(bases.shape[-1], bases)
+    return probs.unsqueeze(-1) * values, bases
 
 
 def mlp_parts(
