@@ -84,3 +84,18 @@ def test_low_rank_scores_match_one_decode_per_vector(case: str) -> None:
     vectors = torch.einsum("hnr,hrd->hnd", coefficients, bases)
     direct = _direct(decoder, x + vectors, torch.tensor(9)) - _direct(decoder, x, torch.tensor(9))
     torch.testing.assert_close(ours, direct, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["gpt2", "llama", "gemma2", "resstream_post"])
+def test_gradient_matches_autograd(case: str) -> None:
+    view = view_of(tiny_model(case))
+    decoder = decoder_of(view)
+    lp = log_probs_of(decoder)
+    h = torch.randn(3, view.d_model, generator=torch.Generator().manual_seed(8)) * 2
+    target = torch.tensor([4, 50, 99])
+    with torch.no_grad():
+        ours = lp.gradient(h, target)
+    leaf = h.clone().requires_grad_(True)
+    scores = decoder.logits(leaf).log_softmax(-1)
+    scores.gather(-1, target.unsqueeze(-1)).sum().backward()
+    torch.testing.assert_close(ours, leaf.grad, rtol=1e-4, atol=1e-5)

@@ -6,10 +6,15 @@ the sequence's positions; the result is the mean over sequences with a 95% t-int
 sequences (positions of one sequence are not independent).
 
 Neurons: the DLA of every neuron is cheap (one d_ff × d product per position) and is averaged
-for all of them. The exact C of every neuron at every position is not affordable on a corpus
-(L·d_ff·V exponentials per position), so a second pass scores exactly the `candidates`
-neurons with the largest mean |DLA| at every position (the rule is recorded with the
-result); the reported neurons are those with the largest mean |C| among them.
+for all of them, and so is a first-order estimate of every neuron's C,
+m_k·⟨∂log p(w | x)/∂x, w_k⟩ at the state x = L_res its layer writes into (one gradient of the
+logit lens per layer and position). The exact C of every neuron at every position is not
+affordable on a corpus (L·d_ff·V exponentials per position), so a second pass scores exactly
+the `candidates` neurons with the largest |mean estimate| at every position (the rule is
+recorded with the result); the reported neurons are those with the largest |mean C| among
+them. The DLA at the final state is a poor screen: C is measured at the layer's own point,
+and an early neuron can raise log p a lot through the lens at its layer with almost no direct
+effect on the final logits.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ class SequenceScores:
     head_contribution: Tensor  # (L, H)
     head_dla: Tensor
     neuron_dla: Tensor  # (L, d_ff)
+    neuron_estimate: Tensor  # (L, d_ff): first-order C, m_k·⟨∂log p/∂x at L_res, w_k⟩
     neuron_coefficient: Tensor  # (L, d_ff)
     dla_residual: float
     decomposition_residual: tuple[float, float]  # max |Σ components − h_L| and relative
@@ -106,7 +112,7 @@ def _sequence_scores(
     points = residual_points(view, internals, pos, sequence=sequence).float()
     point_lp = torch.stack([lp.of_states(p, target.to(p.device)) for p in points])  # (2L+1, N)
     r = readouts(view, internals, decoder, pos, target, sequence=sequence)
-    attn_dla, mlp_dla, head_dla, neuron_dla, coefficient = [], [], [], [], []
+    attn_dla, mlp_dla, head_dla, neuron_dla, coefficient, estimate = [], [], [], [], [], []
     total = (internals.embedding[at].double() * r.embed).sum(-1) + r.constant
     for layer, (block, rec) in enumerate(zip(view.blocks, internals.blocks, strict=True)):
         attn = (rec.attn_raw[at].double() * r.attn[layer]).sum(-1)
@@ -121,6 +127,9 @@ def _sequence_scores(
         m = rec.coefficients[at].double()
         neuron_dla.append((m * (r.mlp[layer] @ W_out.T)).mean(0))
         coefficient.append(m.mean(0))
+        effective, values = neuron_terms(block, rec, at)
+        slope = lp.gradient(points[2 * layer + 1], target)  # at x = L_res, where C is measured
+        estimate.append((effective * (slope @ values.T)).mean(0))
     actual = actual_logits(decoder, points[-1], target)
     return SequenceScores(
         attn_contribution=(point_lp[1::2] - point_lp[0:-1:2]).mean(-1),
@@ -130,6 +139,7 @@ def _sequence_scores(
         head_contribution=head_c,
         head_dla=torch.stack(head_dla),
         neuron_dla=torch.stack(neuron_dla),
+        neuron_estimate=torch.stack(estimate),
         neuron_coefficient=torch.stack(coefficient),
         dla_residual=float((total - actual).abs().max()),
         decomposition_residual=decompose(view, internals, pos, sequence=sequence).residual(),
@@ -195,9 +205,9 @@ def attribute_corpus(
         del internals
     if not scores:
         raise ValueError("no sequences to attribute")
-    mean_dla = torch.stack([s.neuron_dla for s in scores]).mean(0)  # (L, d_ff)
-    flat = mean_dla.abs().flatten().argsort(descending=True)[:candidates].tolist()
-    d_ff = mean_dla.shape[1]
+    screen = torch.stack([s.neuron_estimate for s in scores]).mean(0)  # (L, d_ff)
+    flat = screen.abs().flatten().argsort(descending=True)[:candidates].tolist()
+    d_ff = screen.shape[1]
     chosen = [(i // d_ff, i % d_ff) for i in flat]
     per_sequence_c: list[Tensor] = []
     for ids in batches:
@@ -220,8 +230,9 @@ def attribute_corpus(
         heads=_head_summaries(scores),
         neurons=neurons,
         neuron_rule=(
-            f"exact C at every position for the {len(chosen)} neurons with the largest mean |DLA| "
-            f"(the DLA of all {mean_dla.numel()} neurons was averaged first); listed: the largest mean |C|"
+            f"exact C at every position for the {len(chosen)} neurons whose first-order estimate "
+            f"m_k·⟨∂log p/∂x, w_k⟩ at their own layer (all {screen.numel()} neurons) has the largest "
+            f"|mean|; listed: the largest |mean C| among them"
         ),
         check=AttributionCheck(
             max(s.decomposition_residual[0] for s in scores),

@@ -76,6 +76,35 @@ class LogProbs:
         scores = torch.addmm(self.offset, rows, reader, out=self._buffer(rows.shape[0]))
         return self._capped_(scores)
 
+    def gradient(self, h: Tensor, target: Tensor) -> Tensor:
+        """∂ log p(target | h) / ∂h (N, d) for states h (N, d), target (N,): the first-order
+        change of the log-probability per unit of a vector added onto h. With δ = e_w − p
+        (times the soft-cap's derivative), u = (W_U ⊙ g)ᵀ·δ and n = centre(h)/s:
+        ∂/∂centre(h) = (u − n·(u·n)/d)/s, then centred again for LayerNorm."""
+        rows = self.normalised(h).reshape(-1, h.shape[-1])
+        ids = target.to(rows.device).reshape(-1)
+        out = torch.empty_like(rows)
+        step = _chunk(self.vocab_size)
+        for start in range(0, rows.shape[0], step):
+            n = rows[start : start + step]
+            raw = torch.addmm(self.offset, n, self.weighted.T, out=self._buffer(n.shape[0]))
+            if self.softcap:
+                raw.div_(self.softcap).tanh_()
+                slope = 1 - raw.pow(2)
+                raw.mul_(self.softcap)
+            delta = raw.softmax(dim=1).neg_()
+            delta[torch.arange(n.shape[0]), ids[start : start + step]] += 1
+            if self.softcap:
+                delta.mul_(slope)
+            out[start : start + step] = delta @ self.weighted
+        d = rows.shape[-1]
+        if self.form.identity:
+            return out.reshape(h.shape)
+        u = out
+        scale = self.form.inverse_scale(h.float().reshape(-1, d))
+        grad = (u - rows * (u * rows).sum(-1, keepdim=True) / d) * scale
+        return self.form.centred(grad).reshape(h.shape)
+
     def added(self, x: Tensor, vectors: Tensor, target: Tensor) -> Tensor:
         """C of each of `vectors` (C, N, d) added onto x (N, d), target (N,): (C, N)."""
         x = x.float()

@@ -83,7 +83,7 @@ def attribute(
 
     Corpus (`dataset` given instead of a text): `num_seqs` windows of `seq_len` tokens (default
     64, clipped to the model's context) sampled with `seed`; neurons' exact C is computed for
-    the `candidates` neurons with the largest mean |DLA|; `batch_size` sequences share one
+    the `candidates` neurons with the largest first-order estimate of C; `batch_size` sequences share one
     forward (and one projection of each layer's W_O). Returns a `CorpusAttribution`.
 
     `model` is a spec or a loaded model with its `tokenizer`, as for `resstream.lens`.

@@ -57,7 +57,7 @@ def attribute(
     ] = None,
     candidates: Annotated[
         int,
-        typer.Option(help="Corpus mode: neurons (largest mean |DLA|) whose exact contribution is computed."),
+        typer.Option(help="Corpus mode: neurons (largest first-order estimate) whose exact contribution is computed."),
     ] = 64,
     batch_size: Annotated[int, typer.Option(help="Corpus mode: sequences per forward pass.")] = 8,
     seed: SampleSeedOption = 0,
