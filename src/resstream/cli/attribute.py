@@ -57,7 +57,7 @@ def attribute(
     ] = None,
     candidates: Annotated[
         int,
-        typer.Option(help="Corpus mode: neurons (largest first-order estimate) whose exact contribution is computed."),
+        typer.Option(help="Corpus mode: neurons (largest first-order estimate) scored exactly."),
     ] = 64,
     batch_size: Annotated[int, typer.Option(help="Corpus mode: sequences per forward pass.")] = 8,
     seed: SampleSeedOption = 0,
