@@ -305,3 +305,31 @@ def test_result_value_side_and_dict(tiny) -> None:
 def test_bad_requests(tiny, kwargs, message) -> None:
     with pytest.raises(UsageError, match=message):
         run_neurons(tiny, **kwargs)
+
+
+@pytest.mark.parametrize("case", ["gemma2", "resstream_post", "gpt2"])
+def test_added_values_point_where_the_write_reaches_the_final_norm(case: str) -> None:
+    """A neuron's component of h_L (the exact decomposition, every later norm frozen) is a
+    positive multiple of `added_values` — with the norms' gains randomised so they matter."""
+    import copy
+
+    from resstream.analysis.decomposition import decompose
+    from resstream.analysis.neurons import added_values
+    from resstream.capture import block_internals
+
+    model = copy.deepcopy(tiny_model(case))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name or "ln" in name:
+                param.add_(0.5 * torch.randn_like(param))
+    view = view_of(model)
+    rec = block_internals(view, tiny_ids(batch=1))
+    parts = decompose(view, rec, [5], neurons=True)
+    for layer in range(view.n_layers):
+        mask = (parts.layers == layer) & (parts.neurons >= 0)
+        written = parts.vectors[mask][:, 0].double()  # (d_ff, d)
+        m = rec.blocks[layer].coefficients[0, 5].double()
+        expected = added_values(view, layer).double() * m.unsqueeze(1)
+        cos = torch.nn.functional.cosine_similarity(written, expected, dim=1)
+        big = m.abs() > 1e-3
+        assert bool((cos[big] > 1 - 1e-5).all()), cos[big].min()

@@ -34,8 +34,9 @@ import torch
 from torch import Tensor
 
 from resstream.analysis.decoding import Decoder
-from resstream.analysis.norms import norm_form
+from resstream.analysis.norms import NormForm, norm_form
 from resstream.errors import RunError
+from resstream.models.adapters.base import ModelView
 
 #: Bytes of one block of value scores (chunk of neurons × vocabulary, float32) in
 #: `promoted_tokens`: a GPT-2-small layer (3072 × 50257) is scored 300-odd neurons at a time.
@@ -48,12 +49,38 @@ DEFAULT_WINDOW = 12
 RANK_RULE = "the layer's neurons ranked by their largest activation over the corpus (ties: lower index)"
 
 VALUE_RULE = (
-    "W_U · (g ⊙ centre(W_out[k])): the value vector through the final norm's gain (and centring "
-    "for LayerNorm); the norm's 1/s and the biases are the same for every neuron and left out"
+    "W_U · (g ⊙ centre(w_k)): the value vector w_k as it reaches the final norm (W_out[k]; Gemma-2: "
+    "times the post-feed-forward gain; post-norm blocks: through each later stream norm's centring "
+    "and gain), through the final norm's gain (and centring for LayerNorm); the norms' 1/s and the "
+    "biases are the same for every neuron and left out"
 )
 
 
 # --------------------------------------------------------------------------- value side
+
+
+def added_values(view: ModelView, layer: int, neurons: Tensor | None = None) -> Tensor:
+    """The value vectors of `layer`'s neurons (all, or the ids `neurons`) as they reach the
+    final norm, up to positive per-position scales: W_out[k], times Gemma-2's
+    post-feed-forward gain, and in post-norm blocks passed through every later stream norm's
+    centring and gain (this block's ln2, then each later block's ln1 and ln2). (d_ff or n, d)."""
+    W_out = view.blocks[layer].mlp_weights().W_out.detach()
+    rows = W_out if neurons is None else W_out[neurons.to(W_out.device)]
+    rows = rows.float()
+    block = view.blocks[layer]
+    if block.post_mlp_norm is not None:
+        rows = _through_gain(norm_form(block.post_mlp_norm), rows)
+    if block.norm_position == "post":
+        later = [block.ln2] + [norm for b in view.blocks[layer + 1 :] for norm in (b.ln1, b.ln2)]
+        for module in later:
+            rows = _through_gain(norm_form(module), rows)
+    return rows
+
+
+def _through_gain(form: NormForm, rows: Tensor) -> Tensor:
+    """centre(rows) ⊙ gain: a norm's linear part without its (positive) 1/s."""
+    rows = form.centred(rows)
+    return rows if form.gain is None else rows * form.gain.detach().to(rows.device, torch.float32)
 
 
 def value_directions(decoder: Decoder, W_out_rows: Tensor) -> Tensor:

@@ -20,7 +20,7 @@ from resstream.analysis.attribution import Levels, attribute_position
 from resstream.analysis.attribution_corpus import attribute_corpus
 from resstream.analysis.attribution_results import AttributeResult, CorpusAttribution
 from resstream.analysis.decoding import Decoder, decoder_of
-from resstream.analysis.neurons import promoted_tokens
+from resstream.analysis.neurons import added_values, promoted_tokens
 from resstream.api.inputs import (
     CorpusRequest,
     LoadOptions,
@@ -249,7 +249,7 @@ def _promoted(
     """The tokens each neuron's value vector promotes most, as text."""
 
     def promoted(layer: int, neurons: torch.Tensor) -> tuple[tuple[str, ...], ...]:
-        rows = view.blocks[layer].mlp_weights().W_out.detach()[neurons.to(view.W_E.device)]
+        rows = added_values(view, layer, neurons)
         found = promoted_tokens(decoder, rows, min(PROMOTED_TOKENS, decoder.vocab_size))
         return tuple(tuple(name(t) for t in ids) for ids in found.promoted_ids)
 

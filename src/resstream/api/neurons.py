@@ -16,6 +16,7 @@ from resstream.analysis.neurons import (
     VALUE_RULE,
     KeySide,
     NeuronsResult,
+    added_values,
     mentioned_tokens,
     neuron_reports,
     promoted_tokens,
@@ -184,7 +185,7 @@ def _result(
 ) -> NeuronsResult:
     """The key side joined with the value side of the same neurons, every token's text kept."""
     weights = view.blocks[layer].mlp_weights()
-    rows = weights.W_out[torch.tensor(key.neurons, dtype=torch.long, device=weights.W_out.device)]
+    rows = added_values(view, layer, torch.tensor(key.neurons, dtype=torch.long))
     values = promoted_tokens(decoder_of(view), rows, value_tokens)
     reports = neuron_reports(key, values)
     return NeuronsResult(
