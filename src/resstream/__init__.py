@@ -1,8 +1,8 @@
 """resstream: the residual stream of causal Transformer language models.
 
-`resstream.shift`, `.lens`, `.attribute`, `.neurons`, `.composition`, `.recency` and `.simulate`
-are the Python API (each defined in the module of its name under `resstream.api`), imported on
-first use (torch is heavy).
+`resstream.shift`, `.lens`, `.attribute`, `.decompose`, `.neurons`, `.composition`, `.recency` and
+`.simulate` are the Python API (each defined in the module of its name under `resstream.api`),
+imported on first use (torch is heavy).
 """
 
 import importlib as _importlib
@@ -13,13 +13,14 @@ __version__ = "0.1.0"
 if _TYPE_CHECKING:
     from resstream.api.attribute import attribute
     from resstream.api.composition import composition
+    from resstream.api.decompose import decompose
     from resstream.api.lens import lens
     from resstream.api.neurons import neurons
     from resstream.api.recency import recency
     from resstream.api.shift import shift
     from resstream.api.simulate import simulate
 
-__all__ = ["attribute", "composition", "lens", "neurons", "recency", "shift", "simulate"]
+__all__ = ["attribute", "composition", "decompose", "lens", "neurons", "recency", "shift", "simulate"]
 
 
 def __getattr__(name: str):

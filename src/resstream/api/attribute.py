@@ -112,7 +112,7 @@ def attribute(
         view = loaded.view
         decoder = decoder_of(view)
         ids = encode_text(loaded.tokenizer, text, view)
-        where = _position(position, ids.shape[1])
+        where = position_in(position, ids.shape[1])
         internals = block_internals(view, ids, attention=sources)
         chosen = _target(loaded.tokenizer, view, decoder, internals, where, target, target_id)
         foil_id = _foil(loaded.tokenizer, foil, chosen)
@@ -182,7 +182,7 @@ def _bar(total: int, desc: str, show: bool) -> tqdm | None:
     return tqdm(total=total, desc=desc, unit="seq", leave=False)
 
 
-def _position(position: int | None, length: int) -> int:
+def position_in(position: int | None, length: int) -> int:
     """The position to attribute (default the last); UsageError outside the text."""
     if length < 2:
         raise UsageError(f"the text is {length} token long; attribute needs at least 2 tokens (a context)")
