@@ -83,6 +83,12 @@ def test_attribute_defaults_to_the_top_prediction_at_the_last_position(tmp_path:
         (["--text", TEXT, "--dataset", "shakespeare"], ("--dataset", "not both")),
         ([], ("exactly one of --text or --text-file",)),
         (["--dataset", "shakespeare", "--candidates", "0"], ("--candidates 0", "1 or more")),
+        (["--dataset", "shakespeare", "--position", "3"], ("--position applies to one text",)),
+        (["--dataset", "shakespeare", "--target", ","], ("--target applies to one text",)),
+        (["--dataset", "shakespeare", "--foil", ","], ("--foil applies to one text",)),
+        (["--text", TEXT, "--candidates", "8"], ("--candidates applies to corpus mode",)),
+        (["--text", TEXT, "--num-seqs", "8"], ("--num-seqs applies to corpus mode",)),
+        (["--text", TEXT, "--seq-len", "8"], ("--seq-len applies to corpus mode",)),
         (["--dataset", "shakespeare", "--batch-size", "0"], ("--batch-size 0", ">= 1")),
     ],
 )
@@ -125,6 +131,9 @@ def test_attribute_corpus_mode(tmp_path: Path, capsys) -> None:
         report["layers"][0]["attn_contribution"]["low"] <= report["layers"][0]["attn_contribution"]["value"]
     )
     assert (out / "attribute.html").exists() and (out / "layers.png").exists()
+    assert report["sample"] and report["dataset_fingerprint"]
+    run = json.loads((out / "run.json").read_text())
+    assert run["dataset_fingerprint"] == report["dataset_fingerprint"] and run["config"]["sources"] is None
 
 
 def test_attribute_a_hugging_face_model_from_a_local_directory(tmp_path: Path, capsys) -> None:
@@ -141,3 +150,15 @@ def test_attribute_a_hugging_face_model_from_a_local_directory(tmp_path: Path, c
     assert report["model"] == str(model_dir) and len(report["layers"]) == 2
     assert report["check"]["decomposition_relative"] <= 1e-5 and report["check"]["dla_residual"] <= 1e-4
     assert report["query_contributions"] and all(q["residual"] <= 1e-4 for q in report["query_contributions"])
+
+
+def test_api_refuses_device_map_and_skips_the_neuron_pass(tmp_path: Path) -> None:
+    import resstream
+    from resstream.errors import UsageError
+
+    with pytest.raises(UsageError, match="device_map"):
+        resstream.attribute(TEXT, device_map="auto", progress=False)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The king said that the queen was there, and the prince went home. " * 40)
+    result = resstream.attribute(dataset=str(corpus), num_seqs=2, seq_len=10, neurons=False, progress=False)
+    assert result.neurons == () and "not scored" in result.neuron_rule and len(result.heads) == 24

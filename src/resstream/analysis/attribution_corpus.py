@@ -192,8 +192,8 @@ def attribute_corpus(
     """Corpus mode (module docstring) over `batches` of token ids (batch, T), T ≥ 2, whose
     block internals `record(ids)` captures (`capture.block_internals` bound to the view). Each
     batch is run twice: once for everything but the neurons' C, once (after the candidates
-    are known) for the candidates' exact C; `progress(n)` is told of n sequences done after
-    each batch of either pass (2 × the sequences in all)."""
+    are known) for the candidates' exact C (`candidates` 0: no second pass, no neurons);
+    `progress(n)` is told of n sequences done after each batch of either pass."""
     lp = log_probs_of(decoder)
     batches = list(batches)
     scores: list[SequenceScores] = []
@@ -209,15 +209,18 @@ def attribute_corpus(
     flat = screen.abs().flatten().argsort(descending=True)[:candidates].tolist()
     d_ff = screen.shape[1]
     chosen = [(i // d_ff, i % d_ff) for i in flat]
-    per_sequence_c: list[Tensor] = []
-    for ids in batches:
-        internals = record(ids)
-        per_sequence_c += [neuron_contributions(view, internals, lp, chosen, s) for s in range(ids.shape[0])]
-        if progress is not None:
-            progress(ids.shape[0])
-        del internals
-    neuron_c = torch.stack(per_sequence_c)  # (S, K)
-    neurons = _neuron_summaries(scores, chosen, neuron_c, top, promoted)
+    neurons: tuple[NeuronSummary, ...] = ()
+    if chosen:
+        per_sequence_c: list[Tensor] = []
+        for ids in batches:
+            internals = record(ids)
+            per_sequence_c += [
+                neuron_contributions(view, internals, lp, chosen, s) for s in range(ids.shape[0])
+            ]
+            if progress is not None:
+                progress(ids.shape[0])
+            del internals
+        neurons = _neuron_summaries(scores, chosen, torch.stack(per_sequence_c), top, promoted)
     positions = sum(int(ids.shape[0]) * (int(ids.shape[1]) - 1) for ids in batches)
     return CorpusAttribution(
         model=model,
@@ -229,17 +232,23 @@ def attribute_corpus(
         layers=_layer_summaries(scores),
         heads=_head_summaries(scores),
         neurons=neurons,
-        neuron_rule=(
-            f"exact C at every position for the {len(chosen)} neurons whose first-order estimate "
-            f"m_k·⟨∂log p/∂x, w_k⟩ at their own layer (all {screen.numel()} neurons) has the largest "
-            f"|mean|; listed: the largest |mean C| among them"
-        ),
+        neuron_rule=_neuron_rule(len(chosen), screen.numel()),
         check=AttributionCheck(
             max(s.decomposition_residual[0] for s in scores),
             max(s.decomposition_residual[1] for s in scores),
             max(s.dla_residual for s in scores),
         ),
         notes=view.notes,
+    )
+
+
+def _neuron_rule(chosen: int, total: int) -> str:
+    if not chosen:
+        return "neurons not scored (candidates = 0)"
+    return (
+        f"exact C at every position for the {chosen} neurons whose first-order estimate "
+        f"m_k·⟨∂log p/∂x, w_k⟩ at their own layer (all {total} neurons) has the largest "
+        f"|mean|; listed: the largest |mean C| among them"
     )
 
 

@@ -213,6 +213,8 @@ class CorpusAttribution:
     neuron_rule: str  # how the scored neurons were chosen, in words
     check: AttributionCheck
     notes: tuple[str, ...] = field(default_factory=tuple)
+    sample: str | None = None  # how the windows were drawn
+    dataset_fingerprint: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The content of attribute.json in corpus mode."""

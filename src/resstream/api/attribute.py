@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from contextlib import closing
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -43,8 +44,12 @@ if TYPE_CHECKING:
 
 #: Promoted tokens listed per neuron.
 PROMOTED_TOKENS = 5
-#: Tokens per window in corpus mode when `seq_len` is not given.
+#: Corpus mode's defaults: tokens per window when `seq_len` is not given, windows, neurons
+#: scored exactly, sequences per forward.
 DEFAULT_SEQ_LEN = 64
+DEFAULT_NUM_SEQS = 16
+DEFAULT_CANDIDATES = 64
+CORPUS_BATCH_SIZE = 8
 
 
 def attribute(
@@ -58,14 +63,14 @@ def attribute(
     target_id: int | None = None,
     foil: str | None = None,
     top: int = 20,
-    sources: bool = True,
+    sources: bool | None = None,
     neurons: bool = True,
     dataset: str | None = None,
-    num_seqs: int = 16,
+    num_seqs: int | None = None,
     seq_len: int | None = None,
     seed: int = 0,
-    candidates: int = 64,
-    batch_size: int = 8,
+    candidates: int | None = None,
+    batch_size: int | None = None,
     data_dir: str | os.PathLike[str] | None = None,
     dtype: str = "auto",
     device: str = "auto",
@@ -79,33 +84,57 @@ def attribute(
     string that must be exactly one token (or `target_id`; default: the model's top
     prediction at the position), `foil` an optional second token for a target − foil logit
     difference; `top` items kept per list; `sources`/`neurons` switch the attention-source and
-    neuron levels off. Returns an `AttributeResult`.
+    neuron levels off (both on by default). Returns an `AttributeResult`.
 
-    Corpus (`dataset` given instead of a text): `num_seqs` windows of `seq_len` tokens (default
-    64, clipped to the model's context) sampled with `seed`; neurons' exact C is computed for
-    the `candidates` neurons with the largest first-order estimate of C; `batch_size` sequences share one
-    forward (and one projection of each layer's W_O). Returns a `CorpusAttribution`.
+    Corpus (`dataset` given instead of a text): `num_seqs` windows (default 16) of `seq_len`
+    tokens (default 64, clipped to the model's context) sampled with `seed`; neurons' exact C
+    is computed for the `candidates` neurons (default 64) with the largest first-order
+    estimate of C (`neurons=False` skips that pass); `batch_size` sequences (default 8) share
+    one forward and one projection of each layer's W_O. No attention sources. Returns a
+    `CorpusAttribution`. A parameter of the other mode is refused rather than ignored.
 
     `model` is a spec or a loaded model with its `tokenizer`, as for `resstream.lens`.
     """
     if top < 1:
         raise UsageError(f"`top` {top} is not allowed; allowed: 1 or more")
+    if device_map is not None:
+        raise UsageError(
+            "`device_map` is not supported by attribute yet (its read-outs assume one device); use `device`"
+        )
     if dataset is not None:
         if text is not None or text_file is not None:
             raise UsageError("give a text (`text`/`text_file`) or a `dataset`, not both")
+        _refuse_other_mode(
+            {
+                "position": position,
+                "target": target,
+                "target_id": target_id,
+                "foil": foil,
+                "sources": sources or None,
+            },
+            "one text, not to corpus mode (`dataset`)",
+        )
+        batch_size = CORPUS_BATCH_SIZE if batch_size is None else batch_size
         check_batch_size(batch_size)
-        return _corpus(
-            model,
+        request = CorpusRequest(
             dataset,
-            num_seqs,
+            DEFAULT_NUM_SEQS if num_seqs is None else num_seqs,
             seq_len,
             seed,
             data_dir,
-            top,
-            candidates,
-            batch_size,
-            LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress),
+            default_seq_len=DEFAULT_SEQ_LEN,
         )
+        choice = CorpusChoice(
+            top, DEFAULT_CANDIDATES if candidates is None else candidates, batch_size, neurons
+        )
+        return _corpus(
+            model, request, choice, LoadOptions(tokenizer, dtype, device, None, trust_remote_code, progress)
+        )
+    _refuse_other_mode(
+        {"num_seqs": num_seqs, "seq_len": seq_len, "candidates": candidates, "batch_size": batch_size},
+        "corpus mode (`dataset`), not to one text",
+    )
+    sources = True if sources is None else sources
     text = text_of(text, text_file)
     options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
     with one_model(model, options) as loaded:
@@ -134,45 +163,55 @@ def attribute(
         )
 
 
+@dataclass(frozen=True)
+class CorpusChoice:
+    """What corpus mode computes: `top` items listed, `candidates` neurons scored exactly
+    (none without `neurons`), `batch_size` sequences per forward."""
+
+    top: int
+    candidates: int
+    batch_size: int
+    neurons: bool
+
+
+def _refuse_other_mode(given: dict[str, object], applies_to: str) -> None:
+    """UsageError for the first parameter of `given` that is set (not None)."""
+    for name, value in given.items():
+        if value is not None:
+            raise UsageError(f"`{name}` applies to {applies_to}")
+
+
 def _corpus(
-    model: ModelLike,
-    dataset: str,
-    num_seqs: int,
-    seq_len: int | None,
-    seed: int,
-    data_dir: str | os.PathLike[str] | None,
-    top: int,
-    candidates: int,
-    batch_size: int,
-    options: LoadOptions,
+    model: ModelLike, request: CorpusRequest, choice: CorpusChoice, options: LoadOptions
 ) -> CorpusAttribution:
-    if candidates < 1:
-        raise UsageError(f"`candidates` {candidates} is not allowed; allowed: 1 or more")
-    corpus = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir, default_seq_len=DEFAULT_SEQ_LEN)
-    with closing(each_model([model], corpus, options)) as each:
-        for loaded, sample, _ in each:
+    if choice.candidates < 1:
+        raise UsageError(f"`candidates` {choice.candidates} is not allowed; allowed: 1 or more")
+    with closing(each_model([model], request, options)) as each:
+        for loaded, sample, fingerprint in each:
             view = loaded.view
             decoder = decoder_of(view)
-            batches = list(each_batch(sample.sequences, batch_size, "", progress=False))
+            batches = list(each_batch(sample.sequences, choice.batch_size, "", progress=False))
             if any(b.shape[1] < 2 for b in batches):
                 raise UsageError("every sequence needs at least 2 tokens (a target after a position)")
-            bar = _bar(2 * len(sample.sequences), f"attribute {loaded.name}", options.progress)
+            passes = 2 if choice.neurons else 1
+            bar = _bar(passes * len(sample.sequences), f"attribute {loaded.name}", options.progress)
             try:
-                return attribute_corpus(
+                result = attribute_corpus(
                     view,
                     decoder,
                     batches,
                     partial(block_internals, view),
-                    top=top,
-                    candidates=candidates,
+                    top=choice.top,
+                    candidates=choice.candidates if choice.neurons else 0,
                     promoted=_promoted(view, decoder, partial(token_text, loaded.tokenizer)),
                     model=loaded.name,
-                    dataset=dataset,
+                    dataset=request.dataset,
                     progress=bar.update if bar is not None else None,
                 )
             finally:
                 if bar is not None:
                     bar.close()
+            return replace(result, sample=sample.rule, dataset_fingerprint=fingerprint)
     raise UsageError("no model to attribute")  # pragma: no cover - each_model yields one
 
 

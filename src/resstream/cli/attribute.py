@@ -9,7 +9,6 @@ import typer
 
 from resstream.cli.common import (
     DataDirOption,
-    DeviceMapOption,
     DeviceOption,
     DtypeOption,
     OutOption,
@@ -51,20 +50,25 @@ def attribute(
         str | None,
         typer.Option(help="Corpus mode: a named corpus or .txt/.jsonl path; every next token is a target."),
     ] = None,
-    num_seqs: Annotated[int, typer.Option(help="Corpus mode: sequences sampled.")] = 16,
+    num_seqs: Annotated[
+        int | None, typer.Option(help="Corpus mode: sequences sampled \\[default: 16].")
+    ] = None,
     seq_len: Annotated[
         int | None, typer.Option(help="Corpus mode: tokens per sequence \\[default: 64].")
     ] = None,
     candidates: Annotated[
-        int,
-        typer.Option(help="Corpus mode: neurons (largest first-order estimate) scored exactly."),
-    ] = 64,
-    batch_size: Annotated[int, typer.Option(help="Corpus mode: sequences per forward pass.")] = 8,
+        int | None,
+        typer.Option(
+            help="Corpus mode: neurons (largest first-order estimate) scored exactly \\[default: 64]."
+        ),
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(help="Corpus mode: sequences per forward pass \\[default: 8].")
+    ] = None,
     seed: SampleSeedOption = 0,
     data_dir: DataDirOption = None,
     dtype: DtypeOption = "auto",
     device: DeviceOption = "auto",
-    device_map: DeviceMapOption = None,
     trust_remote_code: TrustRemoteCodeOption = False,
     quiet: QuietOption = False,
 ) -> None:
@@ -87,7 +91,7 @@ def attribute(
             target_id=target_id,
             foil=foil,
             top=top,
-            sources=not no_sources,
+            sources=False if no_sources else None,
             neurons=not no_neurons,
             dataset=dataset,
             num_seqs=num_seqs,
@@ -98,7 +102,6 @@ def attribute(
             data_dir=data_dir,
             dtype=dtype,
             device=device,
-            device_map=device_map,
             trust_remote_code=trust_remote_code,
             progress=not quiet,
         )
@@ -113,20 +116,21 @@ def attribute(
             "target_id": target_id,
             "foil": foil,
             "top": top,
-            "sources": not no_sources,
+            "sources": None if dataset else not no_sources,
             "neurons": not no_neurons,
             "dataset": dataset,
-            "num_seqs": num_seqs if dataset else None,
-            "seq_len": seq_len,
-            "candidates": candidates if dataset else None,
-            "batch_size": batch_size if dataset else None,
+            "num_seqs": result.num_seqs if dataset else None,
+            "seq_len": result.seq_len if dataset else None,
+            "candidates": candidates,
+            "batch_size": batch_size,
             "dtype": dtype,
-            "device_map": device_map,
         }
-        device_used = resolved_device(device, device_map)
-        outputs.write_record(
-            run_record(settings, seed=seed if dataset else None, device=device_used, dataset_fingerprint=None)
+        device_used = resolved_device(device, None)
+        fingerprint = getattr(result, "dataset_fingerprint", None)
+        record = run_record(
+            settings, seed=seed if dataset else None, device=device_used, dataset_fingerprint=fingerprint
         )
+        outputs.write_record(record)
     for line in terminal_summary(result):
         typer.echo(line)
     names = ", ".join(sorted(p.name for p in written))
