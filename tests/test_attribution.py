@@ -7,7 +7,7 @@ import torch
 
 from resstream.analysis.attribution import readouts
 from resstream.analysis.decoding import decoder_of
-from resstream.analysis.decomposition import decompose
+from resstream.analysis.decomposition import KINDS, decompose
 from resstream.analysis.norms import norm_form
 from resstream.capture import block_internals
 from resstream.models.adapters import view_of
@@ -58,7 +58,7 @@ def test_readouts_agree_with_the_frozen_final_norm_of_each_component(case: str) 
     direct = frozen.apply(parts.vectors.double()) @ decoder.matrix[19].double()  # (C, 1)
     r = readouts(view, rec, decoder, position, target)
     for layer, block in enumerate(view.blocks):
-        heads = (parts.layers == layer) & (parts.kinds == 1)
+        heads = (parts.layers == layer) & (parts.kinds == KINDS.index("head"))
         z = rec.blocks[layer].z[0, 7].double()
         raw = torch.einsum("hd,hdm->hm", z, block.W_O.detach().double())
         ours = raw @ r.attn[layer][0]

@@ -162,3 +162,32 @@ def test_api_refuses_device_map_and_skips_the_neuron_pass(tmp_path: Path) -> Non
     corpus.write_text("The king said that the queen was there, and the prince went home. " * 40)
     result = resstream.attribute(dataset=str(corpus), num_seqs=2, seq_len=10, neurons=False, progress=False)
     assert result.neurons == () and "not scored" in result.neuron_rule and len(result.heads) == 24
+
+
+def test_an_unsupported_family_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
+    """A causal LM of a family without an adapter (BERT as a decoder) saved as a Hugging Face
+    directory: one line naming the supported families, exit 2, nothing written."""
+    from transformers import BertConfig, BertLMHeadModel
+
+    from resstream.data import train_bpe
+    from tests.test_models_loading import SENTENCES
+
+    tokenizer = train_bpe(SENTENCES, vocab_size=300)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        is_decoder=True,
+    )
+    path = tmp_path / "bert"
+    BertLMHeadModel(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    expect_usage_error(
+        ["attribute", *FAST, "--model", str(path), "--text", "the cat sat"],
+        tmp_path / "attr",
+        capsys,
+        "unsupported model family 'bert'",
+        "supported families",
+    )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from resstream.analysis.decomposition import decompose, point_count, point_name
+from resstream.analysis.decomposition import KINDS, decompose, point_count, point_name
 from resstream.capture import block_internals, record
 from resstream.models.adapters import view_of
 from tests.test_models_adapters import ALL_CASES, SEQ, tiny_ids, tiny_model
@@ -50,22 +50,27 @@ def test_outputs_states_are_the_captured_block_outputs(case: str) -> None:
 
 @pytest.mark.parametrize("case", ALL_CASES)
 def test_head_outputs_equal_what_the_attention_module_computes(case: str) -> None:
-    """Σ_h z_h W_O[h] + b_O is the attention module's own (hooked) output to 1e-5."""
+    """Σ_h z_h W_O[h] + b_O is the attention module's own (hooked) output to 1e-5 — the raw
+    output, before any post-attention norm — for every family; and where nothing rescales
+    the heads' writes (no post norm, gate or post-norm block) the decomposition's head parts
+    are exactly these."""
     view, rec = _internals(case)
     ids = tiny_ids()
     with torch.no_grad(), record([b.attn for b in view.blocks]) as seen:
         view.model(ids)
     for layer, block in enumerate(view.blocks):
+        hooked = seen[str(layer)][0]
+        heads = torch.einsum("bthd,hdm->btm", rec.blocks[layer].z, block.W_O.detach())
+        if block.b_O is not None:
+            heads = heads + block.b_O.detach()
+        torch.testing.assert_close(heads, hooked, rtol=1e-5, atol=1e-5)
+        rescaled = block.post_attn_norm is not None or block.norm_position == "post"
+        if rescaled or rec.blocks[layer].identity_scale is not None:
+            continue
         parts = decompose(view, rec, list(range(SEQ)), point=2 * layer + 1)
-        if (
-            block.post_attn_norm is not None
-            or block.norm_position == "post"
-            or rec.blocks[layer].identity_scale is not None
-        ):
-            continue  # the heads' parts are rescaled by a frozen norm or gate: checked by the sums
-        mask = (parts.layers == layer) & (parts.kinds <= 4) & (parts.kinds != 0)
-        hooked = seen[str(layer)][0][0]
-        torch.testing.assert_close(parts.vectors[mask].sum(0), hooked, rtol=1e-5, atol=1e-5)
+        attention_kinds = torch.tensor([KINDS.index("head"), KINDS.index("attn_bias")])
+        mask = (parts.layers == layer) & torch.isin(parts.kinds, attention_kinds)
+        torch.testing.assert_close(parts.vectors[mask].sum(0), hooked[0], rtol=1e-5, atol=1e-5)
 
 
 def test_labels_and_counts() -> None:
