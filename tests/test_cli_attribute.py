@@ -188,6 +188,6 @@ def test_an_unsupported_family_is_refused_in_one_line(tmp_path: Path, capsys) ->
         ["attribute", *FAST, "--model", str(path), "--text", "the cat sat"],
         tmp_path / "attr",
         capsys,
-        "unsupported model family 'bert'",
+        "unsupported family 'bert'",
         "supported families",
     )
