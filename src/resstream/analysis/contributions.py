@@ -147,11 +147,20 @@ class LogProbs:
         ids = target.to(xs.device).expand(n)
         M = self.form.centred(bases.reshape(n_heads * rank, -1)) @ self.weighted.T  # (H·r, V)
         out = torch.empty((n_heads, n), dtype=torch.float32, device=xs.device)
+        shared = x.ndim == 1  # one state: A(x) and its log p once, broadcast over the rows
+        if shared:
+            A_shared = (self.form.centred(x) @ self.weighted.T).unsqueeze(0)  # (1, V)
+            base_shared = self._log_probs_of(
+                A_shared, self.form.inverse_scale(x).unsqueeze(0), None, None, ids[:1]
+            )
         step = _chunk(self.vocab_size)
         for start in range(0, n, step):
             rows = slice(start, start + step)
-            A_x = self.form.centred(xs[rows]) @ self.weighted.T  # (k, V)
-            base = self._log_probs_of(A_x, self.form.inverse_scale(xs[rows]), None, None, ids[rows])
+            if shared:
+                A_x, base = A_shared, base_shared
+            else:
+                A_x = self.form.centred(xs[rows]) @ self.weighted.T  # (k, V)
+                base = self._log_probs_of(A_x, self.form.inverse_scale(xs[rows]), None, None, ids[rows])
             for head in range(n_heads):
                 c = coefficients[head, rows]
                 scale = self.form.inverse_scale(xs[rows] + c @ bases[head])  # (k, 1)
@@ -162,8 +171,9 @@ class LogProbs:
     def _log_probs_of(
         self, A_x: Tensor, scale: Tensor, rows: Tensor | None, reader: Tensor | None, ids: Tensor
     ) -> Tensor:
-        """log p(ids) from scores b + scale ⊙ A_x (+ rows @ reader), built in the scratch buffer."""
-        scores = torch.addcmul(self.offset, A_x, scale, out=self._buffer(A_x.shape[0]))
+        """log p(ids) from scores b + scale ⊙ A_x (+ rows @ reader), built in the scratch buffer;
+        A_x (k or 1, V) broadcasts over the k rows of `scale` (k, 1)."""
+        scores = torch.addcmul(self.offset, A_x, scale, out=self._buffer(scale.shape[0]))
         if rows is not None:
             scores.addmm_(rows, reader)
         return _picked_log_softmax(self._capped_(scores), ids)
