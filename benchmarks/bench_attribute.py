@@ -69,12 +69,20 @@ def loop_seconds_per_neuron(view, decoder, internals, position: int, target: int
     return (time.perf_counter() - start) / count
 
 
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-seqs", type=int, default=64)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--loop-neurons", type=int, default=64)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="interleaved rounds of the one-position timings"
+    )
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     model = gpt2_small(args.device)
@@ -85,20 +93,32 @@ def main() -> None:
     internals = block_internals(view, ids, attention=True)
     position, target = args.seq_len - 1, 13
     n_neurons = sum(b.mlp_weights().d_ff for b in view.blocks)
-    floor = floor_seconds(view, lp, args.device)
-    one = timed(
-        lambda: attribute_position(view, internals, decoder, position, target, levels=Levels(top=20)),
-        args.device,
-    )
-    loop = loop_seconds_per_neuron(view, decoder, internals, position, target, args.loop_neurons) * n_neurons
     print(f"device {args.device}, threads {torch.get_num_threads()}, GPT-2 small shape, {n_neurons} neurons")
+    ratios, loops, ones = [], [], []
+    for round_ in range(args.rounds):  # rotate the order so drift in machine load hits both alike
+        runs = {
+            "floor": lambda: floor_seconds(view, lp, args.device),
+            "one": lambda: timed(
+                lambda: attribute_position(view, internals, decoder, position, target, levels=Levels(top=20)),
+                args.device,
+            ),
+            "loop": lambda: (
+                loop_seconds_per_neuron(view, decoder, internals, position, target, args.loop_neurons)
+                * n_neurons
+            ),
+        }
+        names = list(runs)[round_ % 3 :] + list(runs)[: round_ % 3]
+        got = {name: runs[name]() for name in names}
+        ratios.append(got["one"] / got["floor"])
+        loops.append(got["loop"] / got["one"])
+        ones.append(got["one"])
+        print(
+            f"round {round_ + 1}: one position {got['one']:.1f} s, floor {got['floor']:.1f} s, "
+            f"loop (from {args.loop_neurons} neurons) {got['loop']:.0f} s"
+        )
     print(
-        f"one position, every level: {one:.1f} s; floor (value-vector projection) {floor:.1f} s; "
-        f"ratio {one / floor:.2f}x the floor"
-    )
-    print(
-        f"straightforward loop, all neurons (from {args.loop_neurons}): {loop:.0f} s; "
-        f"attribute is {loop / one:.1f}x faster"
+        f"one position, every level: median {median(ones):.1f} s = {median(ratios):.2f}x the floor "
+        f"(L·d_ff·V·d value-vector projection); {median(loops):.1f}x faster than the loop"
     )
     generator = torch.Generator().manual_seed(10)
     batches = [
@@ -107,18 +127,21 @@ def main() -> None:
         )
         for start in range(0, args.num_seqs, args.batch_size)
     ]
-    forward = timed(lambda: [model.transformer(b.to(args.device)) for b in batches], args.device)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = timed(lambda: [model.transformer(b.to(args.device)) for b in batches], args.device)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     corpus = timed(
         lambda: attribute_corpus(
             view, decoder, batches, partial(block_internals, view), top=20, candidates=64
         ),
         args.device,
     )
-    extra = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    extra = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024
+    after = timed(lambda: [model.transformer(b.to(args.device)) for b in batches], args.device)
+    forward = (before + after) / 2
     print(
         f"corpus {args.num_seqs} x {args.seq_len}: {corpus:.1f} s vs plain forward {forward:.2f} s "
-        f"= {corpus / forward:.1f}x; extra peak RSS {extra:.0f} MB"
+        f"(mean of before and after) = {corpus / forward:.0f}x; peak RSS grew by {extra:.0f} MB "
+        f"(over the one-position runs' peak)"
     )
 
 
