@@ -94,6 +94,29 @@ def main() -> None:
     position, target = args.seq_len - 1, 13
     n_neurons = sum(b.mlp_weights().d_ff for b in view.blocks)
     print(f"device {args.device}, threads {torch.get_num_threads()}, GPT-2 small shape, {n_neurons} neurons")
+    generator = torch.Generator().manual_seed(10)
+    batches = [
+        torch.randint(
+            0, 50257, (min(args.batch_size, args.num_seqs - start), args.seq_len), generator=generator
+        )
+        for start in range(0, args.num_seqs, args.batch_size)
+    ]
+    before = timed(lambda: [model.transformer(b.to(args.device)) for b in batches], args.device)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    corpus = timed(
+        lambda: attribute_corpus(
+            view, decoder, batches, partial(block_internals, view), top=20, candidates=64
+        ),
+        args.device,
+    )
+    extra = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024
+    after = timed(lambda: [model.transformer(b.to(args.device)) for b in batches], args.device)
+    forward = (before + after) / 2
+    print(
+        f"corpus {args.num_seqs} x {args.seq_len}: {corpus:.1f} s vs plain forward {forward:.2f} s "
+        f"(mean of before and after) = {corpus / forward:.0f}x; peak RSS grew by {extra:.0f} MB "
+        f"(over the model and one sequence's internals)"
+    )
     ratios, loops, ones = [], [], []
     for round_ in range(args.rounds):  # rotate the order so drift in machine load hits both alike
         runs = {
@@ -119,29 +142,6 @@ def main() -> None:
     print(
         f"one position, every level: median {median(ones):.1f} s = {median(ratios):.2f}x the floor "
         f"(L·d_ff·V·d value-vector projection); {median(loops):.1f}x faster than the loop"
-    )
-    generator = torch.Generator().manual_seed(10)
-    batches = [
-        torch.randint(
-            0, 50257, (min(args.batch_size, args.num_seqs - start), args.seq_len), generator=generator
-        )
-        for start in range(0, args.num_seqs, args.batch_size)
-    ]
-    before = timed(lambda: [model.transformer(b.to(args.device)) for b in batches], args.device)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    corpus = timed(
-        lambda: attribute_corpus(
-            view, decoder, batches, partial(block_internals, view), top=20, candidates=64
-        ),
-        args.device,
-    )
-    extra = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024
-    after = timed(lambda: [model.transformer(b.to(args.device)) for b in batches], args.device)
-    forward = (before + after) / 2
-    print(
-        f"corpus {args.num_seqs} x {args.seq_len}: {corpus:.1f} s vs plain forward {forward:.2f} s "
-        f"(mean of before and after) = {corpus / forward:.0f}x; peak RSS grew by {extra:.0f} MB "
-        f"(over the one-position runs' peak)"
     )
 
 
