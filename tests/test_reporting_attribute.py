@@ -209,7 +209,15 @@ def test_single_text_csv_rows_equal_the_result_lists(tmp_path):
         "linearity.csv",
     ]
     layers = read_csv(tmp_path / "layers.csv")
-    assert list(layers[0]) == ["layer", "attn_contribution", "mlp_contribution", "attn_dla", "mlp_dla"]
+    assert list(layers[0]) == [
+        "layer",
+        "attn_contribution",
+        "mlp_contribution",
+        "attn_dla",
+        "mlp_dla",
+        "attn_bias_dla",
+        "mlp_bias_dla",
+    ]
     assert (
         tuple(LayerAttribution(int(r["layer"]), *(float(r[k]) for k in list(r)[1:])) for r in layers)
         == result.layers
