@@ -7,6 +7,9 @@ import re
 import pytest
 
 import resstream
+from resstream.api.neurons import DEFAULT_SEQ_LEN as NEURONS_SEQ_LEN
+from resstream.api.recency import DEFAULT_SEQ_LEN as RECENCY_SEQ_LEN
+from resstream.api.shift import DEFAULT_SEQ_LEN as SHIFT_SEQ_LEN
 from resstream.cli.main import app, main
 
 COMMANDS = [info.name for info in app.registered_commands]
@@ -72,10 +75,17 @@ def test_the_train_field_list_continues_under_its_own_column():
 
 
 @pytest.mark.parametrize(
-    ("command", "default"), [("shift", "[default: shift 128"), ("attribute", "[default: 64]")]
+    ("command", "default"),
+    [
+        ("shift", f"[default: {SHIFT_SEQ_LEN}, or the shortest model context if shorter]"),
+        ("recency", f"[default: {RECENCY_SEQ_LEN}, or the shortest model context if shorter]"),
+        ("neurons", f"[default: {NEURONS_SEQ_LEN}, or the shortest model context if shorter]"),
+        ("attribute", "[default: 64]"),
+    ],
 )
 def test_bracketed_defaults_in_help_text_are_shown(command, default, capsys, monkeypatch):
-    """Rich reads [default: …] in help text as markup and drops it unless it is escaped."""
+    """Rich reads [default: …] in help text as markup and drops it unless it is escaped; the
+    --seq-len default each command names is the one its API uses."""
     monkeypatch.setenv("COLUMNS", "200")
     assert main([command, "--help"]) == 0
     assert default in capsys.readouterr().out

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from resstream.cli.main import main
+from resstream.reporting.text import show_token
 from tests.cli_support import assert_complete_files, expect_usage_error, strict_json
 from tests.test_cli_shift import TEXT
 
@@ -70,6 +71,9 @@ def test_top_neurons_of_the_reference_model(tmp_path, corpus, capsys) -> None:
         n["neuron"] for n in entries
     ]
     assert printed.splitlines()[0].startswith("reference: layer 2 of 6, 3 of ")
+    for n in entries:  # tokens as every output shows them (␣, ↵), not as Python reprs
+        promoted = " ".join(show_token(p["token"]) for p in n["promoted"][:5])
+        assert f"  neuron {n['neuron']}: max m {n['max_activation']:.3g}; promotes {promoted};" in printed
     assert "wrote neurons.json, neurons.csv, neurons.png, neurons.html and run.json" in printed
 
 

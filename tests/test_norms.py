@@ -75,3 +75,50 @@ def test_identity_and_unknown_norms() -> None:
         norm_form(Odd())
     with pytest.raises(ValueError, match="cannot read"):
         norm_form(nn.ReLU())
+
+
+@pytest.mark.parametrize(
+    ("dtype", "eps"),
+    [
+        (torch.float32, torch.finfo(torch.float32).eps),
+        (torch.float64, torch.finfo(torch.float64).eps),
+        # torch adds the eps of the type it computes in: float32 for half-precision inputs
+        (torch.bfloat16, torch.finfo(torch.float32).eps),
+        (torch.float16, torch.finfo(torch.float32).eps),
+    ],
+)
+def test_rms_norm_without_eps_reads_the_eps_torch_uses(dtype: torch.dtype, eps: float) -> None:
+    layer = nn.RMSNorm(4).to(dtype)
+    assert layer.eps is None
+    form = norm_form(layer)
+    assert form.eps == eps and not form.centre
+    # u tiny enough that eps matters: mean(u²) = 5e-9, torch.finfo(float32).eps ≈ 1.19e-7
+    u = torch.tensor([1e-4, -1e-4, 0.0, 0.0], dtype=torch.float64)
+    expected = u / (5e-9 + eps) ** 0.5
+    torch.testing.assert_close(form.to(torch.float64)(u), expected, rtol=1e-12, atol=0.0)
+    with torch.no_grad():
+        actual = layer(u.to(dtype)).double()
+    torch.testing.assert_close(actual, expected, rtol=1e-2, atol=0.0)
+
+
+def test_layer_norm_without_affine_has_no_gain_or_bias() -> None:
+    layer = nn.LayerNorm(3, elementwise_affine=False, eps=0.0)
+    form = norm_form(layer)
+    assert form.centre and form.gain is None and form.bias is None
+    # u = (1, 2, 6): mean 3, centred (-2, -1, 3), variance 14/3
+    u = torch.tensor([1.0, 2.0, 6.0], dtype=torch.float64)
+    expected = torch.tensor([-2.0, -1.0, 3.0], dtype=torch.float64) / (14 / 3) ** 0.5
+    torch.testing.assert_close(form(u), expected)
+
+
+def test_rms_norm_without_affine_has_no_gain() -> None:
+    layer = nn.RMSNorm(2, elementwise_affine=False, eps=0.0)
+    form = norm_form(layer)
+    assert not form.centre and form.gain is None and form.bias is None
+    # u = (3, 4): rms = 5/sqrt(2)
+    torch.testing.assert_close(form(torch.tensor([3.0, 4.0])), torch.tensor([3.0, 4.0]) * 2**0.5 / 5)
+
+
+def test_a_norm_over_more_than_the_last_dim_is_refused() -> None:
+    with pytest.raises(ValueError, match="normalises over 2 dims"):
+        norm_form(nn.LayerNorm((2, 3)))

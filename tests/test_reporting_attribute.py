@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -209,7 +210,15 @@ def test_single_text_csv_rows_equal_the_result_lists(tmp_path):
         "linearity.csv",
     ]
     layers = read_csv(tmp_path / "layers.csv")
-    assert list(layers[0]) == ["layer", "attn_contribution", "mlp_contribution", "attn_dla", "mlp_dla"]
+    assert list(layers[0]) == [
+        "layer",
+        "attn_contribution",
+        "mlp_contribution",
+        "attn_dla",
+        "mlp_dla",
+        "attn_bias_dla",
+        "mlp_bias_dla",
+    ]
     assert (
         tuple(LayerAttribution(int(r["layer"]), *(float(r[k]) for k in list(r)[1:])) for r in layers)
         == result.layers
@@ -369,8 +378,6 @@ def test_tables_follow_the_result_types():
 
 
 def single_without_linearity() -> AttributeResult:
-    from dataclasses import replace
-
     return replace(single(), linearity=None)
 
 
@@ -459,12 +466,37 @@ def test_a_deep_model_names_every_few_blocks_on_the_trajectory_and_one_layer_get
     assert list(heads.get_yticks()) == [0] and list(heads.get_xticks()) == [0, 1, 2, 3]
 
 
-def test_linearity_scatter_has_the_diagonal_and_r_in_the_title():
-    fig = linearity_figure(single())
-    ax = fig.axes[0]
-    assert "r = 0.987" in ax.get_title()
-    diagonal = ax.lines[0]
-    assert list(diagonal.get_xdata()) == list(diagonal.get_ydata())
+def test_linearity_plots_both_series_against_n_on_twin_axes_labelled_in_their_colours():
+    result = single()
+    check = result.linearity
+    fig = linearity_figure(result)
+    left, right = fig.axes
+    assert "r = 0.987" in fig.get_suptitle()
+    (cumulative,) = left.lines
+    (summed,) = right.lines
+    assert list(cumulative.get_xdata()) == list(summed.get_xdata()) == list(check.counts)
+    assert tuple(cumulative.get_ydata()) == check.cumulative and tuple(summed.get_ydata()) == check.summed
+    for ax, line in ((left, cumulative), (right, summed)):
+        assert ax.yaxis.label.get_color() == line.get_color()
+    assert cumulative.get_color() != summed.get_color()
+    assert left.get_xlabel().startswith("n")
+    assert all(float(tick).is_integer() for tick in left.get_xticks())
+
+
+def test_linearity_axes_share_one_scale_when_the_two_series_span_alike_and_not_otherwise():
+    result = single()  # cumulative 0.19 … 0.96, summed 0.2 … 1.6: alike
+    left, right = linearity_figure(result).axes
+    assert left.get_ylim() == right.get_ylim()
+    apart = replace(
+        result.linearity,
+        cumulative=(12.5, 13.9, 14.0, 14.1),
+        summed=(12.5, 24.5, 35.6, 46.3),
+        counts=(1, 2, 3, 4),
+    )  # the reference model's layer 0: C of the sum saturates near 14
+    left, right = linearity_figure(replace(result, linearity=apart)).axes
+    low, high = left.get_ylim()
+    assert low <= 12.5 and 14.1 <= high < 20
+    assert right.get_ylim()[1] >= 46.3
 
 
 def test_neuron_bars_are_labelled_by_layer_and_neuron_with_promoted_tokens():

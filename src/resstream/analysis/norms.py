@@ -102,14 +102,19 @@ class FrozenNorm:
 
 def norm_form(module: nn.Module | None) -> NormForm:
     """The formula of a norm module: identity (None or `nn.Identity`), `nn.LayerNorm`,
-    `nn.RMSNorm`, or a Hugging Face RMSNorm (`weight` and `eps`/`variance_epsilon`; the gain
-    is `weight` or, as in Gemma, `1 + weight`, decided by the module's own output). Raises
-    ValueError for a module none of these formulas reproduces."""
+    `nn.RMSNorm` (with or without an affine weight; `eps=None` is read as the eps torch adds
+    then, that of float32 for half-precision modules), or a Hugging Face RMSNorm (`weight` and
+    `eps`/`variance_epsilon`; the gain is `weight` or, as in Gemma, `1 + weight`, decided by
+    the module's own output). Raises ValueError for a module none of these formulas
+    reproduces, or one that normalises over more than the last dim."""
     if module is None or isinstance(module, nn.Identity):
         return NormForm(centre=False, identity=True)
     if isinstance(module, nn.LayerNorm):
-        bias = None if module.bias is None else module.bias.detach()
-        return _checked(module, [NormForm(True, module.eps, _detached(module.weight), bias)])
+        form = NormForm(True, module.eps, _detached(module.weight), _detached(module.bias))
+        return _checked(module, [form])
+    if isinstance(module, nn.RMSNorm):
+        eps = _default_rms_eps(module) if module.eps is None else module.eps
+        return _checked(module, [NormForm(False, eps, _detached(module.weight))])
     eps = _eps_of(module)
     weight = getattr(module, "weight", None)
     if eps is None or not isinstance(weight, Tensor):
@@ -131,25 +136,44 @@ def _eps_of(module: nn.Module) -> float | None:
     return None
 
 
+def _default_rms_eps(module: nn.RMSNorm) -> float:
+    """The eps `nn.RMSNorm(eps=None)` adds: that of the type it computes in, float64 for
+    float64 inputs and float32 otherwise (half-precision inputs are computed in float32).
+    The input's type is taken to be the weight's (float32 without a weight)."""
+    dtype = torch.float32 if module.weight is None else module.weight.dtype
+    return torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+
+
+def _probe_like(module: nn.Module) -> tuple[int, Tensor | None]:
+    """The width d a norm module normalises and a tensor whose device and dtype its input
+    takes (its weight; None for a module without one, whose input is float32 on the CPU)."""
+    weight = getattr(module, "weight", None)
+    shape = getattr(module, "normalized_shape", None)
+    if shape is not None and len(shape) != 1:
+        raise ValueError(
+            f"the norm {type(module).__name__} normalises over {len(shape)} dims; only the last is supported"
+        )
+    return (int(shape[0]) if shape is not None else int(weight.shape[0])), weight
+
+
 def _checked(module: nn.Module, candidates: list[NormForm]) -> NormForm:
     """The first candidate formula that reproduces the module on a probe input."""
-    weight = getattr(module, "weight", None)
-    d = int(weight.shape[0])
-    probe = torch.randn(3, d, generator=torch.Generator().manual_seed(0)).to(weight.device, torch.float32)
+    d, like = _probe_like(module)
+    device, dtype = (torch.device("cpu"), torch.float32) if like is None else (like.device, like.dtype)
+    probe = torch.randn(3, d, generator=torch.Generator().manual_seed(0)).to(device, torch.float32)
     with torch.no_grad():
-        actual = module(probe.to(weight.dtype)).float()
+        actual = module(probe.to(dtype)).float()
         for form in candidates:
             ours = form.to(torch.float32)(probe)
-            if (ours - actual).abs().max() <= FORM_TOLERANCE * (actual.abs().max() + 1e-6) + _dtype_slack(
-                weight
-            ):
+            allowed = FORM_TOLERANCE * (actual.abs().max() + 1e-6) + _dtype_slack(dtype)
+            if (ours - actual).abs().max() <= allowed:
                 return form
     raise ValueError(f"the norm {type(module).__name__} matches neither LayerNorm nor RMSNorm formulas")
 
 
-def _dtype_slack(weight: Tensor) -> float:
+def _dtype_slack(dtype: torch.dtype) -> float:
     """Absolute slack for half-precision modules (their output is rounded to 8-11 bits)."""
-    return 0.0 if weight.dtype in (torch.float32, torch.float64) else 2e-2
+    return 0.0 if dtype in (torch.float32, torch.float64) else 2e-2
 
 
 __all__ = ["FORM_TOLERANCE", "FrozenNorm", "NormForm", "norm_form"]

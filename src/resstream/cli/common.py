@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -42,7 +42,15 @@ def resolved_device(device: str, device_map: str | None = None) -> str:
     return f"device_map={device_map}" if device_map else device_label(device)
 
 
-# Options shared by the analysis commands (shift, lens, recency): one declaration each.
+def seq_len_option(default: int) -> Any:
+    """--seq-len, its help naming the command's `default` (which the sampling clips to the
+    shortest model context); use as `seq_len: Annotated[int | None, seq_len_option(N)] = None`."""
+    return typer.Option(
+        help=f"Tokens per sequence \\[default: {default}, or the shortest model context if shorter]."
+    )
+
+
+# Options shared by the analysis commands (shift, lens, recency, neurons): one declaration each.
 OutOption = Annotated[Path, typer.Option("--out", help="Output directory (created if missing).")]
 ModelsOption = Annotated[
     list[str] | None,
@@ -55,13 +63,6 @@ DatasetOption = Annotated[
     str, typer.Option(help="Named corpus, .txt/.jsonl path (.jsonl input_ids rows used as given).")
 ]
 NumSeqsOption = Annotated[int, typer.Option(help="Sequences sampled from the corpus.")]
-SeqLenOption = Annotated[
-    int | None,
-    typer.Option(
-        help="Tokens per sequence \\[default: shift 128, recency 64, "
-        "or the shortest model context if shorter]."
-    ),
-]
 BatchSizeOption = Annotated[int, typer.Option(help="Sequences per forward pass.")]
 SampleSeedOption = Annotated[int, typer.Option(help="Seed of the sequence sample.")]
 DataDirOption = Annotated[Path | None, typer.Option(help="Local corpora (else env RESSTREAM_DATA).")]

@@ -17,9 +17,9 @@ from resstream.cli.common import (
     OutOption,
     QuietOption,
     SampleSeedOption,
-    SeqLenOption,
     TrustRemoteCodeOption,
     resolved_device,
+    seq_len_option,
 )
 
 FILES = "neurons.json, neurons.csv, neurons.png, neurons.html and run.json"
@@ -40,7 +40,7 @@ def neurons(
     ] = None,
     dataset: DatasetOption = "shakespeare",
     num_seqs: NumSeqsOption = 64,
-    seq_len: SeqLenOption = None,
+    seq_len: Annotated[int | None, seq_len_option(128)] = None,
     contexts: Annotated[int, typer.Option(help="Top activating contexts kept per neuron.")] = 10,
     value_tokens: Annotated[int, typer.Option(help="Promoted and suppressed tokens listed per neuron.")] = 10,
     window: Annotated[int, typer.Option(help="Tokens shown before the activating token.")] = 12,

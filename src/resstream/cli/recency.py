@@ -20,9 +20,9 @@ from resstream.cli.common import (
     OutOption,
     QuietOption,
     SampleSeedOption,
-    SeqLenOption,
     TrustRemoteCodeOption,
     resolved_device,
+    seq_len_option,
 )
 from resstream.cli.flags import cli_message
 
@@ -35,7 +35,7 @@ def recency(
     model: ModelsOption = None,
     dataset: DatasetOption = "shakespeare",
     num_seqs: NumSeqsOption = 64,
-    seq_len: SeqLenOption = None,
+    seq_len: Annotated[int | None, seq_len_option(64)] = None,
     batch_size: BatchSizeOption = 8,
     threshold: Annotated[float, typer.Option(help="Standard errors a step needs for a verdict.")] = 3.0,
     seed: SampleSeedOption = 0,

@@ -18,9 +18,9 @@ from resstream.cli.common import (
     OutOption,
     QuietOption,
     SampleSeedOption,
-    SeqLenOption,
     TrustRemoteCodeOption,
     resolved_device,
+    seq_len_option,
 )
 
 
@@ -29,7 +29,7 @@ def shift(
     model: ModelsOption = None,
     dataset: DatasetOption = "shakespeare",
     num_seqs: NumSeqsOption = 64,
-    seq_len: SeqLenOption = None,
+    seq_len: Annotated[int | None, seq_len_option(128)] = None,
     top_k: Annotated[int, typer.Option(help="k of the top-k match rates.")] = 5,
     decoder: Annotated[str, typer.Option(help="logit-lens or embedding.")] = "logit-lens",
     batch_size: BatchSizeOption = 8,

@@ -110,6 +110,9 @@ MLP_COLOUR = "tab:orange"
 POSITIVE_COLOUR = "#d6604d"  # the red end of RdBu_r: raises the target
 NEGATIVE_COLOUR = "#4393c3"  # the blue end: lowers it
 HEATMAP = "RdBu_r"
+CUMULATIVE_COLOUR = "#762a83"  # linearity.png: C of the summed vectors (purple)
+SUMMED_COLOUR = "#1b7837"  # the sum of single C (green)
+SHARED_SCALE = 2.0  # linearity.png puts both series on one scale when they span alike (_one_scale)
 C_LABEL = "C = Δ log p(target) (nats)"
 
 
@@ -463,28 +466,50 @@ def trajectory_figure(result: AttributeResult) -> Figure:
     return fig
 
 
+def _one_scale(first: Sequence[float], second: Sequence[float]) -> bool:
+    """Whether two series span alike (their joint range at most SHARED_SCALE times the
+    narrower one's), so that one y scale shows both without flattening either."""
+    spans = [max(values) - min(values) for values in (first, second)]
+    joint = max(*first, *second) - min(*first, *second)
+    return joint <= SHARED_SCALE * min(spans)
+
+
 def linearity_figure(result: AttributeResult) -> Figure:
-    """C of the summed value vectors of a layer's top n neurons (y) against the sum of their
-    single C (x), one dot per n, with the diagonal y = x where the two would agree."""
+    """Against n (the layer's top n neurons by C): C of their summed value vectors (left
+    axis) and the sum of their single C (right axis), each axis in its own series' colour.
+    The two can differ by orders of magnitude (C of a sum is capped by −log p of the target
+    before it, a sum of C is not), so each gets its own scale, unless they span alike: then
+    both axes share one, and equal heights are equal values."""
     check = result.linearity
     if check is None:
         raise ValueError("the result has no linearity check")
-    fig = new_figure(5.6, 4.8)
-    ax = fig.add_subplot()
-    values = [*check.summed, *check.cumulative]
-    low, high = (min(values), max(values)) if values else (0.0, 1.0)
-    pad = 0.05 * (high - low or 1.0)
-    ax.plot([low - pad, high + pad], [low - pad, high + pad], color="grey", linestyle="--", linewidth=1)
-    dots = ax.scatter(check.summed, check.cumulative, c=check.counts, cmap="viridis", s=22, zorder=3)
-    fig.colorbar(dots, ax=ax, label="n (top neurons by C, summed)")
-    ax.set_xlabel("Σ C(v_i): the sum of the single neurons' C")
-    ax.set_ylabel("C(v_1 + … + v_n): C of their summed vectors")
-    ax.set_title(
+    fig = new_figure(6.4, 4.6)
+    fig.set_layout_engine("constrained")
+    left = fig.add_subplot()
+    right = left.twinx()
+    series = (
+        (left, check.cumulative, CUMULATIVE_COLOUR, "o-", "C(v_1 + … + v_n): C of the summed vectors"),
+        (right, check.summed, SUMMED_COLOUR, "s--", "Σ C(v_i): the sum of the single neurons' C"),
+    )
+    for ax, values, colour, style, label in series:
+        ax.plot(check.counts, values, style, color=colour, markersize=3.5, mfc="none", label=label)
+        ax.set_ylabel(label, color=colour)
+        ax.tick_params(axis="y", colors=colour)
+    shared = _one_scale(check.cumulative, check.summed)
+    if shared:
+        low, high = zip(left.get_ylim(), right.get_ylim(), strict=True)
+        for ax in (left, right):
+            ax.set_ylim(min(low), max(high))
+    integer_ticks(left.xaxis)
+    left.set_xlabel(f"n: the top n neurons of layer {check.layer} by C")
+    left.grid(alpha=0.3)
+    fig.legend(loc="outside lower center", ncols=2, fontsize=8, frameon=False)
+    scale = "one scale on both axes" if shared else "each axis its own scale"
+    fig.suptitle(
         f"{_title(result)}\nlayer {check.layer}: the top n neurons together vs. one by one "
-        f"(r = {check.correlation:.3f})",
+        f"(r = {check.correlation:.3f}; {scale})",
         fontsize=8,
     )
-    ax.grid(alpha=0.3)
     return fig
 
 
@@ -564,8 +589,10 @@ CAPTIONS = {
     "trajectory.png": "The target's probability (top) and rank (bottom, log axis, top-1 at the top) at every "
     "residual point: the rank can climb while the probability stays near 0 (silent) before the "
     "probability jumps (loud); the dashed line marks where it first becomes top-1.",
-    "linearity.png": "Is C additive? One dot per n: C of the summed value vectors of the layer's top n "
-    "neurons against the sum of their single C; dots on the dashed diagonal would mean exactly additive.",
+    "linearity.png": "Is C additive? Against n, the number of the layer's top neurons by C taken together: "
+    "C of their summed value vectors (purple, left axis) and the sum of their single C (green, right "
+    "axis); the two coincide only if C is additive. The axes have their own scales unless the two "
+    "series span alike (the title says which).",
     "neurons.png": "The neurons with the largest |C| (value vector m·W_out[:, k] added after attention), "
     "labelled L<layer>.N<neuron> with their coefficient m, and the tokens each one's value vector promotes "
     "most.",

@@ -79,16 +79,22 @@ def _cell(result: NeuronsResult, token: int) -> str:
     return show_token(result.token_text(token), spaces=False)
 
 
+def _token_list(result: NeuronsResult, pairs: tuple[tuple[int, float], ...]) -> str:
+    """Tokens separated by spaces, each with its whitespace visible ('␣say ↵')."""
+    return " ".join(show_token(result.token_text(t)) for t, _ in pairs)
+
+
 def summary_lines(result: NeuronsResult, tokens: int = 5) -> list[str]:
     """A header and one line per neuron: its largest coefficient, the first `tokens` tokens it
-    promotes and suppresses, and its top context."""
+    promotes and suppresses (whitespace visible, as `show_token` shows it), and its top
+    context."""
     lines = [
         f"{result.model}: layer {result.layer} of {result.num_layers}, {len(result.neurons)} of "
         f"{result.d_ff} neurons ({result.selection}); {result.num_positions:,} positions"
     ]
     for n in result.neurons:
-        promoted = " ".join(repr(result.token_text(t)) for t, _ in n.promoted[:tokens])
-        suppressed = " ".join(repr(result.token_text(t)) for t, _ in n.suppressed[:tokens])
+        promoted = _token_list(result, n.promoted[:tokens])
+        suppressed = _token_list(result, n.suppressed[:tokens])
         lines.append(
             f"  neuron {n.neuron}: max m {n.max_activation:.3g}; promotes {promoted}; suppresses {suppressed}"
         )
