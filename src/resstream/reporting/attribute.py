@@ -738,7 +738,7 @@ def _html_head(result: Result) -> str:
             f"<h2>Check</h2>{_check(result.check)}"
         )
     return (
-        f"<h1>Who wrote {html.escape(show_token(result.target))} after position {result.position}: "
+        f"<h1>Who wrote ‘{html.escape(show_token(result.target))}’ after position {result.position}: "
         f"{html.escape(result.model)}</h1>"
         f"<p>decoder {html.escape(result.decoder)}; the marked token is the scored position, the green one "
         "the target predicted after it, grey tokens come later (the prediction does not see them).</p>"
