@@ -199,27 +199,21 @@ def attribute_position(
     with `attention=True` when `levels.sources`): trajectory, per-layer / head / source /
     neuron contribution C and DLA, query contributions and the exactness checks.
     `promoted(layer, neuron_ids)` gives the tokens each neuron's value vector promotes."""
-    lp = log_probs_of(decoder)
-    pos = torch.tensor([position])
-    ids = torch.tensor([target])
-    foil_ids = None if foil is None else torch.tensor([foil])
-    states = residual_points(view, internals, pos)  # (2L+1, 1, d), the model's dtype
-    points = states.float()
-    point_lp = lp.of_states(points, ids.to(points.device))[:, 0]  # (2L+1,)
-    r = readouts(view, internals, decoder, pos, ids, foil_ids)
-    at = (0, pos.to(internals.embedding.device))
+    p = _prediction(view, internals, decoder, position, target, foil, token_text)
+    r, points, point_lp, ids, foil_ids = p.readouts, p.points, p.point_lp, p.ids, p.foil_ids
     layers, heads, sources, neurons = [], [], [], []
     for layer in range(view.n_layers):
-        layers.append(_layer_scores(view, internals, r, point_lp, layer, at))
-        heads += _head_scores(view, internals, lp, r, layer, pos, ids)
+        layers.append(_layer_scores(p, layer))
+        heads += _head_scores(p, layer)
         if levels.sources:
-            sources += _source_scores(view, internals, lp, r, layer, pos, ids, token_text)
+            sources += _source_scores(p, layer)
         if levels.neurons:
-            neurons.append(_neuron_scores(view, internals, lp, r, layer, pos, ids, points))
+            neurons.append(_neuron_scores(p, layer))
     top_neurons = _top_neurons(neurons, levels.top, promoted)
-    result_check = _check(view, internals, decoder, pos, ids, foil_ids, r, points)
-    trajectory = _trajectory(decoder, states, ids, point_lp)
+    result_check = _check(p)
+    trajectory = _trajectory(p)
     logit = actual_logits(decoder, points[-1], ids)[0]
+    at = p.at
     return AttributeResult(
         model=model,
         decoder=decoder.description,
@@ -236,8 +230,8 @@ def attribute_position(
         sources=tuple(sorted(sources, key=lambda s: -abs(s.contribution))[: levels.top]),
         neurons=top_neurons,
         trajectory=trajectory,
-        query_contributions=_queries(view, internals, pos, top_neurons, levels) if levels.neurons else (),
-        linearity=_linearity(lp, ids, neurons, layers, levels)
+        query_contributions=_queries(view, internals, p.pos, top_neurons, levels) if levels.neurons else (),
+        linearity=_linearity(p.lp, ids, neurons, layers, levels)
         if levels.neurons and levels.linearity
         else None,
         check=result_check,
@@ -249,6 +243,53 @@ def attribute_position(
         if foil is None
         else float(actual_logits(decoder, points[-1], ids, foil_ids)[0]),
         notes=view.notes,
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class _Prediction:
+    """What every part of `attribute_position` reads: the model, its recorded internals, the
+    position and target (as 1-element tensors), the states at the 2L+1 points (`states` in the
+    model's dtype, `points` in float32) with the target's log-probability there, and the DLA
+    read-outs."""
+
+    view: ModelView
+    internals: Internals
+    decoder: Decoder
+    lp: LogProbs
+    readouts: Readouts
+    pos: Tensor
+    ids: Tensor
+    foil_ids: Tensor | None
+    states: Tensor
+    points: Tensor
+    point_lp: Tensor
+    token_text: Callable[[int], str]
+
+    @property
+    def at(self) -> tuple[int, Tensor]:
+        """The index of the position in sequence 0 of the internals."""
+        return (0, self.pos.to(self.internals.embedding.device))
+
+
+def _prediction(
+    view: ModelView,
+    internals: Internals,
+    decoder: Decoder,
+    position: int,
+    target: int,
+    foil: int | None,
+    token_text: Callable[[int], str],
+) -> _Prediction:
+    lp = log_probs_of(decoder)
+    pos, ids = torch.tensor([position]), torch.tensor([target])
+    foil_ids = None if foil is None else torch.tensor([foil])
+    states = residual_points(view, internals, pos)  # (2L+1, 1, d), the model's dtype
+    points = states.float()
+    point_lp = lp.of_states(points, ids.to(points.device))[:, 0]  # (2L+1,)
+    r = readouts(view, internals, decoder, pos, ids, foil_ids)
+    return _Prediction(
+        view, internals, decoder, lp, r, pos, ids, foil_ids, states, points, point_lp, token_text
     )
 
 
@@ -265,10 +306,14 @@ class _NeuronLayer:
     base: Tensor  # x = L_res (1, d)
 
 
-def _layer_scores(
-    view: ModelView, internals: Internals, r: Readouts, point_lp: Tensor, layer: int, at: tuple
-) -> LayerAttribution:
-    rec, block = internals.blocks[layer], view.blocks[layer]
+def _layer_scores(p: _Prediction, layer: int) -> LayerAttribution:
+    rec, block, r, point_lp, at = (
+        p.internals.blocks[layer],
+        p.view.blocks[layer],
+        p.readouts,
+        p.point_lp,
+        p.at,
+    )
     b_out = block.mlp_weights().b_out
     return LayerAttribution(
         layer=layer,
@@ -288,70 +333,47 @@ def _bias_dla(bias: Tensor | None, readout: Tensor) -> float:
     return float((bias.detach().double().to(readout.device) * readout[0]).sum())
 
 
-def _head_scores(
-    view: ModelView, internals: Internals, lp: LogProbs, r: Readouts, layer: int, pos: Tensor, ids: Tensor
-) -> list[HeadAttribution]:
-    writes = sublayer_writes(view, internals, layer, "attn", pos)
+def _head_scores(p: _Prediction, layer: int) -> list[HeadAttribution]:
+    writes = sublayer_writes(p.view, p.internals, layer, "attn", p.pos)
     heads = writes.kinds == KINDS.index("head")
-    at = (0, pos.to(internals.embedding.device))
-    x = attention_base(internals.blocks[layer], at)
-    contribution = lp.added(x, writes.vectors[heads], ids.to(x.device))[:, 0]
-    dla = writes.vectors[heads].double()[:, 0] @ r.attn_added[layer][0]
+    x = attention_base(p.internals.blocks[layer], p.at)
+    contribution = p.lp.added(x, writes.vectors[heads], p.ids.to(x.device))[:, 0]
+    dla = writes.vectors[heads].double()[:, 0] @ p.readouts.attn_added[layer][0]
     return [
         HeadAttribution(layer, int(h), float(c), float(d))
         for h, c, d in zip(writes.heads[heads].tolist(), contribution.tolist(), dla.tolist(), strict=True)
     ]
 
 
-def _source_scores(
-    view: ModelView,
-    internals: Internals,
-    lp: LogProbs,
-    r: Readouts,
-    layer: int,
-    pos: Tensor,
-    ids: Tensor,
-    token_text: Callable[[int], str],
-) -> list[SourceAttribution]:
+def _source_scores(p: _Prediction, layer: int) -> list[SourceAttribution]:
     """Every head's sources j ≤ t, α_{t,j}·(x_j W_V[h] + b_V[h])·W_O[h] as added (Gemma-2:
     through the post-attention norm frozen at the actual output), scored through each head's
     d_head-wide output space (`LogProbs.low_rank_added`)."""
-    rec = internals.blocks[layer]
+    rec = p.internals.blocks[layer]
     coefficients, basis = source_terms(
-        view.blocks[layer], rec, 0, int(pos[0])
+        p.view.blocks[layer], rec, 0, int(p.pos[0])
     )  # (H, j, d_head), (H, d_head, d)
-    x = attention_base(rec, (0, pos.to(rec.block_input.device)))[0]
-    readout = r.attn_added[layer][0].float()
-    tokens = internals.input_ids[0].tolist()
-    contribution = lp.low_rank_added(x, coefficients, basis, ids[0].to(x.device))  # (H, j)
+    x = attention_base(rec, p.at)[0]
+    readout = p.readouts.attn_added[layer][0].float()
+    tokens = p.internals.input_ids[0].tolist()
+    contribution = p.lp.low_rank_added(x, coefficients, basis, p.ids[0].to(x.device))  # (H, j)
     dla = torch.einsum("hjd,hd->hj", coefficients, basis @ readout)
     return [
         SourceAttribution(
-            layer, head, j, token_text(tokens[j]), float(contribution[head, j]), float(dla[head, j])
+            layer, head, j, p.token_text(tokens[j]), float(contribution[head, j]), float(dla[head, j])
         )
         for head in range(basis.shape[0])
         for j in range(coefficients.shape[1])
     ]
 
 
-def _neuron_scores(
-    view: ModelView,
-    internals: Internals,
-    lp: LogProbs,
-    r: Readouts,
-    layer: int,
-    pos: Tensor,
-    ids: Tensor,
-    points: Tensor,
-) -> _NeuronLayer:
-    block, rec = view.blocks[layer], internals.blocks[layer]
-    weights = block.mlp_weights()
-    at = (0, pos.to(internals.embedding.device))
-    m = rec.coefficients[at].float()  # (1, d_ff)
-    effective, values = neuron_terms(block, rec, at)
-    x = points[2 * layer + 1]
-    contribution = lp.neurons(x, effective, values, ids.to(x.device))[:, 0]
-    dla = m[0].double() * (weights.W_out.detach().double() @ r.mlp[layer][0])
+def _neuron_scores(p: _Prediction, layer: int) -> _NeuronLayer:
+    block, rec = p.view.blocks[layer], p.internals.blocks[layer]
+    m = rec.coefficients[p.at].float()  # (1, d_ff)
+    effective, values = neuron_terms(block, rec, p.at)
+    x = p.points[2 * layer + 1]
+    contribution = p.lp.neurons(x, effective, values, p.ids.to(x.device))[:, 0]
+    dla = m[0].double() * (block.mlp_weights().W_out.detach().double() @ p.readouts.mlp[layer][0])
     return _NeuronLayer(layer, contribution, dla, m[0], effective[0], values, x)
 
 
@@ -399,41 +421,32 @@ def actual_logits(decoder: Decoder, h: Tensor, target: Tensor, foil: Tensor | No
     return (normed * u).sum(-1) + bias_difference(decoder, target.to(device), foil).to(normed.device)
 
 
-def _ranks(decoder: Decoder, points: Tensor, ids: Tensor) -> list[int]:
-    """Exact ranks of the target at every point; `points` in the model's own dtype (the
-    decoder applies the model's final norm module)."""
-    states = points[:, 0, :]
+def _ranks(p: _Prediction) -> list[int]:
+    """Exact ranks of the target at every point, from the states in the model's own dtype
+    (the decoder applies the model's final norm module)."""
+    states = p.states[:, 0, :]
     with torch.no_grad():
-        ranks, _ = decoder.exact().ranks(states, ids.reshape(1, 1).expand(states.shape[0], 1))
+        ranks, _ = p.decoder.exact().ranks(states, p.ids.reshape(1, 1).expand(states.shape[0], 1))
     return [int(r) for r in ranks[:, 0].tolist()]
 
 
-def _trajectory(
-    decoder: Decoder, points: Tensor, ids: Tensor, point_lp: Tensor
-) -> tuple[TrajectoryPoint, ...]:
-    ranks = _ranks(decoder, points, ids)
+def _trajectory(p: _Prediction) -> tuple[TrajectoryPoint, ...]:
     out = []
-    for index, (logprob, rank) in enumerate(zip(point_lp.tolist(), ranks, strict=True)):
+    for index, (logprob, rank) in enumerate(zip(p.point_lp.tolist(), _ranks(p), strict=True)):
         name = point_name(index)
         stage, layer = name.split("_")[1], int(name.rsplit("_", 1)[1])
         out.append(TrajectoryPoint(name, layer, stage, math.exp(logprob), rank, logprob))
     return tuple(out)
 
 
-def _check(
-    view: ModelView,
-    internals: Internals,
-    decoder: Decoder,
-    pos: Tensor,
-    ids: Tensor,
-    foil: Tensor | None,
-    r: Readouts,
-    points: Tensor,
-) -> AttributionCheck:
+def _check(p: _Prediction) -> AttributionCheck:
+    """The decomposition's residual at every point (by heads and MLPs; the last point also by
+    sources and neurons) and the DLA's: Σ parts + constant against the actual logit."""
+    view, internals, pos, r, at = p.view, p.internals, p.pos, p.readouts, p.at
     worst_abs, worst_rel = 0.0, 0.0
     last = point_count(view.n_layers) - 1
     for point in range(last + 1):
-        finest = point == last  # every point by heads and MLPs, the last also by sources and neurons
+        finest = point == last
         parts = decompose(
             view,
             internals,
@@ -444,7 +457,6 @@ def _check(
         )
         absolute, relative = parts.residual()
         worst_abs, worst_rel = max(worst_abs, absolute), max(worst_rel, relative)
-    at = (0, pos.to(internals.embedding.device))
     total = (internals.embedding[at].double() * r.embed).sum() + r.constant[0]
     for layer, rec in enumerate(internals.blocks):
         total = (
@@ -452,7 +464,7 @@ def _check(
             + (rec.attn_raw[at].double() * r.attn[layer]).sum()
             + (rec.mlp_raw[at].double() * r.mlp[layer]).sum()
         )
-    dla_residual = abs(float(total - actual_logits(decoder, points[-1], ids, foil)[0]))
+    dla_residual = abs(float(total - actual_logits(p.decoder, p.points[-1], p.ids, p.foil_ids)[0]))
     return AttributionCheck(worst_abs, worst_rel, dla_residual)
 
 
