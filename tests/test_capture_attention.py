@@ -10,7 +10,7 @@ import torch
 from resstream.capture import attention_probs, residual_states
 from resstream.errors import UsageError
 from resstream.models.adapters import view_of
-from tests.test_models_adapters import ALL_CASES, SEQ, tiny_ids, tiny_model
+from tests.test_models_adapters import ALL_CASES, HF_FAMILIES, SEQ, tiny_ids, tiny_model
 
 
 @pytest.mark.parametrize("case", ALL_CASES)
@@ -71,3 +71,24 @@ def test_sequence_over_the_context_is_refused() -> None:
     view = view_of(tiny_model("resstream"))  # block_size 16
     with pytest.raises(UsageError, match="sequence length 17 is over the model's context of 16"):
         attention_probs(view, tiny_ids(seq=17))
+
+
+@pytest.mark.parametrize("case", [*HF_FAMILIES, "resstream"])
+def test_hooked_maps_equal_the_models_own_attention_outputs_and_rows_are_cut(case: str) -> None:
+    """The weights taken by hooks are the maps the model returns with output_attentions=True,
+    and `attention_rows` keeps exactly the chosen query rows of each."""
+    from resstream.capture.attention import attention_rows, eager_attention
+
+    view = view_of(tiny_model(case))
+    ids = tiny_ids()
+    full = attention_probs(view, ids)
+    if view.attention is None:
+        with torch.no_grad(), eager_attention(view.model):
+            theirs = torch.stack(view.model(ids, output_attentions=True).attentions).float()
+        torch.testing.assert_close(full, theirs, rtol=0, atol=0)
+    rows = torch.tensor([0, 7, SEQ - 1])
+    cut = attention_rows(view, ids, rows)
+    assert len(cut) == view.n_layers
+    for layer, probs in enumerate(cut):
+        assert probs.shape == (2, view.n_heads, 3, SEQ)
+        torch.testing.assert_close(probs, full[layer][:, :, rows], rtol=0, atol=0)

@@ -101,3 +101,17 @@ def test_bad_points_and_positions() -> None:
     no_probs = block_internals(view, tiny_ids())
     with pytest.raises(ValueError, match="attention=True"):
         decompose(view, no_probs, [1], sources=True)
+
+
+def test_sources_from_recorded_query_rows_equal_those_from_full_maps() -> None:
+    """`block_internals(attention=[positions])` keeps only those query rows (L·H·N·T floats
+    instead of L·H·T²); the sources they give are the same, other rows are refused."""
+    view = view_of(tiny_model("llama"))
+    full = block_internals(view, tiny_ids(), attention=True)
+    rows = block_internals(view, tiny_ids(), attention=[3, 9])
+    assert rows.blocks[0].probs.shape == (2, view.n_heads, 2, SEQ)
+    a = decompose(view, full, [9], sequence=1, sources=True)
+    b = decompose(view, rows, [9], sequence=1, sources=True)
+    torch.testing.assert_close(a.vectors, b.vectors, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"recorded for query positions \[3, 9\], not \[5\]"):
+        decompose(view, rows, [5], sources=True)

@@ -300,7 +300,7 @@ def _add_sources(
     sequence, pos = at
     values = head_values(block, rec, sequence, rec.attn_input.shape[1]).to(block.W_O.dtype)
     written = torch.einsum("htd,hdm->htm", values, block.W_O.detach())  # (H, T, d)
-    probs = rec.probs[sequence][:, pos, :].to(written.dtype)  # (H, N, T)
+    probs = rec.probs_at(sequence, pos).to(written.dtype)  # (H, N, T)
     n_heads, seq_len = written.shape[0], written.shape[1]
     split = probs.permute(0, 2, 1).unsqueeze(-1) * written.unsqueeze(2)  # (H, T, N, d)
     parts.add(
@@ -349,7 +349,7 @@ def source_terms(
     (H, d_head, d), in float32 (Gemma-2: bases ⊙ the post-attention gain, coefficients × its
     1/s frozen at the actual attention output)."""
     values = head_values(block, rec, sequence, position + 1)
-    probs = rec.probs[sequence, :, position, : position + 1].float()  # (H, j)
+    probs = rec.probs_at(sequence, torch.tensor([position]))[:, 0, : position + 1].float()  # (H, j)
     bases = block.W_O.detach().float()
     if block.post_attn_norm is not None:
         frozen = (

@@ -142,7 +142,7 @@ def attribute(
         decoder = decoder_of(view)
         ids = encode_text(loaded.tokenizer, text, view)
         where = position_in(position, ids.shape[1])
-        internals = block_internals(view, ids, attention=sources)
+        internals = block_internals(view, ids, attention=[where] if sources else False)
         chosen = _target(loaded.tokenizer, view, decoder, internals, where, target, target_id)
         foil_id = _foil(loaded.tokenizer, foil, chosen)
 

@@ -93,7 +93,7 @@ def decompose(
         ids = encode_text(loaded.tokenizer, text, view)
         where = position_in(position, ids.shape[1])
         chosen = _point(point, view.n_layers)
-        internals = block_internals(view, ids, attention=sources)
+        internals = block_internals(view, ids, attention=[where] if sources else False)
         parts = decompose_state(view, internals, [where], point=chosen, sources=sources, neurons=neurons)
         absolute, relative = parts.residual()
         return DecomposeResult(

@@ -3,41 +3,74 @@
 `attention_probs(view, input_ids)` returns a (L, batch, heads, query, key) fp32 tensor. A
 view that knows how to produce them (`ModelView.attention`, e.g. resstream's GPT, which runs
 fused SDPA and recomputes the probabilities from each block's attention input) is asked
-directly; any Hugging Face model runs its trunk with ``output_attentions=True`` under the
-eager attention implementation (fused kernels do not return probabilities), switched on for
-the call and restored afterwards.
+directly; any Hugging Face model runs its trunk under the eager attention implementation
+(fused kernels do not return probabilities), switched on for the call and restored
+afterwards, with a hook on every attention module taking the weights it returns.
+`attention_rows` keeps only chosen query rows of each layer as it goes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from resstream.capture.hooks import check_input_ids
+from resstream.capture.hooks import check_input_ids, run_forward
 from resstream.models.adapters.base import ModelView
 
 
 def attention_probs(view: ModelView, input_ids: Tensor) -> Tensor:
     """(L, batch, heads, query, key) attention probabilities of `input_ids` (batch, seq)."""
+    return torch.stack(attention_rows(view, input_ids))
+
+
+def attention_rows(view: ModelView, input_ids: Tensor, rows: Tensor | None = None) -> tuple[Tensor, ...]:
+    """Per layer, the attention probabilities (batch, heads, len(rows), key) of the query
+    positions `rows` (None: all), fp32 on the ids' device. Each layer's map is cut to those
+    rows as soon as the layer has run, so a long text costs L·H·len(rows)·T floats, not
+    L·H·T² (Hugging Face models: a hook on every attention module under the eager
+    implementation, which returns its weights whether or not the model collects them)."""
     check_input_ids(view, input_ids)
     input_ids = input_ids.to(view.W_E.device)
+
+    def cut(probs: Tensor) -> Tensor:
+        probs = probs if rows is None else probs[:, :, rows.to(probs.device), :]
+        return probs.float().to(input_ids.device)
+
     with torch.inference_mode():
         if view.attention is not None:
-            per_layer = view.attention(input_ids)
+            per_layer = [cut(p) for p in view.attention(input_ids)]
         else:
-            per_layer = _hf_attentions(view.model, input_ids)
+            per_layer = _hooked_attentions(view, input_ids, cut)
     if len(per_layer) != view.n_layers or any(p is None for p in per_layer):
         raise RuntimeError(f"{view.family}: got {len(per_layer)} attention maps for {view.n_layers} layers")
-    return torch.stack([p.float().to(input_ids.device) for p in per_layer])
+    return tuple(per_layer)
 
 
-def _hf_attentions(model: nn.Module, input_ids: Tensor) -> tuple[Tensor, ...]:
-    with eager_attention(model):
-        out = model(input_ids=input_ids, output_attentions=True, use_cache=False)
-    return tuple(out.attentions)
+def _hooked_attentions(view: ModelView, input_ids: Tensor, cut: Callable[[Tensor], Tensor]) -> list[Tensor]:
+    """Each attention module's weights (its output's second element), cut as they come."""
+    found: dict[int, Tensor] = {}
+
+    def hook_for(index: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+            if weights is None:
+                raise RuntimeError(f"{view.family}: attention module {index} returned no weights")
+            found[index] = cut(weights)
+
+        return hook
+
+    handles = [block.attn.register_forward_hook(hook_for(i)) for i, block in enumerate(view.blocks)]
+    try:
+        with eager_attention(view.model):
+            run_forward(view, input_ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [found.get(i) for i in range(view.n_layers)]
 
 
 @contextmanager

@@ -14,7 +14,8 @@ block and records, per block (`BlockInternals`, tensors (batch, seq, ...)):
   the MLP's output projection, batch, seq, d_ff); `mlp_raw`: the MLP module's output;
   `mlp_output`: what is added (Gemma-2: after its post-feed-forward norm);
 * `probs` (with `attention=True`): the attention probabilities (batch, heads, query, key),
-  from `capture.attention_probs` (a second forward: fused kernels do not return them).
+  from `capture.attention_rows` (a second forward: fused kernels do not return them); with
+  `attention=[positions]` only those query rows, cut layer by layer as the forward goes.
 
 Nothing is computed here beyond what the model computes; `analysis.decomposition` turns the
 records into components. The record types live with the view they describe
@@ -25,13 +26,13 @@ forward raises.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from resstream.capture.attention import attention_probs
+from resstream.capture.attention import attention_rows
 from resstream.capture.hooks import _block_input, _hooks, check_input_ids, first_tensor, run_forward
 from resstream.models.adapters.base import BlockInternals, BlockView, Internals, ModelView
 
@@ -41,9 +42,12 @@ def _require(block: BlockView, index: int) -> None:
         raise ValueError(f"block {index} of this view has no out_proj / mlp_out_proj to hook")
 
 
-def block_internals(view: ModelView, input_ids: Tensor, *, attention: bool = False) -> Internals:
+def block_internals(
+    view: ModelView, input_ids: Tensor, *, attention: bool | Sequence[int] = False
+) -> Internals:
     """Record every block's reads and writes during one forward of `input_ids` (batch, seq)
-    (module docstring); `attention=True` adds each block's attention probabilities."""
+    (module docstring); `attention=True` adds each block's attention probabilities, a
+    sequence of positions only those query rows of them (`BlockInternals.probs_at`)."""
     check_input_ids(view, input_ids)
     input_ids = input_ids.to(view.W_E.device)
     seen: list[dict[str, Any]] = [{} for _ in view.blocks]
@@ -58,9 +62,10 @@ def block_internals(view: ModelView, input_ids: Tensor, *, attention: bool = Fal
         raise
     with _hooks(handles), torch.inference_mode():
         run_forward(view, input_ids)
-    probs = attention_probs(view, input_ids) if attention else None
+    rows = None if isinstance(attention, bool) else torch.as_tensor(list(attention), dtype=torch.long)
+    probs = attention_rows(view, input_ids, rows) if attention is not False else None
     blocks = tuple(
-        _internals(block, record, probs, i)
+        _internals(block, record, probs, rows, i)
         for i, (block, record) in enumerate(zip(view.blocks, seen, strict=True))
     )
     return Internals(input_ids=input_ids, embedding=blocks[0].block_input, blocks=blocks)
@@ -112,7 +117,13 @@ def _block_hooks(block: BlockView, record: dict[str, Any]) -> list[torch.utils.h
     return handles + [module.register_forward_hook(hook) for module, hook in post]
 
 
-def _internals(block: BlockView, record: dict[str, Any], probs: Tensor | None, index: int) -> BlockInternals:
+def _internals(
+    block: BlockView,
+    record: dict[str, Any],
+    probs: tuple[Tensor, ...] | None,
+    rows: Tensor | None,
+    index: int,
+) -> BlockInternals:
     missing = [
         n
         for n in ("block_input", "block_output", "attn_raw", "z", "mlp_raw", "coefficients")
@@ -135,6 +146,7 @@ def _internals(block: BlockView, record: dict[str, Any], probs: Tensor | None, i
         mlp_raw=record["mlp_raw"],
         mlp_output=record.get("mlp_output", record["mlp_raw"]),
         probs=None if probs is None else probs[index],
+        query_rows=rows,
     )
 
 

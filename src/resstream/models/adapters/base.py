@@ -155,7 +155,25 @@ class BlockInternals:
     coefficients: Tensor
     mlp_raw: Tensor
     mlp_output: Tensor
-    probs: Tensor | None = None
+    probs: Tensor | None = None  # (batch, heads, query rows, key)
+    query_rows: Tensor | None = None  # the query positions `probs` holds (None: all, in order)
+
+    def probs_at(self, sequence: int, positions: Tensor) -> Tensor:
+        """Attention probabilities (heads, N, key) of query `positions` of one sequence;
+        ValueError when they were not recorded (no probabilities, or other rows)."""
+        if self.probs is None:
+            raise ValueError("attention sources need internals recorded with attention=True")
+        positions = positions.reshape(-1).to(self.probs.device)
+        if self.query_rows is None:
+            return self.probs[sequence][:, positions, :]
+        rows = self.query_rows.to(positions.device)
+        index = (rows.unsqueeze(0) == positions.unsqueeze(1)).int().argmax(dim=1)
+        if not bool((rows[index] == positions).all()):
+            raise ValueError(
+                f"attention probabilities were recorded for query positions {rows.tolist()}, "
+                f"not {positions.tolist()}"
+            )
+        return self.probs[sequence][:, index, :]
 
 
 @dataclass(frozen=True, eq=False)
