@@ -150,7 +150,8 @@ def neuron_contributions(
     view: ModelView, internals: Internals, lp: LogProbs, chosen: list[tuple[int, int]], sequence: int = 0
 ) -> Tensor:
     """Exact C of the `chosen` (layer, neuron) pairs at every scored position of one sequence,
-    averaged over positions: (len(chosen),)."""
+    averaged over positions: (len(chosen),). A neuron's write m_k·w_k is rank 1, so its scores
+    are s·(A(x) + m_k·A(w_k)) + b with A(w_k) computed once (`LogProbs.low_rank_added`)."""
     ids = internals.input_ids[sequence]
     pos = torch.arange(len(ids) - 1)
     target = ids[1:]
@@ -163,8 +164,9 @@ def neuron_contributions(
         m, values = neuron_terms(view.blocks[layer], internals.blocks[layer], at)
         m, values = m[:, ks], values[ks]
         x = points[2 * layer + 1]
-        scores = lp.neurons(x, m, values, target.to(x.device)).mean(-1)
-        out[rows] = scores.double().cpu()
+        # each neuron's write is rank 1: scored through its value vector projected once
+        scores = lp.low_rank_added(x, m.T.unsqueeze(-1), values.unsqueeze(1), target.to(x.device))
+        out[rows] = scores.mean(-1).double().cpu()
     return out
 
 
