@@ -30,7 +30,7 @@ from resstream.analysis.decoding import Decoder
 from resstream.analysis.norms import NormForm, norm_form
 
 #: Bytes of (states × vocabulary) scores computed at once.
-CHUNK_BYTES = 128 * 2**20
+CHUNK_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True, eq=False)
