@@ -58,6 +58,15 @@ def _as_added(block, raw_output: torch.Tensor, part: torch.Tensor) -> torch.Tens
     return norm_form(block).freeze(raw_output).apply(part)
 
 
+def _attention_base(internals, at) -> torch.Tensor:
+    """α·L_in at the position, α a gate's scalar or a router's per-token factor."""
+    x = internals.block_input[at][0]
+    alpha = internals.identity_scale
+    if alpha is None:
+        return x
+    return x * (alpha[at][0] if alpha.ndim >= 2 else alpha)
+
+
 @pytest.mark.parametrize("case", ALL_CASES)
 def test_every_level_equals_a_direct_decode(case: str) -> None:
     """C = log p(w | x + v) − log p(w | x) with the model's own final norm and unembedding,
@@ -74,9 +83,7 @@ def test_every_level_equals_a_direct_decode(case: str) -> None:
         block, internals = view.blocks[head.layer], rec.blocks[head.layer]
         raw = rec.blocks[head.layer].z[0, POSITION, head.head] @ block.W_O[head.head].detach()
         v = _as_added(block.post_attn_norm, internals.attn_raw[0, POSITION], raw)
-        x = internals.block_input[at][0]
-        if internals.identity_scale is not None:
-            x = x * internals.identity_scale
+        x = _attention_base(internals, at)
         assert head.contribution == pytest.approx(
             _log_prob(view, x + v, TARGET) - _log_prob(view, x, TARGET), abs=1e-5
         )
@@ -100,9 +107,7 @@ def test_every_level_equals_a_direct_decode(case: str) -> None:
             value = value + w.b_V[source.head].detach()
         raw = internals.probs[0, source.head, POSITION, j] * value @ block.W_O[source.head].detach()
         v = _as_added(block.post_attn_norm, internals.attn_raw[0, POSITION], raw)
-        x = internals.block_input[at][0]
-        if internals.identity_scale is not None:
-            x = x * internals.identity_scale
+        x = _attention_base(internals, at)
         expected = _log_prob(view, x + v, TARGET) - _log_prob(view, x, TARGET)
         assert source.contribution == pytest.approx(expected, abs=1e-5)
 

@@ -32,6 +32,7 @@ RESSTREAM_VARIANTS = (
     "resstream_post",
     "resstream_learned",
     "resstream_fixed",
+    "resstream_router",
 )
 ALL_CASES = HF_FAMILIES + RESSTREAM_VARIANTS
 
@@ -99,6 +100,7 @@ def _resstream_model(case: str):
         "resstream_post": {"norm_position": "post"},
         "resstream_learned": {"gate": "learned"},
         "resstream_fixed": {"gate": "fixed", "alpha": 0.5, "cut_layer": 1},
+        "resstream_router": {"gate": "router"},  # α per token: (batch, seq, 1)
     }[case]
     return GPT(ModelConfig(n_layer=2, n_head=2, d_model=32, block_size=16, vocab_size=VOCAB, **extra))
 
