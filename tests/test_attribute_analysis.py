@@ -128,6 +128,8 @@ def test_linearity_check_starts_equal() -> None:
     check = result.linearity
     assert check is not None and check.counts[0] == 1
     assert check.cumulative[0] == pytest.approx(check.summed[0], abs=1e-6)  # one vector: C(v1) = C(v1)
+    # no C at a state can exceed −log p(target) there: the ceiling the plot draws
+    assert check.ceiling is not None and max(check.cumulative) <= check.ceiling + 1e-5
     assert -1.0 <= check.correlation <= 1.0
 
 

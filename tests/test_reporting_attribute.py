@@ -499,6 +499,22 @@ def test_linearity_axes_share_one_scale_when_the_two_series_span_alike_and_not_o
     assert right.get_ylim()[1] >= 46.3
 
 
+def test_linearity_draws_the_ceiling_of_c_when_the_result_carries_it():
+    result = single()
+    apart = replace(
+        result.linearity,
+        cumulative=(12.5, 13.9, 14.0, 14.1),
+        summed=(12.5, 24.5, 35.6, 46.3),
+        counts=(1, 2, 3, 4),
+        ceiling=14.5,
+    )
+    left, _ = linearity_figure(replace(result, linearity=apart)).axes
+    flat = [line for line in left.lines if list(line.get_ydata()) == [14.5, 14.5]]
+    assert len(flat) == 1 and left.get_ylim()[1] >= 14.5
+    assert any("ceiling" in text.get_text() for text in left.texts)
+    assert not [t for t in linearity_figure(result).axes[0].texts if "ceiling" in t.get_text()]
+
+
 def test_neuron_bars_are_labelled_by_layer_and_neuron_with_promoted_tokens():
     result = single()
     fig = neurons_figure(result)

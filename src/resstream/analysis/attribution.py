@@ -551,6 +551,7 @@ def _linearity(
         cumulative=tuple(cumulative.tolist()),
         summed=tuple(summed.tolist()),
         correlation=_pearson(cumulative, summed),
+        ceiling=-float(lp.of_states(chosen.base, ids.to(chosen.base.device))[0]),
     )
 
 

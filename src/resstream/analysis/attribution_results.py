@@ -119,6 +119,7 @@ class LinearityCheck:
     cumulative: tuple[float, ...]  # C(v_1 + ... + v_n)
     summed: tuple[float, ...]  # C(v_1) + ... + C(v_n)
     correlation: float  # Pearson r between the two
+    ceiling: float | None = None  # −log p(target | L_res): no C at this state can exceed it
 
 
 @dataclass(frozen=True)

@@ -479,7 +479,8 @@ def linearity_figure(result: AttributeResult) -> Figure:
     axis) and the sum of their single C (right axis), each axis in its own series' colour.
     The two can differ by orders of magnitude (C of a sum is capped by −log p of the target
     before it, a sum of C is not), so each gets its own scale, unless they span alike: then
-    both axes share one, and equal heights are equal values."""
+    both axes share one, and equal heights are equal values. The cap is drawn on the left
+    axis (dotted) when the result carries it."""
     check = result.linearity
     if check is None:
         raise ValueError("the result has no linearity check")
@@ -495,6 +496,16 @@ def linearity_figure(result: AttributeResult) -> Figure:
         ax.plot(check.counts, values, style, color=colour, markersize=3.5, mfc="none", label=label)
         ax.set_ylabel(label, color=colour)
         ax.tick_params(axis="y", colors=colour)
+    if check.ceiling is not None and not _one_scale(check.cumulative, check.summed):
+        left.axhline(check.ceiling, color=CUMULATIVE_COLOUR, linestyle=":", linewidth=1)
+        left.annotate(
+            f"ceiling −log p(target | L_res) = {check.ceiling:.3g}",
+            (0.01, check.ceiling),
+            xycoords=("axes fraction", "data"),
+            va="bottom",
+            fontsize=7,
+            color=CUMULATIVE_COLOUR,
+        )
     shared = _one_scale(check.cumulative, check.summed)
     if shared:
         low, high = zip(left.get_ylim(), right.get_ylim(), strict=True)
