@@ -98,9 +98,6 @@ def test_bad_input_is_one_line_exit_2(
     expect_usage_error(["attribute", *FAST, *args], tmp_path / "attr", capsys, *patterns)
 
 
-@pytest.mark.skipif(
-    not (Path("/work/shared/data").exists() or "RESSTREAM_DATA" in __import__("os").environ), reason="no data"
-)
 def test_attribute_corpus_mode(tmp_path: Path, capsys) -> None:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("The king said that the queen was there, and the prince went home. " * 40)
