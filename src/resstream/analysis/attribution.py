@@ -42,6 +42,7 @@ from resstream.analysis.decomposition import (
     after_attention,
     attention_base,
     decompose,
+    identity_scale_at,
     neuron_terms,
     point_count,
     point_name,
@@ -125,9 +126,9 @@ def readouts(
         attn_added.append(r)
         attn.append(_sublayer_readout(block.post_attn_norm, rec.attn_raw[at], r))
         constant = constant + _sublayer_bias(block.post_attn_norm, r)
-        alpha = rec.identity_scale
+        alpha = identity_scale_at(rec, at)
         if alpha is not None:
-            r = r * (alpha[at] if alpha.ndim >= 2 else alpha).double()
+            r = r * alpha.double()
     return Readouts(
         r,
         tuple(reversed(attn)),

@@ -41,10 +41,10 @@ from resstream.analysis.decomposition import (
     attention_base,
     decompose,
     neuron_terms,
+    post_norm_factors,
     residual_points,
     sublayer_writes,
 )
-from resstream.analysis.norms import norm_form
 from resstream.models.adapters.base import Internals, ModelView
 from resstream.simulation.intervals import Estimate, mean_interval
 
@@ -93,10 +93,9 @@ def _head_contributions(view: ModelView, internals: Internals, lp: LogProbs, lay
     z = rec.z[:, :n_pos].reshape(n_seqs * n_pos, *rec.z.shape[2:]).float()  # (S·N, H, d_head)
     bases = block.W_O.detach().float()
     if block.post_attn_norm is not None:
-        raw = rec.attn_raw[:, :n_pos].reshape(n_seqs * n_pos, -1).float()
-        frozen = norm_form(block.post_attn_norm).to(torch.float32).freeze(raw)
-        z = z * frozen.inverse_scale.unsqueeze(-1)
-        bases = bases * frozen.gain_vector(bases.shape[-1], bases)
+        raw = rec.attn_raw[:, :n_pos].reshape(n_seqs * n_pos, -1)
+        scale, gain = post_norm_factors(block.post_attn_norm, raw, "heads")
+        z, bases = z * scale.unsqueeze(-1), bases * gain
     scores = lp.low_rank_added(x, z.permute(1, 0, 2), bases, ids[:, 1:].reshape(-1))  # (H, S·N)
     return scores.reshape(-1, n_seqs, n_pos).mean(-1)
 

@@ -256,7 +256,7 @@ def attention_parts(
 def attention_base(rec: BlockInternals, at: tuple[int, Tensor]) -> Tensor:
     """The stream the attention output is added to: α·L_in (L_in without a gate)."""
     block_in = rec.block_input[at]
-    alpha = _alpha_at(rec, at)
+    alpha = identity_scale_at(rec, at)
     return block_in if alpha is None else block_in * alpha
 
 
@@ -266,7 +266,9 @@ def after_attention(block: BlockView, rec: BlockInternals, at: tuple[int, Tensor
     return norm_form(block.ln1)(summed) if block.norm_position == "post" else summed
 
 
-def _alpha_at(rec: BlockInternals, at: tuple[int, Tensor]) -> Tensor | None:
+def identity_scale_at(rec: BlockInternals, at: tuple[int, Tensor]) -> Tensor | None:
+    """The factor α the block scales its identity path by, at `at` (a gate's scalar or a
+    router's per-token value); None for 1."""
     alpha = rec.identity_scale
     if alpha is not None and alpha.ndim >= 2:  # a per-token router: (batch, seq, 1)
         alpha = alpha[at]
@@ -284,7 +286,7 @@ def _attention_step(
     sources: bool,
 ) -> Tensor:
     """Add block `layer`'s attention parts; returns the actual L_res at `at`."""
-    alpha = _alpha_at(rec, at)
+    alpha = identity_scale_at(rec, at)
     if alpha is not None:
         parts.map(lambda v: v * alpha.to(v.dtype))
     attention_parts(parts, layer, block, rec, at, heads=heads, sources=sources)
@@ -312,6 +314,16 @@ def _add_sources(
     )
 
 
+def post_norm_factors(module: nn.Module, raw: Tensor, parts: str) -> tuple[Tensor, Tensor]:
+    """A post-sub-layer RMSNorm (Gemma-2) frozen at the sub-layer's actual output `raw`
+    (..., d) maps each part linearly: part ↦ part ⊙ gain · 1/s. Returns 1/s (..., 1) and the
+    gain (d,) in float32; ValueError for a centring norm, which would not split into `parts`."""
+    frozen = norm_form(module).to(torch.float32).freeze(raw.float())
+    if frozen.form.centre:
+        raise ValueError(f"a centring post-sub-layer norm does not split into {parts}")
+    return frozen.inverse_scale, frozen.gain_vector(raw.shape[-1], frozen.inverse_scale)
+
+
 def neuron_terms(block: BlockView, rec: BlockInternals, at: tuple[int, Tensor]) -> tuple[Tensor, Tensor]:
     """Neuron k's write as added at `at` is m_k·values[k]: returns m (N, d_ff) and values
     (d_ff, d) in float32 — W_out itself, or for Gemma-2 W_out ⊙ gain with m scaled by the
@@ -319,11 +331,8 @@ def neuron_terms(block: BlockView, rec: BlockInternals, at: tuple[int, Tensor]) 
     m = rec.coefficients[at].float()
     values = block.mlp_weights().W_out.detach().float()
     if block.post_mlp_norm is not None:
-        frozen = norm_form(block.post_mlp_norm).to(torch.float32).freeze(rec.mlp_raw[at].float())
-        if frozen.form.centre:
-            raise ValueError("a centring post-MLP norm does not split into neurons")
-        m = m * frozen.inverse_scale
-        values = values * frozen.gain_vector(values.shape[-1], values)
+        scale, gain = post_norm_factors(block.post_mlp_norm, rec.mlp_raw[at], "neurons")
+        m, values = m * scale, values * gain
     return m, values
 
 
@@ -352,13 +361,8 @@ def source_terms(
     probs = rec.probs_at(sequence, torch.tensor([position]))[:, 0, : position + 1].float()  # (H, j)
     bases = block.W_O.detach().float()
     if block.post_attn_norm is not None:
-        frozen = (
-            norm_form(block.post_attn_norm).to(torch.float32).freeze(rec.attn_raw[sequence, position].float())
-        )
-        if frozen.form.centre:
-            raise ValueError("a centring post-attention norm does not split into sources")
-        probs = probs * frozen.inverse_scale
-        bases = bases * frozen.gain_vector(bases.shape[-1], bases)
+        scale, gain = post_norm_factors(block.post_attn_norm, rec.attn_raw[sequence, position], "sources")
+        probs, bases = probs * scale, bases * gain
     return probs.unsqueeze(-1) * values, bases
 
 
@@ -462,8 +466,13 @@ __all__ = [
     "after_attention",
     "attention_base",
     "decompose",
+    "head_values",
+    "identity_scale_at",
+    "neuron_terms",
     "point_count",
     "point_name",
+    "post_norm_factors",
     "residual_points",
+    "source_terms",
     "sublayer_writes",
 ]

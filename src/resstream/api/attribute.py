@@ -240,11 +240,9 @@ def _single_token(tokenizer: PreTrainedTokenizerBase, text: str, what: str) -> i
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
         pieces = " + ".join(repr(tokenizer.decode([i])) for i in ids) or "no tokens"
+        alternative = f" (e.g. with its leading space) or `{what}_id`" if what == "target" else ""
         raise UsageError(
-            f"`{what}` {text!r} is {len(ids)} tokens ({pieces}); give text that is one token "
-            f"(e.g. with its leading space) or `{what}_id`"
-            if what == "target"
-            else f"`{what}` {text!r} is {len(ids)} tokens ({pieces}); give text that is one token"
+            f"`{what}` {text!r} is {len(ids)} tokens ({pieces}); give text that is one token{alternative}"
         )
     return int(ids[0])
 
