@@ -69,7 +69,6 @@ class Readouts:
     attn_added: tuple[Tensor, ...]  # reads a sub-layer's parts as added (after its post norm)
     mlp_added: tuple[Tensor, ...]
     constant: Tensor
-    final_constant: Tensor  # the final norm's bias and b_U part of `constant`
 
 
 def direction(decoder: Decoder, target: Tensor, foil: Tensor | None = None) -> Tensor:
@@ -106,7 +105,6 @@ def readouts(
     )
     u = u.to(final.device)
     constant = bias_difference(decoder, target, foil).to(final.device) + _bias_term(form, u)
-    final_constant = constant.clone()
     r = form.freeze(final).adjoint(u)
     attn: list[Tensor] = []
     mlp: list[Tensor] = []
@@ -136,7 +134,6 @@ def readouts(
         tuple(reversed(attn_added)),
         tuple(reversed(mlp_added)),
         constant,
-        final_constant,
     )
 
 

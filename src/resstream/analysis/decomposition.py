@@ -116,20 +116,6 @@ class Decomposition:
             return f"L{layer}.N{int(self.neurons[index])}"
         return f"L{layer}.{kind}"
 
-    def select(self, mask: Tensor) -> Decomposition:
-        """The components where `mask` (C,) is true (the state is unchanged)."""
-        return Decomposition(
-            self.point,
-            self.positions,
-            self.vectors[mask],
-            self.kinds[mask],
-            self.layers[mask],
-            self.heads[mask],
-            self.sources[mask],
-            self.neurons[mask],
-            self.state,
-        )
-
 
 class _Parts:
     """The growing list of component groups while the stream is walked block by block."""
