@@ -94,7 +94,8 @@ def test_gradient_matches_autograd(case: str) -> None:
     h = torch.randn(3, view.d_model, generator=torch.Generator().manual_seed(8)) * 2
     target = torch.tensor([4, 50, 99])
     with torch.no_grad():
-        ours = lp.gradient(h, target)
+        log_probs, ours = lp.log_prob_and_gradient(h, target)
+        torch.testing.assert_close(log_probs, lp.of_states(h, target), rtol=0, atol=1e-6)
     leaf = h.clone().requires_grad_(True)
     scores = decoder.logits(leaf).log_softmax(-1)
     scores.gather(-1, target.unsqueeze(-1)).sum().backward()

@@ -109,7 +109,7 @@ def _sequence_scores(
     target = ids[1:]
     at = (sequence, pos.to(internals.embedding.device))
     points = residual_points(view, internals, pos, sequence=sequence).float()
-    point_lp = torch.stack([lp.of_states(p, target.to(p.device)) for p in points])  # (2L+1, N)
+    point_lp, slopes = _points_log_probs(lp, points, target.to(points.device))
     r = readouts(view, internals, decoder, pos, target, sequence=sequence)
     attn_dla, mlp_dla, head_dla, neuron_dla, coefficient, estimate = [], [], [], [], [], []
     total = (internals.embedding[at].double() * r.embed).sum(-1) + r.constant
@@ -127,8 +127,7 @@ def _sequence_scores(
         neuron_dla.append((m * (r.mlp[layer] @ W_out.T)).mean(0))
         coefficient.append(m.mean(0))
         effective, values = neuron_terms(block, rec, at)
-        slope = lp.gradient(points[2 * layer + 1], target)  # at x = L_res, where C is measured
-        estimate.append((effective * (slope @ values.T)).mean(0))
+        estimate.append((effective * (slopes[layer] @ values.T)).mean(0))
     actual = actual_logits(decoder, points[-1], target)
     return SequenceScores(
         attn_contribution=(point_lp[1::2] - point_lp[0:-1:2]).mean(-1),
@@ -143,6 +142,20 @@ def _sequence_scores(
         dla_residual=float((total - actual).abs().max()),
         decomposition_residual=decompose(view, internals, pos, sequence=sequence).residual(),
     )
+
+
+def _points_log_probs(lp: LogProbs, points: Tensor, target: Tensor) -> tuple[Tensor, list[Tensor]]:
+    """log p(target) at every residual point (2L+1, N), and at each L_res_l — where layer l's
+    neurons' C is measured — the gradient that screens them, from the same decode."""
+    point_lp = torch.empty(points.shape[:2], dtype=torch.float32, device=points.device)
+    slopes = []
+    for index, states in enumerate(points):
+        if index % 2 == 1:  # L_res_l
+            point_lp[index], slope = lp.log_prob_and_gradient(states, target)
+            slopes.append(slope)
+        else:
+            point_lp[index] = lp.of_states(states, target)
+    return point_lp, slopes
 
 
 def neuron_contributions(

@@ -76,14 +76,16 @@ class LogProbs:
         scores = torch.addmm(self.offset, rows, reader, out=self._buffer(rows.shape[0]))
         return self._capped_(scores)
 
-    def gradient(self, h: Tensor, target: Tensor) -> Tensor:
-        """∂ log p(target | h) / ∂h (N, d) for states h (N, d), target (N,): the first-order
-        change of the log-probability per unit of a vector added onto h. With δ = e_w − p
-        (times the soft-cap's derivative), u = (W_U ⊙ g)ᵀ·δ and n = centre(h)/s:
+    def log_prob_and_gradient(self, h: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+        """log p(target | h) (N,) and ∂ log p(target | h) / ∂h (N, d) for states h (N, d),
+        target (N,), from one decode: the gradient is the first-order change of the
+        log-probability per unit of a vector added onto h. With δ = e_w − p (times the
+        soft-cap's derivative), u = (W_U ⊙ g)ᵀ·δ and n = centre(h)/s:
         ∂/∂centre(h) = (u − n·(u·n)/d)/s, then centred again for LayerNorm."""
         rows = self.normalised(h).reshape(-1, h.shape[-1])
         ids = target.to(rows.device).reshape(-1)
         out = torch.empty_like(rows)
+        log_probs = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
         step = _chunk(self.vocab_size)
         for start in range(0, rows.shape[0], step):
             n = rows[start : start + step]
@@ -92,6 +94,7 @@ class LogProbs:
                 raw.div_(self.softcap).tanh_()
                 slope = 1 - raw.pow(2)
                 raw.mul_(self.softcap)
+            log_probs[start : start + step] = _picked_log_softmax(raw, ids[start : start + step])
             delta = raw.softmax(dim=1).neg_()
             delta[torch.arange(n.shape[0]), ids[start : start + step]] += 1
             if self.softcap:
@@ -99,11 +102,11 @@ class LogProbs:
             out[start : start + step] = delta @ self.weighted
         d = rows.shape[-1]
         if self.form.identity:
-            return out.reshape(h.shape)
+            return log_probs, out.reshape(h.shape)
         u = out
         scale = self.form.inverse_scale(h.float().reshape(-1, d))
         grad = (u - rows * (u * rows).sum(-1, keepdim=True) / d) * scale
-        return self.form.centred(grad).reshape(h.shape)
+        return log_probs, self.form.centred(grad).reshape(h.shape)
 
     def added(self, x: Tensor, vectors: Tensor, target: Tensor) -> Tensor:
         """C of each of `vectors` (C, N, d) added onto x (N, d), target (N,): (C, N)."""
