@@ -30,10 +30,12 @@ def test_reference_model_decoders() -> None:
     assert lens.kind == "logit-lens" and lens.norm is view.final_norm and lens.tied
     assert torch.equal(lens.matrix, view.W_U) and not lens.matrix.requires_grad
     assert embedding.norm is None and embedding.bias is None and torch.equal(embedding.matrix, view.W_E)
-    with pytest.raises(UsageError, match="unknown decoder 'tuned'"):
-        decoder_of(view, "tuned")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="decoder kind 'tuned'"):
-        Decoder("tuned", view.W_E)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="unknown decoder 'tuning'"):
+        decoder_of(view, "tuning")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="needs a lens"):
+        decoder_of(view, "tuned")
+    with pytest.raises(ValueError, match="a tuned decoder needs its lens"):
+        Decoder("tuned", view.W_E)
 
 
 def test_logits_apply_norm_bias_and_soft_capping_by_hand() -> None:

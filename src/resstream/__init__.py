@@ -1,8 +1,9 @@
 """resstream: the residual stream of causal Transformer language models.
 
-`resstream.shift`, `.lens`, `.attribute`, `.decompose`, `.neurons`, `.composition`, `.recency` and
-`.simulate` are the Python API (each defined in the module of its name under `resstream.api`),
-imported on first use (torch is heavy).
+`resstream.shift`, `.lens`, `.attribute`, `.decompose`, `.neurons`, `.composition`, `.recency`,
+`.simulate`, `.tune_lens` and `.evaluate_lens` are the Python API (each defined in the module of
+its name under `resstream.api`; `evaluate_lens` beside `tune_lens`), imported on first use
+(torch is heavy).
 """
 
 import importlib as _importlib
@@ -19,14 +20,29 @@ if _TYPE_CHECKING:
     from resstream.api.recency import recency
     from resstream.api.shift import shift
     from resstream.api.simulate import simulate
+    from resstream.api.tune_lens import evaluate_lens, tune_lens
 
-__all__ = ["attribute", "composition", "decompose", "lens", "neurons", "recency", "shift", "simulate"]
+__all__ = [
+    "attribute",
+    "composition",
+    "decompose",
+    "evaluate_lens",
+    "lens",
+    "neurons",
+    "recency",
+    "shift",
+    "simulate",
+    "tune_lens",
+]
+#: API functions defined in a module of another name.
+_MODULE_OF = {"evaluate_lens": "tune_lens"}
 
 
 def __getattr__(name: str):
     """The API functions, imported on first use."""
     if name in __all__:
-        return getattr(_importlib.import_module(f"resstream.api.{name}"), name)
+        module = _MODULE_OF.get(name, name)
+        return getattr(_importlib.import_module(f"resstream.api.{module}"), name)
     raise AttributeError(f"module 'resstream' has no attribute {name!r}")
 
 

@@ -217,11 +217,12 @@ class AlignmentAccumulator:
     def _layer_ranks(self, h: Tensor, targets: Tensor, layer: int) -> tuple[Tensor, Tensor]:
         """Top-k hits (n, 2) and 'next token above input token' (n,) for one layer."""
         h = h.reshape(-1, self.d_model)
+        scorer = self.scorer.at(layer)
         try:
             if self.top_k >= self.vocab:  # every token is in the top-vocab: only scores needed
-                scores = self.scorer.scores(h, targets)
+                scores = scorer.scores(h, targets)
                 return torch.ones_like(targets, dtype=torch.bool), scores[:, 1] > scores[:, 0]
-            ranks, scores = self.scorer.ranks(h, targets, self.top_k)
+            ranks, scores = scorer.ranks(h, targets, self.top_k)
         except NonFiniteInputs:
             raise NonFiniteInputs(
                 f"non-finite values in the decoder inputs of layer {layer}: {NonFiniteInputs.HINT}"

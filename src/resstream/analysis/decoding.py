@@ -6,6 +6,11 @@ Every command decodes through a `Decoder` built from a model's `ModelView`:
   soft-capping c·tanh(scores / c) where it has one (Gemma-2). W_U is the model's own
   unembedding (tied models: W_E).
 * ``embedding``: scores(h) = W_E · h, no norm, no bias.
+* ``tuned``: the logit lens applied to a translated state, scores_l(h) = W_U ·
+  final_norm(h + A_l h + b_l) (+ b_U), with one trained affine translator per layer
+  (`resstream.analysis.tuned_lens`). The translator depends on the layer, so a tuned decoder
+  decodes one layer's states at a time: `decoder.at(layer)` is the decoder of layer l (for the
+  other kinds, `at` returns the decoder itself). Zero translators give the logit lens exactly.
 
 Two evaluations of the same definition:
 
@@ -24,8 +29,8 @@ Two evaluations of the same definition:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
@@ -34,8 +39,11 @@ from resstream.analysis.ranks import DEFAULT_CHUNK_BYTES, LowPrecision, RankScre
 from resstream.errors import RunError, check_choice
 from resstream.models.adapters.base import ModelView
 
-DecoderKind = Literal["logit-lens", "embedding"]
-DECODERS: tuple[DecoderKind, ...] = ("logit-lens", "embedding")
+if TYPE_CHECKING:
+    from resstream.analysis.tuned_lens import TunedLens
+
+DecoderKind = Literal["logit-lens", "embedding", "tuned"]
+DECODERS: tuple[DecoderKind, ...] = ("logit-lens", "embedding", "tuned")
 
 
 @dataclass(frozen=True, eq=False)
@@ -45,7 +53,8 @@ class Decoder:
     `matrix` is W_U (logit lens) or W_E (embedding), shape (vocab, d_model); `bias` b_U or
     None; `norm` the final norm (None: applied to the state as it is); `softcap` the logit
     soft-capping constant or None; `tied` whether the model's unembedding W_U is its input
-    embedding W_E (recorded with results whatever the kind).
+    embedding W_E (recorded with results whatever the kind). A tuned decoder also holds its
+    `lens` and, once `at(layer)` has chosen one, the `layer` whose translator it applies.
     """
 
     kind: DecoderKind
@@ -54,10 +63,14 @@ class Decoder:
     norm: Callable[[Tensor], Tensor] | None = None
     softcap: float | None = None
     tied: bool = True
+    lens: TunedLens | None = None
+    layer: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in DECODERS:
             raise ValueError(f"decoder kind {self.kind!r}; allowed: {', '.join(DECODERS)}")
+        if (self.kind == "tuned") != (self.lens is not None):
+            raise ValueError("a tuned decoder needs its lens, and only a tuned decoder has one")
         check_matrix("decoder matrix", self.matrix)
         if self.bias is not None and tuple(self.bias.shape) != (self.matrix.shape[0],):
             raise ValueError(
@@ -70,18 +83,32 @@ class Decoder:
         """Number of scores per state."""
         return int(self.matrix.shape[0])
 
+    def at(self, layer: int) -> Decoder:
+        """The decoder of states of `layer` (0..L): a tuned decoder with that layer's
+        translator chosen; any other decoder is the same at every layer."""
+        return self if self.lens is None else replace(self, layer=layer)
+
     @property
     def description(self) -> str:
         """What this decoder applies to a state, in one line (saved with results)."""
         if self.kind == "embedding":
             return "W_E · h (input embedding matrix, no norm)"
+        if self.lens is not None:
+            translated = replace(self, kind="logit-lens", lens=None, layer=None).description
+            lens = f"tuned lens (per-layer affine translator h + A_l h + b_l, model {self.lens.fingerprint})"
+            return f"{lens}, then {translated}"
         matrix = "W_U = W_E (tied)" if self.tied else "the model's own unembedding W_U (untied from W_E)"
         bias = " + b_U" if self.bias is not None else ""
         cap = "; logit soft-capping ignored (monotone, ranks unchanged)" if self.softcap else ""
         return f"final norm, then {matrix}{bias}{cap}"
 
     def inputs(self, h: Tensor) -> Tensor:
-        """The vectors the decoder matrix is applied to: final_norm(h), or h itself."""
+        """The vectors the decoder matrix is applied to: final_norm(h) (of the translated
+        state for a tuned decoder), or h itself."""
+        if self.lens is not None:
+            if self.layer is None:
+                raise ValueError("a tuned decoder decodes one layer at a time: use decoder.at(layer)")
+            h = self.lens.translators.translate(h, self.layer)
         return self.norm(h) if self.norm is not None else h
 
     def logits(self, h: Tensor) -> Tensor:
@@ -115,6 +142,10 @@ class ExactScorer:
     decoder: Decoder
     engine: RankScreen
 
+    def at(self, layer: int) -> ExactScorer:
+        """The scorer of states of `layer` (`Decoder.at`), sharing this one's rank engine."""
+        return self if self.decoder.lens is None else ExactScorer(self.decoder.at(layer), self.engine)
+
     def ranks(self, h: Tensor, ids: Tensor, limit: int | None = None) -> tuple[Tensor, Tensor]:
         """Ranks (n, m) of tokens `ids` (n, m) among the scores of states h (n, d_model), and
         their exact fp64 scores; with `limit` = k, min(rank, k) (`RankScreen.ranks`)."""
@@ -146,18 +177,25 @@ class NonFiniteInputs(RunError, ValueError):
     HINT = "no ranks exist (a float16/bfloat16 model overflowing? try `dtype` float32)"
 
 
-def decoder_of(view: ModelView, kind: DecoderKind = "logit-lens") -> Decoder:
-    """The decoder `kind` of a model: its final norm, unembedding, bias and soft-capping."""
+def decoder_of(view: ModelView, kind: DecoderKind = "logit-lens", lens: TunedLens | None = None) -> Decoder:
+    """The decoder `kind` of a model: its final norm, unembedding, bias and soft-capping, and
+    for `tuned` the `lens` (checked against the model: UsageError for another model's lens)."""
     check_choice("decoder", kind, DECODERS)
     if kind == "embedding":
         return Decoder("embedding", view.W_E.detach(), tied=view.tied)
+    if kind == "tuned":
+        if lens is None:
+            raise ValueError("the tuned decoder needs a lens (resstream.analysis.tuned_lens.load_lens)")
+        lens.check_model(view)
+        lens.translators.to(view.W_U.device)
     return Decoder(
-        "logit-lens",
+        kind,
         view.W_U.detach(),
         bias=_detached(view.b_U),
         norm=view.final_norm,
         softcap=view.logit_softcap,
         tied=view.tied,
+        lens=lens if kind == "tuned" else None,
     )
 
 

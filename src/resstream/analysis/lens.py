@@ -179,15 +179,12 @@ def trajectories(
     depth = states.shape[0]
     _check_finite(states)
     index = torch.tensor(list(chosen), dtype=torch.long)
+    targets = _targets(ids, chosen)
     with torch.inference_mode():
-        picked = states[:, index].reshape(-1, states.shape[-1])  # (L+1)·P rows, layer-major
-        top, _ = scorer.top_k(picked, top_k)
-        targets = _targets(ids, chosen, depth)
-        ranks, _ = scorer.ranks(picked, targets.to(top.device))
-        probs = token_probabilities(scorer.decoder, picked, torch.cat([top, targets.to(top.device)], 1))
-    top = top.reshape(depth, len(chosen), top_k).cpu()
-    ranks = ranks.reshape(depth, len(chosen), 2).cpu()
-    probs = probs.reshape(depth, len(chosen), top_k + 2).cpu()
+        per_layer = [
+            _decode_layer(scorer.at(layer), states[layer, index], targets, top_k) for layer in range(depth)
+        ]
+    top, ranks, probs = (torch.stack([found[i] for found in per_layer]).cpu() for i in range(3))
     result = tuple(
         PositionTrajectory(
             position=pos,
@@ -207,6 +204,18 @@ def trajectories(
     return LensResult(model, decoder.kind, top_k, depth - 1, result, decoder.description, texts)
 
 
+def _decode_layer(
+    scorer: ExactScorer, h: Tensor, targets: Tensor, top_k: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Top-k ids (P, k), input/next ranks (P, 2) and the probabilities of both (P, k + 2) of
+    one layer's states h (P, d)."""
+    top, _ = scorer.top_k(h, top_k)
+    targets = targets.to(top.device)
+    ranks, _ = scorer.ranks(h, targets)
+    probs = token_probabilities(scorer.decoder, h, torch.cat([top, targets], 1))
+    return top, ranks, probs
+
+
 def _check_finite(states: Tensor) -> None:
     """Refuse states holding inf or nan, naming the first such layer (no ranks exist there)."""
     finite = torch.isfinite(states.flatten(1)).all(1)
@@ -217,11 +226,11 @@ def _check_finite(states: Tensor) -> None:
         )
 
 
-def _targets(ids: list[int], chosen: range, depth: int) -> Tensor:
-    """The (input, next) token ids ((L+1)·P, 2), layer-major like the picked states (the last
-    position of the text has no next token: its input token stands in, and is ignored)."""
+def _targets(ids: list[int], chosen: range) -> Tensor:
+    """The (input, next) token ids (P, 2) of the chosen positions (the last position of the
+    text has no next token: its input token stands in, and is ignored)."""
     pairs = [(ids[p], ids[p + 1] if p + 1 < len(ids) else ids[p]) for p in chosen]
-    return torch.tensor(pairs, dtype=torch.long).repeat(depth, 1)
+    return torch.tensor(pairs, dtype=torch.long)
 
 
 def token_probabilities(

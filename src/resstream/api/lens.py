@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from resstream.analysis.decoding import DecoderKind, decoder_of
 from resstream.analysis.lens import LensResult, trajectories
+from resstream.api.decoders import DecoderLike, decoder_spec
 from resstream.api.inputs import LoadOptions, check_top_k, encode_text, one_model, text_of
 from resstream.capture import residual_states
 from resstream.data.tokenizer import token_text
@@ -25,7 +25,7 @@ def lens(
     tokenizer: PreTrainedTokenizerBase | None = None,
     positions: range | slice | None = None,
     top_k: int = 1,
-    decoder: DecoderKind = "logit-lens",
+    decoder: DecoderLike = "logit-lens",
     dtype: str = "auto",
     device: str = "auto",
     device_map: str | None = None,
@@ -37,8 +37,9 @@ def lens(
 
     `model` is a spec (loaded with `dtype`, `device`, `device_map`, `trust_remote_code`) or
     a model in memory with its `tokenizer`, as for `resstream.shift`; `positions` a range or
-    slice of token positions (a slice may leave its end open); `decoder` "logit-lens" or
-    "embedding".
+    slice of token positions (a slice may leave its end open); `decoder` "logit-lens",
+    "embedding", "tuned:DIR" (the directory of a lens trained for this model by
+    `resstream.tune_lens`) or a loaded lens.
 
     Returns a `LensResult`: per position (`trajectories`) and layer 0..L (0 = embedding),
     the exact top-`top_k` token ids (`top_ids`) with their probabilities (`top_probs`, the
@@ -48,6 +49,7 @@ def lens(
     lens.json.
     """
     text = text_of(text, text_file)
+    spec = decoder_spec(decoder)
     options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
     with one_model(model, options) as loaded:
         view = loaded.view
@@ -58,7 +60,7 @@ def lens(
         return trajectories(
             states,
             ids[0],
-            decoder_of(view, decoder).exact(),
+            spec.build(view).exact(),
             top_k=top_k,
             positions=chosen,
             model=loaded.name,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from resstream.analysis.alignment import AlignmentAccumulator, AlignmentResult
-from resstream.analysis.decoding import DECODERS, DecoderKind, decoder_of
+from resstream.api.decoders import DecoderLike, DecoderSpec, decoder_specs
 from resstream.api.inputs import (
     CorpusRequest,
     LoadOptions,
@@ -22,7 +22,6 @@ from resstream.api.inputs import (
 )
 from resstream.capture import residual_states
 from resstream.data.sampling import SequenceSample
-from resstream.errors import check_choice
 from resstream.models import LoadedModel, ModelLike, ModelView
 
 if TYPE_CHECKING:
@@ -65,6 +64,7 @@ class ShiftReport:
             "dataset_fingerprint": self.dataset_fingerprint,
             "num_seqs": self.num_seqs,
             "seq_len": self.seq_len,
+            "decoders": list(dict.fromkeys(r.decoder for r in self.results)),
             "models": [r.to_dict() for r in self.results],
         }
 
@@ -77,7 +77,7 @@ def shift(
     num_seqs: int = 64,
     seq_len: int | None = None,
     top_k: int = 5,
-    decoder: DecoderKind = "logit-lens",
+    decoder: DecoderLike | Sequence[DecoderLike] = "logit-lens",
     batch_size: int = 8,
     seed: int = 0,
     data_dir: str | os.PathLike[str] | None = None,
@@ -100,8 +100,13 @@ def shift(
     the shortest context among the models when that is shorter (a `ResstreamNotice` says so);
     a `seq_len` given must fit every model. Models are loaded one at a time and
     freed before the next; `progress` shows a bar per model.
+
+    `decoder` is one decoder or several: "logit-lens", "embedding", "tuned:DIR" (a lens
+    written by `resstream tune-lens`, refused for a model it was not trained on) or a loaded
+    `TunedLens`. Several decoders read the same residual states of one forward pass per
+    batch; the report holds one result per model and decoder, models first.
     """
-    check_choice("decoder", decoder, DECODERS)
+    decoders = decoder_specs(decoder)
     check_batch_size(batch_size)
     corpus = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir, default_seq_len=DEFAULT_SEQ_LEN)
     options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
@@ -109,11 +114,13 @@ def shift(
 
     def check(view: ModelView) -> None:
         check_top_k(top_k, view.W_U.shape[0])
+        for spec in decoders:
+            spec.check(view)
 
     with closing(each_model(models, corpus, options, check=check)) as each:
         for loaded, sample, fingerprint in each:  # noqa: B007 - the last one is reported
             count, lengths = len(sample.sequences), {len(s) for s in sample.sequences}
-            results.append(_align(loaded, sample, top_k, decoder, batch_size, progress))
+            results.extend(_align(loaded, sample, top_k, decoders, batch_size, progress))
             del loaded  # free this model before the next is loaded
     length = lengths.pop() if len(lengths) == 1 else None
     return ShiftReport(tuple(results), dataset, fingerprint, count, length)
@@ -123,21 +130,27 @@ def _align(
     loaded: LoadedModel,
     sample: SequenceSample,
     top_k: int,
-    decoder: DecoderKind,
+    decoders: Sequence[DecoderSpec],
     batch_size: int,
     progress: bool,
-) -> AlignmentResult:
-    """The AlignmentResult of one model over its sampled sequences."""
+) -> list[AlignmentResult]:
+    """One AlignmentResult per decoder of one model over its sampled sequences (the states
+    of each batch computed once and read by every decoder)."""
     view = loaded.view
-    accumulator = AlignmentAccumulator(
-        num_layers=view.n_layers,
-        top_k=top_k,
-        decoder=decoder_of(view, decoder),
-        W_E=view.W_E.detach(),
-        W_U=view.W_U.detach(),
-    )
+    accumulators = [
+        AlignmentAccumulator(
+            num_layers=view.n_layers,
+            top_k=top_k,
+            decoder=spec.build(view),
+            W_E=view.W_E.detach(),
+            W_U=view.W_U.detach(),
+        )
+        for spec in decoders
+    ]
     for batch in each_batch(sample.sequences, batch_size, f"shift {loaded.name}", progress):
         with torch.inference_mode():
             batch = batch.to(view.W_E.device)
-            accumulator.update(residual_states(view, batch), batch)
-    return accumulator.result(loaded.name, sample=sample.rule)
+            states = residual_states(view, batch)
+            for accumulator in accumulators:
+                accumulator.update(states, batch)
+    return [accumulator.result(loaded.name, sample=sample.rule) for accumulator in accumulators]

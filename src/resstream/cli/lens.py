@@ -66,7 +66,9 @@ def lens(
     text_file: Annotated[Path | None, typer.Option(help="A UTF-8 file holding the text.")] = None,
     positions: Annotated[str | None, typer.Option(help="Token positions A:B (default: all).")] = None,
     top_k: Annotated[int, typer.Option(help="Decodings kept per cell (lens.json); tables show top-1.")] = 1,
-    decoder: Annotated[str, typer.Option(help="logit-lens or embedding.")] = "logit-lens",
+    decoder: Annotated[
+        str, typer.Option(help="logit-lens, embedding or tuned:DIR (a lens from `resstream tune-lens`).")
+    ] = "logit-lens",
     dtype: DtypeOption = "auto",
     device: DeviceOption = "auto",
     device_map: DeviceMapOption = None,

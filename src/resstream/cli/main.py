@@ -29,6 +29,7 @@ from resstream.cli import shift as shift_cmd
 from resstream.cli import simulate as simulate_cmd
 from resstream.cli import sweep as sweep_cmd
 from resstream.cli import train as train_cmd
+from resstream.cli import tune_lens as tune_lens_cmd
 from resstream.cli.entry import interrupted_exit
 from resstream.cli.flags import cli_message
 from resstream.cli.help import FlagsWithoutTypes, GroupWithoutFlagTypes
@@ -56,6 +57,7 @@ for module in (
     compare_cmd,
     shift_cmd,
     lens_cmd,
+    tune_lens_cmd,
     attribute_cmd,
     neurons_cmd,
     composition_cmd,

@@ -31,7 +31,13 @@ def shift(
     num_seqs: NumSeqsOption = 64,
     seq_len: Annotated[int | None, seq_len_option(128)] = None,
     top_k: Annotated[int, typer.Option(help="k of the top-k match rates.")] = 5,
-    decoder: Annotated[str, typer.Option(help="logit-lens or embedding.")] = "logit-lens",
+    decoder: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="logit-lens, embedding or tuned:DIR (a lens from `resstream tune-lens`); repeat it "
+            "to compare decoders on the same states.  [default: logit-lens]"
+        ),
+    ] = None,
     batch_size: BatchSizeOption = 8,
     seed: SampleSeedOption = 0,
     data_dir: DataDirOption = None,
@@ -47,14 +53,18 @@ def shift(
     from resstream.reporting.figures import model_file_stems
     from resstream.reporting.shift import (
         plot_comparison,
+        plot_decoders,
         plot_match_rates,
         plot_shift_depths,
         plot_similarity,
+        result_label,
         shift_csv,
     )
     from resstream.rundir import output_set
 
     specs = list(model) if model else [None]
+    decoders = list(decoder) if decoder else ["logit-lens"]
+    several = len(decoders) > 1
     with output_set(out, "shift") as outputs:
         report = resstream.shift(
             specs,
@@ -62,7 +72,7 @@ def shift(
             num_seqs=num_seqs,
             seq_len=seq_len,
             top_k=top_k,
-            decoder=decoder,
+            decoder=decoders,
             batch_size=batch_size,
             seed=seed,
             data_dir=data_dir,
@@ -74,14 +84,19 @@ def shift(
         )
         write_json(outputs / "shift.json", report.to_dict())
         write_text(outputs / "shift.csv", shift_csv(report.results))
-        for result, stem in zip(
-            report.results, model_file_stems([r.model for r in report.results]), strict=True
-        ):
+        labels = [result_label(r, several) for r in report.results]
+        for result, stem in zip(report.results, model_file_stems(labels), strict=True):
             plot_match_rates(result, outputs / f"match_rates_{stem}.png")
             plot_similarity(result, outputs / f"similarity_{stem}.png")
             plot_shift_depths(result, outputs / f"shift_depths_{stem}.png")
         if len(report.results) > 1:
             plot_comparison(report.results, outputs / "comparison.png")
+        if several:
+            per_model = [
+                report.results[i : i + len(decoders)] for i in range(0, len(report.results), len(decoders))
+            ]
+            for group, stem in zip(per_model, model_file_stems([g[0].model for g in per_model]), strict=True):
+                plot_decoders(group, outputs / f"decoders_{stem}.png")
         settings = {
             "command": "shift",
             "models": specs,
@@ -89,7 +104,7 @@ def shift(
             "num_seqs": num_seqs,
             "seq_len": report.seq_len,
             "top_k": top_k,
-            "decoder": decoder,
+            "decoder": decoders if several else decoders[0],
             "batch_size": batch_size,
             "dtype": dtype,
             "device_map": device_map,
@@ -107,10 +122,10 @@ def shift(
     for result in report.results:
         where = f"{result.shift_layer:.2f}" if result.shift_layer is not None else "never"
         typer.echo(
-            f"{result.model}: shift layer {where} of {result.num_layers} "
+            f"{result_label(result, several)}: shift layer {where} of {result.num_layers} "
             f"({result.num_tokens:,} positions, {result.sample})"
         )
-        if result.tied is False and decoder == "logit-lens":
+        if result.tied is False and result.decoder != "embedding":
             typer.echo(f"  {result.model} is untied: decoded with {result.decoding}")
     typer.echo(f"wrote shift.json, shift.csv, plots and run.json to {out}")
 

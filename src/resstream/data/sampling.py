@@ -34,6 +34,14 @@ from resstream.errors import UsageError
 BosPolicy = Literal["auto", "always", "never"]
 
 
+class CorpusTooSmall(UsageError):
+    """A corpus holding fewer windows than asked for; `available` says how many it has."""
+
+    def __init__(self, message: str, available: int) -> None:
+        super().__init__(message)
+        self.available = available
+
+
 @dataclass(frozen=True)
 class SequenceSample:
     """Token sequences for analysis, with how they were obtained."""
@@ -120,9 +128,10 @@ def sample_sequences(
         raise UsageError(f"`seq_len` {seq_len} is too short: at least {2 + int(add_bos)} tokens are needed")
     chosen, available = reservoir(windows(token_stream(documents, tokenizer), content), num_seqs, seed)
     if available < num_seqs:
-        raise UsageError(
+        raise CorpusTooSmall(
             f"`num_seqs` {num_seqs} is more than {corpus_name!r} holds: it has {available} "
-            f"non-overlapping sequences of {seq_len} tokens"
+            f"non-overlapping sequences of {seq_len} tokens",
+            available,
         )
     prefix = [tokenizer.bos_token_id] if add_bos else []
     sequences = tuple(torch.tensor(prefix + window, dtype=torch.long) for _, window in chosen)

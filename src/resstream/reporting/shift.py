@@ -2,8 +2,10 @@
 
 Plots: top-k match with the input and the next token against depth (95% CI bands, shift layer
 marked); cosine similarities and the input→output projection against depth; the distribution of
-per-token shift depths; and, with several models, one comparison on a relative-depth axis
-(layer / L) so models of different depth share an axis. Nothing here computes model outputs.
+per-token shift depths; with several models, one comparison on a relative-depth axis
+(layer / L) so models of different depth share an axis; with several decoders (logit lens and
+tuned lens), one figure per model with both decoders' match rates and shift layers. Nothing here
+computes model outputs.
 """
 
 from __future__ import annotations
@@ -111,16 +113,74 @@ def plot_shift_depths(result: AlignmentResult, path: str | Path) -> None:
     _save(fig, path)
 
 
+#: Line style of each decoder kind in the decoder comparison.
+DECODER_STYLES = {"logit-lens": "-", "tuned": "--", "embedding": ":"}
+
+
+def result_label(result: AlignmentResult, with_decoder: bool) -> str:
+    """How figures and printed lines name a result: the model, and its decoder when a run
+    used several."""
+    return f"{result.model} ({result.decoder})" if with_decoder else result.model
+
+
+def plot_decoders(results: Sequence[AlignmentResult], path: str | Path) -> None:
+    """One model's match rates with the input and the next token against depth under each
+    decoder (solid: logit lens, dashed: tuned lens), each decoder's shift layer marked."""
+    fig = new_figure(6.8, 4.2)
+    ax = fig.add_subplot()
+    for result in results:
+        style = DECODER_STYLES.get(result.decoder, "-.")
+        layers = list(result.layers)
+        ax.plot(
+            layers,
+            result.in_match,
+            style,
+            marker="o",
+            markersize=3,
+            color="tab:blue",
+            label=f"{INPUT_TOKEN} in top-{result.top_k}, {result.decoder}",
+        )
+        ax.plot(
+            layers,
+            result.out_match,
+            style,
+            marker="s",
+            markersize=3,
+            color="tab:green",
+            label=f"{NEXT_TOKEN} in top-{result.top_k}, {result.decoder}",
+        )
+        _band(ax, layers, result.in_match_ci, "tab:blue")
+        _band(ax, layers, result.out_match_ci, "tab:green")
+        if result.shift_layer is not None:
+            ax.axvline(
+                result.shift_layer,
+                color="grey",
+                linestyle=style,
+                label=f"shift layer {result.shift_layer:.2f} ({result.decoder})",
+            )
+    ax.set_xlabel("layer (0 = embedding)")
+    integer_ticks(ax.xaxis)
+    ax.set_ylabel("match rate (95% CI bands over sequences)")
+    ax.set_ylim(-0.02, 1.02)
+    first = results[0]
+    ax.set_title(f"{first.model}: the shift through each decoder, {first.num_tokens:,} tokens", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    _save(fig, path)
+
+
 def plot_comparison(results: Sequence[AlignmentResult], path: str | Path) -> None:
     """out_match − in_match of several models against relative depth (layer / L), each with
     a band from its two rates' 95% CIs (conservative: the CI of a difference of two rates
     measured on the same positions is at most the sum of their half-widths)."""
     fig = new_figure(6.4, 4.0)
     ax = fig.add_subplot()
+    with_decoder = len({r.decoder for r in results}) > 1
     for result in results:
         depth = [layer / result.num_layers for layer in result.layers]
         diff = [o - i for o, i in zip(result.out_match, result.in_match, strict=True)]
-        (line,) = ax.plot(depth, diff, "o-", markersize=3, label=f"{result.model} (L={result.num_layers})")
+        label = f"{result_label(result, with_decoder)} (L={result.num_layers})"
+        (line,) = ax.plot(depth, diff, "o-", markersize=3, label=label)
         half = [
             (o_hi - o_lo + i_hi - i_lo) / 2
             for (o_lo, o_hi), (i_lo, i_hi) in zip(result.out_match_ci, result.in_match_ci, strict=True)
@@ -152,6 +212,7 @@ def plot_comparison(results: Sequence[AlignmentResult], path: str | Path) -> Non
 
 CSV_COLUMNS = (
     "model",
+    "decoder",
     "layer",
     "relative_depth",
     "in_match",
@@ -168,7 +229,7 @@ CSV_COLUMNS = (
 
 
 def shift_csv(results: Sequence[AlignmentResult]) -> str:
-    """One row per model and layer."""
+    """One row per model, decoder and layer."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
@@ -177,6 +238,7 @@ def shift_csv(results: Sequence[AlignmentResult]) -> str:
             writer.writerow(
                 [
                     r.model,
+                    r.decoder,
                     layer,
                     layer / r.num_layers,
                     r.in_match[index],

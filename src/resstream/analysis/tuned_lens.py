@@ -1,0 +1,218 @@
+"""Tuned-lens translators: one learned affine map per layer, applied before the logit lens.
+
+A translator of layer l maps a residual state h_l to h_l + A_l h_l + b_l (A_l: d×d, b_l: d),
+after which the state is decoded like the logit lens: W_U · final_norm(·) (+ b_U, soft-capping
+where the model has it). A_l and b_l start at zero, so an untrained lens *is* the logit lens,
+bit for bit. Layers 0..L−1 have translators; the last state h_L is the model's own input to its
+unembedding and is decoded as it is (its translator is the identity).
+
+A lens belongs to one model: `model_signature` reads a few hundred weights of the model at
+fixed places (rounded to bfloat16, so a float32 and a bfloat16 load of the same checkpoint
+agree) and `TunedLens.check_model` refuses a lens loaded onto another model, naming both
+fingerprints. On disk a lens is a directory holding `translators.safetensors` (the stacked A
+and b) and `lens.json` (format, fingerprint, signature, model name, shapes and the training
+record).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from resstream.errors import UsageError
+from resstream.models.adapters.base import ModelView
+
+FORMAT = "resstream-tuned-lens/1"
+WEIGHTS_FILE = "translators.safetensors"
+META_FILE = "lens.json"
+#: Weights read from each parameter tensor for the model signature.
+SIGNATURE_SAMPLES = 4
+#: Relative tolerance when comparing signatures (bfloat16 has 8 significant bits).
+SIGNATURE_RTOL = 1.0 / 64
+
+
+class Translators(nn.Module):
+    """The affine translators of layers 0..L−1: `weight` (L, d, d) = A, `bias` (L, d) = b,
+    both zero at construction (module docstring). Kept in float32 whatever the model's dtype."""
+
+    def __init__(self, n_layers: int, d_model: int, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        if n_layers < 1 or d_model < 1:
+            raise ValueError(f"translators need n_layers >= 1 and d_model >= 1, got {n_layers}, {d_model}")
+        self.weight = nn.Parameter(torch.zeros(n_layers, d_model, d_model, device=device))
+        self.bias = nn.Parameter(torch.zeros(n_layers, d_model, device=device))
+
+    @property
+    def n_layers(self) -> int:
+        """L: the number of layers of the model (the translators cover 0..L−1)."""
+        return int(self.weight.shape[0])
+
+    @property
+    def d_model(self) -> int:
+        return int(self.weight.shape[1])
+
+    def translate(self, h: Tensor, layer: int) -> Tensor:
+        """h + A_layer h + b_layer for states h (..., d) of `layer` in 0..L (layer L: h itself),
+        computed in float32 and returned in h's dtype."""
+        if not 0 <= layer <= self.n_layers:
+            raise ValueError(f"layer {layer} is outside 0..{self.n_layers}")
+        if layer == self.n_layers:
+            return h
+        x = h.to(self.weight.device, torch.float32)
+        out = x + x @ self.weight[layer].T + self.bias[layer]
+        return out.to(h.dtype)
+
+    def translate_all(self, states: Tensor) -> Tensor:
+        """Translate stacked states (L', ..., d) of layers 0..L'−1 (L' ≤ L) in one batched
+        product, float32 out: the training path (`translate` is the reading path)."""
+        depth, shape = states.shape[0], states.shape
+        x = states.reshape(depth, -1, shape[-1]).float()
+        out = torch.baddbmm(self.bias[:depth, None, :], x, self.weight[:depth].transpose(1, 2)) + x
+        return out.reshape(shape)
+
+
+@dataclass(eq=False)
+class TunedLens:
+    """Translators for one model, with the model's fingerprint and how they were trained."""
+
+    translators: Translators
+    fingerprint: str
+    signature: tuple[float, ...]
+    model: str
+    record: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def zero(cls, view: ModelView, model: str) -> TunedLens:
+        """An untrained lens for `view` (every translator zero: the logit lens)."""
+        fingerprint, signature = model_signature(view)
+        return cls(Translators(view.n_layers, view.d_model, view.W_U.device), fingerprint, signature, model)
+
+    def check_model(self, view: ModelView, source: str = "the lens") -> None:
+        """UsageError unless `view` is the model this lens was trained on (shapes and weights)."""
+        fingerprint, signature = model_signature(view)
+        shape = (view.n_layers, view.d_model)
+        if shape != (self.translators.n_layers, self.translators.d_model) or not _same_signature(
+            signature, self.signature
+        ):
+            raise UsageError(
+                f"{source} was trained on another model: it expects fingerprint {self.fingerprint} "
+                f"({self.model}, {self.translators.n_layers} layers, d_model {self.translators.d_model}); "
+                f"this model has fingerprint {fingerprint} ({view.n_layers} layers, d_model {view.d_model})"
+            )
+
+    def save(self, directory: str | os.PathLike[str]) -> Path:
+        """Write `translators.safetensors` and `lens.json` into `directory` (created)."""
+        from safetensors.torch import save_file
+
+        from resstream.io import atomic_path, write_json
+
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        tensors = {
+            name: t.detach().float().cpu().contiguous() for name, t in self.translators.state_dict().items()
+        }
+        with atomic_path(out / WEIGHTS_FILE) as tmp:
+            save_file(tensors, str(tmp))
+        write_json(out / META_FILE, self.metadata())
+        return out
+
+    def metadata(self) -> dict[str, Any]:
+        """The content of lens.json."""
+        return {
+            "format": FORMAT,
+            "model": self.model,
+            "fingerprint": self.fingerprint,
+            "n_layers": self.translators.n_layers,
+            "d_model": self.translators.d_model,
+            "signature": list(self.signature),
+            "training": self.record,
+        }
+
+
+def load_lens(directory: str | os.PathLike[str]) -> TunedLens:
+    """The lens saved in `directory`; UsageError (one line) when it is missing or corrupt."""
+    path = Path(directory)
+    where = f"tuned lens {str(path)!r}"
+    if not path.is_dir():
+        raise UsageError(f"{where} does not exist (train one with `resstream tune-lens --out DIR`)")
+    for name in (META_FILE, WEIGHTS_FILE):
+        if not (path / name).is_file():
+            raise UsageError(
+                f"{where} holds no {name}: not a lens directory (written by `resstream tune-lens`)"
+            )
+    meta = _read_meta(path / META_FILE, where)
+    translators = Translators(meta["n_layers"], meta["d_model"])
+    translators.load_state_dict(_read_weights(path / WEIGHTS_FILE, meta, where))
+    signature = tuple(float(x) for x in meta["signature"])
+    return TunedLens(
+        translators, str(meta["fingerprint"]), signature, str(meta["model"]), meta.get("training", {})
+    )
+
+
+def _read_meta(path: Path, where: str) -> dict[str, Any]:
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{where}: {META_FILE} is not valid JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise UsageError(f"{where}: {META_FILE} has format {found!r}, expected {FORMAT!r}")
+    for key, kind in (("n_layers", int), ("d_model", int), ("fingerprint", str), ("signature", list)):
+        if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
+            raise UsageError(f"{where}: {META_FILE} lacks a valid {key!r}")
+    if meta["n_layers"] < 1 or meta["d_model"] < 1:
+        raise UsageError(f"{where}: {META_FILE} has n_layers {meta['n_layers']}, d_model {meta['d_model']}")
+    return meta
+
+
+def _read_weights(path: Path, meta: dict[str, Any], where: str) -> dict[str, Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise UsageError(f"{where}: {WEIGHTS_FILE} is corrupt ({exc})") from None
+    layers, d = meta["n_layers"], meta["d_model"]
+    want = {"weight": (layers, d, d), "bias": (layers, d)}
+    got = {name: tuple(t.shape) for name, t in tensors.items()}
+    if got != want:
+        raise UsageError(f"{where}: {WEIGHTS_FILE} holds {got}, expected {want} from {META_FILE}")
+    if not all(bool(torch.isfinite(t).all()) for t in tensors.values()):
+        raise UsageError(f"{where}: {WEIGHTS_FILE} holds non-finite values")
+    return {name: t.float() for name, t in tensors.items()}
+
+
+def model_signature(view: ModelView) -> tuple[str, tuple[float, ...]]:
+    """(fingerprint, signature) of a model: SIGNATURE_SAMPLES weights at fixed places of every
+    parameter tensor (by name), rounded to bfloat16; the fingerprint hashes them with the
+    family and the shapes. Meta-device parameters (not loaded) contribute their shapes only."""
+    values: list[float] = []
+    digest = hashlib.sha256(f"{view.family}|{view.n_layers}|{view.d_model}|{tuple(view.W_U.shape)}".encode())
+    with torch.no_grad():
+        for name, param in sorted(view.model.named_parameters(), key=lambda item: item[0]):
+            digest.update(f"{name}:{tuple(param.shape)}".encode())
+            if param.device.type == "meta" or param.numel() == 0:
+                continue
+            flat = param.detach().reshape(-1)
+            index = torch.linspace(0, flat.numel() - 1, SIGNATURE_SAMPLES).round().long().to(flat.device)
+            values.extend(flat[index].to(torch.bfloat16).float().cpu().tolist())
+    digest.update(json.dumps(values).encode())
+    return digest.hexdigest()[:16], tuple(values)
+
+
+def _same_signature(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    if len(a) != len(b):
+        return False
+    x, y = torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
+    return bool(torch.allclose(x, y, rtol=SIGNATURE_RTOL, atol=1e-6))
+
+
+__all__ = ["FORMAT", "Translators", "TunedLens", "load_lens", "model_signature"]

@@ -1,0 +1,349 @@
+"""`resstream.tune_lens(...)` and `resstream.evaluate_lens(...)`: train a tuned lens for a model
+and measure it against the logit lens on held-out text.
+
+Data: the corpus is cut into windows of `seq_len` tokens by the sampling rule every analysis
+uses (`resstream.data.sampling`); steps × k + `eval_seqs` windows are drawn with `seed` (k =
+sequences per step, enough for `tokens` training tokens in all) and split by a seeded
+permutation: the first `eval_seqs` are held out, the rest feed the steps in order, each window
+once. `evaluate_lens` on the lens's own training corpus rebuilds that split from the lens's
+training record and evaluates on the same held-out windows.
+
+Training: one forward pass per micro-batch of `batch_size` sequences captures h_0..h_L without
+gradients; `LensObjective.backward` adds every layer's KL gradient; one optimiser step per step
+(`LensOptimiser`: SGD, Nesterov momentum, linear decay).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tqdm.auto import tqdm
+
+from resstream.analysis.lens_training import LayerSums, LensEvaluation, LensObjective, LensOptimiser
+from resstream.analysis.tuned_lens import Translators, TunedLens, load_lens
+from resstream.api.inputs import CorpusRequest, LoadOptions, check_batch_size, each_model
+from resstream.capture import residual_states
+from resstream.data.sampling import CorpusTooSmall, SequenceSample
+from resstream.errors import RunError, UsageError
+from resstream.models import LoadedModel, ModelLike, ModelView
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+#: Defaults: the tuned-lens paper's 250 steps; tokens sized for a laptop (2 × 8 × 128 per step).
+DEFAULT_STEPS = 250
+DEFAULT_TOKENS = DEFAULT_STEPS * 2 * 8 * 128
+DEFAULT_EVAL_SEQS = 32
+DEFAULT_SEQ_LEN = 128
+
+
+@dataclass(frozen=True)
+class TuneLensReport:
+    """A trained lens, its held-out evaluation and its training curve (mean KL over layers
+    0..L−1 per step, in bits)."""
+
+    lens: TunedLens
+    evaluation: LensEvaluation
+    history: tuple[float, ...]
+    dataset_fingerprint: str | None
+
+    def __repr__(self) -> str:
+        ev = self.evaluation
+        logit = sum(ev.logit_kl[:-1]) / max(1, len(ev.layers) - 1)
+        tuned = sum(ev.tuned_kl[:-1]) / max(1, len(ev.layers) - 1)
+        return (
+            f"TuneLensReport({self.lens.model}: {len(self.history)} steps; held-out KL to the final "
+            f"distribution, mean over layers 0..{len(ev.layers) - 2}: logit lens {logit:.3f} bits, "
+            f"tuned lens {tuned:.3f} bits, on {ev.num_tokens:,} positions)"
+        )
+
+
+def tune_lens(
+    model: ModelLike = None,
+    *,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    dataset: str = "shakespeare",
+    tokens: int = DEFAULT_TOKENS,
+    steps: int = DEFAULT_STEPS,
+    seq_len: int | None = None,
+    batch_size: int = 8,
+    eval_seqs: int = DEFAULT_EVAL_SEQS,
+    optimiser: LensOptimiser | None = None,
+    seed: int = 0,
+    data_dir: str | os.PathLike[str] | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> TuneLensReport:
+    """Train one affine translator per layer of `model` (a spec or a model in memory with its
+    `tokenizer`, as for `resstream.shift`) on about `tokens` tokens of `dataset` in `steps`
+    optimiser steps, then evaluate it against the logit lens on `eval_seqs` held-out windows
+    (module docstring). `optimiser` defaults to the tuned-lens paper's recipe with `steps`.
+    Returns the lens (save it with `report.lens.save(dir)`), its evaluation and the curve.
+    """
+    check_positive("steps", steps)
+    check_positive("tokens", tokens)
+    check_positive("eval_seqs", eval_seqs)
+    check_batch_size(batch_size)
+    optimiser = replace(optimiser or LensOptimiser(), steps=steps)
+    options = LoadOptions(tokenizer, dtype, device, None, trust_remote_code, progress)
+    with closing(
+        _each_split(model, dataset, seq_len, seed, data_dir, options, tokens, steps, eval_seqs)
+    ) as each:
+        for loaded, split in each:
+            lens, history = _train(loaded, split, optimiser, batch_size, progress)
+            lens.record = _record(split, optimiser, batch_size, history)
+            evaluation = _evaluate(loaded.view, lens, split.held_out, batch_size, progress, split.rule)
+            return TuneLensReport(lens, evaluation, tuple(history), split.fingerprint)
+    raise AssertionError("no model was loaded")  # pragma: no cover - each_model yields one
+
+
+def evaluate_lens(
+    lens: TunedLens | str | os.PathLike[str],
+    model: ModelLike = None,
+    *,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    dataset: str | None = None,
+    eval_seqs: int | None = None,
+    seq_len: int | None = None,
+    batch_size: int = 8,
+    seed: int | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> LensEvaluation:
+    """Per-layer KL and cross-entropy of the logit lens and of `lens` (a directory or a loaded
+    lens) on held-out text of `model`. Arguments left None come from the lens's training record,
+    so by default the evaluation uses the very windows training held out; another dataset (or
+    another seq_len or seed) is sampled afresh with `eval_seqs` windows."""
+    lens = lens if isinstance(lens, TunedLens) else load_lens(lens)
+    trained = lens.record
+    same = dataset in (None, trained.get("dataset")) and seq_len in (None, trained.get("seq_len"))
+    same = same and seed in (None, trained.get("seed")) and eval_seqs in (None, trained.get("eval_seqs"))
+    options = LoadOptions(tokenizer, dtype, device, None, trust_remote_code, progress)
+    if same and "train_seqs" in trained:
+        split_args = (trained["dataset"], trained["seq_len"], trained["seed"], data_dir, options)
+        sizes = (trained["train_seqs"], trained["eval_seqs"])
+    else:
+        eval_seqs = eval_seqs or DEFAULT_EVAL_SEQS
+        check_positive("eval_seqs", eval_seqs)
+        split_args = (dataset or "shakespeare", seq_len, 0 if seed is None else seed, data_dir, options)
+        sizes = (0, eval_seqs)
+    with closing(_each_sample(model, *split_args, sizes, check=lens.check_model)) as each:
+        for loaded, split in each:
+            return _evaluate(loaded.view, lens, split.held_out, batch_size, progress, split.rule)
+    raise AssertionError("no model was loaded")  # pragma: no cover
+
+
+def check_positive(name: str, value: int) -> None:
+    """UsageError unless `value` is an integer ≥ 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"`{name}` {value!r} is not allowed; allowed: an integer >= 1")
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class Split:
+    """Training windows (in the order steps use them) and held-out windows of one sample."""
+
+    train: tuple[torch.Tensor, ...]
+    held_out: tuple[torch.Tensor, ...]
+    dataset: str
+    seq_len: int
+    seed: int
+    rule: str
+    fingerprint: str | None
+
+
+def _each_split(
+    model: ModelLike,
+    dataset: str,
+    seq_len: int | None,
+    seed: int,
+    data_dir: Any,
+    options: LoadOptions,
+    tokens: int,
+    steps: int,
+    eval_seqs: int,
+) -> Iterator[tuple[LoadedModel, Split]]:
+    """The model and its split for `tokens` training tokens in `steps` steps."""
+    length = seq_len or DEFAULT_SEQ_LEN
+    per_step = max(1, math.ceil(tokens / (steps * length)))
+    try:
+        yield from _each_sample(
+            model, dataset, seq_len, seed, data_dir, options, (steps * per_step, eval_seqs)
+        )
+    except CorpusTooSmall as exc:
+        needed = steps * per_step + eval_seqs
+        raise UsageError(
+            f"{dataset!r} is too small for `tokens` {tokens:,} in {steps} steps: that needs {needed:,} "
+            f"sequences of {length} tokens ({steps} × {per_step} for training + {eval_seqs} held out), "
+            f"and it holds {exc.available:,}; lower `tokens` or `eval_seqs`, or use a larger corpus"
+        ) from None
+
+
+def _each_sample(
+    model: ModelLike,
+    dataset: str,
+    seq_len: int | None,
+    seed: int,
+    data_dir: Any,
+    options: LoadOptions,
+    sizes: tuple[int, int],
+    check: Callable[[ModelView], None] | None = None,
+) -> Iterator[tuple[LoadedModel, Split]]:
+    """Load the model (passing `check`), draw train + held-out windows and split them."""
+    train_seqs, eval_seqs = sizes
+    corpus = CorpusRequest(dataset, train_seqs + eval_seqs, seq_len, seed, data_dir, DEFAULT_SEQ_LEN)
+    if corpus.pinned:
+        raise UsageError("tune-lens samples windows of a corpus; a .jsonl of token rows is not supported")
+    with closing(each_model(model, corpus, options, check=check)) as each:
+        for loaded, sample, fingerprint in each:
+            yield loaded, _split(sample, train_seqs, eval_seqs, dataset, seed, fingerprint)
+
+
+def _split(
+    sample: SequenceSample, train_seqs: int, eval_seqs: int, dataset: str, seed: int, fingerprint: str | None
+) -> Split:
+    """Permute the windows with `seed`: the first `eval_seqs` are held out, the rest train."""
+    order = torch.randperm(len(sample.sequences), generator=torch.Generator().manual_seed(seed)).tolist()
+    chosen = [sample.sequences[i] for i in order]
+    rule = f"{eval_seqs} held-out windows of {sample.rule}"
+    length = len(sample.sequences[0])
+    return Split(
+        tuple(chosen[eval_seqs:]), tuple(chosen[:eval_seqs]), dataset, length, seed, rule, fingerprint
+    )
+
+
+# --------------------------------------------------------------------------- training
+
+
+def _train(
+    loaded: LoadedModel, split: Split, optimiser: LensOptimiser, batch_size: int, progress: bool
+) -> tuple[TunedLens, list[float]]:
+    """The lens of `loaded` trained on the split's training windows, and the KL curve."""
+    view = loaded.view
+    lens = TunedLens.zero(view, loaded.name)
+    objective = LensObjective(view)
+    optim, schedule = optimiser.build(lens.translators)
+    per_step = len(split.train) // optimiser.steps
+    history: list[float] = []
+    with tqdm(
+        total=optimiser.steps, desc=f"tune-lens {loaded.name}", unit="step", disable=not progress
+    ) as bar:
+        for step in range(optimiser.steps):
+            windows = split.train[step * per_step : (step + 1) * per_step]
+            optim.zero_grad(set_to_none=False)
+            kl = _accumulate(view, objective, lens.translators, windows, batch_size)
+            _check_finite(kl, step)
+            optim.step()
+            schedule.step()
+            history.append(float(kl.mean()) / math.log(2))
+            bar.set_postfix(kl_bits=f"{history[-1]:.3f}")
+            bar.update()
+    return lens, history
+
+
+def _accumulate(
+    view: ModelView,
+    objective: LensObjective,
+    translators: Translators,
+    windows: Sequence[torch.Tensor],
+    batch_size: int,
+) -> torch.Tensor:
+    """Add one step's gradient; the step's mean KL per layer (L,) in nats."""
+    total = sum(len(w) for w in windows)
+    sums = torch.zeros(view.n_layers, dtype=torch.float64)
+    for batch in _batches(windows, batch_size):
+        states = _flat_states(view, batch)
+        sums += objective.backward(translators, states, total).cpu()
+    return sums / total
+
+
+def _check_finite(kl: torch.Tensor, step: int) -> None:
+    if not bool(torch.isfinite(kl).all()):
+        layer = int((~torch.isfinite(kl)).nonzero()[0])
+        raise RunError(
+            f"tune-lens diverged at step {step + 1}: the KL of layer {layer} is not finite; "
+            "try a lower learning rate (`--lr`)"
+        )
+
+
+def _batches(windows: Sequence[torch.Tensor], batch_size: int) -> Iterator[torch.Tensor]:
+    for start in range(0, len(windows), batch_size):
+        yield torch.stack(list(windows[start : start + batch_size]))
+
+
+def _flat_states(view: ModelView, batch: torch.Tensor, positions: slice = slice(None)) -> torch.Tensor:
+    """h_0..h_L of a batch, (L+1, batch·positions, d): one forward without gradients."""
+    with torch.inference_mode():
+        states = residual_states(view, batch.to(view.W_E.device))[:, :, positions]
+    return states.reshape(states.shape[0], -1, states.shape[-1])
+
+
+def _record(split: Split, optimiser: LensOptimiser, batch_size: int, history: list[float]) -> dict[str, Any]:
+    """The training record kept in lens.json (what `evaluate_lens` rebuilds the split from)."""
+    return {
+        "dataset": split.dataset,
+        "dataset_fingerprint": split.fingerprint,
+        "seq_len": split.seq_len,
+        "seed": split.seed,
+        "train_seqs": len(split.train),
+        "eval_seqs": len(split.held_out),
+        "sequences_per_step": len(split.train) // optimiser.steps,
+        "train_tokens": sum(len(w) for w in split.train),
+        "batch_size": batch_size,
+        "optimiser": {
+            "name": "SGD, Nesterov momentum, linear decay to 0",
+            "steps": optimiser.steps,
+            "lr": optimiser.lr,
+            "momentum": optimiser.momentum,
+            "weight_decay": optimiser.weight_decay,
+        },
+        "loss": "sum over layers 0..L-1 of the mean KL(final distribution || lens distribution)",
+        "kl_bits_per_step": [round(value, 6) for value in history],
+    }
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def _evaluate(
+    view: ModelView,
+    lens: TunedLens,
+    windows: Sequence[torch.Tensor],
+    batch_size: int,
+    progress: bool,
+    sample: str,
+) -> LensEvaluation:
+    """Logit lens and tuned lens side by side on `windows` (positions with a next token)."""
+    objective = LensObjective(view)
+    zero = Translators(view.n_layers, view.d_model, view.W_U.device)
+    lens.translators.to(view.W_U.device)
+    logit = tuned = None
+    batches = list(_batches(windows, batch_size))
+    for batch in tqdm(batches, desc="evaluate lens", unit="batch", disable=not progress):
+        states = _flat_states(view, batch, slice(0, -1))
+        targets = batch[:, 1:].reshape(-1)
+        logit = _add(logit, objective.measure(zero, states, targets))
+        tuned = _add(tuned, objective.measure(lens.translators, states, targets))
+    assert logit is not None and tuned is not None
+    return LensEvaluation.from_sums(lens.model, logit, tuned, sample)
+
+
+def _add(total: LayerSums | None, part: LayerSums) -> LayerSums:
+    return part if total is None else total + part
+
+
+__all__ = ["DEFAULT_STEPS", "DEFAULT_TOKENS", "TuneLensReport", "evaluate_lens", "tune_lens"]

@@ -1,0 +1,73 @@
+"""Render a tuned lens's evaluation (`LensEvaluation`) and training curve: CSV and plots.
+
+`plot_bits_per_layer` draws what the tuned-lens paper's "bits per layer" figure draws: per layer,
+the KL divergence (bits) from the model's final distribution of the logit lens and of the tuned
+lens on held-out text, and beside it their cross-entropy against the next token.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+from pathlib import Path
+
+from resstream.analysis.lens_training import LensEvaluation
+from resstream.reporting.figures import integer_ticks, new_figure, save_figure
+
+CSV_COLUMNS = (
+    "layer",
+    "logit_lens_kl_bits",
+    "tuned_lens_kl_bits",
+    "logit_lens_ce_bits",
+    "tuned_lens_ce_bits",
+)
+
+
+def evaluation_csv(evaluation: LensEvaluation) -> str:
+    """One row per layer 0..L."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    ev = evaluation
+    for i, layer in enumerate(ev.layers):
+        writer.writerow([layer, ev.logit_kl[i], ev.tuned_kl[i], ev.logit_ce[i], ev.tuned_ce[i]])
+    return buffer.getvalue()
+
+
+def plot_bits_per_layer(evaluation: LensEvaluation, path: str | Path) -> Path:
+    """KL to the final distribution and cross-entropy against the next token, per layer, of
+    the logit lens and the tuned lens (held-out positions)."""
+    ev = evaluation
+    fig = new_figure(10.0, 4.0)
+    panels = (
+        ("KL(final ‖ lens), bits", ev.logit_kl, ev.tuned_kl),
+        ("cross-entropy against the next token, bits", ev.logit_ce, ev.tuned_ce),
+    )
+    for index, (label, logit, tuned) in enumerate(panels, start=1):
+        ax = fig.add_subplot(1, 2, index)
+        ax.plot(ev.layers, logit, "o-", color="tab:orange", label="logit lens")
+        ax.plot(ev.layers, tuned, "s-", color="tab:blue", label="tuned lens")
+        ax.set_xlabel("layer (0 = embedding, L = the model's output)")
+        ax.set_ylabel(label)
+        integer_ticks(ax.xaxis)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{ev.model}: bits per layer on {ev.num_tokens:,} held-out positions", fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_training(history: Sequence[float], model: str, path: str | Path) -> Path:
+    """The training loss (mean KL over layers 0..L−1, bits) against the optimiser step."""
+    fig = new_figure(6.4, 3.6)
+    ax = fig.add_subplot()
+    ax.plot(range(1, len(history) + 1), history, color="tab:blue")
+    ax.set_xlabel("optimiser step")
+    ax.set_ylabel("training KL, bits (mean over layers)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{model}: tuned-lens training", fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return save_figure(fig, path)
