@@ -428,6 +428,25 @@ def _ranks(p: _Prediction) -> list[int]:
     return [int(r) for r in ranks[:, 0].tolist()]
 
 
+def decoder_trajectory(decoder: Decoder, states: Tensor, target: int) -> tuple[TrajectoryPoint, ...]:
+    """The target's probability, rank and log-probability at each block boundary, states
+    (L+1, d) = h_0..h_L (points L_in_0, L_out_0, ..., L_out_{L-1}), each decoded by the
+    decoder of its layer (`Decoder.at`: a tuned lens applies that layer's translator)."""
+    scorer = decoder.exact()
+    ids = torch.tensor([[target]], device=scorer.engine.device)
+    out = []
+    with torch.no_grad():
+        for layer in range(states.shape[0]):
+            h = states[layer : layer + 1]
+            at = scorer.at(layer)
+            logprob = float(torch.log_softmax(at.decoder.logits(h).double(), dim=-1)[0, target])
+            rank = int(at.ranks(h, ids)[0][0, 0])
+            name = point_name(2 * layer)
+            stage, index = name.split("_")[1], int(name.rsplit("_", 1)[1])
+            out.append(TrajectoryPoint(name, index, stage, math.exp(logprob), rank, logprob))
+    return tuple(out)
+
+
 def _trajectory(p: _Prediction) -> tuple[TrajectoryPoint, ...]:
     out = []
     for index, (logprob, rank) in enumerate(zip(p.point_lp.tolist(), _ranks(p), strict=True)):
@@ -566,6 +585,7 @@ __all__ = [
     "Readouts",
     "attribute_position",
     "bias_difference",
+    "decoder_trajectory",
     "direction",
     "query_contributions",
     "readouts",

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
-from resstream.analysis.attribution import Levels, attribute_position
+from resstream.analysis.attribution import Levels, attribute_position, decoder_trajectory
 from resstream.analysis.attribution_corpus import attribute_corpus
 from resstream.analysis.attribution_results import AttributeResult, CorpusAttribution
 from resstream.analysis.decoding import Decoder, decoder_of
 from resstream.analysis.neurons import added_values, promoted_tokens
+from resstream.api.decoders import DecoderLike, decoder_spec
 from resstream.api.inputs import (
     CorpusRequest,
     LoadOptions,
@@ -65,6 +66,7 @@ def attribute(
     top: int = 20,
     sources: bool | None = None,
     neurons: bool = True,
+    decoder: DecoderLike = "logit-lens",
     dataset: str | None = None,
     num_seqs: int | None = None,
     seq_len: int | None = None,
@@ -84,7 +86,9 @@ def attribute(
     string that must be exactly one token (or `target_id`; default: the model's top
     prediction at the position), `foil` an optional second token for a target − foil logit
     difference; `top` items kept per list; `sources`/`neurons` switch the attention-source and
-    neuron levels off (both on by default). Returns an `AttributeResult`.
+    neuron levels off (both on by default). Every score decodes through the logit lens;
+    `decoder` "tuned:DIR" (or a loaded lens) adds `tuned_trajectory`, the target at each block
+    boundary through that tuned lens. Returns an `AttributeResult`.
 
     Corpus (`dataset` given instead of a text): `num_seqs` windows (default 16) of `seq_len`
     tokens (default 64, clipped to the model's context) sampled with `seed`; neurons' exact C
@@ -101,7 +105,14 @@ def attribute(
         raise UsageError(
             "`device_map` is not supported by attribute yet (its read-outs assume one device); use `device`"
         )
+    spec = decoder_spec(decoder)
+    if spec.kind == "embedding":
+        raise UsageError(
+            "attribute decodes through the logit lens; `decoder` may add a tuned lens (tuned:DIR)"
+        )
     if dataset is not None:
+        if spec.lens is not None:
+            raise UsageError("`decoder` tuned:DIR applies to one text, not to corpus mode (`dataset`)")
         if text is not None or text_file is not None:
             raise UsageError("give a text (`text`/`text_file`) or a `dataset`, not both")
         _refuse_other_mode(
@@ -139,6 +150,7 @@ def attribute(
     options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
     with one_model(model, options) as loaded:
         view = loaded.view
+        spec.check(view)
         decoder = decoder_of(view)
         ids = encode_text(loaded.tokenizer, text, view)
         where = position_in(position, ids.shape[1])
@@ -149,7 +161,7 @@ def attribute(
         def name(token: int) -> str:
             return token_text(loaded.tokenizer, token)
 
-        return attribute_position(
+        result = attribute_position(
             view,
             internals,
             decoder,
@@ -161,6 +173,13 @@ def attribute(
             promoted=_promoted(view, decoder, name),
             model=loaded.name,
         )
+        if spec.lens is None:
+            return result
+        tuned = spec.build(view)
+        boundaries = [internals.blocks[0].block_input] + [block.block_output for block in internals.blocks]
+        states = torch.stack([h[0, where] for h in boundaries])
+        trajectory = decoder_trajectory(tuned, states, chosen)
+        return replace(result, tuned_trajectory=trajectory, tuned_decoding=tuned.description)
 
 
 @dataclass(frozen=True)

@@ -229,46 +229,53 @@ def _split(
 # --------------------------------------------------------------------------- training
 
 
+class LensTrainer:
+    """One model's lens and its optimiser: `step(windows)` is one optimiser step on a list of
+    token windows (micro-batches of `batch_size` sequences, one forward each)."""
+
+    def __init__(
+        self, view: ModelView, lens: TunedLens, optimiser: LensOptimiser, batch_size: int = 8
+    ) -> None:
+        self.view = view
+        self.lens = lens
+        self.objective = LensObjective(view)
+        self.optimiser = optimiser
+        self.optim, self.schedule = optimiser.build(lens.translators)
+        self.batch_size = batch_size
+        self.steps_done = 0
+
+    def step(self, windows: Sequence[torch.Tensor]) -> torch.Tensor:
+        """One optimiser step; the step's mean KL per layer (L,) in nats (before the step)."""
+        self.optim.zero_grad(set_to_none=False)
+        total = sum(len(w) for w in windows)
+        sums = torch.zeros(self.view.n_layers, dtype=torch.float64)
+        for batch in _batches(windows, self.batch_size):
+            states = _flat_states(self.view, batch)
+            sums += self.objective.backward(self.lens.translators, states, total).cpu()
+        kl = sums / total
+        _check_finite(kl, self.steps_done)
+        self.optimiser.clip(self.lens.translators)
+        self.optim.step()
+        self.schedule.step()
+        self.steps_done += 1
+        return kl
+
+
 def _train(
     loaded: LoadedModel, split: Split, optimiser: LensOptimiser, batch_size: int, progress: bool
 ) -> tuple[TunedLens, list[float]]:
     """The lens of `loaded` trained on the split's training windows, and the KL curve."""
-    view = loaded.view
-    lens = TunedLens.zero(view, loaded.name)
-    objective = LensObjective(view)
-    optim, schedule = optimiser.build(lens.translators)
+    trainer = LensTrainer(loaded.view, TunedLens.zero(loaded.view, loaded.name), optimiser, batch_size)
     per_step = len(split.train) // optimiser.steps
     history: list[float] = []
-    with tqdm(
-        total=optimiser.steps, desc=f"tune-lens {loaded.name}", unit="step", disable=not progress
-    ) as bar:
+    desc = f"tune-lens {loaded.name}"
+    with tqdm(total=optimiser.steps, desc=desc, unit="step", disable=not progress) as bar:
         for step in range(optimiser.steps):
-            windows = split.train[step * per_step : (step + 1) * per_step]
-            optim.zero_grad(set_to_none=False)
-            kl = _accumulate(view, objective, lens.translators, windows, batch_size)
-            _check_finite(kl, step)
-            optim.step()
-            schedule.step()
+            kl = trainer.step(split.train[step * per_step : (step + 1) * per_step])
             history.append(float(kl.mean()) / math.log(2))
             bar.set_postfix(kl_bits=f"{history[-1]:.3f}")
             bar.update()
-    return lens, history
-
-
-def _accumulate(
-    view: ModelView,
-    objective: LensObjective,
-    translators: Translators,
-    windows: Sequence[torch.Tensor],
-    batch_size: int,
-) -> torch.Tensor:
-    """Add one step's gradient; the step's mean KL per layer (L,) in nats."""
-    total = sum(len(w) for w in windows)
-    sums = torch.zeros(view.n_layers, dtype=torch.float64)
-    for batch in _batches(windows, batch_size):
-        states = _flat_states(view, batch)
-        sums += objective.backward(translators, states, total).cpu()
-    return sums / total
+    return trainer.lens, history
 
 
 def _check_finite(kl: torch.Tensor, step: int) -> None:
@@ -310,6 +317,7 @@ def _record(split: Split, optimiser: LensOptimiser, batch_size: int, history: li
             "lr": optimiser.lr,
             "momentum": optimiser.momentum,
             "weight_decay": optimiser.weight_decay,
+            "max_grad_norm": optimiser.max_grad_norm,
         },
         "loss": "sum over layers 0..L-1 of the mean KL(final distribution || lens distribution)",
         "kl_bits_per_step": [round(value, 6) for value in history],
@@ -346,4 +354,4 @@ def _add(total: LayerSums | None, part: LayerSums) -> LayerSums:
     return part if total is None else total + part
 
 
-__all__ = ["DEFAULT_STEPS", "DEFAULT_TOKENS", "TuneLensReport", "evaluate_lens", "tune_lens"]
+__all__ = ["DEFAULT_STEPS", "DEFAULT_TOKENS", "LensTrainer", "TuneLensReport", "evaluate_lens", "tune_lens"]

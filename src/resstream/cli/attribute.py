@@ -46,6 +46,12 @@ def attribute(
         bool, typer.Option("--no-sources", help="Skip splitting heads into source positions.")
     ] = False,
     no_neurons: Annotated[bool, typer.Option("--no-neurons", help="Skip the per-neuron scores.")] = False,
+    decoder: Annotated[
+        str,
+        typer.Option(
+            help="logit-lens (every score), or tuned:DIR to add the target's trajectory through a tuned lens."
+        ),
+    ] = "logit-lens",
     dataset: Annotated[
         str | None,
         typer.Option(help="Corpus mode: a named corpus or .txt/.jsonl path; every next token is a target."),
@@ -93,6 +99,7 @@ def attribute(
             top=top,
             sources=False if no_sources else None,
             neurons=not no_neurons,
+            decoder=decoder,
             dataset=dataset,
             num_seqs=num_seqs,
             seq_len=seq_len,
@@ -118,6 +125,7 @@ def attribute(
             "top": top,
             "sources": None if dataset else not no_sources,
             "neurons": not no_neurons,
+            "decoder": decoder,
             "dataset": dataset,
             "num_seqs": result.num_seqs if dataset else None,
             "seq_len": result.seq_len if dataset else None,

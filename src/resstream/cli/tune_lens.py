@@ -47,7 +47,9 @@ def tune_lens(
     ] = DEFAULT_STEPS,
     seq_len: Annotated[int | None, seq_len_option(128)] = None,
     eval_seqs: Annotated[int, typer.Option(help="Held-out sequences for the evaluation.")] = 32,
-    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 1.0,
+    lr: Annotated[
+        float, typer.Option(help="Peak learning rate (SGD; the tuned-lens recipe's 1.0 × (1 − 0.9)).")
+    ] = 0.1,
     batch_size: BatchSizeOption = 8,
     seed: SampleSeedOption = 0,
     evaluate: Annotated[

@@ -77,7 +77,8 @@ Result = AttributeResult | CorpusAttribution
 Directory = str | os.PathLike[str] | OutputSet
 
 HTML_FILE = "attribute.html"
-#: Every file `write_attribute_report` writes for one text (linearity.* only with a check).
+#: Every file `write_attribute_report` writes for one text (linearity.* only with a check,
+#: tuned_trajectory.csv only with a tuned lens).
 SINGLE_FILES = (
     "layers.csv",
     "heads.csv",
@@ -86,6 +87,7 @@ SINGLE_FILES = (
     "trajectory.csv",
     "query_contributions.csv",
     "linearity.csv",
+    "tuned_trajectory.csv",
     "layers.png",
     "heads.png",
     "trajectory.png",
@@ -201,7 +203,15 @@ def attribute_tables(result: Result) -> list[Table]:
         _table("trajectory", result.trajectory, _field_names(TrajectoryPoint)),
         _query_table(result),
         *_linearity_table(result),
+        *_tuned_table(result),
     ]
+
+
+def _tuned_table(result: AttributeResult) -> list[Table]:
+    """The target through a tuned lens at each block boundary, when one was given."""
+    if not result.tuned_trajectory:
+        return []
+    return [_table("tuned_trajectory", result.tuned_trajectory, _field_names(TrajectoryPoint))]
 
 
 def _path(directory: Directory, name: str) -> Path:
@@ -443,11 +453,22 @@ def trajectory_figure(result: AttributeResult) -> Figure:
     fig = new_figure(min(MAX_WIDTH, max(6.4, 2.0 + 0.28 * len(points))), 5.6)
     fig.set_layout_engine("constrained")
     top, bottom = fig.subplots(2, 1, sharex=True)
-    top.plot(x, [p.probability for p in points], "o-", color="tab:green", markersize=4)
+    top.plot(x, [p.probability for p in points], "o-", color="tab:green", markersize=4, label="logit lens")
     top.set_ylim(-0.03, 1.03)
     top.set_ylabel("probability of the target")
     ranks = [p.rank + 1 for p in points]
-    bottom.plot(x, ranks, "o-", color="tab:purple", markersize=4)
+    bottom.plot(x, ranks, "o-", color="tab:purple", markersize=4, label="logit lens")
+    tuned = result.tuned_trajectory
+    if tuned:
+        at = [index for index, p in enumerate(points) if p.stage != "res"]  # the block boundaries
+        top.plot(
+            at, [p.probability for p in tuned], "s--", color="tab:blue", markersize=4, label="tuned lens"
+        )
+        bottom.plot(
+            at, [p.rank + 1 for p in tuned], "s--", color="tab:blue", markersize=4, label="tuned lens"
+        )
+        ranks += [p.rank + 1 for p in tuned]
+        top.legend(fontsize=8, loc="best")
     bottom.set_yscale("log")
     bottom.set_ylim(max(10.0, 2.0 * max(ranks)), 0.7)  # inverted: climbing towards top-1 goes up
     bottom.axhline(1, color="grey", linestyle=":", linewidth=1)
@@ -599,7 +620,8 @@ CAPTIONS = {
     "white is no effect; each panel has its own symmetric scale.",
     "trajectory.png": "The target's probability (top) and rank (bottom, log axis, top-1 at the top) at every "
     "residual point: the rank can climb while the probability stays near 0 (silent) before the "
-    "probability jumps (loud); the dashed line marks where it first becomes top-1.",
+    "probability jumps (loud); the dashed line marks where it first becomes top-1. With a tuned lens, its "
+    "reading at each block boundary is drawn dashed in blue.",
     "linearity.png": "Is C additive? Against n, the number of the layer's top neurons by C taken together: "
     "C of their summed value vectors (purple, left axis) and the sum of their single C (green, right "
     "axis); the two coincide only if C is additive. The axes have their own scales unless the two "
@@ -613,6 +635,8 @@ CAPTIONS = {
     "neurons": "The neurons with the largest |C|: coefficient m, C, DLA and the tokens their value vector "
     "promotes most.",
     "trajectory": "The target at every residual point: probability, rank (0 = top-1) and log-probability.",
+    "tuned_trajectory": "The target at every block boundary through the tuned lens (each layer's affine "
+    "translator, then the logit lens): probability, rank and log-probability.",
     "query_contributions": "Which lower vectors switch an upper neuron on: its pre-activation = Σ shares + "
     "constant (MLP input norm frozen at the actual stream); the largest shares, residual = the check.",
     "linearity": "The linearity check's numbers: n, C of the sum of the top n neurons, sum of their C.",
