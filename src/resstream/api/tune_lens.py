@@ -27,7 +27,14 @@ from tqdm.auto import tqdm
 
 from resstream.analysis.lens_training import LayerSums, LensEvaluation, LensObjective, LensOptimiser
 from resstream.analysis.tuned_lens import Translators, TunedLens, load_lens
-from resstream.api.inputs import CorpusRequest, LoadOptions, check_batch_size, each_model
+from resstream.api.inputs import (
+    CorpusRequest,
+    LoadOptions,
+    check_batch_size,
+    checked_models,
+    each_model,
+    settled_seq_len,
+)
 from resstream.capture import residual_states
 from resstream.data.sampling import CorpusTooSmall, SequenceSample
 from resstream.errors import RunError, UsageError
@@ -177,8 +184,10 @@ def _each_split(
     steps: int,
     eval_seqs: int,
 ) -> Iterator[tuple[LoadedModel, Split]]:
-    """The model and its split for `tokens` training tokens in `steps` steps."""
-    length = seq_len or DEFAULT_SEQ_LEN
+    """The model and its split for `tokens` training tokens in `steps` steps (the window
+    length settled first, so a model with a shorter context still gets `tokens` tokens)."""
+    request = CorpusRequest(dataset, 1, seq_len, seed, data_dir, DEFAULT_SEQ_LEN)
+    length = seq_len = settled_seq_len(request, checked_models(model, options))
     per_step = max(1, math.ceil(tokens / (steps * length)))
     try:
         yield from _each_sample(
