@@ -60,14 +60,17 @@ def time_lens_step(trainer, tokens: torch.Tensor) -> float:
     return time.perf_counter() - start
 
 
-def time_package(python: str, batch: int, seq_len: int) -> float | None:
+def time_package(python: str, batch: int, seq_len: int, autocast: bool) -> float | None:
     """Seconds per optimiser step of the tuned-lens package (one timed step after a warm-up
-    step, in a fresh process); None if it failed."""
+    step, in a fresh process; `autocast` False: its bf16 autocast off); None if it failed."""
     with tempfile.TemporaryDirectory() as tmp:
         summary = Path(tmp) / "summary.json"
         command = [python, str(HERE / "tuned_lens_package.py"), "--batch", str(batch), "--seq", str(seq_len)]
         command += ["--steps", "1", "--warmup", "1", "--json", str(summary)]
-        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"})
+        command += [] if autocast else ["--no-autocast"]
+        done = subprocess.run(
+            command, capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"}
+        )
         if done.returncode != 0 or not summary.is_file():
             print(f"tuned-lens package run failed ({done.returncode}): {done.stderr.strip()[-400:]}")
             return None
@@ -93,7 +96,9 @@ def tokenizer_for(vocab: int):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batch", type=int, default=8, help="sequences per optimiser step")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
@@ -114,24 +119,33 @@ def main() -> None:
     trainer = LensTrainer(view, lens, LensOptimiser(steps=1000), batch_size=args.batch)
     time_forward(model, tokens)  # warm-up
     time_lens_step(trainer, tokens)
-    forward, ours, package = [], [], []
+    forward, ours = [], []
+    package: dict[str, list[float]] = {"fp32": [], "bf16 autocast (as shipped)": []}
     for round_ in range(args.rounds):
         forward.append(time_forward(model, tokens))
         ours.append(time_lens_step(trainer, tokens))
+        line = f"round {round_ + 1}: forward {forward[-1]:.2f} s, resstream step {ours[-1]:.2f} s"
         if args.tuned_lens_python:
-            seconds = time_package(args.tuned_lens_python, args.batch, args.seq_len)
-            if seconds is not None:
-                package.append(seconds)
-        print(f"round {round_ + 1}: forward {forward[-1]:.2f} s, resstream step {ours[-1]:.2f} s"
-              + (f", tuned-lens package step {package[-1]:.2f} s" if package else ""), flush=True)
+            for mode, times in package.items():
+                seconds = time_package(args.tuned_lens_python, args.batch, args.seq_len, mode != "fp32")
+                if seconds is not None:
+                    times.append(seconds)
+                    line += f", package {mode} {seconds:.2f} s"
+        print(line, flush=True)
     f, o = statistics.median(forward), statistics.median(ours)
-    print(f"\n{n_tokens:,} tokens per step (batch {args.batch} × {args.seq_len}), medians of {args.rounds} rounds")
-    print(f"plain forward      {n_tokens / f:>9,.0f} tokens/s")
-    print(f"resstream tune-lens {n_tokens / o:>8,.0f} tokens/s  ({o / f:.2f}× a forward)")
-    if package:
-        p = statistics.median(package)
-        print(f"tuned-lens package {n_tokens / p:>9,.0f} tokens/s  ({p / f:.2f}× a forward)")
-        print(f"resstream / package tokens/s: {p / o:.2f}×")
+    print(
+        f"\n{n_tokens:,} tokens per step (batch {args.batch} × {args.seq_len}), "
+        f"medians of {args.rounds} rounds"
+    )
+    print(f"plain forward                 {n_tokens / f:>8,.0f} tokens/s")
+    print(f"resstream tune-lens           {n_tokens / o:>8,.0f} tokens/s  ({o / f:.2f}× a forward)")
+    for mode, times in package.items():
+        if times:
+            p = statistics.median(times)
+            print(
+                f"tuned-lens package, {mode:<10} {n_tokens / p:>8,.0f} tokens/s  ({p / f:.2f}× a forward; "
+                f"resstream {p / o:.2f}× its tokens/s)"
+            )
 
     shift_ratio(model, view, lens, args)
 
