@@ -285,22 +285,23 @@ def test_the_same_lens_given_twice(second, trained, tmp_path, plays, capsys) -> 
     expect_usage_error(shift_args(plays, *decoders), tmp_path / "out", capsys, "given twice")
 
 
-@pytest.mark.parametrize(
-    ("args", "patterns"),
-    [
-        (["--steps", "0"], ["--steps 0 is not allowed", ">= 1"]),
-        (["--steps", "-2"], ["--steps -2 is not allowed"]),
-        (["--tokens", "0"], ["--tokens 0 is not allowed", ">= 1"]),
-        (["--eval-seqs", "0"], ["--eval-seqs 0 is not allowed"]),
-        (
-            ["--tokens", "1000000"],
-            ["is too small for --tokens 1,000,000 in 3 steps", "it holds 315", "lower --tokens"],
-        ),
-        (["--lr", "0"], ["--lr", "0"]),
-        (["--lr", "-1"], ["--lr", "-1"]),
-        (["--lr", "nan"], ["--lr", "nan"]),
-    ],
-)
+#: tune-lens options that are bad input, and what the one-line message must say.
+BAD_TRAINING = [
+    (["--steps", "0"], ["--steps 0 is not allowed", ">= 1"]),
+    (["--steps", "-2"], ["--steps -2 is not allowed"]),
+    (["--tokens", "0"], ["--tokens 0 is not allowed", ">= 1"]),
+    (["--eval-seqs", "0"], ["--eval-seqs 0 is not allowed"]),
+    (
+        ["--tokens", "1000000"],
+        ["is too small for --tokens 1,000,000 in 3 steps", "and it holds", "lower --tokens"],
+    ),
+    (["--lr", "0"], ["--lr", "0"]),
+    (["--lr", "-1"], ["--lr", "-1"]),
+    (["--lr", "nan"], ["--lr", "nan"]),
+]
+
+
+@pytest.mark.parametrize(("args", "patterns"), BAD_TRAINING, ids=[" ".join(args) for args, _ in BAD_TRAINING])
 def test_bad_training_options(args, patterns, tmp_path, plays, capsys) -> None:
     options = ["--tokens", "768", "--steps", "3", "--seq-len", "32", "--eval-seqs", "4", *LR]
     expect_usage_error(
