@@ -252,6 +252,11 @@ def _bad(tmp_path: Path, capsys, args: list[str], *patterns: str, out: Path | No
         (["--text", TEXT, "--top-k", "0"], ["--top-k 0", "[1, 4096]"]),
         (["--text", TEXT, "--top-k", "4097"], ["--top-k 4097", "[1, 4096]"]),
         (["--text", TEXT, "--decoder", "tuned"], ["'tuned'", "logit-lens", "embedding"]),
+        (["--text", TEXT, "--decoder", "tuned:"], ["'tuned' needs its lens directory: tuned:DIR"]),
+        (
+            ["--text", TEXT, "--decoder", "bogus"],
+            ["unknown decoder 'bogus'", "logit-lens, embedding, tuned:DIR"],
+        ),
         (["--text", " ".join(["residual"] * 200)], ["128"]),  # longer than the context
     ],
 )
