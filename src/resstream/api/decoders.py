@@ -66,10 +66,15 @@ def decoder_specs(specs: DecoderLike | Sequence[DecoderLike]) -> tuple[DecoderSp
     if not items:
         raise UsageError(f"no decoder given; allowed: {', '.join(SPELLINGS)}")
     parsed = tuple(decoder_spec(item) for item in items)
-    sources = [spec.source for spec in parsed]
-    repeated = sorted({source for source in sources if sources.count(source) > 1})
+    kinds = [spec.kind for spec in parsed]
+    repeated = sorted({kind for kind in kinds if kinds.count(kind) > 1})
     if repeated:
-        raise UsageError(f"decoder {repeated[0]!r} is given twice; give each decoder once")
+        given = [spec.source for spec in parsed if spec.kind == repeated[0]]
+        times = "twice" if len(given) == 2 else f"{len(given)} times"
+        raise UsageError(
+            f"decoder {repeated[0]!r} is given {times} ({', '.join(given)}); give each kind once "
+            "(compare two tuned lenses in two runs)"
+        )
     return parsed
 
 

@@ -100,6 +100,7 @@ def tune_lens(
     check_positive("eval_seqs", eval_seqs)
     check_batch_size(batch_size)
     optimiser = replace(optimiser or LensOptimiser(), steps=steps)
+    check_learning_rate(optimiser.lr)
     options = LoadOptions(tokenizer, dtype, device, None, trust_remote_code, progress)
     with closing(
         _each_split(model, dataset, seq_len, seed, data_dir, options, tokens, steps, eval_seqs)
@@ -129,25 +130,38 @@ def evaluate_lens(
     progress: bool = True,
 ) -> LensEvaluation:
     """Per-layer KL and cross-entropy of the logit lens and of `lens` (a directory or a loaded
-    lens) on held-out text of `model`. Arguments left None come from the lens's training record,
-    so by default the evaluation uses the very windows training held out; another dataset (or
-    another seq_len or seed) is sampled afresh with `eval_seqs` windows."""
+    lens) on held-out text of `model`. `dataset`, `seq_len` and `seed` left None come from the
+    lens's training record. When all three are the training run's, the evaluation uses the
+    windows training held out (the first `eval_seqs` of them, default all); otherwise
+    `eval_seqs` windows (default 32) are sampled afresh."""
     lens = lens if isinstance(lens, TunedLens) else load_lens(lens)
     trained = lens.record
-    same = dataset in (None, trained.get("dataset")) and seq_len in (None, trained.get("seq_len"))
-    same = same and seed in (None, trained.get("seed")) and eval_seqs in (None, trained.get("eval_seqs"))
-    options = LoadOptions(tokenizer, dtype, device, None, trust_remote_code, progress)
-    if same and "train_seqs" in trained:
-        split_args = (trained["dataset"], trained["seq_len"], trained["seed"], data_dir, options)
-        sizes = (trained["train_seqs"], trained["eval_seqs"])
-    else:
-        eval_seqs = eval_seqs or DEFAULT_EVAL_SEQS
+    dataset = dataset or trained.get("dataset") or "shakespeare"
+    seq_len = seq_len or trained.get("seq_len")
+    seed = trained.get("seed", 0) if seed is None else seed
+    if eval_seqs is not None:
         check_positive("eval_seqs", eval_seqs)
-        split_args = (dataset or "shakespeare", seq_len, 0 if seed is None else seed, data_dir, options)
-        sizes = (0, eval_seqs)
+    options = LoadOptions(tokenizer, dtype, device, None, trust_remote_code, progress)
+    same = "train_seqs" in trained and (dataset, seq_len, seed) == tuple(
+        trained.get(k) for k in ("dataset", "seq_len", "seed")
+    )
+    if same:
+        held_out = trained["eval_seqs"]
+        if eval_seqs is not None and eval_seqs > held_out:
+            raise UsageError(
+                f"`eval_seqs` {eval_seqs} is more than the {held_out} windows the lens's training held out "
+                "of this corpus; ask for at most that many, or give another `dataset`, `seq_len` or `seed`"
+            )
+        sizes, keep = (trained["train_seqs"], held_out), eval_seqs or held_out
+    else:
+        sizes = (0, eval_seqs or DEFAULT_EVAL_SEQS)
+        keep = sizes[1]
+    split_args = (dataset, seq_len, seed, data_dir, options)
     with closing(_each_sample(model, *split_args, sizes, check=lens.check_model)) as each:
         for loaded, split in each:
-            return _evaluate(loaded.view, lens, split.held_out, batch_size, progress, split.rule)
+            windows = split.held_out[:keep]
+            rule = split.rule if keep == len(split.held_out) else f"the first {keep} of {split.rule}"
+            return _evaluate(loaded.view, lens, windows, batch_size, progress, rule)
     raise AssertionError("no model was loaded")  # pragma: no cover
 
 
@@ -155,6 +169,17 @@ def check_positive(name: str, value: int) -> None:
     """UsageError unless `value` is an integer ≥ 1."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UsageError(f"`{name}` {value!r} is not allowed; allowed: an integer >= 1")
+
+
+def check_learning_rate(value: float) -> None:
+    """UsageError unless `value` is a finite number > 0."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise UsageError(f"`lr` {value!r} is not allowed; allowed: a finite number > 0")
 
 
 # --------------------------------------------------------------------------- data
@@ -228,7 +253,7 @@ def _split(
     """Permute the windows with `seed`: the first `eval_seqs` are held out, the rest train."""
     order = torch.randperm(len(sample.sequences), generator=torch.Generator().manual_seed(seed)).tolist()
     chosen = [sample.sequences[i] for i in order]
-    rule = f"{eval_seqs} held-out windows of {sample.rule}"
+    rule = f"{eval_seqs} held-out windows, split with seed {seed} from {sample.rule}"
     length = len(sample.sequences[0])
     return Split(
         tuple(chosen[eval_seqs:]), tuple(chosen[:eval_seqs]), dataset, length, seed, rule, fingerprint

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 #: The API's defaults (`resstream.api.tune_lens`; a test checks they agree).
 DEFAULT_STEPS = 250
 DEFAULT_TOKENS = DEFAULT_STEPS * 2 * 8 * 128
+DEFAULT_EVAL_SEQS = 32
 
 
 def tune_lens(
@@ -46,7 +47,12 @@ def tune_lens(
         int, typer.Option(help="Optimiser steps (SGD, Nesterov momentum, linear decay).")
     ] = DEFAULT_STEPS,
     seq_len: Annotated[int | None, seq_len_option(128)] = None,
-    eval_seqs: Annotated[int, typer.Option(help="Held-out sequences for the evaluation.")] = 32,
+    eval_seqs: Annotated[
+        int | None,
+        typer.Option(
+            help="Held-out sequences for the evaluation \\[default: 32; with --eval: all the lens held out]."
+        ),
+    ] = None,
     lr: Annotated[
         float, typer.Option(help="Peak learning rate (SGD; the tuned-lens recipe's 1.0 × (1 − 0.9)).")
     ] = 0.1,
@@ -77,6 +83,7 @@ def tune_lens(
                 lens,
                 model,
                 dataset=dataset,
+                eval_seqs=eval_seqs,
                 seq_len=seq_len,
                 batch_size=batch_size,
                 data_dir=data_dir,
@@ -85,7 +92,7 @@ def tune_lens(
                 trust_remote_code=trust_remote_code,
                 progress=not quiet,
             )
-            fingerprint = lens.record.get("dataset_fingerprint")
+            fingerprint = lens.record.get("dataset_fingerprint") if dataset is None else None
         else:
             report = resstream.tune_lens(
                 model,
@@ -94,7 +101,7 @@ def tune_lens(
                 steps=steps,
                 seq_len=seq_len,
                 batch_size=batch_size,
-                eval_seqs=eval_seqs,
+                eval_seqs=DEFAULT_EVAL_SEQS if eval_seqs is None else eval_seqs,
                 optimiser=LensOptimiser(lr=lr),
                 seed=seed,
                 data_dir=data_dir,

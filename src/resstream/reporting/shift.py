@@ -123,41 +123,31 @@ def result_label(result: AlignmentResult, with_decoder: bool) -> str:
     return f"{result.model} ({result.decoder})" if with_decoder else result.model
 
 
+#: (input token, next token) colours of the first, second, ... decoder in the decoder comparison.
+DECODER_COLOURS = (("tab:blue", "tab:green"), ("tab:purple", "tab:olive"), ("tab:cyan", "tab:brown"))
+
+
 def plot_decoders(results: Sequence[AlignmentResult], path: str | Path) -> None:
     """One model's match rates with the input and the next token against depth under each
-    decoder (solid: logit lens, dashed: tuned lens), each decoder's shift layer marked."""
-    fig = new_figure(6.8, 4.2)
+    decoder (solid: logit lens, dashed: tuned lens, each decoder its own pair of colours), with
+    95% CI bands and each decoder's shift layer marked."""
+    fig = new_figure(6.8, 5.0)
     ax = fig.add_subplot()
-    for result in results:
+    for index, result in enumerate(results):
         style = DECODER_STYLES.get(result.decoder, "-.")
+        colours = DECODER_COLOURS[index % len(DECODER_COLOURS)]
         layers = list(result.layers)
-        ax.plot(
-            layers,
-            result.in_match,
-            style,
-            marker="o",
-            markersize=3,
-            color="tab:blue",
-            label=f"{INPUT_TOKEN} in top-{result.top_k}, {result.decoder}",
+        series = (
+            (result.in_match, result.in_match_ci, INPUT_TOKEN, "o"),
+            (result.out_match, result.out_match_ci, NEXT_TOKEN, "s"),
         )
-        ax.plot(
-            layers,
-            result.out_match,
-            style,
-            marker="s",
-            markersize=3,
-            color="tab:green",
-            label=f"{NEXT_TOKEN} in top-{result.top_k}, {result.decoder}",
-        )
-        _band(ax, layers, result.in_match_ci, "tab:blue")
-        _band(ax, layers, result.out_match_ci, "tab:green")
+        for (rates, ci, token, marker), colour in zip(series, colours, strict=True):
+            label = f"{token} in top-{result.top_k}, {result.decoder}"
+            ax.plot(layers, rates, style, marker=marker, markersize=3, color=colour, label=label)
+            _band(ax, layers, ci, colour)
         if result.shift_layer is not None:
-            ax.axvline(
-                result.shift_layer,
-                color="grey",
-                linestyle=style,
-                label=f"shift layer {result.shift_layer:.2f} ({result.decoder})",
-            )
+            label = f"shift layer {result.shift_layer:.2f} ({result.decoder})"
+            ax.axvline(result.shift_layer, color="grey", linestyle=style, label=label)
     ax.set_xlabel("layer (0 = embedding)")
     integer_ticks(ax.xaxis)
     ax.set_ylabel("match rate (95% CI bands over sequences)")
@@ -165,7 +155,7 @@ def plot_decoders(results: Sequence[AlignmentResult], path: str | Path) -> None:
     first = results[0]
     ax.set_title(f"{first.model}: the shift through each decoder, {first.num_tokens:,} tokens", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=len(results))
     _save(fig, path)
 
 

@@ -40,19 +40,25 @@ def plot_bits_per_layer(evaluation: LensEvaluation, path: str | Path) -> Path:
     the logit lens and the tuned lens (held-out positions)."""
     ev = evaluation
     fig = new_figure(10.0, 4.0)
+    inner = len(ev.layers) - 1  # at layer L both lenses are the model: KL 0, left out of the log axis
     panels = (
-        ("KL(final ‖ lens), bits", ev.logit_kl, ev.tuned_kl),
-        ("cross-entropy against the next token, bits", ev.logit_ce, ev.tuned_ce),
+        (
+            "KL(final ‖ lens), bits (log scale; 0 at layer L)",
+            ev.layers[:inner],
+            ev.logit_kl[:inner],
+            ev.tuned_kl[:inner],
+        ),
+        ("cross-entropy against the next token, bits (log scale)", ev.layers, ev.logit_ce, ev.tuned_ce),
     )
-    for index, (label, logit, tuned) in enumerate(panels, start=1):
+    for index, (label, layers, logit, tuned) in enumerate(panels, start=1):
         ax = fig.add_subplot(1, 2, index)
-        ax.plot(ev.layers, logit, "o-", color="tab:orange", label="logit lens")
-        ax.plot(ev.layers, tuned, "s-", color="tab:blue", label="tuned lens")
+        ax.plot(layers, logit, "o-", color="tab:orange", label="logit lens")
+        ax.plot(layers, tuned, "s-", color="tab:blue", label="tuned lens")
         ax.set_xlabel("layer (0 = embedding, L = the model's output)")
         ax.set_ylabel(label)
         integer_ticks(ax.xaxis)
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     fig.suptitle(f"{ev.model}: bits per layer on {ev.num_tokens:,} held-out positions", fontsize=10)
     fig.tight_layout()
@@ -65,6 +71,7 @@ def plot_training(history: Sequence[float], model: str, path: str | Path) -> Pat
     ax = fig.add_subplot()
     ax.plot(range(1, len(history) + 1), history, color="tab:blue")
     ax.set_xlabel("optimiser step")
+    integer_ticks(ax.xaxis)
     ax.set_ylabel("training KL, bits (mean over layers)")
     ax.set_ylim(bottom=0)
     ax.set_title(f"{model}: tuned-lens training", fontsize=10)
