@@ -426,3 +426,18 @@ def test_lens_through_trained_translators_decodes_each_layer_with_its_own(refere
             for layer in range(7):
                 want = scorer.at(layer).top_k(states[layer, row.position : row.position + 1], 2)[0]
                 assert list(row.top_ids[layer]) == want[0].tolist(), (row.position, layer)
+
+
+def test_signature_reads_the_last_element_of_a_tensor_longer_than_float32_counts_exactly() -> None:
+    # float32 holds integers exactly only up to 2**24: a float linspace of positions overshot the
+    # last index of GPT-2's 38,597,376-element embedding and crashed
+    from types import SimpleNamespace
+
+    from resstream.analysis.tuned_lens import model_signature
+
+    big = torch.nn.Module()
+    big.weight = torch.nn.Parameter(torch.zeros(2**24 + 5), requires_grad=False)
+    big.weight.data[-1] = 7.0
+    view = SimpleNamespace(family="test", n_layers=1, d_model=1, W_U=torch.zeros(1, 1), model=big)
+    _, signature = model_signature(view)  # type: ignore[arg-type]
+    assert signature[0] == 0.0 and signature[-1] == 7.0

@@ -202,7 +202,9 @@ def model_signature(view: ModelView) -> tuple[str, tuple[float, ...]]:
             if param.device.type == "meta" or param.numel() == 0:
                 continue
             flat = param.detach().reshape(-1)
-            index = torch.linspace(0, flat.numel() - 1, SIGNATURE_SAMPLES).round().long().to(flat.device)
+            last = flat.numel() - 1  # integer positions: a float linspace overshoots past 2**24
+            places = [i * last // (SIGNATURE_SAMPLES - 1) for i in range(SIGNATURE_SAMPLES)]
+            index = torch.tensor(places, dtype=torch.long, device=flat.device)
             values.extend(flat[index].to(torch.bfloat16).float().cpu().tolist())
     digest.update(json.dumps(values).encode())
     return digest.hexdigest()[:16], tuple(values)
