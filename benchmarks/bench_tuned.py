@@ -60,6 +60,21 @@ def time_lens_step(trainer, tokens: torch.Tensor) -> float:
     return time.perf_counter() - start
 
 
+def time_floor(view, tokens: torch.Tensor) -> float:
+    """The matrix products no exact KL training can skip: per layer the lens logits
+    (n × d)·(d × V) and their gradient (n × V)·(V × d), and once the final logits: 2L + 1
+    products of n·d·V multiply-adds, timed on random float32 operands."""
+    n, (vocab, d) = tokens.numel(), view.W_U.shape
+    W_U = view.W_U.detach().float()
+    x, g = torch.randn(n, d), torch.randn(n, vocab)
+    start = time.perf_counter()
+    for _ in range(view.n_layers):
+        x @ W_U.T
+        g @ W_U
+    x @ W_U.T
+    return time.perf_counter() - start
+
+
 def time_package(python: str, batch: int, seq_len: int, autocast: bool) -> float | None:
     """Seconds per optimiser step of the tuned-lens package (one timed step after a warm-up
     step, in a fresh process; `autocast` False: its bf16 autocast off); None if it failed."""
@@ -119,12 +134,14 @@ def main() -> None:
     trainer = LensTrainer(view, lens, LensOptimiser(steps=1000), batch_size=args.batch)
     time_forward(model, tokens)  # warm-up
     time_lens_step(trainer, tokens)
-    forward, ours = [], []
+    forward, ours, floor = [], [], []
     package: dict[str, list[float]] = {"fp32": [], "bf16 autocast (as shipped)": []}
     for round_ in range(args.rounds):
         forward.append(time_forward(model, tokens))
         ours.append(time_lens_step(trainer, tokens))
+        floor.append(time_floor(view, tokens))
         line = f"round {round_ + 1}: forward {forward[-1]:.2f} s, resstream step {ours[-1]:.2f} s"
+        line += f", 2L+1 unembedding products {floor[-1]:.2f} s"
         if args.tuned_lens_python:
             for mode, times in package.items():
                 seconds = time_package(args.tuned_lens_python, args.batch, args.seq_len, mode != "fp32")
@@ -139,6 +156,11 @@ def main() -> None:
     )
     print(f"plain forward                 {n_tokens / f:>8,.0f} tokens/s")
     print(f"resstream tune-lens           {n_tokens / o:>8,.0f} tokens/s  ({o / f:.2f}× a forward)")
+    u = statistics.median(floor)
+    print(
+        f"2L+1 unembedding products     {n_tokens / u:>8,.0f} tokens/s  "
+        f"(resstream step = {o / u:.2f}× this floor)"
+    )
     for mode, times in package.items():
         if times:
             p = statistics.median(times)
