@@ -12,8 +12,13 @@ import io
 from collections.abc import Sequence
 from pathlib import Path
 
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
 from resstream.analysis.lens_training import LensEvaluation
 from resstream.reporting.figures import integer_ticks, new_figure, save_figure
+
+#: Log-axis tick labels as plain numbers rather than powers of ten.
+PLAIN = FuncFormatter(lambda value, _: f"{value:g}")
 
 CSV_COLUMNS = (
     "layer",
@@ -37,18 +42,14 @@ def evaluation_csv(evaluation: LensEvaluation) -> str:
 
 def plot_bits_per_layer(evaluation: LensEvaluation, path: str | Path) -> Path:
     """KL to the final distribution and cross-entropy against the next token, per layer, of
-    the logit lens and the tuned lens (held-out positions)."""
+    the logit lens and the tuned lens (held-out positions), on log axes (the KL is 0 at layer
+    L, where both lenses are the model, so that panel stops at L−1)."""
     ev = evaluation
     fig = new_figure(10.0, 4.0)
-    inner = len(ev.layers) - 1  # at layer L both lenses are the model: KL 0, left out of the log axis
+    inner = len(ev.layers) - 1
     panels = (
-        (
-            "KL(final ‖ lens), bits (log scale; 0 at layer L)",
-            ev.layers[:inner],
-            ev.logit_kl[:inner],
-            ev.tuned_kl[:inner],
-        ),
-        ("cross-entropy against the next token, bits (log scale)", ev.layers, ev.logit_ce, ev.tuned_ce),
+        ("KL(final ‖ lens), bits", ev.layers[:inner], ev.logit_kl[:inner], ev.tuned_kl[:inner]),
+        ("cross-entropy vs the next token, bits", ev.layers, ev.logit_ce, ev.tuned_ce),
     )
     for index, (label, layers, logit, tuned) in enumerate(panels, start=1):
         ax = fig.add_subplot(1, 2, index)
@@ -58,9 +59,18 @@ def plot_bits_per_layer(evaluation: LensEvaluation, path: str | Path) -> Path:
         ax.set_ylabel(label)
         integer_ticks(ax.xaxis)
         ax.set_yscale("log")
+        low, high = min(*logit, *tuned), max(*logit, *tuned)
+        subs = (1.0, 2.0, 5.0) if high > 10 * low else tuple(float(k) for k in range(1, 10))
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
+        ax.yaxis.set_major_formatter(PLAIN)
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    fig.suptitle(f"{ev.model}: bits per layer on {ev.num_tokens:,} held-out positions", fontsize=10)
+    fig.suptitle(
+        f"{ev.model}: bits per layer on {ev.num_tokens:,} held-out positions "
+        "(log axes; the KL is 0 at layer L, where both lenses are the model)",
+        fontsize=10,
+    )
     fig.tight_layout()
     return save_figure(fig, path)
 
