@@ -58,6 +58,7 @@ from resstream.simulation.intervals import Estimate
 __all__ = [
     "CORPUS_FILES",
     "SINGLE_FILES",
+    "TUNED_FILES",
     "Table",
     "attribute_tables",
     "heads_figure",
@@ -77,8 +78,8 @@ Result = AttributeResult | CorpusAttribution
 Directory = str | os.PathLike[str] | OutputSet
 
 HTML_FILE = "attribute.html"
-#: Every file `write_attribute_report` writes for one text (linearity.* only with a check,
-#: tuned_trajectory.csv only with a tuned lens).
+#: Every file `write_attribute_report` writes for one text (linearity.* only with a check;
+#: with a tuned lens also `TUNED_FILES`).
 SINGLE_FILES = (
     "layers.csv",
     "heads.csv",
@@ -87,7 +88,6 @@ SINGLE_FILES = (
     "trajectory.csv",
     "query_contributions.csv",
     "linearity.csv",
-    "tuned_trajectory.csv",
     "layers.png",
     "heads.png",
     "trajectory.png",
@@ -95,6 +95,8 @@ SINGLE_FILES = (
     "neurons.png",
     HTML_FILE,
 )
+#: What a tuned lens (`attribute --decoder tuned:DIR`) adds to `SINGLE_FILES`.
+TUNED_FILES = ("tuned_trajectory.csv",)
 #: Every file `write_attribute_report` writes in corpus mode.
 CORPUS_FILES = ("layers.csv", "heads.csv", "neurons.csv", "layers.png", "heads.png", "neurons.png", HTML_FILE)
 
