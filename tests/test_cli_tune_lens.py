@@ -147,16 +147,59 @@ def test_tune_lens_eval_reproduces_the_evaluation(trained, tmp_path, capsys) -> 
     assert "KL(final ‖ lens) on 124 held-out positions" in printed
 
 
-def test_tune_lens_eval_with_another_seq_len_reads_the_lens_corpus(trained, tmp_path, plays, capsys) -> None:
-    # --help: "--dataset  Corpus name or path (default: shakespeare; with --eval: the lens's
-    # training corpus)" -- also when another --seq-len asks for fresh windows of it
+def test_eval_on_the_training_corpus_refuses_windows_that_could_overlap_training(
+    trained, tmp_path, capsys
+) -> None:
+    # another --seq-len or --seed on the lens's own corpus would draw windows overlapping the
+    # training text (the review found 12 of 32 "held-out" windows were halves of training ones)
     out, _ = trained
     again = copy_of_lens(out, tmp_path / "again")
-    code = main(["tune-lens", *FAST, "--eval", "--seq-len", "16", "--out", str(again)])
+    for flag, value in (("--seq-len", "16"), ("--seed", "7")):
+        err = expect_refused_in_place(
+            ["tune-lens", *FAST, "--eval", flag, value], again, capsys, "only the windows training held out"
+        )
+        assert f"the training run's {flag}" in err and f"not {value};" in err, err
+
+
+def test_eval_refuses_a_training_corpus_that_changed(trained, tmp_path, plays, capsys) -> None:
+    out, _ = trained
+    again = copy_of_lens(out, tmp_path / "again")
+    record = json.loads((again / "lens.json").read_text())
+    changed = tmp_path / "changed.txt"
+    changed.write_text("An extra first line.\n" + plays.read_text(encoding="utf-8"), encoding="utf-8")
+    record["training"]["dataset"] = str(changed)
+    (again / "lens.json").write_text(json.dumps(record))
+    expect_refused_in_place(
+        ["tune-lens", *FAST, "--eval"], again, capsys, "has changed since the lens was trained"
+    )
+
+
+def test_eval_seed_on_another_corpus_is_used_and_recorded(trained, tmp_path, capsys) -> None:
+    out, _ = trained
+    again = copy_of_lens(out, tmp_path / "again")
+    other = tmp_path / "other.txt"
+    other.write_text("the king is dead, long live the king.\n" * 200, encoding="utf-8")
+    code = main(
+        [
+            "tune-lens",
+            *FAST,
+            "--eval",
+            "--dataset",
+            str(other),
+            "--eval-seqs",
+            "3",
+            "--seed",
+            "7",
+            "--out",
+            str(again),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     evaluation = json.loads((again / "evaluation.json").read_text())
-    assert str(plays) in evaluation["sample"], evaluation["sample"]
-    assert json.loads((again / "run.json").read_text())["config"]["dataset"] == str(plays)
+    assert "seed 7" in evaluation["sample"] and evaluation["num_sequences"] == 3, evaluation["sample"]
+    run = json.loads((again / "run.json").read_text())
+    assert run["seed"] == 7 and run["config"]["dataset"] == str(other) and run["config"]["eval_seqs"] == 3
+    assert run["config"]["mode"] == "eval" and "lr" not in run["config"]
 
 
 def test_shift_with_the_logit_lens_and_the_tuned_lens(trained, tmp_path, plays, capsys) -> None:

@@ -125,10 +125,10 @@ class LensObjective:
 
     # ----------------------------------------------------------------- evaluation
 
-    def measure(self, translators: Translators, states: Tensor, targets: Tensor) -> LayerSums:
+    def measure(self, translators: Translators | None, states: Tensor, targets: Tensor) -> LayerSums:
         """Per-layer sums over positions (layers 0..L) of KL(final ‖ lens) and of the
         cross-entropy −log q_l(target), in nats, without training. `states` (L+1, n, d),
-        `targets` (n,) the next token of each position."""
+        `targets` (n,) the next token of each position; `translators` None: the logit lens."""
         depth = self.n_layers + 1
         kl = torch.zeros(depth, dtype=torch.float64)
         ce = torch.zeros(depth, dtype=torch.float64)
@@ -137,7 +137,11 @@ class LensObjective:
             for start in range(0, states.shape[1], rows):
                 block = states[:, start : start + rows].to(self.W_U.device, torch.float32)
                 log_p = self.final_log_probs(block[-1])
-                x = torch.cat([translators.translate_all(block[:-1]), block[-1:]])
+                x = (
+                    block
+                    if translators is None
+                    else torch.cat([translators.translate_all(block[:-1]), block[-1:]])
+                )
                 log_q = torch.log_softmax(self.logits(x)[0], dim=-1)
                 index = targets[start : start + rows].to(log_q.device)
                 picked = log_q.gather(-1, index.expand(depth, -1).unsqueeze(-1)).squeeze(-1)
@@ -173,6 +177,9 @@ class LensEvaluation:
     tuned_ce: tuple[float, ...]
     num_tokens: int
     sample: str = ""
+    dataset: str | None = None
+    dataset_fingerprint: str | None = None
+    num_sequences: int = 0
 
     @classmethod
     def from_sums(cls, model: str, logit: LayerSums, tuned: LayerSums, sample: str = "") -> LensEvaluation:

@@ -20,13 +20,14 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
 
 from resstream.analysis.lens_training import LayerSums, LensEvaluation, LensObjective, LensOptimiser
-from resstream.analysis.tuned_lens import Translators, TunedLens, load_lens
+from resstream.analysis.tuned_lens import TunedLens, load_lens
 from resstream.api.inputs import (
     CorpusRequest,
     LoadOptions,
@@ -36,9 +37,11 @@ from resstream.api.inputs import (
     settled_seq_len,
 )
 from resstream.capture import residual_states
+from resstream.data.files import load_token_rows
 from resstream.data.sampling import CorpusTooSmall, SequenceSample
 from resstream.errors import RunError, UsageError
 from resstream.models import LoadedModel, ModelLike, ModelView
+from resstream.notices import notify
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -109,6 +112,7 @@ def tune_lens(
             lens, history = _train(loaded, split, optimiser, batch_size, progress)
             lens.record = _record(split, optimiser, batch_size, history)
             evaluation = _evaluate(loaded.view, lens, split.held_out, batch_size, progress, split.rule)
+            evaluation = replace(evaluation, dataset=dataset, dataset_fingerprint=split.fingerprint)
             return TuneLensReport(lens, evaluation, tuple(history), split.fingerprint)
     raise AssertionError("no model was loaded")  # pragma: no cover - each_model yields one
 
@@ -131,38 +135,79 @@ def evaluate_lens(
 ) -> LensEvaluation:
     """Per-layer KL and cross-entropy of the logit lens and of `lens` (a directory or a loaded
     lens) on held-out text of `model`. `dataset`, `seq_len` and `seed` left None come from the
-    lens's training record. When all three are the training run's, the evaluation uses the
-    windows training held out (the first `eval_seqs` of them, default all); otherwise
-    `eval_seqs` windows (default 32) are sampled afresh."""
+    lens's training record.
+
+    On the lens's own training corpus only the windows its training held out are evaluated (the
+    first `eval_seqs` of them, default all): the split is rebuilt from the record, and refused
+    when `seq_len` or `seed` differ from the training run's (other windows could overlap the
+    training text) or when the corpus has changed since (its fingerprint). Any other corpus
+    gets `eval_seqs` fresh windows (default 32)."""
     lens = lens if isinstance(lens, TunedLens) else load_lens(lens)
     trained = lens.record
     dataset = dataset or trained.get("dataset") or "shakespeare"
-    seq_len = seq_len or trained.get("seq_len")
-    seed = trained.get("seed", 0) if seed is None else seed
     if eval_seqs is not None:
         check_positive("eval_seqs", eval_seqs)
     options = LoadOptions(tokenizer, dtype, device, None, trust_remote_code, progress)
-    same = "train_seqs" in trained and (dataset, seq_len, seed) == tuple(
-        trained.get(k) for k in ("dataset", "seq_len", "seed")
-    )
-    if same:
-        held_out = trained["eval_seqs"]
-        if eval_seqs is not None and eval_seqs > held_out:
-            raise UsageError(
-                f"`eval_seqs` {eval_seqs} is more than the {held_out} windows the lens's training held out "
-                "of this corpus; ask for at most that many, or give another `dataset`, `seq_len` or `seed`"
-            )
-        sizes, keep = (trained["train_seqs"], held_out), eval_seqs or held_out
+    if "train_seqs" in trained and dataset == trained.get("dataset"):
+        plan = _held_out_plan(trained, seq_len, seed, eval_seqs)
     else:
-        sizes = (0, eval_seqs or DEFAULT_EVAL_SEQS)
-        keep = sizes[1]
-    split_args = (dataset, seq_len, seed, data_dir, options)
-    with closing(_each_sample(model, *split_args, sizes, check=lens.check_model)) as each:
-        for loaded, split in each:
-            windows = split.held_out[:keep]
-            rule = split.rule if keep == len(split.held_out) else f"the first {keep} of {split.rule}"
-            return _evaluate(loaded.view, lens, windows, batch_size, progress, rule)
+        count = eval_seqs or DEFAULT_EVAL_SEQS
+        plan = (
+            seq_len or trained.get("seq_len"),
+            trained.get("seed", 0) if seed is None else seed,
+            (0, count),
+            count,
+        )
+    length, seed, sizes, keep = plan
+    try:
+        with closing(
+            _each_sample(model, dataset, length, seed, data_dir, options, sizes, check=lens.check_model)
+        ) as each:
+            for loaded, split in each:
+                if sizes[0]:
+                    _check_unchanged(dataset, split.fingerprint, trained.get("dataset_fingerprint"))
+                windows = split.held_out[:keep]
+                rule = split.rule if keep == len(split.held_out) else f"the first {keep} of {split.rule}"
+                evaluation = _evaluate(loaded.view, lens, windows, batch_size, progress, rule)
+                return replace(evaluation, dataset=dataset, dataset_fingerprint=split.fingerprint)
+    except CorpusTooSmall as exc:
+        raise UsageError(
+            f"`eval_seqs` {sizes[1]} is more than {dataset!r} holds: it has {exc.available:,} windows "
+            f"of {length or DEFAULT_SEQ_LEN} tokens"
+        ) from None
     raise AssertionError("no model was loaded")  # pragma: no cover
+
+
+def _held_out_plan(
+    trained: dict[str, Any], seq_len: int | None, seed: int | None, eval_seqs: int | None
+) -> tuple[int, int, tuple[int, int], int]:
+    """(seq_len, seed, (train, held-out) windows to draw, windows to keep) that rebuild the
+    training run's split of its own corpus; UsageError for settings that would not."""
+    wanted = {"seq_len": seq_len, "seed": seed}
+    for name, value in wanted.items():
+        if value is not None and value != trained.get(name):
+            raise UsageError(
+                f"the lens was trained on {trained['dataset']!r}: on it only the windows training held out "
+                f"are evaluated, which needs the training run's `{name}` {trained.get(name)!r}, not "
+                f"{value!r}; leave `{name}` out, or give another `dataset` for fresh text"
+            )
+    held_out = trained["eval_seqs"]
+    if eval_seqs is not None and eval_seqs > held_out:
+        raise UsageError(
+            f"`eval_seqs` {eval_seqs} is more than the {held_out} windows the lens's training held out of "
+            f"{trained['dataset']!r}; ask for at most {held_out}, or give another `dataset` for fresh text"
+        )
+    sizes = (trained["train_seqs"], held_out)
+    return trained["seq_len"], trained["seed"], sizes, eval_seqs or held_out
+
+
+def _check_unchanged(dataset: str, found: str | None, recorded: str | None) -> None:
+    """UsageError when the training corpus no longer has the fingerprint the lens recorded."""
+    if recorded is not None and found != recorded:
+        raise UsageError(
+            f"{dataset!r} has changed since the lens was trained (fingerprint {found}, the lens recorded "
+            f"{recorded}): its held-out windows cannot be rebuilt; give another `dataset`, or train again"
+        )
 
 
 def check_positive(name: str, value: int) -> None:
@@ -215,9 +260,15 @@ def _each_split(
     length = seq_len = settled_seq_len(request, checked_models(model, options))
     per_step = max(1, math.ceil(tokens / (steps * length)))
     try:
-        yield from _each_sample(
+        for loaded, split in _each_sample(
             model, dataset, seq_len, seed, data_dir, options, (steps * per_step, eval_seqs)
-        )
+        ):
+            if steps * per_step * length != tokens:
+                notify(
+                    f"`tokens` {tokens:,}: training on {steps * per_step * length:,} ({steps} steps × "
+                    f"{per_step} windows of {length} tokens)"
+                )
+            yield loaded, split
     except CorpusTooSmall as exc:
         needed = steps * per_step + eval_seqs
         raise UsageError(
@@ -240,8 +291,10 @@ def _each_sample(
     """Load the model (passing `check`), draw train + held-out windows and split them."""
     train_seqs, eval_seqs = sizes
     corpus = CorpusRequest(dataset, train_seqs + eval_seqs, seq_len, seed, data_dir, DEFAULT_SEQ_LEN)
-    if corpus.pinned:
-        raise UsageError("tune-lens samples windows of a corpus; a .jsonl of token rows is not supported")
+    if corpus.pinned and Path(dataset).is_file() and load_token_rows(dataset) is not None:
+        raise UsageError(
+            f"{dataset!r} holds token rows (input_ids); tune-lens samples windows of a text corpus"
+        )
     with closing(each_model(model, corpus, options, check=check)) as each:
         for loaded, sample, fingerprint in each:
             yield loaded, _split(sample, train_seqs, eval_seqs, dataset, seed, fingerprint)
@@ -371,17 +424,16 @@ def _evaluate(
 ) -> LensEvaluation:
     """Logit lens and tuned lens side by side on `windows` (positions with a next token)."""
     objective = LensObjective(view)
-    zero = Translators(view.n_layers, view.d_model, view.W_U.device)
     lens.translators.to(view.W_U.device)
     logit = tuned = None
     batches = list(_batches(windows, batch_size))
     for batch in tqdm(batches, desc="evaluate lens", unit="batch", disable=not progress):
         states = _flat_states(view, batch, slice(0, -1))
         targets = batch[:, 1:].reshape(-1)
-        logit = _add(logit, objective.measure(zero, states, targets))
+        logit = _add(logit, objective.measure(None, states, targets))
         tuned = _add(tuned, objective.measure(lens.translators, states, targets))
     assert logit is not None and tuned is not None
-    return LensEvaluation.from_sums(lens.model, logit, tuned, sample)
+    return replace(LensEvaluation.from_sums(lens.model, logit, tuned, sample), num_sequences=len(windows))
 
 
 def _add(total: LayerSums | None, part: LayerSums) -> LayerSums:

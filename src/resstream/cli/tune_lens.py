@@ -13,7 +13,6 @@ from resstream.cli.common import (
     DtypeOption,
     OutOption,
     QuietOption,
-    SampleSeedOption,
     TrustRemoteCodeOption,
     resolved_device,
     seq_len_option,
@@ -57,7 +56,10 @@ def tune_lens(
         float, typer.Option(help="Peak learning rate (SGD; the tuned-lens recipe's 1.0 × (1 − 0.9)).")
     ] = 0.1,
     batch_size: BatchSizeOption = 8,
-    seed: SampleSeedOption = 0,
+    seed: Annotated[
+        int | None,
+        typer.Option(help="Seed of the window sample and split \\[default: 0; with --eval: the lens's own]."),
+    ] = None,
     evaluate: Annotated[
         bool, typer.Option("--eval", help="Evaluate the lens already in --out instead of training one.")
     ] = False,
@@ -86,13 +88,14 @@ def tune_lens(
                 eval_seqs=eval_seqs,
                 seq_len=seq_len,
                 batch_size=batch_size,
+                seed=seed,
                 data_dir=data_dir,
                 dtype=dtype,
                 device=device,
                 trust_remote_code=trust_remote_code,
                 progress=not quiet,
             )
-            fingerprint = lens.record.get("dataset_fingerprint") if dataset is None else None
+            settings = {"mode": "eval", "seq_len": seq_len or lens.record.get("seq_len")}
         else:
             report = resstream.tune_lens(
                 model,
@@ -103,14 +106,21 @@ def tune_lens(
                 batch_size=batch_size,
                 eval_seqs=DEFAULT_EVAL_SEQS if eval_seqs is None else eval_seqs,
                 optimiser=LensOptimiser(lr=lr),
-                seed=seed,
+                seed=0 if seed is None else seed,
                 data_dir=data_dir,
                 dtype=dtype,
                 device=device,
                 trust_remote_code=trust_remote_code,
                 progress=not quiet,
             )
-            lens, evaluation, fingerprint = report.lens, report.evaluation, report.dataset_fingerprint
+            lens, evaluation = report.lens, report.evaluation
+            settings = {
+                "mode": "train",
+                "tokens": tokens,
+                "steps": steps,
+                "lr": lr,
+                "seq_len": lens.record["seq_len"],
+            }
         lens.save(outputs.staging)
         write_json(outputs / "evaluation.json", evaluation.to_dict())
         write_text(outputs / "evaluation.csv", evaluation_csv(evaluation))
@@ -120,22 +130,20 @@ def tune_lens(
             plot_training(history, lens.model, outputs / "training.png")
         settings = {
             "command": "tune-lens",
-            "mode": "eval" if evaluate else "train",
+            **settings,
             "model": model,
-            "dataset": lens.record.get("dataset")
-            if evaluate and dataset is None
-            else dataset or "shakespeare",
-            "tokens": tokens,
-            "steps": steps,
-            "seq_len": lens.record.get("seq_len"),
-            "eval_seqs": eval_seqs,
-            "lr": lr,
+            "dataset": evaluation.dataset,
+            "eval_seqs": evaluation.num_sequences,
             "batch_size": batch_size,
             "dtype": dtype,
             "data_dir": str(data_dir) if data_dir else None,
         }
+        used_seed = seed if seed is not None else (lens.record.get("seed", 0) if evaluate else 0)
         record = run_record(
-            settings, seed=seed, device=resolved_device(device), dataset_fingerprint=fingerprint
+            settings,
+            seed=used_seed,
+            device=resolved_device(device),
+            dataset_fingerprint=evaluation.dataset_fingerprint,
         )
         outputs.write_record(record)
     for line in summary_lines(evaluation):
