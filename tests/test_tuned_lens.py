@@ -440,4 +440,62 @@ def test_signature_reads_the_last_element_of_a_tensor_longer_than_float32_counts
     big.weight.data[-1] = 7.0
     view = SimpleNamespace(family="test", n_layers=1, d_model=1, W_U=torch.zeros(1, 1), model=big)
     _, signature = model_signature(view)  # type: ignore[arg-type]
-    assert signature[0] == 0.0 and signature[-1] == 7.0
+    shape, values = signature["weight"]
+    assert shape == (2**24 + 5,) and values[0] == 0.0 and values[-1] == 7.0
+
+
+def test_an_offloaded_tensor_is_compared_by_shape_and_a_changed_one_is_named() -> None:
+    # a device_map may leave tensors on the meta device: the lens must still be accepted there
+    reference = load_model(None, device="cpu")
+    lens = TunedLens.zero(reference.view, "reference")
+    norm = reference.view.final_norm
+    loaded = norm.weight
+    try:
+        norm.weight = torch.nn.Parameter(torch.empty(loaded.shape, device="meta"), requires_grad=False)
+        lens.check_model(reference.view)
+    finally:
+        norm.weight = loaded
+    with torch.no_grad():
+        saved = loaded.detach().clone()
+        loaded.mul_(1.5)
+        try:
+            with pytest.raises(UsageError, match=r"first difference: \S*weight holds other weights"):
+                lens.check_model(reference.view)
+        finally:
+            loaded.copy_(saved)
+
+
+@pytest.mark.parametrize(
+    ("change", "pattern"),
+    [
+        (lambda meta: meta["signature"].update(bad=["x", None]), "malformed signature entry for 'bad'"),
+        (lambda meta: meta.update(training=None), "lacks a valid 'training' record"),
+        (lambda meta: meta.update(model=None), "lacks a valid 'model'"),
+    ],
+)
+def test_malformed_metadata_is_one_line(tmp_path, change, pattern) -> None:
+    reference = load_model(None, device="cpu")
+    path = TunedLens.zero(reference.view, "reference").save(tmp_path / "lens")
+    meta = json.loads((path / "lens.json").read_text())
+    change(meta)
+    (path / "lens.json").write_text(json.dumps(meta))
+    with pytest.raises(UsageError, match=pattern):
+        load_lens(path)
+
+
+def test_shift_refuses_a_tuned_lens_with_several_models_before_loading_any() -> None:
+    reference = load_model(None, device="cpu")
+    lens = TunedLens.zero(reference.view, "reference")
+    with pytest.raises(UsageError, match="a tuned lens belongs to one model, and `models` has 2"):
+        resstream.shift([None, "no/such/model"], decoder=["logit-lens", lens], progress=False)
+
+
+def test_the_reading_translation_does_not_depend_on_the_batch() -> None:
+    generator = torch.Generator().manual_seed(0)
+    translators = Translators(1, 64)
+    with torch.no_grad():
+        translators.weight.copy_(torch.randn(1, 64, 64, generator=generator))
+    h = torch.randn(300, 64, generator=generator)
+    together = translators.translate(h, 0)
+    alone = torch.cat([translators.translate(h[i : i + 1], 0) for i in range(300)])
+    assert torch.equal(together, alone)

@@ -37,6 +37,9 @@ SIGNATURE_SAMPLES = 4
 #: Relative tolerance when comparing signatures (bfloat16 has 8 significant bits).
 SIGNATURE_RTOL = 1.0 / 64
 
+#: Parameter name -> (shape, sampled weights, or None when the tensor is not loaded).
+Signature = dict[str, tuple[tuple[int, ...], tuple[float, ...] | None]]
+
 
 class Translators(nn.Module):
     """The affine translators of layers 0..L−1: `weight` (L, d, d) = A, `bias` (L, d) = b,
@@ -59,14 +62,16 @@ class Translators(nn.Module):
         return int(self.weight.shape[1])
 
     def translate(self, h: Tensor, layer: int) -> Tensor:
-        """h + A_layer h + b_layer for states h (..., d) of `layer` in 0..L (layer L: h itself),
-        computed in float32 and returned in h's dtype."""
+        """h + A_layer h + b_layer for states h (..., d) of `layer` in 0..L (layer L: h itself):
+        the reading path, computed in float64 and rounded to h's dtype, so that a state's
+        translation does not depend on how many others share its batch (a float32 product
+        rounds differently with the kernel's blocking, which could flip near-tied ranks)."""
         if not 0 <= layer <= self.n_layers:
             raise ValueError(f"layer {layer} is outside 0..{self.n_layers}")
         if layer == self.n_layers:
             return h
-        x = h.to(self.weight.device, torch.float32)
-        out = x + x @ self.weight[layer].T + self.bias[layer]
+        x = h.to(self.weight.device, torch.float64)
+        out = x + x @ self.weight[layer].double().T + self.bias[layer].double()
         return out.to(h.dtype)
 
     def translate_all(self, states: Tensor) -> Tensor:
@@ -84,7 +89,7 @@ class TunedLens:
 
     translators: Translators
     fingerprint: str
-    signature: tuple[float, ...]
+    signature: Signature
     model: str
     record: dict[str, Any] = field(default_factory=dict)
 
@@ -95,16 +100,18 @@ class TunedLens:
         return cls(Translators(view.n_layers, view.d_model, view.W_U.device), fingerprint, signature, model)
 
     def check_model(self, view: ModelView, source: str = "the lens") -> None:
-        """UsageError unless `view` is the model this lens was trained on (shapes and weights)."""
+        """UsageError unless `view` is the model this lens was trained on (shapes and weights),
+        naming both fingerprints and the first parameter tensor that differs."""
         fingerprint, signature = model_signature(view)
         shape = (view.n_layers, view.d_model)
-        if shape != (self.translators.n_layers, self.translators.d_model) or not _same_signature(
-            signature, self.signature
-        ):
+        differs = _first_difference(signature, self.signature)
+        if shape != (self.translators.n_layers, self.translators.d_model) or differs is not None:
+            where = f"; first difference: {differs}" if differs else ""
             raise UsageError(
                 f"{source} was trained on another model: it expects fingerprint {self.fingerprint} "
                 f"({self.model}, {self.translators.n_layers} layers, d_model {self.translators.d_model}); "
                 f"this model has fingerprint {fingerprint} ({view.n_layers} layers, d_model {view.d_model})"
+                f"{where}"
             )
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
@@ -131,7 +138,7 @@ class TunedLens:
             "fingerprint": self.fingerprint,
             "n_layers": self.translators.n_layers,
             "d_model": self.translators.d_model,
-            "signature": list(self.signature),
+            "signature": {name: [list(shape), values] for name, (shape, values) in self.signature.items()},
             "training": self.record,
         }
 
@@ -150,7 +157,7 @@ def load_lens(directory: str | os.PathLike[str]) -> TunedLens:
     meta = _read_meta(path / META_FILE, where)
     translators = Translators(meta["n_layers"], meta["d_model"])
     translators.load_state_dict(_read_weights(path / WEIGHTS_FILE, meta, where))
-    signature = tuple(float(x) for x in meta["signature"])
+    signature = _signature_from_json(meta["signature"], where)
     return TunedLens(
         translators, str(meta["fingerprint"]), signature, str(meta["model"]), meta.get("training", {})
     )
@@ -164,9 +171,12 @@ def _read_meta(path: Path, where: str) -> dict[str, Any]:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise UsageError(f"{where}: {META_FILE} has format {found!r}, expected {FORMAT!r}")
-    for key, kind in (("n_layers", int), ("d_model", int), ("fingerprint", str), ("signature", list)):
+    checks = (("n_layers", int), ("d_model", int), ("fingerprint", str), ("signature", dict), ("model", str))
+    for key, kind in checks:
         if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
             raise UsageError(f"{where}: {META_FILE} lacks a valid {key!r}")
+    if not isinstance(meta.get("training", {}), dict):
+        raise UsageError(f"{where}: {META_FILE} lacks a valid 'training' record")
     if meta["n_layers"] < 1 or meta["d_model"] < 1:
         raise UsageError(f"{where}: {META_FILE} has n_layers {meta['n_layers']}, d_model {meta['d_model']}")
     return meta
@@ -190,31 +200,56 @@ def _read_weights(path: Path, meta: dict[str, Any], where: str) -> dict[str, Ten
     return {name: t.float() for name, t in tensors.items()}
 
 
-def model_signature(view: ModelView) -> tuple[str, tuple[float, ...]]:
-    """(fingerprint, signature) of a model: SIGNATURE_SAMPLES weights at fixed places of every
-    parameter tensor (by name), rounded to bfloat16; the fingerprint hashes them with the
-    family and the shapes. Meta-device parameters (not loaded) contribute their shapes only."""
-    values: list[float] = []
-    digest = hashlib.sha256(f"{view.family}|{view.n_layers}|{view.d_model}|{tuple(view.W_U.shape)}".encode())
+def model_signature(view: ModelView) -> tuple[str, Signature]:
+    """(fingerprint, signature) of a model. The signature maps every parameter tensor's name to
+    its shape and SIGNATURE_SAMPLES weights at fixed places, rounded to bfloat16 (None for a
+    tensor on the meta device, i.e. not loaded or offloaded); the fingerprint hashes them with
+    the family and the shapes."""
+    signature: Signature = {}
     with torch.no_grad():
         for name, param in sorted(view.model.named_parameters(), key=lambda item: item[0]):
-            digest.update(f"{name}:{tuple(param.shape)}".encode())
-            if param.device.type == "meta" or param.numel() == 0:
-                continue
-            flat = param.detach().reshape(-1)
-            last = flat.numel() - 1  # integer positions: a float linspace overshoots past 2**24
-            places = [i * last // (SIGNATURE_SAMPLES - 1) for i in range(SIGNATURE_SAMPLES)]
-            index = torch.tensor(places, dtype=torch.long, device=flat.device)
-            values.extend(flat[index].to(torch.bfloat16).float().cpu().tolist())
-    digest.update(json.dumps(values).encode())
-    return digest.hexdigest()[:16], tuple(values)
+            values = None
+            if param.device.type != "meta" and param.numel() > 0:
+                flat = param.detach().reshape(-1)
+                last = flat.numel() - 1  # integer positions: a float linspace overshoots past 2**24
+                places = [i * last // (SIGNATURE_SAMPLES - 1) for i in range(SIGNATURE_SAMPLES)]
+                index = torch.tensor(places, dtype=torch.long, device=flat.device)
+                values = tuple(flat[index].to(torch.bfloat16).float().cpu().tolist())
+            signature[name] = (tuple(param.shape), values)
+    head = f"{view.family}|{view.n_layers}|{view.d_model}|{tuple(view.W_U.shape)}"
+    digest = hashlib.sha256((head + json.dumps(sorted(signature.items()))).encode())
+    return digest.hexdigest()[:16], signature
 
 
-def _same_signature(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
-    if len(a) != len(b):
-        return False
-    x, y = torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
-    return bool(torch.allclose(x, y, rtol=SIGNATURE_RTOL, atol=1e-6))
+def _first_difference(found: Signature, expected: Signature) -> str | None:
+    """The first parameter (by name) whose shape or sampled weights differ, or one present on
+    one side only; None when the signatures agree (a tensor not loaded on either side, e.g.
+    offloaded by a device map, is compared by shape only)."""
+    for name in sorted(set(found) | set(expected)):
+        if name not in found or name not in expected:
+            return f"{name} is {'missing from this model' if name not in found else 'not in the lens model'}"
+        (shape_a, values_a), (shape_b, values_b) = found[name], expected[name]
+        if shape_a != shape_b:
+            return f"{name} has shape {shape_a}, the lens model {shape_b}"
+        if values_a is None or values_b is None:
+            continue
+        a, b = torch.tensor(values_a, dtype=torch.float64), torch.tensor(values_b, dtype=torch.float64)
+        if not bool(torch.allclose(a, b, rtol=SIGNATURE_RTOL, atol=1e-6)):
+            return f"{name} holds other weights"
+    return None
+
+
+def _signature_from_json(raw: dict[str, Any], where: str) -> Signature:
+    """The signature kept in lens.json ({name: [shape, values or null]}); UsageError if malformed."""
+    signature: Signature = {}
+    for name, entry in raw.items():
+        try:
+            shape, values = entry
+            parsed = None if values is None else tuple(float(v) for v in values)
+            signature[str(name)] = (tuple(int(n) for n in shape), parsed)
+        except (TypeError, ValueError):
+            raise UsageError(f"{where}: {META_FILE} has a malformed signature entry for {name!r}") from None
+    return signature
 
 
 __all__ = ["FORMAT", "Translators", "TunedLens", "load_lens", "model_signature"]

@@ -22,6 +22,7 @@ from resstream.api.inputs import (
 )
 from resstream.capture import residual_states
 from resstream.data.sampling import SequenceSample
+from resstream.errors import UsageError
 from resstream.models import LoadedModel, ModelLike, ModelView
 
 if TYPE_CHECKING:
@@ -107,6 +108,12 @@ def shift(
     batch; the report holds one result per model and decoder, models first.
     """
     decoders = decoder_specs(decoder)
+    several = isinstance(models, list | tuple) and len(models) > 1
+    if several and any(spec.lens is not None for spec in decoders):
+        raise UsageError(
+            f"a tuned lens belongs to one model, and `models` has {len(models)}: "
+            "run shift once per model with that model's lens"
+        )
     check_batch_size(batch_size)
     corpus = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir, default_seq_len=DEFAULT_SEQ_LEN)
     options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
