@@ -57,7 +57,11 @@ class LensObjective:
     def logits(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
         """Logits z (..., V) of states x (..., d) after the final norm, and tanh(s / c) where
         the model soft-caps (for the derivative), else None."""
-        scores = self.norm(x) @ self.W_U.T
+        return self._logits_of_normed(self.norm(x))
+
+    def _logits_of_normed(self, normed: Tensor) -> tuple[Tensor, Tensor | None]:
+        """`logits` of states already through the final norm."""
+        scores = normed @ self.W_U.T
         if self.b_U is not None:
             scores += self.b_U
         if not self.softcap:
@@ -97,13 +101,7 @@ class LensObjective:
         """KL(p ‖ q_l) per layer and position (L, c) of normed states (L, c, d), and the
         gradient of Σ KL / total with respect to them (L, c, d)."""
         with torch.no_grad():
-            scores = normed @ self.W_U.T
-            if self.b_U is not None:
-                scores += self.b_U
-            tanh = None
-            if self.softcap:
-                tanh = torch.tanh(scores / self.softcap)
-                scores = tanh * self.softcap
+            scores, tanh = self._logits_of_normed(normed)
             kl = self._kl_in_place(scores, log_p)  # scores now hold q − p
             if tanh is not None:
                 scores *= 1 - tanh.square()
