@@ -387,3 +387,15 @@ def test_eval_of_a_corrupt_lens_or_another_models(trained, other_lens, tmp_path,
     expect_refused_in_place(
         ["tune-lens", *FAST, "--eval"], path, capsys, f"expects fingerprint {other_lens.fingerprint}"
     )
+
+
+def test_the_cli_defaults_are_the_apis() -> None:
+    # cli/tune_lens.py repeats them so that `--help` needs no torch import
+    from resstream.api import tune_lens as api
+    from resstream.cli import tune_lens as cli
+
+    assert (cli.DEFAULT_STEPS, cli.DEFAULT_TOKENS, cli.DEFAULT_EVAL_SEQS) == (
+        api.DEFAULT_STEPS,
+        api.DEFAULT_TOKENS,
+        api.DEFAULT_EVAL_SEQS,
+    )

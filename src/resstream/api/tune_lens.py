@@ -61,7 +61,11 @@ class TuneLensReport:
     lens: TunedLens
     evaluation: LensEvaluation
     history: tuple[float, ...]
-    dataset_fingerprint: str | None
+
+    @property
+    def dataset_fingerprint(self) -> str | None:
+        """The fingerprint of the corpus the lens was trained and evaluated on."""
+        return self.evaluation.dataset_fingerprint
 
     def __repr__(self) -> str:
         ev = self.evaluation
@@ -111,9 +115,8 @@ def tune_lens(
         for loaded, split in each:
             lens, history = _train(loaded, split, optimiser, batch_size, progress)
             lens.record = _record(split, optimiser, batch_size, history)
-            evaluation = _evaluate(loaded.view, lens, split.held_out, batch_size, progress, split.rule)
-            evaluation = replace(evaluation, dataset=dataset, dataset_fingerprint=split.fingerprint)
-            return TuneLensReport(lens, evaluation, tuple(history), split.fingerprint)
+            evaluation = _evaluate(loaded.view, lens, split, len(split.held_out), batch_size, progress)
+            return TuneLensReport(lens, evaluation, tuple(history))
     raise AssertionError("no model was loaded")  # pragma: no cover - each_model yields one
 
 
@@ -166,10 +169,7 @@ def evaluate_lens(
             for loaded, split in each:
                 if sizes[0]:
                     _check_unchanged(dataset, split.fingerprint, trained.get("dataset_fingerprint"))
-                windows = split.held_out[:keep]
-                rule = split.rule if keep == len(split.held_out) else f"the first {keep} of {split.rule}"
-                evaluation = _evaluate(loaded.view, lens, windows, batch_size, progress, rule)
-                return replace(evaluation, dataset=dataset, dataset_fingerprint=split.fingerprint)
+                return _evaluate(loaded.view, lens, split, keep, batch_size, progress)
     except CorpusTooSmall as exc:
         raise UsageError(
             f"`eval_seqs` {sizes[1]} is more than {dataset!r} holds: it has {exc.available:,} windows "
@@ -415,14 +415,12 @@ def _record(split: Split, optimiser: LensOptimiser, batch_size: int, history: li
 
 
 def _evaluate(
-    view: ModelView,
-    lens: TunedLens,
-    windows: Sequence[torch.Tensor],
-    batch_size: int,
-    progress: bool,
-    sample: str,
+    view: ModelView, lens: TunedLens, split: Split, keep: int, batch_size: int, progress: bool
 ) -> LensEvaluation:
-    """Logit lens and tuned lens side by side on `windows` (positions with a next token)."""
+    """Logit lens and tuned lens side by side on the first `keep` held-out windows of `split`
+    (positions with a next token), labelled with the split's sample, corpus and fingerprint."""
+    windows = split.held_out[:keep]
+    sample = split.rule if keep == len(split.held_out) else f"the first {keep} of {split.rule}"
     objective = LensObjective(view)
     lens.translators.to(view.W_U.device)
     logit = tuned = None
@@ -433,7 +431,10 @@ def _evaluate(
         logit = _add(logit, objective.measure(None, states, targets))
         tuned = _add(tuned, objective.measure(lens.translators, states, targets))
     assert logit is not None and tuned is not None
-    return replace(LensEvaluation.from_sums(lens.model, logit, tuned, sample), num_sequences=len(windows))
+    evaluation = LensEvaluation.from_sums(lens.model, logit, tuned, sample)
+    return replace(
+        evaluation, dataset=split.dataset, dataset_fingerprint=split.fingerprint, num_sequences=len(windows)
+    )
 
 
 def _add(total: LayerSums | None, part: LayerSums) -> LayerSums:
