@@ -441,19 +441,20 @@ def decoder_trajectory(decoder: Decoder, states: Tensor, target: int) -> tuple[T
             at = scorer.at(layer)
             logprob = float(torch.log_softmax(at.decoder.logits(h).double(), dim=-1)[0, target])
             rank = int(at.ranks(h, ids)[0][0, 0])
-            name = point_name(2 * layer)
-            stage, index = name.split("_")[1], int(name.rsplit("_", 1)[1])
-            out.append(TrajectoryPoint(name, index, stage, math.exp(logprob), rank, logprob))
+            out.append(_trajectory_point(2 * layer, logprob, rank))
     return tuple(out)
 
 
 def _trajectory(p: _Prediction) -> tuple[TrajectoryPoint, ...]:
-    out = []
-    for index, (logprob, rank) in enumerate(zip(p.point_lp.tolist(), _ranks(p), strict=True)):
-        name = point_name(index)
-        stage, layer = name.split("_")[1], int(name.rsplit("_", 1)[1])
-        out.append(TrajectoryPoint(name, layer, stage, math.exp(logprob), rank, logprob))
-    return tuple(out)
+    points = zip(p.point_lp.tolist(), _ranks(p), strict=True)
+    return tuple(_trajectory_point(index, logprob, rank) for index, (logprob, rank) in enumerate(points))
+
+
+def _trajectory_point(point: int, logprob: float, rank: int) -> TrajectoryPoint:
+    """The target at residual point number `point` (`point_name`)."""
+    name = point_name(point)
+    stage, layer = name.split("_")[1], int(name.rsplit("_", 1)[1])
+    return TrajectoryPoint(name, layer, stage, math.exp(logprob), rank, logprob)
 
 
 def _check(p: _Prediction) -> AttributionCheck:
