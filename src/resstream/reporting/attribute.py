@@ -19,9 +19,7 @@ full precision; figures and the page show tokens with visible whitespace (`show_
 from __future__ import annotations
 
 import base64
-import csv
 import html
-import io
 import itertools
 import math
 import os
@@ -50,6 +48,7 @@ from resstream.analysis.attribution_results import (
     TrajectoryPoint,
 )
 from resstream.io import write_text
+from resstream.reporting.csvs import csv_text
 from resstream.reporting.figures import integer_ticks, new_figure, save_figure
 from resstream.reporting.text import probability_text, show_token
 from resstream.rundir import OutputSet
@@ -223,11 +222,7 @@ def _path(directory: Directory, name: str) -> Path:
 
 def _csv_text(table: Table) -> str:
     """Header, then one row per item; floats as Python writes them (shortest exact form)."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(table.columns)
-    writer.writerows(table.rows)
-    return buffer.getvalue()
+    return csv_text(table.columns, table.rows)
 
 
 def write_attribute_csvs(result: Result, directory: Directory) -> list[Path]:

@@ -10,14 +10,13 @@ in the title).
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 from pathlib import Path
 
 import numpy as np
 
 from resstream.analysis.composition import KIND_NAMES, KINDS, CompositionResult, HeadPair, Kind
+from resstream.reporting.csvs import csv_text
 from resstream.reporting.figures import new_figure, save_figure
 
 CSV_COLUMNS = ("layer_a", "head_a", "layer_b", "head_b", "q", "k", "v")
@@ -25,12 +24,8 @@ CSV_COLUMNS = ("layer_a", "head_a", "layer_b", "head_b", "q", "k", "v")
 
 def composition_csv(result: CompositionResult) -> str:
     """One row per pair of heads: earlier (layer_a, head_a), later (layer_b, head_b), q, k, v."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    for pair in result.pairs():
-        writer.writerow([*pair, *(float(result.scores(kind)[pair]) for kind in KINDS)])
-    return buffer.getvalue()
+    rows = ([*pair, *(float(result.scores(kind)[pair]) for kind in KINDS)] for pair in result.pairs())
+    return csv_text(CSV_COLUMNS, rows)
 
 
 def heatmap_matrix(result: CompositionResult, kind: Kind) -> np.ndarray:

@@ -9,14 +9,14 @@ no network. Nothing here computes model outputs.
 
 from __future__ import annotations
 
-import csv
 import html
-import io
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 from resstream.analysis.neurons import Context, NeuronReport, NeuronsResult
 from resstream.io import write_text
+from resstream.reporting.csvs import csv_text
 from resstream.reporting.figures import new_figure, save_figure
 from resstream.reporting.text import show_token
 
@@ -51,28 +51,27 @@ def neurons_csv(result: NeuronsResult) -> str:
     and the window, the activating token in ⟦ ⟧). Token texts keep their spaces; a newline is
     '↵' and other control characters are escapes, so each row is one line (neurons.json has
     the exact texts)."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
+    return csv_text(CSV_COLUMNS, _neuron_rows(result))
+
+
+def _neuron_rows(result: NeuronsResult) -> Iterator[list[object]]:
+    """The rows of neurons.csv: each neuron's promoted, suppressed and context lines."""
     for n in result.neurons:
         for name, pairs in (("promoted", n.promoted), ("suppressed", n.suppressed)):
             for rank, (token, score) in enumerate(pairs):
-                writer.writerow([n.neuron, name, rank, score, token, _cell(result, token), "", "", ""])
+                yield [n.neuron, name, rank, score, token, _cell(result, token), "", "", ""]
         for rank, c in enumerate(n.contexts):
-            writer.writerow(
-                [
-                    n.neuron,
-                    "context",
-                    rank,
-                    c.activation,
-                    c.token_id,
-                    _cell(result, c.token_id),
-                    c.sequence,
-                    c.position,
-                    context_text(result, c),
-                ]
-            )
-    return buffer.getvalue()
+            yield [
+                n.neuron,
+                "context",
+                rank,
+                c.activation,
+                c.token_id,
+                _cell(result, c.token_id),
+                c.sequence,
+                c.position,
+                context_text(result, c),
+            ]
 
 
 def _cell(result: NeuronsResult, token: int) -> str:

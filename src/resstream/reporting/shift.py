@@ -10,14 +10,13 @@ computes model outputs.
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Sequence
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
 from resstream.analysis.alignment import AlignmentResult
+from resstream.reporting.csvs import csv_text
 from resstream.reporting.figures import INPUT_TOKEN, NEXT_TOKEN, integer_ticks, new_figure, save_figure
 
 
@@ -220,25 +219,22 @@ CSV_COLUMNS = (
 
 def shift_csv(results: Sequence[AlignmentResult]) -> str:
     """One row per model, decoder and layer."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    for r in results:
-        for index, layer in enumerate(r.layers):
-            writer.writerow(
-                [
-                    r.model,
-                    r.decoder,
-                    layer,
-                    layer / r.num_layers,
-                    r.in_match[index],
-                    *r.in_match_ci[index],
-                    r.out_match[index],
-                    *r.out_match_ci[index],
-                    r.cos_in[index],
-                    r.cos_out[index],
-                    r.projection[index],
-                    r.shift_depths[index],
-                ]
-            )
-    return buffer.getvalue()
+    return csv_text(CSV_COLUMNS, (_csv_row(r, index) for r in results for index in range(len(r.layers))))
+
+
+def _csv_row(r: AlignmentResult, index: int) -> list[object]:
+    layer = r.layers[index]
+    return [
+        r.model,
+        r.decoder,
+        layer,
+        layer / r.num_layers,
+        r.in_match[index],
+        *r.in_match_ci[index],
+        r.out_match[index],
+        *r.out_match_ci[index],
+        r.cos_in[index],
+        r.cos_out[index],
+        r.projection[index],
+        r.shift_depths[index],
+    ]

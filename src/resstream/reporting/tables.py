@@ -10,14 +10,13 @@ part only when at least two seeds contribute; n is the number of seeds.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from resstream.reporting.csvs import csv_text
 from resstream.training.records import EVAL_METRICS, RunRecord, SweepResult
 
 DIGITS = 3
@@ -180,19 +179,17 @@ class CompareTable:
 
     def to_csv(self) -> str:
         """One line per row: label, cut layer, α, n, then mean, std, n of every column."""
-        buffer = io.StringIO()
-        writer = csv.writer(buffer, lineterminator="\n")
         head = ["row", "label", "cut_layer", "alpha", "n"]
         for column in self.columns:
             head += [f"{column.key} mean", f"{column.key} std", f"{column.key} n"]
-        writer.writerow(head)
+        lines = []
         for row in self.rows:
             line: list[Any] = [row.key, row.label, _blank(row.cut_layer), _blank(row.alpha), row.n]
             for column in self.columns:
                 stat = row.cells.get(column.key)
                 line += [_blank(stat and stat.mean), _blank(stat and stat.std), stat.n if stat else 0]
-            writer.writerow(line)
-        return buffer.getvalue()
+            lines.append(line)
+        return csv_text(head, lines)
 
     def to_dict(self) -> dict[str, Any]:
         """Machine-readable form (compare.json)."""
@@ -304,22 +301,19 @@ def sweep_csv(result: SweepResult) -> str:
     """One line per run: seed, name, gate, cut layer, α, val loss, then every benchmark metric."""
     benchmarks = list(result.benchmarks) or sorted({b for r in result.runs for b in r.evals})
     metrics = list(EVAL_METRICS)
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(
-        [
-            "seed",
-            "name",
-            "gate",
-            "cut_layer",
-            "alpha",
-            "val_loss",
-            *(f"{b}/{m}" for b in benchmarks for m in metrics),
-        ]
-    )
+    head = [
+        "seed",
+        "name",
+        "gate",
+        "cut_layer",
+        "alpha",
+        "val_loss",
+        *(f"{b}/{m}" for b in benchmarks for m in metrics),
+    ]
+    rows = []
     for run in result.runs:
         scores = [_blank((run.evals.get(b) or {}).get(m)) for b in benchmarks for m in metrics]
-        writer.writerow(
+        rows.append(
             [run.seed, run.name, run.gate, _blank(run.cut_layer), _blank(run.alpha), run.val_loss, *scores]
         )
-    return buffer.getvalue()
+    return csv_text(head, rows)

@@ -7,14 +7,13 @@ lens on held-out text, and beside it their cross-entropy against the next token.
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Sequence
 from pathlib import Path
 
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from resstream.analysis.lens_training import LensEvaluation
+from resstream.reporting.csvs import csv_text
 from resstream.reporting.figures import integer_ticks, new_figure, save_figure
 
 #: Log-axis tick labels as plain numbers rather than powers of ten.
@@ -31,13 +30,10 @@ CSV_COLUMNS = (
 
 def evaluation_csv(evaluation: LensEvaluation) -> str:
     """One row per layer 0..L."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
     ev = evaluation
-    for i, layer in enumerate(ev.layers):
-        writer.writerow([layer, ev.logit_kl[i], ev.tuned_kl[i], ev.logit_ce[i], ev.tuned_ce[i]])
-    return buffer.getvalue()
+    return csv_text(
+        CSV_COLUMNS, zip(ev.layers, ev.logit_kl, ev.tuned_kl, ev.logit_ce, ev.tuned_ce, strict=True)
+    )
 
 
 def plot_bits_per_layer(evaluation: LensEvaluation, path: str | Path) -> Path:
