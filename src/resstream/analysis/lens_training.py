@@ -178,6 +178,8 @@ class LensEvaluation:
     dataset: str | None = None
     dataset_fingerprint: str | None = None
     num_sequences: int = 0
+    seq_len: int = 0  # tokens per evaluated window
+    seed: int | None = None  # of the window sample (and of the training split, on its corpus)
 
     @classmethod
     def from_sums(cls, model: str, logit: LayerSums, tuned: LayerSums, sample: str = "") -> LensEvaluation:

@@ -433,7 +433,12 @@ def _evaluate(
     assert logit is not None and tuned is not None
     evaluation = LensEvaluation.from_sums(lens.model, logit, tuned, sample)
     return replace(
-        evaluation, dataset=split.dataset, dataset_fingerprint=split.fingerprint, num_sequences=len(windows)
+        evaluation,
+        dataset=split.dataset,
+        dataset_fingerprint=split.fingerprint,
+        num_sequences=len(windows),
+        seq_len=split.seq_len,
+        seed=split.seed,
     )
 
 

@@ -95,7 +95,7 @@ def tune_lens(
                 trust_remote_code=trust_remote_code,
                 progress=not quiet,
             )
-            settings = {"mode": "eval", "seq_len": seq_len or lens.record.get("seq_len")}
+            settings = {"mode": "eval"}
         else:
             report = resstream.tune_lens(
                 model,
@@ -114,13 +114,7 @@ def tune_lens(
                 progress=not quiet,
             )
             lens, evaluation = report.lens, report.evaluation
-            settings = {
-                "mode": "train",
-                "tokens": tokens,
-                "steps": steps,
-                "lr": lr,
-                "seq_len": lens.record["seq_len"],
-            }
+            settings = {"mode": "train", "tokens": tokens, "steps": steps, "lr": lr}
         lens.save(outputs.staging)
         write_json(outputs / "evaluation.json", evaluation.to_dict())
         write_text(outputs / "evaluation.csv", evaluation_csv(evaluation))
@@ -133,15 +127,15 @@ def tune_lens(
             **settings,
             "model": model,
             "dataset": evaluation.dataset,
+            "seq_len": evaluation.seq_len,
             "eval_seqs": evaluation.num_sequences,
             "batch_size": batch_size,
             "dtype": dtype,
             "data_dir": str(data_dir) if data_dir else None,
         }
-        used_seed = seed if seed is not None else (lens.record.get("seed", 0) if evaluate else 0)
         record = run_record(
             settings,
-            seed=used_seed,
+            seed=evaluation.seed,
             device=resolved_device(device),
             dataset_fingerprint=evaluation.dataset_fingerprint,
         )
