@@ -177,16 +177,23 @@ class NonFiniteInputs(RunError, ValueError):
     HINT = "no ranks exist (a float16/bfloat16 model overflowing? try `dtype` float32)"
 
 
-def decoder_of(view: ModelView, kind: DecoderKind = "logit-lens", lens: TunedLens | None = None) -> Decoder:
+def decoder_of(
+    view: ModelView,
+    kind: DecoderKind = "logit-lens",
+    lens: TunedLens | None = None,
+    *,
+    source: str = "the lens",
+) -> Decoder:
     """The decoder `kind` of a model: its final norm, unembedding, bias and soft-capping, and
-    for `tuned` the `lens` (checked against the model: UsageError for another model's lens)."""
+    for `tuned` the `lens` (checked against the model: UsageError for another model's lens,
+    naming it as `source`)."""
     check_choice("decoder", kind, DECODERS)
     if kind == "embedding":
         return Decoder("embedding", view.W_E.detach(), tied=view.tied)
     if kind == "tuned":
         if lens is None:
             raise ValueError("the tuned decoder needs a lens (resstream.analysis.tuned_lens.load_lens)")
-        lens.check_model(view)
+        lens.check_model(view, source=source)
         lens.translators.to(view.W_U.device)
     return Decoder(
         kind,

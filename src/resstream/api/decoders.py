@@ -30,15 +30,20 @@ class DecoderSpec:
     source: str
     lens: TunedLens | None = None
 
+    @property
+    def name(self) -> str:
+        """How messages name this decoder's lens."""
+        return f"the tuned lens {self.source!r}"
+
     def check(self, view: ModelView) -> None:
-        """UsageError (naming both fingerprints) when this is a lens of another model."""
+        """UsageError (naming both fingerprints) when this is a lens of another model: for a
+        refusal before the work starts (`build` checks again)."""
         if self.lens is not None:
-            self.lens.check_model(view, source=f"the tuned lens {self.source!r}")
+            self.lens.check_model(view, source=self.name)
 
     def build(self, view: ModelView) -> Decoder:
-        """The decoder of `view` (checked first: `check`)."""
-        self.check(view)
-        return decoder_of(view, self.kind, self.lens)
+        """The decoder of `view` (`decoder_of`, which refuses another model's lens)."""
+        return decoder_of(view, self.kind, self.lens, source=self.name)
 
 
 def decoder_spec(spec: DecoderLike) -> DecoderSpec:
