@@ -9,7 +9,13 @@ import typer
 
 from resstream.cli.common import check_max_eval_tokens, echo_err, split_names
 from resstream.cli.flags import flag
-from resstream.cli.train import field_help, parse_field_flags, resolve_train_config, write_run_figures
+from resstream.cli.train import (
+    PRESET_HELP,
+    field_help,
+    parse_field_flags,
+    resolve_train_config,
+    write_run_figures,
+)
 from resstream.errors import UsageError
 
 if TYPE_CHECKING:
@@ -45,7 +51,7 @@ def check_sweep_flags(flags: dict[str, Any]) -> None:
 def sweep(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", help="Sweep directory (created if missing).")],
-    preset: Annotated[str | None, typer.Option(help="Preset: reference, tiny, laptop, gpt2-124m.")] = None,
+    preset: Annotated[str | None, typer.Option(help=PRESET_HELP)] = None,
     config: Annotated[Path | None, typer.Option("--config", help="YAML config file.")] = None,
     seeds: Annotated[
         str | None, typer.Option(help="Comma-separated seeds, e.g. 0,1,2 (default: the config's seed).")

@@ -12,7 +12,18 @@ from rich.markup import escape
 from resstream.cli.common import echo_err
 from resstream.cli.flags import cli_message, flag
 from resstream.errors import UsageError, closest
-from resstream.training.config import FIELDS, build_config, description, flatten, load_yaml, preset_values
+from resstream.training.config import (
+    FIELDS,
+    PRESETS,
+    build_config,
+    description,
+    flatten,
+    load_yaml,
+    preset_values,
+)
+
+#: --preset's help (train and sweep): the presets by name.
+PRESET_HELP = f"Preset: {', '.join(PRESETS)}."
 
 if TYPE_CHECKING:
     from resstream.training.loop import TrainResult
@@ -119,7 +130,7 @@ def check_fixed_gate_options(gate: str, *, alpha: float | None, cut_layer: int |
 def train(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", help="Run directory (created if missing).")],
-    preset: Annotated[str | None, typer.Option(help="Preset: reference, tiny, laptop, gpt2-124m.")] = None,
+    preset: Annotated[str | None, typer.Option(help=PRESET_HELP)] = None,
     config: Annotated[Path | None, typer.Option("--config", help="YAML config file.")] = None,
     gate: Annotated[str | None, typer.Option(help=option_help("gate"))] = None,
     alpha: Annotated[float | None, typer.Option(help=option_help("alpha"))] = None,

@@ -212,6 +212,26 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "checkpoint_interval": 300,
         },
     },
+    # The residual-attenuation paper's protocol: GPT-2-style, 12 layers, 124M parameters (tied
+    # embeddings), 10B tokens of FineWeb-Edu sample-10BT (19,073 steps of 512 x 1024 tokens),
+    # bf16 autocast, torch.compile and fused AdamW on CUDA (the `auto` settings); made for
+    # torchrun on 8 GPUs (micro-batch 512 / (4 x 8) = 16 sequences per GPU). `resstream
+    # reproduce --scale paper` points `dataset` at its sharded token store.
+    "paper": {
+        "model": {"n_layer": 12, "n_head": 12, "d_model": 768, "block_size": 1024, "vocab_size": 50304},
+        "data": {"dataset": "fineweb-edu-10bt", "val_fraction": 0.0005},
+        "tokenizer": {"tokenizer": "gpt2"},
+        "optim": {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 700, "weight_decay": 0.1},
+        "run": {
+            "max_steps": 19073,
+            "batch_size": 512,
+            "grad_accum": 4,
+            "eval_interval": 1000,
+            "checkpoint_interval": 1000,
+            "eval_batches": 20,
+            "log_interval": 10,
+        },
+    },
     # GPT-2 small (124M) on one GPU with the GPT-2 tokenizer.
     "gpt2-124m": {
         "model": {"n_layer": 12, "n_head": 12, "d_model": 768, "block_size": 1024, "vocab_size": 50304},

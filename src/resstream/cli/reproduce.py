@@ -1,0 +1,76 @@
+"""`resstream reproduce`: the whole residual-attenuation study, one command, resumable.
+
+The stages and what makes them reusable are `resstream.cli.pipeline`; this module parses the
+flags, runs the pipeline and prints where everything is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from resstream.cli.common import echo_err
+
+
+def reproduce_command(
+    out: Annotated[Path, typer.Option("--out", help="Directory of the reproduction (created if missing).")],
+    scale: Annotated[
+        str,
+        typer.Option(
+            help="tiny (a one-minute smoke test), laptop (≤ 30 min on 2 CPU cores) or paper (GPUs)."
+        ),
+    ] = "laptop",
+    models: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--model",
+            help="Pretrained model to analyse and evaluate (run dir, HF directory or hub name); "
+            "repeat for several (default: the scale's).",
+        ),
+    ] = None,
+    seeds: Annotated[
+        str | None, typer.Option(help="Comma-separated training seeds (default: the scale's).")
+    ] = None,
+    only: Annotated[
+        str | None,
+        typer.Option(
+            help="Run this stage again (tokens, shift, sweep, eval, compare, misalignment, report); "
+            "the stages it needs must have finished."
+        ),
+    ] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Local corpora (else env RESSTREAM_DATA, then Hugging Face).")
+    ] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    nproc_per_node: Annotated[
+        int, typer.Option(help="Training processes on this machine (GPUs), launched with torchrun.")
+    ] = 1,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
+) -> None:
+    """Reproduce the residual-attenuation study: shift, sweep, eval, compare, misalignment, report.html."""
+    from resstream.cli.pipeline import make_plan, reproduce
+    from resstream.cli.sweep import parse_int_list
+
+    seed_list = parse_int_list(seeds, "--seeds") if seeds is not None else ()
+    plan = make_plan(
+        scale,
+        out,
+        models=models or (),
+        seeds=seed_list,
+        data_dir=str(data_dir) if data_dir else None,
+        device=device,
+        nproc_per_node=nproc_per_node,
+        quiet=quiet,
+    )
+    outcomes = reproduce(plan, only=only, log=echo_err)
+    for outcome in outcomes:
+        how = f"ran in {outcome.seconds:.0f} s" if outcome.ran else "reused"
+        typer.echo(f"{outcome.name:<13} {how}")
+    typer.echo(f"reproduction at {plan.scale.name} scale in {out}; open {out / 'report.html'}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `reproduce` to the app."""
+    app.command("reproduce")(reproduce_command)
