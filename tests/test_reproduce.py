@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from resstream.cli import pipeline as pl
+from resstream.cli import study
 from resstream.cli.main import main
 from resstream.errors import UsageError
 from tests.cli_support import expect_usage_error
@@ -26,7 +27,7 @@ class Recorder:
         self.fail_once: set[str] = set()
 
     def action(self, name: str):
-        def run(plan: pl.Plan) -> None:
+        def run(plan: study.Plan) -> None:
             if name in self.fail_once:
                 self.fail_once.discard(name)
                 raise KeyboardInterrupt
@@ -49,9 +50,9 @@ def table(rec: Recorder, corpus: Path | None = None) -> dict[str, pl.Stage]:
 
 
 def run(rec: Recorder, out: Path, *, only=None, models=(), corpus=None, lines=None):
-    plan = pl.make_plan("tiny", out, models=models)
+    plan = study.make_plan("tiny", out, models=models)
     log = lines.append if lines is not None else (lambda line: None)
-    return pl.reproduce(plan, only=only, log=log, table=table(rec, corpus))
+    return pl.reproduce(plan, table(rec, corpus), only=only, log=log)
 
 
 def ran(outcomes) -> list[str]:
@@ -129,24 +130,24 @@ def test_a_record_of_another_scale_or_a_corrupt_one_is_refused(tmp_path):
 def test_fingerprints_ignore_where_the_reproduction_lives(tmp_path):
     state = pl.State("tiny")
     stage = table(Recorder())["a"]
-    one = pl.stage_fingerprint(stage, pl.make_plan("tiny", tmp_path / "x"), state, {})
-    two = pl.stage_fingerprint(stage, pl.make_plan("tiny", tmp_path / "y", device="cpu"), state, {})
+    one = pl.stage_fingerprint(stage, study.make_plan("tiny", tmp_path / "x"), state, {})
+    two = pl.stage_fingerprint(stage, study.make_plan("tiny", tmp_path / "y", device="cpu"), state, {})
     assert one == two
 
 
 def test_the_scales_stages():
-    names = lambda scale: [s.name for s in pl.stages_of(pl.make_plan(scale, "x"))]  # noqa: E731
+    names = lambda scale: [s.name for s in pl.stages_of(study.make_plan(scale, "x"), study.STAGE_TABLE)]  # noqa: E731
     assert names("laptop") == ["shift", "sweep", "eval", "compare", "misalignment", "report"]
     assert names("paper") == ["tokens", *names("laptop")]
 
 
 def test_commands_recorded_with_the_directory_as_a_placeholder(tmp_path):
-    plan = pl.make_plan("laptop", tmp_path, models=("reference", "org/model"))
-    steps = pl.shift_steps(plan)
+    plan = study.make_plan("laptop", tmp_path, models=("reference", "org/model"))
+    steps = study.shift_steps(plan)
     assert [s.label for s in steps] == ["shift reference", "lens reference", "shift org/model", "lens org/model"]
     assert steps[2].argv[-2:] == ("--out", "{out}/shift/org--model")
     assert pl.expand(steps[2].argv, tmp_path)[-1] == f"{tmp_path}/shift/org--model"
-    sweep = pl.sweep_steps(plan)[0]
+    sweep = study.sweep_steps(plan)[0]
     assert sweep.distributed and sweep.argv[:5] == ("sweep", "--preset", "laptop", "--max-steps", "300")
     assert "--seeds" in sweep.argv and sweep.argv[sweep.argv.index("--seeds") + 1] == "0,1,2"
 

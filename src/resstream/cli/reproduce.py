@@ -1,7 +1,7 @@
 """`resstream reproduce`: the whole residual-attenuation study, one command, resumable.
 
-The stages and what makes them reusable are `resstream.cli.pipeline`; this module parses the
-flags, runs the pipeline and prints where everything is.
+The stages are `resstream.cli.study`, what makes them reusable `resstream.cli.pipeline`; this
+module parses the flags, runs the pipeline and prints where everything is.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def reproduce_command(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
 ) -> None:
     """Reproduce the residual-attenuation study: shift, sweep, eval, compare, misalignment, report.html."""
-    from resstream.cli.pipeline import make_plan, reproduce
+    from resstream.cli.pipeline import reproduce
+    from resstream.cli.study import STAGE_TABLE, make_plan
     from resstream.cli.sweep import parse_int_list
 
     seed_list = parse_int_list(seeds, "--seeds") if seeds is not None else ()
@@ -64,7 +65,7 @@ def reproduce_command(
         nproc_per_node=nproc_per_node,
         quiet=quiet,
     )
-    outcomes = reproduce(plan, only=only, log=echo_err)
+    outcomes = reproduce(plan, STAGE_TABLE, only=only, log=echo_err)
     for outcome in outcomes:
         how = f"ran in {outcome.seconds:.0f} s" if outcome.ran else "reused"
         typer.echo(f"{outcome.name:<13} {how}")

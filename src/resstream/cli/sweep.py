@@ -78,8 +78,8 @@ def sweep(
     from resstream.io import write_text
     from resstream.reporting.plots import plot_gate_heatmap, plot_sweep_val_loss
     from resstream.reporting.tables import sweep_csv
-    from resstream.rundir import locked_directory
     from resstream.training import sweep as sw
+    from resstream.training.distributed import launched_rank, writer_lock
     from resstream.training.evaluate import check_benchmark_data, check_benchmarks
 
     extra = list(ctx.args)
@@ -92,7 +92,7 @@ def sweep(
         raise UsageError(f"--benchmarks: {benchmarks!r} names no benchmark")
     max_tokens = check_max_eval_tokens(max_eval_tokens)
     plan = sw.plan_sweep(base, seeds=seed_list, layers=layer_list, learned=not no_learned)
-    with locked_directory(out, "sweep"):
+    with writer_lock(out, "sweep", param="out"):
         sw.check_existing(plan, out)
         if names:
             check_benchmark_data(names, base.run.data_dir)
@@ -104,6 +104,8 @@ def sweep(
             progress=not quiet,
             log=None if quiet else echo_err,
         )
+        if launched_rank() != 0:  # the other processes of a torchrun job only trained
+            return
         write_text(out / "sweep.csv", sweep_csv(result))
         plot_sweep_val_loss(result, out / "sweep_val_loss.png")
         if any(h.steps for h in result.gate_histories.values()):

@@ -52,7 +52,7 @@ def launched_rank() -> int:
 
 
 @contextlib.contextmanager
-def writer_lock(directory: str | os.PathLike[str], command: str, *, param: str) -> Iterator[None]:
+def writer_lock(directory: str | os.PathLike[str], command: str, *, param: str | None) -> Iterator[None]:
     """The run-directory lock (`resstream.rundir`), taken by the process that writes: rank 0.
 
     The other ranks of a torchrun job share rank 0's directory and never write to it.

@@ -394,9 +394,11 @@ def _train_or_skip(
     """
     from resstream.training.loop import Trainer
 
+    from resstream.training.distributed import writer_lock
+
     run_dir = run.path(root)
     label = f"sweep [{index}/{total}] seed {run.seed} {run.name}"
-    with locked_directory(run_dir, "train", param=None):  # as `loop.train` holds its run folder
+    with writer_lock(run_dir, "train", param=None):  # as `loop.train` holds its run folder
         if (run_dir / MODEL_META).is_file():
             if log:
                 log(f"{label}: finished earlier, skipped")
@@ -483,6 +485,18 @@ def _write_outputs(result: SweepResult, plan: SweepPlan, max_tokens: int | None)
     )
 
 
+def _main_process_after_training() -> bool:
+    """Whether this process goes on to evaluate and write (rank 0), once every rank of a
+    torchrun job has finished training (the others only read the runs back)."""
+    import torch.distributed as dist
+
+    from resstream.training.distributed import launched_rank
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    return launched_rank() == 0
+
+
 def run_sweep(
     plan: SweepPlan,
     out_dir: str | Path,
@@ -504,13 +518,18 @@ def run_sweep(
         raise UsageError(f"`max_eval_tokens` must be >= 2, got {max_eval_tokens}")
     from resstream.training.distributed import writer_lock
 
+    from resstream.training.distributed import launched_rank
+
     root = Path(out_dir)
+    log = log if launched_rank() == 0 else None  # one process of a torchrun job speaks
     with writer_lock(root, "sweep", param="out_dir"):
         try:
             check_existing(plan, root)
             total = len(plan.runs)
             for index, run in enumerate(plan.runs, 1):
                 _train_or_skip(run, root, index, total, progress, log)
+            if not _main_process_after_training():
+                return collect(plan, root, ())
             if benchmarks:
                 _evaluate_all(plan, root, benchmarks, max_eval_tokens, progress, log)
             result = collect(plan, root, benchmarks)

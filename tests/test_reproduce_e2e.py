@@ -1,0 +1,89 @@
+"""`resstream reproduce --scale tiny` end to end: every stage's outputs, reuse of a finished
+reproduction, and the sweep stage under torchrun (2 CPU processes, gloo) matching one process.
+
+Needs the real corpora (WikiText-2 and LAMBADA): skipped when `RESSTREAM_DATA` is not set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from resstream.cli.main import main
+from resstream.cli.pipeline import STATE_FILE
+from resstream.training import checkpoint as ckpt
+
+pytestmark = pytest.mark.skipif(
+    not os.environ.get("RESSTREAM_DATA"), reason="needs the real corpora (set RESSTREAM_DATA)"
+)
+VARIANTS = ["baseline", "fixed-k0", "fixed-k1", "learned"]
+
+
+@pytest.fixture(scope="module")
+def reproduction(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("reproduce") / "tiny"
+    assert main(["reproduce", "--scale", "tiny", "--device", "cpu", "--quiet", "--out", str(out)]) == 0
+    return out
+
+
+def read(path: Path):
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def test_every_stage_finished_and_wrote_its_outputs(reproduction):
+    state = read(reproduction / STATE_FILE)
+    assert list(state["stages"]) == ["shift", "sweep", "eval", "compare", "misalignment", "report"]
+    assert all(stage["status"] == "done" for stage in state["stages"].values())
+    shift = read(reproduction / "shift" / "reference" / "shift.json")
+    assert shift["dataset"] == "wikitext-2" and shift["num_seqs"] == 8 and shift["models"][0]["top_k"] == 5
+    assert (reproduction / "lens" / "reference" / "lens.json").is_file()
+    sweep = read(reproduction / "sweep" / "sweep.json")
+    assert sorted(sweep["runs"]) == ["0", "1"]
+    reference_eval = read(reproduction / "eval" / "reference" / "eval.json")
+    assert [b["name"] for b in reference_eval["benchmarks"]] == ["wikitext-2", "lambada"]
+    assert (reproduction / "compare" / "compare.json").is_file()
+    table = read(reproduction / "misalignment" / "misalignment.json")
+    assert [v["variant"] for v in table["variants"]] == VARIANTS
+    assert all(v["n"] == 2 and v["seeds"] == [0, 1] for v in table["variants"])
+    html = (reproduction / "report.html").read_text(encoding="utf-8")
+    assert "tiny scale" in html
+    # what the commands printed went to the stage's log, with the command line before it
+    log = (reproduction / "logs" / "shift.log").read_text(encoding="utf-8")
+    assert "$ resstream shift --model reference" in log and "shift layer" in log
+
+
+def test_the_misalignment_table_holds_each_runs_final_layer(reproduction):
+    table = read(reproduction / "misalignment" / "misalignment.json")
+    seed1 = read(reproduction / "misalignment" / "seed-1" / "shift.json")["models"]
+    learned = next(r for r in table["runs"] if r["seed"] == 1 and r["variant"] == "learned")
+    assert learned["path"] == "seed-1/learned"
+    assert learned["final_in_match"] == seed1[VARIANTS.index("learned")]["in_match"][-1]
+    assert learned["final_projection"] == seed1[VARIANTS.index("learned")]["projection"][-1]
+
+
+def test_a_finished_reproduction_is_reused(reproduction, capsys):
+    before = (reproduction / "report.html").stat().st_mtime_ns
+    start = time.perf_counter()
+    assert main(["reproduce", "--scale", "tiny", "--device", "cpu", "--quiet", "--out", str(reproduction)]) == 0
+    assert time.perf_counter() - start < 30
+    printed = capsys.readouterr()
+    assert printed.out.count("reused") == 6, printed.out
+    assert (reproduction / "report.html").stat().st_mtime_ns == before
+
+
+def test_the_sweep_stage_under_torchrun_matches_one_process(reproduction, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "ddp"
+    args = ["reproduce", "--scale", "tiny", "--seeds", "0", "--only", "sweep", "--nproc-per-node", "2"]
+    assert main([*args, "--device", "cpu", "--quiet", "--out", str(out)]) == 0
+    for variant in VARIANTS:
+        a = ckpt.load_run(out / "sweep" / "seed-0" / variant).model.state_dict()
+        b = ckpt.load_run(reproduction / "sweep" / "seed-0" / variant).model.state_dict()
+        for name in a:
+            torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=f"{variant} {name}")
+    assert '"world_size": 2' in (out / "sweep" / "seed-0" / "baseline" / "run.json").read_text()
