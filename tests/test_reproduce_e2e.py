@@ -22,12 +22,13 @@ pytestmark = pytest.mark.skipif(
     not os.environ.get("RESSTREAM_DATA"), reason="needs the real corpora (set RESSTREAM_DATA)"
 )
 VARIANTS = ["baseline", "fixed-k0", "fixed-k1", "learned"]
+TINY = ["reproduce", "--scale", "tiny", "--device", "cpu", "--quiet"]
 
 
 @pytest.fixture(scope="module")
 def reproduction(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("reproduce") / "tiny"
-    assert main(["reproduce", "--scale", "tiny", "--device", "cpu", "--quiet", "--out", str(out)]) == 0
+    assert main([*TINY, "--out", str(out)]) == 0
     return out
 
 
@@ -69,7 +70,7 @@ def test_the_misalignment_table_holds_each_runs_final_layer(reproduction):
 def test_a_finished_reproduction_is_reused(reproduction, capsys):
     before = (reproduction / "report.html").stat().st_mtime_ns
     start = time.perf_counter()
-    assert main(["reproduce", "--scale", "tiny", "--device", "cpu", "--quiet", "--out", str(reproduction)]) == 0
+    assert main([*TINY, "--out", str(reproduction)]) == 0
     assert time.perf_counter() - start < 30
     printed = capsys.readouterr()
     assert printed.out.count("reused") == 6, printed.out

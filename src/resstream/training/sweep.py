@@ -392,9 +392,8 @@ def _train_or_skip(
     The trainer is built before the run is announced, so bad input (a missing corpus, too few
     tokens, an unknown tokenizer) is refused with nothing logged and nothing written.
     """
-    from resstream.training.loop import Trainer
-
     from resstream.training.distributed import writer_lock
+    from resstream.training.loop import Trainer
 
     run_dir = run.path(root)
     label = f"sweep [{index}/{total}] seed {run.seed} {run.name}"
@@ -516,9 +515,7 @@ def run_sweep(
     benchmarks = check_benchmarks(benchmarks, allow_all=True)  # refused before any training
     if max_eval_tokens is not None and max_eval_tokens < 2:
         raise UsageError(f"`max_eval_tokens` must be >= 2, got {max_eval_tokens}")
-    from resstream.training.distributed import writer_lock
-
-    from resstream.training.distributed import launched_rank
+    from resstream.training.distributed import launched_rank, writer_lock
 
     root = Path(out_dir)
     log = log if launched_rank() == 0 else None  # one process of a torchrun job speaks
