@@ -141,7 +141,11 @@ def eval_command(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
 ) -> None:
     """Evaluate a model (a run, the reference model or a Hugging Face model): loss, perplexity,
-    top-1 accuracy (and LAMBADA last-word accuracy), each model with its own tokenizer."""
+    top-1 accuracy (and LAMBADA last-word accuracy), each model with its own tokenizer.
+
+    A run is scored on only the held-out tail of its own training corpus; for any other model
+    shakespeare is the tail a run holds out by default (val_fraction 0.1), the rest is scored whole.
+    """
     from resstream.models.evaluation import prepare_eval
     from resstream.rundir import output_set
     from resstream.training.evaluate import BENCHMARKS, estimate, run_plan
