@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ from resstream.training.config import build_config
 from resstream.training.evaluate import (
     BENCHMARKS,
     EvalReport,
+    TrainingText,
     _shakespeare_note,
     check_benchmark_data,
     check_benchmarks,
@@ -186,12 +186,11 @@ def test_shakespeare_is_the_trainers_validation_tail(tmp_path, monkeypatch):
 
 def test_shakespeare_note_says_whether_the_tail_is_held_out():
     def trained(dataset, fingerprint=None):
-        config = build_config({"dataset": dataset})
-        return SimpleNamespace(config=config, meta={"corpus_fingerprint": fingerprint})
+        return TrainingText(dataset, 0.1, fingerprint)
 
-    assert "held out: the run trained on shakespeare" in _shakespeare_note(trained("shakespeare"), "f", 0.1)
-    assert "NOT held out" in _shakespeare_note(trained("wikitext-2"), "f", 0.1)
-    assert "differs" in _shakespeare_note(trained("shakespeare", "g"), "f", 0.1)
+    assert "held out: the run trained on shakespeare" in _shakespeare_note(trained("shakespeare"), "f")
+    assert "NOT held out" in _shakespeare_note(trained("wikitext-2"), "f")
+    assert "differs" in _shakespeare_note(trained("shakespeare", "g"), "f")
 
 
 def test_an_estimate_counts_the_tokens_fed_and_suggests_a_cap():

@@ -1,9 +1,9 @@
 """resstream: the residual stream of causal Transformer language models.
 
 `resstream.shift`, `.lens`, `.attribute`, `.decompose`, `.neurons`, `.composition`, `.recency`,
-`.simulate`, `.tune_lens` and `.evaluate_lens` are the Python API (each defined in the module of
-its name under `resstream.api`; `evaluate_lens` beside `tune_lens`), imported on first use
-(torch is heavy).
+`.simulate`, `.tune_lens`, `.evaluate_lens` and `.evaluate_model` are the Python API (each in the
+module of its name under `resstream.api`; `evaluate_lens` beside `tune_lens`, `evaluate_model` in
+`api.evaluate`), imported on first use (torch is heavy).
 """
 
 import importlib as _importlib
@@ -15,6 +15,7 @@ if _TYPE_CHECKING:
     from resstream.api.attribute import attribute
     from resstream.api.composition import composition
     from resstream.api.decompose import decompose
+    from resstream.api.evaluate import evaluate_model
     from resstream.api.lens import lens
     from resstream.api.neurons import neurons
     from resstream.api.recency import recency
@@ -27,6 +28,7 @@ __all__ = [
     "composition",
     "decompose",
     "evaluate_lens",
+    "evaluate_model",
     "lens",
     "neurons",
     "recency",
@@ -35,7 +37,7 @@ __all__ = [
     "tune_lens",
 ]
 #: API functions defined in a module of another name.
-_MODULE_OF = {"evaluate_lens": "tune_lens"}
+_MODULE_OF = {"evaluate_lens": "tune_lens", "evaluate_model": "evaluate"}
 
 
 def __getattr__(name: str):

@@ -1,4 +1,8 @@
-"""`resstream eval`: loss, perplexity and accuracy of a trained run on standard benchmarks.
+"""`resstream eval`: loss, perplexity and accuracy of a model on standard benchmarks.
+
+The model is what the analysis commands take: a resstream run directory, the built-in
+reference model (default), a local Hugging Face directory or a hub name
+(`resstream.models.evaluation`).
 
 Writes `eval.json` (results and the scoring method), `eval.csv` (one row per benchmark) and
 `run.json` into --out, and prints a table. Every input is checked, the model and all benchmark
@@ -15,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from resstream.cli.common import echo_err
+from resstream.cli.common import DtypeOption, echo_err
 
 if TYPE_CHECKING:
     from resstream.rundir import OutputSet
@@ -87,7 +91,7 @@ def write_outputs(outputs: OutputSet, report: EvalReport, plan: EvalPlan, settin
 
     write_json(outputs / "eval.json", report.to_dict())
     write_text(outputs / "eval.csv", csv_text(report))
-    config = {"command": "eval", **settings, "model_config": plan.trained.config.to_dict()}
+    config = {"command": "eval", **settings, "model_config": plan.model.config}
     record = run_record(
         config, seed=None, device=str(plan.device), dataset_fingerprint=datasets_fingerprint(report.results)
     )
@@ -98,10 +102,11 @@ def write_outputs(outputs: OutputSet, report: EvalReport, plan: EvalPlan, settin
 def eval_command(
     out: Annotated[Path, typer.Option("--out", help="Output directory (created if missing).")],
     model: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
             "--model",
-            help="Run directory of a finished `resstream train` (default: the built-in reference model).",
+            help="Run dir of a finished `resstream train`, Hugging Face directory or hub name "
+            "(default: the built-in reference model).",
         ),
     ] = None,
     benchmarks: Annotated[
@@ -116,6 +121,13 @@ def eval_command(
         Path | None,
         typer.Option("--data-dir", help="Local corpora (else env RESSTREAM_DATA, then Hugging Face)."),
     ] = None,
+    block_size: Annotated[
+        int | None,
+        typer.Option(
+            help="Window length in tokens, 2 .. the model's context (default: the context: a run's "
+            "block_size, a Hugging Face config's n_positions / max_position_embeddings)."
+        ),
+    ] = None,
     stride: Annotated[
         int | None,
         typer.Option(help="Sliding-window stride in tokens, in [1, block_size] (default block_size // 2)."),
@@ -124,20 +136,23 @@ def eval_command(
     max_tokens: Annotated[
         int | None, typer.Option(help="Score at most this many tokens per benchmark (quick runs).")
     ] = None,
+    dtype: DtypeOption = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
 ) -> None:
-    """Evaluate a trained model: loss, perplexity, top-1 accuracy (and LAMBADA last-word accuracy)."""
+    """Evaluate a model (a run, the reference model or a Hugging Face model): loss, perplexity,
+    top-1 accuracy (and LAMBADA last-word accuracy), each model with its own tokenizer.
+
+    A run is scored on only the held-out tail of its own training corpus; for any other model
+    shakespeare is the tail a run holds out by default (val_fraction 0.1), the rest is scored whole.
+    """
+    from resstream.models.evaluation import prepare_eval
     from resstream.rundir import output_set
-    from resstream.training.evaluate import BENCHMARKS, estimate, prepare, run_plan
+    from resstream.training.evaluate import BENCHMARKS, estimate, run_plan
 
-    if model is None:
-        from resstream.assets import reference_model_dir
-
-        model = reference_model_dir()
     chosen = benchmarks if benchmarks is not None else ",".join(BENCHMARKS)
     with output_set(out, "eval") as outputs:
-        plan = prepare(
+        plan = prepare_eval(
             model,
             chosen,
             data_dir=data_dir,
@@ -146,14 +161,20 @@ def eval_command(
             device=device,
             max_tokens=max_tokens,
             progress=not quiet,
+            block_size=block_size,
+            dtype=dtype,
         )
         if not quiet:
             for line in estimate_lines(estimate(plan), plan):
                 echo_err(line)
         report = run_plan(plan, progress=not quiet)
         settings = {
-            "model": str(model),
+            "model": plan.model.name,
+            "model_source": plan.model.source,
+            "model_fingerprint": plan.model.fingerprint,
             "benchmarks": [b.name for b in plan.benchmarks],
+            "block_size": plan.model.block_size,
+            "dtype": dtype,
             "stride": plan.stride,
             "batch_size": batch_size,
             "max_tokens": max_tokens,

@@ -76,6 +76,8 @@ class LoadedModel:
     source: str
     dtype: str = "float32"
     device: str = "cpu"
+    where: str | None = None  # the directory or hub name it was loaded from (None: from memory)
+    run: Any = None  # a resstream run's `TrainedModel` (config, tokenizer, metadata); else None
 
     @property
     def model(self) -> nn.Module:
@@ -264,6 +266,8 @@ def _load_resstream(path: Path, name: str, source: str, dtype: str, device: str)
         source=source,
         dtype=_dtype_name(torch_dtype),
         device=device,
+        where=str(path),
+        run=run,
     )
 
 
@@ -296,6 +300,7 @@ def _load_hf(
         source=source,
         dtype=_dtype_name(view.W_U.dtype),
         device=device if device_map is None else f"device_map={device_map}",
+        where=where,
     )
 
 

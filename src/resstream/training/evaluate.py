@@ -1,4 +1,9 @@
-"""Benchmark evaluation of a finished resstream run: loss, perplexity, top-1 accuracy, LAMBADA.
+"""Benchmark evaluation of a model: loss, perplexity, top-1 accuracy, LAMBADA.
+
+The model is an `EvalModel`: something that gives logits for token ids, with its tokenizer,
+the window length it is scored with (`block_size`, at most its context), a display name and a
+fingerprint of its weights. A finished resstream run becomes one with `run_eval_model`; any
+other model (a Hugging Face causal LM) is made one by `resstream.models.evaluation`.
 
 Benchmarks (`BENCHMARKS`): ``wikitext-2`` (test split), ``lambada`` (OpenAI test set),
 ``openwebtext`` (sample), ``fineweb-edu`` (sample) and ``shakespeare``: the held-out tail of the
@@ -7,6 +12,9 @@ built-in corpus, cut by the rule the trainer uses
 It is held-out text only for a run that trained on ``shakespeare``; the result says so either way.
 The same rule applies to any benchmark whose text is the run's own training corpus (same
 fingerprint, e.g. ``fineweb-edu`` for the ``gpt2-124m`` preset): only its validation tail is scored.
+A model that is not a resstream run has no training corpus known here: every benchmark is scored
+whole, except ``shakespeare``, which is the same tail (the trainer's default `val_fraction`, cut
+in the model's own tokens), so its score sits beside the runs' (`SHAKESPEARE_TAIL_NOTE`).
 
 Every benchmark reports loss (nats), perplexity, top-1 accuracy and the number of tokens scored;
 text benchmarks are scored with sliding windows, LAMBADA by its last word
@@ -18,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,7 +66,10 @@ class EvalReport:
     batch_size: int = DEFAULT_BATCH_SIZE
     max_tokens: int | None = None
     device: str = "cpu"
-    model_fingerprint: str | None = None  # of the weights file scored (`checkpoint.weights_fingerprint`)
+    model_fingerprint: str | None = None  # of the weights scored (`EvalModel.fingerprint`)
+    model_source: str = "resstream"  # `EvalModel.source`
+    context: int | None = None  # the model's own context in tokens (block_size <= context)
+    end_of_text: str | None = None  # the token after each document (None: the tokenizer has none)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form written to eval.json. Every benchmark entry also carries what it was
@@ -84,8 +95,101 @@ class EvalReport:
                 "accuracy = next-token top-1 in percent",
             },
             "model_fingerprint": self.model_fingerprint,
+            "model_source": self.model_source,
+            "context": self.context,
+            "end_of_text": self.end_of_text,
+            "documents": documents_rule(self.end_of_text),
             "benchmarks": [{**r.to_dict(), **provenance} for r in self.results],
         }
+
+
+def documents_rule(end_of_text: str | None) -> str:
+    """How documents are joined and LAMBADA contexts begin, for a tokenizer whose end-of-text
+    token is `end_of_text` (None: it has none)."""
+    if end_of_text is None:
+        return (
+            "the tokenizer has no end-of-text token: documents are joined with nothing between "
+            "them and LAMBADA contexts start without a start token"
+        )
+    return f"{end_of_text!r} after each document and before each LAMBADA context"
+
+
+# --------------------------------------------------------------------------- the model
+@dataclass(frozen=True)
+class TrainingText:
+    """The corpus a resstream run trained on (`dataset`, and its text's `fingerprint` when the
+    run saved it) and the share of its tokens the trainer held out (`val_fraction`)."""
+
+    dataset: str
+    val_fraction: float
+    fingerprint: str | None = None
+
+
+@dataclass(frozen=True)
+class EvalModel:
+    """What an evaluation needs of a model.
+
+    `forward` maps token ids (batch, seq) to logits (or a tuple / output object holding them,
+    see `scoring.logits_of`), in eval mode; `tokenizer` is the model's own (its eos token ends
+    each document); windows are `block_size` tokens, at most the model's `context`; `name`
+    labels the results, `fingerprint` identifies the weights; `source` is where the model came
+    from (`resstream.models.LoadedModel.source`); `config` its configuration as plain data
+    (recorded in run.json); `training` the run's own corpus (None: not a resstream run).
+    """
+
+    forward: torch.nn.Module
+    tokenizer: Any
+    block_size: int
+    context: int
+    name: str
+    fingerprint: str | None
+    source: str
+    config: dict[str, Any]
+    training: TrainingText | None = None
+
+    @property
+    def end_of_text(self) -> str | None:
+        """The token put after each document, or None when the tokenizer has no eos."""
+        return getattr(self.tokenizer, "eos_token", None) if self.tokenizer.eos_token_id is not None else None
+
+
+def resolve_block_size(block_size: int | None, context: int) -> int:
+    """The window length: `block_size`, or the model's `context` by default; UsageError
+    when it is above the context."""
+    if block_size is None:
+        return context
+    if block_size > context:
+        raise UsageError(
+            f"`block_size` {block_size} is above the model's context ({context} tokens); "
+            f"allowed: 2 .. {context}"
+        )
+    return block_size
+
+
+def run_eval_model(
+    trained: TrainedModel,
+    *,
+    name: str | None = None,
+    source: str = "resstream",
+    block_size: int | None = None,
+) -> EvalModel:
+    """A finished resstream run as an `EvalModel` (its context is its config's block_size;
+    its fingerprint is that of its weights file, `checkpoint.weights_fingerprint`)."""
+    from resstream.training.checkpoint import weights_fingerprint
+
+    data = trained.config.data
+    context = trained.config.model.block_size
+    return EvalModel(
+        forward=trained.model,
+        tokenizer=trained.tokenizer,
+        block_size=resolve_block_size(block_size, context),
+        context=context,
+        name=name if name is not None else str(trained.path),
+        fingerprint=weights_fingerprint(trained.path),
+        source=source,
+        config=trained.config.to_dict(),
+        training=TrainingText(data.dataset, data.val_fraction, trained.meta.get("corpus_fingerprint")),
+    )
 
 
 # ------------------------------------------------------------------ preparation
@@ -105,7 +209,7 @@ class PreparedBenchmark:
 class EvalPlan:
     """Everything `run_plan` needs; building it validates every input."""
 
-    trained: TrainedModel
+    model: EvalModel
     benchmarks: tuple[PreparedBenchmark, ...]
     stride: int
     batch_size: int
@@ -137,9 +241,20 @@ def parse_benchmarks(benchmarks: str | Iterable[str]) -> tuple[str, ...]:
 
 
 def check_settings(
-    *, stride: int | None, batch_size: int, max_tokens: int | None, data_dir: str | os.PathLike[str] | None
+    *,
+    stride: int | None,
+    batch_size: int,
+    max_tokens: int | None,
+    data_dir: str | os.PathLike[str] | None,
+    block_size: int | None = None,
 ) -> None:
-    """Refuse settings no evaluation can use (stride vs. block_size is checked later)."""
+    """Refuse settings no evaluation can use (stride and block_size against the model's
+    context are checked once it is loaded)."""
+    if block_size is not None and block_size < 2:
+        raise UsageError(
+            f"`block_size` must be >= 2 (a window of 1 token scores every token without context), "
+            f"got {block_size}"
+        )
     if stride is not None and stride < 1:
         raise UsageError(f"`stride` must be >= 1, got {stride}")
     if batch_size < 1:
@@ -208,15 +323,14 @@ def find_benchmark_data(names: Iterable[str], data_dir: str | os.PathLike[str] |
     return BenchmarkData(fingerprints, unavailable)
 
 
-def _shakespeare_note(trained: TrainedModel, corpus_fingerprint: str, val_fraction: float) -> str:
-    trained_on = trained.config.data.dataset
+def _shakespeare_note(training: TrainingText, corpus_fingerprint: str) -> str:
+    trained_on, val_fraction = training.dataset, training.val_fraction
     base = f"validation tail (val_fraction={val_fraction}) of the built-in corpus"
     if trained_on != "shakespeare":
         return (
             f"{base}; NOT held out in a meaningful sense: the run trained on {trained_on!r}, not shakespeare"
         )
-    saved = trained.meta.get("corpus_fingerprint")
-    if saved is not None and saved != corpus_fingerprint:
+    if training.fingerprint is not None and training.fingerprint != corpus_fingerprint:
         return (
             f"{base}; the corpus text differs from the one the run trained on (fingerprint), "
             "so the tail may not be held out"
@@ -224,32 +338,58 @@ def _shakespeare_note(trained: TrainedModel, corpus_fingerprint: str, val_fracti
     return f"{base}; held out: the run trained on shakespeare and never saw this tail"
 
 
+def default_val_fraction() -> float:
+    """The trainer's default held-out share (`DataConfig.val_fraction`)."""
+    from resstream.training.config import DataConfig
+
+    return DataConfig().val_fraction
+
+
+def shakespeare_tail_note(val_fraction: float) -> str:
+    """What `shakespeare` is for a model that is not a resstream run."""
+    return (
+        f"validation tail (val_fraction={val_fraction}, the trainer's default) of the built-in corpus, "
+        "cut in this model's own tokens: about the text a resstream run holds out (exactly it for "
+        "the same tokenizer); not a resstream run, so whether the model saw it in pretraining is "
+        "unknown (Shakespeare is in most web corpora)"
+    )
+
+
+def _tail_rule(name: str, fingerprint: str, training: TrainingText | None) -> tuple[float, str] | None:
+    """(val_fraction, note) when only the tail of the benchmark's tokens is scored, else None:
+    `shakespeare` always, a resstream run's own training corpus too."""
+    if training is None:
+        fraction = default_val_fraction()
+        return (fraction, shakespeare_tail_note(fraction)) if name == "shakespeare" else None
+    if name == "shakespeare":
+        return training.val_fraction, _shakespeare_note(training, fingerprint)
+    if fingerprint == training.fingerprint:
+        return training.val_fraction, (
+            f"the run trained on this corpus: only its validation tail "
+            f"(val_fraction={training.val_fraction}) is scored"
+        )
+    return None
+
+
 def prepare_benchmark(
-    name: str, corpus: Corpus, trained: TrainedModel, *, max_tokens: int | None, progress: bool = False
+    name: str, corpus: Corpus, model: EvalModel, *, max_tokens: int | None, progress: bool = False
 ) -> PreparedBenchmark:
     """Tokenise one benchmark's corpus; UsageError when too little of it is left to score."""
     from resstream.data import split_tokens, tokenize_documents
 
-    block = trained.config.model.block_size
     if name == "lambada":
         examples = lambada_examples(
-            trained.tokenizer, corpus.documents, block_size=block, max_tokens=max_tokens
+            model.tokenizer, corpus.documents, block_size=model.block_size, max_tokens=max_tokens
         )
         if not examples:
             raise UsageError(f"benchmark 'lambada' has no passage that fits in `max_tokens` {max_tokens}")
         return PreparedBenchmark(name, corpus.origin, corpus.fingerprint, examples=tuple(examples))
-    tokens = tokenize_documents(corpus.documents, trained.tokenizer, progress=None if progress else False)
+    tokens = tokenize_documents(corpus.documents, model.tokenizer, progress=None if progress else False)
     note = None
-    val_fraction = trained.config.data.val_fraction
-    trained_on_it = corpus.fingerprint == trained.meta.get("corpus_fingerprint")
-    if name == "shakespeare" or trained_on_it:  # score only the tail the trainer held out
+    tail = _tail_rule(name, corpus.fingerprint, model.training)
+    if tail is not None:  # score only the tail the trainer holds out
+        val_fraction, note = tail
         tokens = split_tokens(tokens, val_fraction)[1]
-        note = (
-            _shakespeare_note(trained, corpus.fingerprint, val_fraction)
-            if name == "shakespeare"
-            else f"the run trained on this corpus: only its validation tail "
-            f"(val_fraction={val_fraction}) is scored"
-        )
     if max_tokens is not None:
         tokens = tokens[:max_tokens]
     if len(tokens) < 2:
@@ -267,22 +407,58 @@ def prepare(
     device: str = "cpu",
     max_tokens: int | None = None,
     progress: bool = False,
+    block_size: int | None = None,
 ) -> EvalPlan:
-    """Validate every input, load the model and all benchmark texts; nothing is scored yet."""
-    from resstream.devices import resolve_device
+    """Validate every input, load a run's model and all benchmark texts; nothing is scored yet.
+
+    Any other model: `resstream.models.evaluation.prepare_eval`."""
     from resstream.training.checkpoint import load_run
 
+    def load(torch_device: torch.device) -> EvalModel:
+        return run_eval_model(load_run(run_dir, device=torch_device), block_size=block_size)
+
+    return prepare_model(
+        load,
+        benchmarks,
+        data_dir=data_dir,
+        stride=stride,
+        batch_size=batch_size,
+        device=device,
+        max_tokens=max_tokens,
+        progress=progress,
+        block_size=block_size,
+    )
+
+
+def prepare_model(
+    load: Callable[[torch.device], EvalModel],
+    benchmarks: str | Iterable[str] = BENCHMARKS,
+    *,
+    data_dir: str | os.PathLike[str] | None = None,
+    stride: int | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    device: str = "cpu",
+    max_tokens: int | None = None,
+    progress: bool = False,
+    block_size: int | None = None,
+) -> EvalPlan:
+    """`prepare` for any model: the settings are checked, then `load(device)` gives the model
+    (it applies `block_size`), then every benchmark text is loaded and tokenised."""
+    from resstream.devices import resolve_device
+
     names = parse_benchmarks(benchmarks)
-    check_settings(stride=stride, batch_size=batch_size, max_tokens=max_tokens, data_dir=data_dir)
+    check_settings(
+        stride=stride, batch_size=batch_size, max_tokens=max_tokens, data_dir=data_dir, block_size=block_size
+    )
     torch_device = resolve_device(device)
-    trained = load_run(run_dir, device=torch_device)
-    stride = resolve_stride(stride, trained.config.model.block_size)
+    model = load(torch_device)
+    stride = resolve_stride(stride, model.block_size)
     corpora = {name: load_benchmark_corpus(name, data_dir) for name in names}  # fail fast: load all first
     prepared = tuple(
-        prepare_benchmark(name, corpus, trained, max_tokens=max_tokens, progress=progress)
+        prepare_benchmark(name, corpus, model, max_tokens=max_tokens, progress=progress)
         for name, corpus in corpora.items()
     )
-    return EvalPlan(trained, prepared, stride, batch_size, max_tokens, torch_device)
+    return EvalPlan(model, prepared, stride, batch_size, max_tokens, torch_device)
 
 
 # ---------------------------------------------------------------------- how long it takes
@@ -311,7 +487,7 @@ def benchmark_size(plan: EvalPlan, bench: PreparedBenchmark) -> BenchmarkSize:
         fed = sum(len(ex.ids) - 1 for ex in bench.examples)
         scored = sum(ex.num_target for ex in bench.examples)
         return BenchmarkSize(bench.name, scored, fed, fed + len(bench.examples))
-    windows = window_plan(len(bench.tokens), plan.trained.config.model.block_size, plan.stride)
+    windows = window_plan(len(bench.tokens), plan.model.block_size, plan.stride)
     return BenchmarkSize(bench.name, len(bench.tokens) - 1, len(windows) * windows.length, len(bench.tokens))
 
 
@@ -355,8 +531,7 @@ def measure_speed(plan: EvalPlan, *, min_batches: int = 3, min_seconds: float = 
     (at most 10 batches). Token ids are zeros: the cost does not depend on them."""
     import time
 
-    block = plan.trained.config.model.block_size
-    batch = torch.zeros(plan.batch_size, block, dtype=torch.long, device=plan.device)
+    batch = torch.zeros(plan.batch_size, plan.model.block_size, dtype=torch.long, device=plan.device)
     timed, elapsed = 0, 0.0
     with torch.inference_mode():
         _score_once(plan, batch)  # warm-up
@@ -372,7 +547,7 @@ def _score_once(plan: EvalPlan, batch: torch.Tensor) -> float:
     """The summed next-token loss of one batch (`.item()` waits for the device)."""
     from resstream.training.scoring import logits_of
 
-    logits = logits_of(plan.trained.model, batch).float()
+    logits = logits_of(plan.model.forward, batch).float()
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.flatten(), reduction="sum").item()
 
 
@@ -395,7 +570,7 @@ def duration_text(seconds: float) -> str:
 
 def score_benchmark(plan: EvalPlan, bench: PreparedBenchmark, *, progress: bool) -> BenchmarkResult:
     """Score one prepared benchmark."""
-    model, block = plan.trained.model, plan.trained.config.model.block_size
+    model, block = plan.model.forward, plan.model.block_size
     extra = {"origin": bench.origin, "fingerprint": bench.fingerprint, "note": bench.note}
     if bench.examples is not None:
         sums: ScoreSums = score_lambada(
@@ -422,18 +597,19 @@ def score_benchmark(plan: EvalPlan, bench: PreparedBenchmark, *, progress: bool)
 
 def run_plan(plan: EvalPlan, *, progress: bool = True) -> EvalReport:
     """Score every benchmark of a prepared plan."""
-    from resstream.training.checkpoint import weights_fingerprint
-
     results = tuple(score_benchmark(plan, bench, progress=progress) for bench in plan.benchmarks)
     return EvalReport(
-        model=str(plan.trained.path),
+        model=plan.model.name,
         results=results,
         stride=plan.stride,
-        block_size=plan.trained.config.model.block_size,
+        block_size=plan.model.block_size,
         batch_size=plan.batch_size,
         max_tokens=plan.max_tokens,
         device=str(plan.device),
-        model_fingerprint=weights_fingerprint(plan.trained.path),
+        model_fingerprint=plan.model.fingerprint,
+        model_source=plan.model.source,
+        context=plan.model.context,
+        end_of_text=plan.model.end_of_text,
     )
 
 
@@ -447,8 +623,10 @@ def evaluate_run(
     device: str = "cpu",
     max_tokens: int | None = None,
     progress: bool = True,
+    block_size: int | None = None,
 ) -> EvalReport:
-    """Evaluate a run directory's final model on `benchmarks` (see the module docstring)."""
+    """Evaluate a run directory's final model on `benchmarks` (see the module docstring); any
+    other model: `resstream.evaluate_model`."""
     plan = prepare(
         run_dir,
         benchmarks,
@@ -458,6 +636,7 @@ def evaluate_run(
         device=device,
         max_tokens=max_tokens,
         progress=progress,
+        block_size=block_size,
     )
     return run_plan(plan, progress=progress)
 
