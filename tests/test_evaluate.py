@@ -226,3 +226,25 @@ def test_the_estimate_sizes_match_what_scoring_counts(tmp_path):
         size = benchmark_size(plan, bench)
         assert size.scored == result.num_tokens
         assert size.capped <= 90
+
+
+def test_benchmark_tokens_prefix_and_cache_equal_the_whole_stream(tmp_path):
+    """A prefix tokenised only as far as needed equals the whole stream's first tokens; the
+    whole stream is tokenised once per (tokenizer, corpus) and shared read-only."""
+    from resstream.data import load_corpus, tokenize_documents
+    from resstream.models import load_model
+    from resstream.training import evaluate as ev
+
+    text = tmp_path / "bench.txt"
+    text.write_text("".join(f"Line {i} of a small benchmark, with words.\n" for i in range(8000)))
+    corpus = load_corpus(str(text))
+    tokenizer = load_model(None, device="cpu").tokenizer
+    whole = tokenize_documents(corpus.documents, tokenizer)
+    ev._STREAMS.clear()
+    prefix = ev.benchmark_tokens(corpus, tokenizer, limit=100)
+    assert 100 <= len(prefix) < len(whole) and (prefix == whole[: len(prefix)]).all()
+    assert not ev._STREAMS  # a prefix is not kept
+    first = ev.benchmark_tokens(corpus, tokenizer)
+    assert (first == whole).all() and not first.flags.writeable
+    assert ev.benchmark_tokens(corpus, tokenizer) is first
+    assert ev.benchmark_tokens(corpus, tokenizer, limit=10) is first  # the kept stream serves prefixes

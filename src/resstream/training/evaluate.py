@@ -371,11 +371,47 @@ def _tail_rule(name: str, fingerprint: str, training: TrainingText | None) -> tu
     return None
 
 
+#: Token streams of whole benchmark corpora, by (tokenizer, corpus) fingerprint: the runs of a
+#: sweep share one tokenizer, so each corpus is tokenised once per process, not once per run.
+_STREAMS: dict[tuple[str, str], np.ndarray] = {}
+_MAX_STREAMS = 8
+
+
+def benchmark_tokens(
+    corpus: Corpus, tokenizer: Any, *, limit: int | None = None, progress: bool = False
+) -> np.ndarray:
+    """The corpus's token stream (`resstream.data.tokenize_documents`), or at least its first
+    `limit` tokens: a prefix is tokenised only as far as it is needed (the ids of a prefix do not
+    depend on what follows: the stream is cut where the tokens do not change), a whole stream is
+    kept for the next model with the same tokenizer."""
+    from resstream.data import tokenize_documents
+    from resstream.data.tokenizer import tokenizer_fingerprint
+    from resstream.data.tokens import id_bound, token_chunks, token_dtype
+
+    key = (tokenizer_fingerprint(tokenizer), corpus.fingerprint)
+    if key in _STREAMS:
+        return _STREAMS[key]
+    if limit is not None:
+        dtype, parts, count = token_dtype(id_bound(tokenizer)), [], 0
+        for chunk in token_chunks(corpus.documents, tokenizer, progress=False):
+            parts.append(chunk.astype(dtype))
+            count += len(chunk)
+            if count >= limit:
+                break
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+    tokens = tokenize_documents(corpus.documents, tokenizer, progress=None if progress else False)
+    if len(_STREAMS) >= _MAX_STREAMS:
+        _STREAMS.pop(next(iter(_STREAMS)))
+    tokens.setflags(write=False)  # shared by every model that asks next
+    _STREAMS[key] = tokens
+    return tokens
+
+
 def prepare_benchmark(
     name: str, corpus: Corpus, model: EvalModel, *, max_tokens: int | None, progress: bool = False
 ) -> PreparedBenchmark:
     """Tokenise one benchmark's corpus; UsageError when too little of it is left to score."""
-    from resstream.data import split_tokens, tokenize_documents
+    from resstream.data import split_tokens
 
     if name == "lambada":
         examples = lambada_examples(
@@ -384,12 +420,13 @@ def prepare_benchmark(
         if not examples:
             raise UsageError(f"benchmark 'lambada' has no passage that fits in `max_tokens` {max_tokens}")
         return PreparedBenchmark(name, corpus.origin, corpus.fingerprint, examples=tuple(examples))
-    tokens = tokenize_documents(corpus.documents, model.tokenizer, progress=None if progress else False)
     note = None
     tail = _tail_rule(name, corpus.fingerprint, model.training)
     if tail is not None:  # score only the tail the trainer holds out
         val_fraction, note = tail
-        tokens = split_tokens(tokens, val_fraction)[1]
+        tokens = split_tokens(benchmark_tokens(corpus, model.tokenizer, progress=progress), val_fraction)[1]
+    else:
+        tokens = benchmark_tokens(corpus, model.tokenizer, limit=max_tokens, progress=progress)
     if max_tokens is not None:
         tokens = tokens[:max_tokens]
     if len(tokens) < 2:
