@@ -303,7 +303,11 @@ def test_help_describes_every_field_with_its_defaults_per_preset(capsys, monkeyp
     text = " ".join(capsys.readouterr().out.replace("│", " ").split())  # long entries are wrapped
     for name in FIELDS:
         assert description(name).rstrip(".") in text, name
-    warmup = "Steps of linear learning-rate warmup (default 20; reference 100, tiny 2, gpt2-124m 700)"
+    warmup = (
+        "Steps of linear learning-rate warmup (default 20; reference 100, tiny 2, paper 700, gpt2-124m 700)"
+    )
     assert f"--warmup-steps {warmup}" in text
-    assert "(default 200; reference 1500, tiny 20, laptop 300, gpt2-124m 19073)" in text  # --max-steps
+    assert (
+        "(default 200; reference 1500, tiny 20, laptop 300, paper 19073, gpt2-124m 19073)" in text
+    )  # --max-steps
     assert "--beta1 AdamW beta1 (default 0.9)" in text  # no preset changes it

@@ -239,7 +239,8 @@ def test_presets_fit_a_big_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (79_000_000_000, 80_000_000_000))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     for preset in PRESETS:
-        check_training_budget(build_config(preset=preset), torch.device("cuda", 0))
+        world = 8 if preset == "paper" else 1  # paper: made for torchrun on 8 GPUs
+        check_training_budget(build_config(preset=preset), torch.device("cuda", 0), world=world)
 
 
 def test_presets_fit_this_machine_on_the_cpu():
@@ -324,7 +325,7 @@ def test_the_trainer_refuses_before_reading_the_corpus_or_training_a_tokenizer(
     from resstream.training import loop
 
     monkeypatch.setattr(loop, "stream_corpus", _must_not_run)
-    monkeypatch.setattr(loop, "train_bpe", _must_not_run)
+    monkeypatch.setattr(loop, "cached_bpe", _must_not_run)
     monkeypatch.setattr(torch, "set_num_threads", _must_not_run)
     config = build_config({**TINY, **values, "dataset": str(tmp_path / "corpus.txt")})
     with pytest.raises(UsageError) as caught:
@@ -360,5 +361,6 @@ def test_every_field_has_a_one_line_description():
 def test_preset_values_lists_each_preset_that_sets_a_field():
     from resstream.training.config import preset_values
 
-    assert preset_values("warmup_steps") == {"reference": 100, "tiny": 2, "laptop": 20, "gpt2-124m": 700}
+    expected = {"reference": 100, "tiny": 2, "laptop": 20, "paper": 700, "gpt2-124m": 700}
+    assert preset_values("warmup_steps") == expected
     assert preset_values("gate_lr") == {}

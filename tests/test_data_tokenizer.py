@@ -267,3 +267,29 @@ def test_a_non_byte_level_token_part_of_a_character_shows_its_vocabulary_entry()
             return "<0xE2>"
 
     assert token_text(ByteFallback(), 7) == "<0xE2>"
+
+
+def test_a_trained_bpe_is_kept_per_corpus_and_vocabulary(tmp_path, monkeypatch):
+    """The second run on the same corpus loads the kept tokenizer instead of training; it
+    encodes exactly as the trained one; another vocabulary size or corpus trains anew."""
+    from resstream.data import stream_corpus
+    from resstream.data import tokenizer as tk
+
+    corpus_file = tmp_path / "corpus.txt"
+    corpus_file.write_text("the quick brown fox jumps over the lazy dog\n" * 200, encoding="utf-8")
+    cache = tmp_path / "cache"
+    trained = tk.cached_bpe(stream_corpus(str(corpus_file)), 300, cache)
+    assert len(list(cache.glob("bpe-*"))) == 1
+
+    def must_not_train(*args, **kwargs):
+        raise AssertionError("trained again")
+
+    monkeypatch.setattr(tk, "train_bpe", must_not_train)
+    kept = tk.cached_bpe(stream_corpus(str(corpus_file)), 300, cache)
+    text = "the lazy fox jumps over the quick dog"
+    assert kept.encode(text) == trained.encode(text) and kept.eos_token_id == trained.eos_token_id
+    with pytest.raises(AssertionError, match="trained again"):
+        tk.cached_bpe(stream_corpus(str(corpus_file)), 301, cache)
+    corpus_file.write_text("another corpus entirely\n" * 200, encoding="utf-8")
+    with pytest.raises(AssertionError, match="trained again"):
+        tk.cached_bpe(stream_corpus(str(corpus_file)), 300, cache)

@@ -15,7 +15,13 @@ from resstream.data.sources import (
     load_corpus,
     stream_corpus,
 )
-from resstream.data.tokenizer import load_tokenizer, save_tokenizer, tokenizer_fingerprint, train_bpe
+from resstream.data.tokenizer import (
+    cached_bpe,
+    load_tokenizer,
+    save_tokenizer,
+    tokenizer_fingerprint,
+    train_bpe,
+)
 from resstream.data.tokens import TokenSplits, build_token_cache, split_tokens, tokenize_documents
 from resstream.data.wikitext import split_wikitext_articles, wikitext_raw_from_rows, wikitext_rows_from_file
 
@@ -28,6 +34,7 @@ __all__ = [
     "Pieces",
     "TokenSplits",
     "build_token_cache",
+    "cached_bpe",
     "corpus_fingerprint",
     "data_dir",
     "default_split",

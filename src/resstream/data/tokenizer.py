@@ -20,6 +20,7 @@ wrapped with ``PreTrainedTokenizerFast(tokenizer_object=...)``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resstream.data.files import Document, check_readable, tokenizer_pieces
+from resstream.data.sources import CorpusStream
 from resstream.data.sources import data_dir as resolve_data_dir
 from resstream.errors import UsageError, short_reason
 from resstream.hub import looks_like_path, offline_reason
@@ -129,6 +131,31 @@ def train_bpe(
     pieces = (piece for document in documents for piece in tokenizer_pieces(document))
     backend.train_from_iterator(pieces, trainer=trainer)
     return _wrap(backend, eos=eos_token)
+
+
+#: Part of the key of a cached BPE tokenizer: raise it when `train_bpe` changes what it makes.
+BPE_CACHE_VERSION = 1
+
+
+def cached_bpe(
+    corpus: CorpusStream, vocab_size: int, cache_dir: str | os.PathLike[str]
+) -> PreTrainedTokenizerFast:
+    """`train_bpe` on `corpus`, once per (corpus content, vocabulary size): the tokenizer is kept in
+    ``cache_dir/bpe-<key>/`` and loaded from there next time (the runs of a sweep share it).
+    `train_bpe` is deterministic, so a kept tokenizer is the one training would give; an entry
+    that cannot be read is trained again, one that cannot be written only costs the time."""
+    fingerprint = corpus.fingerprint if corpus.fingerprint is not None else corpus.scan()
+    key = hashlib.sha256(f"{BPE_CACHE_VERSION}:{fingerprint}:{vocab_size}".encode()).hexdigest()[:16]
+    where = Path(cache_dir) / f"bpe-{key}"
+    if (where / "tokenizer.json").is_file():
+        try:
+            return load_tokenizer(str(where))
+        except UsageError:
+            pass
+    tokenizer = train_bpe(corpus, vocab_size)
+    with contextlib.suppress(OSError):
+        save_tokenizer(tokenizer, where)
+    return tokenizer
 
 
 def save_tokenizer(tokenizer: PreTrainedTokenizerFast, directory: str | os.PathLike[str]) -> None:

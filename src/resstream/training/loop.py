@@ -40,10 +40,10 @@ from tqdm.auto import tqdm
 from resstream.data import (
     CorpusStream,
     build_token_cache,
+    cached_bpe,
     load_tokenizer,
     save_tokenizer,
     stream_corpus,
-    train_bpe,
 )
 from resstream.data.tokenizer import tokenizer_fingerprint
 from resstream.data.tokens import check_cache_dir
@@ -105,7 +105,7 @@ def prepare_tokenizer(config: TrainConfig, corpus: CorpusStream, out_dir: Path, 
     if resume and saved.is_dir():
         return load_tokenizer(str(saved))
     if config.tokenizer.tokenizer == "bpe":
-        return train_bpe(corpus, config.tokenizer.bpe_vocab_size)
+        return cached_bpe(corpus, config.tokenizer.bpe_vocab_size, default_cache_dir(config))
     return load_tokenizer(config.tokenizer.tokenizer, data_dir=config.run.data_dir)
 
 
