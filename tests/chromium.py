@@ -10,6 +10,7 @@ URL the page requested. Every wait is bounded by a deadline.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -214,10 +215,8 @@ class Browser:
             self._process.wait(timeout=10)
         finally:
             for fd in (self._to_browser, self._from_browser):
-                try:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
             self._profile.cleanup()
 
     def __exit__(self, *exc_info: object) -> None:

@@ -226,16 +226,29 @@ def metric(values: list[float | None]) -> dict:
 
 def write_misalignment(directory: Path) -> Path:
     """Two variants over seeds 0 and 1; the learned gate shifted in one seed only."""
+    values = {  # (seed, variant): final in_match, out_match, cos_in, cos_out, projection, shift layer
+        (0, "baseline"): (0.2, 0.5, 0.10, 0.3, 0.6, 1.5),
+        (1, "baseline"): (0.4, 0.5, 0.12, 0.3, 0.6, 2.5),
+        (0, "learned"): (0.1, 0.6, 0.05, 0.35, 0.7, 1.0),
+        (1, "learned"): (0.1, 0.6, 0.05, 0.35, 0.7, None),
+    }
+    names = [
+        "final_in_match",
+        "final_out_match",
+        "final_cos_in",
+        "final_cos_out",
+        "final_projection",
+        "shift_layer",
+    ]
     runs = [
-        {"seed": 0, "variant": "baseline", "path": "seed-0/baseline", "final_in_match": 0.2, "final_out_match": 0.5,
-         "final_cos_in": 0.10, "final_cos_out": 0.3, "final_projection": 0.6, "shift_layer": 1.5},
-        {"seed": 1, "variant": "baseline", "path": "seed-1/baseline", "final_in_match": 0.4, "final_out_match": 0.5,
-         "final_cos_in": 0.12, "final_cos_out": 0.3, "final_projection": 0.6, "shift_layer": 2.5},
-        {"seed": 0, "variant": "learned", "path": "seed-0/learned", "final_in_match": 0.1, "final_out_match": 0.6,
-         "final_cos_in": 0.05, "final_cos_out": 0.35, "final_projection": 0.7, "shift_layer": 1.0},
-        {"seed": 1, "variant": "learned", "path": "seed-1/learned", "final_in_match": 0.1, "final_out_match": 0.6,
-         "final_cos_in": 0.05, "final_cos_out": 0.35, "final_projection": 0.7, "shift_layer": None},
-    ]  # fmt: skip
+        {
+            "seed": seed,
+            "variant": variant,
+            "path": f"seed-{seed}/{variant}",
+            **dict(zip(names, row, strict=True)),
+        }
+        for (seed, variant), row in values.items()
+    ]
     names = [
         "final_in_match",
         "final_out_match",

@@ -321,7 +321,53 @@ def test_report_command_refuses_a_directory_without_outputs(tmp_path, capsys):
         tmp_path / "out",
         capsys,
         f"the directory {str(tmp_path / 'empty')!r} holds none of the outputs",
-        "looked for lens.json, shift.json, sweep.json, compare.json, eval.json, misalignment.json or reproduce.json",
+        "looked for lens.json, shift.json, sweep.json, compare.json, eval.json, misalignment.json or "
+        "reproduce.json",
     )
     expect_usage_error(["report", str(tmp_path / "nowhere")], tmp_path / "out", capsys, "does not exist")
     assert_nothing_written(tmp_path / "out")
+
+
+# --------------------------------------------------------------------------- from real outputs
+@pytest.fixture(scope="module")
+def real_outputs(tmp_path_factory):
+    """Outputs of the real commands at the smallest scale: shift of the reference model on two
+    sequences, a 2-layer sweep with 2 seeds and cuts at both layers, and its comparison on a
+    tiny local benchmark (the built-in corpora would take a minute to tokenise)."""
+    from tests.test_cli_sweep_compare import TINY
+    from tests.test_sweep import write_corpus, write_data_dir
+
+    root = tmp_path_factory.mktemp("real")
+    corpus, data = write_corpus(root), write_data_dir(root)
+    shift = ["shift", "--dataset", corpus, "--num-seqs", "2", "--seq-len", "32", "--out", root / "shift"]
+    sweep = ["sweep", "--preset", "tiny", "--dataset", corpus, "--cache-dir", root / "cache", *TINY]
+    sweep += ["--seeds", "0,1", "--layers", "0,1", "--out", root / "sweep"]
+    compare = ["compare", root / "sweep", "--benchmarks", "openwebtext", "--data-dir", data]
+    compare += ["--max-eval-tokens", "100", "--out", root / "cmp"]
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+            patch.setenv(name, "1")
+        patch.delenv("RESSTREAM_DATA", raising=False)
+        for argv in (shift, sweep, compare):
+            assert main([*map(str, argv), "--quiet"]) == 0, argv
+    return root
+
+
+def test_report_command_end_to_end_on_real_outputs(real_outputs, capsys):
+    root, out = real_outputs, real_outputs / "report"
+    capsys.readouterr()
+    assert (
+        main(["report", str(root / "shift"), str(root / "sweep"), str(root / "cmp"), "--out", str(out)]) == 0
+    )
+    assert capsys.readouterr().out == f"{out / 'report.html'}\n"
+    page = (out / "report.html").read_text(encoding="utf-8")
+    parsed = parse(page)
+    assert parsed.headings == [HEADINGS[k] for k in ("shift", "similarity", "val_loss", "gate", "benchmarks")]
+    assert page.count("<img ") == 4 and not re.search(r"https?://", page)
+    rows = parsed.tables[0]
+    assert [row[0][0] for row in rows[1:]] == ["baseline", rows[2][0][0], "learned gate"]
+    assert rows[2][0][0].startswith("best fixed cut (k=")
+    assert "3 steps × 4 sequences × 16 tokens = 192 training tokens" in caption_after(
+        page, HEADINGS["val_loss"]
+    )
+    assert "reference (L = 6): " in caption_after(page, HEADINGS["shift"])
