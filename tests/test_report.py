@@ -284,6 +284,10 @@ def test_the_misalignment_table_gives_mean_std_and_counts_shifts(tmp_path):
         "2.000 ± 0.707 (2 of 2 seeds)",
     ]  # fmt: skip
     assert [cell for cell, _ in rows[2]][-1] == "1.000 (1 of 2 seeds)"
+    data = json.loads((tmp_path / "m" / "misalignment.json").read_text())
+    data["variants"][1]["shift_layer"] = {"mean": None, "std": None, "n": 0, "values": []}
+    write_json(tmp_path / "never" / "misalignment.json", data)
+    assert parse(page_of(tmp_path / "never")).tables[0][2][-1] == ("never (0 of 2 seeds)", False)
 
 
 def test_token_strings_and_names_from_data_are_escaped(tmp_path):

@@ -215,11 +215,12 @@ PAGE_STYLE = (
     "h3{font-size:1em;margin-bottom:.3em}"
     "table{border-collapse:collapse;font-size:88%;margin:.5em 0}"
     "td,th{border:1px solid #bbb;padding:3px 7px;text-align:right;vertical-align:top;white-space:nowrap}"
-    "th{background:#f2f2f2}th.row,td.text{text-align:left}"
+    "th{background:#f2f2f2}th.row,td.text{text-align:left}thead th{text-align:center}"
     "td.token{font-family:monospace;text-align:center;white-space:pre}"
     "tr.group th{text-align:left;font-weight:normal;font-style:italic;background:#fafafa}"
     ".scroll{overflow-x:auto;max-width:100%}"
     "figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}"
+    ".grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(440px,1fr));gap:0 1.5em}"
     "figcaption,p.caption{color:#444;font-size:90%;margin:.4em 0}"
     ".note{color:#555;font-size:90%}nav ol{margin:.3em 0}"
     "code{font-size:95%}"
@@ -370,6 +371,7 @@ def _match_section(runs: Sequence[ShiftRun]) -> str:
         )
         parts.append(figure_html(figure_png(match_rates_figure(r)), f"match rates of {r.model}", caption))
     if len(runs) > 1:
+        parts = [f"<div class='grid'>{''.join(parts)}</div>"]  # side by side where the page is wide
         results = [run.result for run in runs]
         caption = _caption(
             "Figure 2 (all models).",
@@ -563,7 +565,7 @@ def _benchmark_section(
 # --------------------------------------------------------------------------- Table III
 def _misalignment_cell(stat: dict[str, Any] | None, variant_n: int, metric: str) -> str:
     if not stat or stat.get("mean") is None:
-        return "<td>never</td>" if metric == "shift_layer" else "<td>—</td>"
+        return f"<td>never (0 of {variant_n} seeds)</td>" if metric == "shift_layer" else "<td>—</td>"
     text = Stat(tuple(float(v) for v in stat.get("values") or [stat["mean"]])).format()
     count = int(stat.get("n") or 0)
     if metric == "shift_layer":
@@ -605,8 +607,8 @@ def _misalignment_section(outputs: Sequence[Output]) -> str:
                 f"{data.get('dataset', '?')!r}, top-{data.get('top_k', '?')}, {data.get('decoder', '?')} "
                 f"decoder; seeds {', '.join(map(str, seeds)) or '?'}.",
             ],
-            "the layers below L (each run's shift.json has them), nor whether the differences "
-            "exceed the spread over seeds beyond what the ± shows.",
+            "the layers below L (each run's shift.json has them); whether the differences "
+            "between variants are significant (a few seeds only).",
         )
         parts.append(f"{misalignment_html(data)}<p class='caption'>{caption}</p>")
     return "".join(parts)
