@@ -23,10 +23,13 @@ def write_json(path: Path, data) -> Path:
 
 
 def alignment_entry(model: str = "reference", num_layers: int = 2) -> dict:
-    """A shift.json "models" entry: L = 2, shift between layers 0 and 1."""
+    """A shift.json "models" entry whose rates change linearly with relative depth; a deeper
+    model shifts relatively later."""
     layers = list(range(num_layers + 1))
-    in_match = [0.8, 0.3, 0.1][: num_layers + 1]
-    out_match = [0.1, 0.4, 0.6][: num_layers + 1]
+    late = 0.1 * (num_layers - 2)
+    depth = [layer / num_layers for layer in layers]
+    in_match = [round(0.8 - 0.7 * d, 6) for d in depth]
+    out_match = [round(0.1 + (0.5 - late) * d, 6) for d in depth]
     return {
         "model": model,
         "num_layers": num_layers,
@@ -35,11 +38,11 @@ def alignment_entry(model: str = "reference", num_layers: int = 2) -> dict:
         "out_match": out_match,
         "in_match_ci": [[v - 0.05, v + 0.05] for v in in_match],
         "out_match_ci": [[v - 0.05, v + 0.05] for v in out_match],
-        "cos_in": [0.9, 0.2, 0.1][: num_layers + 1],
-        "cos_out": [0.0, 0.2, 0.3][: num_layers + 1],
-        "projection": [0.0, 0.5, 0.7][: num_layers + 1],
+        "cos_in": [round(0.9 - 0.8 * d, 6) for d in depth],
+        "cos_out": [round((0.3 - late) * d, 6) for d in depth],
+        "projection": [round((0.7 - late) * d, 6) for d in depth],
         "shift_layer": 0.7,
-        "shift_depths": [0, 80, 10][: num_layers + 1],
+        "shift_depths": [0, 80] + [0] * (num_layers - 2) + [10],
         "never_shifted": 10,
         "num_tokens": 100,
         "num_sequences": 4,
@@ -52,8 +55,9 @@ def alignment_entry(model: str = "reference", num_layers: int = 2) -> dict:
     }
 
 
-def write_shift(directory: Path, models=("reference",)) -> Path:
-    entries = [alignment_entry(m) for m in models]
+def write_shift(directory: Path, models=(("reference", 2),)) -> Path:
+    """shift.json and run.json of (model, number of layers) pairs."""
+    entries = [alignment_entry(m, layers) for m, layers in models]
     write_json(
         directory / "shift.json",
         {
@@ -289,7 +293,9 @@ def write_reproduction(root: Path) -> Path:
     write_eval(root / "eval" / "reference")
     write_compare(root / "compare")
     write_misalignment(root / "misalignment")
-    write_shift(root / "misalignment" / "seed-0", models=("seed-0/baseline",))  # not a pretrained model's
+    write_shift(
+        root / "misalignment" / "seed-0", models=(("seed-0/baseline", 2),)
+    )  # not a pretrained model's
     return root
 
 
@@ -297,7 +303,7 @@ def write_everything(root: Path) -> list[Path]:
     """One directory per kind of output; returns them in a fixed order."""
     return [
         write_lens(root / "lens"),
-        write_shift(root / "shift", models=("reference", "other")),
+        write_shift(root / "shift", models=(("reference", 2), ("other", 4))),
         write_full_sweep(root / "sweep"),
         write_compare(root / "compare"),
         write_eval(root / "eval"),

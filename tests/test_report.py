@@ -230,13 +230,22 @@ def test_captions_state_the_scale(tmp_path):
     assert (
         "reference (L = 2): 100 positions in 4 sequences (4 of 50 non-overlapping 26-token windows" in shift
     )
-    assert "top-5, logit-lens decoder" in shift and "other (L = 2)" in shift
+    assert "top-5, logit-lens decoder" in shift and "other (L = 4)" in shift
     assert '3 positions of the text “<b> & "q"”' in caption_after(page, HEADINGS["lens"])
     assert "at most 500 tokens per benchmark" in caption_after(page, HEADINGS["benchmarks"])
     assert "gpt2: scored tokens wikitext-2 300, lambada 300." in caption_after(page, HEADINGS["benchmarks"])
     misalignment = caption_after(page, HEADINGS["misalignment"])
     assert "32 sequences × 64 tokens of 'wikitext-2', top-5, logit-lens decoder; seeds 0, 1." in misalignment
     assert "less misalignment = lower final_in_match" in misalignment
+
+
+def test_one_models_results_under_two_decoders_are_told_apart(tmp_path):
+    directory = write_shift(tmp_path / "s")
+    data = json.loads((directory / "shift.json").read_text())
+    data["models"].append({**data["models"][0], "decoder": "tuned"})
+    write_json(directory / "shift.json", data)
+    page = page_of(directory)
+    assert "Figure 2 (reference (logit-lens))." in page and "Figure 2 (reference (tuned))." in page
 
 
 def test_bold_marks_the_best_value_of_each_column_among_trained_rows(tmp_path):

@@ -42,7 +42,12 @@ from resstream.reporting.misalignment import FORMAT as MISALIGNMENT_FORMAT
 from resstream.reporting.misalignment import METRICS as MISALIGNMENT_METRICS
 from resstream.reporting.misalignment import READING as MISALIGNMENT_READING
 from resstream.reporting.plots import gate_heatmap_figure, sweep_val_loss_figure
-from resstream.reporting.shift import comparison_figure, match_rates_figure, similarity_comparison_figure
+from resstream.reporting.shift import (
+    comparison_figure,
+    match_rates_figure,
+    result_label,
+    similarity_comparison_figure,
+)
 from resstream.reporting.tables import (
     CONVENTION,
     CompareRow,
@@ -356,11 +361,13 @@ def _shift_scale(run: ShiftRun) -> str:
 
 def _match_section(runs: Sequence[ShiftRun]) -> str:
     parts = []
+    with_decoder = len({run.result.decoder for run in runs}) > 1
     for run in runs:
         r = run.result
+        name = result_label(r, with_decoder)
         shift = "never" if r.shift_layer is None else f"at layer {r.shift_layer:.2f}"
         caption = _caption(
-            f"Figure 2 ({r.model}).",
+            f"Figure 2 ({name}).",
             f"The fraction of positions whose input token {T_IN} (blue) and next token {T_NEXT} (green) "
             f"are among the top-{r.top_k} decodings of each layer's residual state, with 95% "
             f"confidence bands (cluster intervals over sequences); the dotted line marks the shift "
@@ -369,7 +376,7 @@ def _match_section(runs: Sequence[ShiftRun]) -> str:
             "individual tokens (Table I), how far below the top-k a token ranks, and whether two "
             "models differ significantly (each has its own sample and, possibly, tokenizer).",
         )
-        parts.append(figure_html(figure_png(match_rates_figure(r)), f"match rates of {r.model}", caption))
+        parts.append(figure_html(figure_png(match_rates_figure(r)), f"match rates of {name}", caption))
     if len(runs) > 1:
         parts = [f"<div class='grid'>{''.join(parts)}</div>"]  # side by side where the page is wide
         results = [run.result for run in runs]
@@ -683,7 +690,7 @@ def report_html(inputs: ReportInputs, *, title: str = DEFAULT_TITLE, scale_note:
         f"<title>{_e(title)}</title><style>{PAGE_STYLE}</style></head><body>"
         f"<h1>{_e(title)}</h1>"
         + (f"<p><strong>Scale:</strong> {_e(note)}</p>" if note else "")
-        + f"<p class='note'>Made by <code>resstream report</code> from {sources}. Figures and tables "
+        + f"<p class='note'>Made from the outputs in {sources}. Figures and tables "
         "are numbered as in the paper; a section appears only when its inputs were given. Every "
         "number comes from those outputs; nothing was recomputed.</p>"
         f"<nav><ol>{contents}</ol></nav>{body}</body></html>"
