@@ -26,8 +26,9 @@ softmax is computed. For positions i = 0..T−2 of every sequence (t_{i+1} is th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
@@ -81,6 +82,14 @@ class AlignmentResult:
         """JSON-ready dict (lists instead of tuples, None instead of nan)."""
         return jsonable(asdict(self))
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AlignmentResult:
+        """Inverse of `to_dict` (a shift.json "models" entry): lists become tuples and the
+        None that stood for nan is nan again; fields the entry lacks keep their defaults."""
+        known = {f.name for f in fields(cls)}
+        values = {key: _restored(value) for key, value in data.items() if key in known}
+        return cls(**values)
+
     def __repr__(self) -> str:
         where = "never" if self.shift_layer is None else f"{self.shift_layer:.2f}"
         return (
@@ -88,6 +97,14 @@ class AlignmentResult:
             f"top-{self.top_k} {self.decoder}, {self.num_tokens:,} positions in "
             f"{self.num_sequences} sequences; .to_dict() has every field)"
         )
+
+
+def _restored(value: Any) -> Any:
+    """A JSON value of `AlignmentResult.to_dict` as the field held it: lists as tuples, None
+    inside a list as nan (a top-level None, e.g. a shift layer never reached, stays None)."""
+    if isinstance(value, list):
+        return tuple(math.nan if v is None else _restored(v) for v in value)
+    return value
 
 
 def shift_layer_from_rates(in_match: Sequence[float], out_match: Sequence[float]) -> float | None:

@@ -136,6 +136,57 @@ class LensResult:
             ],
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LensResult:
+        """Inverse of `to_dict` (lens.json). The texts are those lens.json names: the input
+        and next token of each position and the top-1 token of each range (a top-k token
+        below the top-1 is shown by its id)."""
+        positions = data["positions"]
+        return cls(
+            model=data["model"],
+            decoder=data["decoder"],
+            top_k=int(data["top_k"]),
+            num_layers=int(data["num_layers"]),
+            trajectories=tuple(_trajectory_from_dict(p) for p in positions),
+            decoding=data.get("decoding") or "",
+            texts=tuple(_texts_from_dict(positions).items()),
+        )
+
+
+def _nested(rows: Sequence[Sequence[Any]]) -> tuple[tuple[Any, ...], ...]:
+    return tuple(tuple(row) for row in rows)
+
+
+def _optional(values: Sequence[Any] | None) -> tuple[Any, ...] | None:
+    return None if values is None else tuple(values)
+
+
+def _trajectory_from_dict(p: dict[str, Any]) -> PositionTrajectory:
+    """One lens.json position as a `PositionTrajectory`."""
+    return PositionTrajectory(
+        position=int(p["position"]),
+        input_id=int(p["input_id"]),
+        next_id=p.get("next_id"),
+        top_ids=_nested(p["top_ids"]),
+        input_ranks=tuple(p.get("input_ranks") or ()),
+        next_ranks=_optional(p.get("next_ranks")),
+        top_probs=_nested(p.get("top_probs") or ()),
+        input_probs=tuple(p.get("input_probs") or ()),
+        next_probs=_optional(p.get("next_probs")),
+    )
+
+
+def _texts_from_dict(positions: Sequence[dict[str, Any]]) -> dict[int, str]:
+    """Token id → text of every token lens.json positions name."""
+    texts: dict[int, str] = {}
+    for p in positions:
+        texts[int(p["input_id"])] = p["input"]
+        if p.get("next_id") is not None:
+            texts[int(p["next_id"])] = p["next"]
+        for r in p.get("ranges") or ():
+            texts[int(r["token_id"])] = r["token"]
+    return texts
+
 
 def merge_ranges(top1: Sequence[int]) -> tuple[LayerRange, ...]:
     """Run-length encode a per-layer sequence of token ids into layer ranges."""

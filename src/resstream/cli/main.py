@@ -25,6 +25,7 @@ from resstream.cli import eval as eval_cmd
 from resstream.cli import lens as lens_cmd
 from resstream.cli import neurons as neurons_cmd
 from resstream.cli import recency as recency_cmd
+from resstream.cli import report as report_cmd
 from resstream.cli import reproduce as reproduce_cmd
 from resstream.cli import shift as shift_cmd
 from resstream.cli import simulate as simulate_cmd
@@ -65,6 +66,7 @@ for module in (
     simulate_cmd,
     recency_cmd,
     reproduce_cmd,
+    report_cmd,
 ):
     module.register(app)
 for info in app.registered_commands:  # every command's help shows flags without a type

@@ -18,7 +18,6 @@ full precision; figures and the page show tokens with visible whitespace (`show_
 
 from __future__ import annotations
 
-import base64
 import html
 import itertools
 import math
@@ -50,6 +49,7 @@ from resstream.analysis.attribution_results import (
 from resstream.io import write_text
 from resstream.reporting.csvs import csv_text
 from resstream.reporting.figures import integer_ticks, new_figure, save_figure
+from resstream.reporting.html import figure_html
 from resstream.reporting.text import probability_text, show_token
 from resstream.rundir import OutputSet
 from resstream.simulation.intervals import Estimate
@@ -690,11 +690,8 @@ def _html_table(table: Table, caption: str) -> str:
 
 
 def _html_figure(path: Path, caption: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode("ascii")
-    return (
-        f"<figure><img alt='{html.escape(path.name, quote=True)}' src='data:image/png;base64,{data}'>"
-        f"<figcaption><strong>{html.escape(path.name)}</strong>: {html.escape(caption)}</figcaption></figure>"
-    )
+    text = f"<strong>{html.escape(path.name)}</strong>: {html.escape(caption)}"
+    return figure_html(path.read_bytes(), path.name, text)
 
 
 def _html_text(result: AttributeResult) -> str:

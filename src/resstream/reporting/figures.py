@@ -7,10 +7,12 @@ atomically (an interrupted run never leaves half an image) and then closes (clea
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from matplotlib.axis import Axis
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -39,15 +41,31 @@ def new_figure(width: float = 6.4, height: float = 4.2) -> Figure:
     return fig
 
 
+def _render(fig: Figure, target: str | os.PathLike[str] | BinaryIO) -> None:
+    """Draw `fig` as PNG into `target` (a path or a binary file), then close (clear) it."""
+    try:
+        fig.savefig(target, format="png", dpi=DPI, bbox_inches="tight")
+    finally:
+        fig.clear()
+
+
 def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
     """Write `fig` as PNG to `path` atomically, then close (clear) it; return the path."""
     path = Path(path)
     try:
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, format="png", dpi=DPI, bbox_inches="tight")
+            _render(fig, tmp)
     finally:
         fig.clear()
     return path
+
+
+def figure_png(fig: Figure) -> bytes:
+    """`fig` as the bytes of the PNG `save_figure` would write, then close (clear) it; for
+    pages that embed their figures."""
+    buffer = io.BytesIO()
+    _render(fig, buffer)
+    return buffer.getvalue()
 
 
 def integer_ticks(axis: Axis) -> None:

@@ -29,7 +29,10 @@ POSITIONS_PER_IMAGE = 32  # rows of one PNG: lens.png, then lens_2.png, lens_3.p
 HOVER_TOKENS = 10  # at most this many of the top-k in an HTML cell's hover text
 
 
-def _kind(trajectory: PositionTrajectory, token_id: int) -> str | None:
+def token_kind(trajectory: PositionTrajectory, token_id: int) -> str | None:
+    """The kind of a decoded token at a position: "next" when it is the next token, "input"
+    when it is the input token (next first: a token followed by itself is the next one),
+    else None."""
     if token_id == trajectory.next_id:
         return "next"
     if token_id == trajectory.input_id:
@@ -54,7 +57,7 @@ def terminal_lines(result: LensResult, *, colour: bool = True) -> list[str]:
         cells = []
         for r in t.ranges():
             cell = f"{r.label}: {show_token(result.token_text(r.token_id))}"
-            kind = _kind(t, r.token_id)
+            kind = token_kind(t, r.token_id)
             if colour and kind is not None:
                 cell = typer.style(cell, fg="green" if kind == "next" else "blue", bold=True)
             elif kind is not None:
@@ -85,7 +88,7 @@ def _hover_text(result: LensResult, t: PositionTrajectory, layer: int) -> str:
 def _html_cell(result: LensResult, t: PositionTrajectory, layer: int) -> str:
     """One table cell: the top-1 token, its probability below, the top-k on hover."""
     token = t.top_ids[layer][0]
-    colour = {"input": INPUT_COLOUR, "next": NEXT_COLOUR}.get(_kind(t, token) or "")
+    colour = {"input": INPUT_COLOUR, "next": NEXT_COLOUR}.get(token_kind(t, token) or "")
     style = f' style="background:{colour}"' if colour else ""
     title = html.escape(_hover_text(result, t, layer), quote=True).replace("\n", "&#10;")
     return (
@@ -170,7 +173,7 @@ def lens_figure(result: LensResult, part: int = 0) -> Figure:
     ax.set_ylim(n_pos - 0.5, -0.5)
     for row, t in enumerate(rows):
         for layer, (token, probability) in enumerate(zip(t.top1, (p[0] for p in t.top_probs), strict=True)):
-            kind = _kind(t, token)
+            kind = token_kind(t, token)
             if kind is not None:
                 colour = INPUT_COLOUR if kind == "input" else NEXT_COLOUR
                 ax.add_patch(Rectangle((layer - 0.5, row - 0.5), 1, 1, facecolor=colour, edgecolor="none"))

@@ -33,6 +33,11 @@ def _band(ax, layers, ci, colour) -> None:
 
 def plot_match_rates(result: AlignmentResult, path: str | Path) -> None:
     """in_match and out_match (top-k) against depth, with 95% CI bands and the shift layer."""
+    save_figure(match_rates_figure(result), path)
+
+
+def match_rates_figure(result: AlignmentResult) -> Figure:
+    """The figure of `plot_match_rates`, unsaved."""
     fig = new_figure(6.4, 4.0)
     ax = fig.add_subplot()
     layers = list(result.layers)
@@ -64,7 +69,8 @@ def plot_match_rates(result: AlignmentResult, path: str | Path) -> None:
     ax.set_title(f"{result.model}: {result.decoder} decoding, {result.num_tokens:,} tokens", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    _save(fig, path)
+    fig.tight_layout()
+    return fig
 
 
 def plot_similarity(result: AlignmentResult, path: str | Path) -> None:
@@ -162,6 +168,11 @@ def plot_comparison(results: Sequence[AlignmentResult], path: str | Path) -> Non
     """out_match − in_match of several models against relative depth (layer / L), each with
     a band from its two rates' 95% CIs (conservative: the CI of a difference of two rates
     measured on the same positions is at most the sum of their half-widths)."""
+    save_figure(comparison_figure(results), path)
+
+
+def comparison_figure(results: Sequence[AlignmentResult]) -> Figure:
+    """The figure of `plot_comparison`, unsaved."""
     fig = new_figure(6.4, 4.0)
     ax = fig.add_subplot()
     with_decoder = len({r.decoder for r in results}) > 1
@@ -196,7 +207,41 @@ def plot_comparison(results: Sequence[AlignmentResult], path: str | Path) -> Non
     ax.set_title(f"where the causal shift happens: {NEXT_TOKEN} overtakes {INPUT_TOKEN} above 0", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    _save(fig, path)
+    fig.tight_layout()
+    return fig
+
+
+#: The panels of the similarity comparison: (AlignmentResult field, y label).
+SIMILARITY_PANELS = (
+    ("cos_in", rf"cos($h$, $W_E$[{INPUT_TOKEN}])"),
+    ("cos_out", rf"cos($h$, $W_U$[{NEXT_TOKEN}])"),
+    ("projection", "projection (0 = input, 1 = output)"),
+)
+
+
+def similarity_comparison_figure(results: Sequence[AlignmentResult]) -> Figure:
+    """Cosine with the input embedding, cosine with the output unembedding and the projection
+    of every model against relative depth (layer / L): one panel each, one colour per model,
+    so models of different depth share the axis."""
+    fig = new_figure(10.5, 3.6)
+    axes = fig.subplots(1, len(SIMILARITY_PANELS), sharex=True)
+    with_decoder = len({r.decoder for r in results}) > 1
+    for ax, (field, label) in zip(axes, SIMILARITY_PANELS, strict=True):
+        for index, result in enumerate(results):
+            depth = [layer / result.num_layers for layer in result.layers]
+            name = f"{result_label(result, with_decoder)} (L={result.num_layers})"
+            ax.plot(depth, getattr(result, field), "o-", markersize=3, color=f"C{index % 10}", label=name)
+        ax.axhline(0, color="black", linewidth=0.6)
+        ax.set_xlabel("relative depth (layer / L)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=8)
+    fig.suptitle(
+        "similarity of the residual state to the input and the next token (mean over positions)", fontsize=10
+    )
+    fig.tight_layout(rect=(0, 0.06 + 0.05 * ((len(labels) - 1) // 4), 1, 1))
+    return fig
 
 
 CSV_COLUMNS = (

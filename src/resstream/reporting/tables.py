@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from resstream.reporting.csvs import csv_text
-from resstream.training.records import EVAL_METRICS, RunRecord, SweepResult
+from resstream.training.records import EVAL_METRICS, RunRecord, Scores, SweepResult
 
 DIGITS = 3
 CONVENTION = (
@@ -203,6 +203,27 @@ class CompareTable:
             "rows": [self._row_dict(row) for row in self.rows],
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CompareTable:
+        """Inverse of `to_dict` (compare.json): each cell's values become its `Stat` again."""
+        columns = tuple(
+            Column(c["key"], c["label"], bool(c.get("higher_is_better"))) for c in data["columns"]
+        )
+        rows = tuple(
+            CompareRow(
+                key=row["row"],
+                label=row["label"],
+                cut_layer=row.get("cut_layer"),
+                alpha=row.get("alpha"),
+                seeds=tuple(row.get("seeds") or ()),
+                cells={key: _stat_from_dict(cell) for key, cell in (row.get("cells") or {}).items()},
+            )
+            for row in data["rows"]
+        )
+        cuts = tuple(_cut_from_dict(cut) for cut in data.get("fixed_cuts") or ())
+        best = data.get("best_fixed_cut")
+        return cls(rows, columns, cuts, _cut_from_dict(best) if best else None)
+
     def _row_dict(self, row: CompareRow) -> dict[str, Any]:
         cells = {}
         for column in self.columns:
@@ -231,6 +252,15 @@ def _cut_dict(cut: FixedCut) -> dict[str, Any]:
         "alpha": cut.alpha,
         "val_loss": cut.val_loss.to_dict() if cut.val_loss else None,
     }
+
+
+def _stat_from_dict(cell: dict[str, Any] | None) -> Stat | None:
+    """A cell of compare.json ({"values": [...], ...}) as a Stat; None for an empty cell."""
+    return make_stat(cell.get("values") or ()) if cell else None
+
+
+def _cut_from_dict(cut: dict[str, Any]) -> FixedCut:
+    return FixedCut(int(cut["cut_layer"]), cut.get("alpha"), _stat_from_dict(cut.get("val_loss")))
 
 
 def _fixed_groups(records: Sequence[RunRecord]) -> dict[tuple[int, float | None], list[RunRecord]]:
@@ -294,6 +324,19 @@ def compare_table(records: Sequence[RunRecord], benchmarks: Sequence[str]) -> Co
     if learned:
         rows.append(_row("learned", "learned gate", learned, columns))
     return CompareTable(tuple(rows), columns, cuts, best)
+
+
+def model_record(name: str, scores: Scores) -> RunRecord:
+    """A model that is not part of a sweep (a pretrained model, scored by `resstream eval`)
+    as a record: its benchmark scores, no validation loss, gate "pretrained"."""
+    return RunRecord(
+        seed=0, name=name, gate="pretrained", cut_layer=None, alpha=None, val_loss=math.nan, evals=scores
+    )
+
+
+def model_row(record: RunRecord, columns: Sequence[Column]) -> CompareRow:
+    """The row of one `model_record`, to sit beside a comparison's rows (n = 1)."""
+    return _row("pretrained", record.name, [record], columns)
 
 
 # ---------------------------------------------------------------------------- sweep CSV

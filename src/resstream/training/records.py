@@ -301,6 +301,37 @@ def find_runs(path: str | Path) -> list[RunRecord]:
     return [rec for d, seed in seed_dirs for rec in _records_from_seed_dir(d, seed)]
 
 
+def saved_gate_history(run_dir: Path) -> GateHistory:
+    """A learned run's gate distribution over training: its gate_history.json, else the
+    gate records of its metrics.jsonl."""
+    saved = read_json(run_dir / GATE_HISTORY_FILE)
+    return GateHistory.from_dict(saved) if isinstance(saved, dict) else gate_history(run_dir)
+
+
+def load_sweep(path: str | Path) -> SweepResult:
+    """A finished sweep read back from its sweep.json (with each run's eval.json) and the
+    learned runs' gate histories; UsageError when `path` holds no sweep.json of a sweep."""
+    root = Path(path)
+    data = read_json(root / SWEEP_FILE)
+    if not isinstance(data, dict) or data.get("format") != SWEEP_FORMAT:
+        raise _not_a_sweep(root, f"no {SWEEP_FILE} of a finished sweep")
+    runs = _records_from_sweep_json(root, data, None)
+    learned = [run for run in runs if run.gate == "learned" and run.path is not None]
+    histories = {run.seed: saved_gate_history(run.path) for run in learned}
+    return SweepResult(
+        root=root,
+        n_layer=int(data["n_layer"]),
+        alpha=float(data["alpha"]),
+        seeds=tuple(int(s) for s in data.get("seeds") or ()),
+        layers=tuple(int(k) for k in data.get("layers") or ()),
+        learned=bool(data.get("learned")),
+        benchmarks=tuple(data.get("benchmarks") or ()),
+        runs=tuple(runs),
+        gate_histories=histories,
+        config=dict(data.get("config") or {}),
+    )
+
+
 def _sweep_root(path: Path) -> Path:
     """The sweep directory of a sweep directory or of one of its seed-<s> folders."""
     return path.parent if SEED_DIR.match(path.name) and not (path / SWEEP_FILE).is_file() else path

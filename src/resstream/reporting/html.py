@@ -1,0 +1,21 @@
+"""The pieces every self-contained HTML page of resstream shares (`attribute.html`,
+`report.html`): figures embedded as data: URIs, so a page loads nothing from anywhere."""
+
+from __future__ import annotations
+
+import base64
+import html
+
+
+def png_data_uri(png: bytes) -> str:
+    """The PNG bytes as a data: URI an <img> can show without fetching anything."""
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def figure_html(png: bytes, alt: str, caption: str) -> str:
+    """A <figure> with the PNG embedded and `caption` below it; `alt` is plain text (escaped
+    here), `caption` is HTML (its caller escapes the data it holds)."""
+    return (
+        f"<figure><img alt='{html.escape(alt, quote=True)}' src='{png_data_uri(png)}'>"
+        f"<figcaption>{caption}</figcaption></figure>"
+    )
