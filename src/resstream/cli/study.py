@@ -49,6 +49,7 @@ class Scale:
     top_k: int = 5
     heldout_dataset: str = "wikitext-2"  # misalignment of the trained models
     heldout_seqs: int = 64
+    heldout_seq_len: int = 64  # at most the trained models' context
     benchmarks: tuple[str, ...] = ("wikitext-2", "lambada", "openwebtext", "fineweb-edu")
     max_eval_tokens: int | None = None
     shard_tokenizer: str | None = None  # a tokens stage runs first when set
@@ -68,6 +69,7 @@ SCALES: dict[str, Scale] = {
             shift_seqs=8,
             shift_seq_len=32,
             heldout_seqs=8,
+            heldout_seq_len=32,
             benchmarks=("wikitext-2", "lambada"),
             max_eval_tokens=500,
         ),
@@ -94,6 +96,7 @@ SCALES: dict[str, Scale] = {
             train_dataset="fineweb-edu-10bt",
             shift_seqs=256,
             heldout_seqs=256,
+            heldout_seq_len=1024,
             shard_tokenizer="gpt2",
         ),
     )
@@ -257,6 +260,7 @@ def misalignment_steps(plan: Plan) -> list[Step]:
     for seed in plan.seeds:
         models = [arg for run in runs if run.seed == seed for arg in ("--model", str(run.path))]
         argv = ("shift", *models, "--dataset", s.heldout_dataset, "--num-seqs", str(s.heldout_seqs))
+        argv += ("--seq-len", str(s.heldout_seq_len))
         argv += ("--top-k", str(s.top_k), *_data_flags(plan), *_common(plan))
         steps.append(
             Step(f"shift of seed {seed}'s models", (*argv, "--out", f"{OUT}/misalignment/seed-{seed}"))
@@ -372,7 +376,7 @@ STAGE_TABLE: dict[str, Stage] = {
         Stage(
             "misalignment",
             "shift of every trained model on held-out text",
-            ("heldout_dataset", "heldout_seqs", "top_k", "seeds"),
+            ("heldout_dataset", "heldout_seqs", "heldout_seq_len", "top_k", "seeds"),
             ("sweep",),
             lambda p: (p.scale.heldout_dataset,),
             misalignment_steps,
