@@ -346,3 +346,14 @@ def test_compare_figure_draws_each_row_with_its_std(sweep_dir):
     ]
     assert drawn == pytest.approx(means)
     assert [t.get_text() for t in ax.get_xticklabels()] == ["baseline", "fixed k=1", "learned"]
+
+
+def test_footer_names_the_shakespeare_column_only_when_the_table_has_one():
+    records = [
+        RunRecord(0, "fixed-k0", "fixed", 0, 0.5, 2.0, evals={"shakespeare": {"perplexity": 9.0}}),
+        RunRecord(0, "fixed-k1", "fixed", 1, 0.5, 1.0, evals={"shakespeare": {"perplexity": 8.0}}),
+    ]
+    with_tail = tables.compare_table(records, ["shakespeare"]).footer()
+    assert "its val loss and the shakespeare column are measured on, so those two cells are" in with_tail
+    without = tables.compare_table(records, ["wikitext-2"]).footer()
+    assert "shakespeare" not in without and "its val loss is measured on, so that cell is" in without

@@ -153,11 +153,13 @@ class CompareTable:
         )
         parts = [CONVENTION, BOLD_RULE]
         if self.best_fixed is not None:
+            same_split = any(column.key.startswith("shakespeare/") for column in self.columns)
+            cells = "its val loss and the shakespeare column are" if same_split else "its val loss is"
+            biased = "those two cells are" if same_split else "that cell is"
             parts.append(
                 "best fixed cut: the fixed layer with the lowest mean validation loss "
-                f"(val loss by layer: {ranking}); it is chosen on the split its val loss "
-                "and the shakespeare column are measured on, so those two cells are "
-                "optimistically biased for that row"
+                f"(val loss by layer: {ranking}); it is chosen on the split {cells} measured on, "
+                f"so {biased} optimistically biased for that row"
             )
         return "; ".join(parts) + "."
 
