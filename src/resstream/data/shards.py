@@ -59,6 +59,7 @@ from resstream.data.files import Document
 from resstream.data.sources import Corpus, CorpusStream
 from resstream.data.tokenizer import tokenizer_fingerprint
 from resstream.data.tokens import (
+    TokenSplits,
     document_items,
     encode_items,
     id_bound,
@@ -475,12 +476,8 @@ class ShardedTokens:
         """The ids of the complete store in `directory` (UsageError for an incomplete store or
         one whose shards do not match its manifest, `check_shard_files`)."""
         directory = Path(directory)
+        stored_corpus(directory)  # complete
         manifest = read_manifest(directory)
-        if not manifest.get("complete"):
-            raise UsageError(
-                f"shard store {str(directory)!r} is incomplete ({len(manifest['shards'])} shards so far): "
-                f"finish it by running the same `resstream tokenize` again"
-            )
         check_shard_files(directory, manifest, verify=verify)
         dtype = np.dtype(manifest["dtype"]).newbyteorder("<")
         maps = [
@@ -528,3 +525,65 @@ class ShardedTokens:
     def split(self, val_fraction: float) -> tuple[ShardedTokens, ShardedTokens]:
         """(train, val) by `split_tokens`'s rule: val is the last floor(len * val_fraction) ids."""
         return split_tokens(self, val_fraction)
+
+
+# --------------------------------------------------------------------------- training on a store
+
+
+@dataclass(frozen=True)
+class StoredCorpus:
+    """The corpus a complete store was made from, as its manifest records it."""
+
+    name: str
+    origin: str
+    fingerprint: str
+    tokenizer: str | None  # how the store's tokenizer was named (`write_shards`'s `tokenizer_name`)
+    tokenizer_fingerprint: str
+    store_fingerprint: str
+
+
+def stored_corpus(directory: str | os.PathLike[str]) -> StoredCorpus:
+    """What the complete store in `directory` holds (UsageError for an incomplete one)."""
+    manifest = read_manifest(directory)
+    if not manifest.get("complete"):
+        raise UsageError(
+            f"shard store {str(directory)!r} is incomplete ({len(manifest['shards'])} shards so far): "
+            f"finish it by running the same `resstream tokenize` again"
+        )
+    corpus, tokenizer = manifest["corpus"], manifest["tokenizer"]
+    return StoredCorpus(
+        name=corpus["name"],
+        origin=corpus["origin"],
+        fingerprint=corpus["fingerprint"],
+        tokenizer=tokenizer.get("name"),
+        tokenizer_fingerprint=tokenizer["fingerprint"],
+        store_fingerprint=manifest["fingerprint"],
+    )
+
+
+def check_store_tokenizer(
+    directory: str | os.PathLike[str], stored: StoredCorpus, tokenizer: PreTrainedTokenizerFast, spec: str
+) -> None:
+    """UsageError unless `tokenizer` (given as `spec`) is the one the store's ids were made with."""
+    found = tokenizer_fingerprint(tokenizer)
+    if found != stored.tokenizer_fingerprint:
+        raise UsageError(
+            f"shard store {str(directory)!r} holds ids of tokenizer {stored.tokenizer!r} (fingerprint "
+            f"{stored.tokenizer_fingerprint}), not of `tokenizer` {spec!r} (fingerprint {found}); "
+            f"train with `tokenizer` {stored.tokenizer!r} or tokenise the corpus again"
+        )
+
+
+def store_splits(directory: str | os.PathLike[str], val_fraction: float) -> TokenSplits:
+    """The complete store in `directory` split as the single-file cache is (its shards checked
+    against the manifest by size); the fingerprint is the store's."""
+    tokens = ShardedTokens.open(directory)
+    train, val = tokens.split(val_fraction)
+    manifest = read_manifest(directory)
+    return TokenSplits(
+        train=train,
+        val=val,
+        fingerprint=manifest["fingerprint"],
+        path=Path(directory),
+        vocab_size=int(manifest["tokenizer"]["vocab_size"]),
+    )
