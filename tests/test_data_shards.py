@@ -326,9 +326,9 @@ def test_memory_while_tokenising_a_50_mb_corpus(tmp_path):
 
 @needs_fineweb
 @needs_gpt2
-def test_memory_while_tokenising_a_3_mb_corpus(tmp_path):
+def test_memory_while_tokenising_a_2_mb_corpus(tmp_path):
     corpus = tmp_path / "corpus.txt"
-    varied_fineweb(corpus, 3)
+    varied_fineweb(corpus, 2)
     report = tokenise_in_child(corpus)
-    assert report["tokens"] > 600_000
+    assert report["tokens"] > 400_000
     assert report["growth_mb"] < GROWTH_LIMIT_MB and report["worker_mb"] < WORKER_LIMIT_MB, report
