@@ -16,7 +16,7 @@ from tests.test_cli_train import TINY
 from tests.test_train import corpus_text
 
 DATA = Path(os.environ.get("RESSTREAM_DATA", "/nonexistent"))
-pytestmark = pytest.mark.skipif(not (DATA / "gpt2-tokenizer").is_dir(), reason="no local GPT-2 tokenizer")
+needs_gpt2 = pytest.mark.skipif(not (DATA / "gpt2-tokenizer").is_dir(), reason="no local GPT-2 tokenizer")
 
 
 @pytest.fixture
@@ -26,34 +26,41 @@ def corpus(tmp_path) -> Path:
     return path
 
 
-def tokenize(corpus: Path, out: Path, *extra: str) -> int:
-    args = ["tokenize", "--dataset", str(corpus), "--tokenizer", "gpt2", "--out", str(out), "--quiet"]
-    return main([*args, "--shard-tokens", "1000", "--workers", "1", *extra])
+@pytest.fixture
+def bpe(tmp_path) -> Path:
+    """A small tokenizer, so that the tiny models train in a moment."""
+    save_tokenizer(train_bpe([corpus_text()], 300), tmp_path / "bpe")
+    return tmp_path / "bpe"
 
 
-def train_on(store: Path, out: Path, *extra: str) -> int:
-    flags = [*TINY, "--tokenizer", "gpt2", "--max-steps", "2", "--device", "cpu", "--threads", "1"]
-    return main(["train", "--dataset", str(store), *flags, *extra, "--out", str(out)])
+def tokenize(corpus: Path, out: Path, tokenizer: Path) -> int:
+    args = ["tokenize", "--dataset", str(corpus), "--tokenizer", str(tokenizer), "--out", str(out), "--quiet"]
+    return main([*args, "--shard-tokens", "1000", "--workers", "1"])
+
+
+def train_on(store: Path, out: Path, tokenizer: Path) -> int:
+    flags = [*TINY, "--tokenizer", str(tokenizer), "--max-steps", "2", "--device", "cpu", "--threads", "1"]
+    return main(["train", "--dataset", str(store), *flags, "--out", str(out)])
 
 
 @pytest.fixture
-def store(corpus, tmp_path) -> Path:
-    assert tokenize(corpus, tmp_path / "store") == 0
+def store(corpus, bpe, tmp_path) -> Path:
+    assert tokenize(corpus, tmp_path / "store", bpe) == 0
     return tmp_path / "store"
 
 
-def test_tokenize_writes_reuses_and_trains(corpus, tmp_path, capsys):
-    assert tokenize(corpus, tmp_path / "store") == 0
+def test_tokenize_writes_reuses_and_trains(corpus, bpe, tmp_path, capsys):
+    assert tokenize(corpus, tmp_path / "store", bpe) == 0
     out = capsys.readouterr().out
     manifest = json.loads((tmp_path / "store" / MANIFEST).read_text())
     shards, tokens = len(manifest["shards"]), manifest["total_tokens"]
     assert manifest["complete"] and shards == -(-tokens // 1000) >= 2
     assert out.startswith(f"wrote {shards} shards, {tokens:,} tokens in ") and "tokens/s)" in out
     assert f"holds {shards} shards, {tokens:,} tokens (fingerprint {manifest['fingerprint']})" in out
-    assert tokenize(corpus, tmp_path / "store") == 0
+    assert tokenize(corpus, tmp_path / "store", bpe) == 0
     assert "already holds the complete store" in capsys.readouterr().out
 
-    assert train_on(tmp_path / "store", tmp_path / "run") == 0
+    assert train_on(tmp_path / "store", tmp_path / "run", bpe) == 0
     record = json.loads((tmp_path / "run" / "run.json").read_text())
     assert record["token_store"]["fingerprint"] == manifest["fingerprint"]
     assert record["dataset_fingerprint"] == manifest["fingerprint"]
@@ -69,16 +76,15 @@ def test_tokenize_writes_reuses_and_trains(corpus, tmp_path, capsys):
     ],
 )
 def test_tokenize_refuses_bad_numbers(corpus, tmp_path, capsys, flags, message):
-    args = ["tokenize", "--dataset", str(corpus), "--tokenizer", "gpt2", "--quiet", *flags]
+    args = ["tokenize", "--dataset", str(corpus), "--tokenizer", "gpt2", "--quiet", *flags]  # refused first
     expect_usage_error(args, tmp_path / "store", capsys, message)
 
 
-def test_tokenize_refuses_a_store_of_another_tokenizer(corpus, store, tmp_path, capsys):
-    bpe = tmp_path / "bpe"
-    save_tokenizer(train_bpe([corpus_text()], 300), bpe)
+@needs_gpt2
+def test_tokenize_refuses_a_store_of_another_tokenizer(corpus, store, capsys):
     before = {p.name: p.stat().st_mtime_ns for p in store.iterdir()}
     capsys.readouterr()
-    args = ["tokenize", "--dataset", str(corpus), "--tokenizer", str(bpe), "--out", str(store), "--quiet"]
+    args = ["tokenize", "--dataset", str(corpus), "--tokenizer", "gpt2", "--out", str(store), "--quiet"]
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("resstream: error: --out") and "holds a shard store of another tokenizer" in err, (
@@ -88,7 +94,7 @@ def test_tokenize_refuses_a_store_of_another_tokenizer(corpus, store, tmp_path, 
 
 
 @pytest.mark.parametrize("damage", ["missing", "size"])
-def test_train_refuses_a_store_whose_files_do_not_match_its_manifest(store, tmp_path, capsys, damage):
+def test_train_refuses_a_store_whose_files_do_not_match_its_manifest(store, bpe, tmp_path, capsys, damage):
     shard = store / shard_name(1)
     if damage == "missing":
         shard.unlink()
@@ -96,12 +102,12 @@ def test_train_refuses_a_store_whose_files_do_not_match_its_manifest(store, tmp_
     else:
         shard.write_bytes(shard.read_bytes()[:-2])
         message = "shard-00001.bin has 1998 bytes; the manifest says 1000 ids (2000 bytes)"
-    flags = [*TINY, "--tokenizer", "gpt2", "--max-steps", "2", "--device", "cpu"]
+    flags = [*TINY, "--tokenizer", str(bpe), "--max-steps", "2", "--device", "cpu"]
     expect_usage_error(["train", "--dataset", str(store), *flags], tmp_path / "run", capsys, message)
 
 
-def test_train_refuses_a_store_smaller_than_one_batch(store, tmp_path, capsys):
-    flags = [*TINY, "--tokenizer", "gpt2", "--device", "cpu", "--batch-size", "1000"]
+def test_train_refuses_a_store_smaller_than_one_batch(store, bpe, tmp_path, capsys):
+    flags = [*TINY, "--tokenizer", str(bpe), "--device", "cpu", "--batch-size", "1000"]
     expect_usage_error(
         ["train", "--dataset", str(store), *flags],
         tmp_path / "run",
@@ -110,22 +116,21 @@ def test_train_refuses_a_store_smaller_than_one_batch(store, tmp_path, capsys):
     )
 
 
-def test_train_refuses_another_tokenizer_or_bpe_on_a_store(store, corpus, tmp_path, capsys):
-    bpe = tmp_path / "bpe"
-    save_tokenizer(train_bpe([corpus_text()], 300), bpe)
+@needs_gpt2
+def test_train_refuses_another_tokenizer_or_bpe_on_a_store(store, bpe, tmp_path, capsys):
     flags = [*TINY, "--device", "cpu"]
     expect_usage_error(
-        ["train", "--dataset", str(store), *flags, "--tokenizer", str(bpe)],
+        ["train", "--dataset", str(store), *flags, "--tokenizer", "gpt2"],
         tmp_path / "run",
         capsys,
-        f"shard store {str(store)!r} holds ids of tokenizer 'gpt2'",
-        "not of --tokenizer",
+        f"shard store {str(store)!r} holds ids of tokenizer {str(bpe)!r}",
+        "not of --tokenizer 'gpt2'",
     )
     expect_usage_error(
         ["train", "--dataset", str(store), *flags],
         tmp_path / "run",
         capsys,
         "--tokenizer 'bpe' trains a tokenizer on the corpus",
-        "pass --tokenizer 'gpt2'",
+        f"pass --tokenizer {str(bpe)!r}",
     )
     assert_nothing_written(tmp_path / "run")
