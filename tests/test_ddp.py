@@ -45,8 +45,11 @@ def test_two_gloo_processes_match_one_process(tmp_path):
     _check_ddp_matches_one_process(tmp_path, corpus)
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_match_one_process_on_a_shard_store(tmp_path):
-    """Every rank reads its own windows from the store's memory maps (issue 13, item 4)."""
+    """Every rank reads its own windows from the store's memory maps (issue 13, item 4). About
+    30 s on 2 cores, so slow; the default suite checks each rank's batches from a store in
+    tests/test_data_shards.py."""
     from resstream.data import Corpus, save_tokenizer, train_bpe
     from resstream.data.shards import write_shards
     from resstream.data.sources import corpus_fingerprint
