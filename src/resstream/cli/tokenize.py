@@ -13,7 +13,7 @@ from resstream.cli.common import DataDirOption
 def tokenize(
     dataset: Annotated[
         str,
-        typer.Option(help="Named corpus (fineweb-edu-10bt is streamed from the hub) or .txt/.jsonl path."),
+        typer.Option(help="Named corpus or .txt/.jsonl path (read while it is tokenised)."),
     ],
     tokenizer: Annotated[str, typer.Option(help="gpt2, a tokenizer directory or a Hugging Face name.")],
     out: Annotated[
@@ -23,7 +23,7 @@ def tokenize(
         int, typer.Option(help="Token ids per shard (the last one shorter).")
     ] = 100_000_000,
     workers: Annotated[
-        int | None, typer.Option(help="Tokenising processes [default: min(8, CPUs)].", show_default=False)
+        int | None, typer.Option(help="Tokenising processes \\[default: min(8, CPUs)].", show_default=False)
     ] = None,
     data_dir: DataDirOption = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
