@@ -15,11 +15,12 @@ from tests.test_cli_train import TINY
 from tests.test_train import corpus_text
 
 
-def _args(corpus, cache, out):
+def _args(corpus, cache, out, *extra):
     return [
         "train",
         "--dataset",
         str(corpus),
+        *extra,
         "--cache-dir",
         str(cache),
         "--out",
@@ -41,6 +42,27 @@ def _args(corpus, cache, out):
 def test_two_gloo_processes_match_one_process(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(corpus_text(), encoding="utf-8")
+    _check_ddp_matches_one_process(tmp_path, corpus)
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_match_one_process_on_a_shard_store(tmp_path):
+    """Every rank reads its own windows from the store's memory maps (issue 13, item 4). About
+    30 s on 2 cores, so slow; the default suite checks each rank's batches from a store in
+    tests/test_data_shards.py."""
+    from resstream.data import Corpus, save_tokenizer, train_bpe
+    from resstream.data.shards import write_shards
+    from resstream.data.sources import corpus_fingerprint
+
+    text = corpus_text()
+    corpus = Corpus("words", (text,), corpus_fingerprint([text]), "test")
+    tokenizer = train_bpe([text], 300)
+    save_tokenizer(tokenizer, tmp_path / "bpe")
+    write_shards(corpus, tokenizer, tmp_path / "store", shard_tokens=300, workers=1)
+    _check_ddp_matches_one_process(tmp_path, tmp_path / "store", "--tokenizer", str(tmp_path / "bpe"))
+
+
+def _check_ddp_matches_one_process(tmp_path, corpus, *extra):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [
         sys.executable,
@@ -51,12 +73,17 @@ def test_two_gloo_processes_match_one_process(tmp_path):
         "2",
         "-m",
         "resstream.cli.main",
-        *_args(corpus, tmp_path / "cache", tmp_path / "ddp"),
+        *_args(corpus, tmp_path / "cache", tmp_path / "ddp", *extra),
     ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     single = subprocess.run(
-        [sys.executable, "-m", "resstream.cli.main", *_args(corpus, tmp_path / "cache", tmp_path / "single")],
+        [
+            sys.executable,
+            "-m",
+            "resstream.cli.main",
+            *_args(corpus, tmp_path / "cache", tmp_path / "single", *extra),
+        ],
         env=env,
         capture_output=True,
         text=True,

@@ -30,6 +30,7 @@ from resstream.cli import reproduce as reproduce_cmd
 from resstream.cli import shift as shift_cmd
 from resstream.cli import simulate as simulate_cmd
 from resstream.cli import sweep as sweep_cmd
+from resstream.cli import tokenize as tokenize_cmd
 from resstream.cli import train as train_cmd
 from resstream.cli import tune_lens as tune_lens_cmd
 from resstream.cli.entry import interrupted_exit
@@ -53,6 +54,7 @@ app = typer.Typer(
     cls=GroupWithoutFlagTypes,
 )
 for module in (
+    tokenize_cmd,
     train_cmd,
     eval_cmd,
     sweep_cmd,

@@ -90,15 +90,54 @@ def token_chunks(
     special tokens added). `progress`: a tqdm bar counting documents (None: from 1000 on,
     when the number of documents is known).
     """
-    end = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]  # after each document
     total = len(documents) if isinstance(documents, Sized) else None
     show = (total or 0) >= _PROGRESS_DOCS if progress is None else progress
-    with _plain_backend(tokenizer) as backend, _progress(total, show) as bar:
-        encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
-        for batch in _batches(documents, bar):
-            encodings = iter(encode([item for item in batch if item is not None], add_special_tokens=False))
-            ids = [next(encodings).ids if item is not None else end for item in batch]
-            yield np.fromiter(itertools.chain.from_iterable(ids), dtype=np.uint32)
+    with plain_backend(tokenizer) as backend, _progress(total, show) as bar:
+        for batch in item_batches(document_items(documents, on_document=lambda: bar.update(1))):
+            yield encode_items(backend, batch, tokenizer.eos_token_id)[0]
+
+
+def document_items(documents: Iterable[Document], on_document: Any = None) -> Iterator[str | None]:
+    """The documents as the tokenizer's items: their text in pieces of at most
+    `TOKENIZER_PIECE_CHARS` characters (`tokenizer_pieces`), None where a document ends.
+    `on_document`: called (no arguments) after each document."""
+    for document in documents:
+        yield from tokenizer_pieces(document)
+        yield None
+        if on_document is not None:
+            on_document()
+
+
+def item_batches(items: Iterable[str | None]) -> Iterator[list[str | None]]:
+    """`items` in consecutive batches of about `_BATCH_CHARS` characters (at most `_BATCH_DOCS`
+    pieces each)."""
+    batch: list[str | None] = []
+    size = 0
+    for item in items:
+        batch.append(item)
+        if item is None:
+            continue
+        size += len(item)
+        if size >= _BATCH_CHARS or len(batch) >= _BATCH_DOCS:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def encode_items(
+    backend: Any, batch: list[str | None], eos_token_id: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, lengths): the uint32 ids of a batch of `document_items` in one array, and how many
+    of them each item gave. A piece is encoded by `backend` (a `tokenizers.Tokenizer` with
+    truncation and padding off) without special tokens; None gives the eos id (nothing when
+    `eos_token_id` is None)."""
+    end = [] if eos_token_id is None else [eos_token_id]  # after each document
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    encodings = iter(encode([item for item in batch if item is not None], add_special_tokens=False))
+    ids = [next(encodings).ids if item is not None else end for item in batch]
+    lengths = np.fromiter((len(part) for part in ids), dtype=np.int64, count=len(ids))
+    return np.fromiter(itertools.chain.from_iterable(ids), dtype=np.uint32, count=int(lengths.sum())), lengths
 
 
 def id_bound(tokenizer: PreTrainedTokenizerFast) -> int:
@@ -277,26 +316,8 @@ def _open(path: Path, meta: dict[str, Any]) -> TokenSplits:
     )
 
 
-def _batches(documents: Iterable[Document], bar: Any) -> Iterator[list[str | None]]:
-    """The documents' text in consecutive batches of about `_BATCH_CHARS` characters (at most
-    `_BATCH_DOCS` pieces): pieces for the tokenizer, None where a document ends."""
-    batch: list[str | None] = []
-    size = 0
-    for document in documents:
-        for piece in tokenizer_pieces(document):
-            batch.append(piece)
-            size += len(piece)
-            if size >= _BATCH_CHARS or len(batch) >= _BATCH_DOCS:
-                yield batch
-                batch, size = [], 0
-        batch.append(None)
-        bar.update(1)
-    if batch:
-        yield batch
-
-
 @contextlib.contextmanager
-def _plain_backend(tokenizer: PreTrainedTokenizerFast) -> Iterator[Any]:
+def plain_backend(tokenizer: PreTrainedTokenizerFast) -> Iterator[Any]:
     """The tokenizer's Rust backend with truncation and padding off (restored afterwards)."""
     backend = tokenizer.backend_tokenizer
     truncation, padding = backend.truncation, backend.padding

@@ -45,8 +45,15 @@ from resstream.data import (
     save_tokenizer,
     stream_corpus,
 )
+from resstream.data.shards import (
+    StoredCorpus,
+    check_store_tokenizer,
+    is_shard_store,
+    store_splits,
+    stored_corpus,
+)
 from resstream.data.tokenizer import tokenizer_fingerprint
-from resstream.data.tokens import check_cache_dir
+from resstream.data.tokens import TokenSplits, check_cache_dir
 from resstream.devices import resolve_device
 from resstream.errors import RunError, UsageError
 from resstream.io import run_record, write_json
@@ -99,7 +106,7 @@ def default_cache_dir(config: TrainConfig) -> Path:
     return Path(os.environ.get("RESSTREAM_CACHE", Path.home() / ".cache" / "resstream"))
 
 
-def prepare_tokenizer(config: TrainConfig, corpus: CorpusStream, out_dir: Path, resume: bool):
+def prepare_tokenizer(config: TrainConfig, corpus: CorpusStream | StoredCorpus, out_dir: Path, resume: bool):
     """The run's tokenizer: the saved one when resuming, else trained (`bpe`) or loaded."""
     saved = out_dir / ckpt.TOKENIZER_DIR
     if resume and saved.is_dir():
@@ -107,6 +114,16 @@ def prepare_tokenizer(config: TrainConfig, corpus: CorpusStream, out_dir: Path, 
     if config.tokenizer.tokenizer == "bpe":
         return cached_bpe(corpus, config.tokenizer.bpe_vocab_size, default_cache_dir(config))
     return load_tokenizer(config.tokenizer.tokenizer, data_dir=config.run.data_dir)
+
+
+def refuse_bpe_for_a_store(config: TrainConfig, store: Path, stored: StoredCorpus) -> None:
+    """A `bpe` tokenizer is trained on the corpus, so it cannot be known before a shard store of
+    the corpus exists: a run on a store names the store's tokenizer instead."""
+    if config.tokenizer.tokenizer == "bpe":
+        raise UsageError(
+            f"`tokenizer` 'bpe' trains a tokenizer on the corpus, but the shard store {str(store)!r} "
+            f"holds ids of tokenizer {stored.tokenizer!r} already: pass `tokenizer` {stored.tokenizer!r}"
+        )
 
 
 def tokenizer_task(config: TrainConfig, out_dir: Path, resume: bool) -> str:
@@ -242,29 +259,43 @@ class Trainer:
         if config.run.threads > 0:
             torch.set_num_threads(config.run.threads)
         check_batch_layout(config, self.dist.world)
-        check_cache_dir(default_cache_dir(config))
-        # streamed: memory holds a piece of the corpus, not all of it; one reading pass checks
-        # the text and gives its fingerprint before any tokenising
-        with self._preparing(f"reading the corpus {config.data.dataset!r}"):
-            self.corpus = stream_corpus(config.data.dataset, data_dir=config.run.data_dir)
-            self.corpus.scan()
+        self.store = Path(config.data.dataset).expanduser() if is_shard_store(config.data.dataset) else None
+        if self.store is None:
+            check_cache_dir(default_cache_dir(config))
+            # streamed: memory holds a piece of the corpus, not all of it; one reading pass checks
+            # the text and gives its fingerprint before any tokenising
+            with self._preparing(f"reading the corpus {config.data.dataset!r}"):
+                self.corpus = stream_corpus(config.data.dataset, data_dir=config.run.data_dir)
+                self.corpus.scan()
+        else:
+            self.corpus = stored_corpus(self.store)
+            refuse_bpe_for_a_store(config, self.store, self.corpus)
         with self._preparing(tokenizer_task(config, self.out_dir, resume)):
             self.tokenizer = prepare_tokenizer(config, self.corpus, self.out_dir, resume)
+        if self.store is not None:
+            check_store_tokenizer(self.store, self.corpus, self.tokenizer, config.tokenizer.tokenizer)
         self.config = resolve_vocab(config, len(self.tokenizer))
         check_training_budget(self.config, self.device, world=self.dist.world)  # the real vocabulary
         self._check_resume_compatible()
         self.schedule_steps = schedule_steps(self.config, self.checkpoint)
-        cache = default_cache_dir(self.config)
-        with self._preparing(f"the token cache in {str(cache)!r} (the corpus is tokenised on first use)"):
-            self.splits = build_token_cache(
-                self.corpus, self.tokenizer, cache, val_fraction=self.config.data.val_fraction
-            )
+        self.splits = self._token_splits()
         check_enough_tokens(
             self.splits.train, self.config.model.block_size, "training", sequences=self.config.run.batch_size
         )
         check_enough_tokens(self.splits.val, self.config.model.block_size, "validation")
         with self._preparing(model_task(self.config, self.checkpoint)):
             self._build_model()
+
+    def _token_splits(self) -> TokenSplits:
+        """The training and validation ids: the shard store's, or the single-file cache's
+        (the corpus is tokenised into it on first use)."""
+        val_fraction = self.config.data.val_fraction
+        if self.store is not None:
+            with self._preparing(f"opening the shard store {str(self.store)!r}"):
+                return store_splits(self.store, val_fraction)
+        cache = default_cache_dir(self.config)
+        with self._preparing(f"the token cache in {str(cache)!r} (the corpus is tokenised on first use)"):
+            return build_token_cache(self.corpus, self.tokenizer, cache, val_fraction=val_fraction)
 
     @contextlib.contextmanager
     def _preparing(self, what: str) -> Iterator[None]:
@@ -630,6 +661,12 @@ class Trainer:
                 "fingerprint": self.corpus.fingerprint,
             },
             tokens={"train": len(self.splits.train), "val": len(self.splits.val)},
+            token_store=None
+            if self.store is None
+            else {
+                "directory": str(self.store.resolve()),
+                "fingerprint": self.splits.fingerprint,
+            },
             world_size=self.dist.world,
             parameters=self.model.num_params(),
             lr_schedule={
