@@ -15,6 +15,7 @@ import pytest
 
 from resstream import hub
 from resstream.data import CorpusStream, Pieces, load_corpus, stream_corpus
+from resstream.errors import UsageError
 
 # (name, split, documents, fingerprint, whether the stream hands out file pieces)
 LOCAL_CORPORA = [
@@ -172,3 +173,41 @@ def test_hub_rows_keep_their_fingerprints(
     assert all(isinstance(document, str) for document in stream)
     assert (stream.fingerprint, stream.origin) == (fingerprint, origin)
     assert fake_hub == [call, call]
+
+
+def test_a_corpus_of_billions_of_tokens_is_streamed_row_by_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fineweb-edu-10bt is read lazily from a streamed hub dataset, never held: the stream
+    pulls a row only when the consumer asks for the next document; `load_corpus` refuses it."""
+    datasets = pytest.importorskip("datasets")
+    for variable in hub.OFFLINE_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.delenv("RESSTREAM_DATA", raising=False)
+    monkeypatch.setattr(hub, "probe", lambda address: None)
+    pulled: list[int] = []
+    calls: list[tuple[Any, ...]] = []
+
+    def endless_rows():
+        for i in range(10**9):
+            pulled.append(i)
+            yield {"text": f"document {i}"}
+
+    def load_dataset(repo: str, config: str | None, split: str, streaming: bool = False) -> Any:
+        calls.append((repo, config, split, streaming))
+        return endless_rows()
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    stream = stream_corpus("fineweb-edu-10bt")
+    assert stream.origin == "hf:HuggingFaceFW/fineweb-edu (config sample-10BT, split train, streamed)"
+    documents = iter(stream)
+    assert [next(documents), next(documents)] == ["document 0", "document 1"]
+    assert len(pulled) == 2 and calls == [("HuggingFaceFW/fineweb-edu", "sample-10BT", "train", True)]
+    with pytest.raises(UsageError, match="too large to hold in memory"):
+        load_corpus("fineweb-edu-10bt")
+
+
+def test_a_streamed_hub_corpus_offline_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.delenv("RESSTREAM_DATA", raising=False)
+    expected = r"'fineweb-edu-10bt' is streamed from Hugging Face \(hf:.*\), which could not be reached"
+    with pytest.raises(UsageError, match=expected):
+        next(iter(stream_corpus("fineweb-edu-10bt")))

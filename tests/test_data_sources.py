@@ -207,6 +207,7 @@ def test_default_split_is_test_where_a_test_set_is_the_benchmark() -> None:
         "lambada": "test",
         "openwebtext": "train",
         "fineweb-edu": "train",
+        "fineweb-edu-10bt": "train",
         "ptb": "test",
         "tinyshakespeare": "train",
     }

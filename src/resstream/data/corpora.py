@@ -69,11 +69,15 @@ class HubSource:
     field: str
     splits: Mapping[str, str]  # resstream split -> the hub's split
     streamed_rows: int | None = None
+    #: Every row, streamed while it is read and never held (a corpus of billions of tokens):
+    #: usable where corpora are streamed (`stream_corpus`: training, `resstream tokenize`) only.
+    stream_all: bool = False
 
     def describe(self, split: str) -> str:
         """The origin of `split` read from here, e.g. ``hf:repo (config c, split test)``."""
         config = f"config {self.config}, " if self.config else ""
         rows = f", first {self.streamed_rows} rows" if self.streamed_rows else ""
+        rows = ", streamed" if self.stream_all else rows
         return f"hf:{self.repo} ({config}split {self.splits[split]}{rows})"
 
 
@@ -195,6 +199,11 @@ CORPORA: dict[str, CorpusSpec] = {
             local={"valid": "ptb/ptb.valid.txt", "test": "ptb/ptb.test.txt"},
             hub=HubSource("ptb-text-only/ptb_text_only", "penn_treebank", "sentence", _EVERY_SPLIT),
             default_split="test",
+        ),
+        CorpusSpec(
+            "fineweb-edu-10bt",
+            PLAIN_DOCUMENT,
+            hub=HubSource("HuggingFaceFW/fineweb-edu", "sample-10BT", "text", _TRAIN_ONLY, stream_all=True),
         ),
         CorpusSpec("tinyshakespeare", PLAIN_DOCUMENT, local={ANY_SPLIT: "tinyshakespeare/input.txt"}),
     )

@@ -148,6 +148,11 @@ def load_corpus(
     non-UTF-8 text, a malformed `.jsonl` row, an unknown split, or an empty corpus.
     """
     found = _find(name_or_path, split, data_dir)
+    if isinstance(found, _HubStream):
+        raise UsageError(
+            f"dataset {str(name_or_path)!r} ({found.origin}) is too large to hold in memory: it is "
+            "only read as a stream (training, `resstream tokenize`)"
+        )
     return _make_corpus(str(name_or_path), found.documents, found.origin)
 
 
@@ -169,6 +174,8 @@ def stream_corpus(
     """
     name = str(name_or_path)
     found = _find(name_or_path, split, data_dir)
+    if isinstance(found, _HubStream):
+        return CorpusStream(name, found.origin, found.rows)
     if isinstance(found, _File) and found.parser.stream_file is not None:
         path, stream_file = found.path, found.parser.stream_file
         # its resolved path (`Corpus.origin` of a named corpus keeps the data directory as given)
@@ -209,7 +216,38 @@ class _InMemory:
     origin: str
 
 
-def _find(name_or_path: str, split: str, explicit_dir: str | os.PathLike[str] | None) -> _File | _InMemory:
+@dataclass(frozen=True)
+class _HubStream:
+    """A Hugging Face split read row by row as it is consumed (`HubSource.stream_all`)."""
+
+    spec: CorpusSpec
+    split: str
+
+    @property
+    def origin(self) -> str:
+        assert self.spec.hub is not None
+        return self.spec.hub.describe(self.split)
+
+    def rows(self) -> Iterator[str]:
+        """The split's text rows, one at a time; UsageError when the hub cannot be reached."""
+        source = self.spec.hub
+        assert source is not None
+        try:
+            dataset = _hub_dataset(source, self.split)
+        except UsageError:
+            raise
+        except Exception as exc:
+            raise UsageError(
+                f"dataset {self.spec.name!r} is streamed from Hugging Face ({self.origin}), "
+                f"which could not be reached: {short_reason(exc)}"
+            ) from None
+        for row in dataset:
+            yield row[source.field]
+
+
+def _find(
+    name_or_path: str, split: str, explicit_dir: str | os.PathLike[str] | None
+) -> _File | _InMemory | _HubStream:
     """Where the documents of a named corpus's split, or of a file, come from (module docstring)."""
     spec = corpus_spec(name_or_path)
     if spec is None:
@@ -222,6 +260,8 @@ def _find(name_or_path: str, split: str, explicit_dir: str | os.PathLike[str] | 
     path = _local_file(spec, split, explicit_dir)
     if path is not None:
         return _File(path, spec.parser, str(path))
+    if spec.hub is not None and spec.hub.stream_all and split in spec.hub.splits:
+        return _HubStream(spec, split)
     return _load_from_hub(spec, split, data_dir(explicit_dir))
 
 
@@ -287,6 +327,15 @@ def _not_available_message(spec: CorpusSpec, split: str, directory: Path | None,
 
 def _hub_rows(source: HubSource, split: str) -> list[str]:
     """The text rows of a Hugging Face dataset; raises on any failure."""
+    dataset = _hub_dataset(source, split)
+    if source.streamed_rows:
+        return [row[source.field] for _, row in zip(range(source.streamed_rows), dataset, strict=False)]
+    return list(dataset[source.field])
+
+
+def _hub_dataset(source: HubSource, split: str) -> Any:
+    """`datasets.load_dataset` of the source's split (streamed when the source says so), once
+    the hub is known to be reachable; raises on any failure."""
     env_offline = hub.offline_env()
     unreachable = None if env_offline else hub.probe(hub.endpoint())
     if unreachable:
@@ -297,12 +346,9 @@ def _hub_rows(source: HubSource, split: str) -> list[str]:
         # imported before offline mode was asked for: the library would still go online
         raise ConnectionError(env_offline)
     kwargs: dict[str, Any] = {"split": source.splits[split]}
-    if source.streamed_rows:
+    if source.streamed_rows or source.stream_all:
         kwargs["streaming"] = True
-    dataset = datasets.load_dataset(source.repo, source.config, **kwargs)
-    if source.streamed_rows:
-        return [row[source.field] for _, row in zip(range(source.streamed_rows), dataset, strict=False)]
-    return list(dataset[source.field])
+    return datasets.load_dataset(source.repo, source.config, **kwargs)
 
 
 # --------------------------------------------------------------------------- helpers
