@@ -91,3 +91,34 @@ def test_the_sweep_stage_under_torchrun_matches_one_process(reproduction, tmp_pa
         for name in a:
             torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=2e-5, msg=f"{variant} {name}")
     assert '"world_size": 2' in (out / "sweep" / "seed-0" / "baseline" / "run.json").read_text()
+
+
+def test_the_paper_path_tokenises_into_shards_then_trains_on_them(tmp_path):
+    """The paper scale's first two stages, on a small stand-in: `tokenize` of the training corpus
+    with the GPT-2 tokenizer into a shard store, then the sweep trains on that store."""
+    import dataclasses
+
+    from resstream.cli import pipeline, study
+
+    corpus = Path(os.environ["RESSTREAM_DATA"]) / "fineweb-edu" / "fineweb-edu_sample-10BT_first1Mchars.txt"
+    if not corpus.is_file() or not (corpus.parent.parent / "gpt2-tokenizer").is_dir():
+        pytest.skip("needs the FineWeb-Edu sample and the GPT-2 tokenizer files")
+    scale = dataclasses.replace(
+        study.SCALES["tiny"],
+        train_dataset=str(corpus),
+        shard_tokenizer="gpt2",
+        train_flags=("--tokenizer", "gpt2", "--max-steps", "3", "--layers", "0"),
+    )
+    plan = study.Plan(scale=scale, out=tmp_path / "paper", models=(), seeds=(0,), device="cpu", quiet=True)
+    assert [s.name for s in pipeline.stages_of(plan, study.STAGE_TABLE)][:2] == ["tokens", "shift"]
+    pipeline.reproduce(plan, study.STAGE_TABLE, only="tokens", log=lambda line: None)
+    manifest = read(tmp_path / "paper" / "tokens" / "manifest.json")
+    assert manifest["complete"] and manifest["total_tokens"] > 100_000
+    pipeline.reproduce(plan, study.STAGE_TABLE, only="sweep", log=lambda line: None)
+    run = read(tmp_path / "paper" / "sweep" / "seed-0" / "baseline" / "run.json")
+    assert run["token_store"]["fingerprint"] == run["dataset_fingerprint"]
+    assert sorted(read(tmp_path / "paper" / "sweep" / "sweep.json")["runs"]["0"]) == [
+        "baseline",
+        "fixed-k0",
+        "learned",
+    ]
