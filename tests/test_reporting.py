@@ -357,3 +357,18 @@ def test_footer_names_the_shakespeare_column_only_when_the_table_has_one():
     assert "its val loss and the shakespeare column are measured on, so those two cells are" in with_tail
     without = tables.compare_table(records, ["wikitext-2"]).footer()
     assert "shakespeare" not in without and "its val loss is measured on, so that cell is" in without
+
+
+def test_gate_heatmap_panels_keep_their_step_labels_apart():
+    """Three seeds side by side over 800 steps: each panel gets a few step labels, not one per
+    80 steps run together."""
+    from resstream.reporting.plots import gate_heatmap_figure
+    from resstream.training.records import GateHistory
+
+    steps = tuple(range(10, 810, 10))
+    history = GateHistory(steps, tuple((0.25, 0.25, 0.25, 0.25) for _ in steps))
+    fig = gate_heatmap_figure({0: history, 1: history, 2: history})
+    fig.canvas.draw()
+    for ax in fig.axes[:3]:
+        shown = [t for t in ax.get_xticks() if steps[0] - 5 <= t <= steps[-1] + 5]
+        assert 2 <= len(shown) <= 5, shown

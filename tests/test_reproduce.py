@@ -149,7 +149,7 @@ def test_commands_recorded_with_the_directory_as_a_placeholder(tmp_path):
     assert steps[2].argv[-2:] == ("--out", "{out}/shift/org--model")
     assert pl.expand(steps[2].argv, tmp_path)[-1] == f"{tmp_path}/shift/org--model"
     sweep = study.sweep_steps(plan)[0]
-    assert sweep.distributed and sweep.argv[:5] == ("sweep", "--preset", "laptop", "--max-steps", "300")
+    assert sweep.distributed and sweep.argv[:5] == ("sweep", "--preset", "laptop", "--max-steps", "800")
     assert "--seeds" in sweep.argv and sweep.argv[sweep.argv.index("--seeds") + 1] == "0,1,2"
 
 

@@ -68,10 +68,10 @@ def figure_png(fig: Figure) -> bytes:
     return buffer.getvalue()
 
 
-def integer_ticks(axis: Axis) -> None:
+def integer_ticks(axis: Axis, *, at_most: int | None = None) -> None:
     """Ticks on whole numbers only (layers, positions, steps): a shallow model's layer axis
-    gets 0, 1, 2 instead of 0.25, 0.50, ..."""
-    axis.set_major_locator(MaxNLocator(integer=True))
+    gets 0, 1, 2 instead of 0.25, 0.50, ...; `at_most` caps how many (for a narrow panel)."""
+    axis.set_major_locator(MaxNLocator(nbins=at_most or "auto", integer=True))
 
 
 def model_file_stem(name: str) -> str:

@@ -126,7 +126,7 @@ def _draw_heatmap(ax, history: GateHistory, matrix: np.ndarray, low: float, high
         matrix, aspect="auto", interpolation="nearest", cmap="viridis", vmin=low, vmax=high, extent=extent
     )
     ax.set_yticks(range(matrix.shape[0]))
-    integer_ticks(ax.xaxis)
+    integer_ticks(ax.xaxis, at_most=4)  # one panel per seed side by side: room for a few labels
     ax.set_xlabel("training step")
     ax.set_ylabel("layer")
     return image
