@@ -42,7 +42,7 @@ def main() -> None:
 
     def whole_streams() -> None:
         for name, corpus in corpora.items():
-            tokens = tokenize_documents(corpus.documents, tokenizer)
+            tokens = tokenize_documents(corpus.documents, tokenizer, progress=False)
             tokens = split_tokens(tokens, 0.1)[1] if name == "shakespeare" else tokens
             assert len(tokens[:MAX_TOKENS]) > 0
 
