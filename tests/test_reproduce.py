@@ -7,7 +7,9 @@ runs the real stages end to end.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ import pytest
 from resstream.cli import pipeline as pl
 from resstream.cli import study
 from resstream.cli.main import main
-from resstream.errors import UsageError
+from resstream.errors import RunError, UsageError
 from tests.cli_support import expect_usage_error
 
 
@@ -49,8 +51,15 @@ def table(rec: Recorder, corpus: Path | None = None) -> dict[str, pl.Stage]:
     }
 
 
+def plan_of(scale: str, out, models=()) -> study.Plan:
+    """A plan as `make_plan` builds it, without checking that the models exist (these tests
+    name models they never load)."""
+    chosen = study.SCALES[scale]
+    return study.Plan(scale=chosen, out=Path(out), models=tuple(models) or chosen.models, seeds=chosen.seeds)
+
+
 def run(rec: Recorder, out: Path, *, only=None, models=(), corpus=None, lines=None):
-    plan = study.make_plan("tiny", out, models=models)
+    plan = plan_of("tiny", out, models=models)
     log = lines.append if lines is not None else (lambda line: None)
     return pl.reproduce(plan, table(rec, corpus), only=only, log=log)
 
@@ -113,7 +122,7 @@ def test_changed_corpus_content_reruns_the_stage_that_reads_it(tmp_path):
 
 
 def test_only_refuses_a_stage_whose_inputs_have_not_finished(tmp_path):
-    with pytest.raises(UsageError, match=r"stage 'c' needs 'b' finished in `out`"):
+    with pytest.raises(UsageError, match=r"stage 'c' needs 'b' finished for these settings in `out`"):
         run(Recorder(), tmp_path / "out", only="c")
     assert not (tmp_path / "out").exists()
 
@@ -136,13 +145,13 @@ def test_fingerprints_ignore_where_the_reproduction_lives(tmp_path):
 
 
 def test_the_scales_stages():
-    names = lambda scale: [s.name for s in pl.stages_of(study.make_plan(scale, "x"), study.STAGE_TABLE)]  # noqa: E731
+    names = lambda scale: [s.name for s in pl.stages_of(plan_of(scale, "x"), study.STAGE_TABLE)]  # noqa: E731
     assert names("laptop") == ["shift", "sweep", "eval", "compare", "misalignment", "report"]
     assert names("paper") == ["tokens", *names("laptop")]
 
 
 def test_commands_recorded_with_the_directory_as_a_placeholder(tmp_path):
-    plan = study.make_plan("laptop", tmp_path, models=("reference", "org/model"))
+    plan = plan_of("laptop", tmp_path, models=("reference", "org/model"))
     steps = study.shift_steps(plan)
     labels = ["shift reference", "lens reference", "shift org/model", "lens org/model"]
     assert [s.label for s in steps] == labels
@@ -177,3 +186,79 @@ def test_the_command_names_a_missing_corpus_before_running_anything(tmp_path, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and "wikitext-2" in err[-1], err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_finished_stage_whose_outputs_went_missing_runs_again(tmp_path):
+    rec = Recorder()
+    stages = table(rec)
+    stages["a"] = dataclasses.replace(stages["a"], outputs=lambda plan: [plan.path("a1.txt")])
+    plan = plan_of("tiny", tmp_path)
+    pl.reproduce(plan, stages, log=lambda line: None)
+    (tmp_path / "a1.txt").unlink()
+    assert ran(pl.reproduce(plan, stages, log=lambda line: None)) == ["a", "b", "c"]
+    assert rec.calls == ["a1", "b1", "b2", "c1", "a1", "b1", "b2", "c1"]
+
+
+def test_only_refuses_inputs_finished_for_other_settings(tmp_path):
+    run(Recorder(), tmp_path)
+    with pytest.raises(UsageError, match=r"stage 'b' needs 'a' finished for these settings"):
+        run(Recorder(), tmp_path, only="b", models=("other",))
+
+
+def one_command_stage(argv: tuple[str, ...]) -> dict[str, pl.Stage]:
+    step = pl.Step("a real command", argv)
+    return {"a": pl.Stage("a", "one command", (), (), lambda plan: (), lambda plan: [step])}
+
+
+def test_an_interrupted_command_stops_the_reproduction_unfinished(tmp_path, monkeypatch):
+    """Typer turns Ctrl-C inside a command into exit code 130: the step must not count as done."""
+    import resstream
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(resstream, "shift", interrupted)
+    plan = plan_of("tiny", tmp_path)
+    stages = one_command_stage(("shift", "--num-seqs", "2", "--out", "{out}/shift"))
+    with pytest.raises(KeyboardInterrupt):
+        pl.reproduce(plan, stages, log=lambda line: None)
+    state = json.loads((tmp_path / pl.STATE_FILE).read_text())
+    assert state["stages"]["a"]["status"] == "running" and state["stages"]["a"]["steps_done"] == []
+
+
+def test_a_command_that_exits_with_an_error_code_stops_the_reproduction(tmp_path, monkeypatch):
+    import typer
+
+    import resstream
+
+    def exits(*args, **kwargs):
+        raise typer.Exit(3)
+
+    monkeypatch.setattr(resstream, "shift", exits)
+    stages = one_command_stage(("shift", "--num-seqs", "2", "--out", "{out}/shift"))
+    with pytest.raises(RunError, match=r"`resstream shift` exited with 3; what it printed is in"):
+        pl.reproduce(plan_of("tiny", tmp_path), stages, log=lambda line: None)
+
+
+def test_recorded_commands_can_be_pasted_into_a_shell(tmp_path):
+    plan = dataclasses.replace(plan_of("paper", tmp_path), nproc_per_node=8)
+    lens = study.shift_steps(plan)[1]
+    line = pl.command_line(lens, plan)
+    assert line.startswith("resstream lens --model gpt2 --text 'The capital of France is Paris,")
+    assert shlex.split(line)[5] == study.LENS_TEXT
+    sweep = pl.command_line(study.sweep_steps(plan)[0], plan)
+    assert sweep.startswith(
+        "torchrun --standalone --nproc_per_node 8 -m resstream.cli.main sweep --preset paper"
+    )
+    assert "--dataset '{out}/tokens'" in sweep
+
+
+@pytest.mark.parametrize(
+    ("args", "pattern"),
+    [
+        (["--model", "/nonexistent/model"], "'/nonexistent/model' does not exist"),
+        (["--device", "bogus"], "bogus"),
+    ],
+)
+def test_a_bad_model_or_device_writes_nothing(tmp_path, capsys, args, pattern):
+    expect_usage_error(["reproduce", "--scale", "tiny", *args], tmp_path / "out", capsys, pattern)

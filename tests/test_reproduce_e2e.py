@@ -122,3 +122,28 @@ def test_the_paper_path_tokenises_into_shards_then_trains_on_them(tmp_path):
         "fixed-k0",
         "learned",
     ]
+
+
+def test_the_report_shows_this_plans_models_only(reproduction, tmp_path):
+    """A shift folder left by an earlier plan's model is not in the report."""
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(reproduction, out)
+    stray = out / "shift" / "stray"
+    shutil.copytree(out / "shift" / "reference", stray)
+    data = read(stray / "shift.json")
+    data["models"][0]["model"] = "stray-model"
+    (stray / "shift.json").write_text(json.dumps(data), encoding="utf-8")
+    assert main([*TINY, "--only", "report", "--out", str(out)]) == 0
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert "stray-model" not in html and "Figure 2 (reference)" in html
+
+
+def test_misalignment_of_a_seed_without_runs_is_refused(reproduction):
+    from resstream.cli import study
+    from resstream.errors import UsageError
+
+    plan = study.make_plan("tiny", reproduction, seeds=(0, 5), device="cpu")
+    with pytest.raises(UsageError, match="seed 5 has no finished runs in"):
+        study.misalignment_steps(plan)

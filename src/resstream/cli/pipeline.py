@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resstream.errors import RunError, UsageError, check_choice
+from resstream.interrupts import raise_if_interrupted
 from resstream.io import strict_json, write_json
 
 if TYPE_CHECKING:
@@ -68,6 +70,7 @@ class Stage:
     datasets: Callable[[Plan], tuple[str, ...]]  # corpora whose content it reads
     steps: Callable[[Plan], list[Step]]  # built when the stage runs (it may read earlier output)
     applies: Callable[[Plan], bool] = lambda plan: True  # whether the plan's scale has it
+    outputs: Callable[[Plan], list[Path]] = lambda plan: []  # what a finished stage left behind
 
 
 # --------------------------------------------------------------------------- the record
@@ -156,29 +159,50 @@ def expand(argv: Sequence[str], out: Path) -> list[str]:
     return [arg.replace(OUT, str(out)) for arg in argv]
 
 
+def launcher(plan: Plan, distributed: bool) -> list[str]:
+    """What starts a command: `resstream`, or torchrun for a distributed training step with
+    `nproc_per_node` > 1 (as `command_line` records it)."""
+    if distributed and plan.nproc_per_node > 1:
+        return [
+            "torchrun",
+            "--standalone",
+            "--nproc_per_node",
+            str(plan.nproc_per_node),
+            "-m",
+            "resstream.cli.main",
+        ]
+    return ["resstream"]
+
+
+def command_line(step: Step, plan: Plan) -> str:
+    """The step as a shell command a person can paste (OUT still marks the directory)."""
+    return shlex.join([*launcher(plan, step.distributed), *step.argv]) if step.argv else step.label
+
+
 def run_command(argv: Sequence[str], plan: Plan, log_file: Path, *, distributed: bool = False) -> None:
     """Run one resstream command: in this process, or under torchrun for a distributed
     training step with `nproc_per_node` > 1. What it prints on stdout is appended to
-    `log_file` (progress and notes stay on stderr); errors propagate as the command raised them."""
+    `log_file` (progress and notes stay on stderr). An error propagates as the command raised
+    it; an interrupted command raises KeyboardInterrupt, one that exits otherwise RunError."""
+    from resstream.interrupts import was_interrupted
+
     args = expand(argv, plan.out)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "a", encoding="utf-8") as log:
-        log.write(f"$ resstream {' '.join(args)}\n")
+        log.write(f"$ {shlex.join([*launcher(plan, distributed), *args])}\n")
         log.flush()
         if distributed and plan.nproc_per_node > 1:
-            launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-            launcher += ["--nproc_per_node", str(plan.nproc_per_node), "-m", "resstream.cli.main"]
-            done = subprocess.run([*launcher, *args], stdout=log, check=False)
-            if done.returncode:
-                raise RunError(
-                    f"`{args[0]}` under torchrun ({plan.nproc_per_node} processes) exited with "
-                    f"{done.returncode}; its output is in {str(log_file)!r}"
-                )
-            return
-        from resstream.cli.main import app
+            torchrun = [sys.executable, "-m", "torch.distributed.run", *launcher(plan, distributed)[1:]]
+            code = subprocess.run([*torchrun, *args], stdout=log, check=False).returncode
+        else:
+            from resstream.cli.main import app
 
-        with contextlib.redirect_stdout(log):
-            app(args=args, prog_name="resstream", standalone_mode=False)
+            with contextlib.redirect_stdout(log):
+                code = app(args=args, prog_name="resstream", standalone_mode=False)
+    if code == 130 or was_interrupted():  # typer turns Ctrl-C inside a command into exit code 130
+        raise KeyboardInterrupt
+    if code:
+        raise RunError(f"`resstream {args[0]}` exited with {code}; what it printed is in {str(log_file)!r}")
 
 
 @dataclass(frozen=True)
@@ -207,9 +231,9 @@ def reproduce(
     with locked_directory(plan.out, "reproduce"):
         state = load_state(plan.out, plan.scale.name)
         chosen = [s for s in stages if only is None or s.name == only]
+        corpora = corpus_fingerprints([d for s in stages for d in s.datasets(plan)], plan.data_dir)
         if only is not None:
-            _check_needs(table[only], stages, plan, state)
-        corpora = corpus_fingerprints([d for s in chosen for d in s.datasets(plan)], plan.data_dir)
+            _check_needs(table[only], stages, plan, state, corpora)
         return [_run_stage(stage, plan, state, corpora, forced=only is not None, log=log) for stage in chosen]
 
 
@@ -223,18 +247,31 @@ def check_stage(name: str, plan: Plan, table: Mapping[str, Stage]) -> None:
         )
 
 
-def _check_needs(stage: Stage, stages: Sequence[Stage], plan: Plan, state: State) -> None:
-    present = {s.name for s in stages}
+def _check_needs(
+    stage: Stage, stages: Sequence[Stage], plan: Plan, state: State, corpora: dict[str, str]
+) -> None:
+    """`only` runs a stage on what the stages it needs left: they must have finished, for this
+    plan (same fingerprint), with their outputs in place."""
     missing = [
-        name
-        for name in stage.needs
-        if name in present and (name not in state.stages or state.stages[name].status != "done")
+        need.name for need in stages if need.name in stage.needs and not _finished(need, plan, state, corpora)
     ]
     if missing:
         raise UsageError(
-            f"stage {stage.name!r} needs {', '.join(map(repr, missing))} finished in `out` "
-            f"{str(plan.out)!r}; run the reproduction without `only` first"
+            f"stage {stage.name!r} needs {', '.join(map(repr, missing))} finished for these settings "
+            f"in `out` {str(plan.out)!r}; run the reproduction without `only` first"
         )
+
+
+def _finished(stage: Stage, plan: Plan, state: State, corpora: dict[str, str]) -> bool:
+    """Whether the stage finished with the fingerprint the plan gives it now, and its outputs
+    are all still there."""
+    record = state.stages.get(stage.name)
+    return (
+        record is not None
+        and record.status == "done"
+        and record.fingerprint == stage_fingerprint(stage, plan, state, corpora)
+        and all(path.exists() for path in stage.outputs(plan))
+    )
 
 
 def _run_stage(
@@ -242,16 +279,16 @@ def _run_stage(
 ) -> StageOutcome:
     fingerprint = stage_fingerprint(stage, plan, state, corpora)
     record = state.stages.get(stage.name)
-    if not forced and record is not None and record.status == "done" and record.fingerprint == fingerprint:
+    if not forced and _finished(stage, plan, state, corpora):
         log(f"reproduce: {stage.name}: reused (finished earlier with the same inputs)")
         return StageOutcome(stage.name, False, 0.0)
-    if forced or record is None or record.fingerprint != fingerprint:
-        record = StageRecord(fingerprint)
+    if forced or record is None or record.fingerprint != fingerprint or record.status == "done":
+        record = StageRecord(fingerprint)  # a finished stage whose outputs went missing starts again
     record.status = "running"
     state.stages[stage.name] = record
     start = time.perf_counter()
     steps = stage.steps(plan)
-    record.commands = [("resstream " + " ".join(s.argv)) if s.argv else s.label for s in steps]
+    record.commands = [command_line(step, plan) for step in steps]
     state.save(plan.out)
     for index, step in enumerate(steps, 1):
         if step.key() in record.steps_done:
@@ -262,6 +299,7 @@ def _run_stage(
             run_command(step.argv, plan, plan.path("logs", f"{stage.name}.log"), distributed=step.distributed)
         else:
             step.action(plan)
+        raise_if_interrupted()  # a Ctrl-C that a library swallowed: the step did not finish
         record.steps_done.append(step.key())
         state.save(plan.out)
     record.seconds += time.perf_counter() - start

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from resstream.cli.pipeline import OUT, Stage, Step
-from resstream.errors import UsageError, check_choice
+from resstream.errors import RunError, UsageError, check_choice
 from resstream.io import write_json
 
 #: The Table I sentence: every layer of each pretrained model decodes it (`resstream lens`).
@@ -145,6 +145,7 @@ def make_plan(
         raise UsageError(f"`nproc_per_node` must be >= 1, got {nproc_per_node}")
     if any(seed < 0 for seed in seeds):
         raise UsageError(f"`seeds` must be >= 0, got {', '.join(map(str, seeds))}")
+    check_models_and_device(models or chosen.models, device)
     return Plan(
         scale=chosen,
         out=Path(out),
@@ -155,6 +156,17 @@ def make_plan(
         nproc_per_node=nproc_per_node,
         quiet=quiet,
     )
+
+
+def check_models_and_device(models: Sequence[str], device: str) -> None:
+    """Refuse a device or a pretrained model that the stages would refuse, before anything is
+    written (`resstream.models.check_model`: path, config, family, tokenizer; no weights read)."""
+    from resstream.devices import resolve_device
+    from resstream.models.loading import check_model
+
+    resolve_device(device)
+    for model in models:
+        check_model(model, device=device)
 
 
 def model_slug(spec: str) -> str:
@@ -255,10 +267,15 @@ def misalignment_steps(plan: Plan) -> list[Step]:
     from resstream.training.records import find_runs
 
     s = plan.scale
-    runs = find_runs(plan.path("sweep"))
+    sweep = plan.path("sweep")
+    runs = find_runs(sweep)
     steps = []
     for seed in plan.seeds:
-        models = [arg for run in runs if run.seed == seed for arg in ("--model", str(run.path))]
+        mine = [run for run in runs if run.seed == seed]
+        if not mine:
+            raise UsageError(f"seed {seed} has no finished runs in {str(sweep)!r}; run the sweep stage first")
+        where = [f"{OUT}/sweep/{Path(run.path).relative_to(sweep).as_posix()}" for run in mine]
+        models = [arg for path in where for arg in ("--model", path)]
         argv = ("shift", *models, "--dataset", s.heldout_dataset, "--num-seqs", str(s.heldout_seqs))
         argv += ("--seq-len", str(s.heldout_seq_len))
         argv += ("--top-k", str(s.top_k), *_data_flags(plan), *_common(plan))
@@ -288,9 +305,15 @@ def write_misalignment(plan: Plan) -> None:
             plan.path("misalignment", f"seed-{seed}", "shift.json").read_text(encoding="utf-8")
         )
         first = first or shift
-        mine = [run for run in runs if run.seed == seed]
-        for run, entry in zip(mine, shift["models"], strict=True):  # shift keeps the --model order
-            tagged.append(TaggedShift(seed, run.name, str(Path(run.path).relative_to(sweep)), entry))
+        entries = {_run_key(entry["model"]): entry for entry in shift["models"]}
+        for run in (run for run in runs if run.seed == seed):
+            key = _run_key(run.path)
+            if key not in entries:
+                raise RunError(
+                    f"misalignment/seed-{seed}/shift.json has no entry for the run {key}; "
+                    "run the misalignment stage again (`only` misalignment)"
+                )
+            tagged.append(TaggedShift(seed, run.name, key, entries[key]))
     s = plan.scale
     table = misalignment_table(
         tagged,
@@ -304,6 +327,11 @@ def write_misalignment(plan: Plan) -> None:
     write_json(folder / "misalignment.json", table)
     write_text(folder / "misalignment.csv", misalignment_csv(table))
     write_text(folder / "misalignment.md", misalignment_markdown(table))
+
+
+def _run_key(path: str | Path) -> str:
+    """A sweep run's place inside the sweep, 'seed-<s>/<name>' (its last two path parts)."""
+    return "/".join(Path(path).parts[-2:])
 
 
 def report_steps(plan: Plan) -> list[Step]:
@@ -320,9 +348,11 @@ def write_study_report(plan: Plan) -> None:
         f"{s.name} scale: {s.about}; pretrained: {', '.join(plan.models)}; "
         f"seeds {', '.join(map(str, plan.seeds))}"
     )
-    write_report(
-        find_outputs([plan.out]), plan.out, title=f"resstream reproduction ({s.name} scale)", scale_note=note
-    )
+    folders = [plan.path(kind, model_slug(model)) for kind in ("shift", "lens") for model in plan.models]
+    folders += [plan.path("sweep"), *(plan.path("eval", model_slug(m)) for m in plan.models)]
+    folders += [plan.path("compare"), plan.path("misalignment")]
+    title = f"resstream reproduction ({s.name} scale)"
+    write_report(find_outputs(folders), plan.out, title=title, scale_note=note)  # this plan's models only
 
 
 def _none(plan: Plan) -> tuple[str, ...]:
@@ -340,6 +370,7 @@ STAGE_TABLE: dict[str, Stage] = {
             _none,
             tokens_steps,
             applies=lambda plan: plan.scale.shard_tokenizer is not None,
+            outputs=lambda p: [p.path("tokens", "manifest.json")],
         ),
         Stage(
             "shift",
@@ -348,6 +379,9 @@ STAGE_TABLE: dict[str, Stage] = {
             (),
             lambda p: (p.scale.shift_dataset,),
             shift_steps,
+            outputs=lambda p: [
+                p.path(kind, model_slug(m), f"{kind}.json") for kind in ("shift", "lens") for m in p.models
+            ],
         ),
         Stage(
             "sweep",
@@ -356,6 +390,7 @@ STAGE_TABLE: dict[str, Stage] = {
             ("tokens",),
             lambda p: () if p.scale.shard_tokenizer else (p.scale.train_dataset,),
             sweep_steps,
+            outputs=lambda p: [p.path("sweep", "sweep.json")],
         ),
         Stage(
             "eval",
@@ -364,6 +399,7 @@ STAGE_TABLE: dict[str, Stage] = {
             ("sweep",),
             lambda p: p.scale.benchmarks,
             eval_steps,
+            outputs=lambda p: [p.path("eval", model_slug(m), "eval.json") for m in p.models],
         ),
         Stage(
             "compare",
@@ -372,6 +408,7 @@ STAGE_TABLE: dict[str, Stage] = {
             ("eval",),
             _none,
             compare_steps,
+            outputs=lambda p: [p.path("compare", "compare.json")],
         ),
         Stage(
             "misalignment",
@@ -380,6 +417,7 @@ STAGE_TABLE: dict[str, Stage] = {
             ("sweep",),
             lambda p: (p.scale.heldout_dataset,),
             misalignment_steps,
+            outputs=lambda p: [p.path("misalignment", "misalignment.json")],
         ),
         Stage(
             "report",
@@ -388,6 +426,7 @@ STAGE_TABLE: dict[str, Stage] = {
             ("shift", "sweep", "eval", "compare", "misalignment"),
             _none,
             report_steps,
+            outputs=lambda p: [p.path("report.html")],
         ),
     )
 }
