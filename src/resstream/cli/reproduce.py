@@ -19,7 +19,7 @@ def reproduce_command(
     scale: Annotated[
         str,
         typer.Option(
-            help="tiny (a one-minute smoke test), laptop (≤ 30 min on 2 CPU cores) or paper (GPUs)."
+            help="tiny (a one-minute smoke test), laptop (about 15 min on 2 CPU cores) or paper (GPUs)."
         ),
     ] = "laptop",
     models: Annotated[
