@@ -231,6 +231,8 @@ def reproduce(
     with locked_directory(plan.out, "reproduce"):
         state = load_state(plan.out, plan.scale.name)
         chosen = [s for s in stages if only is None or s.name == only]
+        if only is not None:
+            _check_needs(table[only], stages, plan, state, None)  # unfinished: no need to read corpora
         corpora = corpus_fingerprints([d for s in stages for d in s.datasets(plan)], plan.data_dir)
         if only is not None:
             _check_needs(table[only], stages, plan, state, corpora)
@@ -248,10 +250,10 @@ def check_stage(name: str, plan: Plan, table: Mapping[str, Stage]) -> None:
 
 
 def _check_needs(
-    stage: Stage, stages: Sequence[Stage], plan: Plan, state: State, corpora: dict[str, str]
+    stage: Stage, stages: Sequence[Stage], plan: Plan, state: State, corpora: dict[str, str] | None
 ) -> None:
     """`only` runs a stage on what the stages it needs left: they must have finished, for this
-    plan (same fingerprint), with their outputs in place."""
+    plan (same fingerprint; not compared when `corpora` is None), with their outputs in place."""
     missing = [
         need.name for need in stages if need.name in stage.needs and not _finished(need, plan, state, corpora)
     ]
@@ -262,14 +264,14 @@ def _check_needs(
         )
 
 
-def _finished(stage: Stage, plan: Plan, state: State, corpora: dict[str, str]) -> bool:
-    """Whether the stage finished with the fingerprint the plan gives it now, and its outputs
-    are all still there."""
+def _finished(stage: Stage, plan: Plan, state: State, corpora: dict[str, str] | None) -> bool:
+    """Whether the stage finished with the fingerprint the plan gives it now (not compared when
+    `corpora` is None), and its outputs are all still there."""
     record = state.stages.get(stage.name)
     return (
         record is not None
         and record.status == "done"
-        and record.fingerprint == stage_fingerprint(stage, plan, state, corpora)
+        and (corpora is None or record.fingerprint == stage_fingerprint(stage, plan, state, corpora))
         and all(path.exists() for path in stage.outputs(plan))
     )
 

@@ -32,8 +32,9 @@ def tokenize(
     run continues after its last complete shard, a finished one is reused. Train on it with
     `resstream train --dataset DIR --tokenizer NAME`."""
     from resstream.data import load_tokenizer, stream_corpus
-    from resstream.data.shards import write_shards
+    from resstream.data.shards import check_shard_settings, write_shards
 
+    check_shard_settings(shard_tokens, workers)  # before the corpus and tokenizer are read
     corpus = stream_corpus(dataset, data_dir=data_dir)
     loaded = load_tokenizer(tokenizer, data_dir=data_dir)
     summary = write_shards(

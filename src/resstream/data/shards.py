@@ -121,6 +121,13 @@ class StoreSummary:
 # --------------------------------------------------------------------------- writing
 
 
+def check_shard_settings(shard_tokens: int, workers: int | None) -> tuple[int, int]:
+    """`shard_tokens` and `workers` checked (UsageError naming the bad one), `workers` None
+    resolved to `default_workers()`: cheap, so a command can refuse them before it loads anything."""
+    shard_tokens = _positive_int(shard_tokens, "shard_tokens")
+    return shard_tokens, default_workers() if workers is None else _positive_int(workers, "workers")
+
+
 def write_shards(
     corpus: Corpus | CorpusStream,
     tokenizer: PreTrainedTokenizerFast,
@@ -137,8 +144,7 @@ def write_shards(
     or `workers`, and for an `out_dir` that holds another store (another tokenizer, corpus or
     `shard_tokens`), files of something else, or a store whose files do not match its manifest.
     """
-    shard_tokens = _positive_int(shard_tokens, "shard_tokens")
-    workers = default_workers() if workers is None else _positive_int(workers, "workers")
+    shard_tokens, workers = check_shard_settings(shard_tokens, workers)
     started = time.perf_counter()
     directory = Path(out_dir)
     with locked_directory(directory, "tokenize", param="out_dir"):
