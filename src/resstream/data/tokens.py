@@ -65,15 +65,26 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def tokenize_documents(
-    documents: Iterable[Document], tokenizer: PreTrainedTokenizerFast, *, progress: bool | None = None
+    documents: Iterable[Document],
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    progress: bool | None = None,
+    limit: int | None = None,
 ) -> np.ndarray:
     """All documents' ids concatenated, eos after each one (when the tokenizer has an eos).
 
     The ids of `token_chunks`, in one array: uint16 when the vocabulary has at most 65536
     tokens, else uint32. `progress`: show a tqdm bar; None shows one from 1000 documents on.
+    `limit`: stop after the chunk that reaches `limit` ids (at least that many, when the corpus
+    has them): a prefix of the whole stream, since chunks are cut where the ids do not change.
     """
     dtype = token_dtype(id_bound(tokenizer))
-    parts = [chunk.astype(dtype) for chunk in token_chunks(documents, tokenizer, progress=progress)]
+    parts, count = [], 0
+    for chunk in token_chunks(documents, tokenizer, progress=progress):
+        parts.append(chunk.astype(dtype))
+        count += len(chunk)
+        if limit is not None and count >= limit:
+            break
     return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
 

@@ -386,19 +386,12 @@ def benchmark_tokens(
     kept for the next model with the same tokenizer."""
     from resstream.data import tokenize_documents
     from resstream.data.tokenizer import tokenizer_fingerprint
-    from resstream.data.tokens import id_bound, token_chunks, token_dtype
 
     key = (tokenizer_fingerprint(tokenizer), corpus.fingerprint)
     if key in _STREAMS:
         return _STREAMS[key]
     if limit is not None:
-        dtype, parts, count = token_dtype(id_bound(tokenizer)), [], 0
-        for chunk in token_chunks(corpus.documents, tokenizer, progress=False):
-            parts.append(chunk.astype(dtype))
-            count += len(chunk)
-            if count >= limit:
-                break
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+        return tokenize_documents(corpus.documents, tokenizer, progress=False, limit=limit)
     tokens = tokenize_documents(corpus.documents, tokenizer, progress=None if progress else False)
     if len(_STREAMS) >= _MAX_STREAMS:
         _STREAMS.pop(next(iter(_STREAMS)))
