@@ -175,9 +175,21 @@ def model_slug(spec: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in text.replace("/", "--")) or "model"
 
 
+def _device_flags(plan: Plan) -> list[str]:
+    return ["--device", plan.device] if plan.device != "auto" else []
+
+
+def _quiet_flag(plan: Plan) -> list[str]:
+    return ["--quiet"] if plan.quiet else []
+
+
 def _common(plan: Plan) -> list[str]:
-    flags = ["--device", plan.device] if plan.device != "auto" else []
-    return [*flags, "--quiet"] if plan.quiet else flags
+    return [*_device_flags(plan), *_quiet_flag(plan)]
+
+
+def model_dirs(plan: Plan, kind: str) -> list[Path]:
+    """The folder of each pretrained model's `kind` output (shift, lens, eval)."""
+    return [plan.path(kind, model_slug(model)) for model in plan.models]
 
 
 def _data_flags(plan: Plan) -> list[str]:
@@ -187,7 +199,6 @@ def _data_flags(plan: Plan) -> list[str]:
 def _sweep_argv(plan: Plan, *extra: str) -> tuple[str, ...]:
     s = plan.scale
     train_data = ["--dataset", f"{OUT}/tokens"] if s.shard_tokenizer else []
-    device = ["--device", plan.device] if plan.device != "auto" else []
     return (
         "sweep",
         "--preset",
@@ -196,10 +207,10 @@ def _sweep_argv(plan: Plan, *extra: str) -> tuple[str, ...]:
         *train_data,
         "--seeds",
         ",".join(map(str, plan.seeds)),
-        *device,
+        *_device_flags(plan),
         *_data_flags(plan),
         *extra,
-        *(["--quiet"] if plan.quiet else []),
+        *_quiet_flag(plan),
         "--out",
         f"{OUT}/sweep",
     )
@@ -221,7 +232,7 @@ def tokens_steps(plan: Plan) -> list[Step]:
     return [
         Step(
             "tokenize",
-            (*argv, *_data_flags(plan), *(["--quiet"] if plan.quiet else []), "--out", f"{OUT}/tokens"),
+            (*argv, *_data_flags(plan), *_quiet_flag(plan), "--out", f"{OUT}/tokens"),
         )
     ]
 
@@ -348,9 +359,8 @@ def write_study_report(plan: Plan) -> None:
         f"{s.name} scale: {s.about}; pretrained: {', '.join(plan.models)}; "
         f"seeds {', '.join(map(str, plan.seeds))}"
     )
-    folders = [plan.path(kind, model_slug(model)) for kind in ("shift", "lens") for model in plan.models]
-    folders += [plan.path("sweep"), *(plan.path("eval", model_slug(m)) for m in plan.models)]
-    folders += [plan.path("compare"), plan.path("misalignment")]
+    folders = [*model_dirs(plan, "shift"), *model_dirs(plan, "lens"), plan.path("sweep")]
+    folders += [*model_dirs(plan, "eval"), plan.path("compare"), plan.path("misalignment")]
     title = f"resstream reproduction ({s.name} scale)"
     write_report(find_outputs(folders), plan.out, title=title, scale_note=note)  # this plan's models only
 
@@ -379,9 +389,7 @@ STAGE_TABLE: dict[str, Stage] = {
             (),
             lambda p: (p.scale.shift_dataset,),
             shift_steps,
-            outputs=lambda p: [
-                p.path(kind, model_slug(m), f"{kind}.json") for kind in ("shift", "lens") for m in p.models
-            ],
+            outputs=lambda p: [d / f"{kind}.json" for kind in ("shift", "lens") for d in model_dirs(p, kind)],
         ),
         Stage(
             "sweep",
@@ -399,7 +407,7 @@ STAGE_TABLE: dict[str, Stage] = {
             ("sweep",),
             lambda p: p.scale.benchmarks,
             eval_steps,
-            outputs=lambda p: [p.path("eval", model_slug(m), "eval.json") for m in p.models],
+            outputs=lambda p: [d / "eval.json" for d in model_dirs(p, "eval")],
         ),
         Stage(
             "compare",
