@@ -245,7 +245,7 @@ def test_a_fresh_run_replaces_a_leftover_tokenizer(corpus, tmp_path):
     assert len(loaded.tokenizer) == loaded.config.model.vocab_size
 
 
-def _poison_at(monkeypatch, at_step: int) -> None:
+def poison_at(monkeypatch, at_step: int) -> None:
     """Step `at_step` (0-based) computes its loss from NaN weights, as a diverging run does."""
     real_step = loop.Trainer.train_step
 
@@ -262,7 +262,7 @@ def test_a_checkpoint_whose_next_step_diverges_is_not_the_good_one(corpus, tmp_p
     config = tiny_config(corpus, tmp_path, checkpoint_interval=2)
     whole = train(config, tmp_path / "whole", progress=False)
     run = tmp_path / "run"
-    _poison_at(monkeypatch, 4)  # the step computed from checkpoint 4's weights
+    poison_at(monkeypatch, 4)  # the step computed from checkpoint 4's weights
     good = run / "checkpoints" / "step-0000002"
     with pytest.raises(RunError, match=rf"at step 5; stopped, last good checkpoint: step 2 in '{good}'"):
         train(config, run, progress=False)
