@@ -239,7 +239,7 @@ def _step_dirs(run_dir):
 def test_an_interrupted_prune_leaves_no_half_deleted_checkpoint(tmp_path, monkeypatch):
     for step in (1, 2):
         _save(tmp_path, step, float(step))
-    monkeypatch.setattr(ckpt.shutil, "rmtree", _interrupt_after_one_file(shutil.rmtree))
+    monkeypatch.setattr(shutil, "rmtree", _interrupt_after_one_file(shutil.rmtree))
     with pytest.raises(KeyboardInterrupt):
         _save(tmp_path, 3, 3.0)
     monkeypatch.undo()
@@ -262,7 +262,7 @@ def test_an_interrupted_replacement_of_a_step_directory_leaves_no_half_deleted_c
     tmp_path, monkeypatch
 ):
     _save(tmp_path, 1, 1.0)
-    monkeypatch.setattr(ckpt.shutil, "rmtree", _interrupt_after_one_file(shutil.rmtree))
+    monkeypatch.setattr(shutil, "rmtree", _interrupt_after_one_file(shutil.rmtree))
     with pytest.raises(KeyboardInterrupt):
         _save(tmp_path, 1, 2.0)  # a resumed run saving a step again replaces its directory
     monkeypatch.undo()

@@ -3,19 +3,38 @@ batches for the trainer, resume after an interruption, and refusals of bad store
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from resstream.data import Corpus, CorpusStream, build_token_cache, load_tokenizer, stream_corpus, tokens
-from resstream.data.shards import MANIFEST, ShardedTokens, read_manifest, shard_name, write_shards
+from resstream.data import (
+    Corpus,
+    CorpusStream,
+    build_token_cache,
+    load_tokenizer,
+    shards,
+    stream_corpus,
+    tokens,
+)
+from resstream.data.shards import (
+    MANIFEST,
+    ShardedTokens,
+    check_shard_files,
+    read_manifest,
+    shard_name,
+    store_splits,
+    verification_order,
+    write_shards,
+)
 from resstream.data.sources import corpus_fingerprint
 from resstream.data.tokens import split_tokens
 from resstream.errors import UsageError
@@ -204,10 +223,20 @@ def test_an_interrupted_store_resumes_after_its_last_complete_shard(gpt2, tmp_pa
 
 
 @pytest.fixture
-def store(gpt2, tmp_path) -> Path:
+def store(small_bpe, tmp_path) -> Path:
+    """A complete store of 3 shards (a BPE trained here: these tests need no corpus on disk)."""
     docs = [f"document {i} is here" for i in range(30)]
-    write_shards(corpus_of(docs), gpt2, tmp_path / "s", shard_tokens=50, workers=1)
+    ids = sum(len(small_bpe.encode(doc)) + 1 for doc in docs)  # eos after each
+    write_shards(corpus_of(docs), small_bpe, tmp_path / "s", shard_tokens=ids // 3 + 1, workers=1)
+    assert len(read_manifest(tmp_path / "s")["shards"]) == 3
     return tmp_path / "s"
+
+
+@pytest.fixture(scope="module")
+def small_bpe():
+    from resstream.data import train_bpe
+
+    return train_bpe([f"document {i} is here" for i in range(30)], 270)
 
 
 def test_a_missing_shard_is_named(store):
@@ -219,8 +248,10 @@ def test_a_missing_shard_is_named(store):
 def test_a_shard_of_the_wrong_size_is_named(store):
     with open(store / shard_name(2), "ab") as handle:
         handle.write(b"\0\0")
+    ids = read_manifest(store)["shards"][2]["tokens"]
     with pytest.raises(
-        UsageError, match=r"shard-00002\.bin has 102 bytes; the manifest says 50 ids \(100 bytes\)"
+        UsageError,
+        match=rf"shard-00002\.bin has {2 * ids + 2} bytes; the manifest says {ids} ids \({2 * ids} bytes\)",
     ):
         ShardedTokens.open(store)
 
@@ -229,9 +260,13 @@ def test_a_changed_shard_fails_its_checksum(store):
     data = bytearray((store / shard_name(0)).read_bytes())
     data[0] ^= 1
     (store / shard_name(0)).write_bytes(bytes(data))
-    ShardedTokens.open(store)  # sizes only
-    with pytest.raises(UsageError, match=r"shard-00000\.bin does not match the sha256 in its manifest"):
-        ShardedTokens.open(store, verify=True)
+    ShardedTokens.open(store, verify=False)  # sizes only
+    with pytest.raises(
+        UsageError,
+        match=r"shard-00000\.bin does not match the sha256 in its manifest: the file changed since it was "
+        r"tokenised",
+    ):
+        ShardedTokens.open(store)
 
 
 def test_a_store_of_another_tokenizer_is_not_resumed_or_reused(store, tmp_path):
@@ -256,6 +291,233 @@ def test_an_empty_corpus_writes_nothing(gpt2, tmp_path):
     with pytest.raises(UsageError, match="is empty"):
         write_shards(stream, gpt2, tmp_path / "s", shard_tokens=1, workers=1)
     assert not (tmp_path / "s").exists()
+
+
+# --------------------------------------------------------------------------- a store stays in its folder
+
+
+def edit_manifest(store: Path, change) -> None:
+    """Rewrite the store's manifest with `change(manifest)` applied, as a tampering archive would."""
+    manifest = json.loads((store / MANIFEST).read_text(encoding="utf-8"))
+    change(manifest)
+    (store / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+
+
+def set_shard(index: int, key: str, value):
+    return lambda manifest: manifest["shards"][index].__setitem__(key, value)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("file", "../SECRET.bin", "shard 0 has file '../SECRET.bin' (a path, not a plain name)"),
+        ("file", "/etc/passwd", "shard 0 has file '/etc/passwd' (an absolute path)"),
+        ("file", "sub/shard.bin", "shard 0 has file 'sub/shard.bin' (a path, not a plain name)"),
+        ("file", "..\\up.bin", "shard 0 has file '..\\\\up.bin' (a path, not a plain name)"),
+        ("file", "..", "shard 0 has file '..' (a directory)"),
+        ("file", "", "shard 0 has file '' (not a file name)"),
+        ("file", None, "shard 0 has file None (not a file name)"),
+        ("file", "a\0b", "shard 0 has file 'a\\x00b' (it holds a NUL character)"),
+        ("tokens", -1, "shard 0 (shard-00000.bin) has tokens -1; allowed: a whole number >= 0"),
+        ("tokens", 1.5, "shard 0 (shard-00000.bin) has tokens 1.5; allowed"),
+        ("tokens", True, "shard 0 (shard-00000.bin) has tokens True; allowed"),
+        ("tokens", None, "shard 0 (shard-00000.bin) has tokens None; allowed"),
+        ("tokens", "50", "shard 0 (shard-00000.bin) has tokens '50'; allowed"),
+        ("sha256", None, "shard 0 (shard-00000.bin) has sha256 None; allowed: 16 hex digits (0-9, a-f)"),
+        ("sha256", 12, "shard 0 (shard-00000.bin) has sha256 12; allowed"),
+        ("sha256", "XYZ", "shard 0 (shard-00000.bin) has sha256 'XYZ'; allowed"),
+    ],
+)
+def test_a_bad_shard_entry_is_refused_before_anything_is_read(store, key, value, message):
+    edit_manifest(store, set_shard(0, key, value))
+    with pytest.raises(UsageError) as refused:
+        read_manifest(store)
+    assert str(refused.value).startswith(f"shard store {str(store)!r}: manifest.json {message}"), (
+        refused.value
+    )
+
+
+@pytest.mark.parametrize("value", ["float64", "int8", None, 16])
+def test_a_bad_dtype_is_refused(store, value):
+    edit_manifest(store, lambda manifest: manifest.__setitem__("dtype", value))
+    with pytest.raises(UsageError, match=rf"has dtype {value!r}; allowed: uint16, uint32"):
+        ShardedTokens.open(store)
+
+
+def test_an_entry_that_is_not_an_object_is_refused(store):
+    edit_manifest(store, lambda manifest: manifest["shards"].__setitem__(1, "shard-00001.bin"))
+    with pytest.raises(
+        UsageError, match=r"shard 1 is 'shard-00001\.bin', not an object with file, tokens and sha256"
+    ):
+        read_manifest(store)
+
+
+@pytest.mark.parametrize("target", ["inside", "outside"])
+def test_a_shard_that_is_a_symbolic_link_is_refused(store, tmp_path, target):
+    """Every link is refused, also one to a file of the store itself (the rule is simplest so)."""
+    shard = store / shard_name(1)
+    place = store / "copy.bin" if target == "inside" else tmp_path / "outside.bin"
+    shard.rename(place)
+    shard.symlink_to(place)
+    with pytest.raises(
+        UsageError, match=r"shard-00001\.bin is a symbolic link; a shard must be a file inside"
+    ):
+        ShardedTokens.open(store)
+
+
+def test_a_shard_that_is_a_fifo_is_refused_without_blocking(store):
+    (store / shard_name(2)).unlink()
+    os.mkfifo(store / shard_name(2))
+    with pytest.raises(UsageError, match=r"shard-00002\.bin is a named pipe, not a regular file"):
+        ShardedTokens.open(store)
+
+
+def test_an_edited_fingerprint_or_a_missing_field_is_refused(store):
+    edit_manifest(store, lambda manifest: manifest.__setitem__("fingerprint", "0" * 16))
+    with pytest.raises(UsageError, match="records fingerprint 0000000000000000, but its fields give"):
+        ShardedTokens.open(store)
+    edit_manifest(store, lambda manifest: manifest["tokenizer"].pop("fingerprint"))
+    with pytest.raises(
+        UsageError, match=r"manifest\.json has tokenizer\.fingerprint None; allowed: a string"
+    ):
+        ShardedTokens.open(store)
+
+
+def test_a_shard_and_its_sha256_changed_together_change_the_fingerprint(store):
+    """run.json records the store's fingerprint: a manifest whose shard checksum was updated to
+    match an edited shard, but whose fingerprint was not, is refused."""
+    shard = store / shard_name(0)
+    data = bytearray(shard.read_bytes())
+    data[0] ^= 1
+    shard.write_bytes(bytes(data))
+    digest = hashlib.sha256(bytes(data)).hexdigest()[:16]
+    edit_manifest(store, set_shard(0, "sha256", digest))
+    with pytest.raises(UsageError, match="edited after tokenising"):
+        ShardedTokens.open(store)
+
+
+# --------------------------------------------------------------------------- sha256 once per file
+
+
+@pytest.fixture
+def hashes(monkeypatch) -> list[str]:
+    """The files `verify_shards` hashes (by name), in order; verifications are cached at once
+    (`SETTLED_NS` 0: no waiting for the file system's clock to move)."""
+    calls: list[str] = []
+    real = shards.shard_digest
+
+    def counting(handle):
+        calls.append(Path(os.readlink(f"/proc/self/fd/{handle.fileno()}")).name)
+        return real(handle)
+
+    monkeypatch.setattr(shards, "shard_digest", counting)
+    monkeypatch.setattr(shards, "SETTLED_NS", 0)
+    return calls
+
+
+def test_a_verified_store_is_not_hashed_again(store, tmp_path, hashes):
+    cache = tmp_path / "cache"
+    before = {p.name: p.stat().st_mtime_ns for p in store.iterdir()}
+    ShardedTokens.open(store, cache_dir=cache)
+    assert hashes == [shard_name(i) for i in range(3)]
+    assert len(list((cache / shards.VERIFIED_DIR).iterdir())) == 3
+    ShardedTokens.open(store, cache_dir=cache)
+    assert len(hashes) == 3  # every shard found in the cache
+    ShardedTokens.open(store, cache_dir=tmp_path / "another-cache")
+    assert len(hashes) == 6  # a cache is the only thing trusted
+    ShardedTokens.open(store)
+    assert len(hashes) == 9  # no cache: hashed every time
+    assert {p.name: p.stat().st_mtime_ns for p in store.iterdir()} == before  # nothing written into the store
+
+
+def test_a_shard_changed_at_the_same_size_and_mtime_is_caught(store, tmp_path, hashes):
+    cache = tmp_path / "cache"
+    ShardedTokens.open(store, cache_dir=cache)
+    shard = store / shard_name(1)
+    old = shard.stat()
+    time.sleep(0.05)  # beyond the tick of a coarse file-system clock, so that ctime moves
+    with open(shard, "r+b") as handle:
+        first = handle.read(1)
+        handle.seek(0)
+        handle.write(bytes([first[0] ^ 1]))
+    os.utime(shard, ns=(old.st_atime_ns, old.st_mtime_ns))  # the mtime put back, as `touch -r` would
+    new = shard.stat()
+    assert (new.st_size, new.st_mtime_ns, new.st_ino) == (old.st_size, old.st_mtime_ns, old.st_ino)
+    with pytest.raises(UsageError, match=r"shard-00001\.bin does not match the sha256 in its manifest"):
+        ShardedTokens.open(store, cache_dir=cache)
+    assert hashes[3:] == [shard_name(1)]  # only the changed file was read again
+
+
+def test_a_changed_manifest_checksum_is_not_found_in_the_cache(store, tmp_path, hashes):
+    cache = tmp_path / "cache"
+    ShardedTokens.open(store, cache_dir=cache)
+    edit_manifest(store, set_shard(2, "sha256", "0" * 16))
+    with pytest.raises(UsageError, match=r"shard-00002\.bin does not match the sha256"):
+        check_shard_files(store, read_manifest(store), verify=True, cache_dir=cache)
+
+
+@pytest.mark.parametrize("cache_kind", ["a file", "read-only"])
+def test_an_unwritable_cache_still_verifies(store, tmp_path, hashes, cache_kind):
+    cache = tmp_path / "cache"
+    if cache_kind == "a file":
+        cache.write_text("not a directory")
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root writes into a read-only directory")
+        cache.mkdir(mode=0o555)
+    ShardedTokens.open(store, cache_dir=cache)
+    ShardedTokens.open(store, cache_dir=cache)
+    assert len(hashes) == 6  # verified both times, cached neither
+    data = bytearray((store / shard_name(0)).read_bytes())
+    data[-1] ^= 1
+    (store / shard_name(0)).write_bytes(bytes(data))
+    with pytest.raises(UsageError, match=r"shard-00000\.bin does not match the sha256"):
+        ShardedTokens.open(store, cache_dir=cache)
+
+
+def test_a_file_that_just_changed_is_verified_but_not_cached(store, tmp_path, monkeypatch):
+    """A change within the tick of a coarse file-system clock would leave ctime as it was, so a
+    file changed less than `SETTLED_NS` ago is not recorded (as git treats 'racily clean' files)."""
+    monkeypatch.setattr(shards, "SETTLED_NS", 3600 * 10**9)
+    ShardedTokens.open(store, cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "cache" / shards.VERIFIED_DIR).exists() or not any(
+        (tmp_path / "cache" / shards.VERIFIED_DIR).iterdir()
+    )
+
+
+def test_each_rank_starts_at_its_own_share_of_the_shards():
+    assert verification_order(4, 0, 1) == [0, 1, 2, 3]
+    assert verification_order(4, 0, 2) == [0, 1, 2, 3]
+    assert verification_order(4, 1, 2) == [2, 3, 0, 1]
+    assert verification_order(3, 2, 4) == [1, 2, 0]
+    assert verification_order(0, 1, 2) == []
+
+
+def test_a_rank_hashes_only_what_the_others_have_not_recorded(store, tmp_path, hashes):
+    """Rank 1 of 2 ran first and recorded every shard; rank 0 then reads nothing. (Run at the
+    same time, each hashes about its own share first: `verification_order`.)"""
+    cache = tmp_path / "cache"
+    store_splits(store, 0.1, cache_dir=cache, rank=1, world=2)
+    assert hashes == [shard_name(1), shard_name(2), shard_name(0)]
+    store_splits(store, 0.1, cache_dir=cache, rank=0, world=2)
+    assert len(hashes) == 3
+
+
+def test_the_store_is_mapped_from_the_files_that_were_verified(store, tmp_path, monkeypatch):
+    """A shard swapped after it was checked is not the one read: the maps come from the very
+    files that were opened and hashed."""
+    original = [np.fromfile(store / shard_name(i), dtype="<u2") for i in range(3)]
+    real = shards.verify_shards
+
+    def swap_after_verifying(*args, **kwargs):
+        real(*args, **kwargs)
+        for i in range(3):
+            (store / shard_name(i)).unlink()
+            (store / shard_name(i)).write_bytes(np.zeros(50, dtype="<u2").tobytes())
+
+    monkeypatch.setattr(shards, "verify_shards", swap_after_verifying)
+    tokens = ShardedTokens.open(store)
+    assert np.asarray(tokens).tolist() == np.concatenate(original).tolist()
 
 
 # --------------------------------------------------------------------------- memory

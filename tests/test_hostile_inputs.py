@@ -12,6 +12,7 @@ The table is split into sections by theme so that each can grow on its own.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -433,7 +434,267 @@ DATA_CASES: list[Hostile] = [
     ),
 ]
 
-CASES = OUTPUT_CASES + CHECKPOINT_CASES + BUDGET_CASES + DATA_CASES
+
+# ------------------------------------------------------------------ shard stores (issue 21)
+def _a_store(tmp: Path, edit: Callable[[Path, dict], None]) -> None:
+    """`{tmp}/store`: a complete shard store of the test corpus (3 shards) made with `{tmp}/bpe`,
+    then damaged by `edit(tmp, manifest)`, which may change the manifest and the files."""
+    from resstream.data import Corpus, save_tokenizer, train_bpe
+    from resstream.data.shards import MANIFEST, write_shards
+    from resstream.data.sources import corpus_fingerprint
+
+    text = corpus_text()
+    tokenizer = train_bpe([text], 300)
+    save_tokenizer(tokenizer, tmp / "bpe")
+    corpus = Corpus("words", (text,), corpus_fingerprint([text]), "test")
+    write_shards(corpus, tokenizer, tmp / "store", shard_tokens=5000, workers=1)
+    manifest = json.loads((tmp / "store" / MANIFEST).read_text(encoding="utf-8"))
+    edit(tmp, manifest)
+    (tmp / "store" / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+
+
+def _shard_outside(name: Callable[[Path], str]) -> Callable[[Path], None]:
+    """A store whose first shard's file is `name(tmp)`: a copy of that shard outside the store
+    (the same bytes, so that only where it lies is wrong)."""
+
+    def edit(tmp: Path, manifest: dict) -> None:
+        shutil.copy(tmp / "store" / manifest["shards"][0]["file"], tmp / "SECRET.bin")
+        manifest["shards"][0]["file"] = name(tmp)
+
+    return lambda tmp: _a_store(tmp, edit)
+
+
+def _shard_linked_outside(tmp: Path, manifest: dict) -> None:
+    """The second shard moved out of the store, a symbolic link to it in its place."""
+    shard = tmp / "store" / manifest["shards"][1]["file"]
+    shard.rename(tmp / "outside.bin")
+    shard.symlink_to(tmp / "outside.bin")
+
+
+def _flip_first_byte(tmp: Path, manifest: dict) -> None:
+    """One bit of the first shard flipped in place: the same size, the manifest untouched."""
+    with open(tmp / "store" / manifest["shards"][0]["file"], "r+b") as handle:
+        first = handle.read(1)[0]
+        handle.seek(0)
+        handle.write(bytes([first ^ 1]))
+
+
+def _flip_and_update_sha256(tmp: Path, manifest: dict) -> None:
+    """The first shard changed and its sha256 in the manifest updated, the fingerprint not."""
+    import hashlib
+
+    _flip_first_byte(tmp, manifest)
+    data = (tmp / "store" / manifest["shards"][0]["file"]).read_bytes()
+    manifest["shards"][0]["sha256"] = hashlib.sha256(data).hexdigest()[:16]
+
+
+def _set(key: str, value, shard: int | None = 0) -> Callable[[Path], None]:
+    """A store whose manifest has `key` set to `value` (in shard `shard`'s entry, or at the top)."""
+
+    def edit(tmp: Path, manifest: dict) -> None:
+        (manifest if shard is None else manifest["shards"][shard])[key] = value
+
+    return lambda tmp: _a_store(tmp, edit)
+
+
+_ON_STORE = "train --dataset {tmp}/store {train} --tokenizer {tmp}/bpe --max-steps 2 --out {out}"
+STORE_CASES: list[Hostile] = [
+    Hostile(
+        "train-store-shard-outside-the-store",
+        _ON_STORE,
+        ("manifest.json shard 0 has file '../SECRET.bin' (a path, not a plain name)", "inside the store"),
+        setup=_shard_outside(lambda tmp: "../SECRET.bin"),
+    ),
+    Hostile(
+        "train-store-shard-absolute-path",
+        _ON_STORE,
+        ("manifest.json shard 0 has file '/", "SECRET.bin' (an absolute path)", "inside the store"),
+        setup=_shard_outside(lambda tmp: str(tmp / "SECRET.bin")),
+    ),
+    Hostile(
+        "train-store-shard-links-outside",
+        _ON_STORE,
+        ("store': shard-00001.bin is a symbolic link", "a shard must be a file inside the store"),
+        setup=lambda tmp: _a_store(tmp, _shard_linked_outside),
+    ),
+    Hostile(
+        "train-store-shard-byte-flipped",
+        _ON_STORE,
+        ("store': shard-00000.bin does not match the sha256 in its manifest", "changed since it was tokeni"),
+        setup=lambda tmp: _a_store(tmp, _flip_first_byte),
+    ),
+    Hostile(
+        "train-store-shard-and-its-sha256-changed",
+        _ON_STORE,
+        ("store': manifest.json records fingerprint", "edited after tokenising"),
+        setup=lambda tmp: _a_store(tmp, _flip_and_update_sha256),
+    ),
+    Hostile(
+        "train-store-dtype-unknown",
+        _ON_STORE,
+        ("store': manifest.json has dtype 'float64'; allowed: uint16, uint32",),
+        setup=_set("dtype", "float64", shard=None),
+    ),
+    Hostile(
+        "train-store-tokens-not-a-number",
+        _ON_STORE,
+        ("manifest.json shard 0 (shard-00000.bin) has tokens None; allowed: a whole number >= 0",),
+        setup=_set("tokens", None),
+    ),
+    Hostile(
+        "train-store-sha256-not-a-string",
+        _ON_STORE,
+        ("manifest.json shard 2 (shard-00002.bin) has sha256 12345; allowed: 16 hex digits",),
+        setup=_set("sha256", 12345, shard=2),
+    ),
+]
+
+
+# ------------------------------------------------------------------ links planted in a folder (issue 21)
+def _victim(tmp: Path) -> Path:
+    """`{tmp}/victim.txt`: a file of someone's that a planted link points at (the test's
+    snapshot checks that it is never changed)."""
+    victim = tmp / "victim.txt"
+    victim.write_text("someone's notes\n", encoding="utf-8")
+    return victim
+
+
+def _victim_folder(tmp: Path) -> Path:
+    """`{tmp}/victim/`: a folder of someone's with a file and a hidden one in it."""
+    folder = tmp / "victim"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("keep me\n", encoding="utf-8")
+    (folder / ".step-0000001.abcdef123456").mkdir()  # named like a checkpoint's leftover
+    return folder
+
+
+def _planted_lock(make: Callable[[Path, Path], None]) -> Callable[[Path], None]:
+    """`{tmp}/shared/` whose `.resstream.lock` is made by `make(lock, tmp)`."""
+
+    def setup(tmp: Path) -> None:
+        (tmp / "shared").mkdir()
+        make(tmp / "shared" / ".resstream.lock", tmp)
+
+    return setup
+
+
+def _in_run(name: str) -> Callable[[Path], None]:
+    """`{tmp}/run/NAME`, a link to someone's folder, in an otherwise empty run folder."""
+
+    def setup(tmp: Path) -> None:
+        (tmp / "run").mkdir()
+        (tmp / "run" / name).symlink_to(_victim_folder(tmp), target_is_directory=True)
+
+    return setup
+
+
+def _resumable_elsewhere(tmp: Path) -> None:
+    """`{tmp}/other`: someone's run with a checkpoint; `{tmp}/run/checkpoints` links to it."""
+    _checkpoint(tmp)
+    (tmp / "run").rename(tmp / "other")
+    (tmp / "run").mkdir()
+    (tmp / "run" / "checkpoints").symlink_to(tmp / "other" / "checkpoints", target_is_directory=True)
+
+
+def _latest_pointing(where: str) -> Callable[[Path], None]:
+    """A run with checkpoint 1 whose latest.json names the folder `where` (traversal)."""
+
+    def setup(tmp: Path) -> None:
+        _checkpoint(tmp)
+        latest = tmp / "run" / "checkpoints" / "latest.json"
+        latest.write_text(json.dumps({"step": 1, "dir": where}), encoding="utf-8")
+
+    return setup
+
+
+def _checkpoint_linked_elsewhere(tmp: Path) -> None:
+    """A run whose checkpoint 1 folder is a link to someone else's checkpoint."""
+    _checkpoint(tmp)
+    step = tmp / "run" / "checkpoints" / "step-0000001"
+    step.rename(tmp / "elsewhere")
+    step.symlink_to(tmp / "elsewhere", target_is_directory=True)
+
+
+def _sweep_with_linked_seed(tmp: Path) -> None:
+    """`{tmp}/sweep/seed-0`, where the sweep trains its first run, is a link to someone's folder."""
+    (tmp / "sweep").mkdir()
+    (tmp / "sweep" / "seed-0").symlink_to(_victim_folder(tmp), target_is_directory=True)
+
+
+_LOCKED = f"{SIMULATE} --out {{tmp}}/shared"
+_NO_LINK = "resstream follows no link inside a folder it is given and uses only regular files"
+FOLDER_CASES: list[Hostile] = [
+    Hostile(
+        "lock-file-is-a-link",
+        _LOCKED,
+        (
+            "--out",
+            "shared': its lock file '",
+            ".resstream.lock' is a symbolic link, not a regular file",
+            _NO_LINK,
+        ),
+        setup=_planted_lock(lambda lock, tmp: lock.symlink_to(_victim(tmp))),
+    ),
+    Hostile(
+        "lock-file-is-a-directory",
+        _LOCKED,
+        ("shared': its lock file '", ".resstream.lock' is a directory, not a regular file"),
+        setup=_planted_lock(lambda lock, tmp: lock.mkdir()),
+    ),
+    Hostile(
+        "lock-file-is-a-hard-link",
+        _LOCKED,
+        (".resstream.lock' is a file with other hard links, not a file of its own",),
+        setup=_planted_lock(lambda lock, tmp: os.link(_victim(tmp), lock)),
+    ),
+    Hostile(
+        "lock-file-is-a-named-pipe",
+        _LOCKED,
+        (".resstream.lock' is a named pipe, not a regular file",),
+        setup=_planted_lock(lambda lock, tmp: os.mkfifo(lock)),
+    ),
+    Hostile(
+        "train-checkpoints-folder-is-a-link",
+        "train --dataset {corpus} {train} --out {tmp}/run",
+        ("--out '", "run': '", "run/checkpoints' is a symbolic link, not a directory", _NO_LINK),
+        setup=_in_run("checkpoints"),
+    ),
+    Hostile(
+        "train-tokenizer-folder-is-a-link",
+        "train --dataset {corpus} {train} --out {tmp}/run",
+        ("run/tokenizer' is a symbolic link, not a directory",),
+        setup=_in_run("tokenizer"),
+    ),
+    Hostile(
+        "resume-into-someone-elses-checkpoints",
+        "train --resume --out {tmp}/run",
+        ("run/checkpoints' is a symbolic link, not a directory",),
+        setup=_resumable_elsewhere,
+    ),
+    Hostile(
+        "resume-latest-names-a-folder-outside",
+        "train --resume --out {tmp}/run",
+        ("cannot resume: checkpoint in", "is corrupt", "not '../../other/step-0000001'"),
+        setup=_latest_pointing("../../other/step-0000001"),
+    ),
+    Hostile(
+        "resume-checkpoint-folder-is-a-link",
+        "train --resume --out {tmp}/run",
+        ("cannot resume from --out", "checkpoints/step-0000001' is a symbolic link, not a directory"),
+        setup=_checkpoint_linked_elsewhere,
+    ),
+    Hostile(
+        "sweep-run-folder-is-a-link",
+        "sweep --dataset {corpus} {train} --max-steps 2 --seeds 0 --layers 0 --no-learned --out {tmp}/sweep",
+        ("sweep/seed-0' is a symbolic link, not a directory", _NO_LINK),
+        setup=lambda tmp: (
+            (tmp / "sweep").mkdir() or (tmp / "sweep" / "seed-0").symlink_to(_victim_folder(tmp))
+        ),
+    ),
+]
+
+
+CASES = OUTPUT_CASES + CHECKPOINT_CASES + BUDGET_CASES + DATA_CASES + STORE_CASES + FOLDER_CASES
 
 
 def fill(command: str, tmp: Path) -> list[str]:

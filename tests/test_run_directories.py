@@ -449,8 +449,10 @@ def test_a_disk_that_fills_up_during_a_checkpoint_names_the_last_good_one(tmp_pa
     err = capsys.readouterr().err.strip()
     run = tmp_path / "run"
     assert code == 1 and len(err.splitlines()) == 1, err
-    assert f"no space left on {rundir.mount_point(run)} for checkpoint 9 in --out {str(run)!r}" in err, err
-    assert "it needs ~" in err and "last good checkpoint: step 6" in err, err
+    where = f"no space left on device on {rundir.mount_point(run)} while writing checkpoint 9 in --out"
+    assert f"{where} {str(run)!r}: a checkpoint needs ~" in err, err
+    good = run / "checkpoints" / "step-0000006"
+    assert f"last good checkpoint: step 6 in {str(good)!r} (--resume continues from it)" in err, err
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
         "latest.json",
         "step-0000003",
@@ -459,6 +461,38 @@ def test_a_disk_that_fills_up_during_a_checkpoint_names_the_last_good_one(tmp_pa
     monkeypatch.setattr(ckpt, "save_tensors", real)  # room again: the run continues from step 6
     code = main([*train_args(tmp_path, "--max-steps", "12"), "--resume"])
     assert code == 0, capsys.readouterr().err
+
+
+def test_a_disk_that_fills_up_between_checkpoints_names_what_resumes(tmp_path, capsys, monkeypatch):
+    """The disk fills up while a checkpoint's verification marker is written (not during the
+    save itself): the line says what a checkpoint needs, what is free, and which checkpoint
+    --resume continues from (it was garbled: 'this run 0 B free; its complete checkpoints')."""
+    from resstream.io import atomic_path
+    from resstream.training import checkpoint as ckpt
+    from resstream.training import loop
+
+    real, markers = ckpt.write_json, []
+
+    def write_json(path, obj):
+        if Path(path).name == ckpt.VERIFIED:
+            markers.append(path)
+            if len(markers) == 2:  # checkpoint 6's marker: a real write whose error names its temporary
+                with atomic_path(path):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(path, obj)
+
+    monkeypatch.setattr(ckpt, "write_json", write_json)
+    monkeypatch.setattr(loop, "free_bytes", lambda path: 0)  # full after the check before the start
+    code = main(train_args(tmp_path, "--max-steps", "12"))
+    err = capsys.readouterr().err.strip()
+    run = tmp_path / "run"
+    assert code == 1 and len(err.splitlines()) == 1, err
+    assert f"while writing 'verified.json' in --out {str(run)!r}: a checkpoint needs ~" in err, err
+    assert "KB, 0 B free; stopped, last complete checkpoint: step 6 in " in err, err
+    assert "(--resume continues from it)" in err and "this run" not in err, err
+    monkeypatch.undo()
+    assert main([*train_args(tmp_path, "--max-steps", "12"), "--resume"]) == 0, capsys.readouterr().err
+    assert ckpt.latest_checkpoint_step(run) == 12
 
 
 def test_a_sweeps_run_folder_is_locked_like_any_training_run(tmp_path, capsys):

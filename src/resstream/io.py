@@ -1,4 +1,19 @@
-"""Atomic file writing and the run record (`run.json`) shared by every command."""
+"""Atomic file writing, writing inside a given folder without following links, and the run
+record (`run.json`) shared by every command.
+
+Folders are shared between people and unpacked from archives, so a folder must never make
+resstream write, remove or rename anything outside it. The rules every writer follows:
+
+* a file is created by `atomic_path` (a new, exclusively created temporary file renamed over
+  the final name: a link at the final name is replaced, never written through);
+* a file that is opened in place (the lock, a log that grows) is opened with `open_in_folder`,
+  which never follows a final symbolic link and opens nothing but a regular file;
+* a folder resstream makes inside a given one (`checkpoints/`, `tokenizer/`, a sweep's run
+  folders) is made by `folder_inside`, which refuses a link or a file at any name below the
+  given folder (the given folder itself may be a link: the user chose it).
+
+A refusal is one line (UsageError) naming the path and what it is.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +21,22 @@ import contextlib
 import hashlib
 import json
 import math
+import ntpath
 import os
 import platform
 import re
+import stat
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
+
+from resstream.errors import UsageError
 
 #: `atomic_path` writes ".NAME.XXXXXXXX.tmp" (8 random characters from tempfile) beside NAME.
 TEMP_SUFFIX = ".tmp"
-_TEMPORARY = re.compile(r"\..+\.[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX))
+_TEMPORARY = re.compile(r"\.(.+)\.[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX))
 
 
 @contextlib.contextmanager
@@ -25,9 +44,11 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside `path`; move it into place only if the block succeeds.
 
     An interrupted writer (exception, Ctrl-C, kill) leaves any previous file intact and
-    never a half-written one under the final name.
+    never a half-written one under the final name. A directory (or another kind of entry that a
+    rename cannot replace) at `path` is refused before anything is written (`check_replaceable`).
     """
     path = Path(path)
+    check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     os.close(fd)
@@ -49,9 +70,165 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         tmp_path.unlink(missing_ok=True)
 
 
+# --------------------------------------------------------------- folders: never through a link
+#: What `kind_of` calls each type of directory entry.
+_KINDS = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISREG, "a regular file"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a device"),
+    (stat.S_ISBLK, "a device"),
+)
+#: os.open flags that refuse a final symbolic link (ELOOP) and never block on a named pipe;
+#: Windows has neither, and `open_in_folder` checks the entry with lstat first there.
+_NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def kind_of(path: str | os.PathLike[str]) -> str | None:
+    """What the entry at `path` is ('a symbolic link', 'a directory', 'a regular file', ...),
+    without following a link; None when there is none."""
+    try:
+        return _kind_of_mode(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return None
+
+
+def _kind_of_mode(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "an unknown kind of file")
+
+
+class UntrustedEntry(UsageError):
+    """An entry inside a given folder that resstream will not use: `found` where `expected`
+    (a link, where a regular file or a directory of its own was expected). The message is one
+    line; callers with more to say use the fields."""
+
+    def __init__(self, path: str | os.PathLike[str], found: str, expected: str) -> None:
+        super().__init__(
+            f"{str(path)!r} is {found}, not {expected}: resstream follows no link inside a folder it "
+            f"is given and uses only regular files and folders there; remove it or choose another folder"
+        )
+        self.path, self.found, self.expected = Path(path), found, expected
+
+
+def check_replaceable(path: str | os.PathLike[str]) -> None:
+    """`UntrustedEntry` unless `path` is absent, a regular file or a link (which a rename
+    replaces, never writing through it): a directory or a named pipe there is refused."""
+    found = kind_of(path)
+    if found not in (None, "a regular file", "a symbolic link"):
+        raise UntrustedEntry(path, found, "a regular file")
+
+
+def open_in_folder(path: str | os.PathLike[str], flags: int, *, single_link: bool = False) -> int:
+    """`os.open(path, flags)` (mode 0666 less the umask when it creates) that never follows a
+    final symbolic link and opens only a regular file; `UntrustedEntry` (a UsageError) otherwise.
+
+    `single_link` also refuses a file with other hard links (one whose content another name
+    shares, which a truncation would change too).
+    """
+    found = kind_of(path)
+    if found not in (None, "a regular file"):
+        raise UntrustedEntry(path, found, "a regular file")
+    try:
+        fd = os.open(path, flags | _NO_FOLLOW, 0o666)
+    except OSError:
+        found = kind_of(path)
+        if found not in (None, "a regular file"):  # planted between the check and the open
+            raise UntrustedEntry(path, found, "a regular file") from None
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # swapped in between the check and the open
+        os.close(fd)
+        raise UntrustedEntry(path, _kind_of_mode(info.st_mode), "a regular file")
+    if single_link and info.st_nlink > 1:
+        os.close(fd)
+        raise UntrustedEntry(path, "a file with other hard links", "a file of its own")
+    return fd
+
+
+def open_log(path: str | os.PathLike[str]) -> TextIO:
+    """The log file `path` opened to append text (created if missing); a link or anything but
+    a regular file with no other name at `path` is refused (`open_in_folder`)."""
+    fd = open_in_folder(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, single_link=True)
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def append_line(path: str | os.PathLike[str], line: str) -> None:
+    """Append `line` and a newline to the log file `path` (`open_log`), flushed."""
+    with open_log(path) as handle:
+        handle.write(line + "\n")
+
+
+def not_a_plain_name(name: object) -> str | None:
+    """Why `name` does not name an entry directly inside a folder, or None when it does: it
+    must be a non-empty string, not '.' or '..', without a separator (of this system or
+    another) or a NUL, and not absolute."""
+    if not isinstance(name, str) or not name:
+        return "not a file name"
+    if "\x00" in name:
+        return "it holds a NUL character"
+    if os.path.isabs(name) or name.startswith(("/", "\\")) or ntpath.splitdrive(name)[0]:
+        return "an absolute path"
+    if any(sep in name for sep in ("/", "\\", os.sep, os.altsep or "/")):
+        return "a path, not a plain name"
+    if name in (".", ".."):
+        return "a directory"
+    return None
+
+
+def is_plain_name(name: object) -> bool:
+    """Whether `name` names an entry directly inside a folder (`not_a_plain_name`)."""
+    return not_a_plain_name(name) is None
+
+
+def check_inside(root: str | os.PathLike[str], path: str | os.PathLike[str], expected: str | None) -> None:
+    """UsageError (`UntrustedEntry`) when an entry on the way from `root` to `path` (`root`
+    itself excluded) is a symbolic link or, where it exists, not a directory; the last one must
+    be `expected` ('a directory', 'a regular file'; None: anything but a link)."""
+    root, path = Path(os.path.abspath(root)), Path(os.path.abspath(path))
+    if root != path and root not in path.parents:
+        raise ValueError(f"{str(path)!r} is not inside {str(root)!r}")
+    current = root
+    parts = path.relative_to(root).parts
+    for index, part in enumerate(parts):
+        current = current / part
+        found = kind_of(current)
+        last = index == len(parts) - 1
+        wanted = expected if last else "a directory"
+        if found is None:
+            return
+        if found == "a symbolic link" or (wanted is not None and found != wanted):
+            raise UntrustedEntry(current, found, wanted or "a file or folder of its own")
+
+
+def check_below(root: str | os.PathLike[str], path: str | os.PathLike[str], expected: str | None) -> None:
+    """`check_inside` when `path` lies below `root`; nothing for a path elsewhere (the user's
+    choice, as the folder `root` itself is)."""
+    if Path(os.path.abspath(root)) in Path(os.path.abspath(path)).parents:
+        check_inside(root, path, expected)
+
+
+def folder_inside(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
+    """Make the folder `path` below `root` (and its parents) where missing; UsageError when
+    one of them is a link or not a directory (`check_inside`). Returns `path`."""
+    check_inside(root, path, "a directory")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    check_inside(root, path, "a directory")  # not replaced by a link while it was made
+    return path
+
+
 def is_temporary_name(name: str) -> bool:
     """Whether `name` is a temporary file of `atomic_path` (what an interrupted writer leaves)."""
     return _TEMPORARY.fullmatch(name) is not None
+
+
+def final_name(name: str) -> str:
+    """The name `atomic_path` writes under the temporary `name` (any other name as it is): what
+    a message about a failed write names."""
+    match = _TEMPORARY.fullmatch(name)
+    return match.group(1) if match else name
 
 
 def current_umask() -> int:

@@ -6,15 +6,21 @@
   system, missing permission) before any work starts;
 * it takes an exclusive lock (`.resstream.lock`, a kernel file lock), so a second resstream
   process on the same directory is refused with one line naming the holder's pid; the kernel
-  drops the lock of a process that dies, so a stale lock file is simply taken over;
+  drops the lock of a process that dies, so a stale lock file is simply taken over; a lock
+  file that is a link, a directory, not a regular file or a file with other hard links is
+  refused in one line (`io.open_in_folder`), never written through;
 * holding the lock, it removes the temporary files an interrupted earlier writer left;
-* a directory it created is removed again when the command fails before writing anything.
+* a directory it created is removed again when the command fails before writing anything;
+* a directory below one this process holds (a sweep's run folder) must be reached without
+  a link (`io.check_inside`).
 
 `output_set(path, command)` adds the promise of the analysis commands: every output of one
 run becomes visible together or not at all. Outputs are written into a staging folder inside
 the directory and moved into place in one short step that Ctrl-C cannot split, `run.json`
 last, listing the files of its set; files of the previous set in the directory that the new
-set does not have are removed then, so runs never mix.
+set does not have are removed then, so runs never mix. Only plain names of files (or links,
+which are unlinked, not followed) directly in the directory are removed; any other name a
+previous run.json lists ('..', a folder, a path) is ignored.
 
 Locks are per process and reentrant: a command that locks a directory and calls library code
 that locks it again (or locks a directory below it) does not lock itself out.
@@ -35,7 +41,15 @@ from typing import Any
 
 from resstream.errors import RunError, UsageError
 from resstream.interrupts import deferred_interrupts, raise_if_interrupted
-from resstream.io import is_temporary_name, write_json
+from resstream.io import (
+    check_below,
+    check_replaceable,
+    is_plain_name,
+    is_temporary_name,
+    kind_of,
+    open_in_folder,
+    write_json,
+)
 from resstream.resources import format_bytes
 
 LOCK_FILE = ".resstream.lock"
@@ -45,13 +59,15 @@ STAGING_PREFIX = ".resstream-staging-"
 DEFAULT_OUTPUT_BYTES = 16 << 20
 
 _held: dict[Path, int] = {}  # resolved directory -> how many holders in this process
+_given: dict[Path, Path] = {}  # resolved directory -> the absolute path it was locked by
 
+#: The errors of a write that found the disk full, as a message says them.
+DISK_FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
 _REASONS = {
     errno.EROFS: "read-only file system",
     errno.EACCES: "permission denied",
     errno.EPERM: "permission denied",
-    errno.ENOSPC: "no space left on device",
-    errno.EDQUOT: "disk quota exceeded",
+    **DISK_FULL,
     errno.ENOTDIR: "a parent is a file, not a directory",
 }
 
@@ -74,12 +90,10 @@ def write_failure(
     if reason is None or not _concerns(exc, path):
         return None
     where = _where(path, param)
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        needed = f"needs ~{format_bytes(need)}, " if need else ""
-        return RunError(
-            f"{reason} on {mount_point(path)} for {where}: this run {needed}{format_bytes(free_bytes(path))} "
-            f"free; {kept}"
-        )
+    if exc.errno in DISK_FULL:
+        needs = f"this run needs ~{format_bytes(need)}, " if need else ""
+        free = format_bytes(free_bytes(path))
+        return RunError(f"{reason} on {mount_point(path)} for {where}: {needs}{free} free; {kept}")
     return UsageError(f"cannot write to {where}: {reason}")
 
 
@@ -109,6 +123,7 @@ def locked_directory(
     """
     raise_if_interrupted()  # a Ctrl-C that a library swallowed stops the command before it writes
     directory = Path(path)
+    _check_below_held(directory)
     key = directory.resolve()
     if _held.get(key):
         _held[key] += 1
@@ -123,13 +138,22 @@ def locked_directory(
         with deferred_interrupts():  # a Ctrl-C here must not leave a lock nobody releases
             handle = _acquire(directory, command, param)
             _held[key] = 1
+            _given[key] = Path(os.path.abspath(directory))
         remove_leftovers(directory)
         yield directory
     finally:
         if handle is not None:
             _held.pop(key, None)
+            _given.pop(key, None)
             _release(handle, directory)
         _remove_if_empty(directory, created)
+
+
+def _check_below_held(directory: Path) -> None:
+    """A folder below one this process holds (a sweep's run folders, a reproduction's stage
+    folders) is resstream's own: UsageError when the way to it passes a link (`check_inside`)."""
+    for root in list(_given.values()):
+        check_below(root, directory, "a directory")
 
 
 def _make_directory(directory: Path, param: str | None) -> Path | None:
@@ -176,10 +200,12 @@ def _acquire(directory: Path, command: str, param: str | None) -> int:
     path = directory / LOCK_FILE
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = open_in_folder(path, os.O_RDWR | os.O_CREAT, single_link=True)
         except FileNotFoundError:  # another process removed the folder it had created: again
             _ensure_directory(directory)
             continue
+        except UsageError as exc:
+            raise UsageError(f"{_where(directory, param)}: its lock file {exc}") from None
         except OSError as exc:
             raise write_failure(exc, directory, param) or exc from None
         if not _try_lock(fd):
@@ -200,9 +226,10 @@ def _acquire(directory: Path, command: str, param: str | None) -> int:
 
 def _same_file(fd: int, path: Path) -> bool:
     try:
-        return os.stat(path).st_ino == os.fstat(fd).st_ino
+        here, held = os.lstat(path), os.fstat(fd)
     except FileNotFoundError:
         return False
+    return (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _try_lock(fd: int) -> bool:
@@ -252,17 +279,30 @@ def _release(fd: int, directory: Path) -> None:
 
 def remove_leftovers(directory: Path) -> list[Path]:
     """Remove what interrupted writers leave in `directory` (not below it): temporary files of
-    `io.atomic_path` and staging folders of `output_set`. Returns what it removed."""
+    `io.atomic_path` and staging folders of `output_set` (a link at such a name is removed,
+    never followed). Returns what it removed."""
     removed = []
     for entry in directory.iterdir():
-        if entry.name.startswith(STAGING_PREFIX) and entry.is_dir():
-            shutil.rmtree(entry, ignore_errors=True)
-        elif is_temporary_name(entry.name) and entry.is_file():
-            entry.unlink(missing_ok=True)
-        else:
-            continue
-        removed.append(entry)
+        staging = entry.name.startswith(STAGING_PREFIX)
+        temporary = is_temporary_name(entry.name) and kind_of(entry) != "a directory"
+        if (staging or temporary) and remove_entry(entry):
+            removed.append(entry)
     return removed
+
+
+def remove_entry(path: Path) -> bool:
+    """Remove `path` without following a link: a link or a file is unlinked, a directory
+    removed with what it holds (links inside it are unlinked, not followed). Returns whether
+    something was removed; an entry that cannot be removed is left as it is."""
+    found = kind_of(path)
+    if found is None:
+        return False
+    if found == "a directory":
+        shutil.rmtree(path, ignore_errors=True)  # rmtree never follows the links it meets
+        return not os.path.lexists(path)
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return not os.path.lexists(path)
 
 
 def free_bytes(path: Path) -> int:
@@ -328,7 +368,7 @@ class OutputSet:
 
     def __truediv__(self, name: str) -> Path:
         """The staging path of output `name` (a file name, no folders)."""
-        if Path(name).name != name or name in (RUN_FILE, LOCK_FILE):
+        if not is_plain_name(name) or name in (RUN_FILE, LOCK_FILE):
             raise ValueError(f"output name {name!r} must be a plain file name other than {RUN_FILE}")
         return self.staging / name
 
@@ -348,17 +388,22 @@ class OutputSet:
         if RUN_FILE not in names:
             raise RuntimeError("an output set needs its run.json (OutputSet.write_record) before commit")
         stale = _previous_files(self.directory) - set(names)
+        for name in names:  # a folder at an output's name would stop the commit half-way
+            check_replaceable(self.directory / name)
         with deferred_interrupts():
             for name in [n for n in names if n != RUN_FILE] + [RUN_FILE]:
                 os.replace(self.staging / name, self.directory / name)
-            for name in stale:
-                (self.directory / name).unlink(missing_ok=True)
+            for name in stale:  # the set is committed: a file that will not go stays (unlisted)
+                if kind_of(self.directory / name) in ("a regular file", "a symbolic link"):
+                    with contextlib.suppress(OSError):
+                        (self.directory / name).unlink()
 
 
 def _previous_files(directory: Path) -> set[str]:
-    """The files the previous run.json in `directory` listed as its set (plain names only)."""
+    """The files the previous run.json in `directory` listed as its set: plain names of
+    entries directly in it (no folders, no '..', not the lock); any other name is ignored."""
     files = _listed_files(directory) or []
-    return {f for f in files if isinstance(f, str) and Path(f).name == f and f not in (LOCK_FILE, "")}
+    return {f for f in files if isinstance(f, str) and is_plain_name(f) and f != LOCK_FILE}
 
 
 def _listed_files(directory: Path) -> list[object] | None:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from resstream.errors import RunError, UsageError, check_choice
 from resstream.interrupts import raise_if_interrupted
-from resstream.io import strict_json, write_json
+from resstream.io import check_below, folder_inside, open_log, strict_json, write_json
 
 if TYPE_CHECKING:
     from resstream.cli.study import Plan
@@ -179,6 +179,13 @@ def command_line(step: Step, plan: Plan) -> str:
     return shlex.join([*launcher(plan, step.distributed), *step.argv]) if step.argv else step.label
 
 
+def _check_out_inside(plan: Plan, args: Sequence[str]) -> None:
+    """A step's --out inside the reproduction's directory is reached without a link (in this
+    process the nested lock checks it too; a torchrun child holds no lock of ours)."""
+    if "--out" in args[:-1]:
+        check_below(plan.out, args[args.index("--out") + 1], "a directory")
+
+
 def run_command(argv: Sequence[str], plan: Plan, log_file: Path, *, distributed: bool = False) -> None:
     """Run one resstream command: in this process, or under torchrun for a distributed
     training step with `nproc_per_node` > 1. What it prints on stdout is appended to
@@ -187,8 +194,9 @@ def run_command(argv: Sequence[str], plan: Plan, log_file: Path, *, distributed:
     from resstream.interrupts import was_interrupted
 
     args = expand(argv, plan.out)
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "a", encoding="utf-8") as log:
+    folder_inside(plan.out, log_file.parent)  # never through a link planted in the directory
+    _check_out_inside(plan, args)
+    with open_log(log_file) as log:
         log.write(f"$ {shlex.join([*launcher(plan, distributed), *args])}\n")
         log.flush()
         if distributed and plan.nproc_per_node > 1:

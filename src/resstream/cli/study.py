@@ -25,7 +25,7 @@ from typing import Any
 
 from resstream.cli.pipeline import OUT, Stage, Step
 from resstream.errors import RunError, UsageError, check_choice
-from resstream.io import write_json
+from resstream.io import check_inside, write_json
 
 #: The Table I sentence: every layer of each pretrained model decodes it (`resstream lens`).
 LENS_TEXT = "The capital of France is Paris, and the river that runs through it is the Seine."
@@ -123,8 +123,11 @@ class Plan:
         return {**scale, "models": list(self.models), "seeds": list(self.seeds)}
 
     def path(self, *parts: str) -> Path:
-        """A path inside the reproduction's directory."""
-        return self.out.joinpath(*parts)
+        """A path inside the reproduction's directory, reached without a link (`io.check_inside`:
+        a link planted in the directory would take what is read and written there elsewhere)."""
+        path = self.out.joinpath(*parts)
+        check_inside(self.out, path, None)
+        return path
 
 
 def make_plan(

@@ -145,7 +145,7 @@ def train(
     """Train a model; writes weights, tokenizer, metrics.jsonl, run.json and loss_curve.png
     (gated runs also gate.png) into --out."""
     from resstream.training import checkpoint as ckpt
-    from resstream.training.distributed import launched_rank, writer_lock
+    from resstream.training.distributed import launched_rank, run_lock
     from resstream.training.loop import train as run_training
 
     if resume and preset is not None:
@@ -153,7 +153,8 @@ def train(
             f"--preset {preset!r} cannot be combined with --resume: the run continues "
             f"with its saved config (change fields with flags)"
         )
-    with writer_lock(out, "train", param="out"):  # held from reading the checkpoint to the end
+    with run_lock(out, param="out"):  # held from reading the checkpoint to the end
+        ckpt.check_run_folders(out, FIGURES)  # before training: a folder there would fail its end
         saved = ckpt.resume_state(out)[1]["config"] if resume else None
         typed = {"gate": gate, "alpha": alpha, "cut_layer": cut_layer, "max_steps": max_steps, "seed": seed}
         cfg = resolve_train_config(preset, config, typed, list(ctx.args), saved)
@@ -168,6 +169,8 @@ def train(
 
 #: Gates whose distribution over layers is learned, and is drawn in gate.png.
 GATED = ("learned", "router")
+#: The figures `write_run_figures` writes into a run's folder.
+FIGURES = ("loss_curve.png", "gate.png")
 
 
 def write_run_figures(out: Path, gate: str) -> list[Path]:
@@ -176,10 +179,11 @@ def write_run_figures(out: Path, gate: str) -> list[Path]:
     from resstream.reporting.plots import plot_loss_curve, plot_run_gate
     from resstream.training.records import gate_history, training_curve
 
-    written = [plot_loss_curve(training_curve(out), out / "loss_curve.png", title=f"training {out.name}")]
+    loss_file, gate_file = FIGURES
+    written = [plot_loss_curve(training_curve(out), out / loss_file, title=f"training {out.name}")]
     history = gate_history(out) if gate in GATED else None
     if history is not None and history.steps:
-        written.append(plot_run_gate(history, gate, out / "gate.png"))
+        written.append(plot_run_gate(history, gate, out / gate_file))
     return written
 
 

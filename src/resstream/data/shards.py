@@ -28,9 +28,18 @@ Rules
 * **Checksums.** sha256 of each shard (16 hex digits, as every resstream fingerprint),
   computed from the bytes as they are written (no second read). Hashing runs at about 1 GB/s,
   hundreds of times faster than tokenising, so a cheaper checksum would save nothing
-  measurable. `ShardedTokens.open` always checks that every shard exists with the size its
-  count gives (cheap, every open); `verify=True` also re-hashes every shard (a full read:
-  `write_shards` does it when it reuses or resumes a store).
+  measurable. `ShardedTokens.open` (and so `store_splits`, which training uses) checks every
+  shard's size and, by default, its sha256 (`verify_shards`): once per file, the verification
+  recorded in the cache directory under the file's identity (device, inode, size, mtime,
+  ctime) and expected sha256, so a later open of the unchanged store reads nothing. A store
+  may be read-only and shared, so nothing is written into it. `write_shards` re-hashes every
+  shard when it reuses or resumes a store.
+* **Confined to its folder.** A store is often unpacked from an archive made by someone else:
+  a shard's `file` must be a plain name (no path separator, no ``..``, not absolute), and a
+  shard that is a symbolic link (wherever it points) or not a regular file is refused, so
+  reading a store never reads outside its folder. Every manifest field that sizes or locates a
+  read (`dtype`, each shard's `file`, `tokens`, `sha256`) is checked before anything is read,
+  and a complete store's recorded fingerprint must be the one its fields give.
 
 `ShardedTokens` reads a store: a 1-D, read-only, sliceable view over the shards' memory maps,
 split into training and validation parts by `tokens.split_tokens`'s rule.
@@ -46,12 +55,13 @@ import itertools
 import json
 import multiprocessing
 import os
+import re
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
@@ -68,8 +78,8 @@ from resstream.data.tokens import (
     split_tokens,
     token_dtype,
 )
-from resstream.errors import UsageError
-from resstream.io import atomic_path, file_fingerprint, write_json
+from resstream.errors import ResstreamError, UsageError, short_reason
+from resstream.io import UntrustedEntry, atomic_path, kind_of, not_a_plain_name, open_in_folder, write_json
 from resstream.rundir import locked_directory
 
 if TYPE_CHECKING:
@@ -409,9 +419,36 @@ def _summary(
 # --------------------------------------------------------------------------- reading
 
 
+#: The dtypes a store's ids may have.
+DTYPES = ("uint16", "uint32")
+#: Folder of the cache directory that records verified shards (one small file per shard).
+VERIFIED_DIR = "verified-shards"
+#: A verification is cached only for a file whose last change is at least this old (ns): a
+#: change within the same tick of a coarse file-system clock would not move its ctime.
+SETTLED_NS = 2_000_000_000
+_SHA256 = re.compile(r"[0-9a-f]{16}")
+#: A shard opened for reading, and its status as it was opened.
+OpenShard = tuple[BinaryIO, os.stat_result]
+#: Fields of a complete store's manifest that training reads, with the type each must have.
+_COMPLETE_FIELDS: tuple[tuple[tuple[str, ...], type], ...] = (
+    (("fingerprint",), str),
+    (("tokenizer", "fingerprint"), str),
+    (("tokenizer", "vocab_size"), int),
+    (("corpus", "name"), str),
+    (("corpus", "origin"), str),
+    (("corpus", "fingerprint"), str),
+)
+
+
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """The manifest of the store in `directory`; UsageError when it is missing or not one."""
+    """The manifest of the store in `directory`; UsageError when it is missing or not one, or
+    when a field that sizes or locates a read is bad (`check_manifest`)."""
     path = Path(directory) / MANIFEST
+    found = kind_of(path)
+    if found not in (None, "a regular file"):
+        raise UsageError(
+            f"shard store {str(directory)!r}: {MANIFEST} is {found}, not a regular file of the store"
+        )
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
         ok = manifest["format"] == FORMAT and isinstance(manifest["shards"], list)
@@ -421,30 +458,206 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         raise UsageError(
             f"shard store {str(directory)!r}: {MANIFEST} is missing or is not a resstream shard manifest"
         )
-    if manifest["version"] != FORMAT_VERSION:
+    if manifest.get("version") != FORMAT_VERSION:
         raise UsageError(
-            f"shard store {str(directory)!r} has format version {manifest['version']}; this resstream "
-            f"reads version {FORMAT_VERSION}: tokenise the corpus again"
+            f"shard store {str(directory)!r} has format version {manifest.get('version')!r}; this "
+            f"resstream reads version {FORMAT_VERSION}: tokenise the corpus again"
         )
+    check_manifest(directory, manifest)
     return manifest
 
 
-def check_shard_files(directory: Path, manifest: dict[str, Any], *, verify: bool = False) -> None:
-    """UsageError naming the first shard that is missing or has another size than its manifest
-    entry says (with `verify`: or another sha256)."""
-    itemsize = np.dtype(manifest["dtype"]).itemsize
-    for entry in manifest["shards"]:
-        path = directory / entry["file"]
-        where = f"shard store {str(directory)!r}: {entry['file']}"
-        if not path.is_file():
-            raise UsageError(f"{where} is missing (the manifest lists {len(manifest['shards'])} shards)")
-        size, expected = path.stat().st_size, entry["tokens"] * itemsize
+def check_manifest(directory: str | os.PathLike[str], manifest: dict[str, Any]) -> None:
+    """UsageError naming the first bad field of `manifest` that reading uses: `dtype` one of
+    `DTYPES`; per shard a `file` that is a plain name inside the store (`io.not_a_plain_name`),
+    `tokens` a whole number >= 0 and `sha256` 16 hex digits."""
+    where = f"shard store {str(directory)!r}: {MANIFEST}"
+    if manifest.get("dtype") not in DTYPES:
+        raise UsageError(f"{where} has dtype {manifest.get('dtype')!r}; allowed: {', '.join(DTYPES)}")
+    for index, entry in enumerate(manifest["shards"]):
+        _check_entry(f"{where} shard {index}", entry)
+
+
+def _check_entry(where: str, entry: Any) -> None:
+    if not isinstance(entry, dict):
+        raise UsageError(f"{where} is {entry!r}, not an object with file, tokens and sha256")
+    problem = not_a_plain_name(entry.get("file"))
+    if problem:
+        raise UsageError(
+            f"{where} has file {entry.get('file')!r} ({problem}); a shard's file must be a plain "
+            "file name inside the store"
+        )
+    where = f"{where} ({entry['file']})"
+    tokens = entry.get("tokens")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise UsageError(f"{where} has tokens {tokens!r}; allowed: a whole number >= 0")
+    digest = entry.get("sha256")
+    if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+        raise UsageError(f"{where} has sha256 {digest!r}; allowed: 16 hex digits (0-9, a-f)")
+
+
+def _check_complete_fields(directory: str | os.PathLike[str], manifest: dict[str, Any]) -> None:
+    """UsageError naming the first field of `_COMPLETE_FIELDS` that is missing or mistyped."""
+    for keys, kind in _COMPLETE_FIELDS:
+        value: Any = manifest
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise UsageError(
+                f"shard store {str(directory)!r}: {MANIFEST} has {'.'.join(keys)} {value!r}; "
+                f"allowed: a {'string' if kind is str else 'whole number'}"
+            )
+
+
+def _shard_where(directory: Path, entry: dict[str, Any]) -> str:
+    return f"shard store {str(directory)!r}: {entry['file']}"
+
+
+def _open_shard(directory: Path, manifest: dict[str, Any], index: int) -> OpenShard:
+    """Shard `index` opened for reading and its status; UsageError when it is missing, a
+    symbolic link or not a regular file (never followed, never opened), or not of the size its
+    count gives."""
+    entry = manifest["shards"][index]
+    path, where = directory / entry["file"], _shard_where(directory, entry)
+    try:
+        fd = open_in_folder(path, os.O_RDONLY)  # never a link, nor a FIFO that would block
+    except UntrustedEntry as exc:
+        if exc.found == "a symbolic link":
+            raise UsageError(
+                f"{where} is a symbolic link; a shard must be a file inside the store (links are "
+                "refused wherever they point, so that a store never reads outside its folder)"
+            ) from None
+        raise UsageError(f"{where} is {exc.found}, not a regular file") from None
+    except FileNotFoundError:
+        count = len(manifest["shards"])
+        raise UsageError(f"{where} is missing (the manifest lists {count} shards)") from None
+    except OSError as exc:
+        raise UsageError(f"{where} cannot be read: {short_reason(exc)}") from None
+    handle = os.fdopen(fd, "rb")
+    try:
+        info = os.fstat(fd)
+        size, expected = info.st_size, entry["tokens"] * np.dtype(manifest["dtype"]).itemsize
         if size != expected:
             raise UsageError(
                 f"{where} has {size} bytes; the manifest says {entry['tokens']} ids ({expected} bytes)"
             )
-        if verify and file_fingerprint(path) != entry["sha256"]:
-            raise UsageError(f"{where} does not match the sha256 in its manifest (the file changed)")
+    except BaseException:
+        handle.close()
+        raise
+    return handle, info
+
+
+@contextlib.contextmanager
+def _opened_shards(directory: Path, manifest: dict[str, Any]) -> Iterator[list[OpenShard]]:
+    """Every shard opened and checked (`_open_shard`), in manifest order; closed on exit."""
+    with contextlib.ExitStack() as stack:
+        shards = []
+        for index in range(len(manifest["shards"])):
+            handle, info = _open_shard(directory, manifest, index)
+            stack.callback(handle.close)
+            shards.append((handle, info))
+        yield shards
+
+
+def check_shard_files(
+    directory: Path,
+    manifest: dict[str, Any],
+    *,
+    verify: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+    rank: int = 0,
+    world: int = 1,
+) -> None:
+    """UsageError naming the first shard that is missing, a symbolic link, not a regular file
+    or of another size than its manifest entry says (with `verify`: or of another sha256,
+    `verify_shards`, which `cache_dir`, `rank` and `world` are passed to)."""
+    with _opened_shards(directory, manifest) as shards:
+        if verify:
+            verify_shards(directory, manifest, shards, cache_dir=cache_dir, rank=rank, world=world)
+
+
+def verify_shards(
+    directory: Path,
+    manifest: dict[str, Any],
+    shards: list[OpenShard],
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    rank: int = 0,
+    world: int = 1,
+) -> None:
+    """UsageError naming the first of the opened `shards` whose bytes do not give the sha256
+    of its manifest entry.
+
+    A shard whose file identity (device, inode, size, mtime, ctime) and expected sha256 are
+    recorded in `cache_dir` as verified is not read again; one that verifies is recorded there
+    (when the cache can be written: else it is verified and not recorded). The ranks of a
+    torchrun job each start at their own 1/`world` of the shards and go round, so with a shared
+    cache each hashes about its own share and finds the others' recorded; without one, each
+    hashes every shard. No rank trusts anything but the cache.
+    """
+    for index in verification_order(len(shards), rank, world):
+        handle, info = shards[index]
+        entry = manifest["shards"][index]
+        record = _verified_record(cache_dir, info, entry["sha256"])
+        if record is not None and _recorded(record):
+            continue
+        if shard_digest(handle) != entry["sha256"]:
+            raise UsageError(
+                f"{_shard_where(directory, entry)} does not match the sha256 in its manifest: the file "
+                "changed since it was tokenised; tokenise the corpus again or restore the file"
+            )
+        if record is not None and _settled(info, os.fstat(handle.fileno())):
+            _remember(record, info, entry["sha256"])
+
+
+def verification_order(count: int, rank: int, world: int) -> list[int]:
+    """Shard indices `0..count-1` starting at rank `rank`'s share (of `world`) and going round."""
+    start = count * rank // max(world, 1)
+    return [*range(start, count), *range(start)]
+
+
+def shard_digest(handle: BinaryIO) -> str:
+    """sha256 (16 hex digits) of the whole file `handle` (read from its start)."""
+    handle.seek(0)
+    return hashlib.file_digest(handle, "sha256").hexdigest()[:16]
+
+
+def _verified_record(
+    cache_dir: str | os.PathLike[str] | None, info: os.stat_result, sha256: str
+) -> Path | None:
+    """The cache file that says a file of identity `info` has sha256 `sha256` (None: no cache)."""
+    if cache_dir is None:
+        return None
+    identity = [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, sha256]
+    key = hashlib.sha256(json.dumps(["verified-shard", 1, *identity]).encode()).hexdigest()[:32]
+    return Path(cache_dir).expanduser() / VERIFIED_DIR / key
+
+
+def _recorded(record: Path) -> bool:
+    """Whether the cache holds `record` (a cache that cannot be read holds nothing)."""
+    try:
+        return record.is_file()
+    except OSError:
+        return False
+
+
+def _settled(before: os.stat_result, after: os.stat_result) -> bool:
+    """Whether a file did not change while it was hashed and its last change is older than
+    `SETTLED_NS` (so that a later change must move its ctime)."""
+    same = all(
+        getattr(before, field) == getattr(after, field)
+        for field in ("st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
+    )
+    return same and time.time_ns() - max(after.st_mtime_ns, after.st_ctime_ns) >= SETTLED_NS
+
+
+def _remember(record: Path, info: os.stat_result, sha256: str) -> None:
+    """Record a verified shard; a cache that cannot be written is skipped (nothing is cached):
+    the cache only saves time, so it never stops a run."""
+    identity = {"dev": info.st_dev, "ino": info.st_ino, "size": info.st_size}
+    identity.update(mtime_ns=info.st_mtime_ns, ctime_ns=info.st_ctime_ns, sha256=sha256)
+    with contextlib.suppress(OSError, ResstreamError):
+        write_json(record, identity)
 
 
 def store_fingerprint(manifest: dict[str, Any]) -> str:
@@ -478,19 +691,31 @@ class ShardedTokens:
         self.dtype = maps[0].dtype if maps else np.dtype(np.uint16)
 
     @classmethod
-    def open(cls, directory: str | os.PathLike[str], *, verify: bool = False) -> ShardedTokens:
-        """The ids of the complete store in `directory` (UsageError for an incomplete store or
-        one whose shards do not match its manifest, `check_shard_files`)."""
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        *,
+        verify: bool = True,
+        cache_dir: str | os.PathLike[str] | None = None,
+        rank: int = 0,
+        world: int = 1,
+    ) -> ShardedTokens:
+        """The ids of the complete store in `directory`: UsageError for an incomplete store or
+        one whose shards do not match its manifest (`check_shard_files`; with `verify`, the
+        default, their sha256 too, `verify_shards`, cached in `cache_dir` when given). Each
+        shard is mapped from the very file that was checked."""
         directory = Path(directory)
         stored_corpus(directory)  # complete
         manifest = read_manifest(directory)
-        check_shard_files(directory, manifest, verify=verify)
         dtype = np.dtype(manifest["dtype"]).newbyteorder("<")
-        maps = [
-            np.memmap(directory / s["file"], dtype=dtype, mode="r", shape=(s["tokens"],))
-            for s in manifest["shards"]
-            if s["tokens"]
-        ]
+        with _opened_shards(directory, manifest) as shards:
+            if verify:
+                verify_shards(directory, manifest, shards, cache_dir=cache_dir, rank=rank, world=world)
+            maps = [
+                np.memmap(handle, dtype=dtype, mode="r", shape=(entry["tokens"],))
+                for (handle, _), entry in zip(shards, manifest["shards"], strict=True)
+                if entry["tokens"]
+            ]
         return cls(maps)
 
     @property
@@ -556,6 +781,13 @@ def stored_corpus(directory: str | os.PathLike[str]) -> StoredCorpus:
             f"shard store {str(directory)!r} is incomplete ({len(manifest['shards'])} shards so far): "
             f"finish it by running the same `resstream tokenize` again"
         )
+    _check_complete_fields(directory, manifest)
+    if manifest["fingerprint"] != store_fingerprint(manifest):
+        raise UsageError(
+            f"shard store {str(directory)!r}: {MANIFEST} records fingerprint {manifest['fingerprint']}, "
+            f"but its fields give {store_fingerprint(manifest)}: it was edited after tokenising; "
+            "tokenise the corpus again"
+        )
     corpus, tokenizer = manifest["corpus"], manifest["tokenizer"]
     return StoredCorpus(
         name=corpus["name"],
@@ -580,10 +812,19 @@ def check_store_tokenizer(
         )
 
 
-def store_splits(directory: str | os.PathLike[str], val_fraction: float) -> TokenSplits:
-    """The complete store in `directory` split as the single-file cache is (its shards checked
-    against the manifest by size); the fingerprint is the store's."""
-    tokens = ShardedTokens.open(directory)
+def store_splits(
+    directory: str | os.PathLike[str],
+    val_fraction: float,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    rank: int = 0,
+    world: int = 1,
+) -> TokenSplits:
+    """The complete store in `directory` split as the single-file cache is, its shards
+    verified against the manifest (size and sha256; the verifications cached in `cache_dir`,
+    shared out between the `world` ranks of a torchrun job: `verify_shards`); the fingerprint
+    is the store's."""
+    tokens = ShardedTokens.open(directory, cache_dir=cache_dir, rank=rank, world=world)
     train, val = tokens.split(val_fraction)
     manifest = read_manifest(directory)
     return TokenSplits(

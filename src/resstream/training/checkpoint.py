@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -47,7 +46,16 @@ from safetensors.torch import load_file, save_file
 from resstream import rundir
 from resstream.data.tokenizer import STAGING_PREFIX as TOKENIZER_STAGING_PREFIX
 from resstream.errors import RunError, UsageError, short_reason
-from resstream.io import atomic_path, file_fingerprint, is_temporary_name, write_json
+from resstream.io import (
+    atomic_path,
+    check_inside,
+    file_fingerprint,
+    folder_inside,
+    is_temporary_name,
+    kind_of,
+    write_json,
+)
+from resstream.training.metrics import METRICS_FILE
 from resstream.training.records import MODEL_META
 
 CHECKPOINTS = "checkpoints"
@@ -60,6 +68,8 @@ DIVERGED = "diverged.json"
 RUN_RECORD = rundir.RUN_FILE
 TOKENIZER_DIR = "tokenizer"
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
+#: The files a run writes at the top of its folder.
+RUN_FILES = (MODEL_FILE, MODEL_META, RUN_RECORD, METRICS_FILE)
 #: Elements per slice when non-finite values are counted (bounds the temporary mask).
 _COUNT_CHUNK = 1 << 22
 
@@ -237,8 +247,7 @@ def save_checkpoint(
     """
     opt_tensors, groups = _flatten_optimizer(optimizer_state)
     _refuse_non_finite(f"checkpoint step {step}", {"weights": model_state, "optimizer state": opt_tensors})
-    root = Path(run_dir) / CHECKPOINTS
-    root.mkdir(parents=True, exist_ok=True)
+    root = folder_inside(run_dir, Path(run_dir) / CHECKPOINTS)
     name = _step_name(step)
     tmp = _hidden_dir(root, name)
     try:
@@ -246,10 +255,10 @@ def save_checkpoint(
         save_tensors(tmp / TRAINER_FILE, {**opt_tensors, **{f"rng.{k}": v for k, v in rng_state.items()}})
         write_json(tmp / STATE_FILE, {**state, "step": step, "param_groups": groups})
         final = root / name
-        old = _to_trash(final) if final.exists() else None  # a resumed run saving a step again
+        old = _to_trash(final) if os.path.lexists(final) else None  # a resumed run saving a step again
         os.replace(tmp, final)
         if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            rundir.remove_entry(old)
     finally:
         if tmp.exists():
             _remove_dir(tmp)
@@ -284,17 +293,22 @@ def _to_trash(path: Path) -> Path:
 def _remove_dir(path: Path) -> None:
     """Remove a directory so that an interruption never leaves it half-deleted under its name:
     trash it first, then delete (`remove_leftovers` finishes an interrupted deletion)."""
-    shutil.rmtree(_to_trash(path), ignore_errors=True)
+    rundir.remove_entry(_to_trash(path))
 
 
 def _step_dirs(root: Path) -> dict[int, Path]:
-    """The complete checkpoints under `root`, by step."""
+    """The complete checkpoints under `root`, by step (a link named like one is not one)."""
     found = {}
     for path in root.glob("step-*"):
         match = re.fullmatch(r"step-(\d+)", path.name)
-        if match and path.is_dir():
+        if match and _is_folder(path):
             found[int(match.group(1))] = path
     return found
+
+
+def _is_folder(path: Path) -> bool:
+    """Whether `path` is a directory itself, not a link to one (which may lead out of the run)."""
+    return kind_of(path) == "a directory"
 
 
 def _prune(root: Path, keep: int) -> None:
@@ -317,17 +331,17 @@ def _prune(root: Path, keep: int) -> None:
 
 
 def _remove_hidden_dirs(root: Path) -> None:
-    """Interrupted saves (`.step-*.<hex>`) and removals (`.step-*.<hex>.trash`)."""
+    """Interrupted saves (`.step-*.<hex>`) and removals (`.step-*.<hex>.trash`); a link at such
+    a name is unlinked, never followed."""
     for stale in root.glob(".step-*"):
-        if stale.is_dir():
-            shutil.rmtree(stale, ignore_errors=True)
+        rundir.remove_entry(stale)
 
 
 # ------------------------------------------------------------------ verification
 def mark_verified(run_dir: Path, step: int, *, loss: float, grad_norm: float) -> None:
     """Record that the step after checkpoint `step`, computed from its weights, was finite."""
     path = Path(run_dir) / CHECKPOINTS / _step_name(step)
-    if path.is_dir():
+    if _is_folder(path):
         write_json(path / VERIFIED, {"step": step + 1, "loss": loss, "grad_norm": grad_norm})
 
 
@@ -335,7 +349,7 @@ def mark_diverged(run_dir: Path, step: int, reason: str) -> CheckpointRef | None
     """Record that the step computed from checkpoint `step`'s weights was not finite (`reason`);
     return the newest good checkpoint, which a resume will continue from (None if there is none)."""
     path = Path(run_dir) / CHECKPOINTS / _step_name(step)
-    if path.is_dir() and not (path / VERIFIED).exists():
+    if _is_folder(path) and not (path / VERIFIED).exists():
         write_json(path / DIVERGED, {"step": step + 1, "reason": reason})
     return newest_good_checkpoint(run_dir)
 
@@ -371,30 +385,34 @@ def remove_leftovers(run_dir: Path) -> None:
     nothing else: half-written files of the atomic writers, safetensors' temporary file, the
     tokenizer's staging folder, interrupted checkpoint saves and removals.
 
-    Call it when a run starts (fresh or resumed), once its checks have passed and nothing
-    else writes into `run_dir`.
+    Called by the trainer once its checks have passed, and by `distributed.run_lock` as soon
+    as it holds a folder that already holds a run (`rundir.previous_command`), before any
+    check, so a refused resume cleans up too. Nothing else writes into `run_dir` then. Each
+    name is removed only as the kind of entry its writer makes (a temporary file is never a
+    folder); a link at such a name is removed, never followed, and a `checkpoints` that is a
+    link is not entered.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return
     rundir.remove_leftovers(run_dir)  # the atomic writers' temporaries, as in any --out
     for path in run_dir.iterdir():
-        name = path.name
-        if path.is_file() and _SAFETENSORS_TMP.fullmatch(name):
-            path.unlink(missing_ok=True)
-        elif path.is_dir() and _TOKENIZER_STAGING.fullmatch(name):
-            shutil.rmtree(path, ignore_errors=True)
+        kind = kind_of(path)
+        safetensors_tmp = _SAFETENSORS_TMP.fullmatch(path.name) and kind != "a directory"
+        staging = _TOKENIZER_STAGING.fullmatch(path.name) and kind in ("a directory", "a symbolic link")
+        if safetensors_tmp or staging:
+            rundir.remove_entry(path)
     root = run_dir / CHECKPOINTS
-    if not root.is_dir():
+    if not _is_folder(root):  # a link is never followed (and a run refuses it: `folder_inside`)
         return
     _remove_hidden_dirs(root)
     for path in root.iterdir():
-        if path.is_file() and _atomic_tmp(path.name, _CHECKPOINT_FILES):
-            path.unlink(missing_ok=True)
+        if _atomic_tmp(path.name, _CHECKPOINT_FILES) and not _is_folder(path):
+            rundir.remove_entry(path)
     for step_dir in _step_dirs(root).values():
         for path in step_dir.iterdir():
-            if path.is_file() and _atomic_tmp(path.name, _MARKER_FILES):
-                path.unlink(missing_ok=True)
+            if _atomic_tmp(path.name, _MARKER_FILES) and not _is_folder(path):
+                rundir.remove_entry(path)
 
 
 def latest_checkpoint_step(run_dir: Path) -> int | None:
@@ -416,9 +434,16 @@ def resume_state(run_dir: Path) -> tuple[Path, dict[str, Any]]:
     pointer = root / LATEST
     if not pointer.is_file():
         raise UsageError(f"cannot resume: no checkpoint in {str(run_dir)!r} ({str(pointer)!r} is missing)")
+    _check_resume_entries(run_dir, [(pointer, "a regular file")])
     try:
         latest = json.loads(pointer.read_text(encoding="utf-8"))
-        path = _resume_dir(root, int(latest["step"]), root / latest["dir"])
+        step = int(latest["step"])
+        if latest["dir"] != _step_name(step):
+            raise ValueError(f"checkpoint {step} is in {_step_name(step)!r}, not {latest['dir']!r}")
+        _check_resume_entries(run_dir, [(root / _step_name(step), "a directory")])
+        path = _resume_dir(root, step, root / _step_name(step))
+        files = (STATE_FILE, MODEL_FILE, TRAINER_FILE)
+        _check_resume_entries(run_dir, [(path / name, "a regular file") for name in files])
         state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
         if "step" not in state or "config" not in state or "param_groups" not in state:
             raise KeyError("step, config and param_groups are required")
@@ -428,6 +453,32 @@ def resume_state(run_dir: Path) -> tuple[Path, dict[str, Any]]:
             f"({type(exc).__name__}: {short_reason(exc)})"
         ) from None
     return path, state
+
+
+def check_run_folders(run_dir: Path, files: Iterable[str] = ()) -> None:
+    """UsageError, before a run starts, when a name the run writes in `run_dir` is a link or
+    the wrong kind of entry: a folder (`checkpoints`, `tokenizer`) that is a link or a file
+    (written through, it would put the run's files, and its pruning, outside `run_dir`), or
+    a file (its own and `files`) that is a link or a folder (a link would be read on resume; a
+    folder would stop the run at its end)."""
+    entries = [(CHECKPOINTS, "a directory"), (TOKENIZER_DIR, "a directory")]
+    entries += [(name, "a regular file") for name in (*RUN_FILES, *files)]
+    try:
+        for name, expected in entries:
+            check_inside(run_dir, Path(run_dir) / name, expected)
+    except UsageError as exc:
+        raise UsageError(f"`out_dir` {str(run_dir)!r}: {exc}") from None
+
+
+def _check_resume_entries(run_dir: Path, entries: Iterable[tuple[Path, str]]) -> None:
+    """UsageError naming the first (path, expected kind) of `entries` that is reached through a
+    link or is another kind (`io.check_inside`): a run's checkpoints are resstream's own files,
+    and a link could lead a resume out of the run."""
+    try:
+        for path, expected in entries:
+            check_inside(run_dir, path, expected)
+    except UsageError as exc:
+        raise UsageError(f"cannot resume from `out_dir` {str(run_dir)!r}: {exc}") from None
 
 
 def load_checkpoint(run_dir: Path) -> Checkpoint:

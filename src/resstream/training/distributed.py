@@ -64,6 +64,21 @@ def writer_lock(directory: str | os.PathLike[str], command: str, *, param: str |
         yield
 
 
+@contextlib.contextmanager
+def run_lock(directory: str | os.PathLike[str], *, param: str | None) -> Iterator[None]:
+    """`writer_lock` of a training run's folder. When the folder already holds a run, its
+    holder first removes what interrupted writers left there (`checkpoint.remove_leftovers`),
+    before any check, so a resume that is then refused leaves no leftovers either; a folder of
+    anything else is left as it is (the trainer's checks refuse it)."""
+    from resstream.rundir import previous_command
+    from resstream.training.checkpoint import remove_leftovers
+
+    with writer_lock(directory, "train", param=param):
+        if launched_rank() == 0 and previous_command(Path(directory)) == "train":
+            remove_leftovers(Path(directory))
+        yield
+
+
 def check_batch_layout(config: TrainConfig, world: int) -> None:
     """The global batch must split evenly over processes and accumulation steps."""
     parts = config.run.grad_accum * world

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import math
 import os
 import sys
@@ -56,9 +55,10 @@ from resstream.data.tokenizer import tokenizer_fingerprint
 from resstream.data.tokens import TokenSplits, check_cache_dir
 from resstream.devices import resolve_device
 from resstream.errors import RunError, UsageError
-from resstream.io import run_record, write_json
+from resstream.io import final_name, run_record, write_json
 from resstream.resources import format_bytes
 from resstream.rundir import (
+    DISK_FULL,
     check_free_space,
     free_bytes,
     mount_point,
@@ -69,7 +69,7 @@ from resstream.training import checkpoint as ckpt
 from resstream.training.budget import check_training_budget
 from resstream.training.config import TrainConfig, from_dict, identity_diff
 from resstream.training.data import check_enough_tokens, eval_starts, micro_batch, windows
-from resstream.training.distributed import check_batch_layout, init_distributed, writer_lock
+from resstream.training.distributed import check_batch_layout, init_distributed, run_lock
 from resstream.training.metrics import METRICS_FILE, MetricsLog, read_records
 from resstream.training.model import GPT
 from resstream.training.optim import apply_optim_config, lr_scale, make_optimizer, set_lr
@@ -291,8 +291,16 @@ class Trainer:
         (the corpus is tokenised into it on first use)."""
         val_fraction = self.config.data.val_fraction
         if self.store is not None:
-            with self._preparing(f"opening the shard store {str(self.store)!r}"):
-                return store_splits(self.store, val_fraction)
+            with self._preparing(
+                f"opening the shard store {str(self.store)!r} (checking each shard's sha256)"
+            ):
+                return store_splits(
+                    self.store,
+                    val_fraction,
+                    cache_dir=default_cache_dir(self.config),
+                    rank=self.dist.rank,
+                    world=self.dist.world,
+                )
         cache = default_cache_dir(self.config)
         with self._preparing(f"the token cache in {str(cache)!r} (the corpus is tokenised on first use)"):
             return build_token_cache(self.corpus, self.tokenizer, cache, val_fraction=val_fraction)
@@ -322,6 +330,7 @@ class Trainer:
     def _check_out_dir(self) -> ckpt.Checkpoint | None:
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise UsageError(f"`out_dir` {str(self.out_dir)!r} is a file; give a directory")
+        ckpt.check_run_folders(self.out_dir)
         has_run = (
             ckpt.latest_checkpoint_step(self.out_dir) is not None or (self.out_dir / ckpt.MODEL_FILE).exists()
         )
@@ -483,13 +492,23 @@ class Trainer:
 
     # --------------------------------------------------------------- the loop
     def run(self) -> TrainResult:
-        """Train to `max_steps`, logging, evaluating and checkpointing on the way."""
+        """Train to `max_steps`, logging, evaluating and checkpointing on the way. A disk that
+        fills up stops the run with one line (`_out_of_space`)."""
+        try:
+            return self._train()
+        except OSError as exc:
+            failure = self._out_of_space(exc)
+            if failure is None:
+                raise
+            raise failure from None
+
+    def _train(self) -> TrainResult:
         r = self.config.run
         main = self.dist.is_main
         if main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self._check_disk_space()
-            ckpt.remove_leftovers(self.out_dir)
+            ckpt.remove_leftovers(self.out_dir)  # also of a fresh run killed before its first checkpoint
             resumed = self.checkpoint.step if self.checkpoint is not None else None
             if resumed is not None and resumed != ckpt.latest_checkpoint_step(self.out_dir):
                 ckpt.set_latest(self.out_dir, resumed)  # went back from a diverged checkpoint
@@ -620,14 +639,36 @@ class Trainer:
                 f"written, {self._good_checkpoint_text()}"
             ) from None
         except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            failure = self._out_of_space(exc, f"checkpoint {step}")
+            if failure is None:
                 raise
-            raise RunError(
-                f"no space left on {mount_point(self.out_dir)} for checkpoint {step} in `out_dir` "
-                f"{str(self.out_dir)!r}: it needs ~{format_bytes(self._checkpoint_bytes())}, "
-                f"{format_bytes(free_bytes(self.out_dir))} free; stopped, {self._good_checkpoint_text()}"
-            ) from None
+            raise failure from None
         self.unverified = step
+
+    def _out_of_space(self, exc: OSError, written: str | None = None) -> RunError | None:
+        """The one line for a disk that filled up while writing `written` (default: the file the
+        error names): what a checkpoint needs, what is free, and the checkpoint a resume
+        continues from; None for another error."""
+        reason = DISK_FULL.get(exc.errno or -1)
+        if reason is None:
+            return None
+        if written is None:
+            name = final_name(Path(os.fsdecode(exc.filename)).name) if exc.filename else None
+            written = repr(name) if name else "the run's files"
+        return RunError(
+            f"{reason} on {mount_point(self.out_dir)} while writing {written} in `out_dir` "
+            f"{str(self.out_dir)!r}: a checkpoint needs ~{format_bytes(self._checkpoint_bytes())}, "
+            f"{format_bytes(free_bytes(self.out_dir))} free; stopped, {self._resume_point_text()}"
+        )
+
+    def _resume_point_text(self) -> str:
+        """Which checkpoint `resume=True` continues from, after a stop that is not a divergence."""
+        try:
+            path, state = ckpt.resume_state(self.out_dir)
+        except UsageError:
+            return f"no checkpoint to resume from; {self._good_checkpoint_text()}"
+        which = "last good checkpoint" if (path / ckpt.VERIFIED).is_file() else "last complete checkpoint"
+        return f"{which}: step {state['step']} in {str(path)!r} (`resume=True` continues from it)"
 
     def _weights_bytes(self) -> int:
         """Bytes of the model's weights (and buffers) as `model.safetensors` holds them."""
@@ -705,7 +746,7 @@ def train(
     already has `max_steps` steps trains nothing, writes nothing and returns a result with
     `already_complete` set.
     """
-    with writer_lock(out_dir, "train", param="out_dir"):
+    with run_lock(out_dir, param="out_dir"):
         try:
             done = completed_run(config, out_dir) if resume else None
             if done is not None:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from resstream.io import strict_json, write_text
+from resstream.io import append_line, strict_json, write_text
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -30,10 +30,9 @@ class MetricsLog:
             write_text(path, "")
 
     def write(self, record: dict[str, Any]) -> None:
+        """Append `record` as one line (never through a link: `io.append_line`)."""
         if self.enabled:
-            with self.path.open("a", encoding="utf-8") as fh:
-                fh.write(strict_json(record) + "\n")
-                fh.flush()
+            append_line(self.path, strict_json(record))
 
 
 def read_records(path: Path) -> Iterator[dict[str, Any]]:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from resstream.errors import UsageError, short_reason
+from resstream.io import check_inside, is_plain_name, kind_of
 from resstream.rundir import RUN_FILE
 from resstream.training.metrics import METRICS_FILE, iter_metrics
 
@@ -233,7 +234,7 @@ def _records_from_sweep_json(root: Path, data: dict[str, Any], only_seed: int | 
         if only_seed is not None and seed != only_seed:
             continue
         for name, run in runs.items():
-            path = root / (run.get("dir") or f"seed-{seed}/{name}")
+            path = _run_folder(root, run.get("dir") or f"seed-{seed}/{name}")
             saved, _ = read_eval(path)
             evals = {**normalise_eval({"results": run.get("eval") or {}}), **saved}
             records.append(
@@ -252,16 +253,32 @@ def _records_from_sweep_json(root: Path, data: dict[str, Any], only_seed: int | 
     return records
 
 
+def _run_folder(root: Path, where: object) -> Path:
+    """The run folder `where` (as sweep.json names it) inside the sweep directory `root`:
+    UsageError for a name that leads out of it (absolute, '..', a link on the way), since
+    compare writes each run's eval.json there."""
+    parts = Path(where).parts if isinstance(where, str) else ()
+    if not parts or Path(where).is_absolute() or not all(is_plain_name(part) for part in parts):
+        raise UsageError(
+            f"{str(root / SWEEP_FILE)!r} names run folder {where!r}; allowed: a folder inside the "
+            f"sweep directory (a relative path without '..')"
+        )
+    path = root.joinpath(*parts)
+    check_inside(root, path, "a directory")
+    return path
+
+
 def _records_from_seed_dir(seed_dir: Path, seed: int) -> list[RunRecord]:
     return [
         record_from_run_dir(d, seed)
         for d in sorted(seed_dir.iterdir())
-        if d.is_dir() and RUN_NAME.match(d.name) and (d / MODEL_META).is_file()
+        if kind_of(d) == "a directory" and RUN_NAME.match(d.name) and (d / MODEL_META).is_file()
     ]
 
 
 def _seed_dirs(root: Path) -> list[tuple[Path, int]]:
-    found = [(d, SEED_DIR.match(d.name)) for d in sorted(root.iterdir()) if d.is_dir()]
+    """The seed-<s> folders of a sweep directory (a link named like one is not one)."""
+    found = [(d, SEED_DIR.match(d.name)) for d in sorted(root.iterdir()) if kind_of(d) == "a directory"]
     return [(d, int(m.group(1))) for d, m in found if m]
 
 

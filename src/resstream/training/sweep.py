@@ -392,12 +392,12 @@ def _train_or_skip(
     The trainer is built before the run is announced, so bad input (a missing corpus, too few
     tokens, an unknown tokenizer) is refused with nothing logged and nothing written.
     """
-    from resstream.training.distributed import writer_lock
+    from resstream.training.distributed import run_lock
     from resstream.training.loop import Trainer
 
     run_dir = run.path(root)
     label = f"sweep [{index}/{total}] seed {run.seed} {run.name}"
-    with writer_lock(run_dir, "train", param=None):  # as `loop.train` holds its run folder
+    with run_lock(run_dir, param=None):  # as `loop.train` holds its run folder
         if (run_dir / MODEL_META).is_file():
             if log:
                 log(f"{label}: finished earlier, skipped")
