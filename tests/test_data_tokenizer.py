@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -293,3 +295,192 @@ def test_a_trained_bpe_is_kept_per_corpus_and_vocabulary(tmp_path, monkeypatch):
     corpus_file.write_text("another corpus entirely\n" * 200, encoding="utf-8")
     with pytest.raises(AssertionError, match="trained again"):
         tk.cached_bpe(stream_corpus(str(corpus_file)), 300, cache)
+
+
+# --------------------------------------------------------------------------- custom code (auto_map)
+
+CUSTOM_CLASS = "tokenization_custom.CustomTokenizerFast"
+
+
+def with_custom_tokenizer_code(folder: Path, marker: Path, *, legacy: bool = False) -> Path:
+    """`folder`, a saved tokenizer, given a class of its own: its tokenizer_config.json's auto_map
+    names `CUSTOM_CLASS` in tokenization_custom.py beside it, which writes `marker` when imported
+    (`legacy`: the old auto_map form, a bare [slow, fast] list)."""
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    classes = [None, CUSTOM_CLASS]
+    config["auto_map"] = classes if legacy else {"AutoTokenizer": classes}
+    config_file.write_text(json.dumps(config), encoding="utf-8")
+    (folder / "tokenization_custom.py").write_text(
+        "from pathlib import Path\n\n"
+        "from transformers import PreTrainedTokenizerFast\n\n"
+        f"Path({str(marker)!r}).write_text('imported', encoding='utf-8')\n\n\n"
+        "class CustomTokenizerFast(PreTrainedTokenizerFast):\n"
+        "    pass\n",
+        encoding="utf-8",
+    )
+    return folder
+
+
+def _code_refusal(label: str, config: str, ending: str) -> str:
+    return (
+        rf"^{label} needs custom code: the auto_map of {config} names "
+        rf"'tokenization_custom\.CustomTokenizerFast'{ending}$"
+    )
+
+
+#: The ends of the refusal where no caller offers `trust_remote_code` (None) and where one does (False).
+NOT_SUPPORTED = (
+    r", and resstream runs no tokenizer's own code when it trains or tokenises; "
+    r"allowed: a tokenizer without custom code \(no auto_map\)"
+)
+ONLY_IF_TRUSTED = r"; allowed only with `trust_remote_code=True`, if you trust it"
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["auto-map", "legacy-list"])
+def test_a_tokenizer_with_its_own_code_is_refused_and_none_of_it_runs(small_bpe, tmp_path, legacy) -> None:
+    """Hugging Face would load a plain fast tokenizer in place of the author's class, silently."""
+    folder = tmp_path / "custom"
+    save_tokenizer(small_bpe, folder)
+    marker = tmp_path / "imported"
+    with_custom_tokenizer_code(folder, marker, legacy=legacy)
+    config = re.escape(repr(str(folder / "tokenizer_config.json")))
+    for spec, label in [
+        (folder, "tokenizer directory " + re.escape(repr(str(folder)))),
+        (folder / "tokenizer.json", "tokenizer " + re.escape(repr(str(folder / "tokenizer.json")))),
+    ]:
+        with pytest.raises(UsageError, match=_code_refusal(label, config, NOT_SUPPORTED)):
+            load_tokenizer(str(spec))
+        with pytest.raises(UsageError, match=_code_refusal(label, config, ONLY_IF_TRUSTED)):
+            load_tokenizer(str(spec), trust_remote_code=False)
+    assert not marker.exists()
+
+
+def test_code_in_another_repository_is_refused_too(small_bpe, tmp_path) -> None:
+    folder = tmp_path / "custom"
+    save_tokenizer(small_bpe, folder)
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    config["auto_map"] = {"AutoTokenizer": [None, "someorg/code--tokenization_x.XTokenizerFast"]}
+    config_file.write_text(json.dumps(config), encoding="utf-8")
+    with pytest.raises(
+        UsageError, match=r"names 'someorg/code--tokenization_x\.XTokenizerFast'; allowed only"
+    ):
+        load_tokenizer(str(folder), trust_remote_code=False)
+
+
+def test_a_saved_copy_whose_auto_map_names_code_it_does_not_hold_loads_with_a_notice(
+    small_bpe, tmp_path
+) -> None:
+    """Hugging Face keeps the auto_map of a tokenizer loaded without its code in every copy it
+    saves (the tokenizer/ folder of a run trained before such tokenizers were refused): there is
+    no code to run, and its tokenizer.json is the tokenizer that was used."""
+    from resstream.notices import ResstreamNotice
+
+    folder = tmp_path / "saved"
+    save_tokenizer(small_bpe, folder)
+    with_custom_tokenizer_code(folder, tmp_path / "imported")
+    (folder / "tokenization_custom.py").unlink()
+    expected = (
+        r"names 'tokenization_custom\.CustomTokenizerFast', which was not run \(its code is not in the "
+        r"folder\); loaded from its tokenizer files"
+    )
+    with pytest.warns(ResstreamNotice, match=expected):
+        loaded = load_tokenizer(str(folder))
+    assert loaded(TEXT)["input_ids"] == small_bpe(TEXT)["input_ids"]
+
+
+def test_a_model_type_whose_auto_map_transformers_ignores_loads_its_own_class(small_bpe, tmp_path) -> None:
+    """transformers ignores the tokenizer auto_map of some model types without trust (Phi-3 and
+    Qwen2 checkpoints on the hub carry one) and loads its own class: nothing runs, so nothing is
+    refused, and a notice says so."""
+    from resstream.data.tokenizer_code import tokenizer_code
+    from resstream.notices import ResstreamNotice
+
+    folder = tmp_path / "phi"
+    save_tokenizer(small_bpe, folder)
+    with_custom_tokenizer_code(folder, tmp_path / "imported")
+    (folder / "config.json").write_text(json.dumps({"model_type": "phi3"}), encoding="utf-8")
+    assert tokenizer_code(folder).runs is False
+    with pytest.warns(
+        ResstreamNotice, match=r"which was not run \(transformers ignores it for model type 'phi3'"
+    ):
+        loaded = load_tokenizer(str(folder), trust_remote_code=False)
+    assert loaded(TEXT)["input_ids"] == small_bpe(TEXT)["input_ids"]
+    assert not (tmp_path / "imported").exists()
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2"}), encoding="utf-8")
+    with pytest.raises(UsageError, match="needs custom code"):
+        load_tokenizer(str(folder), trust_remote_code=False)
+
+
+def test_a_folder_whose_config_asks_for_code_gives_its_tokenizer_without_asking_or_running_it(
+    small_bpe, tmp_path, monkeypatch
+) -> None:
+    """A model folder given as a tokenizer: its config.json's auto_map asks for config code that the
+    tokenizer does not need. Not told `trust_remote_code`, Hugging Face asks on the terminal and runs
+    the code on "y"; resstream tells it False, so it never asks."""
+    folder = tmp_path / "model-folder"
+    save_tokenizer(small_bpe, folder)
+    marker = tmp_path / "imported"
+    config = {"model_type": "custom_lm", "auto_map": {"AutoConfig": "configuration_custom.CustomConfig"}}
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    (folder / "configuration_custom.py").write_text(
+        f"from pathlib import Path\n\nPath({str(marker)!r}).write_text('imported', encoding='utf-8')\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setattr("builtins.input", lambda *args: "y")
+    loaded = load_tokenizer(str(folder))
+    assert loaded(TEXT)["input_ids"] == small_bpe(TEXT)["input_ids"]
+    assert not marker.exists()
+
+
+def _in_a_process(code: str, tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`code` run by another Python, offline, its imported custom code kept under `tmp_path`."""
+    environ = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), **env}
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=environ, timeout=300
+    )
+
+
+def test_with_trust_remote_code_the_tokenizers_own_class_is_loaded(small_bpe, tmp_path) -> None:
+    folder = tmp_path / "custom"
+    save_tokenizer(small_bpe, folder)
+    marker = tmp_path / "imported"
+    with_custom_tokenizer_code(folder, marker)
+    code = (
+        "import json, sys; from resstream.data import load_tokenizer; "
+        "t = load_tokenizer(sys.argv[1], trust_remote_code=True); "
+        "print(json.dumps([type(t).__name__, t.encode(sys.argv[2])]))"
+    )
+    done = _in_a_process(code, tmp_path, str(folder), "the quick brown fox")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ["CustomTokenizerFast", small_bpe.encode("the quick brown fox")]
+    assert marker.exists()
+
+
+def test_a_hub_tokenizer_with_its_own_code_is_refused_from_the_local_cache(small_bpe, tmp_path) -> None:
+    """A hub name is checked the same way, from the tokenizer_config.json the cache holds."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--someorg--custom-tok"
+    snapshot = repo / "snapshots" / commit
+    save_tokenizer(small_bpe, snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit, encoding="utf-8")
+    marker = tmp_path / "imported"
+    with_custom_tokenizer_code(snapshot, marker)
+    code = (
+        "import sys; from resstream.data import load_tokenizer; from resstream.errors import UsageError\n"
+        "for options in ({}, {'trust_remote_code': False}):\n"
+        "    try:\n"
+        "        load_tokenizer('someorg/custom-tok', **options)\n"
+        "    except UsageError as exc:\n"
+        "        print(exc)\n"
+    )
+    done = _in_a_process(code, tmp_path, HF_HUB_CACHE=str(tmp_path / "hub"))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    config = re.escape("its tokenizer_config.json")
+    assert len(lines) == 2, done.stdout
+    assert re.match(_code_refusal("tokenizer 'someorg/custom-tok'", config, NOT_SUPPORTED), lines[0])
+    assert re.match(_code_refusal("tokenizer 'someorg/custom-tok'", config, ONLY_IF_TRUSTED), lines[1])
+    assert not marker.exists()

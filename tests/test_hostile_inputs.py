@@ -550,6 +550,63 @@ STORE_CASES: list[Hostile] = [
 ]
 
 
+# ------------------------------------------------------------------ tokenizers with their own code (issue 21)
+def _tokenizer_with_code(tmp: Path) -> None:
+    """`{tmp}/custom`: a saved BPE whose tokenizer_config.json's auto_map names a class of its own,
+    in a file beside it that writes `{tmp}/imported` if it is ever imported."""
+    from resstream.data import save_tokenizer, train_bpe
+    from tests.test_data_tokenizer import with_custom_tokenizer_code
+
+    save_tokenizer(train_bpe([corpus_text()], 300), tmp / "custom")
+    with_custom_tokenizer_code(tmp / "custom", tmp / "imported")
+
+
+def _hf_model_whose_tokenizer_has_code(tmp: Path) -> None:
+    """`{tmp}/hf`: a tiny Hugging Face GPT-2 whose tokenizer asks for its own class (as above)."""
+    from resstream.data import train_bpe
+    from tests.test_data_tokenizer import with_custom_tokenizer_code
+    from tests.test_models_loading import SENTENCES, _tiny_gpt2
+
+    tokenizer = train_bpe(SENTENCES, vocab_size=300)
+    _tiny_gpt2(len(tokenizer)).save_pretrained(tmp / "hf")
+    tokenizer.save_pretrained(tmp / "hf")
+    with_custom_tokenizer_code(tmp / "hf", tmp / "imported")
+
+
+_NAMES_ITS_CLASS = "custom/tokenizer_config.json' names 'tokenization_custom.CustomTokenizerFast'"
+_NOT_SUPPORTED = "resstream runs no tokenizer's own code when it trains or tokenises"
+TOKENIZER_CASES: list[Hostile] = [
+    Hostile(
+        "train-tokenizer-with-its-own-code",
+        "train --dataset {corpus} {train} --tokenizer {tmp}/custom --out {out}",
+        ("tokenizer directory '", "custom' needs custom code", _NAMES_ITS_CLASS, _NOT_SUPPORTED),
+        setup=_tokenizer_with_code,
+    ),
+    Hostile(
+        "train-tokenizer-json-beside-a-config-with-its-own-code",
+        "train --dataset {corpus} {train} --tokenizer {tmp}/custom/tokenizer.json --out {out}",
+        ("custom/tokenizer.json' needs custom code", _NAMES_ITS_CLASS, _NOT_SUPPORTED),
+        setup=_tokenizer_with_code,
+    ),
+    Hostile(
+        "tokenize-tokenizer-with-its-own-code",
+        "tokenize --dataset {corpus} --tokenizer {tmp}/custom --quiet --out {out}",
+        ("tokenizer directory '", "custom' needs custom code", _NAMES_ITS_CLASS, _NOT_SUPPORTED),
+        setup=_tokenizer_with_code,
+    ),
+    Hostile(
+        "shift-hf-model-tokenizer-with-its-own-code",
+        "shift --model {tmp}/hf --dataset {corpus} --num-seqs 2 --seq-len 8 --quiet --out {out}",
+        (
+            "the tokenizer of model '",
+            "hf/tokenizer_config.json' names 'tokenization_custom.CustomTokenizerFast'",
+            "allowed only with --trust-remote-code, if you trust it",
+        ),
+        setup=_hf_model_whose_tokenizer_has_code,
+    ),
+]
+
+
 # ------------------------------------------------------------------ links planted in a folder (issue 21)
 def _victim(tmp: Path) -> Path:
     """`{tmp}/victim.txt`: a file of someone's that a planted link points at (the test's
@@ -694,7 +751,9 @@ FOLDER_CASES: list[Hostile] = [
 ]
 
 
-CASES = OUTPUT_CASES + CHECKPOINT_CASES + BUDGET_CASES + DATA_CASES + STORE_CASES + FOLDER_CASES
+CASES = (
+    OUTPUT_CASES + CHECKPOINT_CASES + BUDGET_CASES + DATA_CASES + STORE_CASES + TOKENIZER_CASES + FOLDER_CASES
+)
 
 
 def fill(command: str, tmp: Path) -> list[str]:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ import torch
 from resstream.assets import reference_model_dir
 from resstream.errors import UsageError
 from resstream.models import load_model
+from tests.test_data_tokenizer import with_custom_tokenizer_code
 
 SENTENCES = [
     "the residual stream carries the input token forward",
@@ -389,3 +393,52 @@ def test_transformers_reports_are_silenced(tmp_path: Path, gpt2_dir) -> None:
         )
         assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
         assert done.stderr.startswith("resstream: error: "), done.stderr
+
+
+# --------------------------------------------------------------------------- a tokenizer's own code
+
+
+def _with_tokenizer_code(gpt2_dir, target: Path, marker: Path) -> Path:
+    """A copy of the tiny GPT-2 folder whose tokenizer asks for its own class (which writes `marker`)."""
+    shutil.copytree(gpt2_dir[0], target)
+    return with_custom_tokenizer_code(target, marker)
+
+
+def test_a_model_whose_tokenizer_needs_its_own_code_is_refused_without_trust_remote_code(
+    gpt2_dir, tmp_path: Path
+) -> None:
+    """Hugging Face would give the model a plain fast tokenizer in place of its own, silently."""
+    from resstream.models import check_model
+
+    marker = tmp_path / "imported"
+    hf = _with_tokenizer_code(gpt2_dir, tmp_path / "hf", marker)
+    config = re.escape(repr(str(hf / "tokenizer_config.json")))
+    expected = (
+        rf"^the tokenizer of model {re.escape(repr(str(hf)))} needs custom code: the auto_map of "
+        rf"{config} names 'tokenization_custom\.CustomTokenizerFast'; "
+        r"allowed only with `trust_remote_code=True`, if you trust it$"
+    )
+    with pytest.raises(UsageError, match=expected):
+        check_model(str(hf))
+    with pytest.raises(UsageError, match=expected):
+        load_model(str(hf))
+    assert check_model(str(hf), trust_remote_code=True) == 32  # reads JSON only: nothing is imported
+    assert not marker.exists()
+
+
+def test_with_trust_remote_code_shift_runs_with_the_tokenizers_own_class(gpt2_dir, tmp_path: Path) -> None:
+    from tests.test_train import corpus_text
+
+    marker = tmp_path / "imported"
+    hf = _with_tokenizer_code(gpt2_dir, tmp_path / "hf", marker)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus_text(), encoding="utf-8")
+    command = ["shift", "--model", str(hf), "--dataset", str(corpus), "--num-seqs", "2", "--seq-len", "8"]
+    command += ["--quiet", "--out", str(tmp_path / "out"), "--trust-remote-code"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    done = subprocess.run(
+        [sys.executable, "-m", "resstream", *command], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert "needs custom code" not in done.stderr
+    assert done.returncode == 0, done.stderr
+    assert marker.exists() and any((tmp_path / "out").iterdir())

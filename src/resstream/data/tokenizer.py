@@ -13,6 +13,11 @@
 
 Every result is a fast (Rust-backed) `PreTrainedTokenizerFast`.
 
+Custom code: a directory or hub repository whose ``tokenizer_config.json`` has an ``auto_map``
+naming a tokenizer class of its own is refused unless ``trust_remote_code=True``
+(`resstream.data.tokenizer_code`). Hugging Face is always told ``trust_remote_code``
+explicitly, so no code from the folder runs without trust, and it never asks on the terminal.
+
 Note on transformers 5.x: ``GPT2TokenizerFast(vocab_file=..., merges_file=...)`` silently
 builds an empty tokenizer, so GPT-2 is assembled here with the `tokenizers` library and
 wrapped with ``PreTrainedTokenizerFast(tokenizer_object=...)``.
@@ -34,9 +39,17 @@ from typing import TYPE_CHECKING, Any
 from resstream.data.files import Document, check_readable, tokenizer_pieces
 from resstream.data.sources import CorpusStream
 from resstream.data.sources import data_dir as resolve_data_dir
+from resstream.data.tokenizer_code import (
+    TOKENIZER_CONFIG,
+    TokenizerCode,
+    check_tokenizer_code,
+    loaded_without_code,
+    refuse_code_asked_for,
+)
 from resstream.errors import UsageError, short_reason
 from resstream.hub import looks_like_path, offline_reason
 from resstream.io import current_umask
+from resstream.notices import notify
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -53,8 +66,15 @@ def load_tokenizer(
     spec: str,
     *,
     data_dir: str | os.PathLike[str] | None = None,
+    trust_remote_code: bool | None = None,
 ) -> PreTrainedTokenizerFast:
-    """A fast tokenizer from `spec` (see the module docstring); UsageError when none fits."""
+    """A fast tokenizer from `spec` (see the module docstring); UsageError when none fits.
+
+    A tokenizer with its own code (an ``auto_map`` in its tokenizer_config.json) is loaded with
+    that code only when `trust_remote_code` is True. False refuses it, saying it is allowed
+    with ``trust_remote_code=True``; None (the default: a caller that offers no way to trust
+    code, such as training and tokenising a corpus) refuses it as not supported.
+    """
     spec = str(spec).strip()
     if not spec:
         raise UsageError(
@@ -66,12 +86,12 @@ def load_tokenizer(
             return gpt2_from_files(*local)
     path = Path(spec).expanduser()
     if path.is_dir():
-        return _from_directory(path, spec)
+        return _from_directory(path, spec, trust_remote_code)
     if path.is_file():
-        return _from_file(path, spec)
+        return _from_file(path, spec, trust_remote_code)
     if looks_like_path(spec):
         raise UsageError(f"tokenizer {spec!r} not found: no such directory or file")
-    return _from_hub(spec)
+    return _from_hub(spec, trust_remote_code)
 
 
 def gpt2_from_files(
@@ -164,7 +184,8 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, directory: str | os.PathL
     Files are written to a temporary folder first. A new directory is that folder renamed
     into place whole; an existing one gets the files moved in one by one. Either way an
     interrupted save never leaves a half-written file, nor an empty directory that would
-    pass for a saved tokenizer.
+    pass for a saved tokenizer. (A run checks its `tokenizer` folder before it starts:
+    `checkpoint.check_run_folders`.)
     """
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -274,19 +295,23 @@ def _gpt2_files(explicit: str | os.PathLike[str] | None) -> tuple[Path, Path] | 
     return (encoder, merges) if encoder.is_file() and merges.is_file() else None
 
 
-def _from_directory(path: Path, spec: str) -> PreTrainedTokenizerFast:
+def _from_directory(path: Path, spec: str, trust_remote_code: bool | None) -> PreTrainedTokenizerFast:
     from transformers import AutoTokenizer
 
+    what = f"tokenizer directory {spec!r}" if Path(spec).expanduser().is_dir() else f"tokenizer {spec!r}"
+    code = check_tokenizer_code(path, what, trust_remote_code)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code is True)
     except Exception as exc:
+        refuse_code_asked_for(exc, what, trust_remote_code)
         raise UsageError(f"tokenizer directory {spec!r} cannot be loaded: {short_reason(exc)}") from None
+    _say_loaded_without_code(code, what, trust_remote_code)
     return _check_fast(tokenizer, spec)
 
 
-def _from_file(path: Path, spec: str) -> PreTrainedTokenizerFast:
-    if path.name == "tokenizer.json" and (path.parent / "tokenizer_config.json").is_file():
-        return _from_directory(path.parent, spec)
+def _from_file(path: Path, spec: str, trust_remote_code: bool | None) -> PreTrainedTokenizerFast:
+    if path.name == "tokenizer.json" and (path.parent / TOKENIZER_CONFIG).is_file():
+        return _from_directory(path.parent, spec, trust_remote_code)
     from tokenizers import Tokenizer
 
     check_readable(path, "tokenizer file")  # else the parser reports an unreadable file as malformed
@@ -301,13 +326,18 @@ def _from_file(path: Path, spec: str) -> PreTrainedTokenizerFast:
     return _wrap(backend, eos=eos)
 
 
-def _from_hub(spec: str) -> PreTrainedTokenizerFast:
+def _from_hub(spec: str, trust_remote_code: bool | None) -> PreTrainedTokenizerFast:
     from transformers import AutoTokenizer
 
     offline = offline_reason()
+    what = f"tokenizer {spec!r}"
+    code = check_tokenizer_code(spec, what, trust_remote_code, local_only=offline is not None)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(spec, local_files_only=offline is not None)
+        tokenizer = AutoTokenizer.from_pretrained(
+            spec, local_files_only=offline is not None, trust_remote_code=trust_remote_code is True
+        )
     except Exception as exc:
+        refuse_code_asked_for(exc, what, trust_remote_code)
         reason = offline or short_reason(exc)
         if offline:
             reason += "; not in the local Hugging Face cache either"
@@ -315,7 +345,14 @@ def _from_hub(spec: str) -> PreTrainedTokenizerFast:
             f"tokenizer {spec!r} not found: not a local directory or file, and the "
             f"Hugging Face hub could not provide it ({reason})"
         ) from None
+    _say_loaded_without_code(code, what, trust_remote_code)
     return _check_fast(tokenizer, spec)
+
+
+def _say_loaded_without_code(code: TokenizerCode | None, what: str, trust_remote_code: bool | None) -> None:
+    note = loaded_without_code(code, what, trust_remote_code)
+    if note is not None:
+        notify(note)
 
 
 def _check_fast(tokenizer: Any, spec: str) -> PreTrainedTokenizerFast:

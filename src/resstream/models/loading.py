@@ -15,7 +15,9 @@ A model already in memory (a Hugging Face `PreTrainedModel`, resstream's `GPT`, 
 
 Every refusal is a one-line `UsageError` naming the value and what is allowed: a path that
 does not exist or has no config, a model that is not a causal LM, an unsupported family, a
-missing tokenizer, an unknown dtype or device. ``trust_remote_code`` is off unless asked for.
+missing tokenizer, an unknown dtype or device. ``trust_remote_code`` is off unless asked for:
+without it a model whose config.json, or whose tokenizer's tokenizer_config.json, has an
+``auto_map`` naming code it needs is refused, and no code from its folder is run.
 
 ``dtype="auto"`` is float32 on the CPU; on a GPU it is the dtype the checkpoint was saved in
 (resstream's own models: float32). ``device="auto"`` picks CUDA when it is available.
@@ -201,10 +203,11 @@ def check_model(
     device = device_label(device)
     where, name, source = _locate(spec)
     if source in ("local", "hub"):
-        config, _ = _checked_hf_config(where, name, source, trust_remote_code)
+        config, local_only = _checked_hf_config(where, name, source, trust_remote_code)
         _check_hf_sizes(config, _config_source(where, source), dtype, device, device_map)
         if source == "local":
             _check_tokenizer_files(where, name)
+        _check_tokenizer_code(where, name, trust_remote_code, local_only)
         return context_of(config)
     from resstream.training.checkpoint import read_run
 
@@ -287,7 +290,7 @@ def _load_hf(
 
     config, local_only = _checked_hf_config(where, name, source, trust_remote_code)
     _check_hf_sizes(config, _config_source(where, source), dtype, device, device_map)
-    tokenizer = _load_hf_tokenizer(where, name, source)
+    tokenizer = _load_hf_tokenizer(where, name, source, trust_remote_code, local_only)
     if source == "local":
         check_readable(where)
     model = _load_hf_model(where, name, config, dtype, device, device_map, local_only, trust_remote_code)
@@ -466,15 +469,26 @@ def _load_config(where: str, name: str, source: str, local_only: bool, trust_rem
         raise _hf_error(exc, name, source, local_only, "config") from None
 
 
-def _load_hf_tokenizer(where: str, name: str, source: str) -> PreTrainedTokenizerBase:
+def _load_hf_tokenizer(
+    where: str, name: str, source: str, trust_remote_code: bool, local_only: bool
+) -> PreTrainedTokenizerBase:
     from resstream.data import load_tokenizer
 
     if source == "local":
         _check_tokenizer_files(where, name)
+    _check_tokenizer_code(where, name, trust_remote_code, local_only)
     try:
-        return load_tokenizer(where)
+        return load_tokenizer(where, trust_remote_code=trust_remote_code)
     except UsageError as exc:
         raise UsageError(f"model {name!r} has no usable tokenizer: {exc}") from None
+
+
+def _check_tokenizer_code(where: str, name: str, trust_remote_code: bool, local_only: bool) -> None:
+    """Refuse a tokenizer that needs its own code (an auto_map in its tokenizer_config.json)
+    unless `trust_remote_code`, reading that JSON file only (nothing is imported)."""
+    from resstream.data.tokenizer_code import check_tokenizer_code
+
+    check_tokenizer_code(where, f"the tokenizer of model {name!r}", trust_remote_code, local_only=local_only)
 
 
 def _check_tokenizer_files(where: str, name: str) -> None:
