@@ -95,6 +95,11 @@ def kind_of(path: str | os.PathLike[str]) -> str | None:
         return None
 
 
+def is_real_directory(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is a directory itself, not a link to one (which may lead elsewhere)."""
+    return kind_of(path) == "a directory"
+
+
 def _kind_of_mode(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "an unknown kind of file")
 

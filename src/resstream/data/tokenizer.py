@@ -41,15 +41,13 @@ from resstream.data.sources import CorpusStream
 from resstream.data.sources import data_dir as resolve_data_dir
 from resstream.data.tokenizer_code import (
     TOKENIZER_CONFIG,
-    TokenizerCode,
     check_tokenizer_code,
-    loaded_without_code,
     refuse_code_asked_for,
+    say_loaded_without_code,
 )
 from resstream.errors import UsageError, short_reason
 from resstream.hub import looks_like_path, offline_reason
 from resstream.io import current_umask
-from resstream.notices import notify
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -305,7 +303,7 @@ def _from_directory(path: Path, spec: str, trust_remote_code: bool | None) -> Pr
     except Exception as exc:
         refuse_code_asked_for(exc, what, trust_remote_code)
         raise UsageError(f"tokenizer directory {spec!r} cannot be loaded: {short_reason(exc)}") from None
-    _say_loaded_without_code(code, what, trust_remote_code)
+    say_loaded_without_code(code, what, trust_remote_code)
     return _check_fast(tokenizer, spec)
 
 
@@ -345,14 +343,8 @@ def _from_hub(spec: str, trust_remote_code: bool | None) -> PreTrainedTokenizerF
             f"tokenizer {spec!r} not found: not a local directory or file, and the "
             f"Hugging Face hub could not provide it ({reason})"
         ) from None
-    _say_loaded_without_code(code, what, trust_remote_code)
+    say_loaded_without_code(code, what, trust_remote_code)
     return _check_fast(tokenizer, spec)
-
-
-def _say_loaded_without_code(code: TokenizerCode | None, what: str, trust_remote_code: bool | None) -> None:
-    note = loaded_without_code(code, what, trust_remote_code)
-    if note is not None:
-        notify(note)
 
 
 def _check_fast(tokenizer: Any, spec: str) -> PreTrainedTokenizerFast:

@@ -8,7 +8,7 @@ tokenizer, after reading only JSON files (nothing from the folder is imported), 
 caller trusts its code (`trust_remote_code=True`, which is then passed on to Hugging Face).
 
 Two cases load without the code, because it would not run anyway and the tokenizer files are
-the tokenizer (`TokenizerCode.runs` is False, and the loader says so in a notice):
+the tokenizer (`TokenizerCode.runs` is False, and the loader says so in a notice: `say_loaded_without_code`):
 
 * the folder does not hold the module the ``auto_map`` names: Hugging Face copies the
   ``auto_map`` into every tokenizer it saves, such as a run's ``tokenizer/`` folder made from a
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from resstream.errors import UsageError
+from resstream.notices import notify
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 MODEL_CONFIG = "config.json"
@@ -89,12 +90,12 @@ def check_tokenizer_code(
     raise code_refusal(reason, trust_remote_code)
 
 
-def loaded_without_code(code: TokenizerCode | None, what: str, trust_remote_code: bool | None) -> str | None:
-    """The notice for a tokenizer that was loaded without the code its auto_map names (None:
-    there is nothing to say)."""
+def say_loaded_without_code(code: TokenizerCode | None, what: str, trust_remote_code: bool | None) -> None:
+    """Tell the user (`notices.notify`) that the tokenizer `what` was loaded without the code its
+    auto_map names, when it was (nothing to say otherwise)."""
     if code is None or code.runs or trust_remote_code is True:
-        return None
-    return (
+        return
+    notify(
         f"{what}: the auto_map of {code.source} names {code.reference!r}, which was not run "
         f"({code.why_not}); loaded from its tokenizer files"
     )

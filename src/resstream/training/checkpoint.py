@@ -51,6 +51,7 @@ from resstream.io import (
     check_inside,
     file_fingerprint,
     folder_inside,
+    is_real_directory,
     is_temporary_name,
     kind_of,
     write_json,
@@ -301,14 +302,9 @@ def _step_dirs(root: Path) -> dict[int, Path]:
     found = {}
     for path in root.glob("step-*"):
         match = re.fullmatch(r"step-(\d+)", path.name)
-        if match and _is_folder(path):
+        if match and is_real_directory(path):
             found[int(match.group(1))] = path
     return found
-
-
-def _is_folder(path: Path) -> bool:
-    """Whether `path` is a directory itself, not a link to one (which may lead out of the run)."""
-    return kind_of(path) == "a directory"
 
 
 def _prune(root: Path, keep: int) -> None:
@@ -341,7 +337,7 @@ def _remove_hidden_dirs(root: Path) -> None:
 def mark_verified(run_dir: Path, step: int, *, loss: float, grad_norm: float) -> None:
     """Record that the step after checkpoint `step`, computed from its weights, was finite."""
     path = Path(run_dir) / CHECKPOINTS / _step_name(step)
-    if _is_folder(path):
+    if is_real_directory(path):
         write_json(path / VERIFIED, {"step": step + 1, "loss": loss, "grad_norm": grad_norm})
 
 
@@ -349,7 +345,7 @@ def mark_diverged(run_dir: Path, step: int, reason: str) -> CheckpointRef | None
     """Record that the step computed from checkpoint `step`'s weights was not finite (`reason`);
     return the newest good checkpoint, which a resume will continue from (None if there is none)."""
     path = Path(run_dir) / CHECKPOINTS / _step_name(step)
-    if _is_folder(path) and not (path / VERIFIED).exists():
+    if is_real_directory(path) and not (path / VERIFIED).exists():
         write_json(path / DIVERGED, {"step": step + 1, "reason": reason})
     return newest_good_checkpoint(run_dir)
 
@@ -403,15 +399,15 @@ def remove_leftovers(run_dir: Path) -> None:
         if safetensors_tmp or staging:
             rundir.remove_entry(path)
     root = run_dir / CHECKPOINTS
-    if not _is_folder(root):  # a link is never followed (and a run refuses it: `folder_inside`)
+    if not is_real_directory(root):  # a link is never followed (and a run refuses it: `folder_inside`)
         return
     _remove_hidden_dirs(root)
     for path in root.iterdir():
-        if _atomic_tmp(path.name, _CHECKPOINT_FILES) and not _is_folder(path):
+        if _atomic_tmp(path.name, _CHECKPOINT_FILES) and not is_real_directory(path):
             rundir.remove_entry(path)
     for step_dir in _step_dirs(root).values():
         for path in step_dir.iterdir():
-            if _atomic_tmp(path.name, _MARKER_FILES) and not _is_folder(path):
+            if _atomic_tmp(path.name, _MARKER_FILES) and not is_real_directory(path):
                 rundir.remove_entry(path)
 
 

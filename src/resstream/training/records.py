@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from resstream.errors import UsageError, short_reason
-from resstream.io import check_inside, is_plain_name, kind_of
+from resstream.io import check_inside, is_plain_name, is_real_directory
 from resstream.rundir import RUN_FILE
 from resstream.training.metrics import METRICS_FILE, iter_metrics
 
@@ -272,13 +272,13 @@ def _records_from_seed_dir(seed_dir: Path, seed: int) -> list[RunRecord]:
     return [
         record_from_run_dir(d, seed)
         for d in sorted(seed_dir.iterdir())
-        if kind_of(d) == "a directory" and RUN_NAME.match(d.name) and (d / MODEL_META).is_file()
+        if is_real_directory(d) and RUN_NAME.match(d.name) and (d / MODEL_META).is_file()
     ]
 
 
 def _seed_dirs(root: Path) -> list[tuple[Path, int]]:
     """The seed-<s> folders of a sweep directory (a link named like one is not one)."""
-    found = [(d, SEED_DIR.match(d.name)) for d in sorted(root.iterdir()) if kind_of(d) == "a directory"]
+    found = [(d, SEED_DIR.match(d.name)) for d in sorted(root.iterdir()) if is_real_directory(d)]
     return [(d, int(m.group(1))) for d, m in found if m]
 
 
