@@ -20,10 +20,10 @@ from functools import partial
 
 import torch
 
-from resstream.analysis.attribution import Levels, attribute_position
-from resstream.analysis.attribution_corpus import attribute_corpus
-from resstream.analysis.contributions import log_probs_of
-from resstream.analysis.decoding import decoder_of
+from resstream.analysis.attribution.contributions import log_probs_of
+from resstream.analysis.attribution.corpus import attribute_corpus
+from resstream.analysis.attribution.scores import Levels, attribute_position
+from resstream.analysis.decoding.decoder import decoder_of
 from resstream.capture import block_internals
 from resstream.models.adapters import view_of
 

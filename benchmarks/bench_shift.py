@@ -36,7 +36,7 @@ model and inputs, returns freed heap pages to the OS (`malloc_trim`), resets the
 set before the run; median over `--memory-repeats` processes.
 
 Agreement: the per-position top-5 membership of t_i and t_{i+1} at every layer, from resstream's
-exact rank scheme (`resstream.analysis.ranks`, through the accumulator's decoder), against the
+exact rank scheme (`resstream.analysis.decoding.ranks`, through the accumulator's decoder), against the
 fp32 naive version and TransformerLens; disagreements are re-checked against fp64 exact ranks
 (`exact_ranks`).
 
@@ -66,9 +66,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from resstream.analysis.alignment import AlignmentAccumulator, AlignmentResult
-from resstream.analysis.decoding import decoder_of
-from resstream.analysis.ranks import exact_ranks
+from resstream.analysis.decoding.decoder import decoder_of
+from resstream.analysis.decoding.ranks import exact_ranks
+from resstream.analysis.shift.alignment import AlignmentAccumulator, AlignmentResult
 from resstream.capture import residual_states
 from resstream.models.adapters.base import ModelView
 from resstream.models.adapters.registry import view_of

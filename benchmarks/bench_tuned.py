@@ -121,8 +121,8 @@ def main() -> None:
     parser.add_argument("--tuned-lens-python", default=None, help="a Python with the tuned-lens package")
     args = parser.parse_args()
 
-    from resstream.analysis.lens_training import LensOptimiser
-    from resstream.analysis.tuned_lens import TunedLens
+    from resstream.analysis.decoding.lens_training import LensOptimiser
+    from resstream.analysis.decoding.tuned_lens import TunedLens
     from resstream.api.tune_lens import LensTrainer
     from resstream.models.adapters import view_of
 

@@ -1,4 +1,4 @@
-"""Tests of the alignment metrics (resstream.analysis.alignment) and their CI helpers.
+"""Tests of the alignment metrics (resstream.analysis.shift.alignment) and their CI helpers.
 
 The toy model at the top is small enough to check every number by hand; the invariants
 compare the streamed metrics with the textbook definition (tests/test_ranks.py holds the
@@ -13,9 +13,9 @@ import math
 import pytest
 import torch
 
-from resstream.analysis.alignment import AlignmentAccumulator, AlignmentResult, shift_layer_from_rates
-from resstream.analysis.decoding import Decoder, decoder_of
-from resstream.analysis.ranks import exact_ranks, fast_ranks
+from resstream.analysis.decoding.decoder import Decoder, decoder_of
+from resstream.analysis.decoding.ranks import exact_ranks, fast_ranks
+from resstream.analysis.shift.alignment import AlignmentAccumulator, AlignmentResult, shift_layer_from_rates
 from resstream.analysis.stats import cluster_ratio_ci, t_quantile
 
 S2, S3, S5 = math.sqrt(2), math.sqrt(3), math.sqrt(5)

@@ -8,10 +8,10 @@ from functools import partial
 import pytest
 import torch
 
-from resstream.analysis.attribution import Levels, attribute_position
-from resstream.analysis.attribution_corpus import attribute_corpus
-from resstream.analysis.decoding import decoder_of
-from resstream.analysis.decomposition import residual_points
+from resstream.analysis.attribution.corpus import attribute_corpus
+from resstream.analysis.attribution.decomposition import residual_points
+from resstream.analysis.attribution.scores import Levels, attribute_position
+from resstream.analysis.decoding.decoder import decoder_of
 from resstream.analysis.norms import norm_form
 from resstream.capture import block_internals
 from resstream.models.adapters import view_of

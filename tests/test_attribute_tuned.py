@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import resstream
-from resstream.analysis.tuned_lens import TunedLens
+from resstream.analysis.decoding.tuned_lens import TunedLens
 from resstream.cli.main import main
 from resstream.models import load_model
 from tests.cli_support import expect_usage_error

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from resstream.analysis.attribution import readouts
-from resstream.analysis.decoding import decoder_of
-from resstream.analysis.decomposition import KINDS, decompose
+from resstream.analysis.attribution.decomposition import KINDS, decompose
+from resstream.analysis.attribution.scores import readouts
+from resstream.analysis.decoding.decoder import decoder_of
 from resstream.analysis.norms import norm_form
 from resstream.capture import block_internals
 from resstream.models.adapters import view_of

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from resstream.analysis.tuned_lens import TunedLens, load_lens
+from resstream.analysis.decoding.tuned_lens import TunedLens, load_lens
 from resstream.cli.main import main
 from tests.cli_support import assert_complete_files, expect_usage_error
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import resstream
-from resstream.analysis.composition import (
+from resstream.analysis.circuits.composition import (
     KINDS,
     composition,
     pair_scores,

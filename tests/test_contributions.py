@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from resstream.analysis.contributions import log_probs_of
-from resstream.analysis.decoding import Decoder, decoder_of
+from resstream.analysis.attribution.contributions import log_probs_of
+from resstream.analysis.decoding.decoder import Decoder, decoder_of
 from resstream.models.adapters import view_of
 from tests.test_models_adapters import ALL_CASES, tiny_model
 

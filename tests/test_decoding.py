@@ -1,4 +1,4 @@
-"""The one decoder (resstream.analysis.decoding): what it says it applies, and its fast and exact
+"""The one decoder (resstream.analysis.decoding.decoder): what it says it applies, and its fast and exact
 evaluations of the same scores."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from resstream.analysis.decoding import Decoder, decoder_of
+from resstream.analysis.decoding.decoder import Decoder, decoder_of
 from resstream.errors import UsageError
 from resstream.models import load_model
 

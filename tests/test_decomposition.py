@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from resstream.analysis.decomposition import KINDS, decompose, point_count, point_name
+from resstream.analysis.attribution.decomposition import KINDS, decompose, point_count, point_name
 from resstream.capture import block_internals, record
 from resstream.models.adapters import view_of
 from tests.test_models_adapters import ALL_CASES, SEQ, tiny_ids, tiny_model

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from resstream.analysis.decoding import Decoder
-from resstream.analysis.lens import LayerRange, merge_ranges, token_probabilities, trajectories
+from resstream.analysis.decoding.decoder import Decoder
+from resstream.analysis.shift.lens import LayerRange, merge_ranges, token_probabilities, trajectories
 
 
 def test_merge_ranges():
@@ -169,7 +169,7 @@ def test_the_api_docstring_names_only_what_a_user_can_reach():
     import re
 
     import resstream
-    from resstream.analysis.lens import LensResult, PositionTrajectory
+    from resstream.analysis.shift.lens import LensResult, PositionTrajectory
 
     reachable = set(inspect.signature(resstream.lens).parameters) | {"LensResult"}
     for kind in (LensResult, PositionTrajectory):

@@ -1,4 +1,4 @@
-"""Training and evaluating tuned-lens translators (resstream.analysis.lens_training and
+"""Training and evaluating tuned-lens translators (resstream.analysis.decoding.lens_training and
 `resstream.tune_lens` / `resstream.evaluate_lens`).
 
 Spec (issue 12): the loss is Σ_l mean KL(final distribution ‖ lens distribution) over layers
@@ -22,9 +22,9 @@ import torch
 from torch import nn
 
 import resstream
-from resstream.analysis.decoding import decoder_of
-from resstream.analysis.lens_training import LayerSums, LensEvaluation, LensObjective, LensOptimiser
-from resstream.analysis.tuned_lens import Translators, TunedLens, load_lens
+from resstream.analysis.decoding.decoder import decoder_of
+from resstream.analysis.decoding.lens_training import LayerSums, LensEvaluation, LensObjective, LensOptimiser
+from resstream.analysis.decoding.tuned_lens import Translators, TunedLens, load_lens
 from resstream.errors import UsageError
 from resstream.models.adapters import view_of
 from tests.test_models_adapters import tiny_model

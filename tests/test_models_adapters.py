@@ -7,7 +7,7 @@ from functools import cache
 import pytest
 import torch
 
-from resstream.analysis.decoding import decoder_of
+from resstream.analysis.decoding.decoder import decoder_of
 from resstream.capture import residual_states
 from resstream.errors import UsageError
 from resstream.models.adapters import ModelView, register, supported_families, view_of

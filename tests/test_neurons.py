@@ -11,14 +11,14 @@ import torch
 from torch import nn
 
 import resstream
-from resstream.analysis.decoding import Decoder, decoder_of
-from resstream.analysis.neurons import (
+from resstream.analysis.circuits.neurons import (
     TopActivations,
     promoted_tokens,
     rank_neurons,
     top_activations,
     value_logits,
 )
+from resstream.analysis.decoding.decoder import Decoder, decoder_of
 from resstream.api.neurons import layer_coefficients
 from resstream.capture import record
 from resstream.data.sampling import SequenceSample
@@ -313,8 +313,8 @@ def test_added_values_point_where_the_write_reaches_the_final_norm(case: str) ->
     positive multiple of `added_values` — with the norms' gains randomised so they matter."""
     import copy
 
-    from resstream.analysis.decomposition import decompose
-    from resstream.analysis.neurons import added_values
+    from resstream.analysis.attribution.decomposition import decompose
+    from resstream.analysis.circuits.neurons import added_values
     from resstream.capture import block_internals
 
     model = copy.deepcopy(tiny_model(case))

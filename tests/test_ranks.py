@@ -1,4 +1,4 @@
-"""The exact rank engine (resstream.analysis.ranks): the fast screened scheme against the fp64
+"""The exact rank engine (resstream.analysis.decoding.ranks): the fast screened scheme against the fp64
 reference at GPT-2 scale and on near ties, its error bound entry by entry, and exact top-k
 lists against a brute-force sort."""
 
@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from resstream.analysis.ranks import RankScreen, exact_ranks, fast_ranks
+from resstream.analysis.decoding.ranks import RankScreen, exact_ranks, fast_ranks
 
 
 def gpt2_like(n=256, vocab=50257, d=768, seed=0):

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from resstream.analysis.recency import RecencyAccumulator, distance_profile
+from resstream.analysis.recency.measured import RecencyAccumulator, distance_profile
 from resstream.capture import attention_probs
 from resstream.models.adapters import view_of
 from tests.test_models_adapters import tiny_ids, tiny_model

@@ -10,8 +10,8 @@ from html.parser import HTMLParser
 
 import pytest
 
-from resstream.analysis.alignment import AlignmentResult
-from resstream.analysis.lens import LensResult, PositionTrajectory
+from resstream.analysis.shift.alignment import AlignmentResult
+from resstream.analysis.shift.lens import LensResult, PositionTrajectory
 from resstream.cli.main import main
 from resstream.errors import UsageError
 from resstream.reporting import report as rp

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from matplotlib.image import imread
 
-from resstream.analysis.attribution_results import (
+from resstream.analysis.attribution.results import (
     AttributeResult,
     AttributionCheck,
     CorpusAttribution,

@@ -8,8 +8,8 @@ from html.parser import HTMLParser
 import torch
 from matplotlib.image import imread
 
-from resstream.analysis.decoding import Decoder
-from resstream.analysis.lens import trajectories
+from resstream.analysis.decoding.decoder import Decoder
+from resstream.analysis.shift.lens import trajectories
 from resstream.reporting.lens import (
     POSITIONS_PER_IMAGE,
     lens_figure,

@@ -1,4 +1,4 @@
-"""Tuned-lens translators (resstream.analysis.tuned_lens) and the `tuned` decoder kind.
+"""Tuned-lens translators (resstream.analysis.decoding.tuned_lens) and the `tuned` decoder kind.
 
 Spec (issue 12): one affine translator per layer 0..L−1, h ↦ h + A_l h + b_l, the last layer's
 the identity; A and b start at zero, so an untrained lens IS the logit lens, bit for bit (in
@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import resstream
-from resstream.analysis.decoding import decoder_of
-from resstream.analysis.tuned_lens import FORMAT, Translators, TunedLens, load_lens, model_signature
+from resstream.analysis.decoding.decoder import decoder_of
+from resstream.analysis.decoding.tuned_lens import FORMAT, Translators, TunedLens, load_lens, model_signature
 from resstream.api.decoders import decoder_spec, decoder_specs
 from resstream.capture import residual_states
 from resstream.errors import UsageError
@@ -433,7 +433,7 @@ def test_signature_reads_the_last_element_of_a_tensor_longer_than_float32_counts
     # last index of GPT-2's 38,597,376-element embedding and crashed
     from types import SimpleNamespace
 
-    from resstream.analysis.tuned_lens import model_signature
+    from resstream.analysis.decoding.tuned_lens import model_signature
 
     big = torch.nn.Module()
     big.weight = torch.nn.Parameter(torch.zeros(2**24 + 5), requires_grad=False)

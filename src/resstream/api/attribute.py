@@ -2,8 +2,8 @@
 
 One text (`text` or `text_file`): the prediction at `position` (default: the last) of
 `target` (default: the model's own top prediction there), attributed to layers, heads,
-attention sources and FFN neurons (`analysis.attribution`). A corpus (`dataset`): every
-position's next token is the target, means over sequences (`analysis.attribution_corpus`).
+attention sources and FFN neurons (`analysis.attribution.scores`). A corpus (`dataset`): every
+position's next token is the target, means over sequences (`analysis.attribution.corpus`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
-from resstream.analysis.attribution import Levels, attribute_position, decoder_trajectory
-from resstream.analysis.attribution_corpus import attribute_corpus
-from resstream.analysis.attribution_results import AttributeResult, CorpusAttribution
-from resstream.analysis.decoding import Decoder, decoder_of
-from resstream.analysis.neurons import added_values, promoted_tokens
+from resstream.analysis.attribution.corpus import attribute_corpus
+from resstream.analysis.attribution.results import AttributeResult, CorpusAttribution
+from resstream.analysis.attribution.scores import Levels, attribute_position, decoder_trajectory
+from resstream.analysis.circuits.neurons import added_values, promoted_tokens
+from resstream.analysis.decoding.decoder import Decoder, decoder_of
 from resstream.api.decoders import DecoderLike, decoder_spec
 from resstream.api.inputs import (
     CorpusRequest,

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from resstream.analysis.composition import BASELINE_SAMPLES, BASELINE_SEED, CompositionResult, check_samples
-from resstream.analysis.composition import composition as composition_scores
+from resstream.analysis.circuits.composition import (
+    BASELINE_SAMPLES,
+    BASELINE_SEED,
+    CompositionResult,
+    check_samples,
+)
+from resstream.analysis.circuits.composition import composition as composition_scores
 from resstream.api.inputs import LoadOptions, one_model
 from resstream.models import ModelLike
 
@@ -20,7 +25,7 @@ def composition(
     progress: bool = True,
 ) -> CompositionResult:
     """How much every later head reads what every earlier head writes, from the weights alone
-    (Elhage et al. 2021; formulas in `resstream.analysis.composition` and docs/attribution.md).
+    (Elhage et al. 2021; formulas in `resstream.analysis.circuits.composition` and docs/attribution.md).
 
     `model` is a spec (loaded with `dtype`, `device`, `device_map`, `trust_remote_code`; None:
     the built-in reference model) or a model in memory (no tokenizer needed), as for

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from resstream.analysis.decoding import Decoder, DecoderKind, decoder_of
-from resstream.analysis.tuned_lens import TunedLens, load_lens
+from resstream.analysis.decoding.decoder import Decoder, DecoderKind, decoder_of
+from resstream.analysis.decoding.tuned_lens import TunedLens, load_lens
 from resstream.errors import UsageError, closest
 from resstream.models import ModelView
 

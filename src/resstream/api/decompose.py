@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from resstream.analysis.decomposition import decompose as decompose_state
-from resstream.analysis.decomposition import point_count, point_name
+from resstream.analysis.attribution.decomposition import decompose as decompose_state
+from resstream.analysis.attribution.decomposition import point_count, point_name
 from resstream.api.attribute import position_in
 from resstream.api.inputs import LoadOptions, encode_text, one_model, text_of
 from resstream.capture import block_internals

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from resstream.analysis.lens import LensResult, trajectories
+from resstream.analysis.shift.lens import LensResult, trajectories
 from resstream.api.decoders import DecoderLike, decoder_spec
 from resstream.api.inputs import LoadOptions, check_top_k, encode_text, one_model, text_of
 from resstream.capture import residual_states

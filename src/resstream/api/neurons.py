@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from resstream.analysis.decoding import decoder_of
-from resstream.analysis.neurons import (
+from resstream.analysis.circuits.neurons import (
     DEFAULT_WINDOW,
     RANK_RULE,
     VALUE_RULE,
@@ -22,6 +21,7 @@ from resstream.analysis.neurons import (
     promoted_tokens,
     top_activations,
 )
+from resstream.analysis.decoding.decoder import decoder_of
 from resstream.api.inputs import (
     CorpusRequest,
     LoadOptions,
@@ -71,7 +71,7 @@ def neurons(
     Give the `neurons` (indices 0..d_ff−1) or `top` = N: the N neurons of the layer with the
     largest activation over the corpus. For each neuron: the `value_tokens` tokens its value
     vector W_out[k] promotes and suppresses most, read through the final norm's gain
-    (`resstream.analysis.neurons.value_logits`), and its `contexts` largest coefficients m_k
+    (`resstream.analysis.circuits.neurons.value_logits`), and its `contexts` largest coefficients m_k
     over the corpus with the `window` tokens before each. The corpus is sampled as for
     `resstream.shift` (`num_seqs` windows of `seq_len` tokens of `dataset` with `seed`, or
     a `.jsonl` of input_ids rows used as given); `model` is a spec or a model in memory with

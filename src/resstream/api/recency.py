@@ -8,7 +8,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from resstream.analysis.recency import RecencyAccumulator, RecencyResult
+from resstream.analysis.recency.measured import RecencyAccumulator, RecencyResult
 from resstream.api.inputs import CorpusRequest, LoadOptions, check_batch_size, each_batch, each_model
 from resstream.capture import attention_probs
 from resstream.data.sampling import SequenceSample
@@ -68,7 +68,7 @@ def recency(
     sequences must have one length: pinned rows of different lengths are refused); `seq_len`
     None means 64 tokens, clipped to the shortest model context as `resstream.shift` clips.
     Each sequence is one sample of the statistics, so the verdicts are the simulation's
-    (`resstream.analysis.recency`); `threshold` is the z-score a verdict needs.
+    (`resstream.analysis.recency.measured`); `threshold` is the z-score a verdict needs.
     """
     if not threshold > 0:
         raise UsageError(f"`threshold` {threshold} must be > 0 (standard errors)")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from resstream.analysis.alignment import AlignmentAccumulator, AlignmentResult
+from resstream.analysis.shift.alignment import AlignmentAccumulator, AlignmentResult
 from resstream.api.decoders import DecoderLike, DecoderSpec, decoder_specs
 from resstream.api.inputs import (
     CorpusRequest,

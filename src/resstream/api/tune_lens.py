@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm.auto import tqdm
 
-from resstream.analysis.lens_training import LayerSums, LensEvaluation, LensObjective, LensOptimiser
-from resstream.analysis.tuned_lens import TunedLens, load_lens
+from resstream.analysis.decoding.lens_training import LayerSums, LensEvaluation, LensObjective, LensOptimiser
+from resstream.analysis.decoding.tuned_lens import TunedLens, load_lens
 from resstream.api.inputs import (
     CorpusRequest,
     LoadOptions,

@@ -17,7 +17,7 @@ block and records, per block (`BlockInternals`, tensors (batch, seq, ...)):
   from `capture.attention_rows` (a second forward: fused kernels do not return them); with
   `attention=[positions]` only those query rows, cut layer by layer as the forward goes.
 
-Nothing is computed here beyond what the model computes; `analysis.decomposition` turns the
+Nothing is computed here beyond what the model computes; `analysis.attribution.decomposition` turns the
 records into components. The record types live with the view they describe
 (`models.adapters.base`), so analysis reads them without depending on the hooks. Tensors are
 normal (non-inference) float tensors in the model's dtype; hooks are removed also when the

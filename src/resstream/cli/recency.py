@@ -27,7 +27,7 @@ from resstream.cli.common import (
 from resstream.cli.flags import cli_message
 
 if TYPE_CHECKING:
-    from resstream.analysis.recency import RecencyResult
+    from resstream.analysis.recency.measured import RecencyResult
 
 
 def recency(

@@ -19,7 +19,7 @@ from resstream.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from resstream.analysis.lens_training import LensEvaluation
+    from resstream.analysis.decoding.lens_training import LensEvaluation
 
 #: The API's defaults (`resstream.api.tune_lens`; a test checks they agree).
 DEFAULT_STEPS = 250
@@ -71,8 +71,8 @@ def tune_lens(
 ) -> None:
     """Train one affine translator per layer (a tuned lens) and compare it with the logit lens."""
     import resstream
-    from resstream.analysis.lens_training import LensOptimiser
-    from resstream.analysis.tuned_lens import load_lens
+    from resstream.analysis.decoding.lens_training import LensOptimiser
+    from resstream.analysis.decoding.tuned_lens import load_lens
     from resstream.io import run_record, write_json, write_text
     from resstream.reporting.tuned_lens import evaluation_csv, plot_bits_per_layer, plot_training
     from resstream.rundir import output_set

@@ -33,7 +33,7 @@ from matplotlib.axis import Axis
 from matplotlib.figure import Figure
 from matplotlib.transforms import blended_transform_factory
 
-from resstream.analysis.attribution_results import (
+from resstream.analysis.attribution.results import (
     AttributeResult,
     AttributionCheck,
     CorpusAttribution,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from resstream.analysis.composition import KIND_NAMES, KINDS, CompositionResult, HeadPair, Kind
+from resstream.analysis.circuits.composition import KIND_NAMES, KINDS, CompositionResult, HeadPair, Kind
 from resstream.reporting.csvs import csv_text
 from resstream.reporting.figures import new_figure, save_figure
 

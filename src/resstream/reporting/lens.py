@@ -17,7 +17,7 @@ import typer
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from resstream.analysis.lens import LensResult, PositionTrajectory
+from resstream.analysis.shift.lens import LensResult, PositionTrajectory
 from resstream.io import write_text
 from resstream.reporting.figures import INPUT_TOKEN, NEXT_TOKEN, new_figure, save_figure
 from resstream.reporting.text import probability_text, show_token

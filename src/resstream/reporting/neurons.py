@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
-from resstream.analysis.neurons import Context, NeuronReport, NeuronsResult
+from resstream.analysis.circuits.neurons import Context, NeuronReport, NeuronsResult
 from resstream.io import write_text
 from resstream.reporting.csvs import csv_text
 from resstream.reporting.figures import new_figure, save_figure

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resstream.analysis.alignment import AlignmentResult
-from resstream.analysis.lens import LensResult, merge_ranges
+from resstream.analysis.shift.alignment import AlignmentResult
+from resstream.analysis.shift.lens import LensResult, merge_ranges
 from resstream.errors import UsageError
 from resstream.io import write_text
 from resstream.reporting.figures import figure_png

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from resstream.analysis.alignment import AlignmentResult
+from resstream.analysis.shift.alignment import AlignmentResult
 from resstream.reporting.csvs import csv_text
 from resstream.reporting.figures import INPUT_TOKEN, NEXT_TOKEN, integer_ticks, new_figure, save_figure
 

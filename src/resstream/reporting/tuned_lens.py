@@ -12,7 +12,7 @@ from pathlib import Path
 
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from resstream.analysis.lens_training import LensEvaluation
+from resstream.analysis.decoding.lens_training import LensEvaluation
 from resstream.reporting.csvs import csv_text
 from resstream.reporting.figures import integer_ticks, new_figure, save_figure
 

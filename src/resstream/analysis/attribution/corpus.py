@@ -26,17 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from resstream.analysis.attribution import actual_logits, readouts
-from resstream.analysis.attribution_results import (
-    AttributionCheck,
-    CorpusAttribution,
-    HeadSummary,
-    LayerSummary,
-    NeuronSummary,
-)
-from resstream.analysis.contributions import LogProbs, log_probs_of
-from resstream.analysis.decoding import Decoder
-from resstream.analysis.decomposition import (
+from resstream.analysis.attribution.contributions import LogProbs, log_probs_of
+from resstream.analysis.attribution.decomposition import (
     KINDS,
     attention_base,
     decompose,
@@ -45,6 +36,15 @@ from resstream.analysis.decomposition import (
     residual_points,
     sublayer_writes,
 )
+from resstream.analysis.attribution.results import (
+    AttributionCheck,
+    CorpusAttribution,
+    HeadSummary,
+    LayerSummary,
+    NeuronSummary,
+)
+from resstream.analysis.attribution.scores import actual_logits, readouts
+from resstream.analysis.decoding.decoder import Decoder
 from resstream.models.adapters.base import Internals, ModelView
 from resstream.simulation.intervals import Estimate, mean_interval
 

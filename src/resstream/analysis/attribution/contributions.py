@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from resstream.analysis.decoding import Decoder
+from resstream.analysis.decoding.decoder import Decoder
 from resstream.analysis.norms import NormForm, norm_form
 
 #: Bytes of (states × vocabulary) scores computed at once.

@@ -22,21 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from resstream.analysis.attribution_results import (
-    AttributeResult,
-    AttributionCheck,
-    HeadAttribution,
-    LayerAttribution,
-    LinearityCheck,
-    NeuronAttribution,
-    QueryContribution,
-    QueryShare,
-    SourceAttribution,
-    TrajectoryPoint,
-)
-from resstream.analysis.contributions import LogProbs, log_probs_of
-from resstream.analysis.decoding import Decoder
-from resstream.analysis.decomposition import (
+from resstream.analysis.attribution.contributions import LogProbs, log_probs_of
+from resstream.analysis.attribution.decomposition import (
     KINDS,
     Decomposition,
     after_attention,
@@ -50,6 +37,19 @@ from resstream.analysis.decomposition import (
     source_terms,
     sublayer_writes,
 )
+from resstream.analysis.attribution.results import (
+    AttributeResult,
+    AttributionCheck,
+    HeadAttribution,
+    LayerAttribution,
+    LinearityCheck,
+    NeuronAttribution,
+    QueryContribution,
+    QueryShare,
+    SourceAttribution,
+    TrajectoryPoint,
+)
+from resstream.analysis.decoding.decoder import Decoder
 from resstream.analysis.norms import NormForm, norm_form
 from resstream.models.adapters.base import Internals, ModelView
 

@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
+from resstream.analysis.decoding.tuned_lens import Translators
 from resstream.analysis.norms import norm_form
-from resstream.analysis.tuned_lens import Translators
 from resstream.io import jsonable
 from resstream.models.adapters.base import ModelView
 

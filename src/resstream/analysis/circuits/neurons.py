@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from resstream.analysis.decoding import Decoder
+from resstream.analysis.decoding.decoder import Decoder
 from resstream.analysis.norms import NormForm, norm_form
 from resstream.errors import RunError
 from resstream.models.adapters.base import ModelView

@@ -1,7 +1,7 @@
 """Decoding trajectories: what each layer's residual state decodes to, position by position.
 
 For every scored position i and every depth l = 0..L, the top-k token ids of the decoder's
-scores of h_l(i) (`resstream.analysis.decoding`: the logit lens or the embedding decoder),
+scores of h_l(i) (`resstream.analysis.decoding.decoder`: the logit lens or the embedding decoder),
 exact and ordered by score with ties broken by the lower id, and the exact ranks of the input
 token t_i and of the next token t_{i+1} — the ranks `shift` counts, so a rank below k here is
 a top-k hit there. Each of these tokens also gets its probability: the softmax of the same
@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from resstream.analysis.decoding import Decoder, ExactScorer, NonFiniteInputs
-from resstream.analysis.ranks import DEFAULT_CHUNK_BYTES
+from resstream.analysis.decoding.decoder import Decoder, ExactScorer, NonFiniteInputs
+from resstream.analysis.decoding.ranks import DEFAULT_CHUNK_BYTES
 
 
 @dataclass(frozen=True)

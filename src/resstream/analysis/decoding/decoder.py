@@ -8,14 +8,14 @@ Every command decodes through a `Decoder` built from a model's `ModelView`:
 * ``embedding``: scores(h) = W_E · h, no norm, no bias.
 * ``tuned``: the logit lens applied to a translated state, scores_l(h) = W_U ·
   final_norm(h + A_l h + b_l) (+ b_U), with one trained affine translator per layer
-  (`resstream.analysis.tuned_lens`). The translator depends on the layer, so a tuned decoder
+  (`resstream.analysis.decoding.tuned_lens`). The translator depends on the layer, so a tuned decoder
   decodes one layer's states at a time: `decoder.at(layer)` is the decoder of layer l (for the
   other kinds, `at` returns the decoder itself). Zero translators give the logit lens exactly.
 
 Two evaluations of the same definition:
 
 * exact (`Decoder.exact()` → `ExactScorer`: `ranks`, `top_k`, `scores`): ranks and top-k
-  lists from scores evaluated exactly in float64 (`resstream.analysis.ranks`), independent of
+  lists from scores evaluated exactly in float64 (`resstream.analysis.decoding.ranks`), independent of
   BLAS kernels, batch shapes and devices. Soft-capping is strictly increasing, so it changes
   no rank in exact arithmetic and is not applied here (in floating point, tanh can round two
   different scores to one, which would invent ties). `shift`'s match rates and `lens`'s
@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor
 
-from resstream.analysis.ranks import DEFAULT_CHUNK_BYTES, LowPrecision, RankScreen, check_matrix
+from resstream.analysis.decoding.ranks import DEFAULT_CHUNK_BYTES, LowPrecision, RankScreen, check_matrix
 from resstream.errors import RunError, check_choice
 from resstream.models.adapters.base import ModelView
 
 if TYPE_CHECKING:
-    from resstream.analysis.tuned_lens import TunedLens
+    from resstream.analysis.decoding.tuned_lens import TunedLens
 
 DecoderKind = Literal["logit-lens", "embedding", "tuned"]
 DECODERS: tuple[DecoderKind, ...] = ("logit-lens", "embedding", "tuned")
@@ -192,7 +192,9 @@ def decoder_of(
         return Decoder("embedding", view.W_E.detach(), tied=view.tied)
     if kind == "tuned":
         if lens is None:
-            raise ValueError("the tuned decoder needs a lens (resstream.analysis.tuned_lens.load_lens)")
+            raise ValueError(
+                "the tuned decoder needs a lens (resstream.analysis.decoding.tuned_lens.load_lens)"
+            )
         lens.check_model(view, source=source)
         lens.translators.to(view.W_U.device)
     return Decoder(

@@ -5,11 +5,11 @@ fed batch by batch (`AlignmentAccumulator.update`), each batch layer by layer an
 positions, so the layers × batch × positions × vocab logits tensor is never built and no
 softmax is computed. For positions i = 0..T−2 of every sequence (t_{i+1} is the target):
 
-* scores_l(i): the decoder's scores of h_l(i) (`resstream.analysis.decoding`: the logit lens
+* scores_l(i): the decoder's scores of h_l(i) (`resstream.analysis.decoding.decoder`: the logit lens
   W_U · final_norm(h) (+ b_U), or the embedding decoder W_E · h), evaluated exactly.
 * rank of a token t = the number of vocabulary entries whose score is *strictly* greater than
   the score of t; t ∈ top-k  ⇔  rank < k (ties are therefore inclusive; exact ranks come from
-  `resstream.analysis.ranks`).
+  `resstream.analysis.decoding.ranks`).
   ``in_match_l = mean 1[t_i ∈ top-k]``, ``out_match_l = mean 1[t_{i+1} ∈ top-k]``.
 * ``cos_in_l = mean cos(h_l(i), W_E[t_i])``, ``cos_out_l = mean cos(h_l(i), W_U[t_{i+1}])``
   (on the raw state, before any norm; a zero vector has cosine 0).
@@ -34,8 +34,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from resstream.analysis.decoding import Decoder, NonFiniteInputs
-from resstream.analysis.ranks import DEFAULT_CHUNK_BYTES, LowPrecision, check_ids, check_matrix
+from resstream.analysis.decoding.decoder import Decoder, NonFiniteInputs
+from resstream.analysis.decoding.ranks import DEFAULT_CHUNK_BYTES, LowPrecision, check_ids, check_matrix
 from resstream.analysis.stats import cluster_ratio, cluster_ratio_ci
 from resstream.io import jsonable
 

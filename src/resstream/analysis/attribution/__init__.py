@@ -1,0 +1,22 @@
+"""Who wrote the prediction? (question 2)
+
+- `decomposition`: the residual stream as an exact sum of named components.
+- `contributions`: log-probability contribution scores of added vectors.
+- `scores`: direct logit attribution and the attribution of one prediction.
+- `corpus`: the same over a corpus, every position's next token the target.
+- `results`: the frozen results (`AttributeResult`, `CorpusAttribution`).
+"""
+
+from resstream.analysis.attribution.corpus import attribute_corpus
+from resstream.analysis.attribution.decomposition import Decomposition, decompose
+from resstream.analysis.attribution.results import AttributeResult, CorpusAttribution
+from resstream.analysis.attribution.scores import attribute_position
+
+__all__ = [
+    "AttributeResult",
+    "CorpusAttribution",
+    "Decomposition",
+    "attribute_corpus",
+    "attribute_position",
+    "decompose",
+]
