@@ -157,7 +157,9 @@ def test_api_refuses_device_map_and_skips_the_neuron_pass(tmp_path: Path) -> Non
         resstream.attribute(TEXT, device_map="auto", progress=False)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("The king said that the queen was there, and the prince went home. " * 40)
-    result = resstream.attribute(dataset=str(corpus), num_seqs=2, seq_len=10, neurons=False, progress=False)
+    result = resstream.attribute_corpus(
+        dataset=str(corpus), num_seqs=2, seq_len=10, neurons=False, progress=False
+    )
     assert result.neurons == () and "not scored" in result.neuron_rule and len(result.heads) == 24
 
 

@@ -1,9 +1,10 @@
 """resstream: the residual stream of causal Transformer language models.
 
-`resstream.shift`, `.lens`, `.attribute`, `.decompose`, `.neurons`, `.composition`, `.recency`,
-`.simulate`, `.tune_lens`, `.evaluate_lens` and `.evaluate_model` are the Python API (each in the
-module of its name under `resstream.api`; `evaluate_lens` beside `tune_lens`, `evaluate_model` in
-`api.evaluate`), imported on first use (torch is heavy).
+`resstream.shift`, `.lens`, `.attribute`, `.attribute_corpus`, `.decompose`, `.neurons`,
+`.composition`, `.recency`, `.simulate`, `.tune_lens`, `.evaluate_lens` and `.evaluate_model`
+are the Python API (each in the module of its name under `resstream.api`; `attribute_corpus`
+beside `attribute`, `evaluate_lens` beside `tune_lens`, `evaluate_model` in `api.evaluate`),
+imported on first use (torch is heavy).
 """
 
 import importlib as _importlib
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 __version__ = "0.1.0"
 
 if _TYPE_CHECKING:
-    from resstream.api.attribute import attribute
+    from resstream.api.attribute import attribute, attribute_corpus
     from resstream.api.composition import composition
     from resstream.api.decompose import decompose
     from resstream.api.evaluate import evaluate_model
@@ -25,6 +26,7 @@ if _TYPE_CHECKING:
 
 __all__ = [
     "attribute",
+    "attribute_corpus",
     "composition",
     "decompose",
     "evaluate_lens",
@@ -37,7 +39,7 @@ __all__ = [
     "tune_lens",
 ]
 #: API functions defined in a module of another name.
-_MODULE_OF = {"evaluate_lens": "tune_lens", "evaluate_model": "evaluate"}
+_MODULE_OF = {"attribute_corpus": "attribute", "evaluate_lens": "tune_lens", "evaluate_model": "evaluate"}
 
 
 def __getattr__(name: str):

@@ -1,23 +1,24 @@
-"""`resstream.attribute(...)`: who wrote a predicted token into the residual stream.
+"""`resstream.attribute(...)` and `resstream.attribute_corpus(...)`: who wrote a predicted token.
 
-One text (`text` or `text_file`): the prediction at `position` (default: the last) of
-`target` (default: the model's own top prediction there), attributed to layers, heads,
-attention sources and FFN neurons (`analysis.attribution.scores`). A corpus (`dataset`): every
-position's next token is the target, means over sequences (`analysis.attribution.corpus`).
+`attribute`: one text (`text` or `text_file`), the prediction at `position` (default: the
+last) of `target` (default: the model's own top prediction there), attributed to layers,
+heads, attention sources and FFN neurons (`analysis.attribution.scores`). `attribute_corpus`:
+every position's next token of a corpus sample is the target, means over sequences
+(`analysis.attribution.corpus`).
 """
 
 from __future__ import annotations
 
 import os
 from contextlib import closing
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
 
-from resstream.analysis.attribution.corpus import attribute_corpus
+from resstream.analysis.attribution.corpus import attribute_corpus as corpus_scores
 from resstream.analysis.attribution.results import AttributeResult, CorpusAttribution
 from resstream.analysis.attribution.scores import Levels, attribute_position, decoder_trajectory
 from resstream.analysis.circuits.neurons import added_values, promoted_tokens
@@ -53,6 +54,10 @@ DEFAULT_CANDIDATES = 64
 CORPUS_BATCH_SIZE = 8
 
 
+#: Why a decoder other than the logit lens (and a tuned lens beside it) is refused.
+ONLY_THE_LOGIT_LENS = "attribute decodes through the logit lens; `decoder` may add a tuned lens (tuned:DIR)"
+
+
 def attribute(
     text: str | None = None,
     *,
@@ -64,88 +69,32 @@ def attribute(
     target_id: int | None = None,
     foil: str | None = None,
     top: int = 20,
-    sources: bool | None = None,
+    sources: bool = True,
     neurons: bool = True,
     decoder: DecoderLike = "logit-lens",
-    dataset: str | None = None,
-    num_seqs: int | None = None,
-    seq_len: int | None = None,
-    seed: int = 0,
-    candidates: int | None = None,
-    batch_size: int | None = None,
-    data_dir: str | os.PathLike[str] | None = None,
     dtype: str = "auto",
     device: str = "auto",
     device_map: str | None = None,
     trust_remote_code: bool = False,
     progress: bool = True,
-) -> AttributeResult | CorpusAttribution:
-    """Attribute a prediction (one text) or every next token of a corpus sample (`dataset`).
+) -> AttributeResult:
+    """Attribute the prediction at one position of one text (`text` or `text_file`).
 
-    One text: `position` (default the last token; negative counts from the end), `target` a
-    string that must be exactly one token (or `target_id`; default: the model's top
-    prediction at the position), `foil` an optional second token for a target − foil logit
-    difference; `top` items kept per list; `sources`/`neurons` switch the attention-source and
-    neuron levels off (both on by default). Every score decodes through the logit lens;
-    `decoder` "tuned:DIR" (or a loaded lens) adds `tuned_trajectory`, the target at each block
-    boundary through that tuned lens. Returns an `AttributeResult`.
-
-    Corpus (`dataset` given instead of a text): `num_seqs` windows (default 16) of `seq_len`
-    tokens (default 64, clipped to the model's context) sampled with `seed`; neurons' exact C
-    is computed for the `candidates` neurons (default 64) with the largest first-order
-    estimate of C (`neurons=False` skips that pass); `batch_size` sequences (default 8) share
-    one forward and one projection of each layer's W_O. No attention sources. Returns a
-    `CorpusAttribution`. A parameter of the other mode is refused rather than ignored.
+    `position` (default the last token; negative counts from the end), `target` a string that
+    must be exactly one token (or `target_id`; default: the model's top prediction at the
+    position), `foil` an optional second token for a target − foil logit difference; `top`
+    items kept per list; `sources`/`neurons` switch the attention-source and neuron levels off
+    (both on by default). Every score decodes through the logit lens; `decoder` "tuned:DIR"
+    (or a loaded lens) adds `tuned_trajectory`, the target at each block boundary through that
+    tuned lens. Every next token of a corpus sample: `resstream.attribute_corpus`.
 
     `model` is a spec or a loaded model with its `tokenizer`, as for `resstream.lens`.
     """
-    if top < 1:
-        raise UsageError(f"`top` {top} is not allowed; allowed: 1 or more")
-    if device_map is not None:
-        raise UsageError(
-            "`device_map` is not supported by attribute yet (its read-outs assume one device); use `device`"
-        )
+    _check_top(top)
+    _refuse_device_map(device_map)
     spec = decoder_spec(decoder)
     if spec.kind == "embedding":
-        raise UsageError(
-            "attribute decodes through the logit lens; `decoder` may add a tuned lens (tuned:DIR)"
-        )
-    if dataset is not None:
-        if spec.lens is not None:
-            raise UsageError("`decoder` tuned:DIR applies to one text, not to corpus mode (`dataset`)")
-        if text is not None or text_file is not None:
-            raise UsageError("give a text (`text`/`text_file`) or a `dataset`, not both")
-        _refuse_other_mode(
-            {
-                "position": position,
-                "target": target,
-                "target_id": target_id,
-                "foil": foil,
-                "sources": sources or None,
-            },
-            "one text, not to corpus mode (`dataset`)",
-        )
-        batch_size = CORPUS_BATCH_SIZE if batch_size is None else batch_size
-        check_batch_size(batch_size)
-        request = CorpusRequest(
-            dataset,
-            DEFAULT_NUM_SEQS if num_seqs is None else num_seqs,
-            seq_len,
-            seed,
-            data_dir,
-            default_seq_len=DEFAULT_SEQ_LEN,
-        )
-        choice = CorpusChoice(
-            top, DEFAULT_CANDIDATES if candidates is None else candidates, batch_size, neurons
-        )
-        return _corpus(
-            model, request, choice, LoadOptions(tokenizer, dtype, device, None, trust_remote_code, progress)
-        )
-    _refuse_other_mode(
-        {"num_seqs": num_seqs, "seq_len": seq_len, "candidates": candidates, "batch_size": batch_size},
-        "corpus mode (`dataset`), not to one text",
-    )
-    sources = True if sources is None else sources
+        raise UsageError(ONLY_THE_LOGIT_LENS)
     text = text_of(text, text_file)
     options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
     with one_model(model, options) as loaded:
@@ -182,49 +131,66 @@ def attribute(
         return replace(result, tuned_trajectory=trajectory, tuned_decoding=tuned.description)
 
 
-@dataclass(frozen=True)
-class CorpusChoice:
-    """What corpus mode computes: `top` items listed, `candidates` neurons scored exactly
-    (none without `neurons`), `batch_size` sequences per forward."""
-
-    top: int
-    candidates: int
-    batch_size: int
-    neurons: bool
-
-
-def _refuse_other_mode(given: dict[str, object], applies_to: str) -> None:
-    """UsageError for the first parameter of `given` that is set (not None)."""
-    for name, value in given.items():
-        if value is not None:
-            raise UsageError(f"`{name}` applies to {applies_to}")
-
-
-def _corpus(
-    model: ModelLike, request: CorpusRequest, choice: CorpusChoice, options: LoadOptions
+def attribute_corpus(
+    model: ModelLike = None,
+    *,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    dataset: str = "shakespeare",
+    num_seqs: int | None = None,
+    seq_len: int | None = None,
+    seed: int = 0,
+    top: int = 20,
+    candidates: int | None = None,
+    neurons: bool = True,
+    batch_size: int | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
+    device_map: str | None = None,
+    trust_remote_code: bool = False,
+    progress: bool = True,
 ) -> CorpusAttribution:
-    if choice.candidates < 1:
-        raise UsageError(f"`candidates` {choice.candidates} is not allowed; allowed: 1 or more")
+    """Attribute every next token of a corpus sample, averaged over sequences.
+
+    `num_seqs` windows (default 16) of `seq_len` tokens (default 64, clipped to the model's
+    context) of `dataset` sampled with `seed`, as for `resstream.shift`; every position's next
+    token is its target. Neurons' exact C is computed for the `candidates` neurons (default
+    64) with the largest first-order estimate of C (`neurons=False` skips that pass); `top`
+    items kept per list; `batch_size` sequences (default 8) share one forward and one
+    projection of each layer's W_O. Decodes through the logit lens; no attention sources.
+
+    `model` is a spec or a loaded model with its `tokenizer`, as for `resstream.lens`.
+    """
+    _check_top(top)
+    _refuse_device_map(device_map)
+    batch_size = CORPUS_BATCH_SIZE if batch_size is None else batch_size
+    candidates = DEFAULT_CANDIDATES if candidates is None else candidates
+    check_batch_size(batch_size)
+    if candidates < 1:
+        raise UsageError(f"`candidates` {candidates} is not allowed; allowed: 1 or more")
+    num_seqs = DEFAULT_NUM_SEQS if num_seqs is None else num_seqs
+    request = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir, default_seq_len=DEFAULT_SEQ_LEN)
+    options = LoadOptions(tokenizer, dtype, device, None, trust_remote_code, progress)
     with closing(each_model([model], request, options)) as each:
         for loaded, sample, fingerprint in each:
             view = loaded.view
             decoder = decoder_of(view)
-            batches = list(each_batch(sample.sequences, choice.batch_size, "", progress=False))
+            batches = list(each_batch(sample.sequences, batch_size, "", progress=False))
             if any(b.shape[1] < 2 for b in batches):
                 raise UsageError("every sequence needs at least 2 tokens (a target after a position)")
-            passes = 2 if choice.neurons else 1
-            bar = _bar(passes * len(sample.sequences), f"attribute {loaded.name}", options.progress)
+            passes = 2 if neurons else 1
+            bar = _bar(passes * len(sample.sequences), f"attribute {loaded.name}", progress)
             try:
-                result = attribute_corpus(
+                result = corpus_scores(
                     view,
                     decoder,
                     batches,
                     partial(block_internals, view),
-                    top=choice.top,
-                    candidates=choice.candidates if choice.neurons else 0,
+                    top=top,
+                    candidates=candidates if neurons else 0,
                     promoted=_promoted(view, decoder, partial(token_text, loaded.tokenizer)),
                     model=loaded.name,
-                    dataset=request.dataset,
+                    dataset=dataset,
                     progress=bar.update if bar is not None else None,
                 )
             finally:
@@ -232,6 +198,18 @@ def _corpus(
                     bar.close()
             return replace(result, sample=sample.rule, dataset_fingerprint=fingerprint)
     raise UsageError("no model to attribute")  # pragma: no cover - each_model yields one
+
+
+def _check_top(top: int) -> None:
+    if top < 1:
+        raise UsageError(f"`top` {top} is not allowed; allowed: 1 or more")
+
+
+def _refuse_device_map(device_map: str | None) -> None:
+    if device_map is not None:
+        raise UsageError(
+            "`device_map` is not supported by attribute yet (its read-outs assume one device); use `device`"
+        )
 
 
 def _bar(total: int, desc: str, show: bool) -> tqdm | None:
@@ -312,4 +290,4 @@ def _promoted(
     return promoted
 
 
-__all__ = ["attribute"]
+__all__ = ["attribute", "attribute_corpus"]

@@ -7,24 +7,23 @@ from typing import Annotated
 
 import typer
 
-from resstream.cli.common import (
-    DataDirOption,
-    DeviceOption,
-    DtypeOption,
-    OutOption,
-    QuietOption,
-    SampleSeedOption,
-    TrustRemoteCodeOption,
-    resolved_device,
-)
+from resstream.cli import options
+from resstream.errors import UsageError
+
+#: The corpus options' help: each applies to corpus mode only, and says its default there.
+CORPUS_HELP = {
+    "dataset": "Corpus mode: a named corpus or .txt/.jsonl path; every next token is a target.",
+    "num_seqs": "Corpus mode: sequences sampled \\[default: 16].",
+    "seq_len": "Corpus mode: tokens per sequence \\[default: 64].",
+    "batch_size": "Corpus mode: sequences per forward pass \\[default: 8].",
+}
 
 
+@options.command
 def attribute(
-    out: OutOption,
-    model: Annotated[
-        str | None,
-        typer.Option(help="Run dir, HF directory or hub name (default: built-in reference model)."),
-    ] = None,
+    *,
+    output: options.OutputArg,
+    loading: Annotated[options.Loading, options.model_options(device_map=False)],
     text: Annotated[str | None, typer.Option(help="The text whose prediction is attributed.")] = None,
     text_file: Annotated[Path | None, typer.Option(help="A UTF-8 file holding the text.")] = None,
     position: Annotated[
@@ -52,97 +51,110 @@ def attribute(
             help="logit-lens (every score), or tuned:DIR to add the target's trajectory through a tuned lens."
         ),
     ] = "logit-lens",
-    dataset: Annotated[
-        str | None,
-        typer.Option(help="Corpus mode: a named corpus or .txt/.jsonl path; every next token is a target."),
-    ] = None,
-    num_seqs: Annotated[
-        int | None, typer.Option(help="Corpus mode: sequences sampled \\[default: 16].")
-    ] = None,
-    seq_len: Annotated[
-        int | None, typer.Option(help="Corpus mode: tokens per sequence \\[default: 64].")
-    ] = None,
     candidates: Annotated[
         int | None,
         typer.Option(
             help="Corpus mode: neurons (largest first-order estimate) scored exactly \\[default: 64]."
         ),
     ] = None,
-    batch_size: Annotated[
-        int | None, typer.Option(help="Corpus mode: sequences per forward pass \\[default: 8].")
-    ] = None,
-    seed: SampleSeedOption = 0,
-    data_dir: DataDirOption = None,
-    dtype: DtypeOption = "auto",
-    device: DeviceOption = "auto",
-    trust_remote_code: TrustRemoteCodeOption = False,
-    quiet: QuietOption = False,
+    sample: Annotated[
+        options.Sample,
+        options.corpus_options(dataset=None, num_seqs=None, seq_len=None, batch_size=None, help=CORPUS_HELP),
+    ],
 ) -> None:
     """Attribute a prediction to layers, heads, attention sources and FFN neurons.
 
     With --dataset: every next token of a corpus sample, averaged over sequences.
     """
     import resstream
-    from resstream.io import run_record, write_json
+    from resstream.analysis.attribution.results import AttributeResult, CorpusAttribution
+    from resstream.io import write_json
     from resstream.reporting.attribute import terminal_summary, write_attribute_report
     from resstream.rundir import output_set
 
-    with output_set(out, "attribute") as outputs:
-        result = resstream.attribute(
-            text,
-            text_file=text_file,
-            model=model,
-            position=position,
-            target=target,
-            target_id=target_id,
-            foil=foil,
-            top=top,
-            sources=False if no_sources else None,
-            neurons=not no_neurons,
-            decoder=decoder,
-            dataset=dataset,
-            num_seqs=num_seqs,
-            seq_len=seq_len,
-            seed=seed,
-            candidates=candidates,
-            batch_size=batch_size,
-            data_dir=data_dir,
-            dtype=dtype,
-            device=device,
-            trust_remote_code=trust_remote_code,
-            progress=not quiet,
-        )
+    one_text = {"position": position, "target": target, "target_id": target_id, "foil": foil}
+    corpus = {"num_seqs": sample.num_seqs, "seq_len": sample.seq_len, "candidates": candidates}
+    in_corpus = sample.dataset is not None
+    if in_corpus:
+        check_mode(text, text_file, decoder, one_text)
+    else:
+        refuse_given({**corpus, "batch_size": sample.batch_size}, "corpus mode (`dataset`), not to one text")
+    with output_set(output.out, "attribute") as outputs:
+        result: AttributeResult | CorpusAttribution
+        if in_corpus:
+            result = resstream.attribute_corpus(
+                loading.model,
+                top=top,
+                neurons=not no_neurons,
+                candidates=candidates,
+                **sample.api_kwargs(),
+                **loading.api_kwargs(),
+                progress=output.progress,
+            )
+        else:
+            result = resstream.attribute(
+                text,
+                text_file=text_file,
+                model=loading.model,
+                **one_text,
+                top=top,
+                sources=not no_sources,
+                neurons=not no_neurons,
+                decoder=decoder,
+                **loading.api_kwargs(),
+                progress=output.progress,
+            )
         write_json(outputs / "attribute.json", result.to_dict())
         written = write_attribute_report(result, outputs.staging)
+        corpus_result = result if isinstance(result, CorpusAttribution) else None
         settings = {
-            "command": "attribute",
-            "model": model,
+            "model": loading.model,
             "text_file": str(text_file) if text_file else None,
-            "position": position,
-            "target": target,
-            "target_id": target_id,
-            "foil": foil,
+            **one_text,
             "top": top,
-            "sources": None if dataset else not no_sources,
+            "sources": None if in_corpus else not no_sources,
             "neurons": not no_neurons,
             "decoder": decoder,
-            "dataset": dataset,
-            "num_seqs": result.num_seqs if dataset else None,
-            "seq_len": result.seq_len if dataset else None,
+            "dataset": sample.dataset,
+            "num_seqs": corpus_result.num_seqs if corpus_result else None,
+            "seq_len": corpus_result.seq_len if corpus_result else None,
             "candidates": candidates,
-            "batch_size": batch_size,
-            "dtype": dtype,
+            "batch_size": sample.batch_size,
         }
-        device_used = resolved_device(device, None)
-        fingerprint = getattr(result, "dataset_fingerprint", None)
-        record = run_record(
-            settings, seed=seed if dataset else None, device=device_used, dataset_fingerprint=fingerprint
+        options.write_run_record(
+            outputs,
+            "attribute",
+            settings,
+            loading=loading,
+            seed=sample.seed if in_corpus else None,
+            dataset_fingerprint=corpus_result.dataset_fingerprint if corpus_result else None,
         )
-        outputs.write_record(record)
     for line in terminal_summary(result):
         typer.echo(line)
     names = ", ".join(sorted(p.name for p in written))
-    typer.echo(f"wrote attribute.json, {names} and run.json to {out}")
+    typer.echo(f"wrote attribute.json, {names} and run.json to {output.out}")
+
+
+def check_mode(text: str | None, text_file: Path | None, decoder: str, one_text: dict[str, object]) -> None:
+    """Corpus mode (--dataset) takes no text, no tuned lens and no option of one text."""
+    from resstream.api.attribute import ONLY_THE_LOGIT_LENS
+    from resstream.api.decoders import decoder_spec
+
+    kind = decoder_spec(decoder).kind
+    if kind == "embedding":
+        raise UsageError(ONLY_THE_LOGIT_LENS)
+    if kind == "tuned":
+        raise UsageError("`decoder` tuned:DIR applies to one text, not to corpus mode (`dataset`)")
+    if text is not None or text_file is not None:
+        raise UsageError("give a text (`text`/`text_file`) or a `dataset`, not both")
+    refuse_given(one_text, "one text, not to corpus mode (`dataset`)")
+
+
+def refuse_given(given: dict[str, object], applies_to: str) -> None:
+    """UsageError for the first option of `given` that is set (not None)."""
+    for name, value in given.items():
+        if value is not None:
+            raise UsageError(f"`{name}` applies to {applies_to}")
 
 
 def register(app: typer.Typer) -> None:

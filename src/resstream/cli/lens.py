@@ -9,15 +9,7 @@ from typing import Annotated
 
 import typer
 
-from resstream.cli.common import (
-    DeviceMapOption,
-    DeviceOption,
-    DtypeOption,
-    OutOption,
-    QuietOption,
-    TrustRemoteCodeOption,
-    resolved_device,
-)
+from resstream.cli import options
 from resstream.errors import UsageError
 
 
@@ -56,12 +48,11 @@ def written_files(images: list[Path]) -> str:
     return f"lens.json, lens.html, {pngs} and run.json"
 
 
+@options.command
 def lens(
-    out: OutOption,
-    model: Annotated[
-        str | None,
-        typer.Option(help="Run dir, HF directory or hub name (default: built-in reference model)."),
-    ] = None,
+    *,
+    output: options.OutputArg,
+    loading: options.ModelArg,
     text: Annotated[str | None, typer.Option(help="The text to decode.")] = None,
     text_file: Annotated[Path | None, typer.Option(help="A UTF-8 file holding the text.")] = None,
     positions: Annotated[str | None, typer.Option(help="Token positions A:B (default: all).")] = None,
@@ -69,11 +60,6 @@ def lens(
     decoder: Annotated[
         str, typer.Option(help="logit-lens, embedding or tuned:DIR (a lens from `resstream tune-lens`).")
     ] = "logit-lens",
-    dtype: DtypeOption = "auto",
-    device: DeviceOption = "auto",
-    device_map: DeviceMapOption = None,
-    trust_remote_code: TrustRemoteCodeOption = False,
-    quiet: QuietOption = False,
     no_colour: Annotated[
         bool,
         typer.Option(
@@ -86,43 +72,36 @@ def lens(
 ) -> None:
     """Decode every layer's hidden state of a text: which layers hold the input token, which the next."""
     import resstream
-    from resstream.io import run_record, write_json
+    from resstream.io import write_json
     from resstream.reporting.lens import plot_lens, terminal_lines, write_html
     from resstream.rundir import output_set
 
-    with output_set(out, "lens") as outputs:
+    with output_set(output.out, "lens") as outputs:
         result = resstream.lens(
             text,
             text_file=text_file,
-            model=model,
+            model=loading.model,
             positions=parse_positions(positions),
             top_k=top_k,
             decoder=decoder,
-            dtype=dtype,
-            device=device,
-            device_map=device_map,
-            trust_remote_code=trust_remote_code,
-            progress=not quiet,
+            **loading.api_kwargs(),
+            progress=output.progress,
         )
         write_json(outputs / "lens.json", result.to_dict())
         write_html(result, outputs / "lens.html")
         images = plot_lens(result, outputs / "lens.png")
         settings = {
-            "command": "lens",
-            "model": model,
+            "model": loading.model,
             "positions": positions,
             "top_k": top_k,
             "decoder": decoder,
             "text_file": str(text_file) if text_file else None,
-            "dtype": dtype,
-            "device_map": device_map,
         }
-        device_used = resolved_device(device, device_map)
-        outputs.write_record(run_record(settings, seed=None, device=device_used, dataset_fingerprint=None))
+        options.write_run_record(outputs, "lens", settings, loading=loading, seed=None)
     colour = use_colour(no_colour)
     for line in terminal_lines(result, colour=colour):
         typer.echo(line, color=colour)
-    typer.echo(f"wrote {written_files(images)} to {out}")
+    typer.echo(f"wrote {written_files(images)} to {output.out}")
 
 
 def register(app: typer.Typer) -> None:

@@ -8,68 +8,36 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from resstream.cli.common import (
-    BatchSizeOption,
-    DataDirOption,
-    DatasetOption,
-    DeviceMapOption,
-    DeviceOption,
-    DtypeOption,
-    ModelsOption,
-    NumSeqsOption,
-    OutOption,
-    QuietOption,
-    SampleSeedOption,
-    TrustRemoteCodeOption,
-    resolved_device,
-    seq_len_option,
-)
+from resstream.cli import options
 from resstream.cli.flags import cli_message
 
 if TYPE_CHECKING:
     from resstream.analysis.recency.measured import RecencyResult
 
 
+@options.command
 def recency(
-    out: OutOption,
-    model: ModelsOption = None,
-    dataset: DatasetOption = "shakespeare",
-    num_seqs: NumSeqsOption = 64,
-    seq_len: Annotated[int | None, seq_len_option(64)] = None,
-    batch_size: BatchSizeOption = 8,
+    *,
+    output: options.OutputArg,
+    loading: options.ModelsArg,
     threshold: Annotated[float, typer.Option(help="Standard errors a step needs for a verdict.")] = 3.0,
-    seed: SampleSeedOption = 0,
-    data_dir: DataDirOption = None,
-    dtype: DtypeOption = "auto",
-    device: DeviceOption = "auto",
-    device_map: DeviceMapOption = None,
-    trust_remote_code: TrustRemoteCodeOption = False,
-    quiet: QuietOption = False,
+    sample: Annotated[options.Sample, options.corpus_options(seq_len=64)],
 ) -> None:
     """Mean attention by query and key position (and distance), per layer and head, over a corpus,
     with its trend with key position (95% intervals over the sequences) and the strict verdict."""
     import resstream
-    from resstream.io import run_record, write_json
+    from resstream.io import write_json
     from resstream.reporting.attention import LEGEND, plot_attention_grid, plot_distance_profiles
     from resstream.reporting.figures import model_file_stems
     from resstream.rundir import output_set
 
-    specs = list(model) if model else [None]
-    with output_set(out, "recency") as outputs:
+    with output_set(output.out, "recency") as outputs:
         report = resstream.recency(
-            specs,
-            dataset=dataset,
-            num_seqs=num_seqs,
-            seq_len=seq_len,
-            batch_size=batch_size,
-            seed=seed,
+            list(loading.models),
             threshold=threshold,
-            data_dir=data_dir,
-            dtype=dtype,
-            device=device,
-            device_map=device_map,
-            trust_remote_code=trust_remote_code,
-            progress=not quiet,
+            **sample.api_kwargs(),
+            **loading.api_kwargs(),
+            progress=output.progress,
         )
         write_json(outputs / "recency.json", report.to_dict())
         write_head_arrays(outputs / "recency.npz", report.results)
@@ -88,24 +56,17 @@ def recency(
                 title=f"{result.model}: attention δ tokens back",
             )
         settings = {
-            "command": "recency",
-            "models": specs,
-            "dataset": dataset,
-            "num_seqs": num_seqs,
-            "seq_len": report.seq_len,
-            "batch_size": batch_size,
+            "models": list(loading.models),
+            **sample.record(seq_len=report.seq_len),
             "threshold": threshold,
-            "dtype": dtype,
-            "device_map": device_map,
-            "data_dir": str(data_dir) if data_dir else None,
         }
-        outputs.write_record(
-            run_record(
-                settings,
-                seed=seed,
-                device=resolved_device(device, device_map),
-                dataset_fingerprint=report.dataset_fingerprint,
-            )
+        options.write_run_record(
+            outputs,
+            "recency",
+            settings,
+            loading=loading,
+            seed=sample.seed,
+            dataset_fingerprint=report.dataset_fingerprint,
         )
     for result in report.results:
         sequences = f"{result.num_sequences} sequence{'s' if result.num_sequences != 1 else ''}"
@@ -115,7 +76,7 @@ def recency(
     typer.echo(cli_message(LEGEND))
     typer.echo(
         f"wrote recency.json, recency.npz, recency.png, {', '.join(f'distance_{s}.png' for s in stems)} "
-        f"and run.json to {out}"
+        f"and run.json to {output.out}"
     )
 
 

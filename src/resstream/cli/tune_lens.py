@@ -6,17 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from resstream.cli.common import (
-    BatchSizeOption,
-    DataDirOption,
-    DeviceOption,
-    DtypeOption,
-    OutOption,
-    QuietOption,
-    TrustRemoteCodeOption,
-    resolved_device,
-    seq_len_option,
-)
+from resstream.cli import options
 
 if TYPE_CHECKING:
     from resstream.analysis.decoding.lens_training import LensEvaluation
@@ -27,25 +17,24 @@ DEFAULT_TOKENS = DEFAULT_STEPS * 2 * 8 * 128
 DEFAULT_EVAL_SEQS = 32
 
 
+#: The corpus options' help where tune-lens reads them differently from the analyses.
+CORPUS_HELP = {
+    "dataset": "Corpus name or path (default: shakespeare; with --eval: the lens's training corpus).",
+    "seed": "Seed of the window sample and split \\[default: 0; with --eval: the lens's own].",
+}
+
+
+@options.command
 def tune_lens(
-    out: OutOption,
-    model: Annotated[
-        str | None,
-        typer.Option(help="Run dir, HF directory or hub name (default: built-in reference model)."),
-    ] = None,
-    dataset: Annotated[
-        str | None,
-        typer.Option(
-            help="Corpus name or path (default: shakespeare; with --eval: the lens's training corpus)."
-        ),
-    ] = None,
+    *,
+    output: options.OutputArg,
+    loading: Annotated[options.Loading, options.model_options(device_map=False)],
     tokens: Annotated[
         int, typer.Option(help="Training tokens in all (spread over the steps).")
     ] = DEFAULT_TOKENS,
     steps: Annotated[
         int, typer.Option(help="Optimiser steps (SGD, Nesterov momentum, linear decay).")
     ] = DEFAULT_STEPS,
-    seq_len: Annotated[int | None, seq_len_option(128)] = None,
     eval_seqs: Annotated[
         int | None,
         typer.Option(
@@ -55,63 +44,52 @@ def tune_lens(
     lr: Annotated[
         float, typer.Option(help="Peak learning rate (SGD; the tuned-lens recipe's 1.0 × (1 − 0.9)).")
     ] = 0.1,
-    batch_size: BatchSizeOption = 8,
-    seed: Annotated[
-        int | None,
-        typer.Option(help="Seed of the window sample and split \\[default: 0; with --eval: the lens's own]."),
-    ] = None,
     evaluate: Annotated[
         bool, typer.Option("--eval", help="Evaluate the lens already in --out instead of training one.")
     ] = False,
-    data_dir: DataDirOption = None,
-    dtype: DtypeOption = "auto",
-    device: DeviceOption = "auto",
-    trust_remote_code: TrustRemoteCodeOption = False,
-    quiet: QuietOption = False,
+    sample: Annotated[
+        options.Sample,
+        options.corpus_options(dataset=None, seed=None, help=CORPUS_HELP, without=("num_seqs",)),
+    ],
 ) -> None:
     """Train one affine translator per layer (a tuned lens) and compare it with the logit lens."""
     import resstream
     from resstream.analysis.decoding.lens_training import LensOptimiser
     from resstream.analysis.decoding.tuned_lens import load_lens
-    from resstream.io import run_record, write_json, write_text
+    from resstream.io import write_json, write_text
     from resstream.reporting.tuned_lens import evaluation_csv, plot_bits_per_layer, plot_training
     from resstream.rundir import output_set
 
+    loads = {**loading.api_kwargs(), "progress": output.progress}
     if evaluate:
-        lens = load_lens(out)
-    with output_set(out, "tune-lens") as outputs:
+        lens = load_lens(output.out)
+    with output_set(output.out, "tune-lens") as outputs:
         if evaluate:
             evaluation = resstream.evaluate_lens(
                 lens,
-                model,
-                dataset=dataset,
+                loading.model,
+                dataset=sample.dataset,
                 eval_seqs=eval_seqs,
-                seq_len=seq_len,
-                batch_size=batch_size,
-                seed=seed,
-                data_dir=data_dir,
-                dtype=dtype,
-                device=device,
-                trust_remote_code=trust_remote_code,
-                progress=not quiet,
+                seq_len=sample.seq_len,
+                batch_size=sample.batch_size,
+                seed=sample.seed,
+                data_dir=sample.data_dir,
+                **loads,
             )
             settings = {"mode": "eval"}
         else:
             report = resstream.tune_lens(
-                model,
-                dataset=dataset or "shakespeare",
+                loading.model,
+                dataset=sample.dataset or "shakespeare",
                 tokens=tokens,
                 steps=steps,
-                seq_len=seq_len,
-                batch_size=batch_size,
+                seq_len=sample.seq_len,
+                batch_size=sample.batch_size,
                 eval_seqs=DEFAULT_EVAL_SEQS if eval_seqs is None else eval_seqs,
                 optimiser=LensOptimiser(lr=lr),
-                seed=0 if seed is None else seed,
-                data_dir=data_dir,
-                dtype=dtype,
-                device=device,
-                trust_remote_code=trust_remote_code,
-                progress=not quiet,
+                seed=0 if sample.seed is None else sample.seed,
+                data_dir=sample.data_dir,
+                **loads,
             )
             lens, evaluation = report.lens, report.evaluation
             settings = {"mode": "train", "tokens": tokens, "steps": steps, "lr": lr}
@@ -123,27 +101,26 @@ def tune_lens(
         if history:
             plot_training(history, lens.model, outputs / "training.png")
         settings = {
-            "command": "tune-lens",
             **settings,
-            "model": model,
+            "model": loading.model,
             "dataset": evaluation.dataset,
             "seq_len": evaluation.seq_len,
             "eval_seqs": evaluation.num_sequences,
-            "batch_size": batch_size,
-            "dtype": dtype,
-            "data_dir": str(data_dir) if data_dir else None,
+            "batch_size": sample.batch_size,
+            "data_dir": str(sample.data_dir) if sample.data_dir else None,
         }
-        record = run_record(
+        options.write_run_record(
+            outputs,
+            "tune-lens",
             settings,
+            loading=loading,
             seed=evaluation.seed,
-            device=resolved_device(device),
             dataset_fingerprint=evaluation.dataset_fingerprint,
         )
-        outputs.write_record(record)
     for line in summary_lines(evaluation):
         typer.echo(line)
     typer.echo(
-        f"wrote the lens (translators.safetensors, lens.json), evaluation.json/.csv and plots to {out}"
+        f"wrote the lens (translators.safetensors, lens.json), evaluation.json/.csv and plots to {output.out}"
     )
 
 

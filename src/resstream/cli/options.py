@@ -1,0 +1,286 @@
+"""The option groups every command shares, each declared once, and the `command` decorator.
+
+A command declares a group as one keyword-only parameter whose annotation carries the group,
+e.g. ``sample: Annotated[Sample, corpus_options(seq_len=128)]``. `command` expands it into the
+group's options in the command's signature (that is what Typer reads, so `--help` lists them
+where the group stands) and hands the command one frozen object built from their values:
+
+- `model_options` -> `Loading`: --model, --dtype, --device, --device-map, --trust-remote-code;
+- `corpus_options` -> `Sample`: --dataset, --num-seqs, --seq-len, --batch-size, --seed, --data-dir;
+- `output_options` -> `Output`: --out, --quiet.
+
+Each object turns itself into the API's keyword arguments (`api_kwargs`) and into its part of
+run.json (`record`); `write_run_record` writes run.json for every command from those parts.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar
+
+import typer
+
+if TYPE_CHECKING:
+    from resstream.rundir import OutputSet
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., None])
+
+MODEL_HELP = "Run dir, HF directory or hub name (default: built-in reference model)."
+MODELS_HELP = "Run dir, HF directory or hub name; repeat for several (default: built-in reference model)."
+
+
+@dataclass(frozen=True)
+class OptionGroup(Generic[T]):
+    """Options that travel together: their parameters (name -> (annotation, default)), in the
+    order `--help` lists them, and `build`, which makes the command's object of their values."""
+
+    build: Callable[..., T]
+    params: Mapping[str, tuple[Any, Any]]
+
+    def parameters(self) -> list[inspect.Parameter]:
+        """The group's options as keyword-only parameters of a signature."""
+        return [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+            for name, (annotation, default) in self.params.items()
+        ]
+
+
+def command(func: F) -> F:
+    """`func` with every group parameter expanded into the group's options (see the module
+    docstring); Typer sees the expanded signature, `func` gets one object per group."""
+    hints = typing.get_type_hints(func, include_extras=True)
+    groups: dict[str, OptionGroup[Any]] = {}
+    params: list[inspect.Parameter] = []
+    for param in inspect.signature(func).parameters.values():
+        group = _group_of(hints[param.name])
+        if group is None:
+            params.append(param.replace(annotation=hints[param.name], kind=inspect.Parameter.KEYWORD_ONLY))
+            continue
+        groups[param.name] = group
+        params.extend(group.parameters())
+
+    @functools.wraps(func)
+    def expanded(**values: Any) -> None:
+        for name, group in groups.items():
+            values[name] = group.build(**{option: values.pop(option) for option in group.params})
+        func(**values)
+
+    del expanded.__wrapped__  # Typer must read the expanded signature, not func's
+    expanded.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+    expanded.__annotations__ = {p.name: p.annotation for p in params}
+    return typing.cast(F, expanded)
+
+
+def _group_of(annotation: Any) -> OptionGroup[Any] | None:
+    """The group an `Annotated[...]` annotation carries, if any."""
+    extras = getattr(annotation, "__metadata__", ())
+    return next((extra for extra in extras if isinstance(extra, OptionGroup)), None)
+
+
+@dataclass(frozen=True)
+class Loading:
+    """How the command loads its model(s): the model-loading options' values."""
+
+    models: tuple[str | None, ...]
+    dtype: str
+    device: str
+    device_map: str | None = None
+    trust_remote_code: bool = False
+    takes_device_map: bool = field(default=True, repr=False)
+
+    @property
+    def model(self) -> str | None:
+        """The one model of a command that takes one (None: the built-in reference model)."""
+        return self.models[0]
+
+    @property
+    def device_used(self) -> str:
+        """The device the run actually used, for run.json ('auto' resolved; a device map named)."""
+        from resstream.devices import device_label
+
+        return f"device_map={self.device_map}" if self.device_map else device_label(self.device)
+
+    def api_kwargs(self) -> dict[str, Any]:
+        """The API's loading arguments."""
+        kwargs: dict[str, Any] = {
+            "dtype": self.dtype,
+            "device": self.device,
+            "trust_remote_code": self.trust_remote_code,
+        }
+        if self.takes_device_map:
+            kwargs["device_map"] = self.device_map
+        return kwargs
+
+    def record(self) -> dict[str, Any]:
+        """Its part of run.json's config."""
+        return (
+            {"dtype": self.dtype, "device_map": self.device_map}
+            if self.takes_device_map
+            else {"dtype": self.dtype}
+        )
+
+
+def model_options(
+    *, several: bool = False, device_map: bool = True, device_help: str = "auto, cpu, cuda, cuda:N."
+) -> OptionGroup[Loading]:
+    """--model (repeatable when `several`), --dtype, --device, --device-map (unless not
+    `device_map`) and --trust-remote-code."""
+    model: tuple[Any, Any] = (
+        (Annotated[list[str] | None, typer.Option("--model", help=MODELS_HELP)], None)
+        if several
+        else (Annotated[str | None, typer.Option(help=MODEL_HELP)], None)
+    )
+    params: dict[str, tuple[Any, Any]] = {
+        "model": model,
+        "dtype": (Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")], "auto"),
+        "device": (Annotated[str, typer.Option(help=device_help)], "auto"),
+    }
+    if device_map:
+        params["device_map"] = (DeviceMapOption, None)
+    params["trust_remote_code"] = (TrustRemoteCodeOption, False)
+
+    def build(model: list[str] | str | None, **values: Any) -> Loading:
+        models = tuple(model) if isinstance(model, list) and model else (None,) if not model else (model,)
+        return Loading(models, takes_device_map=device_map, **values)
+
+    return OptionGroup(build, params)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Which sequences of which corpus the command reads, and in what batches."""
+
+    dataset: str | None = None
+    num_seqs: int | None = None
+    seq_len: int | None = None
+    batch_size: int | None = None
+    seed: int | None = None
+    data_dir: Path | None = None
+
+    def api_kwargs(self) -> dict[str, Any]:
+        """The API's sampling arguments."""
+        return {
+            "dataset": self.dataset,
+            "num_seqs": self.num_seqs,
+            "seq_len": self.seq_len,
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "data_dir": self.data_dir,
+        }
+
+    def record(self, *, seq_len: int | None) -> dict[str, Any]:
+        """Its part of run.json's config, with the `seq_len` the run settled on (the seed is
+        run.json's own field)."""
+        return {
+            "dataset": self.dataset,
+            "num_seqs": self.num_seqs,
+            "seq_len": seq_len,
+            "batch_size": self.batch_size,
+            "data_dir": str(self.data_dir) if self.data_dir else None,
+        }
+
+
+def corpus_options(
+    *,
+    seq_len: int | None = 128,
+    dataset: str | None = "shakespeare",
+    num_seqs: int | None = 64,
+    batch_size: int | None = 8,
+    seed: int | None = 0,
+    help: Mapping[str, str] | None = None,
+    without: Collection[str] = (),
+) -> OptionGroup[Sample]:
+    """--dataset, --num-seqs, --seq-len, --batch-size, --seed, --data-dir with the command's
+    defaults, less those named in `without`; `help` replaces the help of the options it names
+    (a command whose corpus is optional says so). --seq-len defaults to None: the API settles
+    it (the command's `seq_len`, clipped to the shortest model context), as its help says."""
+    texts = {
+        "dataset": "Named corpus, .txt/.jsonl path (.jsonl input_ids rows used as given).",
+        "num_seqs": "Sequences sampled from the corpus.",
+        "seq_len": f"Tokens per sequence \\[default: {seq_len}, or the shortest model context if shorter].",
+        "batch_size": "Sequences per forward pass.",
+        "seed": "Seed of the sequence sample.",
+        "data_dir": "Local corpora (else env RESSTREAM_DATA).",
+        **(help or {}),
+    }
+    kinds: dict[str, tuple[Any, Any]] = {
+        "dataset": (str if dataset is not None else str | None, dataset),
+        "num_seqs": (int if num_seqs is not None else int | None, num_seqs),
+        "seq_len": (int | None, None),
+        "batch_size": (int if batch_size is not None else int | None, batch_size),
+        "seed": (int if seed is not None else int | None, seed),
+        "data_dir": (Path | None, None),
+    }
+    params = {
+        name: (Annotated[kind, typer.Option(help=texts[name])], default)
+        for name, (kind, default) in kinds.items()
+        if name not in without
+    }
+    return OptionGroup(Sample, params)
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where the command writes, and whether it shows progress."""
+
+    out: Path
+    quiet: bool
+
+    @property
+    def progress(self) -> bool:
+        """Progress bars on (not --quiet)."""
+        return not self.quiet
+
+
+def output_options(*, quiet_help: str = "No progress bars.") -> OptionGroup[Output]:
+    """--out and --quiet."""
+    return OptionGroup(
+        Output,
+        {
+            "out": (OutOption, inspect.Parameter.empty),
+            "quiet": (Annotated[bool, typer.Option("--quiet", help=quiet_help)], False),
+        },
+    )
+
+
+def write_run_record(
+    outputs: OutputSet,
+    command_name: str,
+    settings: Mapping[str, Any],
+    *,
+    loading: Loading | None,
+    seed: int | None,
+    dataset_fingerprint: str | None = None,
+    device: str | None = None,
+) -> None:
+    """Stage run.json: the command, its `settings` (with the loading options' part), the seed,
+    the device used (`device`, else the loading options'), versions and the data's fingerprint."""
+    from resstream.io import run_record
+
+    config = {"command": command_name, **settings, **(loading.record() if loading else {})}
+    used = device if device is not None else loading.device_used if loading else "cpu"
+    outputs.write_record(run_record(config, seed=seed, device=used, dataset_fingerprint=dataset_fingerprint))
+
+
+OutOption = Annotated[Path, typer.Option("--out", help="Output directory (created if missing).")]
+DeviceMapOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Spread a Hugging Face model over devices: auto, balanced, sequential (needs accelerate)."
+    ),
+]
+TrustRemoteCodeOption = Annotated[
+    bool,
+    typer.Option("--trust-remote-code", help="Run a hub model's own code (only for repositories you trust)."),
+]
+
+#: The groups as most commands declare them: ``output: options.OutputArg``.
+OutputArg = Annotated[Output, output_options()]
+ModelArg = Annotated[Loading, model_options()]
+ModelsArg = Annotated[Loading, model_options(several=True)]
