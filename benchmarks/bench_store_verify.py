@@ -27,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 
-from resstream.data import shards
 from resstream.data.shards import (
     FORMAT,
     FORMAT_VERSION,
@@ -35,6 +34,7 @@ from resstream.data.shards import (
     ShardedTokens,
     shard_name,
     store_fingerprint,
+    verification,
 )
 from resstream.io import write_json
 
@@ -81,13 +81,13 @@ def sha256_rate(megabytes: int = 256) -> float:
 def _open_as_rank(store: Path, cache: Path, rank: int, ranks: int) -> int:
     """Open `store` as rank `rank` of `ranks` (in a process of its own): the shards it hashed."""
     hashed: list[int] = []
-    real = shards.shard_digest
+    real = verification.shard_digest
 
     def counting(handle):
         hashed.append(1)
         return real(handle)
 
-    shards.shard_digest = counting
+    verification.shard_digest = counting
     ShardedTokens.open(store, cache_dir=cache, rank=rank, world=ranks)
     return len(hashed)
 
@@ -136,7 +136,7 @@ def main() -> None:
         work = Path(tmp)
         (work / "store").mkdir()
         size = synthetic_store(work / "store", args.megabytes, args.shards)
-        time.sleep(shards.SETTLED_NS / 1e9)  # a file changed within this is verified but not cached
+        time.sleep(verification.SETTLED_NS / 1e9)  # a file changed within this is verified but not cached
         rate = sha256_rate()
         print(f"store: {size / 1e9:.2f} GB in {args.shards} shards; sha256 in memory {rate / 1e9:.2f} GB/s")
         bench(work / "store", size, args.rounds, args.ranks, work)

@@ -322,10 +322,10 @@ def _must_not_run(*args, **kwargs):
 def test_the_trainer_refuses_before_reading_the_corpus_or_training_a_tokenizer(
     tmp_path, monkeypatch, machine_of_12gb, values, message
 ):
-    from resstream.training import loop
+    from resstream.training import loop, preparation
 
-    monkeypatch.setattr(loop, "stream_corpus", _must_not_run)
-    monkeypatch.setattr(loop, "cached_bpe", _must_not_run)
+    monkeypatch.setattr(preparation, "stream_corpus", _must_not_run)
+    monkeypatch.setattr(preparation, "cached_bpe", _must_not_run)
     monkeypatch.setattr(torch, "set_num_threads", _must_not_run)
     config = build_config({**TINY, **values, "dataset": str(tmp_path / "corpus.txt")})
     with pytest.raises(UsageError) as caught:
@@ -339,9 +339,9 @@ def test_the_vocabulary_of_a_pretrained_tokenizer_is_judged_once_it_is_known(
 ):
     """With `vocab_size` 0 the size comes from the tokenizer: 32768 tokens × 50257 × 3 values of
     float32 (the logits and their log-softmax) are ~20 GB, more than the 12.3 GB there are."""
-    from resstream.training import loop
+    from resstream.training import loop, preparation
 
-    monkeypatch.setattr(loop, "build_token_cache", _must_not_run)
+    monkeypatch.setattr(preparation, "build_token_cache", _must_not_run)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 50, encoding="utf-8")
     values = {**TINY, "tokenizer": "gpt2", "batch_size": 2048, "dataset": str(corpus)}

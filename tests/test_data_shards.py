@@ -30,8 +30,10 @@ from resstream.data.shards import (
     ShardedTokens,
     check_shard_files,
     read_manifest,
+    reading,
     shard_name,
     store_splits,
+    verification,
     verification_order,
     write_shards,
 )
@@ -404,14 +406,14 @@ def hashes(monkeypatch) -> list[str]:
     """The files `verify_shards` hashes (by name), in order; verifications are cached at once
     (`SETTLED_NS` 0: no waiting for the file system's clock to move)."""
     calls: list[str] = []
-    real = shards.shard_digest
+    real = verification.shard_digest
 
     def counting(handle):
         calls.append(Path(os.readlink(f"/proc/self/fd/{handle.fileno()}")).name)
         return real(handle)
 
-    monkeypatch.setattr(shards, "shard_digest", counting)
-    monkeypatch.setattr(shards, "SETTLED_NS", 0)
+    monkeypatch.setattr(verification, "shard_digest", counting)
+    monkeypatch.setattr(verification, "SETTLED_NS", 0)
     return calls
 
 
@@ -478,7 +480,7 @@ def test_an_unwritable_cache_still_verifies(store, tmp_path, hashes, cache_kind)
 def test_a_file_that_just_changed_is_verified_but_not_cached(store, tmp_path, monkeypatch):
     """A change within the tick of a coarse file-system clock would leave ctime as it was, so a
     file changed less than `SETTLED_NS` ago is not recorded (as git treats 'racily clean' files)."""
-    monkeypatch.setattr(shards, "SETTLED_NS", 3600 * 10**9)
+    monkeypatch.setattr(verification, "SETTLED_NS", 3600 * 10**9)
     ShardedTokens.open(store, cache_dir=tmp_path / "cache")
     assert not (tmp_path / "cache" / shards.VERIFIED_DIR).exists() or not any(
         (tmp_path / "cache" / shards.VERIFIED_DIR).iterdir()
@@ -507,7 +509,7 @@ def test_the_store_is_mapped_from_the_files_that_were_verified(store, tmp_path, 
     """A shard swapped after it was checked is not the one read: the maps come from the very
     files that were opened and hashed."""
     original = [np.fromfile(store / shard_name(i), dtype="<u2") for i in range(3)]
-    real = shards.verify_shards
+    real = reading.verify_shards
 
     def swap_after_verifying(*args, **kwargs):
         real(*args, **kwargs)
@@ -515,7 +517,7 @@ def test_the_store_is_mapped_from_the_files_that_were_verified(store, tmp_path, 
             (store / shard_name(i)).unlink()
             (store / shard_name(i)).write_bytes(np.zeros(50, dtype="<u2").tobytes())
 
-    monkeypatch.setattr(shards, "verify_shards", swap_after_verifying)
+    monkeypatch.setattr(reading, "verify_shards", swap_after_verifying)
     tokens = ShardedTokens.open(store)
     assert np.asarray(tokens).tolist() == np.concatenate(original).tolist()
 

@@ -336,6 +336,7 @@ def write_npz(path: str | os.PathLike[str], **arrays: Any) -> Path:
     """Write numpy arrays (or tensors) to an uncompressed `.npz` atomically."""
     import numpy as np
 
+    converted = {name: np.asarray(value) for name, value in arrays.items()}
     with atomic_path(path) as tmp, open(tmp, "wb") as handle:
-        np.savez(handle, **{name: np.asarray(value) for name, value in arrays.items()})
+        np.savez(handle, allow_pickle=True, **converted)  # numpy's default, named: not an array's name
     return Path(path)

@@ -34,6 +34,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -234,9 +235,7 @@ def _same_file(fd: int, path: Path) -> bool:
 
 def _try_lock(fd: int) -> bool:
     """An exclusive, non-blocking lock on `fd` (released by the kernel when the process dies)."""
-    try:
-        import fcntl
-    except ImportError:  # Windows
+    if sys.platform == "win32":
         import msvcrt
 
         try:
@@ -244,6 +243,8 @@ def _try_lock(fd: int) -> bool:
         except OSError:
             return False
         return True
+    import fcntl
+
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -48,13 +48,24 @@ class Parser:
     dataset -> documents. `stream_file`: a local file and a piece size in bytes -> its
     documents, handed out while the file is read; None when the file must be parsed whole.
     `built_in`: for a corpus that ships with a package, its documents and their origin (the
-    split is ignored).
+    split is ignored). A parser is one or the other: `read_file` and `from_rows` (and maybe
+    `stream_file`), or `built_in` alone.
     """
 
     read_file: Callable[[Path], list[str]] | None = None
     from_rows: Callable[[list[str]], list[str]] | None = None
     stream_file: Callable[[Path, int], Iterator[Document]] | None = None
     built_in: Callable[[], tuple[list[str], str]] | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse a parser that is neither kind (a mistake in the table)."""
+        reads_text = self.read_file is not None and self.from_rows is not None and self.built_in is None
+        text_readers = (self.read_file, self.from_rows, self.stream_file)
+        built_in_alone = self.built_in is not None and all(reader is None for reader in text_readers)
+        if not (reads_text or built_in_alone):
+            raise ValueError(
+                "a Parser has read_file and from_rows (and maybe stream_file), or built_in alone"
+            )
 
 
 @dataclass(frozen=True)

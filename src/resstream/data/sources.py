@@ -205,7 +205,9 @@ class _File:
 
     @property
     def documents(self) -> list[str]:
-        return self.parser.read_file(self.path)
+        read_file = self.parser.read_file
+        assert read_file is not None  # only a built-in corpus's parser reads no files (`Parser`)
+        return read_file(self.path)
 
 
 @dataclass(frozen=True)
@@ -257,9 +259,9 @@ def _find(
         documents, origin = spec.parser.built_in()
         return _InMemory(documents, origin)
     split = normalise_split(split)
-    path = _local_file(spec, split, explicit_dir)
-    if path is not None:
-        return _File(path, spec.parser, str(path))
+    local = _local_file(spec, split, explicit_dir)
+    if local is not None:
+        return _File(local, spec.parser, str(local))
     if spec.hub is not None and spec.hub.stream_all and split in spec.hub.splits:
         return _HubStream(spec, split)
     return _load_from_hub(spec, split, data_dir(explicit_dir))
@@ -306,7 +308,9 @@ def _load_from_hub(spec: CorpusSpec, split: str, directory: Path | None) -> _InM
         except Exception as exc:
             reason = short_reason(exc)
         else:
-            return _InMemory(spec.parser.from_rows(rows), source.describe(split))
+            from_rows = spec.parser.from_rows
+            assert from_rows is not None  # only a built-in corpus's parser reads no rows (`Parser`)
+            return _InMemory(from_rows(rows), source.describe(split))
     raise UsageError(_not_available_message(spec, split, directory, reason))
 
 

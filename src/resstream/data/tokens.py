@@ -26,7 +26,7 @@ import os
 from collections.abc import Iterable, Iterator, Sized
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -48,12 +48,26 @@ _BATCH_DOCS = 1024
 _PROGRESS_DOCS = 1000  # show a progress bar from this many documents on
 
 
+class TokenIds(Protocol):
+    """A 1-D run of token ids that slices without reading: a (memory-mapped) `np.ndarray`, or
+    a view over a shard store (`resstream.data.shards.ShardedTokens`). `np.asarray` reads it."""
+
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: slice, /) -> TokenIds: ...
+
+    def __array__(self) -> np.ndarray: ...
+
+
 @dataclass(frozen=True)
 class TokenSplits:
     """The cached token stream, split into training and validation parts."""
 
-    train: np.ndarray  # 1-D read-only np.memmap of token ids
-    val: np.ndarray  # 1-D read-only np.memmap, the tail of the stream
+    train: TokenIds  # 1-D read-only ids: an np.memmap, or a view over a shard store
+    val: TokenIds  # 1-D read-only ids, the tail of the stream
     fingerprint: str  # of (corpus, tokenizer, val_fraction, format version)
     path: Path  # the cache file (.bin)
     vocab_size: int  # len(tokenizer), added tokens included
@@ -162,16 +176,22 @@ def split_tokens(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray, n
     Raises UsageError when `val_fraction` is outside (0, 0.5] or the tail would hold
     fewer than 2 tokens.
     """
+    cut = split_point(len(tokens), val_fraction)
+    return tokens[:cut], tokens[cut:]
+
+
+def split_point(n_tokens: int, val_fraction: float) -> int:
+    """Where validation starts in a stream of `n_tokens` ids (`split_tokens`'s rule, and its
+    UsageErrors)."""
     check_val_fraction(val_fraction)
-    n_val = validation_size(len(tokens), val_fraction)
+    n_val = validation_size(n_tokens, val_fraction)
     if n_val < MIN_VAL_TOKENS:
         raise UsageError(
-            f"{len(tokens)} tokens are too few to split: val_fraction "
+            f"{n_tokens} tokens are too few to split: val_fraction "
             f"{val_fraction} leaves {n_val} validation tokens "
             f"(at least {MIN_VAL_TOKENS} needed)"
         )
-    cut = len(tokens) - n_val
-    return tokens[:cut], tokens[cut:]
+    return n_tokens - n_val
 
 
 def validation_size(n_tokens: int, val_fraction: float) -> int:
@@ -351,11 +371,13 @@ def _progress(total: int | None, show: bool) -> Any:
 
 __all__ = [
     "FORMAT_VERSION",
+    "TokenIds",
     "TokenSplits",
     "build_token_cache",
     "cache_fingerprint",
     "check_cache_dir",
     "check_val_fraction",
+    "split_point",
     "split_tokens",
     "token_dtype",
     "tokenize_documents",

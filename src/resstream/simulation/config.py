@@ -79,15 +79,19 @@ def _require(ok: bool, name: str, value: object, allowed: str) -> None:
 
 
 def _require_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
-    is_int = isinstance(value, int) and not isinstance(value, bool)
-    in_range = is_int and value >= minimum and (maximum is None or value < maximum)
+    in_range = (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and value >= minimum
+        and (maximum is None or value < maximum)
+    )
     allowed = f"an integer >= {minimum}" if maximum is None else f"{minimum} <= {name} < {maximum}"
     _require(in_range, name, value, allowed)
 
 
 def _require_real(name: str, value: object, ok: bool, allowed: str) -> None:
-    is_real = isinstance(value, (int, float)) and not isinstance(value, bool)
-    _require(is_real and math.isfinite(value) and ok, name, value, allowed)
+    finite = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    _require(finite and ok, name, value, allowed)
 
 
 def _check_device(device: str) -> None:

@@ -34,6 +34,9 @@ def make_norm(config: ModelConfig) -> nn.Module:
 class Rotary(nn.Module):
     """Rotary position embedding (half-split layout) applied to queries and keys."""
 
+    cos: Tensor  # (max_len, head_dim / 2): buffers, not saved with the weights
+    sin: Tensor
+
     def __init__(self, head_dim: int, max_len: int, base: float = 10000.0) -> None:
         super().__init__()
         inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
@@ -162,8 +165,9 @@ class GPT(nn.Module):
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 std = residual_std if name.endswith("c_proj") else INIT_STD
                 nn.init.normal_(module.weight, mean=0.0, std=std)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
+                bias = getattr(module, "bias", None)  # an Embedding has none; a Linear may have None
+                if isinstance(bias, Tensor):
+                    nn.init.zeros_(bias)
         reset_gate = getattr(self.gate, "reset_parameters", None)
         if reset_gate is not None:
             reset_gate()

@@ -13,7 +13,8 @@ from resstream.training.config import OptimConfig
 def param_groups(model: nn.Module, config: OptimConfig) -> list[dict]:
     """Three groups: matrices (decayed), gains and biases (not decayed), gate parameters
     (not decayed, own learning rate). Each group records `base_lr` for the schedule."""
-    gate_ids = {id(p) for p in model.gate.parameters()} if hasattr(model, "gate") else set()
+    gate = getattr(model, "gate", None)
+    gate_ids = {id(p) for p in gate.parameters()} if isinstance(gate, nn.Module) else set()
     decay, no_decay, gate = [], [], []
     for param in model.parameters():
         if not param.requires_grad:

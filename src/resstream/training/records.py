@@ -257,8 +257,9 @@ def _run_folder(root: Path, where: object) -> Path:
     """The run folder `where` (as sweep.json names it) inside the sweep directory `root`:
     UsageError for a name that leads out of it (absolute, '..', a link on the way), since
     compare writes each run's eval.json there."""
-    parts = Path(where).parts if isinstance(where, str) else ()
-    if not parts or Path(where).is_absolute() or not all(is_plain_name(part) for part in parts):
+    relative = Path(where if isinstance(where, str) else "")  # not a string: no parts, refused
+    parts = relative.parts
+    if not parts or relative.is_absolute() or not all(is_plain_name(part) for part in parts):
         raise UsageError(
             f"{str(root / SWEEP_FILE)!r} names run folder {where!r}; allowed: a folder inside the "
             f"sweep directory (a relative path without '..')"
@@ -333,8 +334,11 @@ def load_sweep(path: str | Path) -> SweepResult:
     if not isinstance(data, dict) or data.get("format") != SWEEP_FORMAT:
         raise _not_a_sweep(root, f"no {SWEEP_FILE} of a finished sweep")
     runs = _records_from_sweep_json(root, data, None)
-    learned = [run for run in runs if run.gate == "learned" and run.path is not None]
-    histories = {run.seed: saved_gate_history(run.path) for run in learned}
+    histories = {
+        run.seed: saved_gate_history(run.path)
+        for run in runs
+        if run.gate == "learned" and run.path is not None
+    }
     return SweepResult(
         root=root,
         n_layer=int(data["n_layer"]),
