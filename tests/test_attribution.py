@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from resstream.analysis.attribution.decomposition import KINDS, decompose
-from resstream.analysis.attribution.scores import readouts
+from resstream.analysis.attribution.readouts import readouts
 from resstream.analysis.decoding.decoder import decoder_of
 from resstream.analysis.norms import norm_form
 from resstream.capture import block_internals

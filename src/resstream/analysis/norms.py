@@ -16,6 +16,7 @@ module and checks it against the module's own output on a probe input.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -100,12 +101,13 @@ class FrozenNorm:
         return self.form.gain.to(like.dtype)
 
 
-def norm_form(module: nn.Module | None) -> NormForm:
+def norm_form(module: Callable[[Tensor], Tensor] | None) -> NormForm:
     """The formula of a norm module: identity (None or `nn.Identity`), `nn.LayerNorm`,
     `nn.RMSNorm` (with or without an affine weight; `eps=None` is read as the eps torch adds
     then, that of float32 for half-precision modules), or a Hugging Face RMSNorm (`weight` and
     `eps`/`variance_epsilon`; the gain is `weight` or, as in Gemma, `1 + weight`, decided by
-    the module's own output). Raises ValueError for a module none of these formulas
+    the module's own output). Any norm callable is read the same way (a decoder's norm): its
+    output on a probe decides. Raises ValueError for a module none of these formulas
     reproduces, or one that normalises over more than the last dim."""
     if module is None or isinstance(module, nn.Identity):
         return NormForm(centre=False, identity=True)
@@ -113,8 +115,8 @@ def norm_form(module: nn.Module | None) -> NormForm:
         form = NormForm(True, module.eps, _detached(module.weight), _detached(module.bias))
         return _checked(module, [form])
     if isinstance(module, nn.RMSNorm):
-        eps = _default_rms_eps(module) if module.eps is None else module.eps
-        return _checked(module, [NormForm(False, eps, _detached(module.weight))])
+        rms_eps = _default_rms_eps(module) if module.eps is None else module.eps
+        return _checked(module, [NormForm(False, rms_eps, _detached(module.weight))])
     eps = _eps_of(module)
     weight = getattr(module, "weight", None)
     if eps is None or not isinstance(weight, Tensor):
@@ -128,7 +130,7 @@ def _detached(tensor: Tensor | None) -> Tensor | None:
     return None if tensor is None else tensor.detach()
 
 
-def _eps_of(module: nn.Module) -> float | None:
+def _eps_of(module: object) -> float | None:
     for name in ("eps", "variance_epsilon"):
         value = getattr(module, name, None)
         if isinstance(value, float):
@@ -144,7 +146,7 @@ def _default_rms_eps(module: nn.RMSNorm) -> float:
     return torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
 
 
-def _probe_like(module: nn.Module) -> tuple[int, Tensor | None]:
+def _probe_like(module: object) -> tuple[int, Tensor | None]:
     """The width d a norm module normalises and a tensor whose device and dtype its input
     takes (its weight; None for a module without one, whose input is float32 on the CPU)."""
     weight = getattr(module, "weight", None)
@@ -153,10 +155,14 @@ def _probe_like(module: nn.Module) -> tuple[int, Tensor | None]:
         raise ValueError(
             f"the norm {type(module).__name__} normalises over {len(shape)} dims; only the last is supported"
         )
-    return (int(shape[0]) if shape is not None else int(weight.shape[0])), weight
+    if shape is not None:
+        return int(shape[0]), weight
+    if not isinstance(weight, Tensor):
+        raise ValueError(f"cannot read the width of the norm {type(module).__name__}: no weight")
+    return int(weight.shape[0]), weight
 
 
-def _checked(module: nn.Module, candidates: list[NormForm]) -> NormForm:
+def _checked(module: Callable[[Tensor], Tensor], candidates: list[NormForm]) -> NormForm:
     """The first candidate formula that reproduces the module on a probe input."""
     d, like = _probe_like(module)
     device, dtype = (torch.device("cpu"), torch.float32) if like is None else (like.device, like.dtype)

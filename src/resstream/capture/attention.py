@@ -45,7 +45,7 @@ def attention_rows(view: ModelView, input_ids: Tensor, rows: Tensor | None = Non
             per_layer = [cut(p) for p in view.attention(input_ids)]
         else:
             per_layer = _hooked_attentions(view, input_ids, cut)
-    if len(per_layer) != view.n_layers or any(p is None for p in per_layer):
+    if len(per_layer) != view.n_layers:
         raise RuntimeError(f"{view.family}: got {len(per_layer)} attention maps for {view.n_layers} layers")
     return tuple(per_layer)
 
@@ -70,7 +70,9 @@ def _hooked_attentions(view: ModelView, input_ids: Tensor, cut: Callable[[Tensor
     finally:
         for handle in handles:
             handle.remove()
-    return [found.get(i) for i in range(view.n_layers)]
+    if len(found) != view.n_layers:
+        raise RuntimeError(f"{view.family}: got {len(found)} attention maps for {view.n_layers} layers")
+    return [found[i] for i in range(view.n_layers)]
 
 
 @contextmanager
@@ -78,11 +80,12 @@ def eager_attention(model: nn.Module) -> Iterator[None]:
     """Run a Hugging Face model with its eager attention (which can return probabilities)."""
     config = getattr(model, "config", None)
     previous = getattr(config, "_attn_implementation", None)
-    switch = previous not in (None, "eager") and hasattr(model, "set_attn_implementation")
-    if switch:
-        model.set_attn_implementation("eager")
+    set_implementation = getattr(model, "set_attn_implementation", None)  # Hugging Face models'
+    if previous in (None, "eager") or set_implementation is None:
+        yield
+        return
+    set_implementation("eager")
     try:
         yield
     finally:
-        if switch:
-            model.set_attn_implementation(previous)
+        set_implementation(previous)

@@ -37,9 +37,12 @@ from resstream.capture.hooks import _block_input, _hooks, check_input_ids, first
 from resstream.models.adapters.base import BlockInternals, BlockView, Internals, ModelView
 
 
-def _require(block: BlockView, index: int) -> None:
+def _projections(block: BlockView, index: int) -> tuple[nn.Module, nn.Module]:
+    """The block's attention and MLP output projections, hooked for z and m; ValueError for a
+    view that gives none."""
     if block.out_proj is None or block.mlp_out_proj is None:
         raise ValueError(f"block {index} of this view has no out_proj / mlp_out_proj to hook")
+    return block.out_proj, block.mlp_out_proj
 
 
 def block_internals(
@@ -54,8 +57,7 @@ def block_internals(
     handles: list[torch.utils.hooks.RemovableHandle] = []
     try:
         for index, block in enumerate(view.blocks):
-            _require(block, index)
-            handles += _block_hooks(block, seen[index])
+            handles += _block_hooks(block, index, seen[index])
     except BaseException:
         for handle in handles:
             handle.remove()
@@ -71,8 +73,11 @@ def block_internals(
     return Internals(input_ids=input_ids, embedding=blocks[0].block_input, blocks=blocks)
 
 
-def _block_hooks(block: BlockView, record: dict[str, Any]) -> list[torch.utils.hooks.RemovableHandle]:
-    """Hooks that fill `record` with one block's reads and writes (each module runs once)."""
+def _block_hooks(
+    block: BlockView, index: int, record: dict[str, Any]
+) -> list[torch.utils.hooks.RemovableHandle]:
+    """Hooks that fill `record` with block `index`'s reads and writes (each module runs once)."""
+    out_proj, mlp_out_proj = _projections(block, index)
 
     def keep(name: str, value: Tensor) -> None:
         if name in record:
@@ -100,9 +105,9 @@ def _block_hooks(block: BlockView, record: dict[str, Any]) -> list[torch.utils.h
     pre = [
         (block.module, on_block),
         (block.attn, on_input("attn_input")),
-        (block.out_proj, on_input("z")),
+        (out_proj, on_input("z")),
         (block.mlp, on_input("mlp_input")),
-        (block.mlp_out_proj, on_input("coefficients")),
+        (mlp_out_proj, on_input("coefficients")),
     ]
     post = [
         (block.module, on_output("block_output")),

@@ -2,8 +2,10 @@
 
 `load_model(spec)` (module `loading`) resolves a spec — the built-in reference model, a
 resstream run directory, a local Hugging Face directory or a hub name — into a checked
-`LoadedModel` (view + tokenizer); `as_loaded(...)` wraps a model already in memory the same
-way. The `adapters` subpackage maps each family onto the common `ModelView`.
+`LoadedModel` (view + tokenizer; module `loaded`); `as_loaded(...)` wraps a model already in
+memory the same way. Hugging Face models are read by `hf_config` (the config accepted),
+`hf_sizes` (whether it fits) and `hf_load` (tokenizer and weights). The `adapters` subpackage
+maps each family onto the common `ModelView`.
 """
 
 from resstream.models.adapters import BlockView, ModelView, family_of, register, supported_families, view_of

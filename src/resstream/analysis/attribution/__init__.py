@@ -2,7 +2,8 @@
 
 - `decomposition`: the residual stream as an exact sum of named components.
 - `contributions`: log-probability contribution scores of added vectors.
-- `scores`: direct logit attribution and the attribution of one prediction.
+- `readouts`: direct logit attribution, the read-out direction of a logit at every write.
+- `scores`: the attribution of one prediction (DLA and contributions of every write).
 - `corpus`: the same over a corpus, every position's next token the target.
 - `results`: the frozen results (`AttributeResult`, `CorpusAttribution`).
 """

@@ -153,9 +153,7 @@ class LogProbs:
         shared = x.ndim == 1  # one state: A(x) and its log p once, broadcast over the rows
         if shared:
             A_shared = (self.form.centred(x) @ self.weighted.T).unsqueeze(0)  # (1, V)
-            base_shared = self._log_probs_of(
-                A_shared, self.form.inverse_scale(x).unsqueeze(0), None, None, ids[:1]
-            )
+            base_shared = self._log_probs_of(A_shared, self.form.inverse_scale(x).unsqueeze(0), ids[:1])
         step = _chunk(self.vocab_size)
         for start in range(0, n, step):
             rows = slice(start, start + step)
@@ -163,22 +161,24 @@ class LogProbs:
                 A_x, base = A_shared, base_shared
             else:
                 A_x = self.form.centred(xs[rows]) @ self.weighted.T  # (k, V)
-                base = self._log_probs_of(A_x, self.form.inverse_scale(xs[rows]), None, None, ids[rows])
+                base = self._log_probs_of(A_x, self.form.inverse_scale(xs[rows]), ids[rows])
             for head in range(n_heads):
                 c = coefficients[head, rows]
                 scale = self.form.inverse_scale(xs[rows] + c @ bases[head])  # (k, 1)
                 reader = M[head * rank : (head + 1) * rank]
-                out[head, rows] = self._log_probs_of(A_x, scale, c * scale, reader, ids[rows]) - base
+                out[head, rows] = (
+                    self._log_probs_of(A_x, scale, ids[rows], low_rank=(c * scale, reader)) - base
+                )
         return out
 
     def _log_probs_of(
-        self, A_x: Tensor, scale: Tensor, rows: Tensor | None, reader: Tensor | None, ids: Tensor
+        self, A_x: Tensor, scale: Tensor, ids: Tensor, *, low_rank: tuple[Tensor, Tensor] | None = None
     ) -> Tensor:
-        """log p(ids) from scores b + scale ⊙ A_x (+ rows @ reader), built in the scratch buffer;
-        A_x (k or 1, V) broadcasts over the k rows of `scale` (k, 1)."""
+        """log p(ids) from scores b + scale ⊙ A_x (+ rows @ reader, `low_rank` = (rows, reader)),
+        built in the scratch buffer; A_x (k or 1, V) broadcasts over the k rows of `scale` (k, 1)."""
         scores = torch.addcmul(self.offset, A_x, scale, out=self._buffer(scale.shape[0]))
-        if rows is not None:
-            scores.addmm_(rows, reader)
+        if low_rank is not None:
+            scores.addmm_(*low_rank)
         return _picked_log_softmax(self._capped_(scores), ids)
 
     def _buffer(self, n: int) -> Tensor:

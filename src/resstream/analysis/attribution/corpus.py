@@ -36,6 +36,7 @@ from resstream.analysis.attribution.decomposition import (
     residual_points,
     sublayer_writes,
 )
+from resstream.analysis.attribution.readouts import actual_logits, readouts
 from resstream.analysis.attribution.results import (
     AttributionCheck,
     CorpusAttribution,
@@ -43,7 +44,6 @@ from resstream.analysis.attribution.results import (
     LayerSummary,
     NeuronSummary,
 )
-from resstream.analysis.attribution.scores import actual_logits, readouts
 from resstream.analysis.decoding.decoder import Decoder
 from resstream.models.adapters.base import Internals, ModelView
 from resstream.simulation.intervals import Estimate, mean_interval
@@ -122,7 +122,7 @@ def _sequence_scores(
         writes = sublayer_writes(view, internals, layer, "attn", pos, sequence=sequence)
         heads = writes.kinds == KINDS.index("head")
         head_dla.append((writes.vectors[heads].double() * r.attn_added[layer]).sum(-1).mean(-1))
-        W_out = block.mlp_weights().W_out.detach().double()
+        W_out = block.read_mlp_weights().W_out.detach().double()
         m = rec.coefficients[at].double()
         neuron_dla.append((m * (r.mlp[layer] @ W_out.T)).mean(0))
         coefficient.append(m.mean(0))

@@ -204,10 +204,17 @@ def decompose(
     for layer, (block, rec) in enumerate(zip(view.blocks, internals.blocks, strict=True)):
         if point <= 2 * layer:
             break
-        state = _attention_step(parts, layer, block, rec, at, heads=heads or sources, sources=sources)
+        _scale_by_gate(parts, rec, at)
+        attention_parts(parts, layer, block, rec, at, heads=heads or sources, sources=sources)
+        if block.norm_position == "post":
+            _freeze_stream(parts, layer, block.ln1, attention_base(rec, at) + rec.attn_output[at])
+        state = after_attention(block, rec, at)
         if point == 2 * layer + 1:
             break
-        state = _mlp_step(parts, layer, block, rec, at, state, neurons=neurons)
+        mlp_parts(parts, layer, block, rec, at, neurons=neurons)
+        if block.norm_position == "post":
+            _freeze_stream(parts, layer, block.ln2, state + rec.mlp_output[at])
+        state = rec.block_output[at]
     return parts.result(point, pos, state)
 
 
@@ -261,24 +268,11 @@ def identity_scale_at(rec: BlockInternals, at: tuple[int, Tensor]) -> Tensor | N
     return alpha
 
 
-def _attention_step(
-    parts: _Parts,
-    layer: int,
-    block: BlockView,
-    rec: BlockInternals,
-    at: tuple[int, Tensor],
-    *,
-    heads: bool,
-    sources: bool,
-) -> Tensor:
-    """Add block `layer`'s attention parts; returns the actual L_res at `at`."""
+def _scale_by_gate(parts: _Parts, rec: BlockInternals, at: tuple[int, Tensor]) -> None:
+    """A residual gate scales the block's identity path, so every component so far, by α."""
     alpha = identity_scale_at(rec, at)
     if alpha is not None:
         parts.map(lambda v: v * alpha.to(v.dtype))
-    attention_parts(parts, layer, block, rec, at, heads=heads, sources=sources)
-    if block.norm_position == "post":
-        _freeze_stream(parts, layer, block.ln1, attention_base(rec, at) + rec.attn_output[at])
-    return after_attention(block, rec, at)
 
 
 def _add_sources(
@@ -315,7 +309,7 @@ def neuron_terms(block: BlockView, rec: BlockInternals, at: tuple[int, Tensor]) 
     (d_ff, d) in float32 — W_out itself, or for Gemma-2 W_out ⊙ gain with m scaled by the
     post-feed-forward norm's 1/s frozen at the actual MLP output."""
     m = rec.coefficients[at].float()
-    values = block.mlp_weights().W_out.detach().float()
+    values = block.read_mlp_weights().W_out.detach().float()
     if block.post_mlp_norm is not None:
         scale, gain = post_norm_factors(block.post_mlp_norm, rec.mlp_raw[at], "neurons")
         m, values = m * scale, values * gain
@@ -328,7 +322,7 @@ def head_values(block: BlockView, rec: BlockInternals, sequence: int, count: int
     need both)."""
     if rec.probs is None:
         raise ValueError("attention sources need internals recorded with attention=True")
-    weights = block.attention_weights()
+    weights = block.read_attention_weights()
     x = rec.attn_input[sequence, :count].float()
     values = torch.einsum("jm,hmd->hjd", x, weights.W_V.detach().float())
     if weights.b_V is not None:
@@ -359,7 +353,7 @@ def mlp_parts(
     post-feed-forward norm frozen at the actual raw output): neurons + bias, or one part."""
     n_before = len(parts.vectors)
     if neurons:
-        weights = block.mlp_weights()
+        weights = block.read_mlp_weights()
         m = rec.coefficients[at]  # (N, d_ff)
         split = m.T.unsqueeze(-1).to(weights.W_out.dtype) * weights.W_out.detach().unsqueeze(
             1
@@ -371,23 +365,6 @@ def mlp_parts(
         parts.add("mlp", layer, rec.mlp_raw[at].unsqueeze(0))
     if block.post_mlp_norm is not None:
         _freeze_sublayer(parts, n_before, layer, block.post_mlp_norm, rec.mlp_raw[at])
-
-
-def _mlp_step(
-    parts: _Parts,
-    layer: int,
-    block: BlockView,
-    rec: BlockInternals,
-    at: tuple[int, Tensor],
-    res: Tensor,
-    *,
-    neurons: bool,
-) -> Tensor:
-    """Add block `layer`'s MLP parts; returns the actual L_out at `at`."""
-    mlp_parts(parts, layer, block, rec, at, neurons=neurons)
-    if block.norm_position == "post":
-        _freeze_stream(parts, layer, block.ln2, res + rec.mlp_output[at])
-    return rec.block_output[at]
 
 
 def sublayer_writes(
@@ -436,14 +413,14 @@ def _freeze_sublayer(parts: _Parts, first: int, layer: int, module: nn.Module, r
         parts.add("norm_bias", layer, form.offset(raw).expand_as(raw).unsqueeze(0))
 
 
-def _freeze_stream(parts: _Parts, layer: int, module: nn.Module, summed: Tensor) -> Tensor:
-    """Post-norm: pass every component through the stream norm frozen at the actual sum."""
+def _freeze_stream(parts: _Parts, layer: int, module: nn.Module | None, summed: Tensor) -> None:
+    """Post-norm: pass every component through the stream norm (None: the identity) frozen at
+    the actual sum."""
     form = norm_form(module)
     frozen = form.freeze(summed)
     parts.map(frozen.apply)
     if form.bias is not None:
         parts.add("norm_bias", layer, form.offset(summed).expand_as(summed).unsqueeze(0))
-    return form(summed)
 
 
 __all__ = [

@@ -47,7 +47,7 @@ estimates it by Monte Carlo with seeded Gaussian factors of the model's shapes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import torch
@@ -95,17 +95,9 @@ class Baseline:
     seed: int
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field, and the rule the baseline follows."""
         return {
-            "d_model": self.d_model,
-            "d_head": self.d_head,
-            "rms_analytic": self.rms_analytic,
-            "mean": self.mean,
-            "stderr": self.stderr,
-            "rms": self.rms,
-            "mean_square": self.mean_square,
-            "mean_square_stderr": self.mean_square_stderr,
-            "samples": self.samples,
-            "seed": self.seed,
+            **asdict(self),
             "rule": "Gaussian factors of the model's shapes; E[score²] = 1/d_model exactly",
         }
 
@@ -122,13 +114,8 @@ class HeadPair:
     score: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "layer_a": self.layer_a,
-            "head_a": self.head_a,
-            "layer_b": self.layer_b,
-            "head_b": self.head_b,
-            "score": self.score,
-        }
+        """Every field, by name."""
+        return asdict(self)
 
 
 @dataclass(frozen=True, eq=False)
@@ -223,12 +210,12 @@ def check_samples(samples: int) -> None:
         raise UsageError(f"`samples` {samples} must be >= 2 (the baseline's standard error needs two)")
 
 
-def _unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
-    out = []
-    for size in reversed(shape):
-        out.append(index % size)
-        index //= size
-    return tuple(reversed(out))
+def _unravel(index: int, shape: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+    """The (l1, h1, l2, h2) position of a flat (row-major) `index` into scores of `shape`."""
+    index, h2 = divmod(index, shape[3])
+    index, l2 = divmod(index, shape[2])
+    index, h1 = divmod(index, shape[1])
+    return index % shape[0], h1, l2, h2
 
 
 def composition(
@@ -287,13 +274,13 @@ def squeezed_read(P: Tensor, S: Tensor) -> Tensor:
 
 def write_factor(block: BlockView) -> Tensor:
     """Every head's Â (H, k, d) of its write M_A = W_V[h] @ W_O[h] (module docstring)."""
-    weights = block.attention_weights()
+    weights = block.read_attention_weights()
     return squeezed_write(weights.W_V.detach().float(), _written(block))
 
 
 def read_factors(block: BlockView) -> dict[Kind, Tensor]:
     """Every head's B̂ (H, d, k) of its reading matrix of each kind (module docstring)."""
-    weights = block.attention_weights()
+    weights = block.read_attention_weights()
     gain = _read_gain(block)
     Q, K, V = (gain[:, None] * w.detach().float() for w in (weights.W_Q, weights.W_K, weights.W_V))
     return {

@@ -64,7 +64,7 @@ def added_values(view: ModelView, layer: int, neurons: Tensor | None = None) -> 
     final norm, up to positive per-position scales: W_out[k], times Gemma-2's
     post-feed-forward gain, and in post-norm blocks passed through every later stream norm's
     centring and gain (this block's ln2, then each later block's ln1 and ln2). (d_ff or n, d)."""
-    W_out = view.blocks[layer].mlp_weights().W_out.detach()
+    W_out = view.blocks[layer].read_mlp_weights().W_out.detach()
     rows = W_out if neurons is None else W_out[neurons.to(W_out.device)]
     rows = rows.float()
     block = view.blocks[layer]
@@ -124,7 +124,7 @@ def promoted_tokens(
     if not 1 <= top <= vocab:
         raise ValueError(f"top {top} is outside [1, {vocab}] (the vocabulary)")
     chunk = max(1, chunk_bytes // (4 * vocab))
-    lists: list[list[tuple[float, ...] | tuple[int, ...]]] = [[], [], [], []]
+    lists: list[list[tuple[Any, ...]]] = [[], [], [], []]  # rows of ids or scores (`tolist`)
     for start in range(0, W_out_rows.shape[0], chunk):
         scores = value_logits(decoder, W_out_rows[start : start + chunk])
         high = scores.topk(top, dim=-1)
@@ -287,6 +287,7 @@ def top_activations(
     if neurons is not None:
         slots, names = list(range(len(neurons))), [int(n) for n in neurons]
     else:
+        assert top is not None  # exactly one of neurons and top (checked above)
         slots = names = rank_neurons(tracker.maxima(), top)
     maxima = tracker.maxima()
     return KeySide(

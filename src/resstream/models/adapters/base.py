@@ -9,9 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 from torch import Tensor, nn
+
+#: A model, or one of its submodules, as an adapter reads it: a third-party object (a Hugging
+#: Face model, or resstream's GPT) whose submodules are attributes built at run time
+#: (`model.transformer.h[0].attn.c_proj`). torch types such an attribute as
+#: `Tensor | Module`, which says nothing useful about it, so adapters hold these objects as
+#: `Any` and type what they build from them (tensors, `BlockView`, `ModelView`).
+DynamicModule: TypeAlias = Any
 
 
 @dataclass(frozen=True)
@@ -69,7 +76,8 @@ class BlockView:
     that applies W_O: its input is the concatenation of the per-head z (hook it to get z).
 
     `attention_weights()` / `mlp_weights()` build the per-head Q/K/V matrices and the MLP's
-    key/value matrices on demand (`AttentionWeights`, `MLPWeights`); `mlp_out_proj` is the
+    key/value matrices on demand (`AttentionWeights`, `MLPWeights`; `read_attention_weights()`
+    / `read_mlp_weights()` call them, refusing a view that gives none); `mlp_out_proj` is the
     module that applies W_out (its input is the neuron coefficients m: hook it to get m).
     `identity_scale(args, kwargs)` reads, from the arguments the block is called with, the
     factor α its identity path is scaled by (resstream's residual gates: y = α·x + attn(...)),
@@ -97,6 +105,18 @@ class BlockView:
     mlp_weights: Callable[[], MLPWeights] | None = None
     mlp_out_proj: nn.Module | None = None
     identity_scale: Callable[[tuple[Any, ...], dict[str, Any]], Tensor | None] | None = None
+
+    def read_attention_weights(self) -> AttentionWeights:
+        """`attention_weights()`; ValueError for a block whose view gives none."""
+        if self.attention_weights is None:
+            raise ValueError("this block's view gives no attention weights (BlockView.attention_weights)")
+        return self.attention_weights()
+
+    def read_mlp_weights(self) -> MLPWeights:
+        """`mlp_weights()`; ValueError for a block whose view gives none."""
+        if self.mlp_weights is None:
+            raise ValueError("this block's view gives no MLP weights (BlockView.mlp_weights)")
+        return self.mlp_weights()
 
 
 @dataclass(frozen=True)

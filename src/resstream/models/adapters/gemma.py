@@ -16,14 +16,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from resstream.models.adapters.base import ModelView
+from resstream.models.adapters.base import DynamicModule, ModelView
 from resstream.models.adapters.llama import llama_like_view
 from resstream.models.adapters.registry import register
 
 
-def _embedder(trunk: nn.Module, d_model: int) -> tuple[Callable[[Tensor], Tensor], float]:
+def _embedder(trunk: DynamicModule, d_model: int) -> tuple[Callable[[Tensor], Tensor], float]:
     """The embedding function (scaled as the model scales it) and its scale."""
     module = trunk.embed_tokens
     if hasattr(module, "embed_scale"):  # transformers 5.x: the module scales its output
@@ -38,11 +38,11 @@ def _embedder(trunk: nn.Module, d_model: int) -> tuple[Callable[[Tensor], Tensor
     return embed, scale
 
 
-def _gemma_view(model: nn.Module, family: str, *, sandwich: bool) -> ModelView:
+def _gemma_view(model: DynamicModule, family: str, *, sandwich: bool) -> ModelView:
     config = model.config
     embed, scale = _embedder(model.model, config.hidden_size)
     softcap = getattr(config, "final_logit_softcapping", None) if sandwich else None
-    notes = (f"token embeddings are scaled by sqrt(d_model) = {scale:g}",)
+    notes: tuple[str, ...] = (f"token embeddings are scaled by sqrt(d_model) = {scale:g}",)
     if softcap is not None:
         notes += (f"final logits are soft-capped: tanh(x / {softcap:g}) * {softcap:g}",)
     return llama_like_view(
@@ -57,12 +57,12 @@ def _gemma_view(model: nn.Module, family: str, *, sandwich: bool) -> ModelView:
 
 
 @register("gemma")
-def gemma_view(model: nn.Module) -> ModelView:
+def gemma_view(model: DynamicModule) -> ModelView:
     """The view of a Gemma causal LM."""
     return _gemma_view(model, "gemma", sandwich=False)
 
 
 @register("gemma2")
-def gemma2_view(model: nn.Module) -> ModelView:
+def gemma2_view(model: DynamicModule) -> ModelView:
     """The view of a Gemma-2 causal LM (post-sublayer norms, logit soft-capping)."""
     return _gemma_view(model, "gemma2", sandwich=True)

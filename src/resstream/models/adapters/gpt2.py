@@ -8,62 +8,41 @@ Hugging Face's last `hidden_states` entry is after `ln_f`; h_L here is the last 
 
 from __future__ import annotations
 
-from functools import partial
+from torch import Tensor
 
-from torch import Tensor, nn
-
-from resstream.models.adapters.base import AttentionWeights, BlockView, MLPWeights, ModelView
-from resstream.models.adapters.registry import (
-    bias_of,
-    context_of,
+from resstream.models.adapters.base import AttentionWeights, DynamicModule, MLPWeights, ModelView
+from resstream.models.adapters.layout import BlockLayout, Sublayer, hf_model_view, positions
+from resstream.models.adapters.registry import register
+from resstream.models.adapters.weights import (
     conv1d_W_O,
-    hf_model_view,
-    per_head,
-    per_head_bias,
-    positions,
-    register,
+    conv1d_weight,
+    fused_qkv_weights,
+    projection_mlp_weights,
 )
 
 
-def _attention_weights(attn: nn.Module, n_heads: int) -> AttentionWeights:
+def _attention_weights(attn: DynamicModule, n_heads: int) -> AttentionWeights:
     """Q/K/V per head from `c_attn` (a Conv1D: weight (d_model, 3·d_model), columns q | k | v)."""
-    weights = attn.c_attn.weight.split(attn.c_attn.weight.shape[1] // 3, dim=1)
-    bias = attn.c_attn.bias
-    biases = bias.split(bias.shape[0] // 3) if bias is not None else (None, None, None)
-    W_Q, W_K, W_V = (per_head(w, n_heads) for w in weights)
-    b_Q, b_K, b_V = (per_head_bias(b, n_heads) for b in biases)
-    return AttentionWeights(W_Q, W_K, W_V, b_Q, b_K, b_V)
+    return fused_qkv_weights(attn.c_attn, n_heads, weight=conv1d_weight)
 
 
-def _mlp_weights(mlp: nn.Module) -> MLPWeights:
+def _mlp_weights(mlp: DynamicModule) -> MLPWeights:
     """GPT-2's MLP: act(x @ c_fc + b) @ c_proj + b (Conv1D weights are stored (in, out))."""
-    return MLPWeights(
-        W_in=mlp.c_fc.weight, b_in=mlp.c_fc.bias, W_out=mlp.c_proj.weight, b_out=mlp.c_proj.bias, act=mlp.act
-    )
+    return projection_mlp_weights(mlp.c_fc, mlp.c_proj, mlp.act, weight=conv1d_weight)
+
+
+BLOCK = BlockLayout(
+    attention=Sublayer("attn", norm="ln_1", out_proj="c_proj", weights=_attention_weights),
+    mlp=Sublayer("mlp", norm="ln_2", out_proj="c_proj", weights=_mlp_weights),
+    read_W_O=conv1d_W_O,
+)
 
 
 @register("gpt2")
-def gpt2_view(model: nn.Module) -> ModelView:
+def gpt2_view(model: DynamicModule) -> ModelView:
     """The view of a GPT-2 causal LM."""
     config = model.config
     trunk = model.transformer
-    n_heads = config.n_head
-    blocks = tuple(
-        BlockView(
-            module=block,
-            ln1=block.ln_1,
-            attn=block.attn,
-            ln2=block.ln_2,
-            mlp=block.mlp,
-            W_O=conv1d_W_O(block.attn.c_proj, n_heads),
-            b_O=bias_of(block.attn.c_proj),
-            out_proj=block.attn.c_proj,
-            attention_weights=partial(_attention_weights, block.attn, n_heads),
-            mlp_weights=partial(_mlp_weights, block.mlp),
-            mlp_out_proj=block.mlp.c_proj,
-        )
-        for block in trunk.h
-    )
 
     def embed(input_ids: Tensor) -> Tensor:
         pos = trunk.wpe(positions(input_ids))
@@ -73,11 +52,10 @@ def gpt2_view(model: nn.Module) -> ModelView:
         model,
         family="gpt2",
         trunk=trunk,
-        blocks=blocks,
+        blocks=BLOCK.views(trunk.h, config.n_head),
         embed=embed,
         input_embedding=trunk.wte.weight,
         final_norm=trunk.ln_f,
-        n_heads=n_heads,
+        n_heads=config.n_head,
         d_model=config.n_embd,
-        max_positions=context_of(config),
     )

@@ -11,29 +11,28 @@ default, small Qwen2 models tied. `head_dim` may differ from hidden_size / n_hea
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
+from dataclasses import replace
 from typing import Any
 
-from torch import Tensor, nn
+from torch import Tensor
 
-from resstream.models.adapters.base import AttentionWeights, BlockView, MLPWeights, ModelView
-from resstream.models.adapters.registry import (
+from resstream.models.adapters.base import AttentionWeights, DynamicModule, MLPWeights, ModelView
+from resstream.models.adapters.layout import BlockLayout, Sublayer, hf_model_view
+from resstream.models.adapters.registry import register
+from resstream.models.adapters.weights import (
     bias_of,
-    context_of,
-    hf_model_view,
-    linear_W_O,
     linear_weight,
     per_head,
     per_head_bias,
-    register,
+    projection_mlp_weights,
     repeat_heads,
 )
 
 
-def _attention_weights(attn: nn.Module, n_heads: int) -> AttentionWeights:
+def _attention_weights(attn: DynamicModule, n_heads: int) -> AttentionWeights:
     """Q/K/V per query head from q/k/v_proj; grouped key/value heads repeated (`repeat_heads`)."""
 
-    def read(proj: nn.Module) -> tuple[Tensor, Tensor | None]:
+    def read(proj: DynamicModule) -> tuple[Tensor, Tensor | None]:
         W = linear_weight(proj)
         heads = W.shape[1] // attn.head_dim
         W_h = repeat_heads(per_head(W, heads), n_heads)
@@ -43,46 +42,27 @@ def _attention_weights(attn: nn.Module, n_heads: int) -> AttentionWeights:
     return AttentionWeights(W_Q, W_K, W_V, b_Q, b_K, b_V)
 
 
-def _mlp_weights(mlp: nn.Module) -> MLPWeights:
+def _mlp_weights(mlp: DynamicModule) -> MLPWeights:
     """The gated MLP: down_proj(act(gate_proj(x)) * up_proj(x))."""
-    return MLPWeights(
-        W_in=linear_weight(mlp.gate_proj),
-        b_in=bias_of(mlp.gate_proj),
-        W_up=linear_weight(mlp.up_proj),
-        b_up=bias_of(mlp.up_proj),
-        W_out=linear_weight(mlp.down_proj),
-        b_out=bias_of(mlp.down_proj),
-        act=mlp.act_fn,
-    )
+    return projection_mlp_weights(mlp.gate_proj, mlp.down_proj, mlp.act_fn, up=mlp.up_proj)
 
 
-def llama_like_blocks(trunk: nn.Module, n_heads: int, *, sandwich: bool = False) -> tuple[BlockView, ...]:
-    """The blocks of Llama's layout (`trunk.layers[l]`: `input_layernorm`, `self_attn` with
-    `o_proj`, `post_attention_layernorm`, `mlp`). `sandwich` is Gemma-2's variant: the norm
-    before the MLP is `pre_feedforward_layernorm`, and `post_attention_layernorm` /
-    `post_feedforward_layernorm` normalise the sublayer outputs before they are added."""
-    return tuple(
-        BlockView(
-            module=layer,
-            ln1=layer.input_layernorm,
-            attn=layer.self_attn,
-            ln2=layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm,
-            mlp=layer.mlp,
-            W_O=linear_W_O(layer.self_attn.o_proj, n_heads),
-            b_O=bias_of(layer.self_attn.o_proj),
-            post_attn_norm=layer.post_attention_layernorm if sandwich else None,
-            post_mlp_norm=layer.post_feedforward_layernorm if sandwich else None,
-            out_proj=layer.self_attn.o_proj,
-            attention_weights=partial(_attention_weights, layer.self_attn, n_heads),
-            mlp_weights=partial(_mlp_weights, layer.mlp),
-            mlp_out_proj=layer.mlp.down_proj,
-        )
-        for layer in trunk.layers
-    )
+#: Llama's block (`trunk.layers[l]`).
+BLOCK = BlockLayout(
+    attention=Sublayer("self_attn", norm="input_layernorm", out_proj="o_proj", weights=_attention_weights),
+    mlp=Sublayer("mlp", norm="post_attention_layernorm", out_proj="down_proj", weights=_mlp_weights),
+)
+#: Gemma-2's variant: the norm before the MLP is `pre_feedforward_layernorm`, and
+#: `post_attention_layernorm` / `post_feedforward_layernorm` normalise the sub-layer outputs
+#: before they are added.
+SANDWICH_BLOCK = BlockLayout(
+    attention=replace(BLOCK.attention, post_norm="post_attention_layernorm"),
+    mlp=replace(BLOCK.mlp, norm="pre_feedforward_layernorm", post_norm="post_feedforward_layernorm"),
+)
 
 
 def llama_like_view(
-    model: nn.Module,
+    model: DynamicModule,
     family: str,
     *,
     sandwich: bool = False,
@@ -93,41 +73,40 @@ def llama_like_view(
     """The view of a model with Llama's layout (`model.model.layers[l].self_attn.o_proj` ...).
 
     Gemma and Gemma-2 share it and pass what they do differently: `sandwich` blocks
-    (`llama_like_blocks`), their scaled `embed` (default: the plain token embedding), their
+    (`SANDWICH_BLOCK`), their scaled `embed` (default: the plain token embedding), their
     `notes`, and the rarer `ModelView` fields (soft-capping, embedding scale) in `extra`.
     """
     config = model.config
     trunk = model.model
-    n_heads = config.num_attention_heads
+    layout = SANDWICH_BLOCK if sandwich else BLOCK
     return hf_model_view(
         model,
         family=family,
         trunk=trunk,
-        blocks=llama_like_blocks(trunk, n_heads, sandwich=sandwich),
+        blocks=layout.views(trunk.layers, config.num_attention_heads),
         embed=embed or trunk.embed_tokens,
         input_embedding=trunk.embed_tokens.weight,
         final_norm=trunk.norm,
-        n_heads=n_heads,
+        n_heads=config.num_attention_heads,
         d_model=config.hidden_size,
-        max_positions=context_of(config),
         notes=notes,
         **extra,
     )
 
 
 @register("llama")
-def llama_view(model: nn.Module) -> ModelView:
+def llama_view(model: DynamicModule) -> ModelView:
     """The view of a Llama causal LM."""
     return llama_like_view(model, "llama")
 
 
 @register("mistral")
-def mistral_view(model: nn.Module) -> ModelView:
+def mistral_view(model: DynamicModule) -> ModelView:
     """The view of a Mistral causal LM."""
     return llama_like_view(model, "mistral")
 
 
 @register("qwen2")
-def qwen2_view(model: nn.Module) -> ModelView:
+def qwen2_view(model: DynamicModule) -> ModelView:
     """The view of a Qwen2 causal LM."""
     return llama_like_view(model, "qwen2")

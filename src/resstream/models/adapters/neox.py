@@ -11,69 +11,44 @@ transformers 5.x, `embed_out` in 4.x checkpoints' naming) is untied in Pythia; f
 
 from __future__ import annotations
 
-from functools import partial
+from torch import Tensor
 
-from torch import Tensor, nn
-
-from resstream.models.adapters.base import AttentionWeights, BlockView, MLPWeights, ModelView
-from resstream.models.adapters.registry import (
-    bias_of,
-    context_of,
-    hf_model_view,
-    linear_W_O,
-    linear_weight,
-    register,
-)
+from resstream.models.adapters.base import AttentionWeights, DynamicModule, MLPWeights, ModelView
+from resstream.models.adapters.layout import BlockLayout, Sublayer, hf_model_view
+from resstream.models.adapters.registry import register
+from resstream.models.adapters.weights import linear_weight, projection_mlp_weights
 
 
-def _attention_weights(attention: nn.Module, n_heads: int) -> AttentionWeights:
+def _attention_weights(attention: DynamicModule, n_heads: int) -> AttentionWeights:
     """Q/K/V per head from the fused `query_key_value` Linear, whose output is laid out per
     head as [q_h | k_h | v_h] (viewed (…, n_heads, 3·d_head) and chunked in three)."""
     W = linear_weight(attention.query_key_value)  # (d_model, n_heads * 3 * d_head)
     d_model = W.shape[0]
     W_Q, W_K, W_V = W.reshape(d_model, n_heads, 3, -1).permute(2, 1, 0, 3).unbind(0)
-    bias = attention.query_key_value.bias
+    bias: Tensor | None = attention.query_key_value.bias
     b_Q = b_K = b_V = None
     if bias is not None:
         b_Q, b_K, b_V = bias.reshape(n_heads, 3, -1).unbind(1)
     return AttentionWeights(W_Q, W_K, W_V, b_Q, b_K, b_V)
 
 
-def _mlp_weights(mlp: nn.Module) -> MLPWeights:
+def _mlp_weights(mlp: DynamicModule) -> MLPWeights:
     """GPT-NeoX's MLP: dense_4h_to_h(act(dense_h_to_4h(x)))."""
-    return MLPWeights(
-        W_in=linear_weight(mlp.dense_h_to_4h),
-        b_in=mlp.dense_h_to_4h.bias,
-        W_out=linear_weight(mlp.dense_4h_to_h),
-        b_out=mlp.dense_4h_to_h.bias,
-        act=mlp.act,
-    )
+    return projection_mlp_weights(mlp.dense_h_to_4h, mlp.dense_4h_to_h, mlp.act)
+
+
+BLOCK = BlockLayout(
+    attention=Sublayer("attention", norm="input_layernorm", out_proj="dense", weights=_attention_weights),
+    mlp=Sublayer("mlp", norm="post_attention_layernorm", out_proj="dense_4h_to_h", weights=_mlp_weights),
+)
 
 
 @register("gpt_neox")
-def neox_view(model: nn.Module) -> ModelView:
+def neox_view(model: DynamicModule) -> ModelView:
     """The view of a GPT-NeoX causal LM."""
     config = model.config
     trunk = model.gpt_neox
-    n_heads = config.num_attention_heads
     parallel = bool(getattr(config, "use_parallel_residual", False))
-    blocks = tuple(
-        BlockView(
-            module=layer,
-            ln1=layer.input_layernorm,
-            attn=layer.attention,
-            ln2=layer.post_attention_layernorm,
-            mlp=layer.mlp,
-            W_O=linear_W_O(layer.attention.dense, n_heads),
-            b_O=bias_of(layer.attention.dense),
-            out_proj=layer.attention.dense,
-            parallel=parallel,
-            attention_weights=partial(_attention_weights, layer.attention, n_heads),
-            mlp_weights=partial(_mlp_weights, layer.mlp),
-            mlp_out_proj=layer.mlp.dense_4h_to_h,
-        )
-        for layer in trunk.layers
-    )
 
     def embed(input_ids: Tensor) -> Tensor:
         return trunk.emb_dropout(trunk.embed_in(input_ids))
@@ -83,12 +58,11 @@ def neox_view(model: nn.Module) -> ModelView:
         model,
         family="gpt_neox",
         trunk=trunk,
-        blocks=blocks,
+        blocks=BLOCK.views(trunk.layers, config.num_attention_heads, parallel=parallel),
         embed=embed,
         input_embedding=trunk.embed_in.weight,
         final_norm=trunk.final_layer_norm,
-        n_heads=n_heads,
+        n_heads=config.num_attention_heads,
         d_model=config.hidden_size,
-        max_positions=context_of(config),
         notes=notes,
     )

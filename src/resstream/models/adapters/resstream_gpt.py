@@ -9,41 +9,24 @@ the identity path of their blocks by α from `model.gate` (stated in the notes).
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
-from torch import Tensor, nn
+from torch import Tensor
 
-from resstream.models.adapters.base import AttentionWeights, BlockView, MLPWeights, ModelView
-from resstream.models.adapters.registry import (
-    bias_of,
-    linear_W_O,
-    linear_weight,
-    per_head,
-    per_head_bias,
-    register,
-)
+from resstream.models.adapters.base import AttentionWeights, DynamicModule, MLPWeights, ModelView
+from resstream.models.adapters.layout import BlockLayout, Sublayer
+from resstream.models.adapters.registry import register
+from resstream.models.adapters.weights import fused_qkv_weights, projection_mlp_weights
 
 
-def _attention_weights(attn: nn.Module, n_heads: int) -> AttentionWeights:
+def _attention_weights(attn: DynamicModule, n_heads: int) -> AttentionWeights:
     """Q/K/V per head from `c_attn` (a Linear whose output is q | k | v, each d_model wide)."""
-    W = linear_weight(attn.c_attn)
-    W_Q, W_K, W_V = (per_head(w, n_heads) for w in W.split(W.shape[1] // 3, dim=1))
-    bias = bias_of(attn.c_attn)
-    biases = bias.split(bias.shape[0] // 3) if bias is not None else (None, None, None)
-    b_Q, b_K, b_V = (per_head_bias(b, n_heads) for b in biases)
-    return AttentionWeights(W_Q, W_K, W_V, b_Q, b_K, b_V)
+    return fused_qkv_weights(attn.c_attn, n_heads)
 
 
-def _mlp_weights(mlp: nn.Module) -> MLPWeights:
+def _mlp_weights(mlp: DynamicModule) -> MLPWeights:
     """c_proj(act(c_fc(x))), the activation being the module's own `act`."""
-    return MLPWeights(
-        W_in=linear_weight(mlp.c_fc),
-        b_in=bias_of(mlp.c_fc),
-        W_out=linear_weight(mlp.c_proj),
-        b_out=bias_of(mlp.c_proj),
-        act=mlp.act,
-    )
+    return projection_mlp_weights(mlp.c_fc, mlp.c_proj, mlp.act)
 
 
 def _gate_alpha(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
@@ -53,33 +36,16 @@ def _gate_alpha(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
 
 FAMILY = "resstream"  # the model_type that resstream's ModelConfig declares
 
+BLOCK = BlockLayout(
+    attention=Sublayer("attn", norm="ln1", out_proj="c_proj", weights=_attention_weights),
+    mlp=Sublayer("mlp", norm="ln2", out_proj="c_proj", weights=_mlp_weights),
+)
 
-@register(FAMILY)
-def resstream_view(model: nn.Module) -> ModelView:
-    """The view of a resstream GPT."""
-    config = model.config
-    norm_position = getattr(config, "norm_position", "pre")
-    post = norm_position == "post"
-    blocks = tuple(
-        BlockView(
-            module=block,
-            ln1=block.ln1,
-            attn=block.attn,
-            ln2=block.ln2,
-            mlp=block.mlp,
-            W_O=linear_W_O(block.attn.c_proj, config.n_head),
-            b_O=bias_of(block.attn.c_proj),
-            out_proj=block.attn.c_proj,
-            norm_position="post" if post else "pre",
-            attention_weights=partial(_attention_weights, block.attn, config.n_head),
-            mlp_weights=partial(_mlp_weights, block.mlp),
-            mlp_out_proj=block.mlp.c_proj,
-            identity_scale=_gate_alpha,
-        )
-        for block in model.blocks
-    )
+
+def _notes(config: Any) -> tuple[str, ...]:
+    """What the view says about a post-norm or gated model."""
     notes = []
-    if post:
+    if getattr(config, "norm_position", "pre") == "post":
         notes.append(
             "post-norm blocks: ln1/ln2 normalise the residual sums and the final norm is the identity"
         )
@@ -89,6 +55,14 @@ def resstream_view(model: nn.Module) -> ModelView:
             f"residual gate {gate!r}: each block scales its identity path by alpha_l "
             f"from model.gate (y = alpha_l*x + attn(ln1(x)))"
         )
+    return tuple(notes)
+
+
+@register(FAMILY)
+def resstream_view(model: DynamicModule) -> ModelView:
+    """The view of a resstream GPT."""
+    config = model.config
+    post = getattr(config, "norm_position", "pre") == "post"
 
     def embed(input_ids: Tensor) -> Tensor:
         return model.embed(input_ids)
@@ -118,7 +92,9 @@ def resstream_view(model: nn.Module) -> ModelView:
         family=FAMILY,
         model=model,
         embed=embed,
-        blocks=blocks,
+        blocks=BLOCK.views(
+            model.blocks, config.n_head, norm_position="post" if post else "pre", identity_scale=_gate_alpha
+        ),
         final_norm=model.final_norm,
         W_U=model.W_U,
         W_E=model.wte.weight,
@@ -126,7 +102,7 @@ def resstream_view(model: nn.Module) -> ModelView:
         n_heads=config.n_head,
         d_model=config.d_model,
         max_positions=config.block_size,
-        notes=tuple(notes),
+        notes=_notes(config),
         forward=forward,
         attention=attention,
     )

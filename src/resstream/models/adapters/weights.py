@@ -1,0 +1,134 @@
+"""Reading a family's weights in the orientation of the view (`x @ W`, heads first).
+
+Families store their projections differently: an `nn.Linear` keeps its weight as (out, in), a
+GPT-2 style `Conv1D` as (in, out); attention's query, key and value projections may be
+separate, fused as q | k | v, or interleaved per head. The helpers here turn each layout into
+the view's matrices (`AttentionWeights`, `MLPWeights`, W_O) so that a family module only says
+which layout it uses. The helpers only reorient and split: no value is changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import overload
+
+from torch import Tensor
+
+from resstream.models.adapters.base import AttentionWeights, DynamicModule, MLPWeights
+
+#: Reads a projection module's (in, out) matrix W, so that y = x @ W + b.
+WeightReader = Callable[[DynamicModule], Tensor]
+
+
+def linear_weight(module: DynamicModule) -> Tensor:
+    """The (in, out) matrix W of an `nn.Linear` (y = x @ W + b; its weight is stored (out, in))."""
+    return module.weight.T
+
+
+def conv1d_weight(module: DynamicModule) -> Tensor:
+    """The (in, out) matrix W of a GPT-2 style `Conv1D`, which stores its weight that way."""
+    return module.weight
+
+
+def linear_W_O(proj: DynamicModule, n_heads: int) -> Tensor:
+    """W_O as (n_heads, d_head, d_model) from an `nn.Linear` (weight stored as (out, in))."""
+    weight: Tensor = proj.weight  # (d_model, n_heads * d_head)
+    return weight.T.view(n_heads, weight.shape[1] // n_heads, weight.shape[0])
+
+
+def conv1d_W_O(proj: DynamicModule, n_heads: int) -> Tensor:
+    """W_O from a GPT-2 style `Conv1D` (weight stored as (in, out): y = x @ W + b)."""
+    weight: Tensor = proj.weight  # (n_heads * d_head, d_model)
+    return weight.view(n_heads, weight.shape[0] // n_heads, weight.shape[1])
+
+
+def per_head(weight: Tensor, n_heads: int) -> Tensor:
+    """(n_heads, d_model, d_head) from an (in=d_model, out=n_heads*d_head) matrix whose output
+    columns are grouped by head, as every family lays them out."""
+    d_model, width = weight.shape
+    return weight.reshape(d_model, n_heads, width // n_heads).permute(1, 0, 2)
+
+
+def per_head_bias(bias: Tensor | None, n_heads: int) -> Tensor | None:
+    """(n_heads, d_head) from a bias laid out like `per_head`'s columns, or None."""
+    return None if bias is None else bias.reshape(n_heads, -1)
+
+
+@overload
+def repeat_heads(tensor: Tensor, n_heads: int) -> Tensor: ...
+@overload
+def repeat_heads(tensor: None, n_heads: int) -> None: ...
+@overload
+def repeat_heads(tensor: Tensor | None, n_heads: int) -> Tensor | None: ...
+def repeat_heads(tensor: Tensor | None, n_heads: int) -> Tensor | None:
+    """Grouped-query attention: key/value heads (first dim) repeated for the query heads that
+    share them (kv head j serves query heads j·g .. j·g+g−1, g = n_heads / n_kv_heads)."""
+    if tensor is None or tensor.shape[0] == n_heads:
+        return tensor
+    return tensor.repeat_interleave(n_heads // tensor.shape[0], dim=0)
+
+
+def bias_of(module: DynamicModule | None) -> Tensor | None:
+    """The module's `bias` parameter, or None (also for no module)."""
+    bias = getattr(module, "bias", None)
+    return bias if isinstance(bias, Tensor) else None
+
+
+def same_tensor(a: Tensor, b: Tensor) -> bool:
+    """Whether two parameters are one tensor (tied weights)."""
+    if a is b:
+        return True
+    if a.shape != b.shape or a.device != b.device or a.device.type == "meta":
+        return False
+    return a.data_ptr() == b.data_ptr() and a.stride() == b.stride()
+
+
+def fused_qkv_weights(
+    proj: DynamicModule, n_heads: int, *, weight: WeightReader = linear_weight
+) -> AttentionWeights:
+    """Q/K/V per head from one projection whose output columns are q | k | v, each
+    n_heads·d_head wide (GPT-2's and resstream's `c_attn`); `weight` reads its (in, out) matrix."""
+    W = weight(proj)
+    W_Q, W_K, W_V = (per_head(w, n_heads) for w in W.split(W.shape[1] // 3, dim=1))
+    bias = bias_of(proj)
+    biases = bias.split(bias.shape[0] // 3) if bias is not None else (None, None, None)
+    b_Q, b_K, b_V = (per_head_bias(b, n_heads) for b in biases)
+    return AttentionWeights(W_Q, W_K, W_V, b_Q, b_K, b_V)
+
+
+def projection_mlp_weights(
+    fc_in: DynamicModule,
+    fc_out: DynamicModule,
+    act: Callable[[Tensor], Tensor],
+    *,
+    up: DynamicModule | None = None,
+    weight: WeightReader = linear_weight,
+) -> MLPWeights:
+    """The key/value matrices of an MLP made of projections: fc_out(act(fc_in(x))), or with
+    `up` the gated fc_out(act(fc_in(x)) * up(x)) (`fc_in` is then the gate). `weight` reads
+    a projection's (in, out) matrix; biases are each projection's own (None without one)."""
+    return MLPWeights(
+        W_in=weight(fc_in),
+        b_in=bias_of(fc_in),
+        W_up=None if up is None else weight(up),
+        b_up=bias_of(up),
+        W_out=weight(fc_out),
+        b_out=bias_of(fc_out),
+        act=act,
+    )
+
+
+__all__ = [
+    "WeightReader",
+    "bias_of",
+    "conv1d_W_O",
+    "conv1d_weight",
+    "fused_qkv_weights",
+    "linear_W_O",
+    "linear_weight",
+    "per_head",
+    "per_head_bias",
+    "projection_mlp_weights",
+    "repeat_heads",
+    "same_tensor",
+]
