@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
+from matplotlib.image import AxesImage
 
 from resstream.reporting.figures import integer_ticks, new_figure, save_figure
 from resstream.simulation import LayerAttention
@@ -81,7 +82,7 @@ def attention_grid_figure(
     axes = fig.subplots(len(rows), columns, squeeze=False)
     vmax = shared_scale([maps for _, maps in rows])
     norm = LogNorm(vmin=vmax * COLOUR_FLOOR, vmax=vmax, clip=False)
-    image = None
+    image: AxesImage | None = None
     for r, (label, maps) in enumerate(rows):
         for c, ax in enumerate(axes[r]):
             if c >= len(maps):
@@ -101,6 +102,7 @@ def attention_grid_figure(
             va="center",
             fontsize=8,
         )
+    assert image is not None  # every row has at least one map (checked above)
     # as long as the grid is tall: the bar's length is `aspect` times its width
     bar = fig.colorbar(
         image, ax=list(axes.ravel()), fraction=0.02, pad=0.015, extend="both", aspect=20 * len(rows)

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.image import AxesImage
 
 from resstream.reporting.figures import integer_ticks, new_figure, save_figure
 from resstream.reporting.tables import make_stat
@@ -28,7 +30,7 @@ def gate_matrix(history: GateHistory) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------- val loss vs cut
-def _draw_reference(ax, runs: list[RunRecord], label: str, style: str, color: str) -> None:
+def _draw_reference(ax: Axes, runs: list[RunRecord], label: str, style: str, color: str) -> None:
     stat = make_stat(r.val_loss for r in runs)
     if stat is None:
         return
@@ -39,14 +41,21 @@ def _draw_reference(ax, runs: list[RunRecord], label: str, style: str, color: st
         ax.axhspan(mean - std, mean + std, color=color, alpha=0.08, linewidth=0)
 
 
-def _draw_fixed(ax, result: SweepResult) -> None:
+def _cut_layer(run: RunRecord) -> int:
+    """The layer a fixed-cut run scaled (every such run records one)."""
+    if run.cut_layer is None:
+        raise ValueError(f"the fixed-cut run {run.name!r} records no cut layer")
+    return int(run.cut_layer)
+
+
+def _draw_fixed(ax: Axes, result: SweepResult) -> None:
     fixed = [r for r in result.runs if r.gate == "fixed" and np.isfinite(r.val_loss)]
-    layers = sorted({int(r.cut_layer) for r in fixed})
+    layers = sorted({_cut_layer(r) for r in fixed})
     seeds = sorted({r.seed for r in fixed})
     for i, seed in enumerate(seeds):
-        mine = sorted((r for r in fixed if r.seed == seed), key=lambda r: r.cut_layer)
+        mine = sorted((r for r in fixed if r.seed == seed), key=_cut_layer)
         ax.plot(
-            [r.cut_layer for r in mine],
+            [_cut_layer(r) for r in mine],
             [r.val_loss for r in mine],
             marker="o",
             linestyle="none" if len(seeds) > 1 else "-",
@@ -99,10 +108,11 @@ def gate_heatmap_figure(histories: Mapping[int, GateHistory]) -> Figure:
     low, high = _colour_range(matrices.values())
     fig = new_figure(width=max(6.4, 4.2 * len(shown)), height=3.6)
     axes = fig.subplots(1, len(shown), squeeze=False)[0]
-    image = None
+    image: AxesImage | None = None
     for ax, (seed, history) in zip(axes, shown.items(), strict=True):
         image = _draw_heatmap(ax, history, matrices[seed], low, high)
         ax.set_title(f"learned gate p, seed {seed}")
+    assert image is not None  # `shown` holds at least one seed (checked above)
     fig.colorbar(image, ax=list(axes), label="gate probability $p_l$")
     return fig
 
@@ -118,7 +128,7 @@ def _colour_range(matrices: Iterable[np.ndarray]) -> tuple[float, float]:
     return low, high
 
 
-def _draw_heatmap(ax, history: GateHistory, matrix: np.ndarray, low: float, high: float):
+def _draw_heatmap(ax: Axes, history: GateHistory, matrix: np.ndarray, low: float, high: float) -> AxesImage:
     steps = history.steps
     width = (steps[-1] - steps[0]) / (len(steps) - 1) if len(steps) > 1 else 1.0
     extent = (steps[0] - width / 2, steps[-1] + width / 2, matrix.shape[0] - 0.5, -0.5)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from resstream.analysis.shift.alignment import AlignmentResult
@@ -25,10 +26,25 @@ def _save(fig: Figure, path: str | Path) -> None:
     save_figure(fig, path)
 
 
-def _band(ax, layers, ci, colour) -> None:
+def _band(ax: Axes, layers: Sequence[int], ci: Sequence[tuple[float, float]], colour: str) -> None:
+    """A shaded 95% band from each layer's (low, high)."""
     low = [lo for lo, _ in ci]
     high = [hi for _, hi in ci]
     ax.fill_between(layers, low, high, color=colour, alpha=0.2, linewidth=0)
+
+
+def _rate_with_band(
+    ax: Axes,
+    layers: Sequence[int],
+    rates: Sequence[float],
+    ci: Sequence[tuple[float, float]],
+    style: str,
+    colour: str,
+    label: str,
+) -> None:
+    """One match rate against depth (`style`: matplotlib's marker and line) and its 95% band."""
+    ax.plot(layers, rates, style, color=colour, label=label)
+    _band(ax, layers, ci, colour)
 
 
 def plot_match_rates(result: AlignmentResult, path: str | Path) -> None:
@@ -41,22 +57,24 @@ def match_rates_figure(result: AlignmentResult) -> Figure:
     fig = new_figure(6.4, 4.0)
     ax = fig.add_subplot()
     layers = list(result.layers)
-    ax.plot(
+    _rate_with_band(
+        ax,
         layers,
         result.in_match,
+        result.in_match_ci,
         "o-",
-        color="tab:blue",
-        label=f"input token {INPUT_TOKEN} in top-{result.top_k}",
+        "tab:blue",
+        f"input token {INPUT_TOKEN} in top-{result.top_k}",
     )
-    _band(ax, layers, result.in_match_ci, "tab:blue")
-    ax.plot(
+    _rate_with_band(
+        ax,
         layers,
         result.out_match,
+        result.out_match_ci,
         "s-",
-        color="tab:green",
-        label=f"next token {NEXT_TOKEN} in top-{result.top_k}",
+        "tab:green",
+        f"next token {NEXT_TOKEN} in top-{result.top_k}",
     )
-    _band(ax, layers, result.out_match_ci, "tab:green")
     ax.plot([], [], color="tab:grey", alpha=0.3, linewidth=6, label="95% CI (over sequences)")
     if result.shift_layer is not None:
         ax.axvline(

@@ -130,7 +130,7 @@ class CompareTable:
 
     def best_rows(self, column: Column) -> set[str]:
         """Keys of the rows holding the best mean of `column` (several on an exact tie)."""
-        means = {row.key: row.cells[column.key].mean for row in self.rows if row.cells.get(column.key)}
+        means = {row.key: stat.mean for row in self.rows if (stat := row.cells.get(column.key))}
         if not means:
             return set()
         target = max(means.values()) if column.higher_is_better else min(means.values())
@@ -283,8 +283,9 @@ def fixed_cuts(records: Sequence[RunRecord]) -> tuple[FixedCut, ...]:
 
 def best_fixed_cut(cuts: Sequence[FixedCut]) -> FixedCut | None:
     """The cut with the lowest mean validation loss (the lower layer on a tie)."""
-    scored = [cut for cut in cuts if cut.val_loss is not None]
-    return min(scored, key=lambda cut: (cut.val_loss.mean, cut.cut_layer)) if scored else None
+    scored = [(cut, cut.val_loss) for cut in cuts if cut.val_loss is not None]
+    best = min(scored, key=lambda scored_cut: (scored_cut[1].mean, scored_cut[0].cut_layer), default=None)
+    return None if best is None else best[0]
 
 
 def _row(
