@@ -8,7 +8,7 @@ times on a shared machine are noise; the ratios are the result):
 
 1. preparing the five benchmarks for one run: tokenising every corpus whole, as `eval` did
    before (`tokenize_documents`, then the first 20,000 tokens kept), against
-   `resstream.training.evaluate.benchmark_tokens` as a sweep's second and later runs meet it (a
+   `resstream.training.evaluate.plan.benchmark_tokens` as a sweep's second and later runs meet it (a
    prefix tokenised only as far as the cap needs; the shakespeare tail, which needs the whole
    stream, served from the stream kept by the first run);
 2. a run's tokenizer: training the 2048-token BPE on the built-in corpus (`train_bpe`) against
@@ -23,7 +23,8 @@ import time
 
 from resstream.data import split_tokens, stream_corpus, tokenize_documents
 from resstream.data.tokenizer import cached_bpe, train_bpe
-from resstream.training import evaluate as ev
+from resstream.training.evaluate import plan as ev
+from resstream.training.evaluate.benchmarks import load_benchmark_corpus
 
 BENCHMARKS = ("wikitext-2", "lambada", "openwebtext", "fineweb-edu", "shakespeare")
 MAX_TOKENS = 20_000
@@ -37,7 +38,7 @@ def timed(fn) -> float:
 
 
 def main() -> None:
-    corpora = {name: ev.load_benchmark_corpus(name, None) for name in BENCHMARKS}
+    corpora = {name: load_benchmark_corpus(name, None) for name in BENCHMARKS}
     tokenizer = train_bpe(stream_corpus("shakespeare"), 2048)
 
     def whole_streams() -> None:

@@ -340,7 +340,7 @@ def test_a_sweep_json_cannot_name_run_folders_outside_the_sweep(tmp_path, victim
 
 
 def test_a_reproductions_log_is_never_written_through_a_link(tmp_path, victim, victim_folder):
-    from resstream.cli.pipeline import run_command
+    from resstream.study import run_command
     from tests.test_reproduce import plan_of
 
     out = tmp_path / "rep"
@@ -396,7 +396,7 @@ def test_a_refused_resume_removes_what_a_killed_first_save_left(tmp_path, capsys
 def test_a_reproduction_step_never_writes_through_a_linked_stage_folder(tmp_path, victim_folder):
     """A step's --out below the reproduction's folder (a torchrun child holds no lock of ours
     that would check it) must be reached without a link."""
-    from resstream.cli.pipeline import run_command
+    from resstream.study import run_command
     from tests.test_reproduce import plan_of
 
     out = tmp_path / "rep"

@@ -21,8 +21,9 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "resstream"
 BOTTOM = {"errors", "io", "devices", "hub", "assets", "interrupts", "notices", "rundir", "resources"}
 ALLOWED: dict[str, set[str]] = {
     "cli": {"api", "reporting", "analysis", "training", "training.records", "simulation", "models"}
-    | {"models.adapters", "capture", "data", "cli", "(root)"}
+    | {"models.adapters", "capture", "data", "study", "cli", "(root)"}
     | BOTTOM,
+    "study": {"reporting", "training.records", "models", "data"} | BOTTOM,
     "api": {"analysis", "capture", "simulation", "models", "models.adapters", "data"} | BOTTOM,
     "reporting": {"analysis", "simulation", "training.records"} | BOTTOM,
     "analysis": {"models.adapters", "simulation"} | BOTTOM,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from resstream.cli import pipeline as pl
-from resstream.cli import study
+from resstream import study
+from resstream import study as pl
 from resstream.cli.main import main
 from resstream.errors import RunError, UsageError
 from tests.cli_support import expect_usage_error

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from resstream.cli.main import main
-from resstream.cli.pipeline import STATE_FILE
+from resstream.study import STATE_FILE
 from resstream.training import checkpoint as ckpt
 
 pytestmark = pytest.mark.skipif(
@@ -98,7 +98,8 @@ def test_the_paper_path_tokenises_into_shards_then_trains_on_them(tmp_path):
     with the GPT-2 tokenizer into a shard store, then the sweep trains on that store."""
     import dataclasses
 
-    from resstream.cli import pipeline, study
+    from resstream import study
+    from resstream.study import engine as pipeline
 
     corpus = Path(os.environ["RESSTREAM_DATA"]) / "fineweb-edu" / "fineweb-edu_sample-10BT_first1Mchars.txt"
     if not corpus.is_file() or not (corpus.parent.parent / "gpt2-tokenizer").is_dir():
@@ -141,7 +142,7 @@ def test_the_report_shows_this_plans_models_only(reproduction, tmp_path):
 
 
 def test_misalignment_of_a_seed_without_runs_is_refused(reproduction):
-    from resstream.cli import study
+    from resstream import study
     from resstream.errors import UsageError
 
     plan = study.make_plan("tiny", reproduction, seeds=(0, 5), device="cpu")

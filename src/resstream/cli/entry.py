@@ -5,23 +5,16 @@ transformers: seconds in which a Ctrl-C used to be swallowed by a library's impo
 or to leave a module half-imported, so that the command ran on or failed later with an
 unrelated traceback. Installing the remembering handler first (`resstream.interrupts`) makes
 every interrupt after the interpreter's own start end the command with exit code 130 and one
-line. This module imports nothing else, so that it can still report an interrupt after a
-half-finished import.
+line. This module imports nothing else (`cli/interrupted.py` imports only `sys`), so that it can
+still report an interrupt after a half-finished import.
 """
 
 from __future__ import annotations
 
 import sys
 
+from resstream.cli.interrupted import interrupted_exit
 from resstream.interrupts import remember_interrupts, was_interrupted
-
-INTERRUPTED = "interrupted; nothing half-written was kept"
-
-
-def interrupted_exit() -> int:
-    """Say the command was interrupted (one line on stderr) and return its exit code, 130."""
-    print(f"resstream: error: {INTERRUPTED}", file=sys.stderr)
-    return 130
 
 
 def run() -> None:

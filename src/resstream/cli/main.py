@@ -33,9 +33,9 @@ from resstream.cli import sweep as sweep_cmd
 from resstream.cli import tokenize as tokenize_cmd
 from resstream.cli import train as train_cmd
 from resstream.cli import tune_lens as tune_lens_cmd
-from resstream.cli.entry import interrupted_exit
 from resstream.cli.flags import cli_message
 from resstream.cli.help import FlagsWithoutTypes, GroupWithoutFlagTypes
+from resstream.cli.interrupted import interrupted_exit
 from resstream.errors import ResstreamError
 from resstream.interrupts import was_interrupted
 from resstream.notices import ResstreamNotice
@@ -184,12 +184,7 @@ def _run(args: list[str], command: str | None, debug: bool) -> int:
     return int(result or 0)
 
 
-def run() -> None:
-    """Console-script entry point (see `resstream.cli.entry`, which remembers Ctrl-C first)."""
-    from resstream.cli.entry import run as entry_run
+if __name__ == "__main__":  # `python -m resstream.cli.main` (torchrun): as the console script
+    from resstream.cli.entry import run
 
-    entry_run()
-
-
-if __name__ == "__main__":
     run()

@@ -1,7 +1,8 @@
 """`resstream reproduce`: the whole residual-attenuation study, one command, resumable.
 
-The stages are `resstream.cli.study`, what makes them reusable `resstream.cli.pipeline`; this
-module parses the flags, runs the pipeline and prints where everything is.
+The study (scales, plan, stages, the engine that reuses and resumes them) is `resstream.study`;
+this module parses the flags, runs the engine and prints where everything is. It also hands the
+engine what runs a resstream command line in this process: the app itself (`register`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Annotated
 import typer
 
 from resstream.cli.common import echo_err
+from resstream.study.runner import CommandRunner, use_command_runner
 
 
 def reproduce_command(
@@ -50,9 +52,8 @@ def reproduce_command(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
 ) -> None:
     """Reproduce the residual-attenuation study: shift, sweep, eval, compare, misalignment, report.html."""
-    from resstream.cli.pipeline import reproduce
-    from resstream.cli.study import STAGE_TABLE, make_plan
     from resstream.cli.sweep import parse_int_list
+    from resstream.study import STAGE_TABLE, make_plan, reproduce
 
     seed_list = parse_int_list(seeds, "--seeds") if seeds is not None else ()
     plan = make_plan(
@@ -72,6 +73,18 @@ def reproduce_command(
     typer.echo(f"reproduction at {plan.scale.name} scale in {out}; open {out / 'report.html'}")
 
 
+def in_process(app: typer.Typer) -> CommandRunner:
+    """Run a resstream command line by `app` in this process, exactly as typed, returning its
+    exit code (errors propagate as the command raised them)."""
+
+    def run(args: list[str]) -> int | None:
+        code: int | None = app(args=args, prog_name="resstream", standalone_mode=False)
+        return code
+
+    return run
+
+
 def register(app: typer.Typer) -> None:
-    """Add `reproduce` to the app."""
+    """Add `reproduce` to the app, and make the app what runs the study's command lines."""
     app.command("reproduce")(reproduce_command)
+    use_command_runner(in_process(app))
