@@ -261,7 +261,7 @@ def test_a_benchmark_with_nothing_scored_has_null_scores_and_says_why():
 
 
 def test_eval_says_how_many_tokens_and_how_long_up_front(run_dir, data_dir, tmp_path, capsys, monkeypatch):
-    import resstream.training.evaluate as evaluate
+    import resstream.training.evaluate.timing as evaluate
 
     args = two_benchmarks(run_dir, data_dir)
     assert main([*args, "--device", "cpu", "--out", str(tmp_path / "a")]) == 0

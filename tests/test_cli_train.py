@@ -11,7 +11,7 @@ import torch
 
 from resstream.cli.main import main
 from resstream.training import checkpoint as ckpt
-from resstream.training import loop
+from resstream.training import preparation
 from tests.test_train import corpus_text, poison_at
 
 TINY = [
@@ -95,7 +95,7 @@ def test_resuming_a_finished_run_says_it_was_complete_and_writes_nothing(tmp_pat
 
 
 def test_train_says_what_it_prepares_before_the_first_step(tmp_path, corpus, capsys, monkeypatch):
-    monkeypatch.setattr(loop, "STATUS_DELAY_S", 0.0)  # every step counts as slow
+    monkeypatch.setattr(preparation, "STATUS_DELAY_S", 0.0)  # every step counts as slow
     code = run_train(tmp_path, corpus, "--max-steps", "2", quiet=False)
     err = capsys.readouterr().err
     assert code == 0, err

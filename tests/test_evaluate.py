@@ -17,7 +17,6 @@ from resstream.training.evaluate import (
     BENCHMARKS,
     EvalReport,
     TrainingText,
-    _shakespeare_note,
     check_benchmark_data,
     check_benchmarks,
     evaluate_run,
@@ -25,6 +24,7 @@ from resstream.training.evaluate import (
     prepare,
     run_plan,
 )
+from resstream.training.evaluate.plan import _shakespeare_note
 from tests.test_scoring import TEXT, tiny_gpt, tiny_tokenizer
 
 # --------------------------------------------------------------------------- helpers
@@ -233,7 +233,7 @@ def test_benchmark_tokens_prefix_and_cache_equal_the_whole_stream(tmp_path):
     whole stream is tokenised once per (tokenizer, corpus) and shared read-only."""
     from resstream.data import load_corpus, tokenize_documents
     from resstream.models import load_model
-    from resstream.training import evaluate as ev
+    from resstream.training.evaluate import plan as ev
 
     text = tmp_path / "bench.txt"
     text.write_text("".join(f"Line {i} of a small benchmark, with words.\n" for i in range(8000)))

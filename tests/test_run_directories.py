@@ -469,7 +469,7 @@ def test_a_disk_that_fills_up_between_checkpoints_names_what_resumes(tmp_path, c
     --resume continues from (it was garbled: 'this run 0 B free; its complete checkpoints')."""
     from resstream.io import atomic_path
     from resstream.training import checkpoint as ckpt
-    from resstream.training import loop
+    from resstream.training import resume
 
     real, markers = ckpt.write_json, []
 
@@ -482,7 +482,7 @@ def test_a_disk_that_fills_up_between_checkpoints_names_what_resumes(tmp_path, c
         real(path, obj)
 
     monkeypatch.setattr(ckpt, "write_json", write_json)
-    monkeypatch.setattr(loop, "free_bytes", lambda path: 0)  # full after the check before the start
+    monkeypatch.setattr(resume, "free_bytes", lambda path: 0)  # full after the check before the start
     code = main(train_args(tmp_path, "--max-steps", "12"))
     err = capsys.readouterr().err.strip()
     run = tmp_path / "run"

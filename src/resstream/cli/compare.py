@@ -71,7 +71,7 @@ def compare(
     from resstream.reporting.tables import compare_table
     from resstream.rundir import output_set
     from resstream.training import sweep as sw
-    from resstream.training.evaluate import BENCHMARKS, check_benchmarks, find_benchmark_data
+    from resstream.training.evaluate import BENCHMARKS, EvalSettings, check_benchmarks, find_benchmark_data
     from resstream.training.records import load_runs, sweep_max_eval_tokens
 
     names = check_benchmarks(split_names(benchmarks), allow_all=True) if benchmarks is not None else None
@@ -92,15 +92,9 @@ def compare(
             line = skipped_line(data, data_dir)
             if line:
                 echo_err(line)
+        eval_settings = EvalSettings(names, data_dir=local, max_tokens=max_tokens, device=dev)
         records, summary = sw.fill_evals(
-            records,
-            names,
-            max_tokens=max_tokens,
-            device=dev,
-            data_dir=local,
-            progress=not quiet,
-            log=None if quiet else echo_err,
-            data=data,
+            records, eval_settings, progress=not quiet, log=None if quiet else echo_err, data=data
         )
         for line in summary.lines():
             echo_err(f"compare: {line}")

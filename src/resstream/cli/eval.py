@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from resstream.cli.common import DtypeOption, echo_err
+from resstream.cli.common import echo_err
+from resstream.cli.options import DtypeOption
 
 if TYPE_CHECKING:
     from resstream.rundir import OutputSet
@@ -148,22 +149,20 @@ def eval_command(
     """
     from resstream.models.evaluation import prepare_eval
     from resstream.rundir import output_set
-    from resstream.training.evaluate import BENCHMARKS, estimate, run_plan
+    from resstream.training.evaluate import BENCHMARKS, EvalSettings, estimate, run_plan
 
     chosen = benchmarks if benchmarks is not None else ",".join(BENCHMARKS)
     with output_set(out, "eval") as outputs:
-        plan = prepare_eval(
-            model,
+        eval_settings = EvalSettings.of(
             chosen,
             data_dir=data_dir,
+            block_size=block_size,
             stride=stride,
             batch_size=batch_size,
-            device=device,
             max_tokens=max_tokens,
-            progress=not quiet,
-            block_size=block_size,
-            dtype=dtype,
+            device=device,
         )
+        plan = prepare_eval(model, eval_settings, dtype=dtype, progress=not quiet)
         if not quiet:
             for line in estimate_lines(estimate(plan), plan):
                 echo_err(line)

@@ -23,6 +23,7 @@ import torch
 
 from resstream.errors import UsageError
 from resstream.io import file_fingerprint
+from resstream.models.adapters.base import DynamicModule
 from resstream.models.adapters.registry import context_of
 from resstream.models.loading import HF_CONFIG, TOKENIZER_FILES, LoadedModel, ModelSpec, load_model
 from resstream.training.evaluate import (
@@ -30,6 +31,7 @@ from resstream.training.evaluate import (
     EvalModel,
     EvalPlan,
     EvalReport,
+    EvalSettings,
     prepare_model,
     resolve_block_size,
     run_eval_model,
@@ -122,7 +124,8 @@ def eval_model(loaded: LoadedModel, *, block_size: int | None = None) -> EvalMod
     rule of `resstream.training.evaluate`)."""
     if loaded.run is not None:
         return run_eval_model(loaded.run, name=loaded.name, source=loaded.source, block_size=block_size)
-    config = loaded.model.config
+    hf_model: DynamicModule = loaded.model  # a Hugging Face model: its config has no static type
+    config = hf_model.config
     context = context_of(config)
     if context is None:
         if block_size is None:
@@ -144,36 +147,16 @@ def eval_model(loaded: LoadedModel, *, block_size: int | None = None) -> EvalMod
 
 
 def prepare_eval(
-    model: ModelSpec = None,
-    benchmarks: str | Iterable[str] = BENCHMARKS,
-    *,
-    data_dir: str | os.PathLike[str] | None = None,
-    stride: int | None = None,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    device: str = "cpu",
-    max_tokens: int | None = None,
-    progress: bool = False,
-    block_size: int | None = None,
-    dtype: str = "auto",
+    model: ModelSpec, settings: EvalSettings, *, dtype: str = "auto", progress: bool = False
 ) -> EvalPlan:
-    """Check every input, load the model (`load_model`) and every benchmark text; nothing is
-    scored yet (`run_plan` scores)."""
+    """Load the model (`load_model`, in `dtype`) and every benchmark text of `settings`; nothing
+    is scored yet (`run_plan` scores)."""
 
     def load(torch_device: torch.device) -> EvalModel:
         loaded = load_model(model, dtype=dtype, device=str(torch_device), progress=progress)
-        return eval_model(loaded, block_size=block_size)
+        return eval_model(loaded, block_size=settings.block_size)
 
-    return prepare_model(
-        load,
-        benchmarks,
-        data_dir=data_dir,
-        stride=stride,
-        batch_size=batch_size,
-        device=device,
-        max_tokens=max_tokens,
-        progress=progress,
-        block_size=block_size,
-    )
+    return prepare_model(load, settings, progress=progress)
 
 
 def evaluate_model(
@@ -197,22 +180,19 @@ def evaluate_model(
     `block_size` tokens (default: the model's context; a resstream run's block_size, a Hugging
     Face config's n_positions / max_position_embeddings), advancing by `stride` (default
     block_size // 2); `max_tokens` caps each benchmark; `dtype` as `load_model` (auto: float32
-    on the CPU). The rules are those of `resstream.training.evaluate`; bad input is a
-    one-line UsageError before anything is scored.
+    on the CPU). The rules are those of `resstream.training.evaluate` (the settings are one
+    `EvalSettings`); bad input is a one-line UsageError before anything is scored.
     """
-    plan = prepare_eval(
-        model,
+    settings = EvalSettings.of(
         benchmarks,
         data_dir=data_dir,
+        block_size=block_size,
         stride=stride,
         batch_size=batch_size,
-        device=device,
         max_tokens=max_tokens,
-        progress=progress,
-        block_size=block_size,
-        dtype=dtype,
+        device=device,
     )
-    return run_plan(plan, progress=progress)
+    return run_plan(prepare_eval(model, settings, dtype=dtype, progress=progress), progress=progress)
 
 
 __all__ = [

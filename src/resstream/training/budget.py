@@ -119,7 +119,7 @@ def model_bytes(model: ModelConfig, vocab_size: int | None = None, *, copies: in
 def training_vocab(config: TrainConfig) -> tuple[str, int]:
     """The vocabulary a run will have as far as the config tells, and the field that sets it:
     a BPE tokenizer trained to `bpe_vocab_size` entries gives at most that many, and a
-    `vocab_size` > 0 pads the vocabulary to it (`resstream.training.loop.resolve_vocab`)."""
+    `vocab_size` > 0 pads the vocabulary to it (`resstream.training.preparation.resolve_vocab`)."""
     bpe = config.tokenizer.bpe_vocab_size if config.tokenizer.tokenizer == "bpe" else 0
     if bpe > config.model.vocab_size:
         return "bpe_vocab_size", bpe

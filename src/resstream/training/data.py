@@ -12,12 +12,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from resstream.data.tokens import TokenIds
 from resstream.errors import UsageError
 
 _STEP_STRIDE = 1_000_003  # a prime, so (seed, step) pairs do not collide for realistic runs
 
 
-def check_enough_tokens(tokens: np.ndarray, block_size: int, what: str, *, sequences: int = 1) -> None:
+def check_enough_tokens(tokens: TokenIds, block_size: int, what: str, *, sequences: int = 1) -> None:
     """Refuse a split smaller than `sequences` disjoint windows of block_size tokens, plus
     the one more token that window sampling needs (`window_starts` draws from
     [0, len - block_size - 1))."""
@@ -36,7 +37,7 @@ def window_starts(num_tokens: int, block_size: int, batch_size: int, *, seed: in
     return torch.randint(0, num_tokens - block_size - 1, (batch_size,), generator=gen)
 
 
-def windows(tokens: np.ndarray, starts: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
+def windows(tokens: TokenIds, starts: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
     """Inputs and next-token targets (both batch × block_size, int64) at the given starts."""
     rows = np.stack([tokens[s : s + block_size + 1] for s in starts.tolist()]).astype(np.int64)
     batch = torch.from_numpy(rows)
@@ -44,7 +45,7 @@ def windows(tokens: np.ndarray, starts: Tensor, block_size: int) -> tuple[Tensor
 
 
 def micro_batch(
-    tokens: np.ndarray,
+    tokens: TokenIds,
     block_size: int,
     batch_size: int,
     *,

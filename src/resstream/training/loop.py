@@ -1,8 +1,11 @@
-"""The training loop: data, model, AdamW, schedule, logging, checkpoints, resume, DDP.
+"""The training loop: the `Trainer`, and `train`, which runs it in a locked run folder.
 
 Single process: `train(config, out_dir)`. Several processes: launch the same command with
 `torchrun --nproc_per_node N` (`resstream.training.distributed`); only rank 0 writes files.
-The metrics log is `resstream.training.metrics`.
+The set-up before the first step (corpus, tokenizer, token ids) is
+`resstream.training.preparation`; what a resume must keep and restore, and which checkpoint a
+stopped run continues from, `resstream.training.resume`; the metrics log
+`resstream.training.metrics`.
 
 Good checkpoints (`resstream.training.checkpoint`): a step's loss is computed from the weights
 of the checkpoint saved just before it, so that step verifies the checkpoint (finite loss and
@@ -14,6 +17,11 @@ The learning-rate schedule (warmup, then cosine to `min_lr`) is a function of th
 (`schedule_steps`: cosine over the original `max_steps`, `min_lr` after it), so the steps
 already taken and the ones to come follow one schedule; the run says so on `log` and records
 it in run.json (`lr_schedule`), the checkpoints and model.json (`schedule_steps`).
+
+The module is long because the `Trainer` is one idea: the state of one run (model, optimizer,
+step, the checkpoint not yet verified) and the order in which a step, an evaluation and a save
+change it; what a run does before its first step, or to resume after a stop, is in
+`preparation` and `resume`.
 """
 
 from __future__ import annotations
@@ -23,60 +31,53 @@ import dataclasses
 import math
 import os
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from resstream.data import (
-    CorpusStream,
-    build_token_cache,
-    cached_bpe,
-    load_tokenizer,
-    save_tokenizer,
-    stream_corpus,
-)
-from resstream.data.shards import (
-    StoredCorpus,
-    check_store_tokenizer,
-    is_shard_store,
-    store_splits,
-    stored_corpus,
-)
+from resstream.data import save_tokenizer
+from resstream.data.shards import StoredCorpus
 from resstream.data.tokenizer import tokenizer_fingerprint
-from resstream.data.tokens import TokenSplits, check_cache_dir
 from resstream.devices import resolve_device
-from resstream.errors import RunError, UsageError
-from resstream.io import final_name, run_record, write_json
-from resstream.resources import format_bytes
-from resstream.rundir import (
-    DISK_FULL,
-    check_free_space,
-    free_bytes,
-    mount_point,
-    refuse_another_commands_run,
-    write_failure,
-)
+from resstream.errors import RunError
+from resstream.io import run_record, write_json
+from resstream.rundir import check_free_space, refuse_another_commands_run, write_failure
 from resstream.training import checkpoint as ckpt
 from resstream.training.budget import check_training_budget
-from resstream.training.config import TrainConfig, from_dict, identity_diff
+from resstream.training.config import TrainConfig, from_dict
 from resstream.training.data import check_enough_tokens, eval_starts, micro_batch, windows
 from resstream.training.distributed import check_batch_layout, init_distributed, run_lock
 from resstream.training.metrics import METRICS_FILE, MetricsLog, read_records
 from resstream.training.model import GPT
 from resstream.training.optim import apply_optim_config, lr_scale, make_optimizer, set_lr
-
-#: A step of a run's set-up (corpus, tokenizer, token cache, model) that takes longer than
-#: this many seconds says what it does (`Trainer._preparing`).
-STATUS_DELAY_S = 0.5
+from resstream.training.preparation import (
+    Log,
+    model_task,
+    open_corpus,
+    resolve_vocab,
+    run_tokenizer,
+    saying,
+    store_directory,
+    token_splits,
+)
+from resstream.training.resume import (
+    check_resume_compatible,
+    checkpoint_to_resume,
+    good_checkpoint_text,
+    out_of_space,
+    refuse_identity_changes,
+    rng_state,
+    schedule_steps,
+    set_rng_state,
+)
 
 #: Dense bf16 peak FLOP/s of known accelerators, for the MFU estimate.
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
@@ -97,61 +98,6 @@ class TrainResult:
     def steps_run(self) -> int:
         """Optimizer steps this call took (0 for a run that was already complete)."""
         return len(self.train_losses)
-
-
-def default_cache_dir(config: TrainConfig) -> Path:
-    """Where token caches live: `cache_dir`, env RESSTREAM_CACHE, or ~/.cache/resstream."""
-    if config.run.cache_dir:
-        return Path(config.run.cache_dir)
-    return Path(os.environ.get("RESSTREAM_CACHE", Path.home() / ".cache" / "resstream"))
-
-
-def prepare_tokenizer(config: TrainConfig, corpus: CorpusStream | StoredCorpus, out_dir: Path, resume: bool):
-    """The run's tokenizer: the saved one when resuming, else trained (`bpe`) or loaded."""
-    saved = out_dir / ckpt.TOKENIZER_DIR
-    if resume and saved.is_dir():
-        return load_tokenizer(str(saved))
-    if config.tokenizer.tokenizer == "bpe":
-        return cached_bpe(corpus, config.tokenizer.bpe_vocab_size, default_cache_dir(config))
-    return load_tokenizer(config.tokenizer.tokenizer, data_dir=config.run.data_dir)
-
-
-def refuse_bpe_for_a_store(config: TrainConfig, store: Path, stored: StoredCorpus) -> None:
-    """A `bpe` tokenizer is trained on the corpus, so it cannot be known before a shard store of
-    the corpus exists: a run on a store names the store's tokenizer instead."""
-    if config.tokenizer.tokenizer == "bpe":
-        raise UsageError(
-            f"`tokenizer` 'bpe' trains a tokenizer on the corpus, but the shard store {str(store)!r} "
-            f"holds ids of tokenizer {stored.tokenizer!r} already: pass `tokenizer` {stored.tokenizer!r}"
-        )
-
-
-def tokenizer_task(config: TrainConfig, out_dir: Path, resume: bool) -> str:
-    """What `prepare_tokenizer` is about to do, in words."""
-    if resume and (out_dir / ckpt.TOKENIZER_DIR).is_dir():
-        return "loading the run's saved tokenizer"
-    if config.tokenizer.tokenizer == "bpe":
-        return f"training a {config.tokenizer.bpe_vocab_size}-token byte-level BPE tokenizer on the corpus"
-    return f"loading the tokenizer {config.tokenizer.tokenizer!r}"
-
-
-def model_task(config: TrainConfig, checkpoint: ckpt.Checkpoint | None) -> str:
-    """What `Trainer._build_model` is about to do, in words."""
-    m = config.model
-    shape = f"{m.n_layer} layers x {m.d_model} wide, gate {m.gate!r}"
-    if checkpoint is not None:
-        return f"building the model ({shape}) from checkpoint step {checkpoint.step}"
-    return f"building the model ({shape})"
-
-
-def resolve_vocab(config: TrainConfig, tokenizer_size: int) -> TrainConfig:
-    """Fill in `vocab_size` from the tokenizer (0), or check a padded one is large enough."""
-    vocab = config.model.vocab_size
-    if vocab == 0:
-        vocab = tokenizer_size
-    elif vocab < tokenizer_size:
-        raise UsageError(f"`vocab_size` {vocab} is smaller than the tokenizer's {tokenizer_size} tokens")
-    return dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=vocab))
 
 
 def peak_flops(config: TrainConfig, device: torch.device) -> float | None:
@@ -177,66 +123,19 @@ def layer_grad_norms(model: GPT) -> list[float]:
     return norms
 
 
-def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
-    """The random-number state that dropout draws from."""
-    state = {"cpu": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
-    torch.set_rng_state(state["cpu"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def refuse_identity_changes(saved: dict[str, Any], config: TrainConfig, extra: list[str] = ()) -> None:
-    """Refuse to resume with a model, data or tokenizer section other than the saved one."""
-    diffs = identity_diff(from_dict(saved), config) + list(extra)
-    if diffs:
-        raise UsageError(
-            "cannot resume: the checkpoint was trained with a different config: " + "; ".join(diffs)
-        )
-
-
-def completed_run(config: TrainConfig, out_dir: str | os.PathLike[str]) -> TrainResult | None:
-    """The result of the run in `out_dir` when its final model already has `max_steps` steps
-    (a resume then has nothing to train and writes nothing); None otherwise."""
-    out_dir = Path(out_dir)
-    if not (out_dir / ckpt.MODEL_FILE).is_file():
-        return None
-    meta, _ = ckpt.read_run(out_dir)
-    steps = int(meta.get("steps", 0))
-    if steps < config.run.max_steps:
-        return None
-    refuse_another_commands_run(out_dir, "train", "out_dir")
-    saved = from_dict(meta["config"])
-    if config.model.vocab_size == 0:  # "from the tokenizer": the run resolved it when it trained
-        config = dataclasses.replace(
-            config, model=dataclasses.replace(config.model, vocab_size=saved.model.vocab_size)
-        )
-    refuse_identity_changes(meta["config"], config)
-    val_loss = float(meta["val_loss"]) if meta.get("val_loss") is not None else math.nan
-    return TrainResult(out_dir, steps, val_loss, (), math.nan, already_complete=True)
-
-
 def say_on_stderr(line: str) -> None:
     """The default `log` of a run: one line on stderr."""
     print(line, file=sys.stderr, flush=True)
 
 
-def schedule_steps(config: TrainConfig, checkpoint: ckpt.Checkpoint | None) -> int:
-    """The `max_steps` the learning-rate schedule runs over: the run's own, or, on resume, the
-    one of the original run (saved with its checkpoints; older checkpoints: their config's)."""
-    if checkpoint is None:
-        return config.run.max_steps
-    saved = checkpoint.state.get("schedule_steps")
-    return int(saved) if saved is not None else int(checkpoint.state["config"]["run"]["max_steps"])
-
-
 class Trainer:
-    """One training run. `run()` trains from the start or from the latest checkpoint."""
+    """One training run. `run()` trains from the start or from the latest checkpoint.
+
+    Building it checks every input and prepares everything the first step needs, in the
+    order of `resstream.training.preparation`; `resume` continues the run in `out_dir` from its
+    latest checkpoint; `progress` shows a progress bar and names slow set-up steps on `log`,
+    which also receives the run's one-line notices.
+    """
 
     def __init__(
         self,
@@ -245,13 +144,13 @@ class Trainer:
         *,
         resume: bool = False,
         progress: bool = True,
-        log: Callable[[str], None] = say_on_stderr,
+        log: Log = say_on_stderr,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.resume = resume
         self.progress = progress
         self.log = log
-        self.checkpoint = self._check_out_dir()
+        self.checkpoint = checkpoint_to_resume(self.out_dir, resume)
         device_kind = resolve_device(config.run.device).type
         self.dist = init_distributed(device_kind)
         self.device = resolve_device(config.run.device, local_rank=self.dist.local_rank)
@@ -259,102 +158,23 @@ class Trainer:
         if config.run.threads > 0:
             torch.set_num_threads(config.run.threads)
         check_batch_layout(config, self.dist.world)
-        self.store = Path(config.data.dataset).expanduser() if is_shard_store(config.data.dataset) else None
-        if self.store is None:
-            check_cache_dir(default_cache_dir(config))
-            # streamed: memory holds a piece of the corpus, not all of it; one reading pass checks
-            # the text and gives its fingerprint before any tokenising
-            with self._preparing(f"reading the corpus {config.data.dataset!r}"):
-                self.corpus = stream_corpus(config.data.dataset, data_dir=config.run.data_dir)
-                self.corpus.scan()
-        else:
-            self.corpus = stored_corpus(self.store)
-            refuse_bpe_for_a_store(config, self.store, self.corpus)
-        with self._preparing(tokenizer_task(config, self.out_dir, resume)):
-            self.tokenizer = prepare_tokenizer(config, self.corpus, self.out_dir, resume)
-        if self.store is not None:
-            check_store_tokenizer(self.store, self.corpus, self.tokenizer, config.tokenizer.tokenizer)
+        status = log if progress and self.dist.is_main else None  # names slow set-up steps
+        self.corpus = open_corpus(config, status)
+        self.store = store_directory(config) if isinstance(self.corpus, StoredCorpus) else None
+        self.tokenizer = run_tokenizer(config, self.corpus, self.out_dir, resume, status)
         self.config = resolve_vocab(config, len(self.tokenizer))
         check_training_budget(self.config, self.device, world=self.dist.world)  # the real vocabulary
-        self._check_resume_compatible()
+        check_resume_compatible(self.checkpoint, self.config, self.tokenizer, self.corpus)
         self.schedule_steps = schedule_steps(self.config, self.checkpoint)
-        self.splits = self._token_splits()
+        self.splits = token_splits(self.config, self.corpus, self.tokenizer, self.dist, status)
         check_enough_tokens(
             self.splits.train, self.config.model.block_size, "training", sequences=self.config.run.batch_size
         )
         check_enough_tokens(self.splits.val, self.config.model.block_size, "validation")
-        with self._preparing(model_task(self.config, self.checkpoint)):
+        with saying(model_task(self.config, self.checkpoint), status):
             self._build_model()
 
-    def _token_splits(self) -> TokenSplits:
-        """The training and validation ids: the shard store's, or the single-file cache's
-        (the corpus is tokenised into it on first use)."""
-        val_fraction = self.config.data.val_fraction
-        if self.store is not None:
-            with self._preparing(
-                f"opening the shard store {str(self.store)!r} (checking each shard's sha256)"
-            ):
-                return store_splits(
-                    self.store,
-                    val_fraction,
-                    cache_dir=default_cache_dir(self.config),
-                    rank=self.dist.rank,
-                    world=self.dist.world,
-                )
-        cache = default_cache_dir(self.config)
-        with self._preparing(f"the token cache in {str(cache)!r} (the corpus is tokenised on first use)"):
-            return build_token_cache(self.corpus, self.tokenizer, cache, val_fraction=val_fraction)
-
-    @contextlib.contextmanager
-    def _preparing(self, what: str) -> Iterator[None]:
-        """Say "preparing: <what>" on `log` if this step of the set-up lasts longer than
-        `STATUS_DELAY_S` (only with `progress`, only on rank 0): a slow step is named while it
-        runs, and bad input refused at once still gets its one line and nothing else."""
-        if not (self.progress and self.dist.is_main):
-            yield
-            return
-        line = f"preparing: {what}"
-        if STATUS_DELAY_S <= 0:
-            self.log(line)
-            yield
-            return
-        timer = threading.Timer(STATUS_DELAY_S, self.log, args=(line,))
-        timer.daemon = True
-        timer.start()
-        try:
-            yield
-        finally:
-            timer.cancel()
-
     # ----------------------------------------------------------------- set-up
-    def _check_out_dir(self) -> ckpt.Checkpoint | None:
-        if self.out_dir.exists() and not self.out_dir.is_dir():
-            raise UsageError(f"`out_dir` {str(self.out_dir)!r} is a file; give a directory")
-        ckpt.check_run_folders(self.out_dir)
-        has_run = (
-            ckpt.latest_checkpoint_step(self.out_dir) is not None or (self.out_dir / ckpt.MODEL_FILE).exists()
-        )
-        refuse_another_commands_run(self.out_dir, "train", "out_dir")
-        if self.resume:
-            return ckpt.load_checkpoint(self.out_dir)
-        if has_run:
-            raise UsageError(
-                f"`out_dir` {str(self.out_dir)!r} already holds a run; pass `resume=True` to continue "
-                f"it or choose another `out_dir`"
-            )
-        return None
-
-    def _check_resume_compatible(self) -> None:
-        if self.checkpoint is None:
-            return
-        state = self.checkpoint.state
-        diffs = []
-        if state.get("tokenizer_fingerprint") not in (None, tokenizer_fingerprint(self.tokenizer)):
-            diffs.append("tokenizer fingerprint differs")
-        if state.get("corpus_fingerprint") not in (None, self.corpus.fingerprint):
-            diffs.append("corpus text differs (fingerprint)")
-        refuse_identity_changes(state["config"], self.config, diffs)
-
     def _build_model(self) -> None:
         torch.manual_seed(self.config.run.seed)
         self.model = GPT(self.config.model).to(self.device)
@@ -371,12 +191,14 @@ class Trainer:
             self.unverified = None if self.checkpoint.verified else self.checkpoint.step
         self.forward_model: nn.Module = self.model
         if self._compile():
-            self.forward_model = torch.compile(self.model)
+            compiled = torch.compile(self.model)
+            assert isinstance(compiled, nn.Module), "torch.compile of a module is a module"
+            self.forward_model = compiled
+        self.ddp: DistributedDataParallel | None = None  # several processes: gradients all-reduced
         if self.dist.world > 1:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
             ids = [self.device.index] if self.device.type == "cuda" else None
-            self.forward_model = DDP(self.forward_model, device_ids=ids)
+            self.ddp = DistributedDataParallel(self.forward_model, device_ids=ids)
+            self.forward_model = self.ddp
         self.amp_dtype = self._amp_dtype()
         self.peak = peak_flops(self.config, self.device)
         self.flops_per_token = self.model.flops_per_token()
@@ -391,7 +213,7 @@ class Trainer:
             return torch.bfloat16
         return None
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.amp_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
@@ -423,8 +245,8 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         for micro in range(r.grad_accum):
             x, y = self._batch(step, micro)
-            sync = micro == r.grad_accum - 1 or self.dist.world == 1
-            context = contextlib.nullcontext() if sync else self.forward_model.no_sync()
+            last = micro == r.grad_accum - 1  # gradients are all-reduced in its backward only
+            context = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
             with context, self._autocast():
                 _, loss = self.forward_model(x, y)
                 (loss / r.grad_accum).backward()
@@ -452,16 +274,7 @@ class Trainer:
         reason = f"non-finite {what} ({value}) at step {step + 1}"
         if self.unverified == step and self.dist.is_main:
             ckpt.mark_diverged(self.out_dir, step, reason)
-        return RunError(f"{reason}; stopped, {self._good_checkpoint_text()}")
-
-    def _good_checkpoint_text(self) -> str:
-        good = ckpt.newest_good_checkpoint(self.out_dir)
-        if good is not None:
-            where = str(good.path)
-            return f"last good checkpoint: step {good.step} in {where!r} (`resume=True` continues from it)"
-        if ckpt.latest_checkpoint_step(self.out_dir) is None:
-            return "no checkpoint had been saved yet"
-        return "no good checkpoint (none was followed by a finite step): start again with a lower `lr`"
+        return RunError(f"{reason}; stopped, {good_checkpoint_text(self.out_dir)}")
 
     def _verified(self, step: int, loss: float, grad_norm: float) -> None:
         """Step `step` ran from checkpoint `step`'s weights with finite values: it is good."""
@@ -497,7 +310,7 @@ class Trainer:
         try:
             return self._train()
         except OSError as exc:
-            failure = self._out_of_space(exc)
+            failure = out_of_space(exc, self.out_dir, self._checkpoint_bytes())
             if failure is None:
                 raise
             raise failure from None
@@ -564,7 +377,7 @@ class Trainer:
         if not math.isfinite(val_loss):
             raise RunError(
                 f"non-finite validation loss ({val_loss}) at step {step}; stopped, "
-                f"{self._good_checkpoint_text()}"
+                f"{good_checkpoint_text(self.out_dir)}"
             )
         return val_loss
 
@@ -588,7 +401,7 @@ class Trainer:
         )
 
     def _step_record(
-        self, step: int, loss: float, grad_norm: float, per_layer: list[float], tps: float
+        self, step: int, loss: float, grad_norm: float, per_layer: list[float] | None, tps: float
     ) -> dict[str, Any]:
         dist_p = self.model.gate.distribution()
         return {
@@ -636,39 +449,14 @@ class Trainer:
         except ckpt.NonFiniteState as exc:
             raise RunError(
                 f"non-finite {exc.part} ({exc.found}) at step {step}; stopped, checkpoint {step} not "
-                f"written, {self._good_checkpoint_text()}"
+                f"written, {good_checkpoint_text(self.out_dir)}"
             ) from None
         except OSError as exc:
-            failure = self._out_of_space(exc, f"checkpoint {step}")
+            failure = out_of_space(exc, self.out_dir, self._checkpoint_bytes(), f"checkpoint {step}")
             if failure is None:
                 raise
             raise failure from None
         self.unverified = step
-
-    def _out_of_space(self, exc: OSError, written: str | None = None) -> RunError | None:
-        """The one line for a disk that filled up while writing `written` (default: the file the
-        error names): what a checkpoint needs, what is free, and the checkpoint a resume
-        continues from; None for another error."""
-        reason = DISK_FULL.get(exc.errno or -1)
-        if reason is None:
-            return None
-        if written is None:
-            name = final_name(Path(os.fsdecode(exc.filename)).name) if exc.filename else None
-            written = repr(name) if name else "the run's files"
-        return RunError(
-            f"{reason} on {mount_point(self.out_dir)} while writing {written} in `out_dir` "
-            f"{str(self.out_dir)!r}: a checkpoint needs ~{format_bytes(self._checkpoint_bytes())}, "
-            f"{format_bytes(free_bytes(self.out_dir))} free; stopped, {self._resume_point_text()}"
-        )
-
-    def _resume_point_text(self) -> str:
-        """Which checkpoint `resume=True` continues from, after a stop that is not a divergence."""
-        try:
-            path, state = ckpt.resume_state(self.out_dir)
-        except UsageError:
-            return f"no checkpoint to resume from; {self._good_checkpoint_text()}"
-        which = "last good checkpoint" if (path / ckpt.VERIFIED).is_file() else "last complete checkpoint"
-        return f"{which}: step {state['step']} in {str(path)!r} (`resume=True` continues from it)"
 
     def _weights_bytes(self) -> int:
         """Bytes of the model's weights (and buffers) as `model.safetensors` holds them."""
@@ -728,15 +516,42 @@ class Trainer:
         ckpt.save_model(self.out_dir, self.model.state_dict(), meta)
 
 
+class TrainOptions(TypedDict, total=False):
+    """How `train` runs a `Trainer` (its keyword arguments, with its defaults): `resume` the run
+    in `out_dir` from its latest checkpoint (False), show progress (`progress`, True), and where
+    the run's one-line notices go (`log`, stderr)."""
+
+    resume: bool
+    progress: bool
+    log: Log
+
+
+def completed_run(config: TrainConfig, out_dir: str | os.PathLike[str]) -> TrainResult | None:
+    """The result of the run in `out_dir` when its final model already has `max_steps` steps
+    (a resume then has nothing to train and writes nothing); None otherwise."""
+    out_dir = Path(out_dir)
+    if not (out_dir / ckpt.MODEL_FILE).is_file():
+        return None
+    meta, _ = ckpt.read_run(out_dir)
+    steps = int(meta.get("steps", 0))
+    if steps < config.run.max_steps:
+        return None
+    refuse_another_commands_run(out_dir, "train", "out_dir")
+    saved = from_dict(meta["config"])
+    if config.model.vocab_size == 0:  # "from the tokenizer": the run resolved it when it trained
+        config = dataclasses.replace(
+            config, model=dataclasses.replace(config.model, vocab_size=saved.model.vocab_size)
+        )
+    refuse_identity_changes(meta["config"], config)
+    val_loss = float(meta["val_loss"]) if meta.get("val_loss") is not None else math.nan
+    return TrainResult(out_dir, steps, val_loss, (), math.nan, already_complete=True)
+
+
 def train(
-    config: TrainConfig,
-    out_dir: str | os.PathLike[str],
-    *,
-    resume: bool = False,
-    progress: bool = True,
-    log: Callable[[str], None] = say_on_stderr,
+    config: TrainConfig, out_dir: str | os.PathLike[str], **options: Unpack[TrainOptions]
 ) -> TrainResult:
-    """Train a resstream GPT as `config` says, writing the run into `out_dir`.
+    """Train a resstream GPT as `config` says, writing the run into `out_dir`; `options` are
+    the `Trainer`'s (`TrainOptions`).
 
     The directory is locked for the whole run (`resstream.rundir`): a second process that
     trains, resumes or evaluates into it is refused until this one ends. `log` receives the
@@ -748,10 +563,10 @@ def train(
     """
     with run_lock(out_dir, param="out_dir"):
         try:
-            done = completed_run(config, out_dir) if resume else None
+            done = completed_run(config, out_dir) if options.get("resume", False) else None
             if done is not None:
                 return done
-            return Trainer(config, out_dir, resume=resume, progress=progress, log=log).run()
+            return Trainer(config, out_dir, **options).run()
         except OSError as exc:  # a full disk or lost permission while writing the run's files
             failure = write_failure(exc, Path(out_dir), "out_dir", kept="its complete checkpoints are kept")
             if failure is None:

@@ -22,6 +22,10 @@ This module also gives runs the benchmark scores a comparison asks for (`fill_ev
 sweep and `resstream compare`): a score cached in a run's eval.json is reused only when it was
 made with the same `max_tokens`, of the same weights and on the same benchmark text
 (`stale_reason`); every other one is evaluated again, and the summary says which were which.
+The settings of those evaluations are one `resstream.training.evaluate.EvalSettings`.
+
+The module stays in one piece because each part is a step of the one sweep (plan it, train its
+runs, score them, collect them); the scoring step is the part `compare` calls on its own.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from resstream.io import run_record, write_json
 from resstream.rundir import locked_directory, write_failure
 from resstream.training import checkpoint as ckpt
 from resstream.training.budget import check_training_budget
-from resstream.training.config import TrainConfig, from_dict, identity_diff, validate
+from resstream.training.config import GateKind, TrainConfig, from_dict, identity_diff, validate
 from resstream.training.records import (
     EVAL_FILE,
     GATE_HISTORY_FILE,
@@ -55,7 +59,7 @@ from resstream.training.records import (
 )
 
 if TYPE_CHECKING:
-    from resstream.training.evaluate import BenchmarkData
+    from resstream.training.evaluate import BenchmarkData, EvalSettings
 
 Log = Callable[[str], None]
 
@@ -104,7 +108,7 @@ def check_layers(layers: Iterable[int], n_layer: int) -> tuple[int, ...]:
     return layers
 
 
-def run_config(base: TrainConfig, *, seed: int, gate: str, cut_layer: int = -1) -> TrainConfig:
+def run_config(base: TrainConfig, *, seed: int, gate: GateKind, cut_layer: int = -1) -> TrainConfig:
     """`base` with the seed and residual gate of one sweep run."""
     model = dataclasses.replace(base.model, gate=gate, cut_layer=cut_layer)
     config = dataclasses.replace(base, model=model, run=dataclasses.replace(base.run, seed=seed))
@@ -211,15 +215,13 @@ class EvalTask:
 
 
 def plan_evals(
-    records: Sequence[RunRecord],
-    benchmarks: Sequence[str],
-    *,
-    max_tokens: int | None,
-    corpora: Mapping[str, str],
+    records: Sequence[RunRecord], settings: EvalSettings, corpora: Mapping[str, str]
 ) -> list[EvalTask]:
-    """For each run, which of `benchmarks` its eval.json already answers (`stale_reason`) and
-    which must be evaluated. `corpora` maps a benchmark to the fingerprint of its text where it
-    can be read. A run without weights cannot be evaluated: its saved scores are kept."""
+    """For each run, which of the benchmarks of `settings` its eval.json already answers
+    (`stale_reason`) and which must be evaluated. `corpora` maps a benchmark to the fingerprint
+    of its text where it can be read. A run without weights cannot be evaluated: its saved
+    scores are kept."""
+    benchmarks, max_tokens = settings.benchmarks, settings.max_tokens
     tasks = []
     for record in records:
         if record.path is None or not (record.path / MODEL_META).is_file():
@@ -300,24 +302,18 @@ def summarise_evals(
     return EvalSummary(max_tokens, reused, evaluated, unchecked)
 
 
-def evaluate_task(
-    task: EvalTask, *, max_tokens: int | None, device: str, data_dir: str | None, progress: bool
-) -> Scores:
-    """Evaluate a run on its `todo` benchmarks, replace their entries in its eval.json (other
-    entries are kept) and return the scores of the cached and the new benchmarks."""
-    from resstream.training.evaluate import evaluate_run
+def evaluate_task(task: EvalTask, settings: EvalSettings, *, progress: bool) -> Scores:
+    """Evaluate a run on its `todo` benchmarks (with the other `settings`), replace their
+    entries in its eval.json (other entries are kept) and return the scores of the cached and
+    the new benchmarks."""
+    from resstream.training.evaluate import prepare_run, run_plan
 
     run_dir = task.record.path
+    assert run_dir is not None, "a run without a folder has nothing to evaluate (`plan_evals`)"
+    todo = dataclasses.replace(settings, benchmarks=tuple(task.todo))
     with locked_directory(run_dir, "eval", param=None):  # not while the run trains or is evaluated
         _, raw = read_eval(run_dir)
-        report = evaluate_run(
-            run_dir,
-            tuple(task.todo),
-            data_dir=data_dir,
-            device=device,
-            max_tokens=max_tokens,
-            progress=progress,
-        )
+        report = run_plan(prepare_run(run_dir, todo, progress=progress), progress=progress)
         payload = report.to_dict()
         kept = [entry for entry in eval_entries(raw) if entry["name"] not in task.todo]
         payload["benchmarks"] = kept + list(payload["benchmarks"])
@@ -327,13 +323,7 @@ def evaluate_task(
 
 
 def run_evals(
-    tasks: Sequence[EvalTask],
-    *,
-    max_tokens: int | None,
-    device: str,
-    data_dir: str | None,
-    progress: bool,
-    log: Log | None,
+    tasks: Sequence[EvalTask], settings: EvalSettings, *, progress: bool, log: Log | None
 ) -> list[RunRecord]:
     """Evaluate every task that has something to do; the runs' records with exactly the
     requested scores (cached or new) as their `evals`."""
@@ -343,25 +333,21 @@ def run_evals(
         if log:
             run = f"seed {task.record.seed} {task.record.name}"
             log(f"evaluate [{i}/{len(todo)}] {run}: {', '.join(task.todo)}")
-        done[id(task)] = evaluate_task(
-            task, max_tokens=max_tokens, device=device, data_dir=data_dir, progress=progress
-        )
+        done[id(task)] = evaluate_task(task, settings, progress=progress)
     return [dataclasses.replace(task.record, evals=done.get(id(task), task.cached)) for task in tasks]
 
 
 def fill_evals(
     records: Sequence[RunRecord],
-    benchmarks: Sequence[str],
+    settings: EvalSettings,
     *,
-    max_tokens: int | None = None,
-    device: str = "cpu",
-    data_dir: str | None = None,
     progress: bool = True,
     log: Log | None = None,
     data: BenchmarkData | None = None,
 ) -> tuple[list[RunRecord], EvalSummary]:
-    """Give every run scores for `benchmarks` made with `max_tokens` on its current weights:
-    cached ones where they match (`stale_reason`), new ones (evaluated now) otherwise.
+    """Give every run scores for the benchmarks of `settings` made with its `max_tokens` on the
+    run's current weights: cached ones where they match (`stale_reason`), new ones (evaluated
+    now, with `settings`) otherwise.
 
     A benchmark some run must be evaluated on is refused first when its text cannot be read.
     `data` is what `find_benchmark_data` found for them, when the caller looked already (each
@@ -370,17 +356,14 @@ def fill_evals(
     from resstream.training.evaluate import find_benchmark_data
 
     if data is None:
-        data = find_benchmark_data(benchmarks, data_dir)
+        data = find_benchmark_data(settings.benchmarks, settings.data_dir)
     corpora = data.fingerprints
-    tasks = plan_evals(records, benchmarks, max_tokens=max_tokens, corpora=corpora)
+    tasks = plan_evals(records, settings, corpora)
     unreadable = [name for name in benchmarks_to_evaluate(tasks) if name in data.unavailable]
     if unreadable:
         raise UsageError(data.unavailable[unreadable[0]])
-    summary = summarise_evals(tasks, max_tokens, corpora)
-    done = run_evals(
-        tasks, max_tokens=max_tokens, device=device, data_dir=data_dir, progress=progress, log=log
-    )
-    return done, summary
+    summary = summarise_evals(tasks, settings.max_tokens, corpora)
+    return run_evals(tasks, settings, progress=progress, log=log), summary
 
 
 # ---------------------------------------------------------------------------- running
@@ -419,19 +402,17 @@ def _evaluate_all(
 ) -> None:
     """Evaluate every run of the sweep whose eval.json does not answer `benchmarks` yet."""
     from resstream.devices import resolve_device
+    from resstream.training.evaluate import EvalSettings
 
     records = [record_from_run_dir(run.path(root), run.seed) for run in plan.runs]
-    _, summary = fill_evals(
-        records,
-        benchmarks,
-        max_tokens=max_tokens,
-        device=str(resolve_device(plan.base.run.device)),
-        data_dir=plan.base.run.data_dir,
-        progress=progress,
-        log=log,
+    device = str(resolve_device(plan.base.run.device))
+    settings = EvalSettings(
+        tuple(benchmarks), data_dir=plan.base.run.data_dir, max_tokens=max_tokens, device=device
     )
-    for line in summary.lines() if log else ():
-        log(line)
+    _, summary = fill_evals(records, settings, progress=progress, log=log)
+    if log:
+        for line in summary.lines():
+            log(line)
 
 
 def collect(plan: SweepPlan, root: str | Path, benchmarks: Sequence[str] = ()) -> SweepResult:
