@@ -10,10 +10,9 @@ every position's next token of a corpus sample is the target, means over sequenc
 from __future__ import annotations
 
 import os
-from contextlib import closing
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Unpack
 
 import torch
 from tqdm.auto import tqdm
@@ -27,17 +26,19 @@ from resstream.api.decoders import DecoderLike, decoder_spec
 from resstream.api.inputs import (
     CorpusRequest,
     LoadOptions,
-    check_batch_size,
     each_batch,
-    each_model,
     encode_text,
     one_model,
+    refuse_device_map,
+    sampled_models,
+    takes_load_args,
     text_of,
 )
+from resstream.api.tokenizers import tokenizer_of
 from resstream.capture import Internals, block_internals
 from resstream.data.tokenizer import token_text
 from resstream.errors import UsageError
-from resstream.models import ModelLike, ModelView
+from resstream.models import LoadArgs, ModelLike, ModelView
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -58,6 +59,7 @@ CORPUS_BATCH_SIZE = 8
 ONLY_THE_LOGIT_LENS = "attribute decodes through the logit lens; `decoder` may add a tuned lens (tuned:DIR)"
 
 
+@takes_load_args
 def attribute(
     text: str | None = None,
     *,
@@ -72,11 +74,8 @@ def attribute(
     sources: bool = True,
     neurons: bool = True,
     decoder: DecoderLike = "logit-lens",
-    dtype: str = "auto",
-    device: str = "auto",
-    device_map: str | None = None,
-    trust_remote_code: bool = False,
     progress: bool = True,
+    **load: Unpack[LoadArgs],
 ) -> AttributeResult:
     """Attribute the prediction at one position of one text (`text` or `text_file`).
 
@@ -91,35 +90,35 @@ def attribute(
     `model` is a spec or a loaded model with its `tokenizer`, as for `resstream.lens`.
     """
     _check_top(top)
-    _refuse_device_map(device_map)
+    refuse_device_map(load, "attribute", "its read-outs assume one device")
     spec = decoder_spec(decoder)
     if spec.kind == "embedding":
         raise UsageError(ONLY_THE_LOGIT_LENS)
     text = text_of(text, text_file)
-    options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
+    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
     with one_model(model, options) as loaded:
-        view = loaded.view
+        view, tokenizer = loaded.view, tokenizer_of(loaded)
         spec.check(view)
-        decoder = decoder_of(view)
-        ids = encode_text(loaded.tokenizer, text, view)
+        logit_lens = decoder_of(view)
+        ids = encode_text(tokenizer, text, view)
         where = position_in(position, ids.shape[1])
         internals = block_internals(view, ids, attention=[where] if sources else False)
-        chosen = _target(loaded.tokenizer, view, decoder, internals, where, target, target_id)
-        foil_id = _foil(loaded.tokenizer, foil, chosen)
+        chosen = _target(tokenizer, view, logit_lens, internals, where, target, target_id)
+        foil_id = _foil(tokenizer, foil, chosen)
 
         def name(token: int) -> str:
-            return token_text(loaded.tokenizer, token)
+            return token_text(tokenizer, token)
 
         result = attribute_position(
             view,
             internals,
-            decoder,
+            logit_lens,
             where,
             chosen,
             foil=foil_id,
             levels=Levels(top=top, sources=sources, neurons=neurons),
             token_text=name,
-            promoted=_promoted(view, decoder, name),
+            promoted=_promoted(view, logit_lens, name),
             model=loaded.name,
         )
         if spec.lens is None:
@@ -131,6 +130,7 @@ def attribute(
         return replace(result, tuned_trajectory=trajectory, tuned_decoding=tuned.description)
 
 
+@takes_load_args
 def attribute_corpus(
     model: ModelLike = None,
     *,
@@ -144,11 +144,8 @@ def attribute_corpus(
     neurons: bool = True,
     batch_size: int | None = None,
     data_dir: str | os.PathLike[str] | None = None,
-    dtype: str = "auto",
-    device: str = "auto",
-    device_map: str | None = None,
-    trust_remote_code: bool = False,
     progress: bool = True,
+    **load: Unpack[LoadArgs],
 ) -> CorpusAttribution:
     """Attribute every next token of a corpus sample, averaged over sequences.
 
@@ -162,18 +159,18 @@ def attribute_corpus(
     `model` is a spec or a loaded model with its `tokenizer`, as for `resstream.lens`.
     """
     _check_top(top)
-    _refuse_device_map(device_map)
+    refuse_device_map(load, "attribute", "its read-outs assume one device")
     batch_size = CORPUS_BATCH_SIZE if batch_size is None else batch_size
     candidates = DEFAULT_CANDIDATES if candidates is None else candidates
-    check_batch_size(batch_size)
     if candidates < 1:
         raise UsageError(f"`candidates` {candidates} is not allowed; allowed: 1 or more")
     num_seqs = DEFAULT_NUM_SEQS if num_seqs is None else num_seqs
     request = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir, default_seq_len=DEFAULT_SEQ_LEN)
-    options = LoadOptions(tokenizer, dtype, device, None, trust_remote_code, progress)
-    with closing(each_model([model], request, options)) as each:
+    with sampled_models(
+        [model], request, load, tokenizer=tokenizer, progress=progress, batch_size=batch_size
+    ) as each:
         for loaded, sample, fingerprint in each:
-            view = loaded.view
+            view, tokenizer = loaded.view, tokenizer_of(loaded)
             decoder = decoder_of(view)
             batches = list(each_batch(sample.sequences, batch_size, "", progress=False))
             if any(b.shape[1] < 2 for b in batches):
@@ -188,10 +185,10 @@ def attribute_corpus(
                     partial(block_internals, view),
                     top=top,
                     candidates=candidates if neurons else 0,
-                    promoted=_promoted(view, decoder, partial(token_text, loaded.tokenizer)),
+                    promoted=_promoted(view, decoder, partial(token_text, tokenizer)),
                     model=loaded.name,
                     dataset=dataset,
-                    progress=bar.update if bar is not None else None,
+                    progress=None if bar is None else partial(_advance, bar),
                 )
             finally:
                 if bar is not None:
@@ -205,17 +202,15 @@ def _check_top(top: int) -> None:
         raise UsageError(f"`top` {top} is not allowed; allowed: 1 or more")
 
 
-def _refuse_device_map(device_map: str | None) -> None:
-    if device_map is not None:
-        raise UsageError(
-            "`device_map` is not supported by attribute yet (its read-outs assume one device); use `device`"
-        )
-
-
 def _bar(total: int, desc: str, show: bool) -> tqdm | None:
     if not show:
         return None
     return tqdm(total=total, desc=desc, unit="seq", leave=False)
+
+
+def _advance(bar: tqdm, count: int) -> None:
+    """Move `bar` on by `count` sequences (tqdm's `update` also returns whether it redrew)."""
+    bar.update(count)
 
 
 def position_in(position: int | None, length: int) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Unpack
+
 from resstream.analysis.circuits.composition import (
     BASELINE_SAMPLES,
     BASELINE_SEED,
@@ -9,20 +11,18 @@ from resstream.analysis.circuits.composition import (
     check_samples,
 )
 from resstream.analysis.circuits.composition import composition as composition_scores
-from resstream.api.inputs import LoadOptions, one_model
-from resstream.models import ModelLike
+from resstream.api.inputs import LoadOptions, one_model, takes_load_args
+from resstream.models import LoadArgs, ModelLike
 
 
+@takes_load_args
 def composition(
     model: ModelLike = None,
     *,
     samples: int = BASELINE_SAMPLES,
     seed: int = BASELINE_SEED,
-    dtype: str = "auto",
-    device: str = "auto",
-    device_map: str | None = None,
-    trust_remote_code: bool = False,
     progress: bool = True,
+    **load: Unpack[LoadArgs],
 ) -> CompositionResult:
     """How much every later head reads what every earlier head writes, from the weights alone
     (Elhage et al. 2021; formulas in `resstream.analysis.circuits.composition` and docs/attribution.md).
@@ -37,6 +37,6 @@ def composition(
     UsageError for a model with fewer than 2 layers.
     """
     check_samples(samples)
-    options = LoadOptions(None, dtype, device, device_map, trust_remote_code, progress, needs_tokenizer=False)
+    options = LoadOptions.of(load, progress=progress, needs_tokenizer=False)
     with one_model(model, options) as loaded:
         return composition_scores(loaded.view, model=loaded.name, samples=samples, seed=seed)

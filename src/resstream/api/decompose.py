@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from torch import Tensor
 
 from resstream.analysis.attribution.decomposition import decompose as decompose_state
 from resstream.analysis.attribution.decomposition import point_count, point_name
 from resstream.api.attribute import position_in
-from resstream.api.inputs import LoadOptions, encode_text, one_model, text_of
+from resstream.api.inputs import LoadOptions, encode_text, one_model, takes_load_args, text_of
+from resstream.api.tokenizers import tokenizer_of
 from resstream.capture import block_internals
 from resstream.data.tokenizer import token_text
 from resstream.errors import UsageError
-from resstream.models import ModelLike
+from resstream.models import LoadArgs, ModelLike
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -65,6 +66,7 @@ class DecomposeResult:
         }
 
 
+@takes_load_args
 def decompose(
     text: str | None = None,
     *,
@@ -75,11 +77,8 @@ def decompose(
     point: int | str | None = None,
     sources: bool = False,
     neurons: bool = False,
-    dtype: str = "auto",
-    device: str = "auto",
-    device_map: str | None = None,
-    trust_remote_code: bool = False,
     progress: bool = True,
+    **load: Unpack[LoadArgs],
 ) -> DecomposeResult:
     """The residual state of token `position` (default the last; negative from the end) of a
     text at residual `point` — an index 0..2L or a name L_in_0, L_res_<l>, L_out_<l> (default:
@@ -87,10 +86,10 @@ def decompose(
     attention source) and every MLP (with `neurons`, every neuron and the MLP bias). `model`
     as for `resstream.lens`."""
     text = text_of(text, text_file)
-    options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
+    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
     with one_model(model, options) as loaded:
-        view = loaded.view
-        ids = encode_text(loaded.tokenizer, text, view)
+        view, tokenizer = loaded.view, tokenizer_of(loaded)
+        ids = encode_text(tokenizer, text, view)
         where = position_in(position, ids.shape[1])
         chosen = _point(point, view.n_layers)
         internals = block_internals(view, ids, attention=[where] if sources else False)
@@ -98,7 +97,7 @@ def decompose(
         absolute, relative = parts.residual()
         return DecomposeResult(
             model=loaded.name,
-            tokens=tuple(token_text(loaded.tokenizer, int(t)) for t in ids[0].tolist()),
+            tokens=tuple(token_text(tokenizer, int(t)) for t in ids[0].tolist()),
             position=where,
             point=point_name(chosen),
             labels=tuple(parts.label(i) for i in range(len(parts))),

@@ -13,21 +13,36 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
+import inspect
 import os
-from collections.abc import Callable, Iterator, Sequence
+import typing
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from tqdm.auto import tqdm
 
+from resstream.api.tokenizers import fast_tokenizer_of
 from resstream.data.files import read_text, tokenizer_pieces
 from resstream.data.sampling import SequenceSample, check_sample_request, check_vocabulary
 from resstream.errors import UsageError
-from resstream.models import LoadedModel, ModelLike, ModelView, as_loaded, check_model, is_spec, load_model
+from resstream.models import (
+    LoadArgs,
+    LoadedModel,
+    ModelLike,
+    ModelSpec,
+    ModelView,
+    as_loaded,
+    check_model,
+    is_spec,
+    load_model,
+)
 from resstream.notices import notify
 
 if TYPE_CHECKING:
@@ -58,13 +73,12 @@ class CorpusRequest:
 
 @dataclass(frozen=True)
 class CheckedModel:
-    """A model an analysis was given, checked but not loaded: the entry as given, its name,
-    its context (None: unbounded or unknown) and, for a model in memory, its `LoadedModel`."""
+    """A model an analysis was given, checked but not loaded: the spec to load or, for a model
+    in memory, its `LoadedModel`; its name and its context (None: unbounded or unknown)."""
 
-    entry: ModelLike
+    entry: ModelSpec | LoadedModel
     name: str
     context: int | None
-    in_memory: LoadedModel | None
 
 
 @dataclass(frozen=True)
@@ -80,6 +94,56 @@ class LoadOptions:
     trust_remote_code: bool = False
     progress: bool = True
     needs_tokenizer: bool = True
+
+    @classmethod
+    def of(
+        cls,
+        load: LoadArgs,
+        *,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        progress: bool = True,
+        needs_tokenizer: bool = True,
+    ) -> LoadOptions:
+        """The options of an API call: its `load` keywords, `tokenizer` and `progress`."""
+        return cls(tokenizer, progress=progress, needs_tokenizer=needs_tokenizer, **load)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def takes_load_args(func: F) -> F:
+    """`func`, whose ``**load: Unpack[LoadArgs]`` are shown as the keyword parameters they are
+    (with `LoadOptions`' defaults) by `help`, `inspect.signature` and a notebook's completion,
+    and checked as such: an unknown keyword is Python's own TypeError."""
+    signature = inspect.signature(func)
+    kept = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    types = typing.get_type_hints(LoadArgs)
+    defaults = {f.name: f.default for f in dataclasses.fields(LoadOptions)}
+    load = [
+        inspect.Parameter(
+            name, inspect.Parameter.KEYWORD_ONLY, annotation=types[name], default=defaults[name]
+        )
+        for name in LoadArgs.__annotations__
+    ]
+    expanded = signature.replace(parameters=[*kept, *load])
+
+    @functools.wraps(func)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        try:
+            expanded.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{func.__name__}() {exc}") from None
+        return func(*args, **kwargs)
+
+    checked.__signature__ = expanded  # type: ignore[attr-defined]
+    return typing.cast(F, checked)
+
+
+def refuse_device_map(load: LoadArgs, function: str, why: str = "") -> None:
+    """UsageError when `load` spreads the model over devices, which `function` cannot read."""
+    if load.get("device_map") is not None:
+        because = f" ({why})" if why else ""
+        raise UsageError(f"`device_map` is not supported by {function} yet{because}; use `device`")
 
 
 def check_length(length: int, view: ModelView, what: str) -> None:
@@ -116,11 +180,11 @@ def checked_models(models: ModelLike | Sequence[ModelLike], options: LoadOptions
     """Every model checked, none loaded: specs from their configs (`check_model`), objects
     wrapped (`as_loaded`). `models` is one model or a list or tuple of them (an empty one:
     the reference model)."""
-    entries = (list(models) if isinstance(models, (list, tuple)) else [models]) or [None]
+    entries = model_list(models) or [None]
     _check_options(entries, options)
     checked = []
     for model in entries:
-        if is_spec(model):
+        if model is None or isinstance(model, (str, os.PathLike)):  # `is_spec`, spelled so it narrows
             context = check_model(
                 model,
                 trust_remote_code=options.trust_remote_code,
@@ -128,14 +192,29 @@ def checked_models(models: ModelLike | Sequence[ModelLike], options: LoadOptions
                 device=options.device,
                 device_map=options.device_map,
             )
-            checked.append(CheckedModel(model, "reference" if model is None else str(model), context, None))
+            checked.append(CheckedModel(model, "reference" if model is None else str(model), context))
         else:
             loaded = as_loaded(model, options.tokenizer, needs_tokenizer=options.needs_tokenizer)
-            checked.append(CheckedModel(model, loaded.name, loaded.view.max_positions, loaded))
+            checked.append(CheckedModel(loaded, loaded.name, loaded.view.max_positions))
     return checked
 
 
-def loaded_models(models: ModelLike | Sequence[ModelLike], options: LoadOptions) -> Iterator[LoadedModel]:
+def model_list(models: ModelLike | Sequence[ModelLike]) -> list[ModelLike]:
+    """The models an analysis was given, as a list: a list or tuple as its items, anything else
+    as one model. Another kind of sequence (neither a model nor a list of them) is refused."""
+    if isinstance(models, (list, tuple)):
+        return list(models)
+    if isinstance(models, str) or not isinstance(models, Sequence):
+        return [models]
+    raise UsageError(
+        f"`models` holds a {type(models).__name__}; allowed: a model spec (run directory, "
+        f"Hugging Face directory or hub name, 'reference'), a loaded model or its ModelView"
+    )
+
+
+def loaded_models(
+    models: ModelLike | Sequence[ModelLike], options: LoadOptions
+) -> Generator[LoadedModel, None, None]:
     """Each model ready for analysis, loaded (specs) or wrapped (objects) one at a time.
 
     Every model is checked (`checked_models`) before the first is loaded, so a bad one is
@@ -145,12 +224,12 @@ def loaded_models(models: ModelLike | Sequence[ModelLike], options: LoadOptions)
     yield from _load_each(checked_models(models, options), options)
 
 
-def _load_each(checked: list[CheckedModel], options: LoadOptions) -> Iterator[LoadedModel]:
+def _load_each(checked: list[CheckedModel], options: LoadOptions) -> Generator[LoadedModel, None, None]:
     """The checked models loaded one at a time (a model in memory: in eval mode meanwhile)."""
     for model in checked:
-        if model.in_memory is not None:
-            with eval_mode(model.in_memory.model):
-                yield model.in_memory
+        if isinstance(model.entry, LoadedModel):
+            with eval_mode(model.entry.model):
+                yield model.entry
         else:
             yield load_model(
                 model.entry,
@@ -169,21 +248,19 @@ def settled_seq_len(corpus: CorpusRequest, checked: Sequence[CheckedModel]) -> i
     (UsageError naming that model). Left to the default, it is `corpus.default_seq_len`,
     clipped to the shortest context, with a notice saying so.
     """
-    bounded = [model for model in checked if model.context is not None]
-    shortest = min(bounded, key=lambda model: model.context, default=None)
-    default = corpus.default_seq_len
-    if shortest is not None and shortest.context < default:
-        default = shortest.context
+    bounded = [(model.context, model.name) for model in checked if model.context is not None]
+    shortest = min(bounded, key=lambda bound: bound[0], default=None)  # (context, model name)
+    default = corpus.default_seq_len if shortest is None else min(shortest[0], corpus.default_seq_len)
     if corpus.pinned:  # token-id rows bring their own lengths, checked once read
         return corpus.seq_len or default
     if corpus.seq_len is not None:
         if shortest is not None:
-            check_fits(corpus.seq_len, shortest.context, "`seq_len` {n}", shortest.name)
+            check_fits(corpus.seq_len, shortest[0], "`seq_len` {n}", shortest[1])
         return corpus.seq_len
-    if default < corpus.default_seq_len:
+    if shortest is not None and default < corpus.default_seq_len:
         notify(
             f"`seq_len` {default}: the default {corpus.default_seq_len} is longer than "
-            f"the context of model {shortest.name!r} ({default} tokens)"
+            f"the context of model {shortest[1]!r} ({default} tokens)"
         )
     return default
 
@@ -233,7 +310,7 @@ def each_model(
     options: LoadOptions,
     *,
     check: Callable[[ModelView], None] | None = None,
-) -> Iterator[tuple[LoadedModel, SequenceSample, str | None]]:
+) -> Generator[tuple[LoadedModel, SequenceSample, str | None], None, None]:
     """(model, its sample, dataset fingerprint) for each model in turn (module docstring).
 
     Before the first model loads, every model is checked, the corpus found and the sequence
@@ -252,14 +329,35 @@ def each_model(
         for loaded in each_loaded:
             if check is not None:
                 check(loaded.view)
-            key = tokenizer_fingerprint(loaded.tokenizer)
+            tokenizer = fast_tokenizer_of(loaded)
+            key = tokenizer_fingerprint(tokenizer)
             if key not in samples:
-                samples[key] = sample_corpus(corpus, loaded.tokenizer, loaded.view.W_U.shape[0], stream)
+                samples[key] = sample_corpus(corpus, tokenizer, loaded.view.W_U.shape[0], stream)
             sample, fingerprint = samples[key]
             _check_vocabulary(sample, loaded.view.W_U.shape[0], corpus.dataset)
             _check_sample_length(sample, loaded.view, corpus.dataset)
             yield loaded, sample, fingerprint
             del loaded
+
+
+@contextmanager
+def sampled_models(
+    models: ModelLike | Sequence[ModelLike],
+    corpus: CorpusRequest,
+    load: LoadArgs,
+    *,
+    tokenizer: PreTrainedTokenizerBase | None,
+    progress: bool,
+    batch_size: int,
+    check: Callable[[ModelView], None] | None = None,
+) -> Iterator[Iterator[tuple[LoadedModel, SequenceSample, str | None]]]:
+    """The preamble of every corpus analysis, written once: `batch_size` checked, the `load`
+    keywords with `tokenizer` and `progress` made `LoadOptions`, and `each_model` opened for
+    the block (closed however the block ends)."""
+    check_batch_size(batch_size)
+    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
+    with closing(each_model(models, corpus, options, check=check)) as each:
+        yield each
 
 
 def _corpus_stream(corpus: CorpusRequest) -> CorpusStream | None:
@@ -286,7 +384,8 @@ def sample_corpus(
     """The sample a `CorpusRequest` (with its `seq_len` settled) asks for from `tokenizer`'s
     token stream, and the dataset fingerprint (a pinned `.jsonl` of input_ids: its rows as
     given, fingerprinted by file, each id checked against the model's `vocab_size`).
-    `stream` is the corpus when it was opened already."""
+    `stream` is the corpus when it was opened already. A `seq_len` left None (not settled by
+    `each_model`) is `default_seq_len`."""
     from resstream.data import load_token_rows
     from resstream.data.sampling import sample_sequences, sample_token_rows
 
@@ -302,7 +401,7 @@ def sample_corpus(
         stream,
         tokenizer,
         num_seqs=corpus.num_seqs,
-        seq_len=corpus.seq_len,
+        seq_len=corpus.default_seq_len if corpus.seq_len is None else corpus.seq_len,
         seed=corpus.seed,
         corpus_name=dataset,
     )
@@ -362,12 +461,12 @@ def encode_text(tokenizer: PreTrainedTokenizerBase, text: str, view: ModelView) 
 def text_of(text: str | None, text_file: str | os.PathLike[str] | None) -> str:
     """The text to analyse: `text`, or the content of `text_file`; UsageError unless exactly one
     is given and it holds text."""
-    if (text is None) == (text_file is None):
-        raise UsageError("give exactly one of `text` or `text_file`")
-    if text_file is None:
+    if text is not None and text_file is None:
         if not text.strip():
             raise UsageError("`text` is empty")
         return text
+    if text is not None or text_file is None:
+        raise UsageError("give exactly one of `text` or `text_file`")
     content = read_text(Path(text_file), "`text_file`", alternative=" or `text`")
     if not content.strip():
         raise UsageError(f"`text_file` {str(text_file)!r} holds no text; give a file with text")

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Unpack
 
 from resstream.analysis.shift.lens import LensResult, trajectories
 from resstream.api.decoders import DecoderLike, decoder_spec
-from resstream.api.inputs import LoadOptions, check_top_k, encode_text, one_model, text_of
+from resstream.api.inputs import LoadOptions, check_top_k, encode_text, one_model, takes_load_args, text_of
+from resstream.api.tokenizers import tokenizer_of
 from resstream.capture import residual_states
 from resstream.data.tokenizer import token_text
 from resstream.errors import UsageError
-from resstream.models import ModelLike
+from resstream.models import LoadArgs, ModelLike
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
+@takes_load_args
 def lens(
     text: str | None = None,
     *,
@@ -26,11 +28,8 @@ def lens(
     positions: range | slice | None = None,
     top_k: int = 1,
     decoder: DecoderLike = "logit-lens",
-    dtype: str = "auto",
-    device: str = "auto",
-    device_map: str | None = None,
-    trust_remote_code: bool = False,
     progress: bool = True,
+    **load: Unpack[LoadArgs],
 ) -> LensResult:
     """What every layer's residual state decodes to, position by position, in `text` (or in
     the UTF-8 file `text_file`: exactly one of the two).
@@ -50,10 +49,10 @@ def lens(
     """
     text = text_of(text, text_file)
     spec = decoder_spec(decoder)
-    options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
+    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
     with one_model(model, options) as loaded:
-        view = loaded.view
-        ids = encode_text(loaded.tokenizer, text, view)
+        view, tokenizer = loaded.view, tokenizer_of(loaded)
+        ids = encode_text(tokenizer, text, view)
         check_top_k(top_k, view.W_U.shape[0])
         chosen = _position_range(positions, ids.shape[1])
         states = residual_states(view, ids.to(view.W_E.device))[:, 0]
@@ -64,7 +63,7 @@ def lens(
             top_k=top_k,
             positions=chosen,
             model=loaded.name,
-            token_text=lambda token: token_text(loaded.tokenizer, token),
+            token_text=lambda token: token_text(tokenizer, token),
         )
 
 

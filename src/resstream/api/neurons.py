@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from contextlib import closing
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Unpack
 
 import torch
 
@@ -22,20 +21,14 @@ from resstream.analysis.circuits.neurons import (
     top_activations,
 )
 from resstream.analysis.decoding.decoder import decoder_of
-from resstream.api.inputs import (
-    CorpusRequest,
-    LoadOptions,
-    check_batch_size,
-    check_top_k,
-    each_batch,
-    each_model,
-)
+from resstream.api.inputs import CorpusRequest, check_top_k, each_batch, sampled_models, takes_load_args
+from resstream.api.tokenizers import tokenizer_of
 from resstream.capture import record, run_forward
 from resstream.capture.hooks import check_input_ids
 from resstream.data.sampling import SequenceSample
 from resstream.data.tokenizer import token_text
 from resstream.errors import UsageError
-from resstream.models import ModelLike, ModelView
+from resstream.models import LoadArgs, ModelLike, ModelView
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -44,6 +37,7 @@ if TYPE_CHECKING:
 DEFAULT_SEQ_LEN = 128
 
 
+@takes_load_args
 def neurons(
     model: ModelLike = None,
     *,
@@ -60,11 +54,8 @@ def neurons(
     batch_size: int = 8,
     seed: int = 0,
     data_dir: str | os.PathLike[str] | None = None,
-    dtype: str = "auto",
-    device: str = "auto",
-    device_map: str | None = None,
-    trust_remote_code: bool = False,
     progress: bool = True,
+    **load: Unpack[LoadArgs],
 ) -> NeuronsResult:
     """FFN neurons of block `layer` (0-based) as key -> value memories.
 
@@ -78,15 +69,15 @@ def neurons(
     its `tokenizer`, loaded with `dtype`, `device`, `device_map`, `trust_remote_code`.
     """
     chosen = _check_request(neurons, top, contexts, value_tokens, window)
-    check_batch_size(batch_size)
     corpus = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir, default_seq_len=DEFAULT_SEQ_LEN)
-    options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
 
     def check(view: ModelView) -> None:
         check_layer_and_neurons(view, layer, chosen, top)
         check_top_k(value_tokens, view.W_U.shape[0], "value_tokens")
 
-    with closing(each_model(model, corpus, options, check=check)) as each:
+    with sampled_models(
+        model, corpus, load, tokenizer=tokenizer, progress=progress, batch_size=batch_size, check=check
+    ) as each:
         loaded, sample, fingerprint = next(each)
         view = loaded.view
         key = top_activations(
@@ -107,7 +98,7 @@ def neurons(
             sample,
             dataset,
             fingerprint,
-            loaded.tokenizer,
+            tokenizer_of(loaded),
         )
 
 
@@ -128,7 +119,9 @@ def _check_request(
     ):
         if value < least:
             raise UsageError(f"`{name}` {value} must be >= {least}")
-    return None if top is not None else list(dict.fromkeys(int(k) for k in neurons))
+    if top is not None or neurons is None:  # the check above: `top` None means neurons given
+        return None
+    return list(dict.fromkeys(int(k) for k in neurons))
 
 
 def check_layer_and_neurons(
@@ -140,10 +133,8 @@ def check_layer_and_neurons(
         raise UsageError(
             f"`layer` {layer} is out of range; allowed: 0..{view.n_layers - 1} ({view.n_layers} blocks)"
         )
-    block = view.blocks[layer]
-    if block.mlp_weights is None or block.mlp_out_proj is None:
-        raise UsageError(f"the {view.family} adapter exposes no MLP neurons for block {layer}")
-    d_ff = block.mlp_weights().d_ff
+    mlp_out_projection(view, layer)
+    d_ff = view.blocks[layer].read_mlp_weights().d_ff
     for neuron in neurons or ():
         if not 0 <= neuron < d_ff:
             raise UsageError(
@@ -154,13 +145,22 @@ def check_layer_and_neurons(
         raise UsageError(f"`top` {top} is more than layer {layer}'s {d_ff} neurons; allowed: 1..{d_ff}")
 
 
+def mlp_out_projection(view: ModelView, layer: int) -> torch.nn.Module:
+    """Block `layer`'s MLP output projection, whose input is the neuron coefficients; UsageError
+    for a block whose adapter exposes no MLP neurons (no weights or no projection)."""
+    block = view.blocks[layer]
+    if block.mlp_weights is None or block.mlp_out_proj is None:
+        raise UsageError(f"the {view.family} adapter exposes no MLP neurons for block {layer}")
+    return block.mlp_out_proj
+
+
 def layer_coefficients(
     view: ModelView, layer: int, sample: SequenceSample, batch_size: int, progress: bool, desc: str
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(ids, m) per batch of the sample: the batch's token ids and the neuron coefficients m
     (batch, seq, d_ff) of block `layer`, as its MLP's output projection receives them (one
     forward of the model per batch, one hook)."""
-    projection = view.blocks[layer].mlp_out_proj
+    projection = mlp_out_projection(view, layer)
     for batch in each_batch(sample.sequences, batch_size, desc, progress):
         check_input_ids(view, batch)
         batch = batch.to(view.W_E.device)
@@ -184,7 +184,7 @@ def _result(
     tokenizer: PreTrainedTokenizerBase,
 ) -> NeuronsResult:
     """The key side joined with the value side of the same neurons, every token's text kept."""
-    weights = view.blocks[layer].mlp_weights()
+    weights = view.blocks[layer].read_mlp_weights()
     rows = added_values(view, layer, torch.tensor(key.neurons, dtype=torch.long))
     values = promoted_tokens(decoder_of(view), rows, value_tokens)
     reports = neuron_reports(key, values)

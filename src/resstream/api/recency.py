@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from contextlib import closing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from resstream.analysis.recency.measured import RecencyAccumulator, RecencyResult
-from resstream.api.inputs import CorpusRequest, LoadOptions, check_batch_size, each_batch, each_model
+from resstream.api.inputs import CorpusRequest, each_batch, sampled_models, takes_load_args
 from resstream.capture import attention_probs
 from resstream.data.sampling import SequenceSample
 from resstream.errors import UsageError
-from resstream.models import LoadedModel, ModelLike
+from resstream.models import LoadArgs, LoadedModel, ModelLike
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -45,6 +44,7 @@ class RecencyReport:
         return f"RecencyReport({self.dataset!r}, {self.seq_len} tokens: {models})"
 
 
+@takes_load_args
 def recency(
     models: ModelLike | Sequence[ModelLike] = (None,),
     *,
@@ -56,11 +56,8 @@ def recency(
     seed: int = 0,
     threshold: float = 3.0,
     data_dir: str | os.PathLike[str] | None = None,
-    dtype: str = "auto",
-    device: str = "auto",
-    device_map: str | None = None,
-    trust_remote_code: bool = False,
     progress: bool = True,
+    **load: Unpack[LoadArgs],
 ) -> RecencyReport:
     """Mean attention by query and key position, per layer and head, over a corpus sample.
 
@@ -72,11 +69,11 @@ def recency(
     """
     if not threshold > 0:
         raise UsageError(f"`threshold` {threshold} must be > 0 (standard errors)")
-    check_batch_size(batch_size)
     corpus = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir, default_seq_len=DEFAULT_SEQ_LEN)
-    options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
     results, fingerprint, length = [], None, seq_len or DEFAULT_SEQ_LEN
-    with closing(each_model(models, corpus, options)) as each:
+    with sampled_models(
+        models, corpus, load, tokenizer=tokenizer, progress=progress, batch_size=batch_size
+    ) as each:
         for loaded, sample, fingerprint in each:  # noqa: B007 - the last one is reported
             length = _one_length(sample, dataset)
             results.append(_attention_by_position(loaded, sample, length, threshold, batch_size, progress))

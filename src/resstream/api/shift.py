@@ -4,26 +4,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from contextlib import closing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import torch
 
 from resstream.analysis.shift.alignment import AlignmentAccumulator, AlignmentResult
 from resstream.api.decoders import DecoderLike, DecoderSpec, decoder_specs
-from resstream.api.inputs import (
-    CorpusRequest,
-    LoadOptions,
-    check_batch_size,
-    check_top_k,
-    each_batch,
-    each_model,
-)
+from resstream.api.inputs import CorpusRequest, check_top_k, each_batch, sampled_models, takes_load_args
 from resstream.capture import residual_states
 from resstream.data.sampling import SequenceSample
 from resstream.errors import UsageError
-from resstream.models import LoadedModel, ModelLike, ModelView
+from resstream.models import LoadArgs, LoadedModel, ModelLike, ModelView
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -70,6 +62,7 @@ class ShiftReport:
         }
 
 
+@takes_load_args
 def shift(
     models: ModelLike | Sequence[ModelLike] = (None,),
     *,
@@ -82,11 +75,8 @@ def shift(
     batch_size: int = 8,
     seed: int = 0,
     data_dir: str | os.PathLike[str] | None = None,
-    dtype: str = "auto",
-    device: str = "auto",
-    device_map: str | None = None,
-    trust_remote_code: bool = False,
     progress: bool = True,
+    **load: Unpack[LoadArgs],
 ) -> ShiftReport:
     """Layer-wise alignment with the input and the next token over a corpus sample.
 
@@ -108,15 +98,13 @@ def shift(
     batch; the report holds one result per model and decoder, models first.
     """
     decoders = decoder_specs(decoder)
-    several = isinstance(models, list | tuple) and len(models) > 1
-    if several and any(spec.lens is not None for spec in decoders):
+    given = len(models) if isinstance(models, list | tuple) else 1
+    if given > 1 and any(spec.lens is not None for spec in decoders):
         raise UsageError(
-            f"a tuned lens belongs to one model, and `models` has {len(models)}: "
+            f"a tuned lens belongs to one model, and `models` has {given}: "
             "run shift once per model with that model's lens"
         )
-    check_batch_size(batch_size)
     corpus = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir, default_seq_len=DEFAULT_SEQ_LEN)
-    options = LoadOptions(tokenizer, dtype, device, device_map, trust_remote_code, progress)
     results, lengths, count, fingerprint = [], set(), 0, None
 
     def check(view: ModelView) -> None:
@@ -124,7 +112,9 @@ def shift(
         for spec in decoders:
             spec.check(view)
 
-    with closing(each_model(models, corpus, options, check=check)) as each:
+    with sampled_models(
+        models, corpus, load, tokenizer=tokenizer, progress=progress, batch_size=batch_size, check=check
+    ) as each:
         for loaded, sample, fingerprint in each:  # noqa: B007 - the last one is reported
             count, lengths = len(sample.sequences), {len(s) for s in sample.sequences}
             results.extend(_align(loaded, sample, top_k, decoders, batch_size, progress))

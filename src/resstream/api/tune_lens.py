@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import torch
 from tqdm.auto import tqdm
@@ -34,13 +34,15 @@ from resstream.api.inputs import (
     check_batch_size,
     checked_models,
     each_model,
+    refuse_device_map,
     settled_seq_len,
+    takes_load_args,
 )
 from resstream.capture import residual_states
 from resstream.data.files import load_token_rows
 from resstream.data.sampling import CorpusTooSmall, SequenceSample
 from resstream.errors import RunError, UsageError
-from resstream.models import LoadedModel, ModelLike, ModelView
+from resstream.models import LoadArgs, LoadedModel, ModelLike, ModelView
 from resstream.notices import notify
 
 if TYPE_CHECKING:
@@ -78,6 +80,7 @@ class TuneLensReport:
         )
 
 
+@takes_load_args
 def tune_lens(
     model: ModelLike = None,
     *,
@@ -91,10 +94,8 @@ def tune_lens(
     optimiser: LensOptimiser | None = None,
     seed: int = 0,
     data_dir: str | os.PathLike[str] | None = None,
-    dtype: str = "auto",
-    device: str = "auto",
-    trust_remote_code: bool = False,
     progress: bool = True,
+    **load: Unpack[LoadArgs],
 ) -> TuneLensReport:
     """Train one affine translator per layer of `model` (a spec or a model in memory with its
     `tokenizer`, as for `resstream.shift`) on about `tokens` tokens of `dataset` in `steps`
@@ -108,7 +109,8 @@ def tune_lens(
     check_batch_size(batch_size)
     optimiser = replace(optimiser or LensOptimiser(), steps=steps)
     check_learning_rate(optimiser.lr)
-    options = LoadOptions(tokenizer, dtype, device, None, trust_remote_code, progress)
+    refuse_device_map(load, "tune-lens")
+    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
     with closing(
         _each_split(model, dataset, seq_len, seed, data_dir, options, tokens, steps, eval_seqs)
     ) as each:
@@ -120,6 +122,7 @@ def tune_lens(
     raise AssertionError("no model was loaded")  # pragma: no cover - each_model yields one
 
 
+@takes_load_args
 def evaluate_lens(
     lens: TunedLens | str | os.PathLike[str],
     model: ModelLike = None,
@@ -131,10 +134,8 @@ def evaluate_lens(
     batch_size: int = 8,
     seed: int | None = None,
     data_dir: str | os.PathLike[str] | None = None,
-    dtype: str = "auto",
-    device: str = "auto",
-    trust_remote_code: bool = False,
     progress: bool = True,
+    **load: Unpack[LoadArgs],
 ) -> LensEvaluation:
     """Per-layer KL and cross-entropy of the logit lens and of `lens` (a directory or a loaded
     lens) on held-out text of `model`. `dataset`, `seq_len` and `seed` left None come from the
@@ -150,7 +151,9 @@ def evaluate_lens(
     dataset = dataset or trained.get("dataset") or "shakespeare"
     if eval_seqs is not None:
         check_positive("eval_seqs", eval_seqs)
-    options = LoadOptions(tokenizer, dtype, device, None, trust_remote_code, progress)
+    refuse_device_map(load, "tune-lens")
+    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
+    plan: tuple[int | None, int, tuple[int, int], int]  # (seq_len, seed, sizes, keep): `_held_out_plan`
     if "train_seqs" in trained and dataset == trained.get("dataset"):
         plan = _held_out_plan(trained, seq_len, seed, eval_seqs)
     else:
@@ -253,7 +256,7 @@ def _each_split(
     tokens: int,
     steps: int,
     eval_seqs: int,
-) -> Iterator[tuple[LoadedModel, Split]]:
+) -> Generator[tuple[LoadedModel, Split], None, None]:
     """The model and its split for `tokens` training tokens in `steps` steps (the window
     length settled first, so a model with a shorter context still gets `tokens` tokens)."""
     request = CorpusRequest(dataset, 1, seq_len, seed, data_dir, DEFAULT_SEQ_LEN)
@@ -287,7 +290,7 @@ def _each_sample(
     options: LoadOptions,
     sizes: tuple[int, int],
     check: Callable[[ModelView], None] | None = None,
-) -> Iterator[tuple[LoadedModel, Split]]:
+) -> Generator[tuple[LoadedModel, Split], None, None]:
     """Load the model (passing `check`), draw train + held-out windows and split them."""
     train_seqs, eval_seqs = sizes
     corpus = CorpusRequest(dataset, train_seqs + eval_seqs, seq_len, seed, data_dir, DEFAULT_SEQ_LEN)

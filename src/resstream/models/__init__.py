@@ -9,6 +9,7 @@ maps each family onto the common `ModelView`.
 """
 
 from resstream.models.adapters import BlockView, ModelView, family_of, register, supported_families, view_of
+from resstream.models.loaded import LoadArgs
 from resstream.models.loading import (
     DTYPES,
     LoadedModel,
@@ -24,6 +25,7 @@ from resstream.models.loading import (
 __all__ = [
     "DTYPES",
     "BlockView",
+    "LoadArgs",
     "LoadedModel",
     "ModelLike",
     "ModelSpec",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, TypeGuard
 
 import torch
 from torch import nn
@@ -61,7 +61,20 @@ ModelSpec = str | os.PathLike[str] | None
 ModelLike = ModelSpec | nn.Module | ModelView | LoadedModel
 
 
-def is_spec(model: ModelLike) -> bool:
+class LoadArgs(TypedDict, total=False):
+    """How a model given as a spec string is loaded, as keywords (`load_model`'s, and every API
+    function's): ``dtype`` ("auto", "float32", "bfloat16", "float16"),
+    ``device`` ("auto", "cpu", "cuda", "cuda:N"), ``device_map`` (spread a Hugging Face model
+    over devices: "auto", "balanced", "sequential"; needs accelerate) and
+    ``trust_remote_code`` (run a hub model's own code). Defaults: `load_model`'s."""
+
+    dtype: str
+    device: str
+    device_map: str | None
+    trust_remote_code: bool
+
+
+def is_spec(model: ModelLike) -> TypeGuard[ModelSpec]:
     """Whether `model` names a model to load rather than being one."""
     return model is None or isinstance(model, (str, os.PathLike))
 
@@ -113,4 +126,13 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-__all__ = ["DTYPES", "LoadedModel", "ModelLike", "ModelSpec", "as_loaded", "dtype_name", "is_spec"]
+__all__ = [
+    "DTYPES",
+    "LoadArgs",
+    "LoadedModel",
+    "ModelLike",
+    "ModelSpec",
+    "as_loaded",
+    "dtype_name",
+    "is_spec",
+]

@@ -1,0 +1,42 @@
+"""The tokenizer an analysis needs, taken from its `LoadedModel` once.
+
+`LoadedModel.tokenizer` is None only for a model wrapped for an analysis of the weights alone
+(`as_loaded(..., needs_tokenizer=False)`) or a `LoadedModel` built without one; an analysis
+that reads text asks `tokenizer_of`, one that samples a corpus `fast_tokenizer_of`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from resstream.errors import UsageError
+from resstream.models import LoadedModel
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+
+def tokenizer_of(loaded: LoadedModel) -> PreTrainedTokenizerBase:
+    """The tokenizer of a model whose analysis reads text. Every model has one (`as_loaded`
+    refuses a model object without it) unless it was wrapped for an analysis of the weights
+    alone, or is a `LoadedModel` built without one: UsageError."""
+    if loaded.tokenizer is None:
+        raise UsageError(
+            f"model {loaded.name!r} has no tokenizer, and this analysis reads text; "
+            f"pass the model with its tokenizer"
+        )
+    return loaded.tokenizer
+
+
+def fast_tokenizer_of(loaded: LoadedModel) -> PreTrainedTokenizerFast:
+    """The tokenizer of a model whose analysis samples a corpus (`tokenizer_of`), which must be
+    a fast (Rust) one: the corpus is tokenized through its backend. UsageError if not."""
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = tokenizer_of(loaded)
+    if not isinstance(tokenizer, PreTrainedTokenizerFast):
+        raise UsageError(
+            f"the tokenizer of model {loaded.name!r} has no fast (Rust) implementation "
+            f"({type(tokenizer).__name__}); resstream needs one"
+        )
+    return tokenizer
