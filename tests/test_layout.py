@@ -12,6 +12,7 @@ nothing of training but the metrics log (`training.metrics`), so no torch comes 
 from __future__ import annotations
 
 import ast
+import graphlib
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,53 @@ def test_imports_point_downward(path: Path) -> None:
 def test_the_table_knows_every_part() -> None:
     parts = {part_of(module_name(p)) for p in SOURCES}
     assert parts <= set(ALLOWED), parts - set(ALLOWED)
+
+
+MODULES = {module_name(p): p for p in SOURCES}
+
+
+def _runs_on_import(tree: ast.AST) -> list[ast.AST]:
+    """The statements that importing a module executes, at any depth, less `if TYPE_CHECKING:`
+    and `if __name__ == "__main__":` blocks (the latter runs only as the module `__main__`)."""
+    found = []
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test).replace("'", '"') in (
+            "TYPE_CHECKING",
+            '__name__ == "__main__"',
+        ):
+            found += [n for child in node.orelse for n in (child, *_runs_on_import(child))]
+            continue
+        found += [node, *_runs_on_import(node)]
+    return found
+
+
+def _runtime_imports(module: str, path: Path) -> set[str]:
+    """The modules of the package that importing `module` (or calling its functions) imports,
+    with the packages above each (importing a.b.c runs a and a.b first)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names: set[str] = set()
+    for node in _runs_on_import(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base])
+            names |= {
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names
+            }
+    targets = set()
+    for name in (n for n in names if n.startswith("resstream")):
+        parts = name.split(".")
+        targets |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & MODULES.keys()
+    return {t for t in targets if not (module == t or module.startswith(t + "."))}
+
+
+def test_no_import_circle() -> None:
+    """No module imports, directly or not, a module that imports it back (`study` runs commands
+    through a runner the CLI hands it, so it never imports `cli`)."""
+    graph = {module: _runtime_imports(module, path) for module, path in MODULES.items()}
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as circle:
+        pytest.fail(f"import circle: {' -> '.join(circle.args[1])}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -96,7 +97,10 @@ def attribute(
                 text,
                 text_file=text_file,
                 model=loading.model,
-                **one_text,
+                position=position,
+                target=target,
+                target_id=target_id,
+                foil=foil,
                 top=top,
                 sources=not no_sources,
                 neurons=not no_neurons,
@@ -121,21 +125,18 @@ def attribute(
             "candidates": candidates,
             "batch_size": sample.batch_size,
         }
-        options.write_run_record(
-            outputs,
-            "attribute",
-            settings,
-            loading=loading,
-            seed=sample.seed if in_corpus else None,
-            dataset_fingerprint=corpus_result.dataset_fingerprint if corpus_result else None,
-        )
+        seed = sample.seed if in_corpus else None
+        fingerprint = corpus_result.dataset_fingerprint if corpus_result else None
+        options.write_run_record(outputs, "attribute", settings, loading, seed, fingerprint)
     for line in terminal_summary(result):
         typer.echo(line)
     names = ", ".join(sorted(p.name for p in written))
     typer.echo(f"wrote attribute.json, {names} and run.json to {output.out}")
 
 
-def check_mode(text: str | None, text_file: Path | None, decoder: str, one_text: dict[str, object]) -> None:
+def check_mode(
+    text: str | None, text_file: Path | None, decoder: str, one_text: Mapping[str, object]
+) -> None:
     """Corpus mode (--dataset) takes no text, no tuned lens and no option of one text."""
     from resstream.api.attribute import ONLY_THE_LOGIT_LENS
     from resstream.api.decoders import decoder_spec
@@ -150,7 +151,7 @@ def check_mode(text: str | None, text_file: Path | None, decoder: str, one_text:
     refuse_given(one_text, "one text, not to corpus mode (`dataset`)")
 
 
-def refuse_given(given: dict[str, object], applies_to: str) -> None:
+def refuse_given(given: Mapping[str, object], applies_to: str) -> None:
     """UsageError for the first option of `given` that is set (not None)."""
     for name, value in given.items():
         if value is not None:

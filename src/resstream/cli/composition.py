@@ -40,9 +40,7 @@ def composition(
         for kind in KINDS:
             plot_composition(result, kind, outputs / f"composition_{kind}.png")
         settings = {"model": loading.model, "top": top, "samples": samples}
-        options.write_run_record(
-            outputs, "composition", settings, loading=loading, seed=seed, dataset_fingerprint=None
-        )
+        options.write_run_record(outputs, "composition", settings, loading, seed)
     for line in top_lines(result, top):
         typer.echo(line)
     typer.echo(f"wrote {', '.join(FILES)} and run.json to {output.out}")

@@ -97,7 +97,7 @@ def lens(
             "decoder": decoder,
             "text_file": str(text_file) if text_file else None,
         }
-        options.write_run_record(outputs, "lens", settings, loading=loading, seed=None)
+        options.write_run_record(outputs, "lens", settings, loading, None)
     colour = use_colour(no_colour)
     for line in terminal_lines(result, colour=colour):
         typer.echo(line, color=colour)

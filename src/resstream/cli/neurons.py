@@ -64,12 +64,7 @@ def neurons(
             "sample": result.sample,
         }
         options.write_run_record(
-            outputs,
-            "neurons",
-            settings,
-            loading=loading,
-            seed=sample.seed,
-            dataset_fingerprint=result.dataset_fingerprint,
+            outputs, "neurons", settings, loading, sample.seed, result.dataset_fingerprint
         )
     for line in summary_lines(result):
         typer.echo(line)

@@ -31,6 +31,23 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., None])
 
+# Options declared once, used alone or in the groups below.
+OutOption = Annotated[Path, typer.Option("--out", help="Output directory (created if missing).")]
+DeviceMapOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Spread a Hugging Face model over devices: auto, balanced, sequential (needs accelerate)."
+    ),
+]
+TrustRemoteCodeOption = Annotated[
+    bool,
+    typer.Option("--trust-remote-code", help="Run a hub model's own code (only for repositories you trust)."),
+]
+DtypeOption = Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")]
+DataDirOption = Annotated[Path | None, typer.Option(help="Local corpora (else env RESSTREAM_DATA).")]
+ConfigOption = Annotated[Path | None, typer.Option("--config", help="YAML config file.")]
+
+
 MODEL_HELP = "Run dir, HF directory or hub name (default: built-in reference model)."
 MODELS_HELP = "Run dir, HF directory or hub name; repeat for several (default: built-in reference model)."
 
@@ -138,7 +155,7 @@ def model_options(
     )
     params: dict[str, tuple[Any, Any]] = {
         "model": model,
-        "dtype": (Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")], "auto"),
+        "dtype": (DtypeOption, "auto"),
         "device": (Annotated[str, typer.Option(help=device_help)], "auto"),
     }
     if device_map:
@@ -146,10 +163,17 @@ def model_options(
     params["trust_remote_code"] = (TrustRemoteCodeOption, False)
 
     def build(model: list[str] | str | None, **values: Any) -> Loading:
-        models = tuple(model) if isinstance(model, list) and model else (None,) if not model else (model,)
-        return Loading(models, takes_device_map=device_map, **values)
+        return Loading(model_specs(model), takes_device_map=device_map, **values)
 
     return OptionGroup(build, params)
+
+
+def model_specs(model: list[str] | str | None) -> tuple[str | None, ...]:
+    """The models --model gave (repeated: a list), or (None,) for the reference model when it
+    gave none."""
+    if isinstance(model, list):
+        return tuple(model) or (None,)
+    return (model,) if model else (None,)
 
 
 @dataclass(frozen=True)
@@ -206,7 +230,6 @@ def corpus_options(
         "seq_len": f"Tokens per sequence \\[default: {seq_len}, or the shortest model context if shorter].",
         "batch_size": "Sequences per forward pass.",
         "seed": "Seed of the sequence sample.",
-        "data_dir": "Local corpora (else env RESSTREAM_DATA).",
         **(help or {}),
     }
     kinds: dict[str, tuple[Any, Any]] = {
@@ -215,13 +238,13 @@ def corpus_options(
         "seq_len": (int | None, None),
         "batch_size": (int if batch_size is not None else int | None, batch_size),
         "seed": (int if seed is not None else int | None, seed),
-        "data_dir": (Path | None, None),
     }
-    params = {
+    params: dict[str, tuple[Any, Any]] = {
         name: (Annotated[kind, typer.Option(help=texts[name])], default)
         for name, (kind, default) in kinds.items()
         if name not in without
     }
+    params["data_dir"] = (DataDirOption, None)
     return OptionGroup(Sample, params)
 
 
@@ -253,32 +276,20 @@ def write_run_record(
     outputs: OutputSet,
     command_name: str,
     settings: Mapping[str, Any],
-    *,
-    loading: Loading | None,
+    loading: Loading,
     seed: int | None,
     dataset_fingerprint: str | None = None,
-    device: str | None = None,
 ) -> None:
-    """Stage run.json: the command, its `settings` (with the loading options' part), the seed,
-    the device used (`device`, else the loading options'), versions and the data's fingerprint."""
+    """Stage run.json: the command, its `settings` with the loading options' part, the seed,
+    the device used, versions and the data's fingerprint."""
     from resstream.io import run_record
 
-    config = {"command": command_name, **settings, **(loading.record() if loading else {})}
-    used = device if device is not None else loading.device_used if loading else "cpu"
-    outputs.write_record(run_record(config, seed=seed, device=used, dataset_fingerprint=dataset_fingerprint))
+    config = {"command": command_name, **settings, **loading.record()}
+    record = run_record(
+        config, seed=seed, device=loading.device_used, dataset_fingerprint=dataset_fingerprint
+    )
+    outputs.write_record(record)
 
-
-OutOption = Annotated[Path, typer.Option("--out", help="Output directory (created if missing).")]
-DeviceMapOption = Annotated[
-    str | None,
-    typer.Option(
-        help="Spread a Hugging Face model over devices: auto, balanced, sequential (needs accelerate)."
-    ),
-]
-TrustRemoteCodeOption = Annotated[
-    bool,
-    typer.Option("--trust-remote-code", help="Run a hub model's own code (only for repositories you trust)."),
-]
 
 #: The groups as most commands declare them: ``output: options.OutputArg``.
 OutputArg = Annotated[Output, output_options()]

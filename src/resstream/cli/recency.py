@@ -61,12 +61,7 @@ def recency(
             "threshold": threshold,
         }
         options.write_run_record(
-            outputs,
-            "recency",
-            settings,
-            loading=loading,
-            seed=sample.seed,
-            dataset_fingerprint=report.dataset_fingerprint,
+            outputs, "recency", settings, loading, sample.seed, report.dataset_fingerprint
         )
     for result in report.results:
         sequences = f"{result.num_sequences} sequence{'s' if result.num_sequences != 1 else ''}"

@@ -72,14 +72,7 @@ def shift(
             "decoder": decoders if several else decoders[0],
             "sample": report.sample_rule,
         }
-        options.write_run_record(
-            outputs,
-            "shift",
-            settings,
-            loading=loading,
-            seed=sample.seed,
-            dataset_fingerprint=report.dataset_fingerprint,
-        )
+        options.write_run_record(outputs, "shift", settings, loading, sample.seed, report.dataset_fingerprint)
     for result in report.results:
         where = f"{result.shift_layer:.2f}" if result.shift_layer is not None else "never"
         typer.echo(

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from resstream.cli.common import resolved_device
 from resstream.cli.flags import cli_message
 
 if TYPE_CHECKING:
@@ -51,6 +50,7 @@ def simulate(
     """Mean attention of every layer (± standard error), its trend with key position (95% intervals)
     and the strict all-steps verdict per layer."""
     import resstream
+    from resstream.devices import device_label
     from resstream.io import run_record, write_json
     from resstream.reporting.attention import LEGEND, layer_lines, plot_attention_grid
     from resstream.rundir import output_set
@@ -84,7 +84,7 @@ def simulate(
             run_record(
                 {"command": "simulate", "grid": grid, **config},
                 seed=seed,
-                device=resolved_device(device),
+                device=device_label(device),
                 dataset_fingerprint=None,
             )
         )

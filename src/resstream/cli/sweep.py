@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from resstream.cli import options
 from resstream.cli.common import check_max_eval_tokens, echo_err, split_names
 from resstream.cli.flags import flag
 from resstream.cli.train import (
-    PRESET_HELP,
-    field_help,
+    ConfigArg,
     parse_field_flags,
+    register_taking_field_flags,
     resolve_train_config,
     write_run_figures,
 )
@@ -48,11 +49,12 @@ def check_sweep_flags(flags: dict[str, Any]) -> None:
             raise UsageError(f"{flag(name)} is set by the sweep for each run; use {instead}")
 
 
+@options.command
 def sweep(
+    *,
     ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", help="Sweep directory (created if missing).")],
-    preset: Annotated[str | None, typer.Option(help=PRESET_HELP)] = None,
-    config: Annotated[Path | None, typer.Option("--config", help="YAML config file.")] = None,
+    source: ConfigArg,
     seeds: Annotated[
         str | None, typer.Option(help="Comma-separated seeds, e.g. 0,1,2 (default: the config's seed).")
     ] = None,
@@ -84,7 +86,7 @@ def sweep(
 
     extra = list(ctx.args)
     check_sweep_flags(parse_field_flags(extra))
-    base = resolve_train_config(preset, config, {"alpha": alpha}, extra)
+    base = resolve_train_config(source, {"alpha": alpha}, extra)
     seed_list = parse_int_list(seeds, "--seeds") if seeds is not None else None
     layer_list = parse_int_list(layers, "--layers") if layers is not None else None
     names = check_benchmarks(split_names(benchmarks), allow_all=True) if benchmarks is not None else ()
@@ -126,8 +128,4 @@ def _summary(result: SweepResult, out: Path) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add `sweep` to the app."""
-    app.command(
-        "sweep",
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-        epilog=field_help(),
-    )(sweep)
+    register_taking_field_flags(app, "sweep", sweep)

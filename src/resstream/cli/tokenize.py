@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from resstream.cli.common import DataDirOption
+from resstream.cli.options import DataDirOption
 
 
 def tokenize(

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 
+from resstream.cli import options
 from resstream.cli.common import echo_err
 from resstream.cli.flags import cli_message, flag
 from resstream.errors import UsageError, closest
 from resstream.training.config import (
     FIELDS,
     PRESETS,
+    TrainConfig,
     build_config,
     description,
     flatten,
@@ -24,6 +28,27 @@ from resstream.training.config import (
 
 #: --preset's help (train and sweep): the presets by name.
 PRESET_HELP = f"Preset: {', '.join(PRESETS)}."
+
+
+@dataclass(frozen=True)
+class ConfigSource:
+    """Where a training config starts (train and sweep): a preset, a YAML file, both or neither."""
+
+    preset: str | None
+    config: Path | None
+
+
+#: --preset and --config, as train and sweep declare them: ``source: ConfigArg``.
+ConfigArg = Annotated[
+    ConfigSource,
+    options.OptionGroup(
+        ConfigSource,
+        {
+            "preset": (Annotated[str | None, typer.Option(help=PRESET_HELP)], None),
+            "config": (options.ConfigOption, None),
+        },
+    ),
+]
 
 if TYPE_CHECKING:
     from resstream.training.loop import TrainResult
@@ -107,31 +132,25 @@ def check_field_flags(values: dict[str, str | bool]) -> None:
 
 
 def resolve_train_config(
-    preset: str | None, config_file: Path | None, typed: dict, extra: list[str], saved: dict | None = None
-):
+    source: ConfigSource, typed: dict[str, Any], extra: list[str], saved: dict[str, Any] | None = None
+) -> TrainConfig:
     """Layer saved config (on resume), preset, YAML file, extra flags and typed options."""
     layers = []
     if saved is not None:
         layers.append(flatten(saved, "saved config"))
-    if config_file is not None:
-        layers.append(load_yaml(config_file))
+    if source.config is not None:
+        layers.append(load_yaml(source.config))
     layers.append(parse_field_flags(extra))
     layers.append({k: v for k, v in typed.items() if v is not None})
-    return build_config(*layers, preset=preset)
+    return build_config(*layers, preset=source.preset)
 
 
-def check_fixed_gate_options(gate: str, *, alpha: float | None, cut_layer: int | None) -> None:
-    """--alpha and --cut-layer only mean something for the fixed gate: refuse them elsewhere."""
-    given = [name for name, value in (("--alpha", alpha), ("--cut-layer", cut_layer)) if value is not None]
-    if given and gate != "fixed":
-        raise UsageError(f"{' and '.join(given)} only apply to --gate fixed (the gate is {gate!r})")
-
-
+@options.command
 def train(
+    *,
     ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", help="Run directory (created if missing).")],
-    preset: Annotated[str | None, typer.Option(help=PRESET_HELP)] = None,
-    config: Annotated[Path | None, typer.Option("--config", help="YAML config file.")] = None,
+    source: ConfigArg,
     gate: Annotated[str | None, typer.Option(help=option_help("gate"))] = None,
     alpha: Annotated[float | None, typer.Option(help=option_help("alpha"))] = None,
     cut_layer: Annotated[int | None, typer.Option(help=option_help("cut_layer"))] = None,
@@ -148,16 +167,16 @@ def train(
     from resstream.training.distributed import launched_rank, run_lock
     from resstream.training.loop import train as run_training
 
-    if resume and preset is not None:
+    if resume and source.preset is not None:
         raise UsageError(
-            f"--preset {preset!r} cannot be combined with --resume: the run continues "
+            f"--preset {source.preset!r} cannot be combined with --resume: the run continues "
             f"with its saved config (change fields with flags)"
         )
     with run_lock(out, param="out"):  # held from reading the checkpoint to the end
         ckpt.check_run_folders(out, FIGURES)  # before training: a folder there would fail its end
         saved = ckpt.resume_state(out)[1]["config"] if resume else None
         typed = {"gate": gate, "alpha": alpha, "cut_layer": cut_layer, "max_steps": max_steps, "seed": seed}
-        cfg = resolve_train_config(preset, config, typed, list(ctx.args), saved)
+        cfg = resolve_train_config(source, typed, list(ctx.args), saved)
         check_fixed_gate_options(cfg.model.gate, alpha=alpha, cut_layer=cut_layer)
         result = run_training(
             cfg, out, resume=resume, progress=not quiet, log=lambda line: echo_err(cli_message(line, "train"))
@@ -165,6 +184,13 @@ def train(
         if not result.already_complete and launched_rank() == 0:
             write_run_figures(out, cfg.model.gate)
     typer.echo(outcome_line(result, out))
+
+
+def check_fixed_gate_options(gate: str, *, alpha: float | None, cut_layer: int | None) -> None:
+    """--alpha and --cut-layer only mean something for the fixed gate: refuse them elsewhere."""
+    given = [name for name, value in (("--alpha", alpha), ("--cut-layer", cut_layer)) if value is not None]
+    if given and gate != "fixed":
+        raise UsageError(f"{' and '.join(given)} only apply to --gate fixed (the gate is {gate!r})")
 
 
 #: Gates whose distribution over layers is learned, and is drawn in gate.png.
@@ -203,10 +229,13 @@ def outcome_line(result: TrainResult, out: Path) -> str:
     return f"trained {result.steps} steps; {val}; run in {out}"
 
 
+def register_taking_field_flags(app: typer.Typer, name: str, command: Callable[..., None]) -> None:
+    """Add a command that takes any config field as `--field value` (train and sweep), with
+    the field list as its help's epilog."""
+    settings = {"allow_extra_args": True, "ignore_unknown_options": True}
+    app.command(name, context_settings=settings, epilog=field_help())(command)
+
+
 def register(app: typer.Typer) -> None:
     """Add `train` to the app."""
-    app.command(
-        "train",
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-        epilog=field_help(),
-    )(train)
+    register_taking_field_flags(app, "train", train)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -29,6 +29,9 @@ def tune_lens(
     *,
     output: options.OutputArg,
     loading: Annotated[options.Loading, options.model_options(device_map=False)],
+    evaluate: Annotated[
+        bool, typer.Option("--eval", help="Evaluate the lens already in --out instead of training one.")
+    ] = False,
     tokens: Annotated[
         int, typer.Option(help="Training tokens in all (spread over the steps).")
     ] = DEFAULT_TOKENS,
@@ -44,9 +47,6 @@ def tune_lens(
     lr: Annotated[
         float, typer.Option(help="Peak learning rate (SGD; the tuned-lens recipe's 1.0 × (1 − 0.9)).")
     ] = 0.1,
-    evaluate: Annotated[
-        bool, typer.Option("--eval", help="Evaluate the lens already in --out instead of training one.")
-    ] = False,
     sample: Annotated[
         options.Sample,
         options.corpus_options(dataset=None, seed=None, help=CORPUS_HELP, without=("num_seqs",)),
@@ -61,6 +61,8 @@ def tune_lens(
     from resstream.rundir import output_set
 
     loads = {**loading.api_kwargs(), "progress": output.progress}
+    batch_size = _batch_size(sample)
+    settings: dict[str, Any]
     if evaluate:
         lens = load_lens(output.out)
     with output_set(output.out, "tune-lens") as outputs:
@@ -71,7 +73,7 @@ def tune_lens(
                 dataset=sample.dataset,
                 eval_seqs=eval_seqs,
                 seq_len=sample.seq_len,
-                batch_size=sample.batch_size,
+                batch_size=batch_size,
                 seed=sample.seed,
                 data_dir=sample.data_dir,
                 **loads,
@@ -84,7 +86,7 @@ def tune_lens(
                 tokens=tokens,
                 steps=steps,
                 seq_len=sample.seq_len,
-                batch_size=sample.batch_size,
+                batch_size=batch_size,
                 eval_seqs=DEFAULT_EVAL_SEQS if eval_seqs is None else eval_seqs,
                 optimiser=LensOptimiser(lr=lr),
                 seed=0 if sample.seed is None else sample.seed,
@@ -106,22 +108,24 @@ def tune_lens(
             "dataset": evaluation.dataset,
             "seq_len": evaluation.seq_len,
             "eval_seqs": evaluation.num_sequences,
-            "batch_size": sample.batch_size,
+            "batch_size": batch_size,
             "data_dir": str(sample.data_dir) if sample.data_dir else None,
         }
         options.write_run_record(
-            outputs,
-            "tune-lens",
-            settings,
-            loading=loading,
-            seed=evaluation.seed,
-            dataset_fingerprint=evaluation.dataset_fingerprint,
+            outputs, "tune-lens", settings, loading, evaluation.seed, evaluation.dataset_fingerprint
         )
     for line in summary_lines(evaluation):
         typer.echo(line)
     typer.echo(
         f"wrote the lens (translators.safetensors, lens.json), evaluation.json/.csv and plots to {output.out}"
     )
+
+
+def _batch_size(sample: options.Sample) -> int:
+    """--batch-size, which tune-lens declares with a default (8), so it is never None."""
+    if sample.batch_size is None:
+        raise AssertionError("tune-lens declares --batch-size with a default")
+    return sample.batch_size
 
 
 def summary_lines(evaluation: LensEvaluation) -> list[str]:

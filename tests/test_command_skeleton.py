@@ -1,0 +1,120 @@
+"""One way to write a command: the option groups of `cli/options.py` and the API's loading
+keywords (`api/inputs.takes_load_args`), checked on their own and on the commands that use them."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Annotated
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+import resstream
+from resstream.cli import options
+from resstream.cli.main import main
+from resstream.errors import UsageError
+
+LOAD_KEYWORDS = {"dtype": "auto", "device": "auto", "device_map": None, "trust_remote_code": False}
+
+
+def _app_receiving(received: dict[str, object]) -> typer.Typer:
+    """A one-command app whose command records the objects its groups built."""
+
+    @options.command
+    def probe(
+        *,
+        output: options.OutputArg,
+        loading: options.ModelsArg,
+        k: Annotated[int, typer.Option(help="Own option.")] = 3,
+        sample: Annotated[options.Sample, options.corpus_options(seq_len=32, without=("num_seqs",))],
+    ) -> None:
+        received.update(output=output, loading=loading, k=k, sample=sample)
+
+    app = typer.Typer()
+    app.command("probe")(probe)
+    app.command("other")(lambda: None)  # two commands: `probe` is named on the command line
+    return app
+
+
+def test_a_group_reaches_the_command_as_one_object(tmp_path: Path) -> None:
+    received: dict[str, object] = {}
+    args = ["probe", "--out", str(tmp_path), "--model", "a", "--model", "b", "--seq-len", "16", "--quiet"]
+    result = CliRunner().invoke(_app_receiving(received), args)
+    assert result.exit_code == 0, result.output
+    assert received["output"] == options.Output(tmp_path, quiet=True)
+    loading = received["loading"]
+    assert isinstance(loading, options.Loading)
+    assert loading.models == ("a", "b") and loading.api_kwargs() == {**LOAD_KEYWORDS}
+    sample = received["sample"]
+    assert isinstance(sample, options.Sample)
+    assert (sample.dataset, sample.seq_len, sample.batch_size, sample.num_seqs) == (
+        "shakespeare",
+        16,
+        8,
+        None,
+    )
+    assert received["k"] == 3
+
+
+def test_a_group_is_listed_where_it_stands_and_without_what_it_leaves_out(tmp_path: Path) -> None:
+    result = CliRunner().invoke(_app_receiving({}), ["probe", "--help"], env={"COLUMNS": "200"})
+    flags = [
+        flag
+        for flag in ("--out", "--quiet", "--model", "--k", "--dataset", "--seq-len")
+        if flag in result.output
+    ]
+    assert flags == ["--out", "--quiet", "--model", "--k", "--dataset", "--seq-len"]
+    assert [result.output.index(flag) for flag in flags] == sorted(
+        result.output.index(flag) for flag in flags
+    )
+    assert "--num-seqs" not in result.output and "[default: 32, or the shortest" in result.output
+
+
+def test_no_model_means_the_reference_model_and_a_command_without_device_map_sends_none() -> None:
+    single = options.model_options(device_map=False).build(
+        model=None, dtype="auto", device="cpu", trust_remote_code=False
+    )
+    assert single.models == (None,) and single.model is None
+    assert "device_map" not in single.api_kwargs() and single.record() == {"dtype": "auto"}
+    assert single.device_used == "cpu"
+
+
+@pytest.mark.parametrize(
+    "command", ["shift", "recency", "neurons", "lens", "composition", "attribute", "tune-lens"]
+)
+def test_every_analysis_command_shares_the_model_options_word_for_word(
+    command: str, capsys, monkeypatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "250")
+    assert main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "auto, float32, bfloat16, float16." in out
+    assert "Run a hub model's own code (only for repositories you trust)." in out
+
+
+def test_the_api_shows_its_loading_keywords_with_their_defaults() -> None:
+    for function in (resstream.shift, resstream.lens, resstream.attribute, resstream.attribute_corpus):
+        parameters = inspect.signature(function).parameters
+        assert {name: parameters[name].default for name in LOAD_KEYWORDS} == LOAD_KEYWORDS
+        assert all(parameters[name].kind is inspect.Parameter.KEYWORD_ONLY for name in LOAD_KEYWORDS)
+
+
+def test_an_unknown_keyword_is_pythons_type_error_naming_the_function() -> None:
+    with pytest.raises(TypeError, match=r"^lens\(\) got an unexpected keyword argument 'dtyp'"):
+        resstream.lens("some text", dtyp="float32")
+
+
+def test_one_function_one_result_type() -> None:
+    one_text = set(inspect.signature(resstream.attribute).parameters)
+    corpus = set(inspect.signature(resstream.attribute_corpus).parameters)
+    assert {"dataset", "num_seqs", "seq_len", "candidates", "batch_size"}.isdisjoint(one_text)
+    assert {"text", "text_file", "position", "target", "foil", "sources"}.isdisjoint(corpus)
+    assert inspect.signature(resstream.attribute).return_annotation == "AttributeResult"
+    assert inspect.signature(resstream.attribute_corpus).return_annotation == "CorpusAttribution"
+
+
+def test_tune_lens_refuses_a_device_map_in_one_line() -> None:
+    with pytest.raises(UsageError, match=r"^`device_map` is not supported by tune-lens yet; use `device`$"):
+        resstream.tune_lens(device_map="auto", progress=False)
