@@ -21,7 +21,7 @@ from functools import partial
 import torch
 
 from resstream.analysis.attribution.contributions import log_probs_of
-from resstream.analysis.attribution.corpus import attribute_corpus
+from resstream.analysis.attribution.corpus import attribute_batches
 from resstream.analysis.attribution.scores import Levels, attribute_position
 from resstream.analysis.decoding.decoder import decoder_of
 from resstream.capture import block_internals
@@ -104,7 +104,7 @@ def main() -> None:
     before = timed(lambda: [model.transformer(b.to(args.device)) for b in batches], args.device)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     corpus = timed(
-        lambda: attribute_corpus(
+        lambda: attribute_batches(
             view, decoder, batches, partial(block_internals, view), top=20, candidates=64
         ),
         args.device,

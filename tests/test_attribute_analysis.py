@@ -1,4 +1,4 @@
-"""attribute_position / attribute_corpus: every score equals a direct computation, and
+"""attribute_position / attribute_batches: every score equals a direct computation, and
 corpus mode equals the mean of per-position runs."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from functools import partial
 import pytest
 import torch
 
-from resstream.analysis.attribution.corpus import attribute_corpus
+from resstream.analysis.attribution.corpus import attribute_batches
 from resstream.analysis.attribution.decomposition import residual_points
 from resstream.analysis.attribution.scores import Levels, attribute_position
 from resstream.analysis.decoding.decoder import decoder_of
@@ -138,7 +138,7 @@ def test_corpus_mode_equals_the_mean_of_per_position_runs(case: str) -> None:
     view = view_of(tiny_model(case))
     decoder = decoder_of(view)
     batches = [tiny_ids(batch=2), tiny_ids(batch=1, seed=7)]
-    corpus = attribute_corpus(view, decoder, batches, partial(block_internals, view), top=3, candidates=4)
+    corpus = attribute_batches(view, decoder, batches, partial(block_internals, view), top=3, candidates=4)
     per_sequence = []
     for ids in batches:
         for s in range(ids.shape[0]):
@@ -197,7 +197,7 @@ def test_half_precision_models_are_attributed(case: str) -> None:
     result = attribute_position(view, rec, decoder, POSITION, TARGET, levels=Levels(top=5))
     assert result.check.decomposition_relative <= 2e-2
     assert result.check.dla_residual <= 5e-2 * max(1.0, abs(result.logit))
-    corpus = attribute_corpus(
+    corpus = attribute_batches(
         view, decoder, [tiny_ids(batch=2)], partial(block_internals, view), top=3, candidates=4
     )
     assert corpus.check.dla_residual <= 5e-2 * 10
@@ -213,8 +213,8 @@ def test_corpus_candidates_find_the_neurons_with_the_largest_mean_contribution(c
     batches = [tiny_ids(batch=2)]
     n_neurons = sum(b.mlp_weights().d_ff for b in view.blocks)
     record = partial(block_internals, view)
-    exact = attribute_corpus(view, decoder, batches, record, top=5, candidates=n_neurons)
-    screened = attribute_corpus(view, decoder, batches, record, top=5, candidates=n_neurons // 4)
+    exact = attribute_batches(view, decoder, batches, record, top=5, candidates=n_neurons)
+    screened = attribute_batches(view, decoder, batches, record, top=5, candidates=n_neurons // 4)
     found = {(n.layer, n.neuron) for n in screened.neurons} & {(n.layer, n.neuron) for n in exact.neurons}
     assert len(found) == 5
     assert "first-order estimate" in screened.neuron_rule

@@ -115,6 +115,16 @@ def test_one_function_one_result_type() -> None:
     assert inspect.signature(resstream.attribute_corpus).return_annotation == "CorpusAttribution"
 
 
-def test_tune_lens_refuses_a_device_map_in_one_line() -> None:
-    with pytest.raises(UsageError, match=r"^`device_map` is not supported by tune-lens yet; use `device`$"):
+def test_a_function_on_one_device_has_no_device_map_and_attribute_refuses_one() -> None:
+    assert "device_map" not in inspect.signature(resstream.tune_lens).parameters
+    with pytest.raises(TypeError, match=r"^tune_lens\(\) got an unexpected keyword argument 'device_map'"):
         resstream.tune_lens(device_map="auto", progress=False)
+    with pytest.raises(UsageError, match=r"^`device_map` is not supported by attribute yet"):
+        resstream.attribute("a text", device_map="auto", progress=False)
+
+
+def test_an_empty_model_is_refused_not_taken_for_the_reference_model(tmp_path: Path, capsys) -> None:
+    """`--model ""` names no model: the loader refuses it (it is not the built-in default)."""
+    assert main(["lens", "--model", "", "--text", "a b c", "--out", str(tmp_path / "o")]) == 2
+    assert "model '' is empty" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Unpack
 import torch
 from tqdm.auto import tqdm
 
-from resstream.analysis.attribution.corpus import attribute_corpus as corpus_scores
+from resstream.analysis.attribution.corpus import attribute_batches
 from resstream.analysis.attribution.results import AttributeResult, CorpusAttribution
 from resstream.analysis.attribution.scores import Levels, attribute_position, decoder_trajectory
 from resstream.analysis.circuits.neurons import added_values, promoted_tokens
@@ -26,6 +26,7 @@ from resstream.api.decoders import DecoderLike, decoder_spec
 from resstream.api.inputs import (
     CorpusRequest,
     LoadOptions,
+    check_batch_size,
     each_batch,
     encode_text,
     one_model,
@@ -161,6 +162,7 @@ def attribute_corpus(
     _check_top(top)
     refuse_device_map(load, "attribute", "its read-outs assume one device")
     batch_size = CORPUS_BATCH_SIZE if batch_size is None else batch_size
+    check_batch_size(batch_size)  # before `candidates`, as the request reads
     candidates = DEFAULT_CANDIDATES if candidates is None else candidates
     if candidates < 1:
         raise UsageError(f"`candidates` {candidates} is not allowed; allowed: 1 or more")
@@ -178,7 +180,7 @@ def attribute_corpus(
             passes = 2 if neurons else 1
             bar = _bar(passes * len(sample.sequences), f"attribute {loaded.name}", progress)
             try:
-                result = corpus_scores(
+                result = attribute_batches(
                     view,
                     decoder,
                     batches,

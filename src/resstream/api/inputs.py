@@ -115,15 +115,24 @@ def takes_load_args(func: F) -> F:
     """`func`, whose ``**load: Unpack[LoadArgs]`` are shown as the keyword parameters they are
     (with `LoadOptions`' defaults) by `help`, `inspect.signature` and a notebook's completion,
     and checked as such: an unknown keyword is Python's own TypeError."""
+    return _with_keywords(func, tuple(LoadArgs.__annotations__))
+
+
+def takes_load_args_on_one_device(func: F) -> F:
+    """`takes_load_args` for a function that reads its model on one device: it has no
+    `device_map` (given one, it is an unknown keyword)."""
+    return _with_keywords(func, tuple(name for name in LoadArgs.__annotations__ if name != "device_map"))
+
+
+def _with_keywords(func: F, names: tuple[str, ...]) -> F:
+    """`func` with the `LoadArgs` keywords `names` in its signature, checked on every call."""
     signature = inspect.signature(func)
     kept = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
     types = typing.get_type_hints(LoadArgs)
     defaults = {f.name: f.default for f in dataclasses.fields(LoadOptions)}
+    keyword = inspect.Parameter.KEYWORD_ONLY
     load = [
-        inspect.Parameter(
-            name, inspect.Parameter.KEYWORD_ONLY, annotation=types[name], default=defaults[name]
-        )
-        for name in LoadArgs.__annotations__
+        inspect.Parameter(name, keyword, annotation=types[name], default=defaults[name]) for name in names
     ]
     expanded = signature.replace(parameters=[*kept, *load])
 

@@ -34,9 +34,8 @@ from resstream.api.inputs import (
     check_batch_size,
     checked_models,
     each_model,
-    refuse_device_map,
     settled_seq_len,
-    takes_load_args,
+    takes_load_args_on_one_device,
 )
 from resstream.capture import residual_states
 from resstream.data.files import load_token_rows
@@ -80,7 +79,7 @@ class TuneLensReport:
         )
 
 
-@takes_load_args
+@takes_load_args_on_one_device
 def tune_lens(
     model: ModelLike = None,
     *,
@@ -109,7 +108,6 @@ def tune_lens(
     check_batch_size(batch_size)
     optimiser = replace(optimiser or LensOptimiser(), steps=steps)
     check_learning_rate(optimiser.lr)
-    refuse_device_map(load, "tune-lens")
     options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
     with closing(
         _each_split(model, dataset, seq_len, seed, data_dir, options, tokens, steps, eval_seqs)
@@ -122,7 +120,7 @@ def tune_lens(
     raise AssertionError("no model was loaded")  # pragma: no cover - each_model yields one
 
 
-@takes_load_args
+@takes_load_args_on_one_device
 def evaluate_lens(
     lens: TunedLens | str | os.PathLike[str],
     model: ModelLike = None,
@@ -151,7 +149,6 @@ def evaluate_lens(
     dataset = dataset or trained.get("dataset") or "shakespeare"
     if eval_seqs is not None:
         check_positive("eval_seqs", eval_seqs)
-    refuse_device_map(load, "tune-lens")
     options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
     plan: tuple[int | None, int, tuple[int, int], int]  # (seq_len, seed, sizes, keep): `_held_out_plan`
     if "train_seqs" in trained and dataset == trained.get("dataset"):

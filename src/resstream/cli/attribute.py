@@ -76,11 +76,13 @@ def attribute(
     one_text = {"position": position, "target": target, "target_id": target_id, "foil": foil}
     corpus = {"num_seqs": sample.num_seqs, "seq_len": sample.seq_len, "candidates": candidates}
     in_corpus = sample.dataset is not None
-    if in_corpus:
-        check_mode(text, text_file, decoder, one_text)
-    else:
-        refuse_given({**corpus, "batch_size": sample.batch_size}, "corpus mode (`dataset`), not to one text")
     with output_set(output.out, "attribute") as outputs:
+        if in_corpus:
+            check_mode(text, text_file, decoder, one_text)
+        else:
+            refuse_given(
+                {**corpus, "batch_size": sample.batch_size}, "corpus mode (`dataset`), not to one text"
+            )
         result: AttributeResult | CorpusAttribution
         if in_corpus:
             result = resstream.attribute_corpus(

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from resstream.cli import options
 from resstream.cli.common import check_max_eval_tokens, echo_err, split_names
 from resstream.errors import UsageError
 
@@ -41,7 +42,7 @@ def compare(
         list[Path],
         typer.Argument(metavar="RUN_OR_SWEEP_DIR", help="Sweep directories (or their seed-<s> folders)."),
     ],
-    out: Annotated[Path, typer.Option("--out", help="Output directory (created if missing).")],
+    out: options.OutOption,
     benchmarks: Annotated[
         str | None,
         typer.Option(
@@ -66,7 +67,7 @@ def compare(
 ) -> None:
     """Compare baseline, best fixed cut and learned gate; writes compare.md/.csv/.json/.png and run.json."""
     from resstream.devices import resolve_device
-    from resstream.io import run_record, write_json, write_text
+    from resstream.io import write_json, write_text
     from resstream.reporting.plots import plot_compare
     from resstream.reporting.tables import compare_table
     from resstream.rundir import output_set
@@ -115,13 +116,12 @@ def compare(
             },
         )
         settings = {
-            "command": "compare",
             "inputs": [str(p) for p in inputs],
             "benchmarks": list(names),
             "max_eval_tokens": max_tokens,
             "runs": len(records),
         }
-        outputs.write_record(run_record(settings, seed=None, device=dev, dataset_fingerprint=None))
+        options.write_run_record(outputs, "compare", settings, dev)
     typer.echo(markdown, nl=False)
 
 

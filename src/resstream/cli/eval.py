@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from resstream.cli import options
 from resstream.cli.common import echo_err
 from resstream.cli.options import DtypeOption
 
@@ -87,21 +88,19 @@ def estimate_lines(guess: EvalEstimate, plan: EvalPlan) -> list[str]:
 
 def write_outputs(outputs: OutputSet, report: EvalReport, plan: EvalPlan, settings: dict[str, Any]) -> None:
     """Stage eval.json, eval.csv and run.json in the command's output set."""
-    from resstream.io import run_record, write_json, write_text
+    from resstream.io import write_json, write_text
     from resstream.training.evaluate import datasets_fingerprint
 
     write_json(outputs / "eval.json", report.to_dict())
     write_text(outputs / "eval.csv", csv_text(report))
-    config = {"command": "eval", **settings, "model_config": plan.model.config}
-    record = run_record(
-        config, seed=None, device=str(plan.device), dataset_fingerprint=datasets_fingerprint(report.results)
-    )
-    record["datasets"] = {r.name: {"origin": r.origin, "fingerprint": r.fingerprint} for r in report.results}
-    outputs.write_record(record)
+    config = {**settings, "model_config": plan.model.config}
+    datasets = {r.name: {"origin": r.origin, "fingerprint": r.fingerprint} for r in report.results}
+    fingerprint = datasets_fingerprint(report.results)
+    options.write_run_record(outputs, "eval", config, str(plan.device), None, fingerprint, datasets=datasets)
 
 
 def eval_command(
-    out: Annotated[Path, typer.Option("--out", help="Output directory (created if missing).")],
+    out: options.OutOption,
     model: Annotated[
         str | None,
         typer.Option(
@@ -139,7 +138,7 @@ def eval_command(
     ] = None,
     dtype: DtypeOption = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
+    quiet: options.QuietOption = False,
 ) -> None:
     """Evaluate a model (a run, the reference model or a Hugging Face model): loss, perplexity,
     top-1 accuracy (and LAMBADA last-word accuracy), each model with its own tokenizer.

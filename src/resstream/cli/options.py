@@ -43,7 +43,9 @@ TrustRemoteCodeOption = Annotated[
     bool,
     typer.Option("--trust-remote-code", help="Run a hub model's own code (only for repositories you trust)."),
 ]
+QuietOption = Annotated[bool, typer.Option("--quiet", help="No progress bars.")]
 DtypeOption = Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")]
+DeviceOption = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")]
 DataDirOption = Annotated[Path | None, typer.Option(help="Local corpora (else env RESSTREAM_DATA).")]
 ConfigOption = Annotated[Path | None, typer.Option("--config", help="YAML config file.")]
 
@@ -143,9 +145,7 @@ class Loading:
         )
 
 
-def model_options(
-    *, several: bool = False, device_map: bool = True, device_help: str = "auto, cpu, cuda, cuda:N."
-) -> OptionGroup[Loading]:
+def model_options(*, several: bool = False, device_map: bool = True) -> OptionGroup[Loading]:
     """--model (repeatable when `several`), --dtype, --device, --device-map (unless not
     `device_map`) and --trust-remote-code."""
     model: tuple[Any, Any] = (
@@ -156,7 +156,7 @@ def model_options(
     params: dict[str, tuple[Any, Any]] = {
         "model": model,
         "dtype": (DtypeOption, "auto"),
-        "device": (Annotated[str, typer.Option(help=device_help)], "auto"),
+        "device": (DeviceOption, "auto"),
     }
     if device_map:
         params["device_map"] = (DeviceMapOption, None)
@@ -173,7 +173,7 @@ def model_specs(model: list[str] | str | None) -> tuple[str | None, ...]:
     gave none."""
     if isinstance(model, list):
         return tuple(model) or (None,)
-    return (model,) if model else (None,)
+    return (None,) if model is None else (model,)
 
 
 @dataclass(frozen=True)
@@ -262,33 +262,30 @@ class Output:
 
 
 def output_options(*, quiet_help: str = "No progress bars.") -> OptionGroup[Output]:
-    """--out and --quiet."""
-    return OptionGroup(
-        Output,
-        {
-            "out": (OutOption, inspect.Parameter.empty),
-            "quiet": (Annotated[bool, typer.Option("--quiet", help=quiet_help)], False),
-        },
-    )
+    """--out and --quiet (`quiet_help`: what a command without bars stops showing)."""
+    quiet = Annotated[bool, typer.Option("--quiet", help=quiet_help)]
+    return OptionGroup(Output, {"out": (OutOption, inspect.Parameter.empty), "quiet": (quiet, False)})
 
 
 def write_run_record(
     outputs: OutputSet,
     command_name: str,
     settings: Mapping[str, Any],
-    loading: Loading,
-    seed: int | None,
+    used: Loading | str,
+    seed: int | None = None,
     dataset_fingerprint: str | None = None,
+    **fields: Any,
 ) -> None:
-    """Stage run.json: the command, its `settings` with the loading options' part, the seed,
-    the device used, versions and the data's fingerprint."""
+    """Stage run.json of every command: its name and `settings` as the config, the seed, the
+    device `used` (the model-loading options, whose own part joins the config, or the device's
+    name), versions, git, the data's fingerprint, and any further top-level `fields`."""
     from resstream.io import run_record
 
-    config = {"command": command_name, **settings, **loading.record()}
-    record = run_record(
-        config, seed=seed, device=loading.device_used, dataset_fingerprint=dataset_fingerprint
-    )
-    outputs.write_record(record)
+    loading = used if isinstance(used, Loading) else None
+    config = {"command": command_name, **settings, **(loading.record() if loading else {})}
+    device = loading.device_used if loading else str(used)
+    record = run_record(config, seed=seed, device=device, dataset_fingerprint=dataset_fingerprint)
+    outputs.write_record({**record, **fields})
 
 
 #: The groups as most commands declare them: ``output: options.OutputArg``.

@@ -13,6 +13,8 @@ from typing import Annotated
 
 import typer
 
+from resstream.cli import options
+
 
 def report_command(
     inputs: Annotated[
@@ -22,11 +24,10 @@ def report_command(
             help="Directories written by resstream shift, lens, sweep, eval, compare or reproduce.",
         ),
     ],
-    out: Annotated[Path, typer.Option("--out", help="Output directory (created if missing).")],
+    out: options.OutOption,
     title: Annotated[str | None, typer.Option("--title", help="The page's title.")] = None,
 ) -> None:
     """Write one self-contained report.html (figures embedded, opens offline) from existing outputs."""
-    from resstream.io import run_record
     from resstream.reporting.report import DEFAULT_TITLE, find_outputs, write_report
     from resstream.rundir import output_set
 
@@ -34,12 +35,11 @@ def report_command(
         found = find_outputs(inputs)
         write_report(found, outputs.staging, title=title or DEFAULT_TITLE)
         settings = {
-            "command": "report",
             "inputs": [str(p) for p in inputs],
             "title": title,
             "found": [f"{o.kind}: {o.directory}" for o in found.outputs],
         }
-        outputs.write_record(run_record(settings, seed=None, device="none", dataset_fingerprint=None))
+        options.write_run_record(outputs, "report", settings, "none")
     typer.echo(str(out / "report.html"))
 
 

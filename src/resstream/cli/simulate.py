@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from resstream.cli import options
 from resstream.cli.flags import cli_message
 
 if TYPE_CHECKING:
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
 
 
 def simulate(
-    out: Annotated[Path, typer.Option("--out", help="Output directory (created if missing).")],
+    out: options.OutOption,
     layers: Annotated[int, typer.Option(help="Attention layers.")] = 6,
     tokens: Annotated[int, typer.Option(help="Tokens n per simulated sequence.")] = 10,
     dim: Annotated[int, typer.Option(help="Width d of the embeddings.")] = 64,
@@ -45,13 +46,13 @@ def simulate(
     chunk_size: Annotated[int, typer.Option(help="Simulations per vectorised chunk (0: default).")] = 0,
     seed: Annotated[int, typer.Option(help="Seed of the random embeddings.")] = 0,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N.")] = "cpu",
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
+    quiet: options.QuietOption = False,
 ) -> None:
     """Mean attention of every layer (± standard error), its trend with key position (95% intervals)
     and the strict all-steps verdict per layer."""
     import resstream
     from resstream.devices import device_label
-    from resstream.io import run_record, write_json
+    from resstream.io import write_json
     from resstream.reporting.attention import LEGEND, layer_lines, plot_attention_grid
     from resstream.rundir import output_set
 
@@ -80,14 +81,7 @@ def simulate(
             outputs / "simulate.png",
             title=f"mean attention over {simulations:,} simulations",
         )
-        outputs.write_record(
-            run_record(
-                {"command": "simulate", "grid": grid, **config},
-                seed=seed,
-                device=device_label(device),
-                dataset_fingerprint=None,
-            )
-        )
+        options.write_run_record(outputs, "simulate", {"grid": grid, **config}, device_label(device), seed)
     for label, result in runs:
         typer.echo(f"{label} ({simulations:,} simulations)")
         for line in layer_lines(result.layers):

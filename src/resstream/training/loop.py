@@ -34,7 +34,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict, Unpack
+from typing import Any
 
 import numpy as np
 import torch
@@ -516,16 +516,6 @@ class Trainer:
         ckpt.save_model(self.out_dir, self.model.state_dict(), meta)
 
 
-class TrainOptions(TypedDict, total=False):
-    """How `train` runs a `Trainer` (its keyword arguments, with its defaults): `resume` the run
-    in `out_dir` from its latest checkpoint (False), show progress (`progress`, True), and where
-    the run's one-line notices go (`log`, stderr)."""
-
-    resume: bool
-    progress: bool
-    log: Log
-
-
 def completed_run(config: TrainConfig, out_dir: str | os.PathLike[str]) -> TrainResult | None:
     """The result of the run in `out_dir` when its final model already has `max_steps` steps
     (a resume then has nothing to train and writes nothing); None otherwise."""
@@ -548,10 +538,15 @@ def completed_run(config: TrainConfig, out_dir: str | os.PathLike[str]) -> Train
 
 
 def train(
-    config: TrainConfig, out_dir: str | os.PathLike[str], **options: Unpack[TrainOptions]
+    config: TrainConfig,
+    out_dir: str | os.PathLike[str],
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    log: Log = say_on_stderr,
 ) -> TrainResult:
-    """Train a resstream GPT as `config` says, writing the run into `out_dir`; `options` are
-    the `Trainer`'s (`TrainOptions`).
+    """Train a resstream GPT as `config` says, writing the run into `out_dir`; `resume` the run
+    there from its latest checkpoint, show `progress`.
 
     The directory is locked for the whole run (`resstream.rundir`): a second process that
     trains, resumes or evaluates into it is refused until this one ends. `log` receives the
@@ -563,10 +558,10 @@ def train(
     """
     with run_lock(out_dir, param="out_dir"):
         try:
-            done = completed_run(config, out_dir) if options.get("resume", False) else None
+            done = completed_run(config, out_dir) if resume else None
             if done is not None:
                 return done
-            return Trainer(config, out_dir, **options).run()
+            return Trainer(config, out_dir, resume=resume, progress=progress, log=log).run()
         except OSError as exc:  # a full disk or lost permission while writing the run's files
             failure = write_failure(exc, Path(out_dir), "out_dir", kept="its complete checkpoints are kept")
             if failure is None:

@@ -8,7 +8,7 @@
 - `results`: the frozen results (`AttributeResult`, `CorpusAttribution`).
 """
 
-from resstream.analysis.attribution.corpus import attribute_corpus
+from resstream.analysis.attribution.corpus import attribute_batches
 from resstream.analysis.attribution.decomposition import Decomposition, decompose
 from resstream.analysis.attribution.results import AttributeResult, CorpusAttribution
 from resstream.analysis.attribution.scores import attribute_position
@@ -17,7 +17,7 @@ __all__ = [
     "AttributeResult",
     "CorpusAttribution",
     "Decomposition",
-    "attribute_corpus",
+    "attribute_batches",
     "attribute_position",
     "decompose",
 ]

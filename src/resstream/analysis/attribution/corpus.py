@@ -190,7 +190,7 @@ def _estimate(values: list[float]) -> Estimate:
     return mean_interval(float(tensor.mean()), stderr, count)
 
 
-def attribute_corpus(
+def attribute_batches(
     view: ModelView,
     decoder: Decoder,
     batches: Iterable[Tensor],
@@ -328,4 +328,4 @@ def _neuron_summaries(
     return tuple(out)
 
 
-__all__ = ["SequenceScores", "attribute_corpus", "batch_scores", "neuron_contributions"]
+__all__ = ["SequenceScores", "attribute_batches", "batch_scores", "neuron_contributions"]
