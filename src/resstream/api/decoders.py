@@ -52,8 +52,10 @@ def decoder_spec(spec: DecoderLike) -> DecoderSpec:
         return DecoderSpec("tuned", f"(lens of {spec.model})", spec)
     if not isinstance(spec, str):
         raise UsageError(f"decoder {spec!r}; allowed: {', '.join(SPELLINGS)} or a TunedLens")
-    if spec in ("logit-lens", "embedding"):
-        return DecoderSpec(spec, spec)  # type: ignore[arg-type]
+    if spec == "logit-lens":
+        return DecoderSpec("logit-lens", spec)
+    if spec == "embedding":
+        return DecoderSpec("embedding", spec)
     if spec.startswith(TUNED_PREFIX) and spec[len(TUNED_PREFIX) :]:
         directory = spec[len(TUNED_PREFIX) :]
         return DecoderSpec("tuned", directory, load_lens(directory))

@@ -264,11 +264,12 @@ def trend_verdict(
     """Recency or primacy verdict of a layer from its steps (`LayerAttention.step_mean`,
     `.step_stderr`: row i holds the i steps A[i][j+1] − A[i][j], j < i)."""
     check_choice("direction", direction, DIRECTIONS)
+    checked: Direction = "recency" if direction == "recency" else "primacy"
     rows = tuple(
-        row_trend(i, steps, errs, direction, threshold)
+        row_trend(i, steps, errs, checked, threshold)
         for i, (steps, errs) in enumerate(zip(step_mean, step_stderr, strict=True))
     )
-    return TrendVerdict(layer, direction, threshold, rows)  # type: ignore[arg-type]
+    return TrendVerdict(layer, checked, threshold, rows)
 
 
 @dataclass(frozen=True)
