@@ -190,7 +190,7 @@ def test_ctrl_c_during_the_commit_waits_until_the_set_is_in_place(tmp_path):
         if Path(dst).parent == out:  # the commit, not a write into the staging folder
             moved.append(Path(dst).name)
             if len(moved) == 1:
-                signal.raise_signal(signal.SIGINT)  # Ctrl-C after the first of three files, to this thread
+                os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C after the first of three files
         real_replace(src, dst)
 
     try:
