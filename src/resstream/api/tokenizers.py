@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from resstream.data.tokenizer import check_fast
 from resstream.errors import UsageError
 from resstream.models import LoadedModel
 
@@ -31,12 +32,4 @@ def tokenizer_of(loaded: LoadedModel) -> PreTrainedTokenizerBase:
 def fast_tokenizer_of(loaded: LoadedModel) -> PreTrainedTokenizerFast:
     """The tokenizer of a model whose analysis samples a corpus (`tokenizer_of`), which must be
     a fast (Rust) one: the corpus is tokenized through its backend. UsageError if not."""
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = tokenizer_of(loaded)
-    if not isinstance(tokenizer, PreTrainedTokenizerFast):
-        raise UsageError(
-            f"the tokenizer of model {loaded.name!r} has no fast (Rust) implementation "
-            f"({type(tokenizer).__name__}); resstream needs one"
-        )
-    return tokenizer
+    return check_fast(tokenizer_of(loaded), f"the tokenizer of model {loaded.name!r}")

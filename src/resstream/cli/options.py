@@ -1,4 +1,4 @@
-"""The option groups every command shares, each declared once, and the `command` decorator.
+"""The option groups commands share, each declared once, and the `command` decorator.
 
 A command declares a group as one keyword-only parameter whose annotation carries the group,
 e.g. ``sample: Annotated[Sample, corpus_options(seq_len=128)]``. `command` expands it into the

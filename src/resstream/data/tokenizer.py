@@ -304,7 +304,7 @@ def _from_directory(path: Path, spec: str, trust_remote_code: bool | None) -> Pr
         refuse_code_asked_for(exc, what, trust_remote_code)
         raise UsageError(f"tokenizer directory {spec!r} cannot be loaded: {short_reason(exc)}") from None
     say_loaded_without_code(code, what, trust_remote_code)
-    return _check_fast(tokenizer, spec)
+    return check_fast(tokenizer, f"tokenizer {spec!r}")
 
 
 def _from_file(path: Path, spec: str, trust_remote_code: bool | None) -> PreTrainedTokenizerFast:
@@ -344,22 +344,24 @@ def _from_hub(spec: str, trust_remote_code: bool | None) -> PreTrainedTokenizerF
             f"Hugging Face hub could not provide it ({reason})"
         ) from None
     say_loaded_without_code(code, what, trust_remote_code)
-    return _check_fast(tokenizer, spec)
+    return check_fast(tokenizer, f"tokenizer {spec!r}")
 
 
-def _check_fast(tokenizer: Any, spec: str) -> PreTrainedTokenizerFast:
+def check_fast(tokenizer: Any, described: str) -> PreTrainedTokenizerFast:
+    """`tokenizer`, if it is a fast (Rust) one, which resstream tokenizes corpora through;
+    UsageError naming it as `described` (e.g. "tokenizer 'gpt2'") if not."""
     from transformers import PreTrainedTokenizerFast
 
     if not isinstance(tokenizer, PreTrainedTokenizerFast):
         raise UsageError(
-            f"tokenizer {spec!r} has no fast (Rust) implementation "
-            f"({type(tokenizer).__name__}); resstream needs one"
+            f"{described} has no fast (Rust) implementation ({type(tokenizer).__name__}); resstream needs one"
         )
     return tokenizer
 
 
 __all__ = [
     "EOS_TOKEN",
+    "check_fast",
     "gpt2_from_files",
     "load_tokenizer",
     "save_tokenizer",
