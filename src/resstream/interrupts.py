@@ -14,6 +14,12 @@ SIGINT handler with one that records the interrupt before raising `KeyboardInter
 `was_interrupted()` stays true even when the exception itself was swallowed, and
 `raise_if_interrupted()` re-raises it at the next safe point. `deferred_interrupts()` holds an
 interrupt back until a short critical section has finished.
+
+A long loop whose progress is worth keeping (training a model or a tuned lens) runs under
+`stop_requests()`: the first SIGINT or SIGTERM only asks it to stop (`StopRequests.requested`
+turns true), so the loop finishes its current step, saves a checkpoint and then stops with
+`StopRequests.stop()` (a `KeyboardInterrupt`, exit code 130 on the command line); a second
+SIGINT, for a user who will not wait, interrupts at once.
 """
 
 from __future__ import annotations
@@ -24,7 +30,14 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
-_state = {"remembering": False, "interrupted": False, "deferring": False, "pending": False}
+_state = {
+    "stopping": False,
+    "stop_requested": False,
+    "remembering": False,
+    "interrupted": False,
+    "deferring": False,
+    "pending": False,
+}
 
 
 def _on_sigint(_signum: int, _frame: FrameType | None) -> None:
@@ -56,7 +69,7 @@ def raise_if_interrupted() -> None:
 
 def reset() -> None:
     """Forget a remembered interrupt (for a process that runs several commands, like tests)."""
-    _state.update(interrupted=False, deferring=False, pending=False)
+    _state.update(interrupted=False, deferring=False, pending=False, stop_requested=False)
 
 
 @contextlib.contextmanager
@@ -90,3 +103,54 @@ def _deliver(handler: object) -> None:
         raise KeyboardInterrupt
     if callable(handler):
         handler(signal.SIGINT, None)
+
+
+class StopRequests:
+    """What `stop_requests()` yields: whether a stop was asked for, and how to stop."""
+
+    @property
+    def requested(self) -> bool:
+        """True once SIGINT or SIGTERM has asked the loop to stop at its next safe point."""
+        return _state["stop_requested"]
+
+    def stop(self) -> None:
+        """Stop now: remember the interrupt (as a Ctrl-C) and raise `KeyboardInterrupt`."""
+        _state["stop_requested"] = False  # taken: nothing left to deliver when the block ends
+        if _state["remembering"]:
+            _state["interrupted"] = True
+        raise KeyboardInterrupt
+
+
+def _on_stop_signal(_signum: int, _frame: FrameType | None) -> None:
+    if _state["stop_requested"] and _signum == signal.SIGINT:  # asked twice: the user will not wait
+        _state["stop_requested"] = False
+        _on_sigint(_signum, _frame)
+        return
+    _state["stop_requested"] = True
+
+
+@contextlib.contextmanager
+def stop_requests() -> Iterator[StopRequests]:
+    """Within the block, SIGINT and SIGTERM ask for a stop at the next safe point instead of
+    interrupting; a second SIGINT interrupts at once. Outside the main thread, signals cannot
+    be caught, and the block runs with the handlers as they are (`requested` stays false).
+    The handlers installed before come back after the block; a stop asked for but not taken
+    by the block's end is then delivered to them as SIGINT."""
+    requests = StopRequests()
+    if threading.current_thread() is not threading.main_thread():
+        yield requests
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    outer = _state["stopping"]
+    _state.update(stopping=True, stop_requested=False)
+    for sig in previous:
+        signal.signal(sig, _on_stop_signal)
+    try:
+        yield requests
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        pending = _state["stop_requested"]
+        _state.update(stopping=outer, stop_requested=False)
+        if pending and not outer:
+            _deliver(previous[signal.SIGINT])
