@@ -190,7 +190,7 @@ def test_simulations_is_the_flag_and_sims_its_alias(tmp_path, capsys, no_plots):
     # the library's name is the flag's: a user who writes sims= is told which name it is
     with pytest.raises(UsageError, match=r"unknown simulation field 'sims' \(did you mean 'simulations'\?\)"):
         resstream.simulate(sims=5, progress=False)
-    assert resstream.simulate(simulations=3, tokens=3, layers=1, progress=False)[0][1].config.simulations == 3
+    assert resstream.simulate(simulations=3, tokens=3, layers=1).results[0][1].config.simulations == 3
 
 
 def test_grid_without_gamma_uses_a_positive_one(tmp_path, capsys, no_plots):

@@ -19,7 +19,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "resstream"
 
-BOTTOM = {"errors", "io", "devices", "hub", "assets", "interrupts", "notices", "rundir", "resources"}
+BOTTOM = {"errors", "io", "devices", "hub", "assets", "interrupts", "notices", "rundir", "resources", "reprs"}
 ALLOWED: dict[str, set[str]] = {
     "cli": {"api", "reporting", "analysis", "training", "training.records", "simulation", "models"}
     | {"models.adapters", "capture", "data", "study", "cli", "(root)"}
@@ -40,6 +40,7 @@ ALLOWED: dict[str, set[str]] = {
     "io": {"errors"},
     "interrupts": set(),
     "notices": set(),
+    "reprs": set(),
     "rundir": {"errors", "io", "interrupts", "resources"},
     "devices": {"errors"},
     "hub": {"errors"},

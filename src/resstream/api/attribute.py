@@ -75,7 +75,7 @@ def attribute(
     sources: bool = True,
     neurons: bool = True,
     decoder: DecoderLike = "logit-lens",
-    progress: bool = True,
+    progress: bool = False,
     **load: Unpack[LoadArgs],
 ) -> AttributeResult:
     """Attribute the prediction at one position of one text (`text` or `text_file`).
@@ -145,7 +145,7 @@ def attribute_corpus(
     neurons: bool = True,
     batch_size: int | None = None,
     data_dir: str | os.PathLike[str] | None = None,
-    progress: bool = True,
+    progress: bool = False,
     **load: Unpack[LoadArgs],
 ) -> CorpusAttribution:
     """Attribute every next token of a corpus sample, averaged over sequences.

@@ -17,6 +17,7 @@ from resstream.capture import block_internals
 from resstream.data.tokenizer import token_text
 from resstream.errors import UsageError
 from resstream.models import LoadArgs, ModelLike
+from resstream.reprs import summary
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -39,9 +40,10 @@ class DecomposeResult:
     relative: float
 
     def __repr__(self) -> str:
-        return (
-            f"DecomposeResult({self.model}: {self.point} at position {self.position}, "
-            f"{len(self.labels)} components, max |Σ − h| {self.residual:.1e})"
+        return summary(
+            self,
+            f"{self.model}: {self.point} at position {self.position}",
+            f"{len(self.labels)} components, max |Σ − h| {self.residual:.1e}",
         )
 
     def largest(self, n: int = 10) -> list[tuple[str, float]]:
@@ -77,7 +79,7 @@ def decompose(
     point: int | str | None = None,
     sources: bool = False,
     neurons: bool = False,
-    progress: bool = True,
+    progress: bool = False,
     **load: Unpack[LoadArgs],
 ) -> DecomposeResult:
     """The residual state of token `position` (default the last; negative from the end) of a

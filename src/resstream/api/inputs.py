@@ -92,7 +92,7 @@ class LoadOptions:
     device: str = "auto"
     device_map: str | None = None
     trust_remote_code: bool = False
-    progress: bool = True
+    progress: bool = False
     needs_tokenizer: bool = True
 
     @classmethod
@@ -101,7 +101,7 @@ class LoadOptions:
         load: LoadArgs,
         *,
         tokenizer: PreTrainedTokenizerBase | None = None,
-        progress: bool = True,
+        progress: bool = False,
         needs_tokenizer: bool = True,
     ) -> LoadOptions:
         """The options of an API call: its `load` keywords, `tokenizer` and `progress`."""

@@ -28,7 +28,7 @@ def lens(
     positions: range | slice | None = None,
     top_k: int = 1,
     decoder: DecoderLike = "logit-lens",
-    progress: bool = True,
+    progress: bool = False,
     **load: Unpack[LoadArgs],
 ) -> LensResult:
     """What every layer's residual state decodes to, position by position, in `text` (or in

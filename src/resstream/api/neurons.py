@@ -54,7 +54,7 @@ def neurons(
     batch_size: int = 8,
     seed: int = 0,
     data_dir: str | os.PathLike[str] | None = None,
-    progress: bool = True,
+    progress: bool = False,
     **load: Unpack[LoadArgs],
 ) -> NeuronsResult:
     """FFN neurons of block `layer` (0-based) as key -> value memories.

@@ -13,6 +13,7 @@ from resstream.capture import attention_probs
 from resstream.data.sampling import SequenceSample
 from resstream.errors import UsageError
 from resstream.models import LoadArgs, LoadedModel, ModelLike
+from resstream.reprs import summary
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -40,8 +41,7 @@ class RecencyReport:
         }
 
     def __repr__(self) -> str:
-        models = "; ".join(repr(result) for result in self.results)
-        return f"RecencyReport({self.dataset!r}, {self.seq_len} tokens: {models})"
+        return summary(self, f"{self.dataset!r}, {self.seq_len} tokens", *map(repr, self.results))
 
 
 @takes_load_args
@@ -56,7 +56,7 @@ def recency(
     seed: int = 0,
     threshold: float = 3.0,
     data_dir: str | os.PathLike[str] | None = None,
-    progress: bool = True,
+    progress: bool = False,
     **load: Unpack[LoadArgs],
 ) -> RecencyReport:
     """Mean attention by query and key position, per layer and head, over a corpus sample.

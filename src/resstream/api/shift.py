@@ -16,6 +16,7 @@ from resstream.capture import residual_states
 from resstream.data.sampling import SequenceSample
 from resstream.errors import UsageError
 from resstream.models import LoadArgs, LoadedModel, ModelLike, ModelView
+from resstream.reprs import summary
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -42,12 +43,13 @@ class ShiftReport:
         return rules.pop() if len(rules) == 1 else None
 
     def __repr__(self) -> str:
-        models = ", ".join(
-            f"{r.model}: shift layer {'never' if r.shift_layer is None else f'{r.shift_layer:.2f}'} "
-            f"of {r.num_layers}"
+        several = len({r.decoder for r in self.results}) > 1
+        models = [
+            f"{r.model}{f' ({r.decoder})' if several else ''}: shift layer "
+            f"{'never' if r.shift_layer is None else f'{r.shift_layer:.2f}'} of {r.num_layers}"
             for r in self.results
-        )
-        return f"ShiftReport({models}; {self.num_seqs} × {self.seq_len} tokens of {self.dataset!r})"
+        ]
+        return summary(self, *models, f"{self.num_seqs} × {self.seq_len} tokens of {self.dataset!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """The content of shift.json (`sample` is None when models drew their own samples)."""
@@ -75,7 +77,7 @@ def shift(
     batch_size: int = 8,
     seed: int = 0,
     data_dir: str | os.PathLike[str] | None = None,
-    progress: bool = True,
+    progress: bool = False,
     **load: Unpack[LoadArgs],
 ) -> ShiftReport:
     """Layer-wise alignment with the input and the next token over a corpus sample.

@@ -8,13 +8,11 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from resstream.errors import UsageError, closest
-from resstream.simulation import SimulationConfig, SimulationResult
+from resstream.simulation import SimulationConfig, SimulationRun
 from resstream.simulation import simulate as run_simulation
 
 #: γ of the grid's anisotropic rows when the configuration has none.
 GRID_GAMMA = 0.5
-
-Labelled = tuple[tuple[str, SimulationResult], ...]
 
 
 def grid_configurations(gamma: float = GRID_GAMMA) -> tuple[tuple[str, dict[str, Any]], ...]:
@@ -28,14 +26,16 @@ def grid_configurations(gamma: float = GRID_GAMMA) -> tuple[tuple[str, dict[str,
     )
 
 
-def simulate(*, grid: bool = False, progress: bool = True, **fields: Any) -> Labelled:
-    """Parameter-free causal attention stacks: ((label, SimulationResult), ...).
+def simulate(*, grid: bool = False, progress: bool = False, **fields: Any) -> SimulationRun:
+    """Parameter-free causal attention stacks: a `SimulationRun`, each configuration's
+    `SimulationResult` under its label (`run["no LayerNorm"]`, `run.items()`).
 
     `fields` are `resstream.simulation.SimulationConfig` fields (each checked there). With
     `grid`, the four standard configurations (`grid_configurations`, γ from `fields["gamma"]`
     when it is > 0) are run with the other fields shared; otherwise the one configuration
     given. Every configuration is checked before any is run. The number of simulations is
-    `simulations` (the command line's `--simulations`, also spelled `--sims`).
+    `simulations` (the command line's `--simulations`, also spelled `--sims`). `progress`
+    shows a bar per configuration.
     """
     base = SimulationConfig(**_checked_fields(fields))
     if grid:
@@ -51,7 +51,7 @@ def simulate(*, grid: bool = False, progress: bool = True, **fields: Any) -> Lab
             total=config.simulations, desc=f"simulate {label}", unit="sim", disable=not progress
         ) as bar:
             results.append((label, run_simulation(config, progress=bar.update)))
-    return tuple(results)
+    return SimulationRun(tuple(results), grid=grid)
 
 
 #: Names users reach for that mean a field of another name.

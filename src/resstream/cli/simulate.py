@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -12,7 +11,7 @@ from resstream.cli import options
 from resstream.cli.flags import cli_message
 
 if TYPE_CHECKING:
-    from resstream.simulation import SimulationResult
+    from resstream.simulation import SimulationRun
 
 
 def simulate(
@@ -73,16 +72,15 @@ def simulate(
     }
     with output_set(out, "simulate") as outputs:
         runs = resstream.simulate(grid=grid, progress=not quiet, **config)
-        entries = [simulation_entry(label, result) for label, result in runs]
-        write_json(outputs / "simulate.json", entries[0] if not grid else {"configurations": entries})
+        write_json(outputs / "simulate.json", runs.to_dict())
         write_arrays(outputs / "simulate.npz", runs)
         plot_attention_grid(
-            [(label, result.mean_attention) for label, result in runs],
+            [(label, result.mean_attention) for label, result in runs.items()],
             outputs / "simulate.png",
             title=f"mean attention over {simulations:,} simulations",
         )
         options.write_run_record(outputs, "simulate", {"grid": grid, **config}, device_label(device), seed)
-    for label, result in runs:
+    for label, result in runs.items():
         typer.echo(f"{label} ({simulations:,} simulations)")
         for line in layer_lines(result.layers):
             typer.echo(f"  {line}")
@@ -90,22 +88,7 @@ def simulate(
     typer.echo(f"wrote simulate.json, simulate.npz, simulate.png and run.json to {out}")
 
 
-def simulation_entry(label: str, result: SimulationResult) -> dict[str, Any]:
-    """One configuration in simulate.json: the trend of every layer first, then
-    mean_attention[layer][query][key], stderr and per layer the strict verdicts."""
-    data = result.to_dict()
-    return {
-        "label": label,
-        "trend": [layer["trend"] for layer in data["layers"]],
-        "config": data["config"],
-        "method": data["method"],
-        "mean_attention": [layer["mean"] for layer in data["layers"]],
-        "stderr": [layer["stderr"] for layer in data["layers"]],
-        "layers": data["layers"],
-    }
-
-
-def write_arrays(path: Path, runs: Sequence[tuple[str, SimulationResult]]) -> None:
+def write_arrays(path: Path, runs: SimulationRun) -> None:
     """mean_attention and stderr as (configs, layers, n, n) arrays in an .npz."""
     import numpy as np
 
@@ -113,9 +96,9 @@ def write_arrays(path: Path, runs: Sequence[tuple[str, SimulationResult]]) -> No
 
     write_npz(
         path,
-        labels=np.array([label for label, _ in runs]),
-        mean_attention=np.array([result.mean_attention for _, result in runs], dtype=np.float64),
-        stderr=np.array([result.stderr for _, result in runs], dtype=np.float64),
+        labels=np.array(list(runs)),
+        mean_attention=np.array([result.mean_attention for result in runs.values()], dtype=np.float64),
+        stderr=np.array([result.stderr for result in runs.values()], dtype=np.float64),
     )
 
 

@@ -168,7 +168,7 @@ def evaluate_model(
     batch_size: int = DEFAULT_BATCH_SIZE,
     device: str = "cpu",
     max_tokens: int | None = None,
-    progress: bool = True,
+    progress: bool = False,
     block_size: int | None = None,
     dtype: str = "auto",
 ) -> EvalReport:

@@ -4,7 +4,8 @@ How causal attention and LayerNorm create a positional (recency) bias, measured 
 Carlo: `simulate(SimulationConfig(...))` returns the mean attention matrix of every layer with
 standard errors, its trend with key position (`AttentionTrend`: row rank correlation and band
 ratios to uniform causal attention with 95% intervals, `resstream.simulation.trend`) and the
-strict recency / primacy verdicts (`SimulationResult`, JSON-ready with `to_dict()`).
+strict recency / primacy verdicts (`SimulationResult`, JSON-ready with `to_dict()`);
+`SimulationRun` holds labelled results (what `resstream.simulate` returns).
 `simulate_reference` is the slow per-simulation loop that the tests and the benchmark compare
 against; `attention_maps` runs the stack on given embeddings.
 
@@ -28,6 +29,7 @@ from resstream.simulation.results import (
     LayerAttention,
     RowTrend,
     SimulationResult,
+    SimulationRun,
     TrendVerdict,
     trend_verdict,
 )
@@ -43,6 +45,7 @@ __all__ = [
     "RowTrend",
     "SimulationConfig",
     "SimulationResult",
+    "SimulationRun",
     "TrendVerdict",
     "attention_maps",
     "chunk_bytes",

@@ -26,12 +26,13 @@ standard errors off by chance; a weak true trend can instead fail on its noisies
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from resstream.errors import UsageError, check_choice
+from resstream.errors import UsageError, check_choice, closest
 from resstream.io import jsonable
+from resstream.reprs import summary
 from resstream.simulation.config import SimulationConfig
 from resstream.simulation.intervals import Estimate
 
@@ -43,6 +44,7 @@ __all__ = [
     "LayerAttention",
     "RowTrend",
     "SimulationResult",
+    "SimulationRun",
     "TrendVerdict",
     "row_trend",
     "trend_verdict",
@@ -150,7 +152,7 @@ class AttentionTrend:
         )
 
     def __repr__(self) -> str:
-        return f"AttentionTrend({self.direction}, ρ {self.spearman.value:+.3f}, {self.samples} samples)"
+        return summary(self, f"{self.direction}, ρ {self.spearman.value:+.3f}, {self.samples} samples")
 
 
 @dataclass(frozen=True)
@@ -302,8 +304,7 @@ class LayerAttention:
         return jsonable(fields)
 
     def __repr__(self) -> str:
-        n = len(self.mean)
-        return f"LayerAttention(layer {self.layer}, {n} tokens, trend {self.trend!r})"
+        return summary(self, f"layer {self.layer}, {len(self.mean)} tokens, trend {self.trend!r}")
 
 
 @dataclass(frozen=True)
@@ -335,11 +336,12 @@ class SimulationResult:
 
     def __repr__(self) -> str:
         c = self.config
-        return (
-            f"SimulationResult({c.layers} layers × {c.tokens} tokens, {c.simulations:,} simulations, "
+        setup = (
+            f"{c.layers} layers × {c.tokens} tokens, {c.simulations:,} simulations, "
             f"{'LayerNorm' if c.layernorm else 'no LayerNorm'}, γ = {c.gamma:g}"
-            f"{', residual' if c.residual else ''}; {trend_summary(self.layers)})"
+            f"{', residual' if c.residual else ''}"
         )
+        return summary(self, setup, trend_summary(self.layers))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: the config, the method and every layer."""
@@ -356,3 +358,59 @@ def trend_summary(layers: Sequence[LayerAttention]) -> str:
     """ "ρ by layer +0.01, +0.12, …": the mean row rank correlation of each layer, for reprs."""
     values = ", ".join(f"{layer.trend.spearman.value:+.2f}" for layer in layers)
     return f"ρ by layer {values}"
+
+
+@dataclass(frozen=True, repr=False)
+class SimulationRun(Mapping[str, SimulationResult]):
+    """What `resstream.simulate` returns: one or (with `grid`) the four standard
+    configurations, each `SimulationResult` under its label, in the order they ran.
+
+    A mapping from label to result (`run["no LayerNorm"]`, `list(run)` the labels,
+    `run.items()`); `results` holds the (label, result) pairs. `to_dict()` is the content of
+    simulate.json: the one configuration's entry, or `{"configurations": [...]}` for a grid.
+    """
+
+    results: tuple[tuple[str, SimulationResult], ...]
+    grid: bool = False
+
+    def __getitem__(self, label: str) -> SimulationResult:
+        for name, result in self.results:
+            if name == label:
+                return result
+        hint = closest(label, self) if isinstance(label, str) else " (by position: `.results[i]`)"
+        raise KeyError(f"no configuration {label!r}{hint}; allowed: {', '.join(map(repr, self))}")
+
+    def __iter__(self) -> Iterator[str]:
+        return (label for label, _ in self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The content of simulate.json: per configuration its label, the trend of every layer,
+        the config, the method, mean_attention[layer][query][key], stderr and every layer."""
+        entries = [_entry(label, result) for label, result in self.results]
+        return {"configurations": entries} if self.grid else entries[0]
+
+    def __repr__(self) -> str:
+        sizes = {
+            f"{c.layers} layers × {c.tokens} tokens, {c.simulations:,} simulations"
+            for c in (result.config for _, result in self.results)
+        }
+        trends = [f"{label}: {trend_summary(result.layers)}" for label, result in self.results]
+        return summary(self, "; ".join(sorted(sizes)), *trends)
+
+
+def _entry(label: str, result: SimulationResult) -> dict[str, Any]:
+    """One configuration in simulate.json: the trend of every layer first, then
+    mean_attention[layer][query][key], stderr and per layer the strict verdicts."""
+    data = result.to_dict()
+    return {
+        "label": label,
+        "trend": [layer["trend"] for layer in data["layers"]],
+        "config": data["config"],
+        "method": data["method"],
+        "mean_attention": [layer["mean"] for layer in data["layers"]],
+        "stderr": [layer["stderr"] for layer in data["layers"]],
+        "layers": data["layers"],
+    }

@@ -16,9 +16,11 @@ One text, one position (`AttributeResult`) or a corpus, every position's next to
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from resstream.reprs import summary
 from resstream.simulation.intervals import Estimate
 
 
@@ -131,7 +133,7 @@ class AttributionCheck:
     dla_residual: float  # |Σ DLA + norm bias term − actual logit (difference)|
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class AttributeResult:
     """Attribution of one prediction: `target` at `position` of a text."""
 
@@ -168,6 +170,18 @@ class AttributeResult:
         """The content of attribute.json."""
         return {"kind": "attribute", **asdict(self)}
 
+    def __repr__(self) -> str:
+        foil = "" if self.foil is None else f", foil {self.foil!r} (id {self.foil_id})"
+        return summary(
+            self,
+            f"model {self.model!r}, decoder {self.decoder}",
+            f"target {self.target!r} (id {self.target_id}) at position {self.position} "
+            f"{self.tokens[self.position]!r}{foil}",
+            f"p {self.probability:.4g}, log p {self.logprob:.4g}, rank {self.rank}",
+            _largest_by_c(self),
+            _check_text(self.check),
+        )
+
 
 @dataclass(frozen=True)
 class LayerSummary:
@@ -202,7 +216,7 @@ class NeuronSummary:
     promoted: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class CorpusAttribution:
     """Corpus mode: every position's next token is the target; means over sequences."""
 
@@ -224,6 +238,49 @@ class CorpusAttribution:
     def to_dict(self) -> dict[str, Any]:
         """The content of attribute.json in corpus mode."""
         return {"kind": "attribute-corpus", **asdict(self)}
+
+    def __repr__(self) -> str:
+        return summary(
+            self,
+            f"model {self.model!r}, decoder {self.decoder}",
+            f"{self.num_seqs} × {self.seq_len} tokens of {self.dataset!r}, {self.positions:,} positions",
+            _largest_by_c(self),
+            _check_text(self.check),
+        )
+
+
+def _largest_by_c(result: AttributeResult | CorpusAttribution) -> str:
+    """ "largest |C|: sub-layer L2 MLP +1.2, head L1.H3 +0.5, neuron L2.N712 +0.3" for a repr
+    (a corpus's means over sequences)."""
+    sub_layers = [(f"L{e.layer} attn", e.attn_contribution) for e in result.layers] + [
+        (f"L{e.layer} MLP", e.mlp_contribution) for e in result.layers
+    ]
+    heads = [(f"L{h.layer}.H{h.head}", h.contribution) for h in result.heads]
+    neurons = [(f"L{n.layer}.N{n.neuron}", n.contribution) for n in result.neurons]
+    found = [
+        f"{kind} {_top(entries)}"
+        for kind, entries in (("sub-layer", sub_layers), ("head", heads), ("neuron", neurons))
+        if entries
+    ]
+    return "largest |C|: " + (", ".join(found) or "none")
+
+
+def _top(entries: Sequence[tuple[str, float | Estimate]]) -> str:
+    """The entry with the largest |C| (the first of equals), as "name +0.123"."""
+    name, score = max(entries, key=lambda entry: abs(_value(entry[1])))
+    return f"{name} {_value(score):+.3g}"
+
+
+def _value(score: float | Estimate) -> float:
+    """A score's value: the float itself, or an Estimate's mean."""
+    return score.value if isinstance(score, Estimate) else score
+
+
+def _check_text(check: AttributionCheck) -> str:
+    return (
+        f"exact: max |Σ − h| {check.decomposition_max_abs:.1e} "
+        f"(relative {check.decomposition_relative:.1e}), DLA residual {check.dla_residual:.1e}"
+    )
 
 
 __all__ = [

@@ -37,6 +37,7 @@ from resstream.analysis.decoding.decoder import Decoder
 from resstream.analysis.norms import NormForm, norm_form
 from resstream.errors import RunError
 from resstream.models.adapters.base import ModelView
+from resstream.reprs import summary
 
 #: Bytes of one block of value scores (chunk of neurons × vocabulary, float32) in
 #: `promoted_tokens`: a GPT-2-small layer (3072 × 50257) is scored 300-odd neurons at a time.
@@ -321,6 +322,10 @@ class NeuronReport:
     contexts: tuple[Context, ...]
 
 
+#: Neurons a `NeuronsResult`'s repr lists by number.
+REPR_NEURONS = 10
+
+
 @dataclass(frozen=True)
 class NeuronsResult:
     """Neurons of one layer as key -> value memories (module docstring), with the text of every
@@ -346,9 +351,12 @@ class NeuronsResult:
         return dict(self.texts).get(token_id, f"<{token_id}>")
 
     def __repr__(self) -> str:
-        ids = ", ".join(str(n.neuron) for n in self.neurons)
-        where = f"layer {self.layer}, neurons {ids}; {self.num_positions:,} positions"
-        return f"NeuronsResult({self.model}: {where})"
+        shown = ", ".join(str(n.neuron) for n in self.neurons[:REPR_NEURONS])
+        ids = shown if len(self.neurons) <= REPR_NEURONS else f"{shown}, … ({len(self.neurons)} in all)"
+        top = max(self.neurons, key=lambda n: n.max_activation, default=None)
+        largest = "" if top is None else f"largest m {top.max_activation:.3g} (neuron {top.neuron})"
+        where = f"{self.model}: layer {self.layer}, neurons {ids}"
+        return summary(self, where, largest, f"{self.num_positions:,} positions")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for neurons.json, with the decoded strings."""

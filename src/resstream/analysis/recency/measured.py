@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from resstream.io import jsonable
+from resstream.reprs import summary
 from resstream.simulation.results import LayerAttention, trend_summary
 from resstream.simulation.statistics import (
     MomentAccumulator,
@@ -120,10 +121,11 @@ class RecencyResult:
         )
 
     def __repr__(self) -> str:
-        return (
-            f"RecencyResult({self.model!r}, {self.num_layers} layers × {self.num_heads} heads, "
-            f"{self.num_sequences} sequences of {self.seq_len} tokens; "
-            f"{trend_summary([layer.average for layer in self.layers])})"
+        return summary(
+            self,
+            f"{self.model!r}, {self.num_layers} layers × {self.num_heads} heads, "
+            f"{self.num_sequences} sequences of {self.seq_len} tokens",
+            trend_summary([layer.average for layer in self.layers]),
         )
 
     def head_arrays(self) -> dict[str, Tensor]:

@@ -38,6 +38,7 @@ from resstream.analysis.decoding.decoder import Decoder, NonFiniteInputs
 from resstream.analysis.decoding.ranks import DEFAULT_CHUNK_BYTES, LowPrecision, check_ids, check_matrix
 from resstream.analysis.stats import cluster_ratio, cluster_ratio_ci
 from resstream.io import jsonable
+from resstream.reprs import summary
 
 __all__ = ["AlignmentAccumulator", "AlignmentResult", "shift_layer_from_rates"]
 
@@ -92,10 +93,11 @@ class AlignmentResult:
 
     def __repr__(self) -> str:
         where = "never" if self.shift_layer is None else f"{self.shift_layer:.2f}"
-        return (
-            f"AlignmentResult({self.model!r}: shift layer {where} of {self.num_layers}, "
-            f"top-{self.top_k} {self.decoder}, {self.num_tokens:,} positions in "
-            f"{self.num_sequences} sequences; .to_dict() has every field)"
+        return summary(
+            self,
+            f"{self.model!r}: shift layer {where} of {self.num_layers}, top-{self.top_k} {self.decoder}",
+            f"{self.num_tokens:,} positions in {self.num_sequences} sequences",
+            ".to_dict() has every field",
         )
 
 

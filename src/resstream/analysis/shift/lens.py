@@ -23,6 +23,7 @@ from torch import Tensor
 
 from resstream.analysis.decoding.decoder import Decoder, ExactScorer, NonFiniteInputs
 from resstream.analysis.decoding.ranks import DEFAULT_CHUNK_BYTES
+from resstream.reprs import summary
 
 
 @dataclass(frozen=True)
@@ -83,9 +84,10 @@ class LensResult:
     def __repr__(self) -> str:
         positions = [t.position for t in self.trajectories]
         span = f"{positions[0]}–{positions[-1]}" if positions else "none"
-        return (
-            f"LensResult(model={self.model!r}, positions {span} ({len(positions)}), "
-            f"layers 0–{self.num_layers}, decoder {self.decoder!r}, top_k={self.top_k})"
+        return summary(
+            self,
+            f"model={self.model!r}, positions {span} ({len(positions)}), layers 0–{self.num_layers}, "
+            f"decoder {self.decoder!r}, top_k={self.top_k}",
         )
 
     def token_text(self, token_id: int) -> str:
