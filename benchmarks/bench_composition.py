@@ -31,13 +31,15 @@ def gpt2_small(device: str):
 
 
 def naive(view, l1: int, h1: int, l2: int, h2: int) -> list[float]:
-    """The three scores from the d×d matrices."""
+    """The three scores from the d×d matrices (default convention: each head reads through its
+    own ln1, N = C·diag(g), and its write is centred, W_O·C; GPT-2 has LayerNorm)."""
     a, b = view.blocks[l1], view.blocks[l2]
     wa, wb = a.attention_weights(), b.attention_weights()
-    g = b.ln1.weight[:, None]
-    M_A = wa.W_V[h1] @ a.W_O[h1]
-    R_Q = (g * wb.W_Q[h2]) @ (g * wb.W_K[h2]).T
-    R_V = (g * wb.W_V[h2]) @ b.W_O[h2]
+    C = torch.eye(view.d_model, device=a.W_O.device) - 1.0 / view.d_model
+    N_a, N_b = C * a.ln1.weight[None, :], C * b.ln1.weight[None, :]
+    M_A = N_a @ wa.W_V[h1] @ a.W_O[h1] @ C
+    R_Q = (N_b @ wb.W_Q[h2]) @ (N_b @ wb.W_K[h2]).T
+    R_V = N_b @ wb.W_V[h2] @ b.W_O[h2] @ C
     return [
         float(torch.linalg.norm(M_A @ R) / (torch.linalg.norm(M_A) * torch.linalg.norm(R)))
         for R in (R_Q, R_Q.T, R_V)

@@ -190,37 +190,47 @@ def test_top_ranks_pairs_and_refuses_zero():
 # ---- every family: the fast form against the naive d×d products ---------------------------
 
 
-def gain(module) -> torch.Tensor | None:
+def norm_matrix(module, d: int) -> torch.Tensor:
+    """A norm as it acts on a direction, as a d×d matrix N (u ↦ u·N): C·G, C the centring
+    (LayerNorm; I for RMSNorm), G = diag(gain); its scale 1/s left out."""
     form = norm_form(module)
-    return None if form.gain is None else form.gain.detach().float()
+    centring = torch.eye(d) - (1.0 / d if form.centre else 0.0)
+    gain = torch.ones(d) if form.gain is None else form.gain.detach().float()
+    return centring @ torch.diag(gain)
 
 
-def scaled_rows(matrix: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
-    """diag(g) @ matrix."""
-    return matrix if g is None else g[:, None] * matrix
+def centring_of(module, d: int) -> torch.Tensor:
+    """C where `module` is a LayerNorm, I otherwise."""
+    return torch.eye(d) - (1.0 / d if norm_form(module).centre else 0.0)
 
 
-def naive_matrices(view: ModelView, l1: int, h1: int, l2: int, h2: int) -> tuple[torch.Tensor, dict]:
-    """M_A and R_Q, R_K, R_V as d×d matrices, straight from the definitions."""
+def naive_matrices(
+    view: ModelView, l1: int, h1: int, l2: int, h2: int, convention: str = "resstream"
+) -> tuple[torch.Tensor, dict]:
+    """M_A and R_Q, R_K, R_V as d×d matrices, straight from the definitions (module docstring of
+    `resstream.analysis.circuits.composition`)."""
+    d = view.d_model
     a, b = view.blocks[l1], view.blocks[l2]
-    wa, wb = a.attention_weights(), b.attention_weights()
-    O_a = a.W_O[h1].detach().float()
-    O_b = b.W_O[h2].detach().float()
-    if a.post_attn_norm is not None:
-        O_a = O_a * gain(a.post_attn_norm)
-        O_b = O_b * gain(b.post_attn_norm)
-    M_A = wa.W_V[h1].float() @ O_a
-    if b.norm_position == "post":  # the norms between the two heads scale the write
+
+    def reading(block) -> torch.Tensor:  # the head's own ln1 (post-norm: none)
+        return torch.eye(d) if block.norm_position == "post" else norm_matrix(block.ln1, d)
+
+    def ov(block, h: int) -> torch.Tensor:
+        W_O = block.W_O[h].detach().float()
+        if convention == "resstream" and block.post_attn_norm is not None:
+            W_O = W_O @ norm_matrix(block.post_attn_norm, d)
+        if block.norm_position == "pre":  # as the stream's norms see it
+            W_O = W_O @ centring_of(block.ln1, d)
+        return reading(block) @ block.attention_weights().W_V[h].float() @ W_O
+
+    M_A = ov(a, h1)
+    if b.norm_position == "post":  # the norms between the two heads act on the write
         for block in view.blocks[l1:l2]:
             for norm in (block.ln1, block.ln2):
-                if gain(norm) is not None:
-                    M_A = M_A * gain(norm)
-        g = None
-    else:
-        g = gain(b.ln1)
-    Q, K, V = (scaled_rows(w[h2].float(), g) for w in (wb.W_Q, wb.W_K, wb.W_V))
-    R_Q = Q @ K.T
-    return M_A, {"q": R_Q, "k": R_Q.T, "v": V @ O_b}
+                M_A = M_A @ norm_matrix(norm, d)
+    wb = b.attention_weights()
+    R_Q = reading(b) @ wb.W_Q[h2].float() @ (reading(b) @ wb.W_K[h2].float()).T
+    return M_A, {"q": R_Q, "k": R_Q.T, "v": ov(b, h2)}
 
 
 @pytest.mark.parametrize("case", ALL_CASES)
@@ -364,3 +374,30 @@ def test_the_heatmap_puts_later_heads_in_rows_and_earlier_heads_in_columns(tmp_p
     assert plot_composition(result, "v", tmp_path / "v.png").read_bytes().startswith(b"\x89PNG")
     rows = composition_csv(result).splitlines()
     assert rows[0] == "layer_a,head_a,layer_b,head_b,q,k,v" and len(rows) == 1 + H * H * 6
+
+
+@pytest.mark.parametrize(
+    ("layers", "heads", "every_head", "first_columns", "first_rows"),
+    [
+        (6, 4, True, ["0.0", "0.1", "0.2", "0.3", "1.0"], ["1.0", "1.1", "1.2", "1.3", "2.0"]),
+        (12, 12, False, ["0.0", "1.0", "2.0"], ["1.0", "2.0", "3.0"]),
+    ],
+)
+def test_the_heatmap_labels_heads_as_layer_dot_head(layers, heads, every_head, first_columns, first_rows):
+    """The reference model's 6 × 4 heads are each labelled; a 12 × 12 model's cells are too
+    small, so each layer's first head is, with a minor tick for every head."""
+    from resstream.reporting.composition import head_ticks, heatmap_size
+
+    cells = (layers - 1) * heads
+    ticks = head_ticks(layers, heads, heatmap_size(cells))
+    assert ticks.every_head is every_head
+    assert (
+        ticks.columns[: len(first_columns)] == first_columns and ticks.rows[: len(first_rows)] == first_rows
+    )
+    for position, column, row in zip(ticks.positions, ticks.columns, ticks.rows, strict=True):
+        layer, head = divmod(position, heads)
+        assert column == f"{layer}.{head}" and row == f"{layer + 1}.{head}"
+    if every_head:
+        assert len(ticks.positions) == cells and ticks.minor == []
+    else:
+        assert len(ticks.positions) == layers - 1 and ticks.minor == list(range(cells))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -20,6 +20,13 @@ def composition(
     top: Annotated[
         int, typer.Option(help="Strongest pairs printed and listed in composition.json, per kind.")
     ] = 10,
+    convention: Annotated[
+        Literal["resstream", "transformer-lens"],
+        typer.Option(
+            help="Which norms enter the head matrices: resstream (each head's own norms) or "
+            "transformer-lens (TransformerLens's folded, centred weights; pre-norm models)."
+        ),
+    ] = "resstream",
     samples: Annotated[int, typer.Option(help="Random draws behind the baseline.")] = 256,
     seed: Annotated[int, typer.Option(help="Seed of the baseline's random draws.")] = 0,
 ) -> None:
@@ -33,13 +40,18 @@ def composition(
     check_top(top)
     with output_set(output.out, "composition") as outputs:
         result = resstream.composition(
-            loading.model, samples=samples, seed=seed, **loading.api_kwargs(), progress=output.progress
+            loading.model,
+            convention=convention,
+            samples=samples,
+            seed=seed,
+            **loading.api_kwargs(),
+            progress=output.progress,
         )
         write_json(outputs / "composition.json", result.to_dict(top=top))
         write_text(outputs / "composition.csv", composition_csv(result))
         for kind in KINDS:
             plot_composition(result, kind, outputs / f"composition_{kind}.png")
-        settings = {"model": loading.model, "top": top, "samples": samples}
+        settings = {"model": loading.model, "convention": convention, "top": top, "samples": samples}
         options.write_run_record(outputs, "composition", settings, loading, seed)
     for line in top_lines(result, top):
         typer.echo(line)

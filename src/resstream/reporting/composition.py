@@ -3,14 +3,16 @@
 `plot_composition` draws, for one kind (Q, K or V), every earlier head (columns, grouped by
 layer 0..L−2) against every later head (rows, grouped by layer 1..L−1, top to bottom): a
 cell is the score of the column's head into the row's head, and cells where the row's layer
-is not later than the column's are blank. Lines separate the layers, each group is labelled
-with its layer number, and the colour bar marks the random baseline with a line (also stated
-in the title).
+is not later than the column's are blank. Lines separate the layers, the axes label heads as
+`layer.head` (every head where the cells are large enough, else each layer's first head with
+a minor tick per head), and the colour bar marks the random baseline with a line (also stated
+in the title, with the convention).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -37,26 +39,31 @@ def heatmap_matrix(result: CompositionResult, kind: Kind) -> np.ndarray:
     return later_by_earlier.reshape((L - 1) * H, (L - 1) * H)
 
 
+def heatmap_size(cells: int) -> float:
+    """The heatmap's height in inches for `cells` rows (its width adds the colour bar)."""
+    return min(9.0, max(4.5, 0.12 * cells + 3.0))
+
+
 def plot_composition(result: CompositionResult, kind: Kind, path: str | os.PathLike[str]) -> Path:
     """The heatmap of one kind (module docstring), saved as PNG to `path`."""
     L, H = result.n_layers, result.n_heads
     matrix = heatmap_matrix(result, kind)
-    size = min(9.0, max(4.5, 0.12 * matrix.shape[0] + 3.0))
+    size = heatmap_size(matrix.shape[0])
     fig = new_figure(size + 1.4, size)
     ax = fig.add_subplot()
     top = max(float(np.nanmax(matrix)), result.baseline.mean * 2)
     cmap = _colour_map()
     image = ax.imshow(matrix, cmap=cmap, vmin=0.0, vmax=top, interpolation="nearest", aspect="equal")
-    _layer_grid(ax, L, H)
+    _layer_grid(ax, L, H, size)
     baseline = result.baseline
     ax.set_title(
-        f"{KIND_NAMES[kind]}: {result.model}\n"
+        f"{KIND_NAMES[kind]}: {result.model} (convention {result.convention})\n"
         f"random baseline {baseline.mean:.3f} (mean of {baseline.samples} Gaussian draws; "
         f"1/√d = {baseline.rms_analytic:.3f})",
         fontsize=9,
     )
-    ax.set_xlabel("earlier head (writes), grouped by layer")
-    ax.set_ylabel("later head (reads), grouped by layer")
+    ax.set_xlabel("earlier head (writes), layer.head")
+    ax.set_ylabel("later head (reads), layer.head")
     bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     bar.set_label(f"{KIND_NAMES[kind]} score (dashed: random baseline)")
     bar.ax.axhline(baseline.mean, color="white", linewidth=2.5)
@@ -71,22 +78,64 @@ def _colour_map():
     return colormaps["viridis"].with_extremes(bad="white")
 
 
-def _layer_grid(ax, n_layers: int, n_heads: int) -> None:
-    """Separators between layers (across the drawn cells) and one integer label per layer
-    group (columns: layers 0..L−2, rows: 1..L−1); the head index inside a group is the
-    offset from its start."""
+#: Tick labels' font size (points), and the smallest cell (points) that gets a label per head.
+_TICK_FONT = 6.5
+_CELL_PER_LABEL = 7.5
+
+
+@dataclass(frozen=True)
+class HeadTicks:
+    """Where a heatmap's axes are labelled: `positions` (cell indices) with their `columns`
+    labels (earlier heads) and `rows` labels (later heads), `minor` ticks, and whether every
+    head is labelled (`every_head`)."""
+
+    positions: list[int]
+    columns: list[str]
+    rows: list[str]
+    minor: list[int]
+    every_head: bool
+
+
+def head_ticks(n_layers: int, n_heads: int, size: float) -> HeadTicks:
+    """Labels `layer.head` (columns: layers 0..L−2, rows: 1..L−1) for a `size`-inch heatmap:
+    every head where a cell is tall enough for a label, else each layer's first head (at most
+    ~16) with a minor tick per head (none where cells are under 2 points)."""
+    groups = n_layers - 1
+    cells = groups * n_heads
+    cell_points = 0.65 * size * 72 / cells  # the axes take about 65% of the figure's height
+    every_head = cell_points >= _CELL_PER_LABEL
+    if every_head:
+        shown = [(g, h) for g in range(groups) for h in range(n_heads)]
+        minor: list[int] = []
+    else:
+        step = max(1, groups // 16)
+        shown = [(g, 0) for g in range(0, groups, step)]
+        minor = list(range(cells)) if cell_points >= 2 else []
+    return HeadTicks(
+        positions=[g * n_heads + h for g, h in shown],
+        columns=[f"{g}.{h}" for g, h in shown],
+        rows=[f"{g + 1}.{h}" for g, h in shown],
+        minor=minor,
+        every_head=every_head,
+    )
+
+
+def _layer_grid(ax, n_layers: int, n_heads: int, size: float) -> None:
+    """Separators between layers (across the drawn cells) and the head labels of `head_ticks`."""
     groups = n_layers - 1
     bottom = groups * n_heads - 0.5
     for g in range(1, groups):  # only across the drawn cells, not the blank triangle
         edge = g * n_heads - 0.5
         ax.vlines(edge, (g - 1) * n_heads - 0.5, bottom, color="0.35", linewidth=0.8)
         ax.hlines(edge, -0.5, (g + 1) * n_heads - 0.5, color="0.35", linewidth=0.8)
-    centres = [g * n_heads + (n_heads - 1) / 2 for g in range(groups)]
-    step = max(1, groups // 16)  # at most ~16 labels per axis
-    shown = list(range(0, groups, step))
-    ax.set_xticks([centres[g] for g in shown], [str(g) for g in shown])
-    ax.set_yticks([centres[g] for g in shown], [str(g + 1) for g in shown])
-    ax.tick_params(length=0)
+    ticks = head_ticks(n_layers, n_heads, size)
+    font = _TICK_FONT if ticks.every_head else _TICK_FONT + 1
+    ax.set_xticks(ticks.positions, ticks.columns, rotation=90 if ticks.every_head else 0, fontsize=font)
+    ax.set_yticks(ticks.positions, ticks.rows, fontsize=font)
+    ax.set_xticks(ticks.minor, minor=True)
+    ax.set_yticks(ticks.minor, minor=True)
+    ax.tick_params(which="major", length=3, width=0.6)
+    ax.tick_params(which="minor", length=1.5, width=0.4)
 
 
 def top_lines(result: CompositionResult, n: int) -> list[str]:
@@ -95,7 +144,7 @@ def top_lines(result: CompositionResult, n: int) -> list[str]:
     lines = [
         f"{result.model}: {result.n_layers} layers × {result.n_heads} heads; random baseline "
         f"{baseline.mean:.4f} ± {baseline.stderr:.4f} (mean of {baseline.samples} Gaussian draws; "
-        f"1/√d_model = {baseline.rms_analytic:.4f})"
+        f"1/√d_model = {baseline.rms_analytic:.4f}); convention {result.convention}"
     ]
     for kind in KINDS:
         pairs = result.top(kind, n)

@@ -3,33 +3,39 @@ V-composition of Elhage et al. 2021, "A Mathematical Framework for Transformer C
 
 Orientation. Everything is in the models' own row-vector orientation x @ W (a residual
 vector is a row; a matrix acts from the right). For an earlier head a (layer l1) and a later
-head b (layer l2 > l1), with d×d_head matrices W_Q, W_K, W_V and d_head×d W_O per head:
+head b (layer l2 > l1), with d×d_head matrices W_Q, W_K, W_V and d_head×d W_O per head, and
+N the linear part of a norm as it acts on a direction (its scale 1/s left out: u ↦ u·C·G,
+C = I − 11ᵀ/d the centring of LayerNorm, I for RMSNorm, G = diag(gain)):
 
-* the write of head a, M_A = W_V[a] @ W_O[a] (d×d): a stream vector u adds u @ M_A;
-* the reading matrices of head b, with G = diag(g) its block's `ln1` gain:
-  R_Q = G W_Q[b] W_K[b]ᵀ G (d×d), so the attention logit of a query stream x and a key stream
-  y is x @ R_Q @ yᵀ (up to the norm's scale and 1/√d_head);
-  R_K = R_Qᵀ, the same bilinear form read from the key side;
-  R_V = G W_V[b] W_O[b], what head b writes when it reads a vector.
-* Q-composition: a's write enters the query side, x = u @ M_A, so the logit is
-  u @ (M_A @ R_Q) @ yᵀ; K-composition: it enters the key side, y = u @ M_A, and the logit is
-  x @ R_Q @ M_Aᵀ @ uᵀ = x @ (M_A @ R_K)ᵀ @ uᵀ; V-composition: b's value reads it,
-  u @ (M_A @ R_V). In every case
+* every head reads the stream through its own `ln1`: its reading matrices are
+  N_ln1 W = C·G·W (W = W_Q, W_K, W_V; post-norm models read the raw stream, W itself);
+* every head writes W_O, through Gemma-2's post-attention norm where there is one
+  (W_O·N_post), as the norms that read the stream see it: centred (·C) in pre-norm models
+  with LayerNorm, since every norm reading the stream removes the mean (C_s below; I otherwise);
+* OV(h) = (N_ln1 W_V[h]) · (W_O[h] N_post C_s), what head h adds per stream vector;
+  QK(h) = (N_ln1 W_Q[h]) · (N_ln1 W_K[h])ᵀ, the bilinear form of its attention logit.
 
-      score = ‖M_A @ R‖_F / (‖M_A‖_F · ‖R‖_F)    (R = R_Q, R_K or R_V),
+Then M_A = OV(a) and R_Q = QK(b), R_K = QK(b)ᵀ, R_V = OV(b): Q-composition (a's write enters
+b's query: u @ M_A @ R_Q @ yᵀ), K-composition (it enters b's key), V-composition (b's value
+reads it), and in every case
 
-  which is Elhage et al.'s ‖W_QKᵀ W_OV‖, ‖W_QK W_OV‖, ‖W_OV² W_OV¹‖ over the product of the
-  norms (their column-vector matrices are the transposes of these). A score is 0 when either
-  matrix is 0. The score is invariant to scaling either head's matrices.
+    score = ‖M_A @ R‖_F / (‖M_A‖_F · ‖R‖_F),
 
-Norms. The reading block's `ln1` gain g is folded into R (G on both sides of R_Q: the query
-and the key both pass through ln1). Gemma-2's post-attention norm gain is folded into W_O of
-both heads (it scales what a head adds to the stream). Post-norm resstream models read the raw
-stream, so their R has no gain; instead the gains of the norms the written vector passes
-before head b reads it (ln1 and ln2 of blocks l1..l2−1) scale M_A. Every norm's scale 1/s(x)
-and centring are otherwise ignored, as are all biases, the scalar factors of residual gates,
-attention logit soft-capping, and rotary position embeddings (applied to q and k after W_Q and
-W_K, so they are not in these matrices).
+which is Elhage et al.'s ‖W_QKᵀ W_OV‖, ‖W_QK W_OV‖, ‖W_OV² W_OV¹‖ over the product of the
+norms (their column-vector matrices are the transposes of these). A score is 0 when either
+matrix is 0, and invariant to scaling either head's matrices.
+
+Conventions. "resstream" (the default) is the rule above. "transformer-lens" reproduces
+TransformerLens's scores with its default weight processing (fold_ln, center_writing_weights):
+the same, except that Gemma-2's post-attention norm is left out of W_O (TransformerLens keeps
+it as a separate norm). The two agree on every other pre-norm model; TransformerLens has no
+post-norm layout, so that convention refuses one. Post-norm resstream models (default
+convention only): heads read the raw stream, and what head a writes passes the norms of
+blocks l1..l2−1 (ln1, ln2 of each, their linear parts N) before head b reads it, so M_A is
+OV(a)·N_ln1(l1)·N_ln2(l1)⋯N_ln2(l2−1) for that pair; R_V is OV(b) with no norm. Ignored in
+both: every norm's scale 1/s(x), all biases, the scalar factors of residual gates, attention
+logit soft-capping, and rotary position embeddings (applied to q and k after W_Q and W_K, so
+they are not in these matrices).
 
 Speed. M_A = V O and R = P Sᵀ are products of d×d_head factors. With the thin QR
 factorisations V = Q_V T_V and S = Q_S T_S (Q orthonormal columns), ‖V O P Sᵀ‖_F =
@@ -47,19 +53,24 @@ estimates it by Monte Carlo with seeded Gaussian factors of the model's shapes.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from resstream.analysis.norms import norm_form
+from resstream.analysis.norms import FrozenNorm, norm_form
 from resstream.errors import UsageError
 from resstream.models.adapters import BlockView, ModelView
+from resstream.reprs import summary
 
 Kind = Literal["q", "k", "v"]
 KINDS: tuple[Kind, ...] = ("q", "k", "v")
 KIND_NAMES = {"q": "Q-composition", "k": "K-composition", "v": "V-composition"}
+
+Convention = Literal["resstream", "transformer-lens"]
+#: The conventions, the default first (module docstring).
+CONVENTIONS: tuple[Convention, ...] = ("resstream", "transformer-lens")
 
 #: Monte-Carlo samples of the random baseline, and their seed.
 BASELINE_SAMPLES = 256
@@ -67,14 +78,32 @@ BASELINE_SEED = 0
 #: Samples drawn at once (bounds the baseline's memory: 4 factors of chunk × d × d_head).
 _BASELINE_CHUNK = 16
 
-NOTES = (
-    "scores ‖M_A·R‖_F/(‖M_A‖_F·‖R‖_F) in x@W orientation: M_A = W_V[a]·W_O[a] (earlier head's write), "
-    "R = G·W_Q·W_Kᵀ·G (Q, query side), its transpose (K, key side) or G·W_V·W_O (V) of the later head",
-    "G = diag(gain of the later block's ln1) (pre-norm); post-norm models: the gains of the norms "
-    "between the two heads scale M_A; Gemma-2's post-attention norm gain scales W_O",
-    "ignored: every norm's scale and centring, biases, residual-gate factors, attention soft-capping, "
-    "rotary position embeddings (applied after W_Q/W_K)",
+_SCORE_NOTE = (
+    "scores ‖M_A·R‖_F/(‖M_A‖_F·‖R‖_F) in x@W orientation: M_A = OV of the earlier head, R = QK "
+    "(Q, query side), QKᵀ (K, key side) or OV (V) of the later head; OV = (N·W_V)·(W_O·N_post·C_s), "
+    "QK = (N·W_Q)·(N·W_K)ᵀ"
 )
+_IGNORED_NOTE = (
+    "ignored: every norm's scale 1/s, biases, residual-gate factors, attention soft-capping, "
+    "rotary position embeddings (applied after W_Q/W_K)"
+)
+NOTES: dict[Convention, tuple[str, ...]] = {
+    "resstream": (
+        _SCORE_NOTE,
+        "convention resstream: N = the head's own ln1 as it acts on a direction (centring for "
+        "LayerNorm, then gain; post-norm models: none); N_post = Gemma-2's post-attention norm gain; "
+        "C_s = centring where LayerNorms read the stream (pre-norm); post-norm models: the norms "
+        "between the two heads act on M_A",
+        _IGNORED_NOTE,
+    ),
+    "transformer-lens": (
+        _SCORE_NOTE,
+        "convention transformer-lens (TransformerLens's fold_ln + center_writing_weights): N = ln1's "
+        "gain, reading weights centred over d_model for LayerNorm; W_O centred over d_model for "
+        "LayerNorm; no post-attention norm gain (N_post = I)",
+        _IGNORED_NOTE,
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -118,13 +147,14 @@ class HeadPair:
         return asdict(self)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class CompositionResult:
     """Q-, K- and V-composition scores of every ordered pair of heads of one model.
 
     `q`, `k`, `v` are (L, H, L, H) float tensors on the CPU: [l1, h1, l2, h2] is the score of
     earlier head (l1, h1) into later head (l2, h2), NaN where l2 <= l1. `baseline` is the
-    random-matrix baseline; `notes` say what the scores fold in and ignore.
+    random-matrix baseline; `convention` says which norms enter the matrices (module docstring)
+    and `notes` what the scores fold in and ignore.
     """
 
     model: str
@@ -136,7 +166,8 @@ class CompositionResult:
     k: Tensor
     v: Tensor
     baseline: Baseline
-    notes: tuple[str, ...] = NOTES
+    convention: Convention = "resstream"
+    notes: tuple[str, ...] = NOTES["resstream"]
 
     def scores(self, kind: Kind) -> Tensor:
         """The (L, H, L, H) scores of one kind ("q", "k" or "v")."""
@@ -164,15 +195,24 @@ class CompositionResult:
         shape = (self.n_layers, self.n_heads, self.n_layers, self.n_heads)
         return [HeadPair(*_unravel(int(valid[i]), shape), float(flat[valid[i]])) for i in order]
 
+    def __repr__(self) -> str:
+        tops = []
+        for kind in KINDS:
+            for pair in self.top(kind, 1):
+                where = f"L{pair.layer_a}.H{pair.head_a}→L{pair.layer_b}.H{pair.head_b}"
+                tops.append(f"top {kind.upper()} {where} {pair.score:.3f}")
+        sizes = f"{self.model}: {self.n_layers} layers × {self.n_heads} heads, {self.convention} convention"
+        return summary(self, sizes, ", ".join(tops), f"random baseline {self.baseline.mean:.3f}")
+
     def to_dict(self, top: int = 10) -> dict[str, Any]:
-        """The content of composition.json: sizes, baseline, notes, per kind its mean and its
-        `top` strongest pairs, and every pair with its three scores."""
-        summary = {}
+        """The content of composition.json: sizes, convention, baseline, notes, per kind its mean
+        and its `top` strongest pairs, and every pair with its three scores."""
+        by_kind = {}
         for kind in KINDS:
             values = self.scores(kind)
             values = values[~values.isnan()]
             above = float((values > self.baseline.mean).float().mean())
-            summary[kind] = {
+            by_kind[kind] = {
                 "mean": float(values.mean()),
                 "max": float(values.max()),
                 "above_baseline": above,
@@ -183,9 +223,10 @@ class CompositionResult:
             "n_heads": self.n_heads,
             "d_model": self.d_model,
             "d_head": self.d_head,
+            "convention": self.convention,
             "baseline": self.baseline.to_dict(),
             "notes": list(self.notes),
-            "summary": summary,
+            "summary": by_kind,
             "top": {kind: [pair.to_dict() for pair in self.top(kind, top)] for kind in KINDS},
             "pairs": [self._pair_dict(pair) for pair in self.pairs()],
         }
@@ -218,29 +259,47 @@ def _unravel(index: int, shape: tuple[int, int, int, int]) -> tuple[int, int, in
     return index % shape[0], h1, l2, h2
 
 
+def check_convention(convention: str) -> None:
+    """`convention` must be one of `CONVENTIONS`."""
+    if convention not in CONVENTIONS:
+        raise UsageError(f"`convention` {convention!r} is not one of {', '.join(CONVENTIONS)}")
+
+
 def composition(
-    view: ModelView, *, model: str, samples: int = BASELINE_SAMPLES, seed: int = BASELINE_SEED
+    view: ModelView,
+    *,
+    model: str,
+    convention: Convention = "resstream",
+    samples: int = BASELINE_SAMPLES,
+    seed: int = BASELINE_SEED,
 ) -> CompositionResult:
-    """Q-, K- and V-composition scores of every pair of heads of `view` in different layers
-    (module docstring), with the random baseline from `samples` seeded draws. `model` names
-    the model in the result. UsageError for a model with fewer than 2 layers."""
+    """Q-, K- and V-composition scores of every pair of heads of `view` in different layers,
+    in `convention` (module docstring), with the random baseline from `samples` seeded draws.
+    `model` names the model in the result. UsageError for a model with fewer than 2 layers,
+    an unknown convention, or "transformer-lens" for a post-norm model."""
     n_layers, n_heads = view.n_layers, view.n_heads
     if n_layers < 2:
         raise UsageError(
             f"model {model!r} has {n_layers} layer; head composition needs heads in two different "
             f"layers (a model with at least 2 layers)"
         )
+    check_convention(convention)
     check_samples(samples)
+    if convention == "transformer-lens" and view.blocks[0].norm_position == "post":
+        raise UsageError(
+            f"`convention` 'transformer-lens' needs a pre-norm model; {model!r} is post-norm "
+            f"(TransformerLens has no post-norm layout); use `convention` 'resstream'"
+        )
     shape = (n_layers, n_heads, n_layers, n_heads)
     scores = {kind: torch.full(shape, float("nan")) for kind in KINDS}
     with torch.no_grad():
-        writes = [write_factor(block) for block in view.blocks]
+        writes = [write_factor(block, convention) for block in view.blocks]
         for l2 in range(1, n_layers):
-            reads = read_factors(view.blocks[l2])
+            reads = read_factors(view.blocks[l2], convention)
             for l1 in range(l2):
-                gain = path_gain(view.blocks, l1, l2)
+                written = through_path(writes[l1], view.blocks, l1, l2)
                 for kind in KINDS:
-                    scores[kind][l1, :, l2, :] = pair_scores(writes[l1], reads[kind], gain).cpu()
+                    scores[kind][l1, :, l2, :] = pair_scores(written, reads[kind]).cpu()
         device = view.blocks[0].W_O.device
         baseline = random_baseline(view.d_model, view.d_head, samples=samples, seed=seed, device=device)
     return CompositionResult(
@@ -253,6 +312,8 @@ def composition(
         k=scores["k"],
         v=scores["v"],
         baseline=baseline,
+        convention=convention,
+        notes=NOTES[convention],
     )
 
 
@@ -272,68 +333,71 @@ def squeezed_read(P: Tensor, S: Tensor) -> Tensor:
     return P @ triangular(S).transpose(-1, -2)
 
 
-def write_factor(block: BlockView) -> Tensor:
-    """Every head's Â (H, k, d) of its write M_A = W_V[h] @ W_O[h] (module docstring)."""
+def write_factor(block: BlockView, convention: Convention = "resstream") -> Tensor:
+    """Every head's Â (H, k, d) of its write M_A = OV (module docstring)."""
     weights = block.read_attention_weights()
-    return squeezed_write(weights.W_V.detach().float(), _written(block))
+    return squeezed_write(read_through_ln1(block, weights.W_V), written(block, convention))
 
 
-def read_factors(block: BlockView) -> dict[Kind, Tensor]:
+def read_factors(block: BlockView, convention: Convention = "resstream") -> dict[Kind, Tensor]:
     """Every head's B̂ (H, d, k) of its reading matrix of each kind (module docstring)."""
     weights = block.read_attention_weights()
-    gain = _read_gain(block)
-    Q, K, V = (gain[:, None] * w.detach().float() for w in (weights.W_Q, weights.W_K, weights.W_V))
+    Q, K, V = (read_through_ln1(block, w) for w in (weights.W_Q, weights.W_K, weights.W_V))
     return {
         "q": squeezed_read(Q, K),
         "k": squeezed_read(K, Q),
-        "v": squeezed_read(V, _written(block).transpose(-1, -2)),
+        "v": squeezed_read(V, written(block, convention).transpose(-1, -2)),
     }
 
 
-def _written(block: BlockView) -> Tensor:
-    """W_O (H, d_head, d) as float32, times the post-attention norm's gain where there is one."""
-    W_O = block.W_O.detach().float()
-    if block.post_attn_norm is not None:
-        W_O = W_O * _gain(block.post_attn_norm, W_O)
-    return W_O
-
-
-def _read_gain(block: BlockView) -> Tensor:
-    """The gain of the norm attention reads through: ln1's (pre-norm), else ones."""
-    like = block.W_O.detach().float()
+def read_through_ln1(block: BlockView, weight: Tensor) -> Tensor:
+    """A reading matrix (H, d, h) as the head applies it to the stream: N·W = C·G·W, the
+    block's ln1 as it acts on a direction (centring for LayerNorm, gain; no scale), float32.
+    Post-norm blocks read the raw stream: W itself. The same in both conventions
+    (TransformerLens's fold_ln multiplies by the gain and centres over d_model)."""
+    weight = weight.detach().float()
     if block.norm_position == "post":
-        return torch.ones(like.shape[-1], device=like.device)
-    return _gain(block.ln1, like)
+        return weight
+    # (C G W)ᵀ = Wᵀ G C: each column of W goes back through the norm (its adjoint)
+    return _directional(block.ln1, weight).adjoint(weight.transpose(-1, -2)).transpose(-1, -2)
 
 
-def _gain(module: torch.nn.Module | None, like: Tensor) -> Tensor:
-    """A norm's gain vector (d,) as float32 on `like`'s device (ones for no gain)."""
-    gain = norm_form(module).gain
-    if gain is None:
-        return torch.ones(like.shape[-1], device=like.device)
-    return gain.detach().float().to(like.device)
+def written(block: BlockView, convention: Convention = "resstream") -> Tensor:
+    """W_O (H, d_head, d) as float32, as the stream's readers see it: through the
+    post-attention norm where there is one (convention resstream only), then centred where
+    LayerNorms read the stream (pre-norm blocks; TransformerLens's center_writing_weights)."""
+    W_O = block.W_O.detach().float()
+    if convention == "resstream" and block.post_attn_norm is not None:
+        W_O = _directional(block.post_attn_norm, W_O).apply(W_O)
+    if block.norm_position == "post":
+        return W_O
+    return norm_form(block.ln1).centred(W_O)
 
 
-def path_gain(blocks: tuple[BlockView, ...], l1: int, l2: int) -> Tensor | None:
-    """The gains the write of a head in block l1 is multiplied by before block l2's attention
-    reads it: in post-norm models those of ln1 and ln2 of blocks l1..l2−1; None (no factor)
-    in pre-norm models, whose stream is a plain sum."""
+def through_path(writes: Tensor, blocks: tuple[BlockView, ...], l1: int, l2: int) -> Tensor:
+    """The writes Â (H, k, d) of a head in block l1 as block l2's attention reads them: in
+    post-norm models through the linear parts of ln1 and ln2 of blocks l1..l2−1 (centring,
+    gain); unchanged in pre-norm models, whose stream is a plain sum."""
     if blocks[l2].norm_position != "post":
-        return None
-    like = blocks[l1].W_O.detach().float()
-    gain = torch.ones(like.shape[-1], device=like.device)
+        return writes
     for block in blocks[l1:l2]:
-        gain = gain * _gain(block.ln1, like) * _gain(block.ln2, like)
-    return gain
+        for norm in (block.ln1, block.ln2):
+            writes = _directional(norm, writes).apply(writes)
+    return writes
 
 
-def pair_scores(writes: Tensor, reads: Tensor, gain: Tensor | None = None) -> Tensor:
+def _directional(module: torch.nn.Module | None, like: Tensor) -> FrozenNorm:
+    """A norm as it acts on a direction (centring, gain): its formula with the scale 1/s set
+    to 1, the gain float32 on `like`'s device."""
+    form = norm_form(module)
+    gain = None if form.gain is None else form.gain.detach().to(like.device, torch.float32)
+    return FrozenNorm(replace(form, gain=gain, bias=None), torch.ones((), device=like.device))
+
+
+def pair_scores(writes: Tensor, reads: Tensor) -> Tensor:
     """Scores of every earlier head against every later head: `writes` Â (Ha, k, d), `reads`
-    B̂ (Hb, d, k'), `gain` (d,) a diagonal between them or None. Returns (Ha, Hb):
-    ‖Â G B̂‖_F / (‖Â G‖_F ‖B̂‖_F), 0 where either norm is 0."""
+    B̂ (Hb, d, k'). Returns (Ha, Hb): ‖Â B̂‖_F / (‖Â‖_F ‖B̂‖_F), 0 where either norm is 0."""
     reads = reads.to(writes.device)  # blocks spread over devices (device_map) meet on the writer's
-    if gain is not None:
-        writes = writes * gain.to(writes.device)
     n_a, k_a, d = writes.shape
     n_b, _, k_b = reads.shape
     cores = writes.reshape(n_a * k_a, d) @ reads.permute(1, 0, 2).reshape(d, n_b * k_b)
@@ -392,20 +456,25 @@ def random_baseline(
 __all__ = [
     "BASELINE_SAMPLES",
     "BASELINE_SEED",
+    "CONVENTIONS",
     "KINDS",
     "KIND_NAMES",
     "Baseline",
     "CompositionResult",
+    "Convention",
     "HeadPair",
+    "check_convention",
     "check_samples",
     "check_top",
     "composition",
     "pair_scores",
-    "path_gain",
     "random_baseline",
     "read_factors",
+    "read_through_ln1",
     "squeezed_read",
     "squeezed_write",
+    "through_path",
     "triangular",
     "write_factor",
+    "written",
 ]
