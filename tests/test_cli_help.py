@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -89,3 +90,61 @@ def test_bracketed_defaults_in_help_text_are_shown(command, default, capsys, mon
     monkeypatch.setenv("COLUMNS", "200")
     assert main([command, "--help"]) == 0
     assert default in capsys.readouterr().out
+
+
+def _command_rows(out: str) -> dict[str, list[str]]:
+    """The command list of `resstream --help`: per command its description's screen lines, and
+    under the key "" the width its description column has."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if "─ Commands ─" in line)
+    rows: dict[str, list[str]] = {}
+    name = ""
+    width = 0
+    for line in lines[start + 1 :]:
+        if line.startswith("╰"):
+            break
+        inner = line[1 : line.rindex("│")]
+        match = re.match(r" (\S+)?(\s+)(.*?)\s*$", inner)
+        assert match, line
+        if match.group(1):
+            name = match.group(1)
+            rows[name] = []
+        column = 1 + len(match.group(1) or "") + len(match.group(2))
+        width = len(inner) - column - 1  # the one space of padding before the border
+        rows[name].append(match.group(3))
+    rows[""] = [str(width)]
+    return rows
+
+
+@pytest.mark.parametrize("columns", ["100", "80"])
+def test_every_command_summary_is_a_whole_sentence_broken_only_where_a_word_would_not_fit(
+    columns, capsys, monkeypatch
+):
+    from resstream.cli.help import command_summary
+
+    monkeypatch.setenv("COLUMNS", columns)
+    assert main(["--help"]) == 0
+    rows = _command_rows(capsys.readouterr().out)
+    width = int(rows.pop("")[0])
+    assert sorted(rows) == sorted(COMMANDS)
+    helps = {info.name: info.callback.__doc__ for info in app.registered_commands}
+    for name, lines in rows.items():
+        summary = " ".join(lines)
+        assert summary == command_summary(helps[name]), (name, lines)
+        assert summary.endswith("."), (name, summary)  # a whole sentence
+        paragraph = " ".join(helps[name].split("\n\n")[0].split())
+        assert paragraph.startswith(summary), name
+        for line, after in itertools.pairwise(lines):  # a line ends only when full
+            assert len(line) + 1 + len(after.split()[0]) > width, (name, line, after)
+
+
+def test_command_summary_is_the_first_sentence_on_one_line():
+    from resstream.cli.help import command_summary
+
+    text = """Train a model; writes weights and
+    loss_curve.png into --out. Ctrl-C saves a checkpoint.
+
+    More detail, e.g. on flags."""
+    assert command_summary(text) == "Train a model; writes weights and loss_curve.png into --out."
+    assert command_summary("Uses e.g. a preset.") == "Uses e.g. a preset."
+    assert command_summary("One line without a stop") == "One line without a stop"

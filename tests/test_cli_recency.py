@@ -189,6 +189,9 @@ def test_reference_model_on_the_built_in_corpus(tmp_path, capsys, monkeypatch):
     assert verdict_layers(captured.out) == [1, 2, 3, 4, 5, 6], captured.out
     assert "reference" in captured.out and "wrote recency.json" in captured.out
     assert "distance_reference.png" in captured.out
+    # the rule that makes a layer "none" despite a clear ρ, once, after the verdicts
+    assert captured.out.count("direction: recency (primacy) when ρ's 95% interval") == 1
+    assert "at least 5% off uniform" in captured.out
     # under each layer's trend and strict lines, its heads' directions and ρ
     assert len(re.findall(r"^\s+heads: .*\(ρ by head( [+-]\d\.\d\d){4}\)$", captured.out, re.MULTILINE)) == 6
 

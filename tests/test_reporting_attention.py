@@ -43,7 +43,8 @@ def test_grid_has_integer_positions_one_scale_and_a_labelled_colour_bar(tmp_path
     assert len(panels) == 4
     limits = {ax.images[0].get_clim() for ax in panels}
     assert len(limits) == 1  # one colour scale for the whole grid: the dim row looks dim
-    # log scale: from a thousandth of the largest score to an earlier key up to that score
+    # log scale up to the largest score to an earlier key, down to the smallest (here raised to
+    # a thousandth of the top)
     assert limits.pop() == (pytest.approx(0.5 * COLOUR_FLOOR), pytest.approx(0.5))
     assert all(type(ax.images[0].norm).__name__ == "LogNorm" for ax in panels)
     for ax in panels:

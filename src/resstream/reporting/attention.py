@@ -4,13 +4,14 @@ per-layer lines that `simulate` and `recency` print.
 `attention_grid_figure` draws the classic figure: one row per configuration or model, one
 column per layer, each panel the mean attention matrix (query i down, key j across, integer
 positions on both axes, the masked future blank). The rows are there to be compared, so the
-whole figure has ONE colour scale and one labelled colour bar. The scale is logarithmic, up to
-the largest score any query gives an earlier token and down to a thousandth of it: attention
-spreads over keys as 1/(i + 1) and a bias multiplies that, so on a linear scale everything
-beyond the first few queries is one dark colour. Self-attention, which can take most of the
-mass, saturates the top (the bar's upper arrow), scores under the floor the bottom (the lower
-arrow); a row whose earlier scores are all tiny looks dark rather than stretched to full
-brightness.
+whole figure has ONE colour scale and one labelled colour bar. The scale is logarithmic and
+covers the scores of earlier keys (j < i) only, from the smallest to the largest any map gives
+(the bottom at most a thousandth below the top): attention spreads over keys as 1/(i + 1) and
+a bias multiplies that, so on a linear scale everything beyond the first few queries is one
+dark colour. The diagonal (each query's attention to itself), which in a LayerNorm stack takes
+most of the mass and would saturate any scale that showed the earlier keys' trend, is drawn in
+flat grey, its range written on the figure: the trend statistics (ρ, the distance-band ratios)
+leave it out too. Scores under a floor that had to be raised (or 0) get the bar's lower arrow.
 `distance_figure` draws, per layer, the mean attention δ tokens back beside what uniform
 causal attention would give, named in a legend.
 `layer_lines` gives per layer the trend line (direction, rank correlation, band ratios, 95%
@@ -25,22 +26,25 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from matplotlib.colors import LogNorm
+from matplotlib.colors import ListedColormap, LogNorm
 from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
 
 from resstream.reporting.figures import integer_ticks, new_figure, save_figure
 from resstream.simulation import LayerAttention
 from resstream.simulation.intervals import Estimate
-from resstream.simulation.results import AttentionTrend, BandRatio, TrendVerdict
+from resstream.simulation.results import NEGLIGIBLE_RATIO, AttentionTrend, BandRatio, TrendVerdict
 
 Matrix = Sequence[Sequence[float]]
 
 #: The label of the one colour bar of an attention grid.
-COLOUR_BAR_LABEL = "mean attention (log scale, one for all rows)"
+COLOUR_BAR_LABEL = "mean attention to earlier keys j < i\n(log scale, one for all rows)"
 
-#: The bottom of the colour scale as a fraction of its top (`shared_scale`).
+#: The lowest bottom of the colour scale as a fraction of its top (`shared_scale`).
 COLOUR_FLOOR = 1e-3
+
+#: The flat colour of the diagonal (self-attention), which is off the colour scale.
+DIAGONAL_COLOUR = "0.72"
 
 #: The legend entry of the no-bias reference in distance plots.
 UNIFORM_LABEL = "uniform causal attention"
@@ -51,44 +55,80 @@ Z_DISPLAY_LIMIT = 1000.0
 
 
 def _masked(matrix: Matrix) -> np.ndarray:
-    """The matrix with the future (key > query) as NaN, so it is drawn blank."""
-    array = np.asarray(matrix, dtype=float)
+    """A copy of the matrix with the future (key > query) as NaN, so it is drawn blank."""
+    array = np.array(matrix, dtype=float)
     array[np.triu_indices(array.shape[0], k=1)] = np.nan
     return array
 
 
-def shared_scale(rows: Sequence[Sequence[Matrix]]) -> float:
-    """The top of the one colour scale: the largest score to an earlier token (self excluded)
-    over every map of every row; larger (self) scores saturate. 1.0 when there is none."""
-    tops = []
-    for maps in rows:
-        for matrix in maps:
-            earlier = _masked(matrix)
-            np.fill_diagonal(earlier, np.nan)
-            if np.isfinite(earlier).any():
-                tops.append(float(np.nanmax(earlier)))
-    top = max(tops, default=1.0)
-    return top if math.isfinite(top) and top > 0 else 1.0
+def _earlier(matrix: Matrix) -> np.ndarray:
+    """The scores of earlier keys (j < i): the future and the diagonal as NaN."""
+    earlier = _masked(matrix)
+    np.fill_diagonal(earlier, np.nan)
+    return earlier
+
+
+def _diagonal(matrix: Matrix) -> np.ndarray:
+    """The diagonal (self-attention) alone, everything else NaN."""
+    array = np.asarray(matrix, dtype=float)
+    diagonal = np.full_like(array, np.nan)
+    np.fill_diagonal(diagonal, np.diagonal(array))
+    return diagonal
+
+
+def _earlier_scores(rows: Sequence[Sequence[Matrix]]) -> np.ndarray:
+    """Every finite score to an earlier key (j < i) of every map of every row, flat."""
+    scores = [_earlier(matrix) for maps in rows for matrix in maps]
+    return np.concatenate([m[np.isfinite(m)] for m in scores]) if scores else np.empty(0)
+
+
+def shared_scale(rows: Sequence[Sequence[Matrix]]) -> tuple[float, float]:
+    """The one colour scale (bottom, top): top = the largest score to an earlier token (self
+    excluded) over every map of every row, 1.0 when there is none; bottom = the smallest
+    positive such score, raised to top × `COLOUR_FLOOR` when it is lower."""
+    scores = _earlier_scores(rows)
+    positive = scores[scores > 0]
+    if not positive.size:
+        return COLOUR_FLOOR, 1.0
+    top = float(positive.max())
+    return max(float(positive.min()), top * COLOUR_FLOOR), top
+
+
+def diagonal_note(rows: Sequence[Sequence[Matrix]]) -> str:
+    """The figure's line on the diagonal: drawn grey, off the scale, and its range."""
+    values = np.concatenate(
+        [np.diagonal(np.asarray(matrix, dtype=float)) for maps in rows for matrix in maps]
+    )
+    values = values[np.isfinite(values)]
+    span = f" ({values.min():.3g}–{values.max():.3g} here)" if values.size else ""
+    return (
+        f"grey diagonal: each query's attention to itself{span}, left off the colour scale, "
+        "as the trend's ρ and distance ratios leave it out"
+    )
 
 
 def attention_grid_figure(
     rows: Sequence[tuple[str, Sequence[Matrix]]], *, title: str = "mean attention"
 ) -> Figure:
-    """Rows = (label, one matrix per layer); columns = layers 1..L; one colour scale."""
+    """Rows = (label, one matrix per layer); columns = layers 1..L; one colour scale for the
+    earlier keys, the diagonal in flat grey (module docstring)."""
     if not rows or not all(maps for _, maps in rows):
         raise ValueError("an attention grid needs at least one row with at least one layer")
     columns = max(len(maps) for _, maps in rows)
-    fig = new_figure(width=1.8 * columns + 2.4, height=1.8 * len(rows) + 0.9)
+    fig = new_figure(width=1.8 * columns + 2.4, height=max(3.4, 1.8 * len(rows) + 0.9))
     axes = fig.subplots(len(rows), columns, squeeze=False)
-    vmax = shared_scale([maps for _, maps in rows])
-    norm = LogNorm(vmin=vmax * COLOUR_FLOOR, vmax=vmax, clip=False)
+    vmin, vmax = shared_scale([maps for _, maps in rows])
+    clipped = bool((_earlier_scores([maps for _, maps in rows]) < vmin).any())  # shown at the lower arrow
+    norm = LogNorm(vmin=vmin, vmax=vmax, clip=False)
+    grey = ListedColormap([DIAGONAL_COLOUR])
     image: AxesImage | None = None
     for r, (label, maps) in enumerate(rows):
         for c, ax in enumerate(axes[r]):
             if c >= len(maps):
                 ax.axis("off")
                 continue
-            image = ax.imshow(_masked(maps[c]), cmap="viridis", norm=norm, interpolation="nearest")
+            image = ax.imshow(_earlier(maps[c]), cmap="viridis", norm=norm, interpolation="nearest")
+            ax.imshow(_diagonal(maps[c]), cmap=grey, interpolation="nearest")
             _position_axes(ax, first_column=c == 0, last_row=r == len(rows) - 1 or c >= len(rows[r + 1][1]))
             if r == 0 or c >= len(rows[r - 1][1]):  # the top panel of each column
                 ax.set_title(f"layer {c + 1}", fontsize=9)
@@ -105,11 +145,16 @@ def attention_grid_figure(
     assert image is not None  # every row has at least one map (checked above)
     # as long as the grid is tall: the bar's length is `aspect` times its width
     bar = fig.colorbar(
-        image, ax=list(axes.ravel()), fraction=0.02, pad=0.015, extend="both", aspect=20 * len(rows)
+        image,
+        ax=list(axes.ravel()),
+        fraction=0.02,
+        pad=0.015,
+        extend="min" if clipped else "neither",
+        aspect=20 * len(rows),
     )
     bar.set_label(COLOUR_BAR_LABEL, fontsize=8)
-    bar.ax.tick_params(labelsize=7)
-    fig.suptitle(title, fontsize=10)
+    bar.ax.tick_params(which="both", labelsize=7)
+    fig.suptitle(f"{title}\n{diagonal_note([maps for _, maps in rows])}", fontsize=9)
     return fig
 
 
@@ -243,12 +288,17 @@ def strict_line(layer: LayerAttention) -> str:
 
 
 #: What the printed lines mean, printed once after them by `simulate` and `recency` (the
-#: backticked parameter name as its flag there: `resstream.cli.flags.cli_message`).
+#: backticked parameter name as its flag there: `resstream.cli.flags.cli_message`); the second
+#: line is the rule of the direction word (`AttentionTrend.direction`).
 LEGEND = (
     "trend: ρ = rank correlation of attention with key position among earlier keys, averaged over "
     "rows (> 0: recency, < 0: primacy), ×r = attention on distances δ = i − j relative to uniform "
     "causal attention, both with 95% intervals; strict: rows whose every step "
-    "A[i][j+1] − A[i][j] is ≥ `threshold` standard errors in one direction"
+    "A[i][j+1] − A[i][j] is ≥ `threshold` standard errors in one direction\n"
+    "direction: recency (primacy) when ρ's 95% interval lies above (below) 0 and some distance band "
+    f"δ ≥ 1 (not only the two shown) is at least {NEGLIGIBLE_RATIO:.0%} off uniform (×r ≤ "
+    f"{1 - NEGLIGIBLE_RATIO:.2f} or ≥ {1 + NEGLIGIBLE_RATIO:.2f}); otherwise none, however large |ρ| "
+    "(ρ ranks, so a tilt of a fraction of a percent can give |ρ| ≈ 0.5)"
 )
 
 

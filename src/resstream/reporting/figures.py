@@ -3,10 +3,14 @@
 Figures are built on matplotlib's Agg canvas without pyplot (no GUI backend is touched and
 no figure stays registered anywhere). `save_figure` lays the figure out, writes a PNG
 atomically (an interrupted run never leaves half an image) and then closes (clears) it.
+`figure_token` is how every figure writes a token: whitespace visible, "$" literal, and each
+character the plot font has no glyph for (Katakana, CJK, most emoji in DejaVu) as its escape
+("\\u30a2"), so matplotlib neither warns nor draws a box.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import re
@@ -17,9 +21,12 @@ from typing import BinaryIO
 from matplotlib.axis import Axis
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties, findfont
+from matplotlib.ft2font import FT2Font
 from matplotlib.ticker import MaxNLocator
 
 from resstream.io import atomic_path
+from resstream.reporting.text import show_token
 
 DPI = 120
 
@@ -66,6 +73,34 @@ def figure_png(fig: Figure) -> bytes:
     buffer = io.BytesIO()
     _render(fig, buffer)
     return buffer.getvalue()
+
+
+@functools.cache
+def _glyphs(family: str) -> frozenset[int]:
+    """The code points the font matplotlib picks for `family` ("sans-serif", "monospace") has a
+    glyph for. Only that first font is read: a fallback font can only add glyphs, so a
+    character found here is always drawn without a warning."""
+    return frozenset(FT2Font(findfont(FontProperties(family=[family]))).get_charmap())
+
+
+def drawable(text: str, *, monospace: bool = False) -> str:
+    """`text` with every character the plot font cannot draw replaced by its Python escape
+    ("ア" → "\\u30a2", "😀" → "\\U0001f600"); `monospace` for text drawn in the monospace font."""
+    glyphs = _glyphs("monospace" if monospace else "sans-serif")
+    return "".join(
+        ch if ord(ch) in glyphs or ch.isspace() else ch.encode("unicode_escape").decode("ascii")
+        for ch in text
+    )
+
+
+def figure_token(text: str, *, limit: int | None = None, monospace: bool = False) -> str:
+    """A token as every figure writes it: whitespace visible (`show_token`: "␣the"), cut to
+    `limit` characters with "…", characters the font lacks escaped (`drawable`) and "$" made
+    literal (matplotlib would read "$...$" as mathtext)."""
+    shown = show_token(text)
+    if limit is not None and len(shown) > limit:
+        shown = shown[: limit - 1] + "…"
+    return drawable(shown, monospace=monospace).replace("$", r"\$")
 
 
 def integer_ticks(axis: Axis, *, at_most: int | None = None) -> None:

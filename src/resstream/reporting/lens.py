@@ -19,7 +19,7 @@ from matplotlib.patches import Rectangle
 
 from resstream.analysis.shift.lens import LensResult, PositionTrajectory
 from resstream.io import write_text
-from resstream.reporting.figures import INPUT_TOKEN, NEXT_TOKEN, new_figure, save_figure
+from resstream.reporting.figures import INPUT_TOKEN, NEXT_TOKEN, figure_token, new_figure, save_figure
 from resstream.reporting.text import probability_text, show_token
 
 INPUT_COLOUR = "#9ecae1"  # blue: decodes to the input token
@@ -177,7 +177,7 @@ def lens_figure(result: LensResult, part: int = 0) -> Figure:
             if kind is not None:
                 colour = INPUT_COLOUR if kind == "input" else NEXT_COLOUR
                 ax.add_patch(Rectangle((layer - 0.5, row - 0.5), 1, 1, facecolor=colour, edgecolor="none"))
-            text = show_token(result.token_text(token))[:10]
+            text = figure_token(result.token_text(token), limit=10, monospace=True)
             ax.text(layer, row - 0.1, text, ha="center", va="center", fontsize=7, family="monospace")
             ax.text(layer, row + 0.25, probability_text(probability), ha="center", va="center", fontsize=5.5)
     ax.set_xticks(range(n_depth))
@@ -186,7 +186,10 @@ def lens_figure(result: LensResult, part: int = 0) -> Figure:
     ax.set_xlabel(LAYER_HEADER)
     ax.set_yticks(range(n_pos))
     ax.set_yticklabels(
-        [f"{t.position} {show_token(result.token_text(t.input_id))[:10]}" for t in rows],
+        [
+            f"{t.position} {figure_token(result.token_text(t.input_id), limit=10, monospace=True)}"
+            for t in rows
+        ],
         fontsize=7,
         family="monospace",
     )

@@ -14,10 +14,12 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
+from matplotlib.figure import Figure
+
 from resstream.analysis.circuits.neurons import Context, NeuronReport, NeuronsResult
 from resstream.io import write_text
 from resstream.reporting.csvs import csv_text
-from resstream.reporting.figures import new_figure, save_figure
+from resstream.reporting.figures import figure_token, new_figure, save_figure
 from resstream.reporting.text import show_token
 
 PROMOTED_COLOUR = "#31a354"
@@ -26,16 +28,19 @@ HIGHLIGHT = "#fdd49e"
 PANEL_COLUMNS = 3  # panels per row of neurons.png
 LABEL_CHARS = 16  # a token label longer than this is cut with "…"
 
+#: What m is, as the figures say it (docs/attribution.md, "Neurons as key → value memories").
+COEFFICIENT_NOTE = (
+    "the neuron's coefficient m_k, its activation act(x·W_in[:, k] + b_in[k]) (gated MLPs: "
+    "act(gate)·up),\nwhich scales its value vector w_k in MLP(x) = Σ_k m_k·w_k + b_out"
+)
+
 CSV_COLUMNS = ("neuron", "list", "rank", "value", "token_id", "token", "sequence", "position", "context")
 
 
 def _label(text: str) -> str:
-    """A token as a plot label: whitespace visible, cut to LABEL_CHARS, '$' escaped so that
-    matplotlib never reads a token as mathtext."""
-    shown = show_token(text)
-    if len(shown) > LABEL_CHARS:
-        shown = shown[: LABEL_CHARS - 1] + "…"
-    return shown.replace("$", r"\$")
+    """A token as a plot label in the monospace font (`figure_token`): whitespace visible, cut
+    to LABEL_CHARS, characters the font lacks escaped, '$' literal."""
+    return figure_token(text, limit=LABEL_CHARS, monospace=True)
 
 
 def context_text(result: NeuronsResult, context: Context, mark: tuple[str, str] = ("⟦", "⟧")) -> str:
@@ -123,8 +128,8 @@ def _panel(ax, result: NeuronsResult, n: NeuronReport) -> None:
     ax.set_title(f"neuron {n.neuron} (max m = {n.max_activation:.3g})", fontsize=8.5)
 
 
-def plot_neurons(result: NeuronsResult, path: str | Path) -> Path:
-    """neurons.png: one panel per neuron (module docstring), PANEL_COLUMNS to a row."""
+def neurons_figure(result: NeuronsResult) -> Figure:
+    """neurons.png unsaved: one panel per neuron (module docstring), PANEL_COLUMNS to a row."""
     count = max(1, len(result.neurons))
     columns = min(PANEL_COLUMNS, count)
     rows = math.ceil(count / columns)
@@ -135,13 +140,20 @@ def plot_neurons(result: NeuronsResult, path: str | Path) -> Path:
         _panel(ax, result, n)
         if index // columns == rows - 1 or index + columns >= count:
             ax.set_xlabel("value score W_U·(g⊙w_k)", fontsize=7.5)
+    fig.subplots_adjust(wspace=0.6)  # room for the next panel's token labels
     fig.suptitle(
         f"{result.model}, layer {result.layer}: tokens each neuron's value vector promotes (green) "
         f"and suppresses (red)\ndirect effect through the final norm's gain; "
-        f"max m = largest coefficient over {result.num_positions:,} positions of {result.dataset}",
+        f"max m = largest coefficient over {result.num_positions:,} positions of {result.dataset}\n"
+        f"m = {COEFFICIENT_NOTE}",
         fontsize=9,
     )
-    return save_figure(fig, path)
+    return fig
+
+
+def plot_neurons(result: NeuronsResult, path: str | Path) -> Path:
+    """Write neurons.png (`neurons_figure`)."""
+    return save_figure(neurons_figure(result), path)
 
 
 # --------------------------------------------------------------------------- HTML
@@ -222,4 +234,13 @@ def write_html(result: NeuronsResult, path: str | Path) -> None:
     write_text(path, page)
 
 
-__all__ = ["CSV_COLUMNS", "context_text", "neurons_csv", "plot_neurons", "summary_lines", "write_html"]
+__all__ = [
+    "COEFFICIENT_NOTE",
+    "CSV_COLUMNS",
+    "context_text",
+    "neurons_csv",
+    "neurons_figure",
+    "plot_neurons",
+    "summary_lines",
+    "write_html",
+]

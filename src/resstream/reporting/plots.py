@@ -6,7 +6,9 @@ drawn; the `plot_*` functions save it (`resstream.reporting.figures.save_figure`
 
 from __future__ import annotations
 
+import math
 import os
+import textwrap
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,7 +23,7 @@ from resstream.reporting.tables import make_stat
 from resstream.training.records import GateHistory, RunRecord, SweepResult, TrainingCurve
 
 if TYPE_CHECKING:
-    from resstream.reporting.tables import CompareTable
+    from resstream.reporting.tables import CompareRow, CompareTable
 
 
 def gate_matrix(history: GateHistory) -> np.ndarray:
@@ -201,13 +203,35 @@ def plot_run_gate(history: GateHistory, gate: str, path: str | os.PathLike[str])
 #: Colours of the comparison's rows, the same in every panel.
 ROW_COLORS = {"baseline": "tab:gray", "fixed": "tab:blue", "learned": "tab:red"}
 
+#: Colours of further rows (e.g. pretrained models beside a sweep), in order.
+EXTRA_COLORS = ("tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:orange")
+
+#: Rows up to which the labels under the points stay horizontal (wrapped); more are slanted.
+UPRIGHT_ROWS = 3
+
+#: Characters per line of an upright label under a point.
+LABEL_WIDTH = 10
+
+#: Widest compare.png (inches): more panels go on further lines.
+COMPARE_WIDTH = 16.0
+
 
 def compare_figure(table: CompareTable) -> Figure:
     """The comparison table drawn: one panel per metric (validation loss, each benchmark's
-    perplexity), one point per row at its mean over seeds, error bars ± the sample std."""
+    perplexity), one point per row at its mean over seeds, error bars ± the sample std. Each
+    point is named under it (`row_tick_label`), upright and wrapped for a few rows, slanted
+    for more; the legend below gives each row's full name and seed count."""
     columns = table.panels()
-    fig = new_figure(width=max(6.4, 2.6 * len(columns)), height=3.6)
-    axes = fig.subplots(1, len(columns), squeeze=False)[0]
+    panel_width = max(2.6, 0.45 * len(table.rows) + 1.2)
+    down = math.ceil(len(columns) / max(1, int(COMPARE_WIDTH // panel_width)))
+    across = math.ceil(len(columns) / down)  # lines of panels as even as they can be
+    fig = new_figure(width=max(6.4, panel_width * across), height=3.4 * down + 0.6)
+    fig.set_layout_engine("constrained")  # room for every panel's tick labels
+    grid = fig.subplots(down, across, squeeze=False).ravel()
+    for unused in grid[len(columns) :]:
+        unused.remove()
+    axes = grid[: len(columns)]
+    colors = _row_colors(table)
     for ax, column in zip(axes, columns, strict=True):
         for i, row in enumerate(table.rows):
             stat = row.cells.get(column.key)
@@ -219,24 +243,42 @@ def compare_figure(table: CompareTable) -> Figure:
                 yerr=[stat.std or 0.0],
                 fmt="o",
                 capsize=5,
-                color=ROW_COLORS.get(row.key, "black"),
+                color=colors[i],
                 label=f"{row.label} (n={stat.n})",
             )
-        ax.set_xticks(range(len(table.rows)), [_short_label(row) for row in table.rows])
-        ax.set_xlim(-0.6, len(table.rows) - 0.4)
+        _name_rows(ax, table)
         ax.set_title(column.label)
         ax.grid(axis="y", alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(
-        handles, labels, loc="lower center", ncol=len(labels), fontsize="small", bbox_to_anchor=(0.5, -0.08)
-    )
-    fig.suptitle("mean ± sample std over seeds (lower is better)", y=1.04)
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 3), fontsize="small")
+    fig.suptitle("mean ± sample std over seeds (lower is better)")
     return fig
 
 
-def _short_label(row) -> str:
-    """A row's name under its point: baseline, fixed k=<k>, learned."""
-    return f"fixed k={row.cut_layer}" if row.key == "fixed" else row.key
+def _row_colors(table: CompareTable) -> list[str]:
+    """Each row's colour: its kind's (`ROW_COLORS`), else the next of `EXTRA_COLORS`."""
+    extra = iter(EXTRA_COLORS * (1 + len(table.rows) // len(EXTRA_COLORS)))
+    return [ROW_COLORS.get(row.key) or next(extra) for row in table.rows]
+
+
+def _name_rows(ax: Axes, table: CompareTable) -> None:
+    """The rows' names under their points: upright and wrapped for up to UPRIGHT_ROWS rows,
+    slanted (ending under the point) for more."""
+    labels = [row_tick_label(row) for row in table.rows]
+    positions = range(len(labels))
+    if len(labels) <= UPRIGHT_ROWS:
+        ax.set_xticks(positions, [textwrap.fill(label, LABEL_WIDTH) for label in labels], fontsize=8)
+    else:
+        ax.set_xticks(positions, labels, fontsize=8, rotation=40, ha="right", rotation_mode="anchor")
+    ax.set_xlim(-0.6, len(labels) - 0.4)
+
+
+def row_tick_label(row: CompareRow) -> str:
+    """A row's name under its point: baseline, fixed k=<k>, learned, or its own label (another
+    kind of row, e.g. a pretrained model)."""
+    if row.key == "fixed":
+        return f"fixed k={row.cut_layer}"
+    return row.key if row.key in ROW_COLORS else row.label
 
 
 def plot_compare(table: CompareTable, path: str | os.PathLike[str]) -> Path:

@@ -1,5 +1,6 @@
 """What every `attribute` figure shares: its title (model and target, or dataset and
-sequences), token labels with visible whitespace (`show_token`) and literal "$", the DLA
+sequences), token labels (`resstream.reporting.figures.figure_token`: visible whitespace,
+literal "$", characters the font lacks escaped), the DLA
 axis label, a corpus mean's error bar, the zero line and the sizes and labels several
 figures use. Draws no figure of its own."""
 
@@ -9,7 +10,8 @@ from matplotlib.axes import Axes
 
 from resstream.analysis.attribution.results import AttributeResult, CorpusAttribution
 from resstream.reporting.attribute.common import Result
-from resstream.reporting.text import probability_text, show_token
+from resstream.reporting.figures import figure_token
+from resstream.reporting.text import probability_text
 from resstream.simulation.intervals import Estimate
 
 __all__ = [
@@ -35,12 +37,10 @@ def literal(text: str) -> str:
     return text.replace("$", r"\$")
 
 
-def token_label(text: str) -> str:
-    """A token for a figure, quoted and cut to TOKEN_CHARACTERS."""
-    shown = show_token(text)
-    if len(shown) > TOKEN_CHARACTERS:
-        shown = shown[: TOKEN_CHARACTERS - 1] + "…"
-    return "‘" + literal(shown) + "’"
+def token_label(text: str, *, monospace: bool = False) -> str:
+    """A token for a figure (`figure_token`), quoted and cut to TOKEN_CHARACTERS; `monospace`
+    when it is drawn in the monospace font."""
+    return "‘" + figure_token(text, limit=TOKEN_CHARACTERS, monospace=monospace) + "’"
 
 
 def score_error(score: float | Estimate) -> tuple[float, float]:

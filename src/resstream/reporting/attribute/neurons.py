@@ -21,8 +21,9 @@ from resstream.reporting.attribute.drawing import (
     zero_line,
 )
 from resstream.reporting.figures import new_figure
+from resstream.reporting.neurons import COEFFICIENT_NOTE
 
-__all__ = ["neurons_figure"]
+__all__ = ["coefficient_note", "neurons_figure", "selection_line"]
 
 NEURONS_SHOWN = 30  # bars in neurons.png (the CSV and the page's table have all)
 PROMOTED_SHOWN = 5  # promoted tokens beside a neuron's bar
@@ -62,10 +63,31 @@ def neurons_figure(result: Result) -> Figure:
     beside = blended_transform_factory(ax.transAxes, ax.transData)
     ax.text(1.02, -0.9, "promoted tokens", transform=beside, fontsize=8, weight="bold", va="bottom")
     for row, neuron in enumerate(neurons):
-        tokens = " ".join(token_label(t) for t in neuron.promoted[:PROMOTED_SHOWN])
+        tokens = " ".join(token_label(t, monospace=True) for t in neuron.promoted[:PROMOTED_SHOWN])
         ax.text(1.02, row, tokens, transform=beside, fontsize=7.5, va="center", family="monospace")
     if not neurons:
         ax.text(0.5, 0.5, "no neurons", transform=ax.transAxes, ha="center")
-    shown = f"top {len(neurons)} of {len(result.neurons)} neurons by |C|"
-    fig.suptitle(f"{figure_title(result)}\n{shown}", fontsize=9)
+    fig.suptitle(f"{figure_title(result)}\n{selection_line(result, len(neurons))}", fontsize=9)
+    fig.supxlabel(coefficient_note(result), fontsize=7.5, color="0.3")
     return fig
+
+
+def selection_line(result: Result, shown: int) -> str:
+    """Which neurons the bars are: the `shown` ones with the largest |C|, out of what."""
+    plural = "s" if shown != 1 else ""
+    if isinstance(result, CorpusAttribution):
+        chosen = f"the {shown} neuron{plural} with the largest |mean C| of those scored exactly"
+    else:
+        chosen = f"the {shown} neuron{plural} with the largest |C| of all neurons in every layer"
+    listed = len(result.neurons)
+    if shown < listed:
+        chosen += f" (the first {shown} of the {listed} in neurons.csv)"
+    return chosen
+
+
+def coefficient_note(result: Result) -> str:
+    """What the m in the bar labels is (`COEFFICIENT_NOTE`): at the attributed position, or its
+    mean over the scored positions of a corpus."""
+    if isinstance(result, CorpusAttribution):
+        return f"mean m = the mean over the scored positions of {COEFFICIENT_NOTE}"
+    return f"m (at the attributed position) = {COEFFICIENT_NOTE}"
