@@ -4,11 +4,14 @@
 ``$RESSTREAM_DATA``); tests that use it are skipped, not failed, when it is absent.
 `hf_offline`: Hugging Face offline mode, so that fallbacks fail at once.
 `no_data_dir`: no ``RESSTREAM_DATA`` in the environment.
+`default_signal_handlers`: Python's own SIGINT handler, and no remembered interrupt, around a
+test that sends itself signals.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -63,3 +66,18 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def default_signal_handlers():
+    """Python's default SIGINT handler during the test, nothing remembered before or after
+    (`resstream.interrupts`); the SIGINT and SIGTERM handlers found are put back after it."""
+    from resstream import interrupts
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupts.reset()
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+    interrupts.reset()

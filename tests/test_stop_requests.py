@@ -8,16 +8,7 @@ import pytest
 
 from resstream import interrupts
 
-
-@pytest.fixture(autouse=True)
-def _default_handlers():
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    interrupts.reset()
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
-    interrupts.reset()
+pytestmark = pytest.mark.usefixtures("default_signal_handlers")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -258,9 +258,9 @@ def test_restart_skips_finished_runs(tmp_path, monkeypatch):
     calls = []
 
     class RecordingTrainer(loop.Trainer):
-        def __init__(self, config, out_dir, *, resume=False, progress=True):
+        def __init__(self, config, out_dir, *, resume=False, **kwargs):
             calls.append((out_dir.name, resume))
-            super().__init__(config, out_dir, resume=resume, progress=progress)
+            super().__init__(config, out_dir, resume=resume, **kwargs)
 
     monkeypatch.setattr(loop, "Trainer", RecordingTrainer)
     lines: list[str] = []

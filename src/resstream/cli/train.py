@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -162,7 +163,8 @@ def train(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
     """Train a model; writes weights, tokenizer, metrics.jsonl, run.json and loss_curve.png
-    (gated runs also gate.png) into --out."""
+    (gated runs also gate.png) into --out. Ctrl-C finishes the current step, saves a checkpoint
+    and exits with 130 (--resume continues from it); a second Ctrl-C stops at once."""
     from resstream.training import checkpoint as ckpt
     from resstream.training.distributed import launched_rank, run_lock
     from resstream.training.loop import train as run_training
@@ -179,7 +181,12 @@ def train(
         cfg = resolve_train_config(source, typed, list(ctx.args), saved)
         check_fixed_gate_options(cfg.model.gate, alpha=alpha, cut_layer=cut_layer)
         result = run_training(
-            cfg, out, resume=resume, progress=not quiet, log=lambda line: echo_err(cli_message(line, "train"))
+            cfg,
+            out,
+            resume=resume,
+            progress=not quiet,
+            log=lambda line: echo_err(cli_message(line, "train")),
+            resume_hint=f"continue with: resstream train --resume --out {shlex.quote(str(out))}",
         )
         if not result.already_complete and launched_rank() == 0:
             write_run_figures(out, cfg.model.gate)

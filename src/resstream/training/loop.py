@@ -12,6 +12,14 @@ of the checkpoint saved just before it, so that step verifies the checkpoint (fi
 gradient norm) or marks it diverged. A stop for non-finite values names the newest good
 checkpoint, which `resume=True` continues from.
 
+Ctrl-C keeps the progress. The steps run under `resstream.interrupts.stop_requests`: the first
+SIGINT or SIGTERM lets the current step finish (its metrics, evaluation and interval checkpoint
+included), saves a checkpoint of it (unless that step saved one already), says so on `log` and
+stops with `KeyboardInterrupt` (exit code 130 on the command line); `resume=True` then continues
+exactly as an uninterrupted run would have. That checkpoint is unverified like any other. A
+second Ctrl-C interrupts at once, leaving the previous checkpoint as the latest. Under torchrun
+the ranks agree on the stop once per step (`_stop_agreed`), so every rank stops after the same step.
+
 The learning-rate schedule (warmup, then cosine to `min_lr`) is a function of the run's
 `max_steps`. A resume that changes `max_steps` keeps the schedule of the original run
 (`schedule_steps`: cosine over the original `max_steps`, `min_lr` after it), so the steps
@@ -48,6 +56,7 @@ from resstream.data.shards import StoredCorpus
 from resstream.data.tokenizer import tokenizer_fingerprint
 from resstream.devices import resolve_device
 from resstream.errors import RunError
+from resstream.interrupts import StopRequests, stop_requests
 from resstream.io import run_record, write_json
 from resstream.rundir import check_free_space, refuse_another_commands_run, write_failure
 from resstream.training import checkpoint as ckpt
@@ -81,6 +90,8 @@ from resstream.training.resume import (
 
 #: Dense bf16 peak FLOP/s of known accelerators, for the MFU estimate.
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
+#: How a run stopped by Ctrl-C continues, as the library says it (the command line says its flags).
+RESUME_HINT = "`resume=True` continues from it"
 
 
 @dataclass(frozen=True)
@@ -134,7 +145,8 @@ class Trainer:
     Building it checks every input and prepares everything the first step needs, in the
     order of `resstream.training.preparation`; `resume` continues the run in `out_dir` from its
     latest checkpoint; `progress` shows a progress bar and names slow set-up steps on `log`,
-    which also receives the run's one-line notices.
+    which also receives the run's one-line notices. `resume_hint` ends the line a run stopped
+    by Ctrl-C says: how to continue it.
     """
 
     def __init__(
@@ -145,11 +157,13 @@ class Trainer:
         resume: bool = False,
         progress: bool = True,
         log: Log = say_on_stderr,
+        resume_hint: str = RESUME_HINT,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.resume = resume
         self.progress = progress
         self.log = log
+        self.resume_hint = resume_hint
         self.checkpoint = checkpoint_to_resume(self.out_dir, resume)
         device_kind = resolve_device(config.run.device).type
         self.dist = init_distributed(device_kind)
@@ -343,33 +357,61 @@ class Trainer:
         )
         self.model.train()
         window_time, window_tokens = 0.0, 0  # training time only: evals and saves excluded
-        for step in range(self.start_step, r.max_steps):
-            done = step + 1
-            logging = done % r.log_interval == 0 or done == r.max_steps
-            started = time.perf_counter()
-            loss, grad_norm, per_layer = self.train_step(step, layer_norms=logging)
-            self._verified(step, loss, grad_norm)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            losses.append(loss)
-            window_time += time.perf_counter() - started
-            window_tokens += tokens_per_step
-            if logging:
-                tps = window_tokens / window_time
-                log.write(self._step_record(done, loss, grad_norm, per_layer, tps))
-                window_time, window_tokens = 0.0, 0
-                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}")
-            if done % r.eval_interval == 0 or done == r.max_steps:
-                val_loss = self._validation_loss(done)
-                log.write({"step": done, "val_loss": val_loss})
-                bar.set_postfix(loss=f"{loss:.3f}", val=f"{val_loss:.3f}")
-            if done % r.checkpoint_interval == 0 or done == r.max_steps:
-                self._save_checkpoint(done, val_loss)
-            bar.update(1)
+        with stop_requests() as stop:
+            for step in range(self.start_step, r.max_steps):
+                done = step + 1
+                logging = done % r.log_interval == 0 or done == r.max_steps
+                started = time.perf_counter()
+                loss, grad_norm, per_layer = self.train_step(step, layer_norms=logging)
+                self._verified(step, loss, grad_norm)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                losses.append(loss)
+                window_time += time.perf_counter() - started
+                window_tokens += tokens_per_step
+                if logging:
+                    tps = window_tokens / window_time
+                    log.write(self._step_record(done, loss, grad_norm, per_layer, tps))
+                    window_time, window_tokens = 0.0, 0
+                    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:,.0f}")
+                if done % r.eval_interval == 0 or done == r.max_steps:
+                    val_loss = self._validation_loss(done)
+                    log.write({"step": done, "val_loss": val_loss})
+                    bar.set_postfix(loss=f"{loss:.3f}", val=f"{val_loss:.3f}")
+                saved = done % r.checkpoint_interval == 0 or done == r.max_steps
+                if saved:
+                    self._save_checkpoint(done, val_loss)
+                bar.update(1)
+                if self._stop_agreed(stop):
+                    bar.close()
+                    self._stop(stop, done, val_loss, saved=saved)
         bar.close()
         if main:
             self._save_final(val_loss)
         return TrainResult(self.out_dir, r.max_steps, val_loss, tuple(losses), self._mean_tokens_per_s())
+
+    def _stop_agreed(self, stop: StopRequests) -> bool:
+        """Whether the run stops after this step: a stop was asked for (SIGINT or SIGTERM) in
+        this process or, under torchrun, in any process (one all-reduce per step, only then)."""
+        if self.dist.world == 1:
+            return stop.requested
+        asked = torch.tensor(float(stop.requested), device=self.device)
+        dist.all_reduce(asked, op=dist.ReduceOp.MAX)
+        return bool(asked.item())
+
+    def _stop(self, stop: StopRequests, done: int, val_loss: float, *, saved: bool) -> None:
+        """Stop after step `done` as asked: checkpoint it (unless `saved` already), say so on
+        `log` and raise `KeyboardInterrupt` in every process together."""
+        if not saved:
+            self._save_checkpoint(done, val_loss)
+        if self.dist.world > 1:
+            dist.barrier()  # no rank exits before rank 0 has saved
+        if self.dist.is_main:
+            self.log(
+                f"stopped at step {done} of {self.config.run.max_steps}; checkpoint {done} saved; "
+                f"{self.resume_hint}"
+            )
+        stop.stop()
 
     def _validation_loss(self, step: int) -> float:
         """`evaluate()`, stopping the run when the weights after step `step` give a non-finite loss."""
@@ -544,9 +586,14 @@ def train(
     resume: bool = False,
     progress: bool = True,
     log: Log = say_on_stderr,
+    resume_hint: str = RESUME_HINT,
 ) -> TrainResult:
     """Train a resstream GPT as `config` says, writing the run into `out_dir`; `resume` the run
     there from its latest checkpoint, show `progress`.
+
+    Ctrl-C (SIGINT) or SIGTERM lets the current step finish, saves a checkpoint of it and raises
+    `KeyboardInterrupt` after one line on `log` that ends with `resume_hint` (how to continue);
+    a second Ctrl-C interrupts at once.
 
     The directory is locked for the whole run (`resstream.rundir`): a second process that
     trains, resumes or evaluates into it is refused until this one ends. `log` receives the
@@ -561,7 +608,10 @@ def train(
             done = completed_run(config, out_dir) if resume else None
             if done is not None:
                 return done
-            return Trainer(config, out_dir, resume=resume, progress=progress, log=log).run()
+            trainer = Trainer(
+                config, out_dir, resume=resume, progress=progress, log=log, resume_hint=resume_hint
+            )
+            return trainer.run()
         except OSError as exc:  # a full disk or lost permission while writing the run's files
             failure = write_failure(exc, Path(out_dir), "out_dir", kept="its complete checkpoints are kept")
             if failure is None:

@@ -9,7 +9,8 @@ For every seed a sweep trains
 all with the same seed and therefore the same initial weights and the same batches (the
 trainer's data order is a pure function of seed and step). Runs live in
 `DIR/seed-<s>/<name>/`; a run whose `model.json` exists is finished and is skipped when a
-sweep is restarted, an interrupted one resumes from its latest checkpoint.
+sweep is restarted, an interrupted one resumes from its latest checkpoint. Ctrl-C during a run
+finishes its current step, checkpoints it and stops the sweep, so nothing trained is lost.
 
 After training, every run can be evaluated on benchmarks (`eval.json` in the run directory).
 The sweep writes `DIR/sweep.json` (per seed, per run: gate, cut layer, α, final validation
@@ -371,6 +372,8 @@ def _train_or_skip(
     run: PlannedRun, root: Path, index: int, total: int, progress: bool, log: Log | None
 ) -> None:
     """Train one run (what `loop.train` does), skip it if finished, resume it if interrupted.
+    Ctrl-C checkpoints the run and stops the sweep (`KeyboardInterrupt`); the same sweep, run
+    again, resumes the run from that checkpoint.
 
     The trainer is built before the run is announced, so bad input (a missing corpus, too few
     tokens, an unknown tokenizer) is refused with nothing logged and nothing written.
@@ -386,7 +389,8 @@ def _train_or_skip(
                 log(f"{label}: finished earlier, skipped")
             return
         resume = ckpt.latest_checkpoint_step(run_dir) is not None
-        trainer = Trainer(run.config, run_dir, resume=resume, progress=progress)
+        hint = f"the same sweep, run again, resumes seed {run.seed} {run.name} from it"
+        trainer = Trainer(run.config, run_dir, resume=resume, progress=progress, resume_hint=hint)
         if log:
             log(f"{label}: {'resuming' if resume else 'training'}")
         trainer.run()
