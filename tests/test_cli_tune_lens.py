@@ -25,6 +25,7 @@ import pytest
 from resstream.analysis.decoding.tuned_lens import TunedLens, load_lens
 from resstream.cli.main import main
 from tests.cli_support import assert_complete_files, expect_usage_error
+from tests.lens_support import plays_file
 
 FAST = ["--device", "cpu", "--quiet"]
 #: A short training run: 3 steps of 8 windows of 32 tokens, 4 held out, a rate that learns.
@@ -42,12 +43,7 @@ pytestmark = pytest.mark.usefixtures("hf_offline", "one_torch_thread")
 @pytest.fixture(scope="module")
 def plays(tmp_path_factory) -> Path:
     """30,000 characters of the built-in corpus (the reference model's own text) as a file."""
-    from resstream.data.plays import load_plays
-
-    documents, _ = load_plays()
-    path = tmp_path_factory.mktemp("corpus") / "plays.txt"
-    path.write_text(documents[0][:30_000], encoding="utf-8")
-    return path
+    return plays_file(tmp_path_factory.mktemp("corpus"), 30_000)
 
 
 @pytest.fixture(scope="module")
@@ -334,6 +330,7 @@ BAD_TRAINING = [
     (["--steps", "-2"], ["--steps -2 is not allowed"]),
     (["--tokens", "0"], ["--tokens 0 is not allowed", ">= 1"]),
     (["--eval-seqs", "0"], ["--eval-seqs 0 is not allowed"]),
+    (["--checkpoint-every", "0"], ["--checkpoint-every 0 is not allowed", ">= 1"]),
     (
         ["--tokens", "1000000"],
         ["is too small for --tokens 1,000,000 in 3 steps", "and it holds", "lower --tokens"],
@@ -394,8 +391,6 @@ def test_the_cli_defaults_are_the_apis() -> None:
     from resstream.api import tune_lens as api
     from resstream.cli import tune_lens as cli
 
-    assert (cli.DEFAULT_STEPS, cli.DEFAULT_TOKENS, cli.DEFAULT_EVAL_SEQS) == (
-        api.DEFAULT_STEPS,
-        api.DEFAULT_TOKENS,
-        api.DEFAULT_EVAL_SEQS,
-    )
+    names = ("DEFAULT_STEPS", "DEFAULT_TOKENS_PER_STEP", "DEFAULT_TOKENS", "DEFAULT_EVAL_SEQS")
+    names += ("DEFAULT_CHECKPOINT_EVERY",)
+    assert [getattr(cli, name) for name in names] == [getattr(api, name) for name in names]

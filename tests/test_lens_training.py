@@ -27,6 +27,7 @@ from resstream.analysis.decoding.lens_training import LayerSums, LensEvaluation,
 from resstream.analysis.decoding.tuned_lens import Translators, TunedLens, load_lens
 from resstream.errors import UsageError
 from resstream.models.adapters import view_of
+from tests.lens_support import plays_file
 from tests.test_models_adapters import tiny_model
 
 pytestmark = pytest.mark.usefixtures("hf_offline", "one_torch_thread")
@@ -278,12 +279,7 @@ STEPS, TOKENS, SEQ_LEN, EVAL_SEQS, LR = 12, 12 * 4 * 64, 64, 8, 0.01
 @pytest.fixture(scope="module")
 def plays(tmp_path_factory) -> Path:
     """40,000 characters of the built-in corpus (the reference model's own text) as a file."""
-    from resstream.data.plays import load_plays
-
-    documents, _ = load_plays()
-    path = tmp_path_factory.mktemp("corpus") / "plays.txt"
-    path.write_text(documents[0][:40_000], encoding="utf-8")
-    return path
+    return plays_file(tmp_path_factory.mktemp("corpus"), 40_000)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,11 @@
 """`resstream.tune_lens(...)` and `resstream.evaluate_lens(...)`: train a tuned lens for a model
 and measure it against the logit lens on held-out text.
 
+Budget: `steps` optimiser steps of `tokens` / `steps` tokens each. `steps` alone keeps the
+recipe's tokens per step (`DEFAULT_TOKENS_PER_STEP`), so fewer steps make a shorter run;
+`tokens` alone spreads them over the default 250 steps; both given divide, with a notice when
+a step is then far (over 2×) from the recipe's size (`settle_budget`).
+
 Data: the corpus is cut into windows of `seq_len` tokens by the sampling rule every analysis
 uses (`resstream.data.sampling`); steps × k + `eval_seqs` windows are drawn with `seed` (k =
 sequences per step, enough for `tokens` training tokens in all) and split by a seeded
@@ -8,17 +13,21 @@ permutation: the first `eval_seqs` are held out, the rest feed the steps in orde
 once. `evaluate_lens` on the lens's own training corpus rebuilds that split from the lens's
 training record and evaluates on the same held-out windows.
 
-Training: one forward pass per micro-batch of `batch_size` sequences captures h_0..h_L without
-gradients; `LensObjective.backward` adds every layer's KL gradient; one optimiser step per step
-(`LensOptimiser`: SGD, Nesterov momentum, linear decay).
+Training (`resstream.api.lens_trainer`): one forward pass per micro-batch of `batch_size`
+sequences captures h_0..h_L without gradients; `LensObjective.backward` adds every layer's KL
+gradient; one optimiser step per step (`LensOptimiser`: SGD, Nesterov momentum, linear decay).
+With `checkpoint_dir` the run saves a checkpoint there every `checkpoint_every` steps, after the
+last and when Ctrl-C asks it to stop; `resume=True` continues from it, bit for bit as if never
+interrupted (`analysis.decoding.lens_checkpoint`). The checkpoint stays after the run: the
+command line removes it once the lens is written.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Generator, Iterator, Sequence
-from contextlib import closing
+from collections.abc import Callable, Generator, Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
@@ -26,8 +35,15 @@ from typing import TYPE_CHECKING, Any, Unpack
 import torch
 from tqdm.auto import tqdm
 
+from resstream.analysis.decoding.lens_checkpoint import (
+    CHECKPOINT_FILE,
+    LensCheckpoint,
+    check_same_settings,
+    load_checkpoint,
+    remove_checkpoint,
+)
 from resstream.analysis.decoding.lens_training import LayerSums, LensEvaluation, LensObjective, LensOptimiser
-from resstream.analysis.decoding.tuned_lens import TunedLens, load_lens
+from resstream.analysis.decoding.tuned_lens import TunedLens, load_lens, model_signature
 from resstream.api.inputs import (
     CorpusRequest,
     LoadOptions,
@@ -37,21 +53,35 @@ from resstream.api.inputs import (
     settled_seq_len,
     takes_load_args_on_one_device,
 )
-from resstream.capture import residual_states
+from resstream.api.lens_trainer import (
+    CheckpointPlan,
+    LensTrainer,
+    batches,
+    flat_states,
+    train_lens,
+    training_record,
+)
 from resstream.data.files import load_token_rows
 from resstream.data.sampling import CorpusTooSmall, SequenceSample
-from resstream.errors import RunError, UsageError
+from resstream.errors import UsageError
 from resstream.models import LoadArgs, LoadedModel, ModelLike, ModelView
 from resstream.notices import notify
+from resstream.rundir import locked_directory
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-#: Defaults: the tuned-lens paper's 250 steps; tokens sized for a laptop (2 × 8 × 128 per step).
+#: Defaults: the tuned-lens paper's 250 steps of tokens sized for a laptop (2 × 8 × 128 a step).
 DEFAULT_STEPS = 250
-DEFAULT_TOKENS = DEFAULT_STEPS * 2 * 8 * 128
+DEFAULT_TOKENS_PER_STEP = 2 * 8 * 128
+DEFAULT_TOKENS = DEFAULT_STEPS * DEFAULT_TOKENS_PER_STEP
 DEFAULT_EVAL_SEQS = 32
 DEFAULT_SEQ_LEN = 128
+#: Steps between periodic checkpoints: a default run saves 10 times (the reference model's
+#: checkpoint is under 1 MB, GPT-2 small's 57 MB: a fraction of one step's time).
+DEFAULT_CHECKPOINT_EVERY = 25
+#: Tokens per step further than this factor from the recipe's are worth a notice.
+FAR_FROM_RECIPE = 2.0
 
 
 @dataclass(frozen=True)
@@ -85,39 +115,188 @@ def tune_lens(
     *,
     tokenizer: PreTrainedTokenizerBase | None = None,
     dataset: str = "shakespeare",
-    tokens: int = DEFAULT_TOKENS,
-    steps: int = DEFAULT_STEPS,
+    tokens: int | None = None,
+    steps: int | None = None,
     seq_len: int | None = None,
     batch_size: int = 8,
     eval_seqs: int = DEFAULT_EVAL_SEQS,
     optimiser: LensOptimiser | None = None,
     seed: int = 0,
     data_dir: str | os.PathLike[str] | None = None,
-    progress: bool = True,
+    progress: bool = False,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+    resume: bool = False,
     **load: Unpack[LoadArgs],
 ) -> TuneLensReport:
     """Train one affine translator per layer of `model` (a spec or a model in memory with its
-    `tokenizer`, as for `resstream.shift`) on about `tokens` tokens of `dataset` in `steps`
-    optimiser steps, then evaluate it against the logit lens on `eval_seqs` held-out windows
-    (module docstring). `optimiser` defaults to the tuned-lens paper's recipe with `steps`.
-    Returns the lens (save it with `report.lens.save(dir)`), its evaluation and the curve.
+    `tokenizer`, as for `resstream.shift`) on `tokens` tokens of `dataset` in `steps` optimiser
+    steps, then evaluate it against the logit lens on `eval_seqs` held-out windows (module
+    docstring). `steps` alone (default 250) keeps the recipe's 2,048 tokens a step; `tokens`
+    alone is spread over 250 steps. `optimiser` defaults to the tuned-lens paper's recipe.
+
+    `checkpoint_dir`: a folder to keep the run's checkpoint in (locked while the run writes),
+    saved every `checkpoint_every` steps, after the last step, and when the first Ctrl-C (or
+    SIGTERM) stops the run after its current step (`KeyboardInterrupt`); `resume=True`
+    continues the run from it, with the same settings (refused, naming the first that
+    differs), and gives the lens an uninterrupted run would have given, bit for bit. A run
+    without `resume` refuses a folder holding an unfinished run's checkpoint. Without
+    `checkpoint_dir` nothing is written. Returns the lens (save it with
+    `report.lens.save(dir)`), its evaluation and the curve.
     """
-    check_positive("steps", steps)
-    check_positive("tokens", tokens)
+    budget = settle_budget(tokens, steps)
     check_positive("eval_seqs", eval_seqs)
+    check_positive("checkpoint_every", checkpoint_every)
     check_batch_size(batch_size)
-    optimiser = replace(optimiser or LensOptimiser(), steps=steps)
+    optimiser = replace(optimiser or LensOptimiser(), steps=budget.steps)
     check_learning_rate(optimiser.lr)
     options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
-    with closing(
-        _each_split(model, dataset, seq_len, seed, data_dir, options, tokens, steps, eval_seqs)
-    ) as each:
-        for loaded, split in each:
-            lens, history = _train(loaded, split, optimiser, batch_size, progress)
-            lens.record = _record(split, optimiser, batch_size, history)
-            evaluation = _evaluate(loaded.view, lens, split, len(split.held_out), batch_size, progress)
-            return TuneLensReport(lens, evaluation, tuple(history))
+    requested = _requested_settings(dataset, seed, seq_len, budget, eval_seqs, batch_size, optimiser)
+    with _checkpoints(checkpoint_dir, checkpoint_every, resume, requested) as checkpoints:
+        each = _each_split(model, dataset, seq_len, seed, data_dir, options, budget, eval_seqs)
+        with closing(each):
+            for loaded, split in each:
+                plan = checkpoints.plan(_run_settings(requested, loaded, split))
+                lens, history = train_lens(
+                    loaded, split, optimiser, batch_size, progress, plan, checkpoints.previous
+                )
+                resumed = plan.resumed if plan is not None else ()
+                lens.record = training_record(split, optimiser, batch_size, history, budget.tokens, resumed)
+                evaluation = _evaluate(loaded.view, lens, split, len(split.held_out), batch_size, progress)
+                return TuneLensReport(lens, evaluation, tuple(history))
     raise AssertionError("no model was loaded")  # pragma: no cover - each_model yields one
+
+
+# --------------------------------------------------------------------------- budget and checkpoints
+
+
+@dataclass(frozen=True)
+class LensBudget:
+    """The training tokens in all and the optimiser steps they are spread over."""
+
+    tokens: int
+    steps: int
+    note: str | None = None  # for a step size far from the recipe's, said once the data is drawn
+
+
+def settle_budget(tokens: int | None, steps: int | None) -> LensBudget:
+    """`tokens` and `steps` as the user gave them (None: not given) settled (module docstring)."""
+    for name, value in (("tokens", tokens), ("steps", steps)):
+        if value is not None:
+            check_positive(name, value)
+    if steps is None:
+        return LensBudget(DEFAULT_TOKENS if tokens is None else tokens, DEFAULT_STEPS)
+    if tokens is None:
+        return LensBudget(steps * DEFAULT_TOKENS_PER_STEP, steps)
+    return LensBudget(tokens, steps, _far_from_recipe(tokens, steps))
+
+
+def _far_from_recipe(tokens: int, steps: int) -> str | None:
+    """A notice when `tokens` / `steps` is over `FAR_FROM_RECIPE` times from the recipe's step."""
+    per_step = tokens / steps
+    ratio = per_step / DEFAULT_TOKENS_PER_STEP
+    if 1 / FAR_FROM_RECIPE <= ratio <= FAR_FROM_RECIPE:
+        return None
+    size = f"{ratio:,.0f}× the recipe's" if ratio > 1 else f"1/{1 / ratio:,.0f} of the recipe's"
+    return (
+        f"`tokens` {tokens:,} over `steps` {steps:,}: {per_step:,.0f} tokens a step, {size} "
+        f"{DEFAULT_TOKENS_PER_STEP:,} (`steps` alone keeps {DEFAULT_TOKENS_PER_STEP:,} tokens a step)"
+    )
+
+
+def _requested_settings(
+    dataset: str,
+    seed: int,
+    seq_len: int | None,
+    budget: LensBudget,
+    eval_seqs: int,
+    batch_size: int,
+    optimiser: LensOptimiser,
+) -> dict[str, Any]:
+    """The settings a resume must repeat that are known before the model loads."""
+    settings: dict[str, Any] = {
+        "dataset": dataset,
+        "seed": seed,
+        "tokens": budget.tokens,
+        "steps": budget.steps,
+        "eval_seqs": eval_seqs,
+        "batch_size": batch_size,
+        "lr": optimiser.lr,
+        "momentum": optimiser.momentum,
+        "weight_decay": optimiser.weight_decay,
+        "max_grad_norm": optimiser.max_grad_norm,
+    }
+    return settings if seq_len is None else {**settings, "seq_len": seq_len}
+
+
+def _run_settings(requested: dict[str, Any], loaded: LoadedModel, split: Split) -> dict[str, Any]:
+    """All the settings a resume must repeat: `requested` and the model's and the data's."""
+    return {
+        **requested,
+        "model": model_signature(loaded.view)[0],
+        "dtype": str(loaded.view.W_E.dtype).removeprefix("torch."),
+        "seq_len": split.seq_len,
+        "dataset_fingerprint": split.fingerprint,
+    }
+
+
+@dataclass(frozen=True)
+class _Checkpoints:
+    """Where a run keeps its checkpoint (None: nowhere) and the checkpoint it resumes from."""
+
+    directory: Path | None
+    every: int
+    previous: LensCheckpoint | None
+
+    def plan(self, settings: dict[str, Any]) -> CheckpointPlan | None:
+        """How the run saves, once its settings are known (checked against `previous`)."""
+        if self.directory is None:
+            return None
+        if self.previous is None:
+            return CheckpointPlan(self.directory, self.every, settings)
+        check_same_settings(self.previous, settings, repr(str(self.directory)))
+        return CheckpointPlan(
+            self.directory, self.every, settings, (*self.previous.resumed, self.previous.step)
+        )
+
+
+@contextmanager
+def _checkpoints(
+    directory: str | os.PathLike[str] | None, every: int, resume: bool, requested: dict[str, Any]
+) -> Iterator[_Checkpoints]:
+    """Hold the checkpoint folder (`rundir.locked_directory`) and find the checkpoint to resume
+    from, checking what can be checked before the model loads."""
+    if directory is None:
+        if resume:
+            raise UsageError("`resume=True` needs `checkpoint_dir`: the folder the interrupted run saved in")
+        yield _Checkpoints(None, every, None)
+        return
+    with locked_directory(directory, "tune-lens", param=None) as held:
+        yield _Checkpoints(held, every, _previous_checkpoint(held, resume, requested))
+
+
+def _previous_checkpoint(directory: Path, resume: bool, requested: dict[str, Any]) -> LensCheckpoint | None:
+    """The checkpoint a resume continues from (None for a fresh run, which replaces a finished
+    run's checkpoint and refuses an unfinished one's)."""
+    where = repr(str(directory))
+    previous = load_checkpoint(directory)
+    if resume:
+        if previous is None:
+            raise UsageError(
+                f"nothing to resume in {where}: it holds no tune-lens checkpoint ({CHECKPOINT_FILE}); "
+                "start the run without `resume=True`"
+            )
+        check_same_settings(previous, requested, where)
+        return previous
+    if previous is not None and not previous.finished:
+        raise UsageError(
+            f"{where} holds the checkpoint of an unfinished tune-lens run (step {previous.step} of "
+            f"{previous.steps}); continue it with `resume=True` and its settings, or remove "
+            f"{CHECKPOINT_FILE} from it to start again"
+        )
+    if previous is not None:
+        remove_checkpoint(directory)
+    return None
 
 
 @takes_load_args_on_one_device
@@ -132,7 +311,7 @@ def evaluate_lens(
     batch_size: int = 8,
     seed: int | None = None,
     data_dir: str | os.PathLike[str] | None = None,
-    progress: bool = True,
+    progress: bool = False,
     **load: Unpack[LoadArgs],
 ) -> LensEvaluation:
     """Per-layer KL and cross-entropy of the logit lens and of `lens` (a directory or a loaded
@@ -250,12 +429,13 @@ def _each_split(
     seed: int,
     data_dir: Any,
     options: LoadOptions,
-    tokens: int,
-    steps: int,
+    budget: LensBudget,
     eval_seqs: int,
 ) -> Generator[tuple[LoadedModel, Split], None, None]:
-    """The model and its split for `tokens` training tokens in `steps` steps (the window
-    length settled first, so a model with a shorter context still gets `tokens` tokens)."""
+    """The model and its split for the budget's tokens in its steps (the window length settled
+    first, so a model with a shorter context still gets the tokens); the budget's notices are
+    said once the windows are drawn."""
+    tokens, steps = budget.tokens, budget.steps
     request = CorpusRequest(dataset, 1, seq_len, seed, data_dir, DEFAULT_SEQ_LEN)
     length = seq_len = settled_seq_len(request, checked_models(model, options))
     per_step = max(1, math.ceil(tokens / (steps * length)))
@@ -263,6 +443,8 @@ def _each_split(
         for loaded, split in _each_sample(
             model, dataset, seq_len, seed, data_dir, options, (steps * per_step, eval_seqs)
         ):
+            if budget.note is not None:
+                notify(budget.note)
             if steps * per_step * length != tokens:
                 notify(
                     f"`tokens` {tokens:,}: training on {steps * per_step * length:,} ({steps} steps × "
@@ -274,7 +456,7 @@ def _each_split(
         raise UsageError(
             f"{dataset!r} is too small for `tokens` {tokens:,} in {steps} steps: that needs {needed:,} "
             f"sequences of {length} tokens ({steps} × {per_step} for training + {eval_seqs} held out), "
-            f"and it holds {exc.available:,}; lower `tokens` or `eval_seqs`, or use a larger corpus"
+            f"and it holds {exc.available:,}; lower `tokens`, `steps` or `eval_seqs`, or use a larger corpus"
         ) from None
 
 
@@ -313,104 +495,6 @@ def _split(
     )
 
 
-# --------------------------------------------------------------------------- training
-
-
-class LensTrainer:
-    """One model's lens and its optimiser: `step(windows)` is one optimiser step on a list of
-    token windows (micro-batches of `batch_size` sequences, one forward each)."""
-
-    def __init__(
-        self, view: ModelView, lens: TunedLens, optimiser: LensOptimiser, batch_size: int = 8
-    ) -> None:
-        self.view = view
-        self.lens = lens
-        self.objective = LensObjective(view)
-        self.optimiser = optimiser
-        self.optim, self.schedule = optimiser.build(lens.translators)
-        self.batch_size = batch_size
-        self.steps_done = 0
-
-    def step(self, windows: Sequence[torch.Tensor]) -> torch.Tensor:
-        """One optimiser step; the step's mean KL per layer (L,) in nats (before the step)."""
-        self.optim.zero_grad(set_to_none=False)
-        total = sum(len(w) for w in windows)
-        sums = torch.zeros(self.view.n_layers, dtype=torch.float64)
-        for batch in _batches(windows, self.batch_size):
-            states = _flat_states(self.view, batch)
-            sums += self.objective.backward(self.lens.translators, states, total).cpu()
-        kl = sums / total
-        _check_finite(kl, self.steps_done)
-        self.optimiser.clip(self.lens.translators)
-        self.optim.step()
-        self.schedule.step()
-        self.steps_done += 1
-        return kl
-
-
-def _train(
-    loaded: LoadedModel, split: Split, optimiser: LensOptimiser, batch_size: int, progress: bool
-) -> tuple[TunedLens, list[float]]:
-    """The lens of `loaded` trained on the split's training windows, and the KL curve."""
-    trainer = LensTrainer(loaded.view, TunedLens.zero(loaded.view, loaded.name), optimiser, batch_size)
-    per_step = len(split.train) // optimiser.steps
-    history: list[float] = []
-    desc = f"tune-lens {loaded.name}"
-    with tqdm(total=optimiser.steps, desc=desc, unit="step", disable=not progress) as bar:
-        for step in range(optimiser.steps):
-            kl = trainer.step(split.train[step * per_step : (step + 1) * per_step])
-            history.append(float(kl.mean()) / math.log(2))
-            bar.set_postfix(kl_bits=f"{history[-1]:.3f}")
-            bar.update()
-    return trainer.lens, history
-
-
-def _check_finite(kl: torch.Tensor, step: int) -> None:
-    if not bool(torch.isfinite(kl).all()):
-        layer = int((~torch.isfinite(kl)).nonzero()[0])
-        raise RunError(
-            f"tune-lens diverged at step {step + 1}: the KL of layer {layer} is not finite; "
-            "try a lower learning rate (`--lr`)"
-        )
-
-
-def _batches(windows: Sequence[torch.Tensor], batch_size: int) -> Iterator[torch.Tensor]:
-    for start in range(0, len(windows), batch_size):
-        yield torch.stack(list(windows[start : start + batch_size]))
-
-
-def _flat_states(view: ModelView, batch: torch.Tensor, positions: slice = slice(None)) -> torch.Tensor:
-    """h_0..h_L of a batch, (L+1, batch·positions, d): one forward without gradients."""
-    with torch.inference_mode():
-        states = residual_states(view, batch.to(view.W_E.device))[:, :, positions]
-    return states.reshape(states.shape[0], -1, states.shape[-1])
-
-
-def _record(split: Split, optimiser: LensOptimiser, batch_size: int, history: list[float]) -> dict[str, Any]:
-    """The training record kept in lens.json (what `evaluate_lens` rebuilds the split from)."""
-    return {
-        "dataset": split.dataset,
-        "dataset_fingerprint": split.fingerprint,
-        "seq_len": split.seq_len,
-        "seed": split.seed,
-        "train_seqs": len(split.train),
-        "eval_seqs": len(split.held_out),
-        "sequences_per_step": len(split.train) // optimiser.steps,
-        "train_tokens": sum(len(w) for w in split.train),
-        "batch_size": batch_size,
-        "optimiser": {
-            "name": "SGD, Nesterov momentum, linear decay to 0",
-            "steps": optimiser.steps,
-            "lr": optimiser.lr,
-            "momentum": optimiser.momentum,
-            "weight_decay": optimiser.weight_decay,
-            "max_grad_norm": optimiser.max_grad_norm,
-        },
-        "loss": "sum over layers 0..L-1 of the mean KL(final distribution || lens distribution)",
-        "kl_bits_per_step": [round(value, 6) for value in history],
-    }
-
-
 # --------------------------------------------------------------------------- evaluation
 
 
@@ -424,9 +508,9 @@ def _evaluate(
     objective = LensObjective(view)
     lens.translators.to(view.W_U.device)
     logit = tuned = None
-    batches = list(_batches(windows, batch_size))
-    for batch in tqdm(batches, desc="evaluate lens", unit="batch", disable=not progress):
-        states = _flat_states(view, batch, slice(0, -1))
+    stacked = list(batches(windows, batch_size))
+    for batch in tqdm(stacked, desc="evaluate lens", unit="batch", disable=not progress):
+        states = flat_states(view, batch, slice(0, -1))
         targets = batch[:, 1:].reshape(-1)
         logit = _add(logit, objective.measure(None, states, targets))
         tuned = _add(tuned, objective.measure(lens.translators, states, targets))
@@ -446,4 +530,15 @@ def _add(total: LayerSums | None, part: LayerSums) -> LayerSums:
     return part if total is None else total + part
 
 
-__all__ = ["DEFAULT_STEPS", "DEFAULT_TOKENS", "LensTrainer", "TuneLensReport", "evaluate_lens", "tune_lens"]
+__all__ = [
+    "DEFAULT_CHECKPOINT_EVERY",
+    "DEFAULT_STEPS",
+    "DEFAULT_TOKENS",
+    "DEFAULT_TOKENS_PER_STEP",
+    "LensBudget",
+    "LensTrainer",
+    "TuneLensReport",
+    "evaluate_lens",
+    "settle_budget",
+    "tune_lens",
+]

@@ -10,11 +10,15 @@ from resstream.cli import options
 
 if TYPE_CHECKING:
     from resstream.analysis.decoding.lens_training import LensEvaluation
+    from resstream.analysis.decoding.tuned_lens import TunedLens
+    from resstream.rundir import OutputSet
 
 #: The API's defaults (`resstream.api.tune_lens`; a test checks they agree).
 DEFAULT_STEPS = 250
-DEFAULT_TOKENS = DEFAULT_STEPS * 2 * 8 * 128
+DEFAULT_TOKENS_PER_STEP = 2 * 8 * 128
+DEFAULT_TOKENS = DEFAULT_STEPS * DEFAULT_TOKENS_PER_STEP
 DEFAULT_EVAL_SEQS = 32
+DEFAULT_CHECKPOINT_EVERY = 25
 
 
 #: The corpus options' help where tune-lens reads them differently from the analyses.
@@ -33,11 +37,19 @@ def tune_lens(
         bool, typer.Option("--eval", help="Evaluate the lens already in --out instead of training one.")
     ] = False,
     tokens: Annotated[
-        int, typer.Option(help="Training tokens in all (spread over the steps).")
-    ] = DEFAULT_TOKENS,
+        int | None,
+        typer.Option(
+            help="Training tokens in all, spread over the steps "
+            f"\\[default: {DEFAULT_TOKENS_PER_STEP:,} a step, {DEFAULT_TOKENS:,} in {DEFAULT_STEPS} steps]."
+        ),
+    ] = None,
     steps: Annotated[
-        int, typer.Option(help="Optimiser steps (SGD, Nesterov momentum, linear decay).")
-    ] = DEFAULT_STEPS,
+        int | None,
+        typer.Option(
+            help=f"Optimiser steps (SGD, Nesterov momentum, linear decay) \\[default: {DEFAULT_STEPS}]; "
+            f"alone, each keeps the default {DEFAULT_TOKENS_PER_STEP:,} tokens, so fewer steps train less."
+        ),
+    ] = None,
     eval_seqs: Annotated[
         int | None,
         typer.Option(
@@ -47,6 +59,20 @@ def tune_lens(
     lr: Annotated[
         float, typer.Option(help="Peak learning rate (SGD; the tuned-lens recipe's 1.0 × (1 − 0.9)).")
     ] = 0.1,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue the interrupted run in --out from its checkpoint (give the same settings).",
+        ),
+    ] = False,
+    checkpoint_every: Annotated[
+        int,
+        typer.Option(
+            help="Save a checkpoint in --out every N steps (also after the last, and on Ctrl-C); "
+            "removed once the lens is written."
+        ),
+    ] = DEFAULT_CHECKPOINT_EVERY,
     sample: Annotated[
         options.Sample,
         options.corpus_options(dataset=None, seed=None, help=CORPUS_HELP, without=("num_seqs",)),
@@ -54,71 +80,101 @@ def tune_lens(
 ) -> None:
     """Train one affine translator per layer (a tuned lens) and compare it with the logit lens."""
     import resstream
+    from resstream.analysis.decoding.lens_checkpoint import remove_checkpoint
     from resstream.analysis.decoding.lens_training import LensOptimiser
     from resstream.analysis.decoding.tuned_lens import load_lens
-    from resstream.io import write_json, write_text
-    from resstream.reporting.tuned_lens import evaluation_csv, plot_bits_per_layer, plot_training
-    from resstream.rundir import output_set
+    from resstream.errors import UsageError
+    from resstream.rundir import locked_directory, output_set
 
+    if evaluate and resume:
+        raise UsageError("--resume continues an interrupted training run; it cannot be combined with --eval")
     loads = {**loading.api_kwargs(), "progress": output.progress}
     batch_size = _batch_size(sample)
     settings: dict[str, Any]
     if evaluate:
         lens = load_lens(output.out)
-    with output_set(output.out, "tune-lens") as outputs:
-        if evaluate:
-            evaluation = resstream.evaluate_lens(
-                lens,
-                loading.model,
-                dataset=sample.dataset,
-                eval_seqs=eval_seqs,
-                seq_len=sample.seq_len,
-                batch_size=batch_size,
-                seed=sample.seed,
-                data_dir=sample.data_dir,
-                **loads,
+    with locked_directory(output.out, "tune-lens"):  # held until the checkpoint is removed
+        with output_set(output.out, "tune-lens") as outputs:
+            if evaluate:
+                evaluation = resstream.evaluate_lens(
+                    lens,
+                    loading.model,
+                    dataset=sample.dataset,
+                    eval_seqs=eval_seqs,
+                    seq_len=sample.seq_len,
+                    batch_size=batch_size,
+                    seed=sample.seed,
+                    data_dir=sample.data_dir,
+                    **loads,
+                )
+                settings = {"mode": "eval"}
+            else:
+                report = resstream.tune_lens(
+                    loading.model,
+                    dataset=sample.dataset or "shakespeare",
+                    tokens=tokens,
+                    steps=steps,
+                    seq_len=sample.seq_len,
+                    batch_size=batch_size,
+                    eval_seqs=DEFAULT_EVAL_SEQS if eval_seqs is None else eval_seqs,
+                    optimiser=LensOptimiser(lr=lr),
+                    seed=0 if sample.seed is None else sample.seed,
+                    data_dir=sample.data_dir,
+                    checkpoint_dir=output.out,
+                    checkpoint_every=checkpoint_every,
+                    resume=resume,
+                    **loads,
+                )
+                lens, evaluation = report.lens, report.evaluation
+                settings = _training_settings(lens.record, lr, resume, checkpoint_every)
+            _write_outputs(outputs, lens, evaluation)
+            settings = {
+                **settings,
+                "model": loading.model,
+                "dataset": evaluation.dataset,
+                "seq_len": evaluation.seq_len,
+                "eval_seqs": evaluation.num_sequences,
+                "batch_size": batch_size,
+                "data_dir": str(sample.data_dir) if sample.data_dir else None,
+            }
+            options.write_run_record(
+                outputs, "tune-lens", settings, loading, evaluation.seed, evaluation.dataset_fingerprint
             )
-            settings = {"mode": "eval"}
-        else:
-            report = resstream.tune_lens(
-                loading.model,
-                dataset=sample.dataset or "shakespeare",
-                tokens=tokens,
-                steps=steps,
-                seq_len=sample.seq_len,
-                batch_size=batch_size,
-                eval_seqs=DEFAULT_EVAL_SEQS if eval_seqs is None else eval_seqs,
-                optimiser=LensOptimiser(lr=lr),
-                seed=0 if sample.seed is None else sample.seed,
-                data_dir=sample.data_dir,
-                **loads,
-            )
-            lens, evaluation = report.lens, report.evaluation
-            settings = {"mode": "train", "tokens": tokens, "steps": steps, "lr": lr}
-        lens.save(outputs.staging)
-        write_json(outputs / "evaluation.json", evaluation.to_dict())
-        write_text(outputs / "evaluation.csv", evaluation_csv(evaluation))
-        plot_bits_per_layer(evaluation, outputs / "bits_per_layer.png")
-        history = lens.record.get("kl_bits_per_step") or []
-        if history:
-            plot_training(history, lens.model, outputs / "training.png")
-        settings = {
-            **settings,
-            "model": loading.model,
-            "dataset": evaluation.dataset,
-            "seq_len": evaluation.seq_len,
-            "eval_seqs": evaluation.num_sequences,
-            "batch_size": batch_size,
-            "data_dir": str(sample.data_dir) if sample.data_dir else None,
-        }
-        options.write_run_record(
-            outputs, "tune-lens", settings, loading, evaluation.seed, evaluation.dataset_fingerprint
-        )
+        if not evaluate:  # the lens is in place: its run's checkpoint has served
+            remove_checkpoint(output.out)
     for line in summary_lines(evaluation):
         typer.echo(line)
     typer.echo(
         f"wrote the lens (translators.safetensors, lens.json), evaluation.json/.csv and plots to {output.out}"
     )
+
+
+def _write_outputs(outputs: OutputSet, lens: TunedLens, evaluation: LensEvaluation) -> None:
+    """Stage the lens, its evaluation and the plots (run.json is the caller's)."""
+    from resstream.io import write_json, write_text
+    from resstream.reporting.tuned_lens import evaluation_csv, plot_bits_per_layer, plot_training
+
+    lens.save(outputs.staging)
+    write_json(outputs / "evaluation.json", evaluation.to_dict())
+    write_text(outputs / "evaluation.csv", evaluation_csv(evaluation))
+    plot_bits_per_layer(evaluation, outputs / "bits_per_layer.png")
+    history = lens.record.get("kl_bits_per_step") or []
+    if history:
+        plot_training(history, lens.model, outputs / "training.png")
+
+
+def _training_settings(record: dict[str, Any], lr: float, resume: bool, every: int) -> dict[str, Any]:
+    """run.json's account of a training run: the budget as settled (the lens's record)."""
+    return {
+        "mode": "train",
+        "tokens": record["tokens"],
+        "steps": record["optimiser"]["steps"],
+        "tokens_per_step": record["tokens_per_step"],
+        "lr": lr,
+        "resume": resume,
+        "resumed_at_steps": record["resumed_at_steps"],
+        "checkpoint_every": every,
+    }
 
 
 def _batch_size(sample: options.Sample) -> int:

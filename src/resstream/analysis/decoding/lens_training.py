@@ -215,10 +215,11 @@ class LensOptimiser:
             torch.nn.utils.clip_grad_norm_(translators.parameters(), self.max_grad_norm)
 
     def build(
-        self, translators: Translators
+        self, translators: Translators, start: int = 0
     ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
         """The optimiser over the translators and its schedule (call `scheduler.step()` after
-        each optimiser step)."""
+        each optimiser step), `start` steps into the run: a resumed run's rates are those of
+        the uninterrupted one from its step `start` on (the rate depends on the step alone)."""
         optimiser = torch.optim.SGD(
             translators.parameters(),
             lr=self.lr,
@@ -227,7 +228,7 @@ class LensOptimiser:
             weight_decay=self.weight_decay,
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimiser, lambda step: max(0.0, 1.0 - step / self.steps)
+            optimiser, lambda step: max(0.0, 1.0 - (start + step) / self.steps)
         )
         return optimiser, scheduler
 

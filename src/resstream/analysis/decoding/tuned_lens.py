@@ -116,17 +116,11 @@ class TunedLens:
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
         """Write `translators.safetensors` and `lens.json` into `directory` (created)."""
-        from safetensors.torch import save_file
-
-        from resstream.io import atomic_path, write_json
+        from resstream.io import write_json
 
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        tensors = {
-            name: t.detach().float().cpu().contiguous() for name, t in self.translators.state_dict().items()
-        }
-        with atomic_path(out / WEIGHTS_FILE) as tmp:
-            save_file(tensors, str(tmp))
+        write_tensors(out / WEIGHTS_FILE, self.translators.state_dict())
         write_json(out / META_FILE, self.metadata())
         return out
 
@@ -141,6 +135,17 @@ class TunedLens:
             "signature": {name: [list(shape), values] for name, (shape, values) in self.signature.items()},
             "training": self.record,
         }
+
+
+def write_tensors(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str] | None = None) -> None:
+    """Write float32 CPU copies of `tensors` as one safetensors file, atomically (`io.atomic_path`)."""
+    from safetensors.torch import save_file
+
+    from resstream.io import atomic_path
+
+    cpu = {name: t.detach().float().cpu().contiguous() for name, t in tensors.items()}
+    with atomic_path(path) as tmp:
+        save_file(cpu, str(tmp), metadata=metadata)
 
 
 def load_lens(directory: str | os.PathLike[str]) -> TunedLens:
@@ -252,4 +257,4 @@ def _signature_from_json(raw: dict[str, Any], where: str) -> Signature:
     return signature
 
 
-__all__ = ["FORMAT", "Translators", "TunedLens", "load_lens", "model_signature"]
+__all__ = ["FORMAT", "Translators", "TunedLens", "load_lens", "model_signature", "write_tensors"]
