@@ -44,13 +44,13 @@ def test_every_stage_finished_and_wrote_its_outputs(reproduction):
     assert shift["dataset"] == "wikitext-2" and shift["num_seqs"] == 8 and shift["models"][0]["top_k"] == 5
     assert (reproduction / "lens" / "reference" / "lens.json").is_file()
     sweep = read(reproduction / "sweep" / "sweep.json")
-    assert sorted(sweep["runs"]) == ["0", "1"]
+    assert sorted(sweep["runs"]) == ["0"]  # one seed: a smoke test, not a result
     reference_eval = read(reproduction / "eval" / "reference" / "eval.json")
     assert [b["name"] for b in reference_eval["benchmarks"]] == ["wikitext-2", "lambada"]
     assert (reproduction / "compare" / "compare.json").is_file()
     table = read(reproduction / "misalignment" / "misalignment.json")
     assert [v["variant"] for v in table["variants"]] == VARIANTS
-    assert all(v["n"] == 2 and v["seeds"] == [0, 1] for v in table["variants"])
+    assert all(v["n"] == 1 and v["seeds"] == [0] for v in table["variants"])
     html = (reproduction / "report.html").read_text(encoding="utf-8")
     assert "tiny scale" in html
     # what the commands printed went to the stage's log, with the command line before it
@@ -60,11 +60,11 @@ def test_every_stage_finished_and_wrote_its_outputs(reproduction):
 
 def test_the_misalignment_table_holds_each_runs_final_layer(reproduction):
     table = read(reproduction / "misalignment" / "misalignment.json")
-    seed1 = read(reproduction / "misalignment" / "seed-1" / "shift.json")["models"]
-    learned = next(r for r in table["runs"] if r["seed"] == 1 and r["variant"] == "learned")
-    assert learned["path"] == "seed-1/learned"
-    assert learned["final_in_match"] == seed1[VARIANTS.index("learned")]["in_match"][-1]
-    assert learned["final_projection"] == seed1[VARIANTS.index("learned")]["projection"][-1]
+    seed0 = read(reproduction / "misalignment" / "seed-0" / "shift.json")["models"]
+    learned = next(r for r in table["runs"] if r["seed"] == 0 and r["variant"] == "learned")
+    assert learned["path"] == "seed-0/learned"
+    assert learned["final_in_match"] == seed0[VARIANTS.index("learned")]["in_match"][-1]
+    assert learned["final_projection"] == seed0[VARIANTS.index("learned")]["projection"][-1]
 
 
 def test_a_finished_reproduction_is_reused(reproduction, capsys):

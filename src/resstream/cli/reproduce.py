@@ -21,7 +21,8 @@ def reproduce_command(
     scale: Annotated[
         str,
         typer.Option(
-            help="tiny (a one-minute smoke test), laptop (about 15 min on 2 CPU cores) or paper (GPUs)."
+            help="tiny (a smoke test: under a minute on 2 CPU cores), laptop (about 14 min on 2 CPU cores) "
+            "or paper (GPUs)."
         ),
     ] = "laptop",
     models: Annotated[

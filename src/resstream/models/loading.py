@@ -10,8 +10,8 @@ A model already in memory (a Hugging Face `PreTrainedModel`, resstream's `GPT`, 
 * a directory holding resstream's ``model.json``: a finished resstream training run;
 * a directory holding ``config.json``: a local Hugging Face model (with its tokenizer);
 * anything else that does not look like a path: a Hugging Face hub name (online users; with
-  ``HF_HUB_OFFLINE=1`` or no route to the hub only the local cache is consulted, so an
-  uncached name fails at once).
+  ``HF_HUB_OFFLINE=1``, or a hub that does not answer within `resstream.hub.PROBE_TIMEOUT_S`,
+  only the local cache is consulted, so an uncached name fails within seconds).
 
 Every refusal is a one-line `UsageError` naming the value and what is allowed: a path that
 does not exist or has no config, a model that is not a causal LM, an unsupported family, a
