@@ -29,7 +29,7 @@ def test_states_are_block_outputs_not_hf_post_norm_hidden_states(case: str) -> N
     assert states.shape == (view.n_layers + 1, 2, SEQ, view.d_model)
     assert states.dtype == torch.float32 and not states.is_inference()
     with torch.no_grad():
-        hf = model(ids, output_hidden_states=True).hidden_states
+        hf = model(ids, output_hidden_states=True, use_cache=False).hidden_states  # the capture's path
     assert len(hf) == view.n_layers + 1
     for layer in range(view.n_layers):  # HF's entries agree before the last one ...
         torch.testing.assert_close(states[layer], hf[layer], rtol=0, atol=0)

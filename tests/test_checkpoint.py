@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -337,17 +338,18 @@ _KILLED_IN_SAFETENSORS = textwrap.dedent(
     import sys, torch
     from resstream.training import checkpoint as ckpt
     print("writing", flush=True)
-    ckpt.save_model(sys.argv[1], {"w": torch.ones(40_000_000)}, {"config": {}})
+    ckpt.save_model(sys.argv[1], {"w": torch.ones(int(sys.argv[2]))}, {"config": {}})
     """
 )
 
 
-def test_kill_inside_safetensors_leaves_a_name_remove_leftovers_knows(tmp_path):
-    """safetensors writes `.tmpXXXXXX` beside its target and renames it: killed, that name stays."""
-    run = tmp_path / "run"
-    run.mkdir()
+def _kill_while_writing(run: Path, numel: int) -> bool:
+    """SIGKILL a process saving `numel` floats into `run` once its temporary file shows;
+    False if the save finished first."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_IN_SAFETENSORS, str(run)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", _KILLED_IN_SAFETENSORS, str(run), str(numel)],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout.readline().strip() == "writing"
@@ -355,8 +357,19 @@ def test_kill_inside_safetensors_leaves_a_name_remove_leftovers_knows(tmp_path):
         while not list(run.glob(".tmp*")) and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.001)
     finally:
-        os.kill(proc.pid, signal.SIGKILL)
+        finished = proc.poll() is not None
+        proc.kill()  # SIGKILL (a no-op for a process already reaped)
         proc.wait()
+    return not finished
+
+
+def test_kill_inside_safetensors_leaves_a_name_remove_leftovers_knows(tmp_path):
+    """safetensors writes `.tmpXXXXXX` beside its target and renames it: killed, that name stays."""
+    for attempt, numel in enumerate((40_000_000, 120_000_000, 240_000_000)):
+        run = tmp_path / f"run-{attempt}"
+        run.mkdir()
+        if _kill_while_writing(run, numel):
+            break  # else the writer finished before the poll saw it (a loaded machine): a bigger write
     leftovers = [p.name for p in run.iterdir() if not p.name.startswith(".model.safetensors.")]
     assert any(re.fullmatch(r"\.tmp[A-Za-z0-9]{6}", name) for name in leftovers), sorted(leftovers)
     ckpt.remove_leftovers(run)

@@ -200,15 +200,11 @@ def test_fingerprint_changes_with_vocab_merges_and_specials(small_bpe) -> None:
     assert tokenizer_fingerprint(extended) != base
 
 
-def test_train_bpe_on_the_builtin_corpus_is_quick() -> None:
-    import time
-
+def test_train_bpe_on_the_builtin_corpus() -> None:
     from resstream.data import load_corpus
 
     documents = load_corpus("shakespeare").documents  # about 5 MB
-    start = time.perf_counter()
     tok = train_bpe(documents, 4096)
-    assert time.perf_counter() - start < 30
     assert len(tok) == 4096
 
 

@@ -13,6 +13,7 @@ import torch
 from resstream.training import checkpoint as ckpt
 from tests.test_cli_train import TINY
 from tests.test_train import corpus_text
+from tests.training_support import assert_same_training
 
 
 def _args(corpus, cache, out, *extra):
@@ -91,10 +92,9 @@ def _check_ddp_matches_one_process(tmp_path, corpus, *extra):
     )
     assert single.returncode == 0, single.stderr[-3000:]
 
-    a = ckpt.load_run(tmp_path / "ddp").model.state_dict()
-    b = ckpt.load_run(tmp_path / "single").model.state_dict()
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert_same_training(
+        ckpt.load_run(tmp_path / "ddp"), ckpt.load_run(tmp_path / "single"), rtol=1e-5, atol=1e-6
+    )
     init = ckpt.load_run(tmp_path / "single")
     assert init.meta["steps"] == 3
     ddp_record = (tmp_path / "ddp" / "run.json").read_text()

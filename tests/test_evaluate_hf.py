@@ -397,7 +397,8 @@ def test_cli_eval_of_a_hugging_face_directory(gpt2_dir, data_dir, tmp_path, caps
     text, lam = report["benchmarks"]
     expected = hand_sliding(model, stream(tokenizer, documents("openwebtext", data_dir)), 16, 5)
     assert text["loss"] == pytest.approx(expected[0], rel=1e-5) and text["num_tokens"] == expected[2]
-    assert lam["loss"] == pytest.approx(hand_lambada(model, tokenizer, documents("lambada", data_dir), 16)[0])
+    lam_loss = hand_lambada(model, tokenizer, documents("lambada", data_dir), 16)[0]
+    assert lam["loss"] == pytest.approx(lam_loss, rel=1e-5)  # batched vs one passage at a time
     record = json.loads((out / "run.json").read_text())["config"]
     assert (record["model"], record["model_source"], record["model_fingerprint"]) == (
         str(gpt2_dir),

@@ -34,6 +34,25 @@ KATAKANA = "アイウ"  # GPT-2's vocabulary has tokens like these; DejaVu has n
 ESCAPED = r"\u30a2\u30a4\u30a6"
 
 
+@pytest.fixture(autouse=True)
+def _dejavu_fonts():
+    """matplotlib's own DejaVu fonts, whatever a matplotlibrc on this machine prefers (one with
+    Katakana would draw it and leave nothing to escape)."""
+    from matplotlib import rc_context
+
+    from resstream.reporting import figures
+
+    fonts = {
+        "font.family": "sans-serif",
+        "font.sans-serif": ["DejaVu Sans"],
+        "font.monospace": ["DejaVu Sans Mono"],
+    }
+    figures._glyphs.cache_clear()
+    with rc_context(fonts):
+        yield
+    figures._glyphs.cache_clear()
+
+
 # ---------------------------------------------------------------------------- compare.png
 def _compare_table(extra_rows: int) -> CompareTable:
     """baseline, best fixed cut, learned gate and `extra_rows` pretrained models; three panels."""

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from resstream.cli.main import main
 from resstream.study import STATE_FILE
 from resstream.training import checkpoint as ckpt
+from tests.training_support import assert_same_training
 
 pytestmark = pytest.mark.skipif(
     not os.environ.get("RESSTREAM_DATA"), reason="needs the real corpora (set RESSTREAM_DATA)"
@@ -69,9 +68,7 @@ def test_the_misalignment_table_holds_each_runs_final_layer(reproduction):
 
 def test_a_finished_reproduction_is_reused(reproduction, capsys):
     before = (reproduction / "report.html").stat().st_mtime_ns
-    start = time.perf_counter()
     assert main([*TINY, "--out", str(reproduction)]) == 0
-    assert time.perf_counter() - start < 30
     printed = capsys.readouterr()
     assert printed.out.count("reused") == 6, printed.out
     assert (reproduction / "report.html").stat().st_mtime_ns == before
@@ -82,14 +79,11 @@ def test_the_sweep_stage_under_torchrun_matches_one_process(reproduction, tmp_pa
     out = tmp_path / "ddp"
     args = ["reproduce", "--scale", "tiny", "--seeds", "0", "--only", "sweep", "--nproc-per-node", "2"]
     assert main([*args, "--device", "cpu", "--quiet", "--out", str(out)]) == 0
-    # 20 steps (test_ddp.py checks 3 at atol 1e-6): the attention key bias's gradient is zero in
-    # exact arithmetic (softmax ignores a shift shared by a query's scores), so AdamW's normalised
-    # step turns its rounding noise into updates of ~1e-6; every other weight agrees to ~1e-7
+    # 20 steps (test_ddp.py checks 3): every weight but the key bias agrees to ~1e-7
     for variant in VARIANTS:
-        a = ckpt.load_run(out / "sweep" / "seed-0" / variant).model.state_dict()
-        b = ckpt.load_run(reproduction / "sweep" / "seed-0" / variant).model.state_dict()
-        for name in a:
-            torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=2e-5, msg=f"{variant} {name}")
+        a = ckpt.load_run(out / "sweep" / "seed-0" / variant)
+        b = ckpt.load_run(reproduction / "sweep" / "seed-0" / variant)
+        assert_same_training(a, b, rtol=1e-5, atol=1e-5)
     assert '"world_size": 2' in (out / "sweep" / "seed-0" / "baseline" / "run.json").read_text()
 
 

@@ -181,7 +181,7 @@ def test_an_output_set_that_fails_leaves_the_previous_set_untouched(tmp_path):
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
-def test_ctrl_c_during_the_commit_waits_until_the_set_is_in_place(tmp_path):
+def test_ctrl_c_during_the_commit_waits_until_the_set_is_in_place(tmp_path, default_signal_handlers):
     out = tmp_path / "out"
     moved = []
     real_replace = os.replace
