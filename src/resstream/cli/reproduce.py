@@ -21,8 +21,8 @@ def reproduce_command(
     scale: Annotated[
         str,
         typer.Option(
-            help="tiny (a smoke test: under a minute on 2 CPU cores), laptop (about 14 min on 2 CPU cores) "
-            "or paper (GPUs)."
+            help="tiny (a smoke test of the pipeline), laptop (the study at laptop size, on CPUs) or paper "
+            "(GPUs); their times on 2 CPU cores: docs/timings.md."
         ),
     ] = "laptop",
     models: Annotated[

@@ -34,8 +34,7 @@ SCALES: dict[str, Scale] = {
     for scale in (
         Scale(
             name="tiny",
-            about="a smoke test of the whole pipeline in under a minute on 2 CPU cores: 2-layer models, "
-            "20 steps, one seed",
+            about="a smoke test of the whole pipeline: 2-layer models, 20 steps, one seed",
             models=("reference",),
             preset="tiny",
             train_flags=(),
@@ -50,8 +49,7 @@ SCALES: dict[str, Scale] = {
         ),
         Scale(
             name="laptop",
-            about="4-layer, 64-wide models trained for 800 steps on the built-in Shakespeare corpus, "
-            "3 seeds; about 14 minutes on 2 CPU cores",
+            about="4-layer, 64-wide models trained for 800 steps on the built-in Shakespeare corpus, 3 seeds",
             models=("reference",),
             preset="laptop",
             train_flags=("--max-steps", "800"),
