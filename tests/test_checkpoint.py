@@ -60,7 +60,6 @@ _KILLED_WRITER = textwrap.dedent(
     """
     import sys, time, torch
     from resstream.training import checkpoint as ckpt
-    import safetensors.torch as st
 
     run_dir = sys.argv[1]
     def save(step, value):
@@ -68,12 +67,12 @@ _KILLED_WRITER = textwrap.dedent(
                              optimizer_state={"state": {}, "param_groups": []},
                              rng_state={"cpu": torch.get_rng_state()}, state={"config": {}})
     save(1, 1.0)
-    real = st.save_file
-    def slow_save(tensors, path, metadata=None):
-        real(tensors, path, metadata=metadata)
+    real = ckpt.save_tensors
+    def slow_save(path, tensors, metadata=None):
+        real(path, tensors, metadata)
         print("writing", flush=True)
         time.sleep(60)  # killed here, in the middle of saving step 2
-    ckpt.save_file = slow_save
+    ckpt.save_tensors = slow_save
     save(2, 2.0)
     """
 )

@@ -332,6 +332,18 @@ def jsonable(obj: Any) -> Any:
     return obj
 
 
+def write_safetensors(
+    path: str | os.PathLike[str], tensors: Any, metadata: dict[str, str] | None = None
+) -> Path:
+    """Write a dict of tensors (contiguous CPU copies) as one safetensors file, atomically."""
+    from safetensors.torch import save_file
+
+    cpu = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
+    with atomic_path(path) as tmp:
+        save_file(cpu, str(tmp), metadata=metadata)
+    return Path(path)
+
+
 def write_npz(path: str | os.PathLike[str], **arrays: Any) -> Path:
     """Write numpy arrays (or tensors) to an uncompressed `.npz` atomically."""
     import numpy as np

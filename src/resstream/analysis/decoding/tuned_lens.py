@@ -139,13 +139,9 @@ class TunedLens:
 
 def write_tensors(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str] | None = None) -> None:
     """Write float32 CPU copies of `tensors` as one safetensors file, atomically (`io.atomic_path`)."""
-    from safetensors.torch import save_file
+    from resstream.io import write_safetensors
 
-    from resstream.io import atomic_path
-
-    cpu = {name: t.detach().float().cpu().contiguous() for name, t in tensors.items()}
-    with atomic_path(path) as tmp:
-        save_file(cpu, str(tmp), metadata=metadata)
+    write_safetensors(path, {name: t.detach().float() for name, t in tensors.items()}, metadata)
 
 
 def load_lens(directory: str | os.PathLike[str]) -> TunedLens:
