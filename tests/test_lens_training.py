@@ -27,6 +27,7 @@ from resstream.analysis.decoding.lens_training import LayerSums, LensEvaluation,
 from resstream.analysis.decoding.tuned_lens import Translators, TunedLens, load_lens
 from resstream.errors import UsageError
 from resstream.models.adapters import view_of
+from resstream.notices import ResstreamNotice
 from tests.lens_support import plays_file
 from tests.test_models_adapters import tiny_model
 
@@ -286,18 +287,19 @@ def plays(tmp_path_factory) -> Path:
 def trained(plays):
     """A lens of the reference model trained for STEPS steps, with how long that took."""
     start = time.perf_counter()
-    report = resstream.tune_lens(
-        None,
-        dataset=str(plays),
-        tokens=TOKENS,
-        steps=STEPS,
-        seq_len=SEQ_LEN,
-        eval_seqs=EVAL_SEQS,
-        batch_size=4,
-        optimiser=LensOptimiser(lr=LR),
-        device="cpu",
-        progress=False,
-    )
+    with pytest.warns(ResstreamNotice, match="tokens a step"):  # a small test run: said, not silent
+        report = resstream.tune_lens(
+            None,
+            dataset=str(plays),
+            tokens=TOKENS,
+            steps=STEPS,
+            seq_len=SEQ_LEN,
+            eval_seqs=EVAL_SEQS,
+            batch_size=4,
+            optimiser=LensOptimiser(lr=LR),
+            device="cpu",
+            progress=False,
+        )
     return report, time.perf_counter() - start
 
 
