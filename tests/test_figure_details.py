@@ -163,7 +163,7 @@ def test_neurons_command_figure_explains_m(tmp_path) -> None:
 def test_logit_label_says_before_soft_capping_only_for_a_model_that_soft_caps() -> None:
     plain = single()
     assert logit_label(plain) == "logit"
-    capped = replace(plain, notes=(*plain.notes, "final logits are soft-capped: tanh(x / 30) * 30"))
+    capped = replace(plain, logit_softcap=30.0)
     assert logit_label(capped) == "logit (before soft-capping)"
 
 

@@ -161,6 +161,7 @@ class AttributeResult:
     foil: str | None = None
     logit_difference: float | None = None  # target − foil, when a foil is given
     notes: tuple[str, ...] = field(default_factory=tuple)
+    logit_softcap: float | None = None  # c of the model's logits tanh(x / c)·c (Gemma-2); None: none
     # The target at each block boundary (L_in_0, L_out_0 .. L_out_{L-1}) through a tuned lens,
     # when one was given (`decoding` says which); every other score is the logit lens's.
     tuned_trajectory: tuple[TrajectoryPoint, ...] = ()

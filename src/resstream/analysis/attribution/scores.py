@@ -123,6 +123,7 @@ def attribute_position(
         if foil is None
         else float(actual_logits(decoder, points[-1], ids, foil_ids)[0]),
         notes=view.notes,
+        logit_softcap=view.logit_softcap,
     )
 
 

@@ -19,10 +19,7 @@ from resstream.reporting.attribute.tables import Table, attribute_tables
 from resstream.reporting.html import figure_html
 from resstream.reporting.text import probability_text, show_token
 
-__all__ = ["logit_label", "soft_caps", "write_attribute_html"]
-
-#: What the note of a model that soft-caps its final logits says (`resstream.models.adapters.gemma`).
-SOFTCAP_NOTE = "final logits are soft-capped"
+__all__ = ["logit_label", "write_attribute_html"]
 
 PAGE_STYLE = (
     "body{font-family:sans-serif;max-width:1150px;margin:1em auto;padding:0 1em;color:#222}"
@@ -86,15 +83,9 @@ def _key_values(pairs: Sequence[tuple[str, str]]) -> str:
     return f"<table>{rows}</table>"
 
 
-def soft_caps(result: AttributeResult) -> bool:
-    """Whether the model soft-caps its final logits (Gemma-2): its view's note says so
-    (`resstream.models.adapters.gemma`), and the result carries the view's notes."""
-    return any(SOFTCAP_NOTE in note for note in result.notes)
-
-
 def logit_label(result: AttributeResult) -> str:
     """ "logit (before soft-capping)" for a model that soft-caps its logits, else "logit"."""
-    return "logit (before soft-capping)" if soft_caps(result) else "logit"
+    return "logit (before soft-capping)" if result.logit_softcap is not None else "logit"
 
 
 def _prediction(result: AttributeResult) -> str:
