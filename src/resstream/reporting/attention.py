@@ -86,7 +86,11 @@ def shared_scale(rows: Sequence[Sequence[Matrix]]) -> tuple[float, float]:
     """The one colour scale (bottom, top): top = the largest score to an earlier token (self
     excluded) over every map of every row, 1.0 when there is none; bottom = the smallest
     positive such score, raised to top × `COLOUR_FLOOR` when it is lower."""
-    scores = _earlier_scores(rows)
+    return _scale_of(_earlier_scores(rows))
+
+
+def _scale_of(scores: np.ndarray) -> tuple[float, float]:
+    """`shared_scale` of the earlier keys' scores, flat."""
     positive = scores[scores > 0]
     if not positive.size:
         return COLOUR_FLOOR, 1.0
@@ -117,8 +121,10 @@ def attention_grid_figure(
     columns = max(len(maps) for _, maps in rows)
     fig = new_figure(width=1.8 * columns + 2.4, height=max(3.4, 1.8 * len(rows) + 0.9))
     axes = fig.subplots(len(rows), columns, squeeze=False)
-    vmin, vmax = shared_scale([maps for _, maps in rows])
-    clipped = bool((_earlier_scores([maps for _, maps in rows]) < vmin).any())  # shown at the lower arrow
+    all_maps = [maps for _, maps in rows]
+    scores = _earlier_scores(all_maps)
+    vmin, vmax = _scale_of(scores)
+    clipped = bool((scores < vmin).any())  # shown at the lower arrow
     norm = LogNorm(vmin=vmin, vmax=vmax, clip=False)
     grey = ListedColormap([DIAGONAL_COLOUR])
     image: AxesImage | None = None
@@ -154,7 +160,7 @@ def attention_grid_figure(
     )
     bar.set_label(COLOUR_BAR_LABEL, fontsize=8)
     bar.ax.tick_params(which="both", labelsize=7)
-    fig.suptitle(f"{title}\n{diagonal_note([maps for _, maps in rows])}", fontsize=9)
+    fig.suptitle(f"{title}\n{diagonal_note(all_maps)}", fontsize=9)
     return fig
 
 
