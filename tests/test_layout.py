@@ -4,9 +4,13 @@ Every `import` of every module under src/resstream — at the top or inside a fu
 checked against the table below: a part of the package may import only the parts listed
 for it. `models` is two parts: `models.adapters` (pure family mappings, near the bottom) and
 model loading (`models/loading.py` and the package itself), which sits above `training` and
-`data` because it loads resstream runs and tokenizers. `analysis` never imports `training`,
-and `reporting` reads training results through `training.records` only, which itself reads
-nothing of training but the metrics log (`training.metrics`), so no torch comes with it.
+`data` because it loads resstream runs and tokenizers. `analysis` never imports `training`.
+`reporting` reads training results through `training.records` (which itself reads nothing of
+training but the metrics log, `training.metrics`, so no torch comes with it) and, for the
+evaluation's notebook view only, `training.evaluate.report` (`reporting/evaluation.py`). `api`
+may import `reporting` (results register their notebook views there) and `training` (`compare`
+evaluates runs); `display` is the bottom-level mixin whose calls import the reporting layer by
+name.
 """
 
 from __future__ import annotations
@@ -20,13 +24,16 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "resstream"
 
 BOTTOM = {"errors", "io", "devices", "hub", "assets", "interrupts", "notices", "rundir", "resources", "reprs"}
+BOTTOM |= {"display"}
 ALLOWED: dict[str, set[str]] = {
     "cli": {"api", "reporting", "analysis", "training", "training.records", "simulation", "models"}
     | {"models.adapters", "capture", "data", "study", "cli", "(root)"}
     | BOTTOM,
     "study": {"reporting", "training.records", "models", "data"} | BOTTOM,
-    "api": {"analysis", "capture", "simulation", "models", "models.adapters", "data"} | BOTTOM,
-    "reporting": {"analysis", "simulation", "training.records"} | BOTTOM,
+    "api": {"analysis", "capture", "simulation", "models", "models.adapters", "data", "reporting"}
+    | {"training", "training.records"}
+    | BOTTOM,
+    "reporting": {"analysis", "simulation", "training", "training.records"} | BOTTOM,
     "analysis": {"models.adapters", "simulation"} | BOTTOM,
     "models": {"models.adapters", "training", "training.records", "data"} | BOTTOM,
     "training": {"training.records", "training.metrics", "data"} | BOTTOM,
@@ -41,6 +48,7 @@ ALLOWED: dict[str, set[str]] = {
     "interrupts": set(),
     "notices": set(),
     "reprs": set(),
+    "display": set(),
     "rundir": {"errors", "io", "interrupts", "resources"},
     "devices": {"errors"},
     "hub": {"errors"},

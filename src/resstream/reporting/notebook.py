@@ -2,9 +2,11 @@
 `Displayable.to_pandas`, and the HTML fragment a notebook shows.
 
 Each result class registers two functions, beside the renderers of its command's files:
-`@tidy_frame.register` (the long-format DataFrame; the command's CSV is written from the same
-frame with `frame_csv`) and `@notebook_view.register` (the tables and figures to show, made
-by the command's own table and figure functions). A class of the analysis, training or
+`tidy_frame.register(Class, frame_function)` (the long-format DataFrame; the command's CSV is
+written from the same frame with `frame_csv`) and `notebook_view.register(Class, view_function)`
+(the tables and figures to show, made by the command's own table and figure functions). The
+class is named in the call: `singledispatch` would otherwise evaluate the return annotation,
+and pandas is imported only where a frame is made. A class of the analysis, training or
 simulation layers names its registering `resstream.reporting` module in its class statement
 (`Displayable`'s `renderer=`); a class of `resstream.api` registers in its own module.
 """
@@ -17,7 +19,6 @@ from dataclasses import dataclass
 from functools import singledispatch
 from typing import TYPE_CHECKING, Any
 
-from resstream.reporting.figures import figure_png
 from resstream.reporting.html import figure_html
 
 if TYPE_CHECKING:
@@ -26,6 +27,10 @@ if TYPE_CHECKING:
 
 #: The rows a frame shown as a table keeps (the first and last half); `to_pandas()` has all.
 SHOWN_ROWS = 20
+
+
+#: The fragment's own style, scoped to its class: figures never wider than the notebook's cell.
+_STYLE = ".resstream-result img{max-width:100%;height:auto}"
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,7 @@ def result_html(result: object) -> str:
     parts = [f"<pre class='resstream-summary'>{html.escape(repr(result))}</pre>"]
     parts += [f"<h4>{html.escape(table.title)}</h4>{table.html}" for table in view.tables]
     parts += [_picture_html(picture) for picture in view.pictures]
-    return f"<div class='resstream-result'>{''.join(parts)}</div>"
+    return f"<div class='resstream-result'><style>{_STYLE}</style>{''.join(parts)}</div>"
 
 
 def frame_html(frame: pandas.DataFrame, shown: int = SHOWN_ROWS) -> str:
@@ -104,6 +109,8 @@ def long_frame(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> pandas.
 
 def _picture_html(picture: Picture) -> str:
     """The figure as an embedded PNG (the figure is closed after)."""
+    from resstream.reporting.figures import figure_png  # matplotlib: only when a figure is drawn
+
     caption = html.escape(picture.caption)
     return figure_html(figure_png(picture.figure), picture.caption, caption)
 
