@@ -19,7 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from resstream.analysis.shift.alignment import AlignmentResult
+from resstream.api.shift import ShiftReport
 from resstream.cli.main import main
+from resstream.reporting.notebook import frame_csv
 from tests.cli_support import (
     assert_complete_files,
     assert_nothing_written,
@@ -162,7 +165,8 @@ def test_shift_reference_model_on_the_built_in_corpus(tmp_path, capsys, monkeypa
     check_model_entry(entry, top_k=3, num_tokens=3 * 23)
 
     rows = list(csv.DictReader((out / "shift.csv").open()))
-    assert len(rows) == 7 and [int(r["layer"]) for r in rows] == list(range(7))
+    assert len(rows) == 7 * 6 and sorted({int(r["layer"]) for r in rows}) == list(range(7))
+    assert (out / "shift.csv").read_text() == frame_csv(report_of(report).to_pandas())  # the frame
 
     record = json.loads((out / "run.json").read_text())
     assert record["seed"] == 0
@@ -217,7 +221,8 @@ def test_two_models_in_one_run(tmp_path, corpus, gpt2_dir, capsys, monkeypatch):
     for entry in report["models"]:
         check_model_entry(entry, top_k=2, num_tokens=3 * 15)
     rows = list(csv.DictReader((out / "shift.csv").open()))
-    assert len(rows) == 7 + 3 and {r["model"] for r in rows} == {str(ref_dir), str(gpt2_dir)}
+    assert len(rows) == (7 + 3) * 6 and {r["model"] for r in rows} == {str(ref_dir), str(gpt2_dir)}
+    assert (out / "shift.csv").read_text() == frame_csv(report_of(report).to_pandas())
     record = json.loads((out / "run.json").read_text())
     assert record["config"]["models"] == [str(ref_dir), str(gpt2_dir)]
     assert str(gpt2_dir) in captured.out
@@ -226,6 +231,13 @@ def test_two_models_in_one_run(tmp_path, corpus, gpt2_dir, capsys, monkeypatch):
     lines = captured.out.splitlines()
     for entry in (first, second):
         assert any(line.startswith(entry["model"] + ":") and entry["sample"] in line for line in lines), lines
+
+
+def report_of(data: dict) -> ShiftReport:
+    """The `ShiftReport` a shift.json holds."""
+    results = tuple(AlignmentResult.from_dict(entry) for entry in data["models"])
+    fingerprint, num_seqs, seq_len = data["dataset_fingerprint"], data["num_seqs"], data["seq_len"]
+    return ShiftReport(results, data["dataset"], fingerprint, num_seqs, seq_len)
 
 
 def write_rows(path: Path, rows: list[list[int]]) -> Path:

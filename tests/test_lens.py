@@ -134,12 +134,15 @@ def test_probabilities_do_not_depend_on_the_block_size():
     assert torch.allclose(one_row_at_a_time, whole, rtol=1e-5)  # float32 scores: BLAS may round apart
 
 
-def test_repr_is_one_short_line():
+def test_repr_is_a_short_summary_with_the_last_layers_hits():
     states = torch.randn(3, 5, 4)
     tokens = torch.tensor([0, 1, 2, 3, 0])
     result = trajectories(states, tokens, identity(), positions=range(1, 4), model="toy")
-    text = repr(result)
-    assert text == "LensResult(model='toy', positions 1–3 (3), layers 0–2, decoder 'embedding', top_k=1)"
+    lines = repr(result).splitlines()
+    assert lines[0] == "LensResult("
+    assert lines[1] == "  model='toy', positions 1–3 (3), layers 0–2, decoder 'embedding', top_k=1"
+    hits = sum(t.top1[-1] == t.next_id for t in result.trajectories)
+    assert lines[2] == f"  layer 2 decodes the next token at {hits} of 3 positions" and lines[3] == ")"
 
 
 def test_last_layer_logit_lens_probabilities_are_the_models_own():

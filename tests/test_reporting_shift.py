@@ -6,6 +6,7 @@ import csv
 import io
 from types import SimpleNamespace
 
+from resstream.analysis.shift.alignment import SHIFT_COLUMNS, SHIFT_METRICS
 from resstream.reporting.shift import (
     plot_comparison,
     plot_match_rates,
@@ -48,10 +49,18 @@ def test_plots_are_pngs(tmp_path):
 
 def test_csv_rows_and_values():
     rows = list(csv.DictReader(io.StringIO(shift_csv([fake("a", 4), fake("b", 2)]))))
-    assert len(rows) == 5 + 3
-    assert rows[2]["model"] == "a" and float(rows[2]["relative_depth"]) == 0.5
-    assert float(rows[2]["in_match"]) == 0.5 and float(rows[2]["out_match_hi"]) == 0.55
-    assert rows[5]["model"] == "b" and rows[5]["shift_depth_count"] == "0"
+    assert len(rows) == (5 + 3) * len(SHIFT_METRICS)  # one row per model, layer and metric
+    assert list(rows[0]) == list(SHIFT_COLUMNS)
+    in_match, out_match, cos_in = (rows[2 * len(SHIFT_METRICS) + i] for i in range(3))
+    assert in_match["model"] == "a" and in_match["layer"] == "2" and float(in_match["depth"]) == 0.5
+    assert in_match["metric"] == "in_match" and float(in_match["value"]) == 0.5
+    assert out_match["metric"] == "out_match" and float(out_match["ci_high"]) == 0.55
+    assert cos_in["metric"] == "cos_in" and cos_in["ci_low"] == cos_in["ci_high"] == ""
+    first_of_b = rows[5 * len(SHIFT_METRICS) : 6 * len(SHIFT_METRICS)]
+    assert first_of_b[-1]["model"] == "b" and first_of_b[-1]["metric"] == "shift_depth"
+    assert float(first_of_b[-1]["value"]) == 0.0  # the share of tokens shifting at layer 0
+    second = rows[6 * len(SHIFT_METRICS) + len(SHIFT_METRICS) - 1]
+    assert float(second["value"]) == 10 / 1000
 
 
 def drawn(monkeypatch, draw, *args):

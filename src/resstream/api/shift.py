@@ -14,11 +14,15 @@ from resstream.api.decoders import DecoderLike, DecoderSpec, decoder_specs
 from resstream.api.inputs import CorpusRequest, check_top_k, each_batch, sampled_models, takes_load_args
 from resstream.capture import residual_states
 from resstream.data.sampling import SequenceSample
+from resstream.display import Displayable
 from resstream.errors import UsageError
 from resstream.models import LoadArgs, LoadedModel, ModelLike, ModelView
+from resstream.reporting.notebook import NotebookView, notebook_view, tidy_frame
+from resstream.reporting.shift import shift_frame, shift_view
 from resstream.reprs import summary
 
 if TYPE_CHECKING:
+    import pandas
     from transformers import PreTrainedTokenizerBase
 
 #: Tokens per window when `seq_len` is not given (clipped to the shortest model context).
@@ -26,8 +30,15 @@ DEFAULT_SEQ_LEN = 128
 
 
 @dataclass(frozen=True)
-class ShiftReport:
-    """`shift` over one or several models on one sample of sequences."""
+class ShiftReport(Displayable):
+    """`shift` over one or several models on one sample of sequences: one `AlignmentResult`
+    per model and decoder, models first.
+
+    `to_pandas()` columns: those of `AlignmentResult.to_pandas()` (`SHIFT_COLUMNS`: model,
+    decoder, layer, depth, metric, value, ci_low, ci_high), the results' frames one after
+    the other; shift.csv is this frame. In a notebook the report shows every result's values
+    per layer and the figures `resstream shift` writes.
+    """
 
     results: tuple[AlignmentResult, ...]
     dataset: str
@@ -62,6 +73,16 @@ class ShiftReport:
             "decoders": list(dict.fromkeys(r.decoder for r in self.results)),
             "models": [r.to_dict() for r in self.results],
         }
+
+
+@tidy_frame.register(ShiftReport)
+def _report_frame(report: ShiftReport) -> pandas.DataFrame:
+    return shift_frame(report.results)
+
+
+@notebook_view.register(ShiftReport)
+def _report_view(report: ShiftReport) -> NotebookView:
+    return shift_view(report.results)
 
 
 @takes_load_args

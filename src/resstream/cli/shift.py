@@ -29,6 +29,7 @@ def shift(
     from resstream.io import write_json, write_text
     from resstream.reporting.figures import model_file_stems
     from resstream.reporting.shift import (
+        decoder_groups,
         plot_comparison,
         plot_decoders,
         plot_match_rates,
@@ -59,12 +60,9 @@ def shift(
             plot_shift_depths(result, outputs / f"shift_depths_{stem}.png")
         if len(report.results) > 1:
             plot_comparison(report.results, outputs / "comparison.png")
-        if several:
-            per_model = [
-                report.results[i : i + len(decoders)] for i in range(0, len(report.results), len(decoders))
-            ]
-            for group, stem in zip(per_model, model_file_stems([g[0].model for g in per_model]), strict=True):
-                plot_decoders(group, outputs / f"decoders_{stem}.png")
+        per_model = decoder_groups(report.results)
+        for group, stem in zip(per_model, model_file_stems([g[0].model for g in per_model]), strict=True):
+            plot_decoders(group, outputs / f"decoders_{stem}.png")
         settings = {
             "models": list(loading.models),
             **sample.record(seq_len=report.seq_len),

@@ -6,21 +6,30 @@ the terminal marks such cells `[input]` / `[next]` instead, and its header says 
 and PNG cells show the top-1 token with its probability (the HTML lists the top-k with their
 probabilities on hover); a long text is split over several PNGs of at most
 `POSITIONS_PER_IMAGE` positions each. Nothing here computes model outputs.
+
+In a notebook a `LensResult` shows the table of lens.html (`lens_table_html`) and the figures of
+lens.png (`lens_figure`); `lens_frame` is its `to_pandas()`.
 """
 
 from __future__ import annotations
 
 import html
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from resstream.analysis.shift.lens import LensResult, PositionTrajectory
+from resstream.analysis.shift.lens import LENS_COLUMNS, LensResult, PositionTrajectory
 from resstream.io import write_text
 from resstream.reporting.figures import INPUT_TOKEN, NEXT_TOKEN, figure_token, new_figure, save_figure
+from resstream.reporting.notebook import NotebookView, Picture, Table, long_frame, notebook_view, tidy_frame
 from resstream.reporting.text import probability_text, show_token
+
+if TYPE_CHECKING:
+    import pandas
 
 INPUT_COLOUR = "#9ecae1"  # blue: decodes to the input token
 NEXT_COLOUR = "#a1d99b"  # green: decodes to the next token
@@ -97,16 +106,24 @@ def _html_cell(result: LensResult, t: PositionTrajectory, layer: int) -> str:
     )
 
 
-#: The page's style. Each cell has its own border (`separate`): with collapsed borders, or
-#: with borders on some sides only, Chromium paints the scrolled rows over the sticky header.
-PAGE_STYLE = (
-    "body{font-family:sans-serif}"
-    "td,th{border:1px solid #ddd;padding:2px 6px;font-family:monospace;white-space:pre}"
-    "table{border-collapse:separate;border-spacing:0}"
-    "thead{position:sticky;top:0;z-index:1}thead th{background:#f4f4f4}"
-    "td small{display:block;color:#555;font-size:75%}td{cursor:help}"
-    ".scroll{max-height:85vh;overflow:auto;display:inline-block}"
+#: The table's style, scoped to its `LENS_CLASS` box (a notebook page holds other tables). Each
+#: cell has its own border (`separate`): with collapsed borders, or with borders on some sides
+#: only, Chromium paints the scrolled rows over the sticky header.
+LENS_CLASS = "resstream-lens"
+TABLE_STYLE = "".join(
+    f".{LENS_CLASS} {rule}"
+    for rule in (
+        f"td,.{LENS_CLASS} th{{border:1px solid #ddd;padding:2px 6px;font-family:monospace;white-space:pre}}",
+        "table{border-collapse:separate;border-spacing:0}",
+        "thead{position:sticky;top:0;z-index:1}",
+        "thead th{background:#f4f4f4}",
+        "td small{display:block;color:#555;font-size:75%}",
+        "td{cursor:help}",
+        ".scroll{max-height:85vh;overflow:auto;display:inline-block}",
+    )
 )
+#: The page's style: the table's, in a sans-serif page.
+PAGE_STYLE = "body{font-family:sans-serif}" + TABLE_STYLE
 
 
 def _html_key(result: LensResult) -> str:
@@ -131,8 +148,18 @@ def _html_header(depth: int) -> str:
 
 
 def write_html(result: LensResult, path: str | Path) -> None:
-    """A table: rows = positions, columns = layers 0..L under a "layer" header, cells = top-1
-    decoding with its probability, coloured; hovering a cell lists its top-k. The table
+    """lens.html: the page of `lens_table_html`."""
+    page = (
+        f"<!doctype html><meta charset='utf-8'><title>resstream lens</title><style>{PAGE_STYLE}</style>"
+        f"{lens_table_html(result)}"
+    )
+    write_text(path, page)
+
+
+def lens_table_html(result: LensResult) -> str:
+    """The key and the table of lens.html, in a box of class `LENS_CLASS` (the page's style
+    applies to it): rows = positions, columns = layers 0..L under a "layer" header, cells =
+    top-1 decoding with its probability, coloured; hovering a cell lists its top-k. The table
     scrolls in a box of at most the window's height, its header staying in view."""
     depth = result.num_layers + 1
     rows = []
@@ -143,12 +170,10 @@ def write_html(result: LensResult, path: str | Path) -> None:
             f"<tr><th>{t.position}</th><th>{html.escape(show_token(result.token_text(t.input_id)))}</th>"
             f"<th>{nxt}</th>{cells}</tr>"
         )
-    page = (
-        f"<!doctype html><meta charset='utf-8'><title>resstream lens</title><style>{PAGE_STYLE}</style>"
-        f"{_html_key(result)}<div class='scroll'><table>{_html_header(depth)}"
-        f"<tbody>{''.join(rows)}</tbody></table></div>"
+    return (
+        f"<div class='{LENS_CLASS}'>{_html_key(result)}<div class='scroll'><table>{_html_header(depth)}"
+        f"<tbody>{''.join(rows)}</tbody></table></div></div>"
     )
-    write_text(path, page)
 
 
 def image_count(result: LensResult) -> int:
@@ -210,3 +235,66 @@ def plot_lens(result: LensResult, path: str | Path) -> list[Path]:
     return [
         save_figure(lens_figure(result, part), image_path(path, part)) for part in range(image_count(result))
     ]
+
+
+def lens_frame(result: LensResult) -> pandas.DataFrame:
+    """`result` as a long-format frame (`LENS_COLUMNS`, documented by `LensResult`): one row per
+    position, layer and top-k decoding."""
+    frame = long_frame(LENS_COLUMNS, list(_frame_rows(result)))
+    return frame.astype({"input_rank": "Int64", "next_rank": "Int64"})
+
+
+def _frame_rows(result: LensResult) -> Iterator[tuple[Any, ...]]:
+    """The frame's rows, position by position, layer by layer, best decoding first."""
+    for t in result.trajectories:
+        following = None if t.next_id is None else result.token_text(t.next_id)
+        for layer, ids in enumerate(t.top_ids):
+            targets = (
+                _at(t.input_ranks, layer),
+                _at(t.input_probs, layer),
+                _at(t.next_ranks, layer),
+                _at(t.next_probs, layer),
+            )
+            probabilities = t.top_probs[layer] if layer < len(t.top_probs) else ()
+            for rank, token in enumerate(ids, start=1):
+                probability = _at(probabilities, rank - 1)
+                yield (
+                    t.position,
+                    result.token_text(t.input_id),
+                    following,
+                    layer,
+                    rank,
+                    token,
+                    result.token_text(token),
+                    probability,
+                    *targets,
+                )
+
+
+def _at(values: Sequence[Any] | None, index: int) -> Any:
+    """values[index], or None where `values` is missing or too short."""
+    return values[index] if values is not None and index < len(values) else None
+
+
+def lens_view(result: LensResult) -> NotebookView:
+    """What a `LensResult` shows in a notebook: the table of lens.html (with its style) and the
+    grid of lens.png (every part of a long text)."""
+    table = Table(
+        "top-1 decoding of each position and layer (lens.html)",
+        f"<style>{TABLE_STYLE}</style>{lens_table_html(result)}",
+    )
+    pictures = [
+        Picture(lens_figure(result, part), f"{result.model}: top-1 decodings, part {part + 1} (lens.png)")
+        for part in range(image_count(result))
+    ]
+    return NotebookView(tables=[table], pictures=pictures)
+
+
+@tidy_frame.register(LensResult)
+def _lens_frame(result: LensResult) -> pandas.DataFrame:
+    return lens_frame(result)
+
+
+@notebook_view.register(LensResult)
+def _lens_view(result: LensResult) -> NotebookView:
+    return lens_view(result)

@@ -6,24 +6,36 @@ per-token shift depths; with several models, one comparison on a relative-depth 
 (layer / L) so models of different depth share an axis; with several decoders (logit lens and
 tuned lens), one figure per model with both decoders' match rates and shift layers. Nothing here
 computes model outputs.
+
+The same numbers as one long-format frame (`shift_frame`, the `to_pandas()` of a result and
+of a `ShiftReport`; shift.csv is its CSV) and, in a notebook, a result's view (`shift_view`):
+its values per layer and the figures the command writes (`shift_pictures`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from resstream.analysis.shift.alignment import AlignmentResult
-from resstream.reporting.csvs import csv_text
+from resstream.analysis.shift.alignment import SHIFT_COLUMNS, SHIFT_METRICS, AlignmentResult
 from resstream.reporting.figures import INPUT_TOKEN, NEXT_TOKEN, integer_ticks, new_figure, save_figure
+from resstream.reporting.notebook import (
+    NotebookView,
+    Picture,
+    frame_csv,
+    frame_table,
+    long_frame,
+    notebook_view,
+    tidy_frame,
+)
 
-
-def _save(fig: Figure, path: str | Path) -> None:
-    fig.tight_layout()
-    save_figure(fig, path)
+if TYPE_CHECKING:
+    import pandas
 
 
 def _band(ax: Axes, layers: Sequence[int], ci: Sequence[tuple[float, float]], colour: str) -> None:
@@ -93,6 +105,11 @@ def match_rates_figure(result: AlignmentResult) -> Figure:
 
 def plot_similarity(result: AlignmentResult, path: str | Path) -> None:
     """Cosine with the input embedding and the output unembedding, and the projection."""
+    save_figure(similarity_figure(result), path)
+
+
+def similarity_figure(result: AlignmentResult) -> Figure:
+    """The figure of `plot_similarity`, unsaved."""
     fig = new_figure(6.4, 4.0)
     ax = fig.add_subplot()
     layers = list(result.layers)
@@ -112,11 +129,17 @@ def plot_similarity(result: AlignmentResult, path: str | Path) -> None:
     ax.set_title(f"{result.model}: similarity to input and output tokens", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    _save(fig, path)
+    fig.tight_layout()
+    return fig
 
 
 def plot_shift_depths(result: AlignmentResult, path: str | Path) -> None:
     """Histogram of the first layer at which each position ranks t_{i+1} above t_i."""
+    save_figure(shift_depths_figure(result), path)
+
+
+def shift_depths_figure(result: AlignmentResult) -> Figure:
+    """The figure of `plot_shift_depths`, unsaved."""
     fig = new_figure(6.4, 3.6)
     ax = fig.add_subplot()
     counts = [*result.shift_depths, result.never_shifted]
@@ -133,7 +156,8 @@ def plot_shift_depths(result: AlignmentResult, path: str | Path) -> None:
     ax.set_ylabel("fraction of positions")
     ax.set_title(f"{result.model}: tokens shift at different depths", fontsize=10)
     ax.grid(alpha=0.3, axis="y")
-    _save(fig, path)
+    fig.tight_layout()
+    return fig
 
 
 #: Line style of each decoder kind in the decoder comparison.
@@ -154,6 +178,11 @@ def plot_decoders(results: Sequence[AlignmentResult], path: str | Path) -> None:
     """One model's match rates with the input and the next token against depth under each
     decoder (solid: logit lens, dashed: tuned lens, each decoder its own pair of colours), with
     95% CI bands and each decoder's shift layer marked."""
+    save_figure(decoders_figure(results), path)
+
+
+def decoders_figure(results: Sequence[AlignmentResult]) -> Figure:
+    """The figure of `plot_decoders`, unsaved."""
     fig = new_figure(6.8, 5.0)
     ax = fig.add_subplot()
     for index, result in enumerate(results):
@@ -179,7 +208,8 @@ def plot_decoders(results: Sequence[AlignmentResult], path: str | Path) -> None:
     ax.set_title(f"{first.model}: the shift through each decoder, {first.num_tokens:,} tokens", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=len(results))
-    _save(fig, path)
+    fig.tight_layout()
+    return fig
 
 
 def plot_comparison(results: Sequence[AlignmentResult], path: str | Path) -> None:
@@ -262,42 +292,98 @@ def similarity_comparison_figure(results: Sequence[AlignmentResult]) -> Figure:
     return fig
 
 
-CSV_COLUMNS = (
-    "model",
-    "decoder",
-    "layer",
-    "relative_depth",
-    "in_match",
-    "in_match_lo",
-    "in_match_hi",
-    "out_match",
-    "out_match_lo",
-    "out_match_hi",
-    "cos_in",
-    "cos_out",
-    "projection",
-    "shift_depth_count",
-)
+def decoder_groups(results: Sequence[AlignmentResult]) -> list[list[AlignmentResult]]:
+    """The results of a run with several decoders, one list per model (a report holds one
+    result per model and decoder, models first); [] when the run used one decoder."""
+    decoders = len(dict.fromkeys(r.decoder for r in results))
+    if decoders < 2:
+        return []
+    return [list(results[i : i + decoders]) for i in range(0, len(results), decoders)]
+
+
+def shift_frame(results: Sequence[AlignmentResult]) -> pandas.DataFrame:
+    """`results` as one long-format frame (`SHIFT_COLUMNS`, documented by `AlignmentResult`):
+    per model and decoder, per layer, one row per metric of `SHIFT_METRICS`."""
+    return long_frame(SHIFT_COLUMNS, [row for result in results for row in _frame_rows(result)])
+
+
+def _frame_rows(r: AlignmentResult) -> Iterator[tuple[object, ...]]:
+    """The frame's rows of one result, layer by layer."""
+    nan = math.nan
+    for index, layer in enumerate(r.layers):
+        depth = layer / r.num_layers if r.num_layers else 0.0
+        share = r.shift_depths[index] / r.num_tokens if r.num_tokens else nan
+        values = (
+            (r.in_match[index], *r.in_match_ci[index]),
+            (r.out_match[index], *r.out_match_ci[index]),
+            (r.cos_in[index], nan, nan),
+            (r.cos_out[index], nan, nan),
+            (r.projection[index], nan, nan),
+            (share, nan, nan),
+        )
+        for metric, (value, low, high) in zip(SHIFT_METRICS, values, strict=True):
+            yield (r.model, r.decoder, layer, depth, metric, value, low, high)
 
 
 def shift_csv(results: Sequence[AlignmentResult]) -> str:
-    """One row per model, decoder and layer."""
-    return csv_text(CSV_COLUMNS, (_csv_row(r, index) for r in results for index in range(len(r.layers))))
+    """shift.csv: the CSV of `shift_frame(results)`."""
+    return frame_csv(shift_frame(results))
 
 
-def _csv_row(r: AlignmentResult, index: int) -> list[object]:
-    layer = r.layers[index]
-    return [
-        r.model,
-        r.decoder,
-        layer,
-        layer / r.num_layers,
-        r.in_match[index],
-        *r.in_match_ci[index],
-        r.out_match[index],
-        *r.out_match_ci[index],
-        r.cos_in[index],
-        r.cos_out[index],
-        r.projection[index],
-        r.shift_depths[index],
-    ]
+def layer_values(results: Sequence[AlignmentResult]) -> pandas.DataFrame:
+    """The values of `shift_frame(results)` with one row per result and layer and one column
+    per metric (the intervals stay in the long frame); model and decoder only when they vary."""
+    import pandas
+
+    wide = pandas.concat([_one_row_per_layer(result) for result in results], ignore_index=True)
+    constant = [column for column in ("model", "decoder") if wide[column].nunique() < 2]
+    return wide.drop(columns=constant)
+
+
+def _one_row_per_layer(result: AlignmentResult) -> pandas.DataFrame:
+    """One result's frame pivoted: model, decoder, layer, depth, then the metrics' values."""
+    wide = shift_frame([result]).pivot(index=["layer", "depth"], columns="metric", values="value")
+    wide = wide.reindex(columns=list(SHIFT_METRICS)).reset_index()
+    wide.columns.name = None
+    wide.insert(0, "decoder", result.decoder)
+    wide.insert(0, "model", result.model)
+    return wide
+
+
+def shift_pictures(results: Sequence[AlignmentResult]) -> list[Picture]:
+    """The figures `resstream shift` writes for `results`, in a notebook's order: with several
+    results their comparison, with several decoders each model's decoders, then each result's
+    match rates, similarity and shift depths."""
+    with_decoder = len({r.decoder for r in results}) > 1
+    pictures = []
+    if len(results) > 1:
+        caption = "out_match − in_match of every result against relative depth (comparison.png)"
+        pictures.append(Picture(comparison_figure(results), caption))
+    for group in decoder_groups(results):
+        pictures.append(Picture(decoders_figure(group), f"{group[0].model}: each decoder's match rates"))
+    for result in results:
+        name = result_label(result, with_decoder)
+        pictures += [
+            Picture(match_rates_figure(result), f"{name}: top-{result.top_k} match rates by layer"),
+            Picture(similarity_figure(result), f"{name}: cosines and projection by layer"),
+            Picture(shift_depths_figure(result), f"{name}: where each token shifts"),
+        ]
+    return pictures
+
+
+def shift_view(results: Sequence[AlignmentResult]) -> NotebookView:
+    """What `results` show in a notebook: their values per layer (`layer_values`) and the
+    figures of `shift_pictures`."""
+    title = "per layer: top-k match rates, cosines, projection, share of tokens shifting there"
+    table = frame_table(title, layer_values(results), shown=60)
+    return NotebookView(tables=[table], pictures=shift_pictures(results))
+
+
+@tidy_frame.register(AlignmentResult)
+def _alignment_frame(result: AlignmentResult) -> pandas.DataFrame:
+    return shift_frame([result])
+
+
+@notebook_view.register(AlignmentResult)
+def _alignment_view(result: AlignmentResult) -> NotebookView:
+    return shift_view([result])

@@ -27,8 +27,10 @@ from torch import Tensor
 
 from resstream.analysis.decoding.tuned_lens import Translators
 from resstream.analysis.norms import norm_form
+from resstream.display import Displayable
 from resstream.io import jsonable
 from resstream.models.adapters.base import ModelView
+from resstream.reprs import summary
 
 #: Score-block size (bytes of float32 logits for all layers of one block of positions).
 CHUNK_BYTES = 256 * 2**20
@@ -161,11 +163,23 @@ class LayerSums:
         return LayerSums(self.kl + other.kl, self.ce + other.ce, self.positions + other.positions)
 
 
+#: The columns of `LensEvaluation.to_pandas()` (and of evaluation.csv).
+EVALUATION_COLUMNS = ("model", "layer", "lens", "metric", "value")
+
+
 @dataclass(frozen=True)
-class LensEvaluation:
+class LensEvaluation(Displayable, renderer="resstream.reporting.tuned_lens"):
     """Per layer 0..L, on held-out positions: the mean KL from the model's final distribution
     and the mean cross-entropy against the next token, in bits, of the logit lens and of the
-    tuned lens (at layer L both are the model's own output)."""
+    tuned lens (at layer L both are the model's own output).
+
+    `to_pandas()` columns (`EVALUATION_COLUMNS`), one row per layer, metric and lens: model —
+    the model's name; layer — 0..L (0 = the embedding output); lens — "logit" or "tuned";
+    metric — "kl_bits" (the mean KL(final ‖ lens), `logit_kl` / `tuned_kl`) or "ce_bits" (the
+    mean cross-entropy against the next token, `logit_ce` / `tuned_ce`); value — in bits.
+    evaluation.csv is this frame. In a notebook the evaluation shows its values per layer and
+    bits_per_layer.png.
+    """
 
     model: str
     layers: tuple[int, ...]
@@ -195,6 +209,24 @@ class LensEvaluation:
     def to_dict(self) -> dict[str, object]:
         """JSON-ready dict (evaluation.json)."""
         return jsonable(asdict(self))
+
+    @property
+    def mean_kl(self) -> tuple[float, float]:
+        """The KL (bits) of the logit lens and of the tuned lens, each averaged over layers
+        0..L−1 (layer L, the model's output, has none)."""
+        inner = max(1, len(self.layers) - 1)
+        return sum(self.logit_kl[:-1]) / inner, sum(self.tuned_kl[:-1]) / inner
+
+    def headline(self) -> str:
+        """The evaluation in one line: the mean KL of both lenses and on how many positions."""
+        logit, tuned = self.mean_kl
+        return (
+            f"held-out KL to the final distribution, mean over layers 0..{len(self.layers) - 2}: "
+            f"logit lens {logit:.3f} bits, tuned lens {tuned:.3f} bits, on {self.num_tokens:,} positions"
+        )
+
+    def __repr__(self) -> str:
+        return summary(self, f"{self.model}: {self.headline()}", self.sample)
 
 
 @dataclass(frozen=True)
@@ -233,4 +265,11 @@ class LensOptimiser:
         return optimiser, scheduler
 
 
-__all__ = ["CHUNK_BYTES", "LayerSums", "LensEvaluation", "LensObjective", "LensOptimiser"]
+__all__ = [
+    "CHUNK_BYTES",
+    "EVALUATION_COLUMNS",
+    "LayerSums",
+    "LensEvaluation",
+    "LensObjective",
+    "LensOptimiser",
+]

@@ -37,17 +37,30 @@ from torch import Tensor
 from resstream.analysis.decoding.decoder import Decoder, NonFiniteInputs
 from resstream.analysis.decoding.ranks import DEFAULT_CHUNK_BYTES, LowPrecision, check_ids, check_matrix
 from resstream.analysis.stats import cluster_ratio, cluster_ratio_ci
+from resstream.display import Displayable
 from resstream.io import jsonable
 from resstream.reprs import summary
 
-__all__ = ["AlignmentAccumulator", "AlignmentResult", "shift_layer_from_rates"]
+__all__ = [
+    "SHIFT_COLUMNS",
+    "SHIFT_METRICS",
+    "AlignmentAccumulator",
+    "AlignmentResult",
+    "shift_layer_from_rates",
+]
 
 
 # --------------------------------------------------------------------------- results
 
 
+#: The columns of `AlignmentResult.to_pandas()` (and of `ShiftReport.to_pandas()` and shift.csv).
+SHIFT_COLUMNS = ("model", "decoder", "layer", "depth", "metric", "value", "ci_low", "ci_high")
+#: The metrics of those frames, in the order of their rows at each layer.
+SHIFT_METRICS = ("in_match", "out_match", "cos_in", "cos_out", "projection", "shift_depth")
+
+
 @dataclass(frozen=True)
-class AlignmentResult:
+class AlignmentResult(Displayable, renderer="resstream.reporting.shift"):
     """Per-layer input/output alignment of one model over a corpus (module docstring).
 
     Every per-layer tuple is indexed by layer 0..L (0 = the embedding output h_0). The match
@@ -55,6 +68,16 @@ class AlignmentResult:
     a single sequence, zero width when every sequence has the same rate; clipped to [0, 1].
     `shift_depths[l]` counts positions whose per-token shift depth is l; `never_shifted` the
     rest, so sum(shift_depths) + never_shifted = num_tokens.
+
+    `to_pandas()` columns (`SHIFT_COLUMNS`), one row per layer and metric: model — the
+    model's name; decoder — "logit-lens", "embedding" or "tuned"; layer — 0..L (0 = the
+    embedding output); depth — layer / L; metric — one of `SHIFT_METRICS`: in_match and
+    out_match (the top-k match rates), cos_in, cos_out, projection, and shift_depth (the
+    share of the scored positions whose per-token shift depth is this layer:
+    shift_depths[l] / num_tokens; the rest never shift); value — the metric's value;
+    ci_low, ci_high — the 95% interval of in_match and out_match (missing with a single
+    sequence, and for the other metrics). In a notebook the result shows these values per
+    layer and the figures `resstream shift` writes.
     """
 
     model: str

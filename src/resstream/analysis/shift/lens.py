@@ -23,7 +23,24 @@ from torch import Tensor
 
 from resstream.analysis.decoding.decoder import Decoder, ExactScorer, NonFiniteInputs
 from resstream.analysis.decoding.ranks import DEFAULT_CHUNK_BYTES
+from resstream.display import Displayable
 from resstream.reprs import summary
+
+#: The columns of `LensResult.to_pandas()`.
+LENS_COLUMNS = (
+    "position",
+    "input_token",
+    "next_token",
+    "layer",
+    "rank",
+    "token_id",
+    "token",
+    "probability",
+    "input_rank",
+    "input_probability",
+    "next_rank",
+    "next_probability",
+)
 
 
 @dataclass(frozen=True)
@@ -69,9 +86,23 @@ class PositionTrajectory:
 
 
 @dataclass(frozen=True)
-class LensResult:
+class LensResult(Displayable, renderer="resstream.reporting.lens"):
     """Decoding trajectories of a text (or a position range of it), with the text of every
-    token they mention, so the result renders itself (`token_text`)."""
+    token they mention, so the result renders itself (`token_text`).
+
+    `to_pandas()` columns (`LENS_COLUMNS`), one row per position, layer and top-k decoding:
+    position — the token position in the text; input_token — the token there (t_i);
+    next_token — the token after it (t_{i+1}; missing at the text's last position); layer —
+    0..L (0 = the embedding output); rank — 1..top_k, the decoding's place in the layer's
+    top-k (1 = top-1; ties ordered by the lower id); token_id, token — the decoded token's id
+    and text; probability — its probability under the softmax of the decoder's scores;
+    input_rank, next_rank — the exact rank of t_i and of t_{i+1} at that layer as lens.json
+    counts it: the number of tokens scoring strictly higher (0 = top-1, unlike `rank`);
+    input_probability, next_probability — their probabilities. The last four repeat over a
+    layer's top-k rows, and are missing where the result lacks them (t_{i+1} at the text's
+    last position, an old lens.json). In a notebook the result shows the table of lens.html
+    and the figure of lens.png.
+    """
 
     model: str
     decoder: str
@@ -84,10 +115,15 @@ class LensResult:
     def __repr__(self) -> str:
         positions = [t.position for t in self.trajectories]
         span = f"{positions[0]}–{positions[-1]}" if positions else "none"
+        scored = [t for t in self.trajectories if t.next_id is not None]
+        found = sum(t.top1[-1] == t.next_id for t in scored if t.top_ids)
         return summary(
             self,
             f"model={self.model!r}, positions {span} ({len(positions)}), layers 0–{self.num_layers}, "
             f"decoder {self.decoder!r}, top_k={self.top_k}",
+            f"layer {self.num_layers} decodes the next token at {found} of {len(scored)} positions"
+            if scored
+            else "",
         )
 
     def token_text(self, token_id: int) -> str:
