@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from resstream.cli.main import main
+from resstream.reporting.evaluation import EVAL_COLUMNS
 from resstream.training.evaluate import BENCHMARKS
 from tests.cli_support import strict_json
 from tests.test_evaluate import make_run, write_data_dir
@@ -84,8 +85,17 @@ def test_eval_end_to_end(run_dir, data_dir, tmp_path, capsys, small_shakespeare)
     assert lam["last_word_accuracy"] is not None and lam["num_examples"] > 0
     shakespeare = report["benchmarks"][-1]
     assert shakespeare["num_tokens"] == 119 and "held out" in shakespeare["note"]
-    rows = list(csv.DictReader((out / "eval.csv").open()))
-    assert [r["name"] for r in rows] == list(BENCHMARKS) and rows[0]["last_word_accuracy"] == ""
+    rows = list(csv.DictReader((out / "eval.csv").open()))  # one row per benchmark and score
+    assert list(rows[0]) == list(EVAL_COLUMNS) and {r["model"] for r in rows} == {report["model"]}
+    assert list(dict.fromkeys(r["benchmark"] for r in rows)) == list(BENCHMARKS)
+    cells = {(r["benchmark"], r["metric"]): r for r in rows}
+    for bench in report["benchmarks"]:
+        for metric in ("loss", "perplexity", "accuracy"):
+            assert float(cells[bench["name"], metric]["value"]) == bench[metric]
+            assert int(cells[bench["name"], metric]["n"]) == bench["num_tokens"]
+    assert float(cells["lambada", "last_word_accuracy"]["value"]) == lam["last_word_accuracy"]
+    assert int(cells["lambada", "last_word_accuracy"]["n"]) == lam["num_examples"]
+    assert len(rows) == 3 * len(BENCHMARKS) + 1  # last-word accuracy: LAMBADA only
     record = json.loads((out / "run.json").read_text())
     assert record["config"]["command"] == "eval" and record["config"]["stride"] == 4
     assert record["device"] == "cpu" and set(record["datasets"]) == set(BENCHMARKS)

@@ -8,6 +8,9 @@ import matplotlib.image
 import pytest
 
 from resstream.cli.main import main
+from resstream.reporting.notebook import frame_csv
+from resstream.reporting.tables import COMPARE_COLUMNS, SWEEP_COLUMNS
+from resstream.training.records import load_sweep
 from tests.test_reporting import EVALS, VAL, write_sweep
 from tests.test_sweep import write_corpus, write_data_dir
 
@@ -109,8 +112,11 @@ def test_sweep_then_compare(setup, capsys):
         assert pngs == (["gate.png", "loss_curve.png"] if run.endswith("learned") else ["loss_curve.png"]), (
             run
         )
-    csv_lines = (out / "sweep.csv").read_text().splitlines()
-    assert len(csv_lines) == 7 and "openwebtext/perplexity" in csv_lines[0]
+    csv_lines = (out / "sweep.csv").read_text().splitlines()  # per run: val loss, 3 + 4 scores
+    assert csv_lines[0] == ",".join(SWEEP_COLUMNS) and len(csv_lines) == 1 + 6 * (1 + 3 + 4)
+    assert "0,baseline,none,,,openwebtext,perplexity," in (out / "sweep.csv").read_text()
+    assert (out / "sweep.csv").read_text() == frame_csv(load_sweep(out).to_pandas())
+    assert json.loads(json.dumps(load_sweep(out).to_dict())) == data  # the result read back
 
     # With no data folder, compare compares what it can read here (the built-in shakespeare),
     # says which benchmarks it skipped and why, and evaluates with the sweep's --max-eval-tokens.
@@ -239,7 +245,7 @@ def test_compare_on_fixtures(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| best fixed cut (k=1, α=0.5) | 2 | **2.600 ± 0.141** |" in printed
     csv_text = (tmp_path / "cmp" / "compare.csv").read_text()
-    assert csv_text.splitlines()[0].startswith("row,label,cut_layer,alpha,n,")
+    assert csv_text.splitlines()[0] == ",".join(COMPARE_COLUMNS)
     record = json.loads((tmp_path / "cmp" / "run.json").read_text())
     assert record["config"]["inputs"] == [str(sweep)] and record["config"]["runs"] == 10
 

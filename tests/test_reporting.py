@@ -193,10 +193,11 @@ def test_missing_rows_and_columns():
 
 def test_csv_and_json(sweep_dir):
     table = table_for(sweep_dir)
-    rows = table.to_csv().splitlines()
-    assert rows[0].startswith("row,label,cut_layer,alpha,n,val_loss mean,val_loss std,val_loss n")
-    assert rows[1].startswith("baseline,baseline,,,2,3.0,1.414213562373")
-    assert rows[2].startswith('fixed,"best fixed cut (k=1, α=0.5)",1,0.5,2,2.6')
+    rows = table.to_csv().splitlines()  # one line per row and column: 3 rows × 4 columns
+    assert rows[0] == ",".join(tables.COMPARE_COLUMNS) and len(rows) == 1 + 3 * 4
+    assert rows[1].startswith("baseline,baseline,,,2,,val_loss,2,3.0,1.414213562373")
+    assert rows[5].startswith('fixed,"best fixed cut (k=1, α=0.5)",1,0.5,2,,val_loss,2,2.6')
+    assert rows[6].startswith('fixed,"best fixed cut (k=1, α=0.5)",1,0.5,2,wikitext-2,perplexity,2,13.0')
     data = table.to_dict()
     assert data["best_fixed_cut"]["cut_layer"] == 1
     cell = data["rows"][2]["cells"]["wikitext-2/perplexity"]
@@ -295,11 +296,14 @@ def test_sweep_csv(tmp_path):
         }
     )
     lines = tables.sweep_csv(result).splitlines()
-    assert lines[0].startswith(
-        "seed,name,gate,cut_layer,alpha,val_loss,wikitext-2/loss,wikitext-2/perplexity"
-    )
-    assert lines[1].startswith("0,baseline,none,,,2.0,,9.5,")
-    assert lines[2].startswith("0,fixed-k1,fixed,1,0.5,2.5,,,")
+    assert lines[0] == ",".join(tables.SWEEP_COLUMNS)
+    assert lines[1:] == [  # a score missing from a benchmark entry is empty; a run without one has no rows
+        "0,baseline,none,,,,val_loss,2.0,",
+        "0,baseline,none,,,wikitext-2,loss,,",
+        "0,baseline,none,,,wikitext-2,perplexity,9.5,",
+        "0,baseline,none,,,wikitext-2,accuracy,,",
+        "0,fixed-k1,fixed,1,0.5,,val_loss,2.5,",
+    ]
 
 
 def _tick_numbers(axis) -> list[float]:

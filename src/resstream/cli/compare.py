@@ -3,38 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from resstream.cli import options
 from resstream.cli.common import check_max_eval_tokens, echo_err, split_names
+from resstream.cli.flags import cli_message
 from resstream.errors import UsageError
-
-if TYPE_CHECKING:
-    from resstream.training.evaluate import BenchmarkData
-
-
-def skipped_line(data: BenchmarkData, data_dir: Path | None) -> str | None:
-    """One line naming the benchmarks left out of the default set, and why."""
-    from resstream.data.sources import data_dir as local_data_dir
-
-    if not data.unavailable:
-        return None
-    names = ", ".join(data.unavailable)
-    messages = list(data.unavailable.values())
-    if all("is not in the data directory" in m for m in messages):
-        where = local_data_dir(data_dir)
-        reason = (
-            "no data directory is set (give --data-dir or set RESSTREAM_DATA) "
-            "and Hugging Face could not be reached"
-            if where is None
-            else f"they are not in the data directory {str(where)!r} and Hugging Face could not be reached"
-        )
-    else:
-        reason = messages[0]
-    kept = ", ".join(data.fingerprints) or "none"
-    return f"compare: skipped {names}: {reason}; comparing validation loss and {kept}"
 
 
 def compare(
@@ -66,62 +42,38 @@ def compare(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False,
 ) -> None:
     """Compare baseline, best fixed cut and learned gate; writes compare.md/.csv/.json/.png and run.json."""
-    from resstream.devices import resolve_device
+    from resstream.api.compare import compare as compare_runs
     from resstream.io import write_json, write_text
     from resstream.reporting.plots import plot_compare
-    from resstream.reporting.tables import compare_table
     from resstream.rundir import output_set
-    from resstream.training import sweep as sw
-    from resstream.training.evaluate import BENCHMARKS, EvalSettings, check_benchmarks, find_benchmark_data
-    from resstream.training.records import load_runs, sweep_max_eval_tokens
+    from resstream.training.evaluate import check_benchmarks
 
     names = check_benchmarks(split_names(benchmarks), allow_all=True) if benchmarks is not None else None
     if names is not None and not names:
         raise UsageError(f"--benchmarks: {benchmarks!r} names no benchmark")
     max_tokens = check_max_eval_tokens(max_eval_tokens)
-    local = str(data_dir) if data_dir else None
     with output_set(out, "compare") as outputs:
-        dev = str(resolve_device(device))
-        records = load_runs(inputs)
-        if max_eval_tokens is None:
-            max_tokens = sweep_max_eval_tokens(inputs)
-        skipped: dict[str, str] = {}
-        data = None
-        if names is None:
-            data = find_benchmark_data(BENCHMARKS, local)
-            names, skipped = tuple(data.fingerprints), data.unavailable
-            line = skipped_line(data, data_dir)
-            if line:
-                echo_err(line)
-        eval_settings = EvalSettings(names, data_dir=local, max_tokens=max_tokens, device=dev)
-        records, summary = sw.fill_evals(
-            records, eval_settings, progress=not quiet, log=None if quiet else echo_err, data=data
+        result = compare_runs(
+            inputs,
+            names,
+            max_eval_tokens=max_tokens,
+            data_dir=data_dir,
+            device=device,
+            progress=not quiet,
+            log=lambda line: echo_err(cli_message(line, "compare")),
         )
-        for line in summary.lines():
-            echo_err(f"compare: {line}")
-        table = compare_table(records, names)
-        markdown = table.to_markdown()
+        markdown = result.table.to_markdown()
         write_text(outputs / "compare.md", markdown)
-        write_text(outputs / "compare.csv", table.to_csv())
-        plot_compare(table, outputs / "compare.png")
-        write_json(
-            outputs / "compare.json",
-            {
-                **table.to_dict(),
-                "inputs": [str(p) for p in inputs],
-                "benchmarks": list(names),
-                "max_eval_tokens": max_tokens,
-                "skipped": skipped,
-                "evaluations": summary.to_dict(),
-            },
-        )
+        write_text(outputs / "compare.csv", result.table.to_csv())
+        plot_compare(result.table, outputs / "compare.png")
+        write_json(outputs / "compare.json", result.to_dict())
         settings = {
-            "inputs": [str(p) for p in inputs],
-            "benchmarks": list(names),
-            "max_eval_tokens": max_tokens,
-            "runs": len(records),
+            "inputs": list(result.inputs),
+            "benchmarks": list(result.benchmarks),
+            "max_eval_tokens": result.max_eval_tokens,
+            "runs": len(result.runs),
         }
-        options.write_run_record(outputs, "compare", settings, dev)
+        options.write_run_record(outputs, "compare", settings, result.device)
     typer.echo(markdown, nl=False)
 
 

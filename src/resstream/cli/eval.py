@@ -4,16 +4,14 @@ The model is what the analysis commands take: a resstream run directory, the bui
 reference model (default), a local Hugging Face directory or a hub name
 (`resstream.models.evaluation`).
 
-Writes `eval.json` (results and the scoring method), `eval.csv` (one row per benchmark) and
-`run.json` into --out, and prints a table. Every input is checked, the model and all benchmark
-texts are loaded before anything is written, so bad input writes nothing; the three files
-appear together (`resstream.rundir.output_set`).
+Writes `eval.json` (results and the scoring method), `eval.csv` (one row per benchmark and
+score: `EvalReport.to_pandas()`) and `run.json` into --out, and prints a table. Every input is
+checked, the model and all benchmark texts are loaded before anything is written, so bad input
+writes nothing; the three files appear together (`resstream.rundir.output_set`).
 """
 
 from __future__ import annotations
 
-import csv
-import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -26,30 +24,6 @@ from resstream.cli.options import DtypeOption
 if TYPE_CHECKING:
     from resstream.rundir import OutputSet
     from resstream.training.evaluate import EvalEstimate, EvalPlan, EvalReport
-
-#: Columns of eval.csv, in order.
-CSV_FIELDS = (
-    "name",
-    "loss",
-    "perplexity",
-    "accuracy",
-    "num_tokens",
-    "last_word_accuracy",
-    "num_examples",
-    "origin",
-    "fingerprint",
-    "note",
-)
-
-
-def csv_text(report: EvalReport) -> str:
-    """eval.csv: one row per benchmark; empty cells for values a benchmark does not have."""
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, lineterminator="\n")
-    writer.writeheader()
-    for row in report.to_dict()["benchmarks"]:
-        writer.writerow({k: ("" if row.get(k) is None else row[k]) for k in CSV_FIELDS})
-    return buffer.getvalue()
 
 
 def table_text(report: EvalReport) -> str:
@@ -89,10 +63,11 @@ def estimate_lines(guess: EvalEstimate, plan: EvalPlan) -> list[str]:
 def write_outputs(outputs: OutputSet, report: EvalReport, plan: EvalPlan, settings: dict[str, Any]) -> None:
     """Stage eval.json, eval.csv and run.json in the command's output set."""
     from resstream.io import write_json, write_text
+    from resstream.reporting.evaluation import eval_csv
     from resstream.training.evaluate import datasets_fingerprint
 
     write_json(outputs / "eval.json", report.to_dict())
-    write_text(outputs / "eval.csv", csv_text(report))
+    write_text(outputs / "eval.csv", eval_csv(report))
     config = {**settings, "model_config": plan.model.config}
     datasets = {r.name: {"origin": r.origin, "fingerprint": r.fingerprint} for r in report.results}
     fingerprint = datasets_fingerprint(report.results)

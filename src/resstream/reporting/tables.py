@@ -1,8 +1,9 @@
-"""Tables of sweep results: the per-run sweep CSV and the baseline / best fixed cut / learned
-gate comparison (Markdown, CSV, JSON).
+"""Tables of sweep results: the per-run sweep frame (sweep.csv) and the baseline / best fixed
+cut / learned gate comparison (Markdown, and its frame: compare.csv; JSON).
 
 These functions only aggregate numbers already computed (validation losses from training,
-benchmark scores from evaluation); they run no model.
+benchmark scores from evaluation); they run no model. The notebook views of both are
+registered by `resstream.reporting.experiments`.
 
 Convention: a cell is the mean over seeds ± the sample standard deviation (ddof = 1), the ±
 part only when at least two seeds contribute; n is the number of seeds.
@@ -12,12 +13,17 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from resstream.reporting.csvs import csv_text
-from resstream.training.records import EVAL_METRICS, RunRecord, Scores, SweepResult
+from resstream.display import Displayable
+from resstream.reporting.notebook import frame_csv, long_frame
+from resstream.reprs import summary
+from resstream.training.records import RunRecord, Scores, SweepResult
+
+if TYPE_CHECKING:
+    import pandas
 
 DIGITS = 3
 CONVENTION = (
@@ -120,13 +126,37 @@ class FixedCut:
 
 
 @dataclass(frozen=True)
-class CompareTable:
-    """Baseline / best fixed cut / learned gate across benchmarks."""
+class CompareTable(Displayable, renderer="resstream.reporting.experiments"):
+    """Baseline / best fixed cut / learned gate across benchmarks (compare.md).
+
+    `to_pandas()` columns (`COMPARE_COLUMNS`; compare.csv is this frame), one row per table row
+    and column: row — baseline, fixed, learned (or pretrained); model — the row's label in
+    compare.md; cut_layer, alpha — the fixed cut's layer and α (empty for other rows); seeds —
+    the row's number of seeds (compare.md's n); benchmark — empty for the validation loss;
+    metric — val_loss, perplexity or last_word_accuracy; n — the seeds with a value in this
+    cell; mean, std — their mean and sample standard deviation (std empty below two, both empty
+    for no value); best — bold in compare.md (the best mean of the column).
+    """
 
     rows: tuple[CompareRow, ...]
     columns: tuple[Column, ...]
     fixed_cuts: tuple[FixedCut, ...]
     best_fixed: FixedCut | None
+
+    def __repr__(self) -> str:
+        return summary(self, *self.summary_parts())
+
+    def summary_parts(self) -> list[str]:
+        """The lines of a short summary: each row's first column (the validation loss), then
+        the columns compared."""
+        if not self.columns:
+            return [f"{len(self.rows)} rows, no columns"]
+        first = self.columns[0]
+        lines = [
+            f"{row.label} (n={row.n}): {first.label} {self.cell_text(row, first, bold=False)}"
+            for row in self.rows
+        ]
+        return [*lines, "columns: " + ", ".join(column.label for column in self.columns)]
 
     def best_rows(self, column: Column) -> set[str]:
         """Keys of the rows holding the best mean of `column` (several on an exact tie)."""
@@ -180,18 +210,8 @@ class CompareTable:
         return "\n".join(lines) + "\n\n" + self.footer() + "\n"
 
     def to_csv(self) -> str:
-        """One line per row: label, cut layer, α, n, then mean, std, n of every column."""
-        head = ["row", "label", "cut_layer", "alpha", "n"]
-        for column in self.columns:
-            head += [f"{column.key} mean", f"{column.key} std", f"{column.key} n"]
-        lines = []
-        for row in self.rows:
-            line: list[Any] = [row.key, row.label, _blank(row.cut_layer), _blank(row.alpha), row.n]
-            for column in self.columns:
-                stat = row.cells.get(column.key)
-                line += [_blank(stat and stat.mean), _blank(stat and stat.std), stat.n if stat else 0]
-            lines.append(line)
-        return csv_text(head, lines)
+        """compare.csv: the table's frame (`compare_frame`)."""
+        return frame_csv(compare_frame(self))
 
     def to_dict(self) -> dict[str, Any]:
         """Machine-readable form (compare.json)."""
@@ -242,10 +262,6 @@ class CompareTable:
             "seeds": list(row.seeds),
             "cells": cells,
         }
-
-
-def _blank(value: Any) -> Any:
-    return "" if value is None else value
 
 
 def _cut_dict(cut: FixedCut) -> dict[str, Any]:
@@ -342,24 +358,119 @@ def model_row(record: RunRecord, columns: Sequence[Column]) -> CompareRow:
     return _row("pretrained", record.name, [record], columns)
 
 
+# ------------------------------------------------------------------------------ frames
+#: The columns of `CompareTable.to_pandas()` and compare.csv, in order.
+COMPARE_COLUMNS = (
+    "row",
+    "model",
+    "cut_layer",
+    "alpha",
+    "seeds",
+    "benchmark",
+    "metric",
+    "n",
+    "mean",
+    "std",
+    "best",
+)
+
+#: The columns of `SweepResult.to_pandas()` and sweep.csv, in order.
+SWEEP_COLUMNS = ("seed", "run", "gate", "cut_layer", "alpha", "benchmark", "metric", "value", "n")
+
+#: Each benchmark score a frame shows and the count it is a mean over (a key of the same entry).
+SCORE_COUNTS = (
+    ("loss", "num_tokens"),
+    ("perplexity", "num_tokens"),
+    ("accuracy", "num_tokens"),
+    ("last_word_accuracy", "num_examples"),
+)
+
+#: Scores only some benchmarks have (LAMBADA's): a row only where the entry holds a value.
+OPTIONAL_SCORES = frozenset({"last_word_accuracy"})
+
+#: Integer columns that may be empty (pandas' nullable integers, written without ".0").
+_COUNTS = ("cut_layer", "seeds", "n")
+
+
+def split_key(key: str) -> tuple[str | None, str]:
+    """(benchmark, metric) of a column key: (None, "val_loss") or ("lambada", "perplexity")."""
+    benchmark, _, metric = key.rpartition("/")
+    return benchmark or None, metric
+
+
+def score_rows(entry: Mapping[str, Any]) -> list[tuple[str, float, int | None]]:
+    """(metric, value, n) of one benchmark's scores (an eval.json entry or a run's scores):
+    every score of `SCORE_COUNTS` it has, a missing one (null in the JSON) as NaN, and the
+    count it is a mean over; `last_word_accuracy` only where the benchmark has one."""
+    rows = []
+    for metric, count in SCORE_COUNTS:
+        value = entry.get(metric)
+        if value is None and metric in OPTIONAL_SCORES:
+            continue
+        rows.append((metric, math.nan if value is None else float(value), entry.get(count)))
+    return rows
+
+
+def typed_frame(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> pandas.DataFrame:
+    """`long_frame` with its count columns (`_COUNTS`) as nullable integers."""
+    frame = long_frame(columns, rows)
+    return frame.astype({name: "Int64" for name in _COUNTS if name in frame.columns})
+
+
+def compare_frame(table: CompareTable) -> pandas.DataFrame:
+    """`CompareTable.to_pandas()`: one row per table row and column (`COMPARE_COLUMNS`)."""
+    best = {column.key: table.best_rows(column) for column in table.columns}
+    rows = []
+    for row in table.rows:
+        for column in table.columns:
+            benchmark, metric = split_key(column.key)
+            stat = row.cells.get(column.key)
+            rows.append(
+                (
+                    row.key,
+                    row.label,
+                    row.cut_layer,
+                    row.alpha,
+                    row.n,
+                    benchmark,
+                    metric,
+                    stat.n if stat else 0,
+                    stat.mean if stat else math.nan,
+                    stat.std if stat and stat.std is not None else math.nan,
+                    row.key in best[column.key],
+                )
+            )
+    return typed_frame(COMPARE_COLUMNS, rows)
+
+
+def sweep_benchmarks(result: SweepResult) -> list[str]:
+    """The benchmarks a sweep's tables show: its own, else every one a run has scores for (in
+    the order the runs hold them)."""
+    return list(result.benchmarks) or list(dict.fromkeys(b for r in result.runs for b in r.evals))
+
+
+def sweep_frame(result: SweepResult) -> pandas.DataFrame:
+    """`SweepResult.to_pandas()`: per run, its validation loss, then each benchmark's scores
+    (`score_rows`; a benchmark the run has no scores for has no rows)."""
+    rows: list[tuple[Any, ...]] = []
+    benchmarks = sweep_benchmarks(result)
+    for run in result.runs:
+        who = (run.seed, run.name, run.gate, run.cut_layer, run.alpha)
+        rows.append((*who, None, "val_loss", run.val_loss, None))
+        for benchmark in benchmarks:
+            scores = run.evals.get(benchmark)
+            if scores:
+                rows += [(*who, benchmark, *score) for score in score_rows(scores)]
+    return typed_frame(SWEEP_COLUMNS, rows)
+
+
+def sweep_table(result: SweepResult) -> CompareTable:
+    """The baseline / best fixed cut / learned gate table of one sweep's runs, on its
+    benchmarks (`sweep_benchmarks`)."""
+    return compare_table(list(result.runs), sweep_benchmarks(result))
+
+
 # ---------------------------------------------------------------------------- sweep CSV
 def sweep_csv(result: SweepResult) -> str:
-    """One line per run: seed, name, gate, cut layer, α, val loss, then every benchmark metric."""
-    benchmarks = list(result.benchmarks) or sorted({b for r in result.runs for b in r.evals})
-    metrics = list(EVAL_METRICS)
-    head = [
-        "seed",
-        "name",
-        "gate",
-        "cut_layer",
-        "alpha",
-        "val_loss",
-        *(f"{b}/{m}" for b in benchmarks for m in metrics),
-    ]
-    rows = []
-    for run in result.runs:
-        scores = [_blank((run.evals.get(b) or {}).get(m)) for b in benchmarks for m in metrics]
-        rows.append(
-            [run.seed, run.name, run.gate, _blank(run.cut_layer), _blank(run.alpha), run.val_loss, *scores]
-        )
-    return csv_text(head, rows)
+    """sweep.csv: the sweep's frame (`sweep_frame`)."""
+    return frame_csv(sweep_frame(result))

@@ -16,13 +16,16 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from resstream.display import Displayable
 from resstream.errors import UsageError, short_reason
 from resstream.io import check_inside, is_plain_name, is_real_directory
+from resstream.reprs import summary
 from resstream.rundir import RUN_FILE
 from resstream.training.metrics import METRICS_FILE, iter_metrics
 
@@ -88,8 +91,17 @@ class RunRecord:
 
 
 @dataclass(frozen=True)
-class SweepResult:
-    """Everything a finished sweep produced."""
+class SweepResult(Displayable, renderer="resstream.reporting.experiments"):
+    """Everything a finished sweep produced (`resstream.training.sweep.run_sweep`; read back
+    by `load_sweep`).
+
+    `to_pandas()` columns (`resstream.reporting.tables.SWEEP_COLUMNS`; sweep.csv is this
+    frame), per run its validation loss, then one row per benchmark score: seed; run — its
+    name (baseline, fixed-k<k>, learned); gate — none, fixed or learned; cut_layer, alpha —
+    the fixed cut's layer and α (empty for other runs); benchmark — empty for the validation
+    loss; metric — val_loss, or loss, perplexity, accuracy, last_word_accuracy (as eval.json);
+    value; n — the tokens (passages for last_word_accuracy) a benchmark score is a mean over.
+    """
 
     root: Path
     n_layer: int
@@ -101,6 +113,25 @@ class SweepResult:
     runs: tuple[RunRecord, ...]
     gate_histories: dict[int, GateHistory]
     config: dict[str, Any]
+
+    def __repr__(self) -> str:
+        cuts = ", ".join(map(str, self.layers)) or "none"
+        learned = "; learned gate" if self.learned else ""
+        plan = (
+            f"{len(self.runs)} runs of {self.n_layer}-layer models: seeds {', '.join(map(str, self.seeds))}; "
+            f"fixed cuts at layers {cuts}, α = {self.alpha:g}{learned}"
+        )
+        benchmarks = f"benchmarks {', '.join(self.benchmarks)}" if self.benchmarks else ""
+        return summary(self, plan, self._val_loss_line(), benchmarks)
+
+    def _val_loss_line(self) -> str:
+        """'val loss (mean over seeds): baseline 3.000; k=0 3.600, k=1 2.600; learned 3.000'."""
+        groups: dict[str, list[float]] = {}
+        for run in self.runs:
+            kind = f"k={run.cut_layer}" if run.gate == "fixed" else _VARIANT.get(run.gate, run.gate)
+            groups.setdefault(kind, []).append(run.val_loss)
+        means = [f"{kind} {_finite_mean(losses):.3f}" for kind, losses in groups.items()]
+        return f"val loss (mean over seeds): {', '.join(means)}"
 
     def to_dict(self) -> dict[str, Any]:
         """The content of sweep.json."""
@@ -119,6 +150,16 @@ class SweepResult:
             "config": self.config,
             "runs": per_seed,
         }
+
+
+#: How a summary names the runs of a gate kind (fixed cuts are named by their layer).
+_VARIANT = {"none": "baseline"}
+
+
+def _finite_mean(values: Sequence[float]) -> float:
+    """The mean of the finite values (NaN when there are none)."""
+    kept = [v for v in values if math.isfinite(v)]
+    return statistics.fmean(kept) if kept else math.nan
 
 
 # ------------------------------------------------------------------- reading runs

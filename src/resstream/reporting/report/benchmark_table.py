@@ -16,9 +16,9 @@ from resstream.reporting.tables import (
     CompareRow,
     CompareTable,
     compare_columns,
-    compare_table,
     model_record,
     model_row,
+    sweep_table,
 )
 from resstream.training.records import SweepResult, normalise_eval
 
@@ -88,11 +88,6 @@ def _compare_scale(output: Output | None, sweeps: Sequence[SweepResult]) -> list
     return scale
 
 
-def _sweep_table(sweep: SweepResult) -> CompareTable:
-    benchmarks = list(sweep.benchmarks) or list(dict.fromkeys(b for r in sweep.runs for b in r.evals))
-    return compare_table(list(sweep.runs), benchmarks)
-
-
 def benchmark_section(
     compares: Sequence[Output], sweeps: Sequence[SweepResult], evals: Sequence[Output]
 ) -> str:
@@ -102,7 +97,7 @@ def benchmark_section(
         (CompareTable.from_dict(output.data), output) for output in compares
     ]
     if not tables:
-        tables = [(_sweep_table(sweep), None) for sweep in sweeps] or [(None, None)]
+        tables = [(sweep_table(sweep), None) for sweep in sweeps] or [(None, None)]
     parts = []
     for index, (table, output) in enumerate(tables):
         shown_evals = evals if index == 0 else ()

@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from resstream.display import Displayable
+from resstream.reprs import summary
 from resstream.training.evaluate.plan import EvalPlan, PreparedBenchmark
 from resstream.training.scoring import (
     DEFAULT_BATCH_SIZE,
@@ -25,8 +27,15 @@ from resstream.training.scoring import (
 
 
 @dataclass(frozen=True)
-class EvalReport:
-    """All benchmark results of one model, with the window settings they were scored under."""
+class EvalReport(Displayable, renderer="resstream.reporting.evaluation"):
+    """All benchmark results of one model, with the window settings they were scored under.
+
+    `to_pandas()` columns (`resstream.reporting.evaluation.EVAL_COLUMNS`; eval.csv is this
+    frame), one row per benchmark and score: model — the model's name; benchmark; metric —
+    loss (nats per token), perplexity, accuracy (next-token top-1, percent) and, for LAMBADA,
+    last_word_accuracy (percent of passages); value — as in eval.json (NaN where it holds
+    null); n — the tokens (passages for last_word_accuracy) the value is a mean over.
+    """
 
     model: str
     results: tuple[BenchmarkResult, ...]
@@ -39,6 +48,10 @@ class EvalReport:
     model_source: str = "resstream"  # `EvalModel.source`
     context: int | None = None  # the model's own context in tokens (block_size <= context)
     end_of_text: str | None = None  # the token after each document (None: the tokenizer has none)
+
+    def __repr__(self) -> str:
+        windows = f"windows of {self.block_size} tokens, stride {self.stride}"
+        return summary(self, f"model {self.model!r}", *map(_headline, self.results), windows)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form written to eval.json. Every benchmark entry also carries what it was
@@ -70,6 +83,18 @@ class EvalReport:
             "documents": documents_rule(self.end_of_text),
             "benchmarks": [{**r.to_dict(), **provenance} for r in self.results],
         }
+
+
+def _headline(result: BenchmarkResult) -> str:
+    """One benchmark's scores in a line: 'lambada: perplexity 91.9, accuracy 22.6%, 1,000
+    tokens, last word 12.0% of 50 passages'."""
+    line = (
+        f"{result.name}: perplexity {result.perplexity:.4g}, accuracy {result.accuracy:.1f}%, "
+        f"{result.num_tokens:,} tokens"
+    )
+    if result.last_word_accuracy is not None:
+        line += f", last word {result.last_word_accuracy:.1f}% of {result.num_examples or 0:,} passages"
+    return line
 
 
 def documents_rule(end_of_text: str | None) -> str:
