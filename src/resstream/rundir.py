@@ -20,7 +20,8 @@ the directory and moved into place in one short step that Ctrl-C cannot split, `
 last, listing the files of its set; files of the previous set in the directory that the new
 set does not have are removed then, so runs never mix. Only plain names of files (or links,
 which are unlinked, not followed) directly in the directory are removed; any other name a
-previous run.json lists ('..', a folder, a path) is ignored.
+previous run.json lists ('..', a folder, a path) is ignored. `result_file(path)` is the run's
+result JSON (what `--json` prints), found from its run.json.
 
 Locks are per process and reentrant: a command that locks a directory and calls library code
 that locks it again (or locks a directory below it) does not lock itself out.
@@ -340,6 +341,23 @@ def previous_command(directory: Path) -> str | None:
         return None
     config = record.get("config") if isinstance(record, dict) else None
     return config.get("command") if isinstance(config, dict) else None
+
+
+#: The result JSON of a command whose result is not `<command>.json` (tune-lens's lens.json is
+#: the lens's own description; its result is the evaluation).
+RESULT_FILES = {"tune-lens": "evaluation.json"}
+
+
+def result_file(directory: Path) -> Path:
+    """The result JSON of the run `directory` holds: `<command>.json`, or the file `RESULT_FILES`
+    names for its command, as its run.json records them (the command, and the file in its set).
+
+    Raises RuntimeError when the directory holds no run of a command with a result JSON."""
+    command = previous_command(directory)
+    name = RESULT_FILES.get(command or "", f"{command}.json")
+    if command is None or name not in (_listed_files(directory) or []):
+        raise RuntimeError(f"{directory} holds no result JSON of a resstream run (looked for {name})")
+    return directory / name
 
 
 def refuse_another_commands_run(directory: Path, command: str, param: str | None = "out") -> None:

@@ -4,6 +4,10 @@
 input (one line on stderr, nothing written), 1 for a run that had to stop, 130 on Ctrl-C.
 `--debug` anywhere on the command line shows the traceback instead. A bare `resstream`
 prints the help (exit 0); `resstream --version` prints the version.
+
+`--install-completion [SHELL]` and `--show-completion [SHELL]` are Typer's shell completion with
+the shell as an optional value (`cli/completion.py`, hence not Typer's `add_completion`). The
+analysis commands named in `JSON_COMMANDS` take `--json` (`options.with_json_option`).
 """
 
 from __future__ import annotations
@@ -33,9 +37,11 @@ from resstream.cli import sweep as sweep_cmd
 from resstream.cli import tokenize as tokenize_cmd
 from resstream.cli import train as train_cmd
 from resstream.cli import tune_lens as tune_lens_cmd
+from resstream.cli.completion import GroupWithCompletion, InstallCompletionOption, ShowCompletionOption
 from resstream.cli.flags import cli_message
-from resstream.cli.help import FlagsWithoutTypes, GroupWithoutFlagTypes
+from resstream.cli.help import FlagsWithoutTypes
 from resstream.cli.interrupted import interrupted_exit
+from resstream.cli.options import with_json_option
 from resstream.errors import ResstreamError
 from resstream.interrupts import was_interrupted
 from resstream.notices import ResstreamNotice
@@ -48,10 +54,23 @@ _CLI_ERRORS = (click.exceptions.ClickException, typer.exceptions.TyperException)
 app = typer.Typer(
     name="resstream",
     help="Residual-stream analysis and residual-attenuation training for causal Transformer LMs.",
-    add_completion=False,
+    add_completion=False,  # the completion options are cli/completion.py's (the shell optional)
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    cls=GroupWithoutFlagTypes,
+    cls=GroupWithCompletion,
+)
+#: The commands that take --json: each writes a result JSON (`rundir.result_file`).
+JSON_COMMANDS = (
+    "shift",
+    "lens",
+    "tune-lens",
+    "attribute",
+    "neurons",
+    "composition",
+    "recency",
+    "simulate",
+    "eval",
+    "compare",
 )
 for module in (
     tokenize_cmd,
@@ -74,6 +93,8 @@ for module in (
 for info in app.registered_commands:  # every command's help shows flags without a type
     if info.cls in (None, TyperCommand):
         info.cls = FlagsWithoutTypes
+    if info.name in JSON_COMMANDS and info.callback is not None:
+        info.callback = with_json_option(info.callback)
 
 
 def _print_version(value: bool) -> None:
@@ -94,6 +115,8 @@ def _options(
         bool,
         typer.Option("--debug", help="Show the full traceback of an error (anywhere on the command line)."),
     ] = False,
+    install_completion: InstallCompletionOption = None,
+    show_completion: ShowCompletionOption = None,
 ) -> None:
     """Residual-stream analysis and residual-attenuation training for causal Transformer LMs."""
 

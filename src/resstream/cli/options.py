@@ -11,12 +11,17 @@ where the group stands) and hands the command one frozen object built from their
 
 Each object turns itself into the API's keyword arguments (`api_kwargs`) and into its part of
 run.json (`record`); `write_run_record` writes run.json for every command from those parts.
+
+`with_json_option` gives a command that writes a result JSON the --json option (stdout: the
+JSON alone, messages on stderr); `cli/main.py` applies it to the commands it names.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
+import sys
 import typing
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +35,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., None])
+_KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY
 
 # Options declared once, used alone or in the groups below.
 OutOption = Annotated[Path, typer.Option("--out", help="Output directory (created if missing).")]
@@ -90,16 +96,59 @@ def command(func: F) -> F:
             values[name] = group.build(**{option: values.pop(option) for option in group.params})
         func(**values)
 
-    del expanded.__wrapped__  # Typer must read the expanded signature, not func's
-    expanded.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
-    expanded.__annotations__ = {p.name: p.annotation for p in params}
-    return typing.cast(F, expanded)
+    return typing.cast(F, _with_signature(expanded, params))
+
+
+def _with_signature(wrapper: Callable[..., None], params: list[inspect.Parameter]) -> Callable[..., None]:
+    """`wrapper` (made by `functools.wraps`) showing Typer `params`, not the wrapped function's."""
+    del wrapper.__wrapped__  # type: ignore[attr-defined]  # Typer must read these parameters
+    wrapper.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper
 
 
 def _group_of(annotation: Any) -> OptionGroup[Any] | None:
     """The group an `Annotated[...]` annotation carries, if any."""
     extras = getattr(annotation, "__metadata__", ())
     return next((extra for extra in extras if isinstance(extra, OptionGroup)), None)
+
+
+JSON_HELP = "Print the result JSON to standard output (messages go to standard error)."
+JsonOption = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
+
+
+def with_json_option(callback: F) -> F:
+    """`callback`, a command that writes its outputs to --out, with --json (listed after --quiet,
+    else after --out). With it, whatever the command prints goes to standard error and, once the
+    run has finished, its result JSON (`rundir.result_file`) goes to standard output exactly as
+    written, for piping: ``resstream shift ... --json | jq .``. A failed run prints no JSON."""
+    hints = typing.get_type_hints(callback, include_extras=True)
+    params = [
+        param.replace(annotation=hints[param.name], kind=_KEYWORD_ONLY)
+        for param in inspect.signature(callback).parameters.values()
+    ]
+    names = [param.name for param in params]
+    where = names.index("quiet" if "quiet" in names else "out") + 1
+    params.insert(where, inspect.Parameter("json", _KEYWORD_ONLY, annotation=JsonOption, default=False))
+
+    @functools.wraps(callback)
+    def printing_result(**values: Any) -> None:
+        if not values.pop("json"):
+            callback(**values)
+            return
+        with contextlib.redirect_stdout(sys.stderr):
+            callback(**values)
+        print_result(values["out"])
+
+    return typing.cast(F, _with_signature(printing_result, params))
+
+
+def print_result(out: Path) -> None:
+    """Print the result JSON of the run in `out` to standard output, as written."""
+    from resstream.rundir import result_file
+
+    sys.stdout.write(result_file(out).read_text(encoding="utf-8"))
+    sys.stdout.flush()
 
 
 @dataclass(frozen=True)
