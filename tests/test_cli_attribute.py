@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from resstream.cli.main import main
+from resstream.reporting.attribute import CORPUS_LEVELS, SINGLE_LEVELS
 from tests.cli_support import assert_complete_files, expect_usage_error
 
 TEXT = "The king said that the queen"
@@ -55,6 +56,8 @@ def test_attribute_one_text_writes_every_output(tmp_path: Path, capsys) -> None:
     assert dla == pytest.approx(report["logit_difference"], abs=1e-4)
     rows = list(csv.DictReader((out / "heads.csv").read_text().splitlines()))
     assert len(rows) == len(report["heads"])
+    for level in SINGLE_LEVELS:  # each a level of to_pandas(), with the columns it uses
+        assert (out / f"{level.name}.csv").read_text().splitlines()[0] == ",".join(level.columns)
     assert "check: decomposition" in printed and "wrote attribute.json" in printed
     html = (out / "attribute.html").read_text()
     assert "http://" not in html and "https://" not in html.replace("https://www.w3.org", "")
@@ -129,6 +132,10 @@ def test_attribute_corpus_mode(tmp_path: Path, capsys) -> None:
     )
     assert (out / "attribute.html").exists() and (out / "layers.png").exists()
     assert report["sample"] and report["dataset_fingerprint"]
+    for level in CORPUS_LEVELS:
+        assert (out / f"{level.name}.csv").read_text().splitlines()[0] == ",".join(level.columns)
+    neurons = list(csv.DictReader((out / "neurons.csv").read_text().splitlines()))
+    assert len(neurons) == 2 * len(report["neurons"])  # C and DLA
     run = json.loads((out / "run.json").read_text())
     assert run["dataset_fingerprint"] == report["dataset_fingerprint"] and run["config"]["sources"] is None
 

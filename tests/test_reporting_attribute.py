@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 import re
 from dataclasses import replace
@@ -180,12 +181,23 @@ def optional_int(text: str) -> int | None:
 
 
 def promoted(row: dict[str, str]) -> tuple[str, ...]:
-    keys = sorted((k for k in row if k.startswith("promoted_")), key=lambda k: int(k.split("_")[1]))
-    return tuple(row[k] for k in keys if row[k] != "")
+    """The promoted tokens of a neurons.csv row: a JSON list."""
+    return tuple(json.loads(row["promoted"]))
 
 
-def read_estimate(row: dict[str, str], name: str) -> Estimate:
-    return Estimate(float(row[name]), float(row[f"{name}_low"]), float(row[f"{name}_high"]))
+def optional_float(text: str) -> float:
+    """A CSV number; an empty cell (a missing value) reads as nan."""
+    return math.nan if text == "" else float(text)
+
+
+def read_estimates(rows: list[dict[str, str]], *place: str) -> dict[tuple, Estimate]:
+    """(place values..., metric) → Estimate of the rows of a corpus CSV (one row per metric)."""
+    return {
+        (*(row[p] for p in place), row["metric"]): Estimate(
+            float(row["value"]), optional_float(row["ci_low"]), optional_float(row["ci_high"])
+        )
+        for row in rows
+    }
 
 
 def same(a: Estimate, b: Estimate) -> bool:
@@ -210,25 +222,27 @@ def test_single_text_csv_rows_equal_the_result_lists(tmp_path):
         "linearity.csv",
     ]
     layers = read_csv(tmp_path / "layers.csv")
-    assert list(layers[0]) == [
-        "layer",
-        "attn_contribution",
-        "mlp_contribution",
-        "attn_dla",
-        "mlp_dla",
-        "attn_bias_dla",
-        "mlp_bias_dla",
-    ]
+    assert list(layers[0]) == ["layer", "part", "C", "DLA", "bias_DLA"]
+    assert [r["part"] for r in layers] == ["attn", "mlp"] * len(result.layers)  # two rows per block
     assert (
-        tuple(LayerAttribution(int(r["layer"]), *(float(r[k]) for k in list(r)[1:])) for r in layers)
+        tuple(
+            LayerAttribution(
+                int(attn["layer"]),
+                float(attn["C"]),
+                float(mlp["C"]),
+                float(attn["DLA"]),
+                float(mlp["DLA"]),
+                float(attn["bias_DLA"]),
+                float(mlp["bias_DLA"]),
+            )
+            for attn, mlp in zip(layers[::2], layers[1::2], strict=True)
+        )
         == result.layers
     )
     heads = read_csv(tmp_path / "heads.csv")
+    assert list(heads[0]) == ["layer", "head", "C", "DLA"]
     assert (
-        tuple(
-            HeadAttribution(int(r["layer"]), int(r["head"]), float(r["contribution"]), float(r["dla"]))
-            for r in heads
-        )
+        tuple(HeadAttribution(int(r["layer"]), int(r["head"]), float(r["C"]), float(r["DLA"])) for r in heads)
         == result.heads
     )
     sources = read_csv(tmp_path / "sources.csv")
@@ -237,10 +251,10 @@ def test_single_text_csv_rows_equal_the_result_lists(tmp_path):
             SourceAttribution(
                 int(r["layer"]),
                 int(r["head"]),
-                int(r["source_position"]),
+                int(r["source"]),
                 r["source_token"],
-                float(r["contribution"]),
-                float(r["dla"]),
+                float(r["C"]),
+                float(r["DLA"]),
             )
             for r in sources
         )
@@ -254,8 +268,8 @@ def test_single_text_csv_rows_equal_the_result_lists(tmp_path):
                 int(r["layer"]),
                 int(r["neuron"]),
                 float(r["coefficient"]),
-                float(r["contribution"]),
-                float(r["dla"]),
+                float(r["C"]),
+                float(r["DLA"]),
                 promoted(r),
             )
             for r in neurons
@@ -315,64 +329,63 @@ def test_corpus_csv_rows_equal_the_result_lists_with_interval_columns(tmp_path):
     result = corpus()
     paths = write_attribute_csvs(result, tmp_path)
     assert [p.name for p in paths] == ["layers.csv", "heads.csv", "neurons.csv"]
-    layers = read_csv(tmp_path / "layers.csv")
-    assert list(layers[0])[:4] == [
-        "layer",
-        "attn_contribution",
-        "attn_contribution_low",
-        "attn_contribution_high",
-    ]
+    rows = read_csv(tmp_path / "layers.csv")
+    assert list(rows[0]) == ["layer", "part", "metric", "value", "ci_low", "ci_high"]
+    assert len(rows) == 4 * len(result.layers)  # attn and mlp, C and DLA
+    layers = read_estimates(rows, "layer", "part")
     assert (
         tuple(
             LayerSummary(
-                int(r["layer"]),
-                read_estimate(r, "attn_contribution"),
-                read_estimate(r, "mlp_contribution"),
-                read_estimate(r, "attn_dla"),
-                read_estimate(r, "mlp_dla"),
+                int(layer),
+                layers[layer, "attn", "C"],
+                layers[layer, "mlp", "C"],
+                layers[layer, "attn", "DLA"],
+                layers[layer, "mlp", "DLA"],
             )
-            for r in layers
+            for layer in dict.fromkeys(r["layer"] for r in rows)
         )
         == result.layers
     )
-    heads = read_csv(tmp_path / "heads.csv")
+    rows = read_csv(tmp_path / "heads.csv")
+    assert list(rows[0]) == ["layer", "head", "metric", "value", "ci_low", "ci_high"]
+    heads = read_estimates(rows, "layer", "head")
     assert (
         tuple(
-            HeadSummary(
-                int(r["layer"]), int(r["head"]), read_estimate(r, "contribution"), read_estimate(r, "dla")
-            )
-            for r in heads
+            HeadSummary(int(layer), int(head), heads[layer, head, "C"], heads[layer, head, "DLA"])
+            for layer, head in dict.fromkeys((r["layer"], r["head"]) for r in rows)
         )
         == result.heads
     )
-    neurons = read_csv(tmp_path / "neurons.csv")
+    rows = read_csv(tmp_path / "neurons.csv")
+    neurons = read_estimates(rows, "layer", "neuron")
     assert (
         tuple(
             NeuronSummary(
                 int(r["layer"]),
                 int(r["neuron"]),
-                read_estimate(r, "contribution"),
-                read_estimate(r, "dla"),
+                neurons[r["layer"], r["neuron"], "C"],
+                neurons[r["layer"], r["neuron"], "DLA"],
                 float(r["mean_coefficient"]),
                 promoted(r),
             )
-            for r in neurons
+            for r in rows[::2]
         )
         == result.neurons
     )
 
 
-def test_nan_intervals_are_written_and_read_back(tmp_path):
+def test_nan_intervals_are_written_empty_and_read_back(tmp_path):
     result = corpus(num_seqs=1)
     write_attribute_csvs(result, tmp_path)
-    row = read_csv(tmp_path / "layers.csv")[1]
-    assert same(read_estimate(row, "mlp_contribution"), result.layers[1].mlp_contribution)
-    assert row["mlp_contribution_low"] == "nan"
+    rows = read_csv(tmp_path / "layers.csv")
+    assert same(read_estimates(rows, "layer", "part")["1", "mlp", "C"], result.layers[1].mlp_contribution)
+    assert rows[6]["ci_low"] == rows[6]["ci_high"] == ""  # no interval with one sequence: missing
 
 
 def test_tables_follow_the_result_types():
     tables = {t.name: t for t in attribute_tables(single())}
-    assert tables["neurons"].columns[-4:] == ("promoted_1", "promoted_2", "promoted_3", "promoted_4")
+    assert tables["neurons"].columns == ("layer", "neuron", "coefficient", "C", "DLA", "promoted")
+    assert tables["neurons"].rows[3][-1] == json.dumps([" Paris", " France", "$x$", "\n"])
     assert tables["query_contributions"].columns[-4:] == ("component", "component_layer", "kind", "share")
     assert "linearity" not in {t.name for t in attribute_tables(single_without_linearity())}
 

@@ -3,58 +3,107 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Unpack
 
 from torch import Tensor
 
+from resstream.analysis.attribution.decomposition import Decomposition, point_count, point_name
 from resstream.analysis.attribution.decomposition import decompose as decompose_state
-from resstream.analysis.attribution.decomposition import point_count, point_name
 from resstream.api.attribute import position_in
 from resstream.api.inputs import LoadOptions, encode_text, one_model, takes_load_args, text_of
 from resstream.api.tokenizers import tokenizer_of
 from resstream.capture import block_internals
 from resstream.data.tokenizer import token_text
+from resstream.display import Displayable
 from resstream.errors import UsageError
 from resstream.models import LoadArgs, ModelLike
+from resstream.reporting.notebook import (
+    SHOWN_ROWS,
+    NotebookView,
+    frame_table,
+    long_frame,
+    notebook_view,
+    tidy_frame,
+)
 from resstream.reprs import summary
 
 if TYPE_CHECKING:
+    import pandas
     from transformers import PreTrainedTokenizerBase
+
+#: The columns of `DecomposeResult.to_pandas()` (documented there).
+DECOMPOSE_COLUMNS = ("component", "kind", "layer", "head", "source", "neuron", "norm", "share")
+
+
+@dataclass(frozen=True)
+class Component:
+    """One component of a decomposed state: its name (`label`: embed, L1.H3, L1.H3<-5,
+    L1.attn_bias, L2.mlp, L2.N712, L2.mlp_bias, L2.norm_bias), `kind` (embed, head, source,
+    attn, attn_bias, neuron, mlp, mlp_bias, norm_bias), where it is (None where it does not
+    apply), its norm ‖v‖ and its `share` ⟨v, h⟩ / ‖h‖² of the state h (the shares of all
+    components sum to 1 within the decomposition's residual)."""
+
+    label: str
+    kind: str
+    layer: int | None
+    head: int | None
+    source: int | None  # the source position of a head's source term
+    neuron: int | None
+    norm: float
+    share: float
 
 
 @dataclass(frozen=True, eq=False)
-class DecomposeResult:
+class DecomposeResult(Displayable):
     """The state at residual point `point` of token `position` as components: `vectors[c]`
-    is component `labels[c]` (embed, L1.H3, L1.H3<-5, L1.attn_bias, L2.mlp, L2.N712, ...);
-    they sum to `state` within `residual` (max |Σ − h|; `relative`: over ‖h‖)."""
+    is component `components[c]` (its label `labels[c]`: embed, L1.H3, L1.H3<-5,
+    L1.attn_bias, L2.mlp, L2.N712, ...); they sum to `state` within `residual` (max |Σ − h|;
+    `relative`: over ‖h‖).
+
+    `to_pandas()` columns (`DECOMPOSE_COLUMNS`), one row per component in stream order, empty
+    where a column does not apply: component — its label; kind — embed, head, source, attn,
+    attn_bias, neuron, mlp, mlp_bias or norm_bias; layer — its block (from 0); head — the
+    attention head (head and source); source — the position a source term comes from;
+    neuron — the FFN neuron; norm — ‖v‖; share — ⟨v, h⟩ / ‖h‖², its part of the state along
+    the state's own direction (the shares sum to 1 within the residual). The same values as
+    `to_dict()["components"]`. In a notebook the result shows the components with the largest
+    norm.
+    """
 
     model: str
     tokens: tuple[str, ...]
     position: int
     point: str
-    labels: tuple[str, ...]
+    components: tuple[Component, ...]
     vectors: Tensor  # (C, d_model)
     state: Tensor  # (d_model,)
     residual: float
     relative: float
 
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """Every component's name, in the order of `vectors`."""
+        return tuple(component.label for component in self.components)
+
     def __repr__(self) -> str:
+        token = self.tokens[self.position] if 0 <= self.position < len(self.tokens) else ""
+        top = self.largest(1)
+        largest = f", largest ‖v‖ {top[0][0]} {top[0][1]:.3g}" if top else ""
         return summary(
             self,
-            f"{self.model}: {self.point} at position {self.position}",
-            f"{len(self.labels)} components, max |Σ − h| {self.residual:.1e}",
+            f"{self.model}: {self.point} at position {self.position} {token!r}",
+            f"{len(self.components)} components, max |Σ − h| {self.residual:.1e}{largest}",
         )
 
     def largest(self, n: int = 10) -> list[tuple[str, float]]:
         """The `n` components with the largest norm, as (label, norm)."""
-        norms = self.vectors.double().norm(dim=-1)
-        order = norms.argsort(descending=True)[:n].tolist()
-        return [(self.labels[i], float(norms[i])) for i in order]
+        ranked = sorted(self.components, key=lambda component: -component.norm)[:n]
+        return [(component.label, component.norm) for component in ranked]
 
     def to_dict(self) -> dict[str, Any]:
-        """Labels, norms and the check (the vectors themselves stay tensors)."""
-        norms = self.vectors.double().norm(dim=-1).tolist()
+        """The components (label, kind, place, norm, share) and the check (the vectors
+        themselves stay tensors)."""
         return {
             "model": self.model,
             "tokens": list(self.tokens),
@@ -62,10 +111,54 @@ class DecomposeResult:
             "point": self.point,
             "residual": self.residual,
             "relative": self.relative,
-            "components": [
-                {"label": label, "norm": norm} for label, norm in zip(self.labels, norms, strict=True)
-            ],
+            "components": [asdict(component) for component in self.components],
         }
+
+
+@tidy_frame.register(DecomposeResult)
+def decompose_frame(result: DecomposeResult) -> pandas.DataFrame:
+    """`result`'s components as a long frame (`DECOMPOSE_COLUMNS`), in stream order."""
+    rows = [
+        (c.label, c.kind, c.layer, c.head, c.source, c.neuron, c.norm, c.share) for c in result.components
+    ]
+    return long_frame(DECOMPOSE_COLUMNS, rows).astype(
+        {"layer": "Int64", "head": "Int64", "source": "Int64", "neuron": "Int64", "norm": "float64"}
+    )
+
+
+@notebook_view.register(DecomposeResult)
+def decompose_view(result: DecomposeResult) -> NotebookView:
+    """The components with the largest norm, as a table (`resstream decompose` has no command
+    and draws no figure)."""
+    frame = decompose_frame(result)
+    shown = frame.sort_values("norm", ascending=False, kind="stable").head(SHOWN_ROWS)
+    title = f"the {len(shown)} components with the largest norm, of {len(frame):,}"
+    return NotebookView(tables=[frame_table(title, shown)])
+
+
+def _optional(value: int) -> int | None:
+    """A place index of `Decomposition` (−1 where it does not apply) as an int or None."""
+    return None if value < 0 else value
+
+
+def components_of(parts: Decomposition, state: Tensor) -> tuple[Component, ...]:
+    """Every component of `parts` at its first position, with its norm and its share of
+    `state` (nan shares for a zero state)."""
+    vectors = parts.vectors[:, 0].double()
+    norms = vectors.norm(dim=-1).tolist()
+    h = state.double()
+    squared = float(h @ h)
+    shares = (vectors @ h / squared).tolist() if squared > 0 else [float("nan")] * len(norms)
+    layers, heads, sources, neurons = (
+        [_optional(v) for v in index.tolist()]
+        for index in (parts.layers, parts.heads, parts.sources, parts.neurons)
+    )
+    return tuple(
+        Component(
+            parts.label(i), parts.kind(i), layers[i], heads[i], sources[i], neurons[i], norms[i], shares[i]
+        )
+        for i in range(len(parts))
+    )
 
 
 @takes_load_args
@@ -102,7 +195,7 @@ def decompose(
             tokens=tuple(token_text(tokenizer, int(t)) for t in ids[0].tolist()),
             position=where,
             point=point_name(chosen),
-            labels=tuple(parts.label(i) for i in range(len(parts))),
+            components=components_of(parts, parts.state[0].detach()),
             vectors=parts.vectors[:, 0].detach(),
             state=parts.state[0].detach(),
             residual=absolute,
@@ -127,4 +220,12 @@ def _point(point: int | str | None, n_layers: int) -> int:
     )
 
 
-__all__ = ["DecomposeResult", "decompose"]
+__all__ = [
+    "DECOMPOSE_COLUMNS",
+    "Component",
+    "DecomposeResult",
+    "components_of",
+    "decompose",
+    "decompose_frame",
+    "decompose_view",
+]

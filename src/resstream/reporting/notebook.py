@@ -82,7 +82,8 @@ def result_html(result: object) -> str:
 def frame_html(frame: pandas.DataFrame, shown: int = SHOWN_ROWS) -> str:
     """`frame` as an HTML table without its index; a long frame shows its first and last rows
     and says how many there are."""
-    table = frame.to_html(index=False, max_rows=shown, border=0, na_rep="", float_format=_number)
+    shown_frame = _blank_missing_integers(frame)
+    table = shown_frame.to_html(index=False, max_rows=shown, border=0, na_rep="", float_format=_number)
     if len(frame) <= shown:
         return table
     return f"{table}<p>{len(frame):,} rows; <code>to_pandas()</code> has them all.</p>"
@@ -113,6 +114,20 @@ def _picture_html(picture: Picture) -> str:
 
     caption = html.escape(picture.caption)
     return figure_html(figure_png(picture.figure), picture.caption, caption)
+
+
+def _blank_missing_integers(frame: pandas.DataFrame) -> pandas.DataFrame:
+    """`frame` with each nullable-integer column that misses a value as objects, the missing
+    ones "" (`to_html` writes pandas.NA as "<NA>" whatever `na_rep` says)."""
+    import pandas
+
+    def gaps(column: str) -> bool:
+        return pandas.api.types.is_integer_dtype(frame[column].dtype) and bool(frame[column].isna().any())
+
+    blanks = [column for column in frame.columns if gaps(column)]
+    if not blanks:
+        return frame
+    return frame.astype(dict.fromkeys(blanks, object)).fillna(dict.fromkeys(blanks, ""))
 
 
 def _number(value: float) -> str:

@@ -11,7 +11,10 @@ One text, one position (`AttributeResult`) or a corpus, every position's next to
 * `dla`: the direct logit attribution, the component's share of the target's logit (or of the
   target − foil difference) through the final norm frozen at the actual final state.
 
-`to_dict()` gives the content of attribute.json (schema in docs/attribution.md).
+`to_dict()` gives the content of attribute.json (schema in docs/attribution.md); `to_pandas()`
+the same scores as one long-format frame (`ATTRIBUTE_COLUMNS`, `CORPUS_ATTRIBUTION_COLUMNS`,
+drawn by `resstream.reporting.attribute`, whose CSVs are slices of it), and in a notebook a
+result shows the tables and figures of attribute.html.
 """
 
 from __future__ import annotations
@@ -20,8 +23,39 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from resstream.display import Displayable
 from resstream.reprs import summary
 from resstream.simulation.intervals import Estimate
+
+#: The columns of `AttributeResult.to_pandas()` (documented there).
+ATTRIBUTE_COLUMNS = (
+    "level",
+    "layer",
+    "part",
+    "head",
+    "neuron",
+    "source",
+    "source_token",
+    "C",
+    "DLA",
+    "bias_DLA",
+    "coefficient",
+    "promoted",
+)
+#: The columns of `CorpusAttribution.to_pandas()` (documented there).
+CORPUS_ATTRIBUTION_COLUMNS = (
+    "level",
+    "layer",
+    "part",
+    "head",
+    "neuron",
+    "metric",
+    "value",
+    "ci_low",
+    "ci_high",
+    "mean_coefficient",
+    "promoted",
+)
 
 
 @dataclass(frozen=True)
@@ -134,8 +168,25 @@ class AttributionCheck:
 
 
 @dataclass(frozen=True, repr=False)
-class AttributeResult:
-    """Attribution of one prediction: `target` at `position` of a text."""
+class AttributeResult(Displayable, renderer="resstream.reporting.attribute.notebook"):
+    """Attribution of one prediction: `target` at `position` of a text.
+
+    `to_pandas()` columns (`ATTRIBUTE_COLUMNS`), one row per scored component, empty where a
+    column does not apply: level — embedding, layer, head, source, neuron or final_bias;
+    layer — the block (from 0); part — the sub-layer, attn or mlp (a head or source is attn, a
+    neuron mlp); head — the attention head; neuron — the FFN neuron; source — the position a
+    head moved from; source_token — its token; C — the log-probability contribution (none for
+    embedding and final_bias); DLA — the direct logit attribution (to the logit difference
+    with a foil); bias_DLA — the sub-layer's output bias's share of its DLA (level layer);
+    coefficient — the neuron's m; promoted — the tokens its value vector promotes most,
+    strongest first, as a JSON list of strings. Level layer has two rows per block, attn then
+    mlp; embedding is the embedding's DLA (`embed_dla`), final_bias the final norm's and the
+    unembedding's bias term (`bias_dla`): the DLA of embedding, layer and final_bias rows sums
+    to the logit (difference) within `check.dla_residual`. sources and neurons are the top N
+    by |C|. layers.csv, heads.csv, sources.csv and neurons.csv are the rows of one level with
+    the columns it uses (docs/attribution.md). In a notebook the result shows the tables and
+    figures of attribute.html.
+    """
 
     model: str
     decoder: str
@@ -218,8 +269,21 @@ class NeuronSummary:
 
 
 @dataclass(frozen=True, repr=False)
-class CorpusAttribution:
-    """Corpus mode: every position's next token is the target; means over sequences."""
+class CorpusAttribution(Displayable, renderer="resstream.reporting.attribute.notebook"):
+    """Corpus mode: every position's next token is the target; means over sequences.
+
+    `to_pandas()` columns (`CORPUS_ATTRIBUTION_COLUMNS`), one row per component and metric,
+    empty where a column does not apply: level — layer, head or neuron; layer — the block;
+    part — attn or mlp (a head is attn, a neuron mlp); head — the attention head; neuron —
+    the FFN neuron; metric — C (the log-probability contribution) or DLA; value — its mean
+    over sequences; ci_low — the low end of its 95% interval over sequences, ci_high — the
+    high end (both missing with one sequence); mean_coefficient — the neuron's mean m over the
+    scored positions; promoted — the tokens its value vector promotes most, as a JSON list of
+    strings. Level layer has four rows per block (attn C, attn DLA, mlp C, mlp DLA), head and
+    neuron two (C, DLA). layers.csv, heads.csv and neurons.csv are the rows of one level with
+    the columns it uses. In a notebook the result shows the tables and figures of
+    attribute.html.
+    """
 
     model: str
     decoder: str
@@ -285,6 +349,8 @@ def _check_text(check: AttributionCheck) -> str:
 
 
 __all__ = [
+    "ATTRIBUTE_COLUMNS",
+    "CORPUS_ATTRIBUTION_COLUMNS",
     "AttributeResult",
     "AttributionCheck",
     "CorpusAttribution",

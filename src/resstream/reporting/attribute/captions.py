@@ -24,7 +24,8 @@ CAPTIONS = {
     "neurons.png": "The neurons with the largest |C| (value vector m·W_out[:, k] added after attention), "
     "labelled L<layer>.N<neuron> with their coefficient m, and the tokens each one's value vector promotes "
     "most.",
-    "layers": "One row per block: C and DLA of its attention and of its MLP.",
+    "layers": "Two rows per block, its attention (part attn) and its MLP (part mlp): C, DLA and bias_DLA, "
+    "the sub-layer's output bias's share of its DLA.",
     "heads": "One row per head: C (v = the head's output, x = the block's input) and DLA.",
     "sources": "The attention sources with the largest |C|: what one head moved from one source position.",
     "neurons": "The neurons with the largest |C|: coefficient m, C, DLA and the tokens their value vector "
@@ -43,9 +44,10 @@ CORPUS_CAPTIONS = {
     "blue lowers it; each panel has its own symmetric scale.",
     "neurons.png": "The neurons with the largest mean |C| (95% intervals), with their mean coefficient m "
     "and the tokens their value vector promotes most.",
-    "layers": "One row per block: mean C and DLA of attention and MLP; _low and _high bound the 95% "
-    "interval over sequences (nan with one sequence).",
-    "heads": "One row per head: mean C and DLA with their 95% intervals.",
-    "neurons": "The neurons with the largest mean |C|: mean C and DLA (95% intervals), mean coefficient, "
-    "promoted tokens.",
+    "layers": "Four rows per block: the mean C and the mean DLA (metric) of its attention and of its MLP "
+    "(part); ci_low and ci_high bound the 95% interval over sequences (nan here, empty in the CSV, with one "
+    "sequence).",
+    "heads": "Two rows per head: its mean C and its mean DLA with their 95% intervals.",
+    "neurons": "The neurons with the largest mean |C|, two rows each: mean C and mean DLA (95% intervals), "
+    "with the mean coefficient and the promoted tokens.",
 }

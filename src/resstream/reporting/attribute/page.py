@@ -2,11 +2,14 @@
 position marked and the prediction; for a corpus: the dataset and sequences; then the check
 residuals, any notes, every figure embedded as a data: URI and every table (`attribute_tables`),
 each with a caption on how to read it (`captions`). The page loads nothing from anywhere;
-tokens show their whitespace (`show_token`), every text from data is escaped."""
+tokens show their whitespace (`show_token`), every text from data is escaped. A result's
+notebook view (`notebook`) shows the same tables by the same functions (`table_html`,
+`prediction_html`, `check_html`, `notes_html`)."""
 
 from __future__ import annotations
 
 import html
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,16 @@ from resstream.reporting.attribute.tables import Table, attribute_tables
 from resstream.reporting.html import figure_html
 from resstream.reporting.text import probability_text, show_token
 
-__all__ = ["logit_label", "write_attribute_html"]
+__all__ = [
+    "SCROLL_STYLE",
+    "captions_of",
+    "check_html",
+    "logit_label",
+    "notes_html",
+    "prediction_html",
+    "table_html",
+    "write_attribute_html",
+]
 
 PAGE_STYLE = (
     "body{font-family:sans-serif;max-width:1150px;margin:1em auto;padding:0 1em;color:#222}"
@@ -31,31 +43,53 @@ PAGE_STYLE = (
     "table{border-collapse:separate;border-spacing:0;font-size:85%}"
     "td,th{border:1px solid #ddd;padding:2px 6px;text-align:right;white-space:pre}"
     "th{background:#f4f4f4;position:sticky;top:0}th.key{text-align:left;position:static}td.text-cell{text-align:left;font-family:monospace}"
-    ".scroll{max-height:360px;overflow:auto;display:inline-block;max-width:100%}"
+    ".scroll{display:inline-block;max-width:100%}"
     "figure{margin:1.2em 0}figure img{max-width:100%;border:1px solid #eee}"
     "figcaption,.caption{color:#555;font-size:90%;margin:.3em 0}"
 )
+
+
+#: A long table scrolls in its own box (inline, so that it also does in a notebook).
+SCROLL_STYLE = "max-height:360px;overflow:auto"
 
 
 def _number(value: float) -> str:
     return f"{value:.4g}"
 
 
-def _html_cell(value: Any) -> str:
+def _shown_text(column: str, value: str) -> str:
+    """A text cell as shown: a token with visible whitespace; the promoted tokens (a JSON
+    list) each so, separated by spaces."""
+    if column == "promoted" and value:
+        return " ".join(show_token(token) for token in json.loads(value))
+    return show_token(value)
+
+
+def _html_cell(column: str, value: Any) -> str:
     if isinstance(value, float):
         return f"<td>{_number(value)}</td>"
     if isinstance(value, str):
-        return f"<td class='text-cell'>{html.escape(show_token(value))}</td>"
+        return f"<td class='text-cell'>{html.escape(_shown_text(column, value))}</td>"
     return f"<td>{html.escape(str(value))}</td>"
 
 
-def _html_table(table: Table, caption: str) -> str:
+def table_html(table: Table, caption: str) -> str:
+    """`table` with its caption and row count above it, in a box that scrolls (the page's and
+    the notebook's table)."""
     header = "".join(f"<th>{html.escape(column)}</th>" for column in table.columns)
-    body = "".join("<tr>" + "".join(_html_cell(v) for v in row) + "</tr>" for row in table.rows)
-    return (
-        f"<h3>{table.name}.csv</h3><p class='caption'>{html.escape(caption)} ({len(table.rows)} rows)</p>"
-        f"<div class='scroll'><table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table></div>"
+    body = "".join(
+        "<tr>" + "".join(_html_cell(c, v) for c, v in zip(table.columns, row, strict=True)) + "</tr>"
+        for row in table.rows
     )
+    return (
+        f"<p class='caption'>{html.escape(caption)} ({len(table.rows)} rows)</p>"
+        f"<div class='scroll' style='{SCROLL_STYLE}'><table><thead><tr>{header}</tr></thead>"
+        f"<tbody>{body}</tbody></table></div>"
+    )
+
+
+def _html_table(table: Table, caption: str) -> str:
+    return f"<h3>{table.name}.csv</h3>{table_html(table, caption)}"
 
 
 def _html_figure(path: Path, caption: str) -> str:
@@ -88,7 +122,9 @@ def logit_label(result: AttributeResult) -> str:
     return "logit (before soft-capping)" if result.logit_softcap is not None else "logit"
 
 
-def _prediction(result: AttributeResult) -> str:
+def prediction_html(result: AttributeResult) -> str:
+    """The prediction as a table: target, probability, log-probability, logit, rank, the foil
+    and logit difference when given, the embedding's DLA and the bias term."""
     pairs = [
         ("target", f"{show_token(result.target)} (id {result.target_id})"),
         ("probability", probability_text(result.probability)),
@@ -107,7 +143,8 @@ def _prediction(result: AttributeResult) -> str:
     return _key_values(pairs)
 
 
-def _check(check: AttributionCheck) -> str:
+def check_html(check: AttributionCheck) -> str:
+    """The measured residuals of the decomposition and the DLA as a table."""
     return _key_values(
         [
             ("decomposition: max |Σ components − state|", residual_text(check.decomposition_max_abs)),
@@ -117,10 +154,16 @@ def _check(check: AttributionCheck) -> str:
     )
 
 
-def _notes(notes: Sequence[str]) -> str:
+def notes_html(notes: Sequence[str]) -> str:
+    """The notes as a list ("" when there are none)."""
     if not notes:
         return ""
-    return "<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(note)}</li>" for note in notes) + "</ul>"
+    return "<ul>" + "".join(f"<li>{html.escape(note)}</li>" for note in notes) + "</ul>"
+
+
+def captions_of(result: Result) -> dict[str, str]:
+    """How to read each figure and table of `result`, keyed by file or table name."""
+    return CORPUS_CAPTIONS if isinstance(result, CorpusAttribution) else CAPTIONS
 
 
 def _html_head(result: Result) -> str:
@@ -134,15 +177,15 @@ def _html_head(result: Result) -> str:
             f"<p>{result.num_seqs} sequences × {result.seq_len} tokens, {result.positions:,} positions "
             f"scored (each position's next token is its target); decoder {decoder}. Means over "
             f"sequences with 95% intervals. Neurons: {html.escape(result.neuron_rule)}.</p>"
-            f"<h2>Check</h2>{_check(result.check)}"
+            f"<h2>Check</h2>{check_html(result.check)}"
         )
     return (
         f"<h1>Who wrote ‘{html.escape(show_token(result.target))}’ after position {result.position}: "
         f"{html.escape(result.model)}</h1>"
         f"<p>decoder {html.escape(result.decoder)}; the marked token is the scored position, the green one "
         "the target predicted after it, grey tokens come later (the prediction does not see them).</p>"
-        f"<h2>Text</h2>{_html_text(result)}<h2>Prediction</h2>{_prediction(result)}"
-        f"<h2>Check</h2>{_check(result.check)}"
+        f"<h2>Text</h2>{_html_text(result)}<h2>Prediction</h2>{prediction_html(result)}"
+        f"<h2>Check</h2>{check_html(result.check)}"
     )
 
 
@@ -151,13 +194,14 @@ def write_attribute_html(result: Result, directory: Directory, images: Sequence[
     (one text) or the dataset (corpus), the check residuals, every figure in `images`
     embedded as a data: URI and every table, each with a caption on how to read it. The page
     loads nothing from anywhere; returns its path."""
-    captions = CORPUS_CAPTIONS if isinstance(result, CorpusAttribution) else CAPTIONS
+    captions = captions_of(result)
+    notes = f"<h2>Notes</h2>{notes_html(result.notes)}" if result.notes else ""
     figures = "".join(_html_figure(Path(image), captions.get(Path(image).name, "")) for image in images)
     tables = "".join(_html_table(t, captions.get(t.name, "")) for t in attribute_tables(result))
     page = (
         f"<!doctype html><html lang='en'><meta charset='utf-8'>"
         f"<title>resstream attribute: {html.escape(result.model)}</title><style>{PAGE_STYLE}</style>"
-        f"{_html_head(result)}{_notes(result.notes)}<h2>Figures</h2>{figures}"
+        f"{_html_head(result)}{notes}<h2>Figures</h2>{figures}"
         f"<h2>Tables</h2><p class='caption'>The same numbers as the CSV files beside this page "
         f"(which keep full precision).</p>{tables}</html>"
     )

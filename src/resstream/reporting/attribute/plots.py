@@ -18,7 +18,7 @@ from resstream.reporting.attribute.neurons import neurons_figure
 from resstream.reporting.attribute.trajectory import trajectory_figure
 from resstream.reporting.figures import save_figure
 
-__all__ = ["plot_attribute"]
+__all__ = ["Drawing", "attribute_figures", "plot_attribute"]
 
 #: A figure's file name and how to draw it.
 Drawing = tuple[str, Callable[[], Figure]]
@@ -45,9 +45,14 @@ def _single_figures(result: AttributeResult) -> list[Drawing]:
     return figures
 
 
+def attribute_figures(result: Result) -> list[Drawing]:
+    """Every figure of `result` as (PNG file name, how to draw it), in the order of the page.
+    One text: layers, heads, trajectory, linearity (with a check) and neurons (when it lists
+    any); a corpus: layers, heads, neurons."""
+    return _corpus_figures(result) if isinstance(result, CorpusAttribution) else _single_figures(result)
+
+
 def plot_attribute(result: Result, directory: Directory) -> list[Path]:
-    """Every figure of `result` as a PNG in `directory`; returns the paths written. One text:
-    layers, heads, trajectory, linearity (with a check) and neurons; a corpus: layers, heads,
-    neurons."""
-    figures = _corpus_figures(result) if isinstance(result, CorpusAttribution) else _single_figures(result)
-    return [save_figure(draw(), output_path(directory, name)) for name, draw in figures]
+    """Every figure of `result` (`attribute_figures`) as a PNG in `directory`; returns the
+    paths written."""
+    return [save_figure(draw(), output_path(directory, name)) for name, draw in attribute_figures(result)]
