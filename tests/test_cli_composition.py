@@ -1,7 +1,7 @@
 """`resstream composition` end to end, in-process, and its answers to bad input.
 
 Spec (issue 11, item 6): `composition [--model M] [--top N] --out DIR` writes composition.json,
-composition.csv (one row per pair of heads), composition_q/_k/_v.png and run.json, and prints
+composition.csv (one row per kind and pair of heads), composition_q/_k/_v.png and run.json, and prints
 the random baseline and the strongest pairs of each kind; bad input is one line, exit 2,
 nothing written.
 """
@@ -58,10 +58,13 @@ def test_the_reference_model_end_to_end(tmp_path, capsys):
     assert len(report["pairs"]) == 4 * 4 * 15 and all(len(report["top"][k]) == 3 for k in "qkv")
     with (out / "composition.csv").open(encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
-    assert len(rows) == 240 and list(rows[0]) == ["layer_a", "head_a", "layer_b", "head_b", "q", "k", "v"]
-    assert all(int(row["layer_a"]) < int(row["layer_b"]) for row in rows)
+    columns = ["kind", "writer_layer", "writer_head", "reader_layer", "reader_head", "score", "baseline"]
+    assert len(rows) == 3 * 240 and list(rows[0]) == columns
+    assert [row["kind"] for row in rows] == ["q"] * 240 + ["k"] * 240 + ["v"] * 240
+    assert all(int(row["writer_layer"]) < int(row["reader_layer"]) for row in rows)
     first = report["pairs"][0]
-    assert float(rows[0]["k"]) == pytest.approx(first["k"])
+    assert float(rows[240]["score"]) == pytest.approx(first["k"])  # the first pair's K score
+    assert {float(row["baseline"]) for row in rows} == {report["baseline"]["mean"]}
     lines = captured.out.splitlines()
     baseline = report["baseline"]
     assert lines[0].startswith("reference: 6 layers × 4 heads; random baseline ")

@@ -63,7 +63,8 @@ def test_top_neurons_of_the_reference_model(tmp_path, corpus, capsys) -> None:
             assert c["token"].strip() == "" or c["token"].strip() in TEXT
     rows = list(csv.DictReader((out / "neurons.csv").read_text(encoding="utf-8").splitlines()))
     assert len(rows) == 3 * (6 + 6 + 4)
-    assert {r["list"] for r in rows} == {"promoted", "suppressed", "context"}
+    assert {r["kind"] for r in rows} == {"promoted", "suppressed", "context"}
+    assert {r["layer"] for r in rows} == {"2"}
     page = (out / "neurons.html").read_text(encoding="utf-8")
     assert page.count("<mark>") == 12 and "http" not in page
     record = json.loads((out / "run.json").read_text())

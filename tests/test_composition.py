@@ -373,7 +373,8 @@ def test_the_heatmap_puts_later_heads_in_rows_and_earlier_heads_in_columns(tmp_p
                             assert cell == float(result.scores(kind)[l1, h1, l2, h2])
     assert plot_composition(result, "v", tmp_path / "v.png").read_bytes().startswith(b"\x89PNG")
     rows = composition_csv(result).splitlines()
-    assert rows[0] == "layer_a,head_a,layer_b,head_b,q,k,v" and len(rows) == 1 + H * H * 6
+    header = "kind,writer_layer,writer_head,reader_layer,reader_head,score,baseline"
+    assert rows[0] == header and len(rows) == 1 + 3 * H * H * 6
 
 
 @pytest.mark.parametrize(

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Unpack
 
-from resstream.analysis.recency.measured import RecencyAccumulator, RecencyResult
+from resstream.analysis.recency.measured import RecencyAccumulator, RecencyReport, RecencyResult
 from resstream.api.inputs import CorpusRequest, each_batch, sampled_models, takes_load_args
 from resstream.capture import attention_probs
 from resstream.data.sampling import SequenceSample
 from resstream.errors import UsageError
 from resstream.models import LoadArgs, LoadedModel, ModelLike
-from resstream.reprs import summary
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -21,27 +19,7 @@ if TYPE_CHECKING:
 #: Tokens per sequence when `seq_len` is not given (clipped to the shortest model context).
 DEFAULT_SEQ_LEN = 64
 
-
-@dataclass(frozen=True)
-class RecencyReport:
-    """`recency` over one or several models on a corpus sample."""
-
-    results: tuple[RecencyResult, ...]
-    dataset: str
-    dataset_fingerprint: str | None
-    seq_len: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """The content of recency.json."""
-        return {
-            "dataset": self.dataset,
-            "dataset_fingerprint": self.dataset_fingerprint,
-            "seq_len": self.seq_len,
-            "models": [r.to_dict() for r in self.results],
-        }
-
-    def __repr__(self) -> str:
-        return summary(self, f"{self.dataset!r}, {self.seq_len} tokens", *map(repr, self.results))
+__all__ = ["DEFAULT_SEQ_LEN", "RecencyReport", "RecencyResult", "recency"]
 
 
 @takes_load_args

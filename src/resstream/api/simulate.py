@@ -10,6 +10,7 @@ from tqdm.auto import tqdm
 from resstream.errors import UsageError, closest
 from resstream.simulation import SimulationConfig, SimulationRun
 from resstream.simulation import simulate as run_simulation
+from resstream.simulation.results import configuration_label
 
 #: γ of the grid's anisotropic rows when the configuration has none.
 GRID_GAMMA = 0.5
@@ -44,7 +45,7 @@ def simulate(*, grid: bool = False, progress: bool = False, **fields: Any) -> Si
             (label, dataclasses.replace(base, **overrides)) for label, overrides in grid_configurations(gamma)
         ]
     else:
-        configs = [(_label(base), base)]
+        configs = [(configuration_label(base), base)]
     results = []
     for label, config in configs:
         with tqdm(
@@ -68,10 +69,3 @@ def _checked_fields(fields: dict[str, Any]) -> dict[str, Any]:
             hint = f" (did you mean {meant!r}?)" if meant else closest(name, allowed)
             raise UsageError(f"unknown simulation field {name!r}{hint}; allowed: {', '.join(allowed)}")
     return fields
-
-
-def _label(config: SimulationConfig) -> str:
-    parts = ["LayerNorm" if config.layernorm else "no LayerNorm", f"γ = {config.gamma:g}"]
-    if config.residual:
-        parts.append(f"residual λ = {config.residual_scale:g}")
-    return ", ".join(parts)

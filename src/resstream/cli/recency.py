@@ -27,7 +27,15 @@ def recency(
     with its trend with key position (95% intervals over the sequences) and the strict verdict."""
     import resstream
     from resstream.io import write_json
-    from resstream.reporting.attention import LEGEND, plot_attention_grid, plot_distance_profiles
+    from resstream.reporting.attention import (
+        LEGEND,
+        distance_title,
+        plot_attention_grid,
+        plot_distance_profiles,
+        recency_profiles,
+        recency_rows,
+        recency_title,
+    )
     from resstream.reporting.figures import model_file_stems
     from resstream.rundir import output_set
 
@@ -42,18 +50,16 @@ def recency(
         write_json(outputs / "recency.json", report.to_dict())
         write_head_arrays(outputs / "recency.npz", report.results)
         plot_attention_grid(
-            [(r.model, r.mean_attention) for r in report.results],
-            outputs / "recency.png",
-            title=f"mean attention over {report.results[0].num_sequences} sequences of "
-            f"{report.seq_len} tokens, heads averaged",
+            recency_rows(report.results), outputs / "recency.png", title=recency_title(report.results)
         )
         stems = model_file_stems([result.model for result in report.results])
         for stem, result in zip(stems, report.results, strict=True):
+            profiles, head_profiles = recency_profiles(result)
             plot_distance_profiles(
-                [layer.by_distance for layer in result.layers],
+                profiles,
                 outputs / f"distance_{stem}.png",
-                head_profiles=[layer.head_by_distance() for layer in result.layers],
-                title=f"{result.model}: attention δ tokens back",
+                head_profiles=head_profiles,
+                title=distance_title(result),
             )
         settings = {
             "models": list(loading.models),

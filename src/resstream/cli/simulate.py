@@ -52,7 +52,13 @@ def simulate(
     import resstream
     from resstream.devices import device_label
     from resstream.io import write_json
-    from resstream.reporting.attention import LEGEND, layer_lines, plot_attention_grid
+    from resstream.reporting.attention import (
+        LEGEND,
+        layer_lines,
+        plot_attention_grid,
+        simulation_rows,
+        simulation_title,
+    )
     from resstream.rundir import output_set
 
     config: dict[str, Any] = {
@@ -75,9 +81,9 @@ def simulate(
         write_json(outputs / "simulate.json", runs.to_dict())
         write_arrays(outputs / "simulate.npz", runs)
         plot_attention_grid(
-            [(label, result.mean_attention) for label, result in runs.items()],
+            simulation_rows(runs.results),
             outputs / "simulate.png",
-            title=f"mean attention over {simulations:,} simulations",
+            title=simulation_title(list(runs.values())),
         )
         options.write_run_record(outputs, "simulate", {"grid": grid, **config}, device_label(device), seed)
     for label, result in runs.items():

@@ -15,25 +15,54 @@ leave it out too. Scores under a floor that had to be raised (or 0) get the bar'
 `distance_figure` draws, per layer, the mean attention δ tokens back beside what uniform
 causal attention would give, named in a legend.
 `layer_lines` gives per layer the trend line (direction, rank correlation, band ratios, 95%
-intervals) and below it the strict all-steps verdict.
+intervals) and below it the strict all-steps verdict; `trend_table` sets the same in columns.
+
+In a notebook a simulation (`SimulationResult`, `SimulationRun`) shows its trend table and the
+attention grid `simulate` writes; a measured one (`RecencyResult`, `RecencyReport`) its trend
+table, the grid and the distance plots `recency` writes. Their `to_pandas()` frames hold the
+mean attention matrices (`SIMULATION_COLUMNS`, `RECENCY_COLUMNS`).
 """
 
 from __future__ import annotations
 
+import html
 import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from matplotlib.colors import ListedColormap, LogNorm
 from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
 
+from resstream.analysis.recency.measured import RECENCY_COLUMNS, RecencyReport, RecencyResult
 from resstream.reporting.figures import integer_ticks, new_figure, save_figure
+from resstream.reporting.notebook import (
+    NotebookView,
+    Picture,
+    Table,
+    frame_html,
+    long_frame,
+    notebook_view,
+    tidy_frame,
+)
 from resstream.simulation import LayerAttention
 from resstream.simulation.intervals import Estimate
-from resstream.simulation.results import NEGLIGIBLE_RATIO, AttentionTrend, BandRatio, TrendVerdict
+from resstream.simulation.results import (
+    NEGLIGIBLE_RATIO,
+    SIMULATION_COLUMNS,
+    AttentionTrend,
+    BandRatio,
+    SimulationResult,
+    SimulationRun,
+    TrendVerdict,
+    configuration_label,
+)
+
+if TYPE_CHECKING:
+    import pandas
 
 Matrix = Sequence[Sequence[float]]
 
@@ -268,13 +297,24 @@ def _band_text(band: BandRatio) -> str:
     return f"{band.label} ×{_interval(band.ratio, '#.3g')}"
 
 
+def rho_text(trend: AttentionTrend) -> str:
+    """Spearman's ρ of the trend with its 95% interval: "+0.412 [+0.300, +0.520]"."""
+    return _interval(trend.spearman, "+.3f")
+
+
+def bands_text(trend: AttentionTrend) -> str:
+    """The near and far band ratios to uniform causal attention with their 95% intervals
+    ("δ 1–3 ×1.21 [1.10, 1.33], δ 8–9 ×0.8 [...]"); empty with fewer than 2 tokens."""
+    return ", ".join(_band_text(band) for band in (trend.near, trend.far) if band is not None)
+
+
 def trend_line(trend: AttentionTrend) -> str:
     """The direction of the trend, Spearman's ρ and the near and far band ratios to uniform
     causal attention, each with its 95% interval."""
-    parts = [f"{trend.direction}: ρ {_interval(trend.spearman, '+.3f')}"]
-    bands = [band for band in (trend.near, trend.far) if band is not None]
+    parts = [f"{trend.direction}: ρ {rho_text(trend)}"]
+    bands = bands_text(trend)
     if bands:
-        parts.append("vs uniform " + ", ".join(_band_text(band) for band in bands))
+        parts.append(f"vs uniform {bands}")
     return "; ".join(parts)
 
 
@@ -287,10 +327,16 @@ def _verdict_text(verdict: TrendVerdict) -> str:
     return f"{verdict.direction} {state} (smallest step {step}, min z {format_z(verdict.min_z)})"
 
 
+def verdict_text(verdict: TrendVerdict) -> str:
+    """One strict verdict: the direction, "holds" or the rows that hold, and the weakest
+    step's size and z-score ("recency 3/4 rows (smallest step +0.012, min z +2.1)")."""
+    return _verdict_text(verdict)
+
+
 def strict_line(layer: LayerAttention) -> str:
     """The strict all-steps verdicts of a layer (`resstream.simulation.results`): rows that
     hold, and the weakest step's size and z-score in each direction."""
-    return f"strict, every step: {_verdict_text(layer.recency)}; {_verdict_text(layer.primacy)}"
+    return f"strict, every step: {verdict_text(layer.recency)}; {verdict_text(layer.primacy)}"
 
 
 #: What the printed lines mean, printed once after them by `simulate` and `recency` (the
@@ -325,3 +371,203 @@ def heads_line(trends: Sequence[AttentionTrend]) -> str:
     shown = ", ".join(f"{direction} {count}" for direction, count in counts.items() if count)
     values = " ".join(f"{trend.spearman.value:+.2f}" for trend in trends)
     return f"heads: {shown} (ρ by head {values})"
+
+
+# --------------------------------------------------------------------------- the commands' figures
+
+
+def simulation_rows(items: Sequence[tuple[str, SimulationResult]]) -> list[tuple[str, tuple[Matrix, ...]]]:
+    """The rows of simulate.png: (label, the mean attention of every layer) per configuration."""
+    return [(label, result.mean_attention) for label, result in items]
+
+
+def simulation_title(results: Sequence[SimulationResult]) -> str:
+    """The title of simulate.png: how many simulations (when the configurations agree)."""
+    counts = {result.config.simulations for result in results}
+    return f"mean attention over {counts.pop():,} simulations" if len(counts) == 1 else "mean attention"
+
+
+def recency_rows(results: Sequence[RecencyResult]) -> list[tuple[str, tuple[Matrix, ...]]]:
+    """The rows of recency.png: (model, its heads' average attention of every layer) per model."""
+    return [(result.model, result.mean_attention) for result in results]
+
+
+def recency_title(results: Sequence[RecencyResult]) -> str:
+    """The title of recency.png: the sequences the means are over."""
+    first = results[0]
+    return f"mean attention over {first.num_sequences} sequences of {first.seq_len} tokens, heads averaged"
+
+
+def recency_profiles(
+    result: RecencyResult,
+) -> tuple[list[tuple[float, ...]], list[tuple[tuple[float, ...], ...]]]:
+    """What a model's distance plot draws: per layer the heads' average profile, and every head's."""
+    return [layer.by_distance for layer in result.layers], [
+        layer.head_by_distance() for layer in result.layers
+    ]
+
+
+def distance_title(result: RecencyResult) -> str:
+    """The title of a model's distance plot (distance_<model>.png)."""
+    return f"{result.model}: attention δ tokens back"
+
+
+def recency_distance_figure(result: RecencyResult) -> Figure:
+    """A model's distance plot (`distance_figure` of `recency_profiles`), unsaved."""
+    profiles, heads = recency_profiles(result)
+    return distance_figure(profiles, head_profiles=heads, title=distance_title(result))
+
+
+# --------------------------------------------------------------------------- notebook
+
+#: The columns of `trend_table` after its label column: the printed lines, in columns.
+TREND_COLUMNS = (
+    "layer",
+    "direction",
+    "ρ [95% interval]",
+    "vs uniform [95% interval]",
+    "strict recency",
+    "strict primacy",
+)
+
+
+def trend_table(labelled: Sequence[tuple[str, Sequence[LayerAttention]]], label: str) -> pandas.DataFrame:
+    """`layer_lines` as a table: per labelled stack (column `label`) and layer, the trend's
+    direction, ρ and band ratios with their 95% intervals, and the strict verdicts."""
+    rows = [
+        [
+            name,
+            layer.layer,
+            layer.trend.direction,
+            rho_text(layer.trend),
+            bands_text(layer.trend),
+            verdict_text(layer.recency),
+            verdict_text(layer.primacy),
+        ]
+        for name, layers in labelled
+        for layer in layers
+    ]
+    return long_frame((label, *TREND_COLUMNS), rows)
+
+
+def _trend_view_table(frame: pandas.DataFrame) -> Table:
+    """The trend table with the legend the commands print below their lines."""
+    legend = html.escape(LEGEND).replace("\n", "<br>")
+    shown = frame_html(frame, shown=max(len(frame), 1))
+    return Table("trend by layer", f"{shown}<p style='font-size:90%;color:#555'>{legend}</p>")
+
+
+def _attention_block(layer: LayerAttention) -> dict[str, object]:
+    """One layer's mean attention as columns: layer, query, key, distance, value, stderr, one
+    entry per pair key <= query."""
+    mean, stderr = np.asarray(layer.mean, dtype=np.float64), np.asarray(layer.stderr, dtype=np.float64)
+    query, key = np.tril_indices(len(mean))
+    return {
+        "layer": layer.layer,
+        "query": query,
+        "key": key,
+        "distance": query - key,
+        "value": mean[query, key],
+        "stderr": stderr[query, key],
+    }
+
+
+def _frame_of(blocks: list[dict[str, object]], columns: Sequence[str]) -> pandas.DataFrame:
+    """The blocks (dicts of columns, scalars repeated) one after the other, in `columns`."""
+    import pandas
+
+    if not blocks:
+        return long_frame(columns, [])
+    frame = pandas.concat([pandas.DataFrame(block) for block in blocks], ignore_index=True)
+    return frame[list(columns)]
+
+
+def simulation_frame(items: Sequence[tuple[str, SimulationResult]]) -> pandas.DataFrame:
+    """`SimulationRun.to_pandas()` of (label, result) pairs (`SIMULATION_COLUMNS`)."""
+    blocks = [
+        {"configuration": label, **_attention_block(layer)}
+        for label, result in items
+        for layer in result.layers
+    ]
+    return _frame_of(blocks, SIMULATION_COLUMNS)
+
+
+def recency_frame(results: Sequence[RecencyResult]) -> pandas.DataFrame:
+    """`RecencyReport.to_pandas()` of the models' results (`RECENCY_COLUMNS`): per layer the
+    heads' average (head NA), then every head."""
+    blocks = [
+        {"model": result.model, "head": head, **_attention_block(attention)}
+        for result in results
+        for layer in result.layers
+        for head, attention in [(None, layer.average), *enumerate(layer.heads)]
+    ]
+    return _frame_of(blocks, RECENCY_COLUMNS).astype({"head": "Int64"})
+
+
+def _simulation_view(items: Sequence[tuple[str, SimulationResult]]) -> NotebookView:
+    """The trend table and simulate.png of (label, result) pairs."""
+    table = trend_table([(label, result.layers) for label, result in items], "configuration")
+    figure = attention_grid_figure(simulation_rows(items), title=simulation_title([r for _, r in items]))
+    caption = "simulate.png: mean attention of every layer (columns), one row per configuration"
+    return NotebookView(tables=[_trend_view_table(table)], pictures=[Picture(figure, caption)])
+
+
+def _recency_view(results: Sequence[RecencyResult]) -> NotebookView:
+    """The trend table (with every layer's heads), recency.png and each model's distance plot."""
+    table = trend_table(
+        [(result.model, [layer.average for layer in result.layers]) for result in results], "model"
+    )
+    table["heads"] = [
+        heads_line([head.trend for head in layer.heads]) for result in results for layer in result.layers
+    ]
+    grid = Picture(
+        attention_grid_figure(recency_rows(results), title=recency_title(results)),
+        "recency.png: mean attention of every layer (columns), heads averaged, one row per model",
+    )
+    distances = [
+        Picture(
+            recency_distance_figure(result), f"distance plot of {result.model}: mean attention δ tokens back"
+        )
+        for result in results
+    ]
+    return NotebookView(tables=[_trend_view_table(table)], pictures=[grid, *distances])
+
+
+@tidy_frame.register(SimulationResult)
+def _simulation_result_frame(result: SimulationResult) -> pandas.DataFrame:
+    return simulation_frame([(configuration_label(result.config), result)])
+
+
+@tidy_frame.register(SimulationRun)
+def _simulation_run_frame(run: SimulationRun) -> pandas.DataFrame:
+    return simulation_frame(run.results)
+
+
+@tidy_frame.register(RecencyResult)
+def _recency_result_frame(result: RecencyResult) -> pandas.DataFrame:
+    return recency_frame([result])
+
+
+@tidy_frame.register(RecencyReport)
+def _recency_report_frame(report: RecencyReport) -> pandas.DataFrame:
+    return recency_frame(report.results)
+
+
+@notebook_view.register(SimulationResult)
+def _simulation_result_view(result: SimulationResult) -> NotebookView:
+    return _simulation_view([(configuration_label(result.config), result)])
+
+
+@notebook_view.register(SimulationRun)
+def _simulation_run_view(run: SimulationRun) -> NotebookView:
+    return _simulation_view(run.results)
+
+
+@notebook_view.register(RecencyResult)
+def _recency_result_view(result: RecencyResult) -> NotebookView:
+    return _recency_view([result])
+
+
+@notebook_view.register(RecencyReport)
+def _recency_report_view(report: RecencyReport) -> NotebookView:
+    return _recency_view(report.results)

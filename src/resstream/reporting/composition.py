@@ -1,4 +1,4 @@
-"""Head composition rendered: one heatmap per kind and the one-row-per-pair CSV.
+"""Head composition rendered: one heatmap per kind and the one-row-per-score CSV.
 
 `plot_composition` draws, for one kind (Q, K or V), every earlier head (columns, grouped by
 layer 0..L−2) against every later head (rows, grouped by layer 1..L−1, top to bottom): a
@@ -7,6 +7,10 @@ is not later than the column's are blank. Lines separate the layers, the axes la
 `layer.head` (every head where the cells are large enough, else each layer's first head with
 a minor tick per head), and the colour bar marks the random baseline with a line (also stated
 in the title, with the convention).
+
+In a notebook a `CompositionResult` shows the scores by kind, the strongest pairs of each kind
+and the three heatmaps; `to_pandas()` is the frame composition.csv is written from
+(`COMPOSITION_COLUMNS`).
 """
 
 from __future__ import annotations
@@ -14,20 +18,80 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+from matplotlib.figure import Figure
 
-from resstream.analysis.circuits.composition import KIND_NAMES, KINDS, CompositionResult, HeadPair, Kind
-from resstream.reporting.csvs import csv_text
+from resstream.analysis.circuits.composition import (
+    COMPOSITION_COLUMNS,
+    KIND_NAMES,
+    KINDS,
+    CompositionResult,
+    HeadPair,
+    Kind,
+)
 from resstream.reporting.figures import new_figure, save_figure
+from resstream.reporting.notebook import (
+    NotebookView,
+    Picture,
+    frame_csv,
+    frame_table,
+    long_frame,
+    notebook_view,
+    tidy_frame,
+)
 
-CSV_COLUMNS = ("layer_a", "head_a", "layer_b", "head_b", "q", "k", "v")
+if TYPE_CHECKING:
+    import pandas
+
+#: The columns of composition.csv: those of `CompositionResult.to_pandas()`.
+CSV_COLUMNS = COMPOSITION_COLUMNS
+
+#: Strongest pairs of each kind a notebook shows (the command's default `--top`).
+SHOWN_PAIRS = 10
 
 
 def composition_csv(result: CompositionResult) -> str:
-    """One row per pair of heads: earlier (layer_a, head_a), later (layer_b, head_b), q, k, v."""
-    rows = ([*pair, *(float(result.scores(kind)[pair]) for kind in KINDS)] for pair in result.pairs())
-    return csv_text(CSV_COLUMNS, rows)
+    """composition.csv: `composition_frame` as CSV, one row per score."""
+    return frame_csv(composition_frame(result))
+
+
+def composition_frame(result: CompositionResult) -> pandas.DataFrame:
+    """`CompositionResult.to_pandas()`: one row per kind and pair of heads (`COMPOSITION_COLUMNS`,
+    documented by the class), kind by kind (q, k, v), the pairs in `result.pairs()` order."""
+    import pandas
+
+    pairs = np.array(result.pairs(), dtype=np.int64).reshape(-1, 4)
+    parts = []
+    for kind in KINDS:
+        scores = result.scores(kind).numpy()[tuple(pairs.T)]
+        columns = [np.full(len(pairs), kind, dtype=object), *pairs.T, scores.astype(np.float64)]
+        parts.append(pandas.DataFrame(dict(zip(COMPOSITION_COLUMNS, columns, strict=False))))
+    frame = pandas.concat(parts, ignore_index=True)
+    frame["baseline"] = result.baseline.mean
+    return frame[list(COMPOSITION_COLUMNS)]
+
+
+def top_pairs_frame(result: CompositionResult, n: int = SHOWN_PAIRS) -> pandas.DataFrame:
+    """The `n` strongest pairs of each kind (`CompositionResult.top`, as composition.json and
+    the printed lines list them), in the columns of `composition_frame`."""
+    rows = [
+        [kind, pair.layer_a, pair.head_a, pair.layer_b, pair.head_b, pair.score, result.baseline.mean]
+        for kind in KINDS
+        for pair in result.top(kind, n)
+    ]
+    return long_frame(COMPOSITION_COLUMNS, rows)
+
+
+def kinds_frame(result: CompositionResult) -> pandas.DataFrame:
+    """Per kind, its mean and largest score and the share of pairs above the baseline (as
+    composition.json's `summary`)."""
+    rows = []
+    for kind in KINDS:
+        summary = result.kind_summary(kind)
+        rows.append([kind, summary["mean"], summary["max"], summary["above_baseline"], result.baseline.mean])
+    return long_frame(("kind", "mean", "max", "above_baseline", "baseline"), rows)
 
 
 def heatmap_matrix(result: CompositionResult, kind: Kind) -> np.ndarray:
@@ -45,7 +109,12 @@ def heatmap_size(cells: int) -> float:
 
 
 def plot_composition(result: CompositionResult, kind: Kind, path: str | os.PathLike[str]) -> Path:
-    """The heatmap of one kind (module docstring), saved as PNG to `path`."""
+    """The heatmap of one kind (`composition_figure`), saved as PNG to `path`."""
+    return save_figure(composition_figure(result, kind), path)
+
+
+def composition_figure(result: CompositionResult, kind: Kind) -> Figure:
+    """The heatmap of one kind (module docstring): composition_{kind}.png unsaved."""
     L, H = result.n_layers, result.n_heads
     matrix = heatmap_matrix(result, kind)
     size = heatmap_size(matrix.shape[0])
@@ -68,7 +137,7 @@ def plot_composition(result: CompositionResult, kind: Kind, path: str | os.PathL
     bar.set_label(f"{KIND_NAMES[kind]} score (dashed: random baseline)")
     bar.ax.axhline(baseline.mean, color="white", linewidth=2.5)
     bar.ax.axhline(baseline.mean, color="black", linewidth=1.0, linestyle="--")
-    return save_figure(fig, path)
+    return fig
 
 
 def _colour_map():
@@ -158,3 +227,53 @@ def top_lines(result: CompositionResult, n: int) -> list[str]:
 
 def _pair_text(pair: HeadPair) -> str:
     return f"{pair.layer_a}.{pair.head_a} -> {pair.layer_b}.{pair.head_b}"
+
+
+# --------------------------------------------------------------------------- notebook
+
+
+@tidy_frame.register(CompositionResult)
+def _composition_frame(result: CompositionResult) -> pandas.DataFrame:
+    return composition_frame(result)
+
+
+@notebook_view.register(CompositionResult)
+def _composition_view(result: CompositionResult) -> NotebookView:
+    """The scores by kind, the strongest pairs of each kind, and the three heatmaps."""
+    baseline = result.baseline
+    tables = [
+        frame_table(
+            f"scores by kind (random baseline {baseline.mean:.4f} ± {baseline.stderr:.4f})",
+            kinds_frame(result),
+        ),
+        frame_table(
+            f"strongest pairs, top {SHOWN_PAIRS} of each kind (writer: earlier head, reader: later head)",
+            top_pairs_frame(result),
+            shown=3 * SHOWN_PAIRS,
+        ),
+    ]
+    pictures = [
+        Picture(
+            composition_figure(result, kind),
+            f"composition_{kind}.png: {KIND_NAMES[kind]}, later heads (rows) reading earlier heads (columns)",
+        )
+        for kind in KINDS
+    ]
+    return NotebookView(tables=tables, pictures=pictures)
+
+
+__all__ = [
+    "CSV_COLUMNS",
+    "SHOWN_PAIRS",
+    "HeadTicks",
+    "composition_csv",
+    "composition_figure",
+    "composition_frame",
+    "head_ticks",
+    "heatmap_matrix",
+    "heatmap_size",
+    "kinds_frame",
+    "plot_composition",
+    "top_lines",
+    "top_pairs_frame",
+]

@@ -5,6 +5,9 @@ scores) and suppresses most (red, negative), as horizontal bars labelled with th
 (a leading space shown as '␣'). The HTML page sets each neuron's top activating contexts (the
 activating token highlighted, its coefficient beside it) next to its value tokens, and needs
 no network. Nothing here computes model outputs.
+
+In a notebook a `NeuronsResult` shows the same: the page's tables, one per neuron, and the PNG's
+panels; `to_pandas()` is the frame neurons.csv is written from (`NEURONS_COLUMNS`).
 """
 
 from __future__ import annotations
@@ -13,20 +16,33 @@ import html
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from matplotlib.figure import Figure
 
-from resstream.analysis.circuits.neurons import Context, NeuronReport, NeuronsResult
+from resstream.analysis.circuits.neurons import NEURONS_COLUMNS, Context, NeuronReport, NeuronsResult
 from resstream.io import write_text
-from resstream.reporting.csvs import csv_text
 from resstream.reporting.figures import figure_token, new_figure, save_figure
+from resstream.reporting.notebook import (
+    NotebookView,
+    Picture,
+    Table,
+    frame_csv,
+    long_frame,
+    notebook_view,
+    tidy_frame,
+)
 from resstream.reporting.text import show_token
+
+if TYPE_CHECKING:
+    import pandas
 
 PROMOTED_COLOUR = "#31a354"
 SUPPRESSED_COLOUR = "#de2d26"
 HIGHLIGHT = "#fdd49e"
 PANEL_COLUMNS = 3  # panels per row of neurons.png
 LABEL_CHARS = 16  # a token label longer than this is cut with "…"
+TITLE_LINE_INCHES = 0.16  # one line of neurons.png's 9-point title
 
 #: What m is, as the figures say it (docs/attribution.md, "Neurons as key → value memories").
 COEFFICIENT_NOTE = (
@@ -34,7 +50,8 @@ COEFFICIENT_NOTE = (
     "act(gate)·up),\nwhich scales its value vector w_k in MLP(x) = Σ_k m_k·w_k + b_out"
 )
 
-CSV_COLUMNS = ("neuron", "list", "rank", "value", "token_id", "token", "sequence", "position", "context")
+#: The columns of neurons.csv: those of `NeuronsResult.to_pandas()`.
+CSV_COLUMNS = NEURONS_COLUMNS
 
 
 def _label(text: str) -> str:
@@ -51,28 +68,47 @@ def context_text(result: NeuronsResult, context: Context, mark: tuple[str, str] 
 
 
 def neurons_csv(result: NeuronsResult) -> str:
-    """One row per listed item: per neuron its promoted and suppressed tokens (`value` = the
-    value score) and its top contexts (`value` = the coefficient m_k, with sequence, position
-    and the window, the activating token in ⟦ ⟧). Token texts keep their spaces; a newline is
-    '↵' and other control characters are escapes, so each row is one line (neurons.json has
-    the exact texts)."""
-    return csv_text(CSV_COLUMNS, _neuron_rows(result))
+    """neurons.csv: `neurons_frame` as CSV. Token texts keep their spaces; a newline is '↵'
+    and other control characters are escapes, so each row is one line (neurons.json has the
+    exact texts)."""
+    return frame_csv(neurons_frame(result))
+
+
+def neurons_frame(result: NeuronsResult) -> pandas.DataFrame:
+    """`NeuronsResult.to_pandas()`: one row per listed item (`NEURONS_COLUMNS`, documented by
+    the class): per neuron its promoted and suppressed tokens (`value` = the value score) and
+    its top contexts (`value` = the coefficient m_k, with sequence, position and the window,
+    the activating token in ⟦ ⟧); `sequence` and `position` are empty (NA) for tokens."""
+    frame = long_frame(NEURONS_COLUMNS, list(_neuron_rows(result)))
+    return frame.astype({"sequence": "Int64", "position": "Int64"})
 
 
 def _neuron_rows(result: NeuronsResult) -> Iterator[list[object]]:
-    """The rows of neurons.csv: each neuron's promoted, suppressed and context lines."""
+    """The rows of `neurons_frame`: each neuron's promoted, suppressed and context lines."""
     for n in result.neurons:
-        for name, pairs in (("promoted", n.promoted), ("suppressed", n.suppressed)):
+        for kind, pairs in (("promoted", n.promoted), ("suppressed", n.suppressed)):
             for rank, (token, score) in enumerate(pairs):
-                yield [n.neuron, name, rank, score, token, _cell(result, token), "", "", ""]
+                yield [
+                    result.layer,
+                    n.neuron,
+                    kind,
+                    rank,
+                    token,
+                    _cell(result, token),
+                    score,
+                    None,
+                    None,
+                    None,
+                ]
         for rank, c in enumerate(n.contexts):
             yield [
+                result.layer,
                 n.neuron,
                 "context",
                 rank,
-                c.activation,
                 c.token_id,
                 _cell(result, c.token_id),
+                c.activation,
                 c.sequence,
                 c.position,
                 context_text(result, c),
@@ -134,20 +170,23 @@ def neurons_figure(result: NeuronsResult) -> Figure:
     columns = min(PANEL_COLUMNS, count)
     rows = math.ceil(count / columns)
     bars = max((len(n.promoted) + len(n.suppressed) for n in result.neurons), default=1)
-    fig = new_figure(3.4 * columns + 0.6, (0.17 * bars + 0.9) * rows + 0.8)
+    title = (
+        f"{result.model}, layer {result.layer}: tokens each neuron's value vector promotes (green) "
+        f"and suppresses (red)\ndirect effect through the final norm's gain; "
+        f"max m = largest coefficient over {result.num_positions:,} positions of {result.dataset}\n"
+        f"m = {COEFFICIENT_NOTE}"
+    )
+    title_inches = TITLE_LINE_INCHES * (title.count("\n") + 1) + 0.45  # and the panels' own titles
+    height = (0.17 * bars + 0.9) * rows + 0.5 + title_inches
+    fig = new_figure(3.4 * columns + 0.6, height)
     for index, n in enumerate(result.neurons):
         ax = fig.add_subplot(rows, columns, index + 1)
         _panel(ax, result, n)
         if index // columns == rows - 1 or index + columns >= count:
             ax.set_xlabel("value score W_U·(g⊙w_k)", fontsize=7.5)
-    fig.subplots_adjust(wspace=0.6)  # room for the next panel's token labels
-    fig.suptitle(
-        f"{result.model}, layer {result.layer}: tokens each neuron's value vector promotes (green) "
-        f"and suppresses (red)\ndirect effect through the final norm's gain; "
-        f"max m = largest coefficient over {result.num_positions:,} positions of {result.dataset}\n"
-        f"m = {COEFFICIENT_NOTE}",
-        fontsize=9,
-    )
+    # room for the next panel's token labels, and above the panels for the title
+    fig.subplots_adjust(wspace=0.6, top=1 - title_inches / height)
+    fig.suptitle(title, fontsize=9, y=1 - 0.08 / height)
     return fig
 
 
@@ -158,17 +197,36 @@ def plot_neurons(result: NeuronsResult, path: str | Path) -> Path:
 
 # --------------------------------------------------------------------------- HTML
 
-PAGE_STYLE = (
-    "body{font-family:sans-serif;margin:1em 2em}"
-    "section{border-top:1px solid #ccc;padding:.4em 0;display:flex;gap:2em;align-items:flex-start}"
-    "h2{font-size:110%;margin:.2em 0}"
-    "table{border-collapse:collapse}td,th{padding:1px 6px;text-align:left;vertical-align:top}"
-    "td.num{text-align:right;font-family:monospace}"
-    "td.ctx{font-family:monospace;white-space:pre-wrap;max-width:60em}"
-    f"mark{{background:{HIGHLIGHT};font-weight:bold}}"
-    ".tok{font-family:monospace;white-space:pre}"
-    f".up{{color:{PROMOTED_COLOUR}}}.down{{color:{SUPPRESSED_COLOUR}}}"
-    ".note{color:#555;font-size:90%}"
+#: The styles of a neuron's tables, on the page and in a notebook: (selector, declarations).
+TABLE_RULES = (
+    ("section", "border-top:1px solid #ccc;padding:.4em 0;display:flex;gap:2em;align-items:flex-start"),
+    ("table", "border-collapse:collapse"),
+    ("td,th", "padding:1px 6px;text-align:left;vertical-align:top"),
+    ("td.num", "text-align:right;font-family:monospace"),
+    ("td.ctx", "font-family:monospace;white-space:pre-wrap;max-width:60em"),
+    ("mark", f"background:{HIGHLIGHT};font-weight:bold"),
+    (".tok", "font-family:monospace;white-space:pre"),
+    (".up", f"color:{PROMOTED_COLOUR}"),
+    (".down", f"color:{SUPPRESSED_COLOUR}"),
+    (".note", "color:#555;font-size:90%"),
+)
+
+#: The class of the element that holds a neuron's tables in a notebook (its styles apply there only).
+NOTEBOOK_SCOPE = "resstream-neurons"
+
+
+def style_rules(rules: tuple[tuple[str, str], ...], scope: str = "") -> str:
+    """CSS text of `rules`, every selector prefixed with `scope` (a notebook's outputs share
+    one page, so their styles must not reach beyond their own element)."""
+    prefix = f"{scope} " if scope else ""
+    return "".join(
+        f"{','.join(prefix + part for part in selector.split(','))}{{{declarations}}}"
+        for selector, declarations in rules
+    )
+
+
+PAGE_STYLE = "body{font-family:sans-serif;margin:1em 2em}h2{font-size:110%;margin:.2em 0}" + style_rules(
+    TABLE_RULES
 )
 
 
@@ -212,21 +270,40 @@ def _tokens_table(result: NeuronsResult, n: NeuronReport) -> str:
     )
 
 
-def write_html(result: NeuronsResult, path: str | Path) -> None:
-    """neurons.html: per neuron its top contexts (activating token highlighted, coefficient
-    m_k beside it) and the tokens its value vector promotes and suppresses; self-contained."""
-    sections = "".join(
-        f"<h2>neuron {n.neuron} <span class='note'>max m = {n.max_activation:.4g}</span></h2>"
-        f"<section>{_contexts_table(result, n)}{_tokens_table(result, n)}</section>"
-        for n in result.neurons
-    )
-    key = (
-        f"<h1>{html.escape(result.model)}: layer {result.layer} neurons as key → value memories</h1>"
+def neuron_section(result: NeuronsResult, n: NeuronReport) -> str:
+    """One neuron's tables side by side: its top contexts, then its value tokens."""
+    return f"<section>{_contexts_table(result, n)}{_tokens_table(result, n)}</section>"
+
+
+def neuron_heading(n: NeuronReport) -> str:
+    """The heading of one neuron's tables (plain text)."""
+    return f"neuron {n.neuron} (max m = {n.max_activation:.4g})"
+
+
+def page_title(result: NeuronsResult) -> str:
+    """The title of neurons.html (plain text)."""
+    return f"{result.model}: layer {result.layer} neurons as key → value memories"
+
+
+def page_note(result: NeuronsResult) -> str:
+    """What the tables show: how the neurons were chosen, the contexts and the value rule."""
+    return (
         f"<p class='note'>Neurons: {html.escape(result.selection)}. Contexts: the largest coefficients m_k "
         f"over {result.num_positions:,} positions ({html.escape(result.sample)}); each window ends with "
         f"the activating token (the model sees only the tokens up to it). Value tokens: "
         f"{html.escape(result.value_rule)}. ␣ = a space, ↵ = a newline.</p>"
     )
+
+
+def write_html(result: NeuronsResult, path: str | Path) -> None:
+    """neurons.html: per neuron its top contexts (activating token highlighted, coefficient
+    m_k beside it) and the tokens its value vector promotes and suppresses; self-contained."""
+    sections = "".join(
+        f"<h2>neuron {n.neuron} <span class='note'>max m = {n.max_activation:.4g}</span></h2>"
+        f"{neuron_section(result, n)}"
+        for n in result.neurons
+    )
+    key = f"<h1>{html.escape(page_title(result))}</h1>{page_note(result)}"
     page = (
         "<!doctype html><meta charset='utf-8'><title>resstream neurons</title>"
         f"<style>{PAGE_STYLE}</style>{key}{sections}"
@@ -234,13 +311,48 @@ def write_html(result: NeuronsResult, path: str | Path) -> None:
     write_text(path, page)
 
 
+# --------------------------------------------------------------------------- notebook
+
+
+@tidy_frame.register(NeuronsResult)
+def _neurons_frame(result: NeuronsResult) -> pandas.DataFrame:
+    return neurons_frame(result)
+
+
+@notebook_view.register(NeuronsResult)
+def _neurons_view(result: NeuronsResult) -> NotebookView:
+    """neurons.html's note and per-neuron tables (styled inside their own element), then
+    neurons.png."""
+    style = f"<style>{style_rules(TABLE_RULES, '.' + NOTEBOOK_SCOPE)}</style>"
+
+    def scoped(body: str) -> str:
+        return f"<div class='{NOTEBOOK_SCOPE}'>{style}{body}</div>"
+
+    tables = [Table(page_title(result), scoped(page_note(result)))]
+    tables += [Table(neuron_heading(n), scoped(neuron_section(result, n))) for n in result.neurons]
+    caption = (
+        "neurons.png: the tokens each neuron's value vector promotes (green) and suppresses (red), "
+        "by their value score"
+    )
+    return NotebookView(tables=tables, pictures=[Picture(neurons_figure(result), caption)])
+
+
 __all__ = [
     "COEFFICIENT_NOTE",
     "CSV_COLUMNS",
+    "NOTEBOOK_SCOPE",
+    "PAGE_STYLE",
+    "TABLE_RULES",
     "context_text",
+    "neuron_heading",
+    "neuron_section",
     "neurons_csv",
     "neurons_figure",
+    "neurons_frame",
+    "page_note",
+    "page_title",
     "plot_neurons",
+    "style_rules",
     "summary_lines",
     "write_html",
 ]

@@ -21,6 +21,9 @@ versus token 0). A layer verdict `holds` when every testable row holds. The marg
 its weakest step in the tested direction (`min_margin`, and `min_z` in standard errors).
 Every step must pass on its own, so a row "holds" by chance only if all its steps are ≥ 3
 standard errors off by chance; a weak true trend can instead fail on its noisiest step.
+
+`SimulationResult` and `SimulationRun` display themselves in a notebook and give a DataFrame
+(`SIMULATION_COLUMNS`), drawn by `resstream.reporting.attention`.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from resstream.display import Displayable
 from resstream.errors import UsageError, check_choice, closest
 from resstream.io import jsonable
 from resstream.reprs import summary
@@ -38,6 +42,7 @@ from resstream.simulation.intervals import Estimate
 
 __all__ = [
     "DIRECTIONS",
+    "SIMULATION_COLUMNS",
     "AttentionTrend",
     "BandRatio",
     "Direction",
@@ -46,6 +51,7 @@ __all__ = [
     "SimulationResult",
     "SimulationRun",
     "TrendVerdict",
+    "configuration_label",
     "row_trend",
     "trend_verdict",
 ]
@@ -54,6 +60,9 @@ Direction = Literal["recency", "primacy"]
 DIRECTIONS: tuple[str, ...] = ("recency", "primacy")
 
 Matrix = tuple[tuple[float, ...], ...]
+
+#: The columns of `SimulationResult.to_pandas()` and `SimulationRun.to_pandas()`, in order.
+SIMULATION_COLUMNS = ("configuration", "layer", "query", "key", "distance", "value", "stderr")
 
 
 def _log(value: float) -> float:
@@ -308,10 +317,17 @@ class LayerAttention:
 
 
 @dataclass(frozen=True)
-class SimulationResult:
+class SimulationResult(Displayable, renderer="resstream.reporting.attention"):
     """Per-layer mean attention of a simulated stack (`layers[0]` is layer 1).
 
     `method`: "vectorised" (`simulate`) or "reference loop" (`simulate_reference`).
+
+    `to_pandas()` columns (`SIMULATION_COLUMNS`; one row per layer and pair of positions
+    key <= query): configuration — the configuration's label (`configuration_label`); layer —
+    from 1; query, key — the positions i and j (from 0); distance — i − j; value — the mean
+    attention of query i to key j over the simulations; stderr — its standard error (NaN with
+    one simulation). The mean attention δ tokens back is the mean of `value` over the queries
+    at each distance: `frame.groupby(["configuration", "layer", "distance"])["value"].mean()`.
     """
 
     config: SimulationConfig
@@ -354,6 +370,14 @@ class SimulationResult:
         )
 
 
+def configuration_label(config: SimulationConfig) -> str:
+    """A configuration's label: "LayerNorm, γ = 0.5" (and ", residual λ = 1" with the residual)."""
+    parts = ["LayerNorm" if config.layernorm else "no LayerNorm", f"γ = {config.gamma:g}"]
+    if config.residual:
+        parts.append(f"residual λ = {config.residual_scale:g}")
+    return ", ".join(parts)
+
+
 def trend_summary(layers: Sequence[LayerAttention]) -> str:
     """ "ρ by layer +0.01, +0.12, …": the mean row rank correlation of each layer, for reprs."""
     values = ", ".join(f"{layer.trend.spearman.value:+.2f}" for layer in layers)
@@ -361,13 +385,16 @@ def trend_summary(layers: Sequence[LayerAttention]) -> str:
 
 
 @dataclass(frozen=True, repr=False)
-class SimulationRun(Mapping[str, SimulationResult]):
+class SimulationRun(Displayable, Mapping[str, SimulationResult], renderer="resstream.reporting.attention"):
     """What `resstream.simulate` returns: one or (with `grid`) the four standard
     configurations, each `SimulationResult` under its label, in the order they ran.
 
     A mapping from label to result (`run["no LayerNorm"]`, `list(run)` the labels,
     `run.items()`); `results` holds the (label, result) pairs. `to_dict()` is the content of
     simulate.json: the one configuration's entry, or `{"configurations": [...]}` for a grid.
+
+    `to_pandas()` columns: those of `SimulationResult.to_pandas()` (`SIMULATION_COLUMNS`),
+    every configuration's rows one after the other, `configuration` its label here.
     """
 
     results: tuple[tuple[str, SimulationResult], ...]

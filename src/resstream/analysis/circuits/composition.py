@@ -60,6 +60,7 @@ import torch
 from torch import Tensor
 
 from resstream.analysis.norms import FrozenNorm, norm_form
+from resstream.display import Displayable
 from resstream.errors import UsageError
 from resstream.models.adapters import BlockView, ModelView
 from resstream.reprs import summary
@@ -77,6 +78,17 @@ BASELINE_SAMPLES = 256
 BASELINE_SEED = 0
 #: Samples drawn at once (bounds the baseline's memory: 4 factors of chunk × d × d_head).
 _BASELINE_CHUNK = 16
+
+#: The columns of `CompositionResult.to_pandas()` (and of composition.csv), in order.
+COMPOSITION_COLUMNS = (
+    "kind",
+    "writer_layer",
+    "writer_head",
+    "reader_layer",
+    "reader_head",
+    "score",
+    "baseline",
+)
 
 _SCORE_NOTE = (
     "scores ‖M_A·R‖_F/(‖M_A‖_F·‖R‖_F) in x@W orientation: M_A = OV of the earlier head, R = QK "
@@ -148,13 +160,20 @@ class HeadPair:
 
 
 @dataclass(frozen=True, eq=False, repr=False)
-class CompositionResult:
+class CompositionResult(Displayable, renderer="resstream.reporting.composition"):
     """Q-, K- and V-composition scores of every ordered pair of heads of one model.
 
     `q`, `k`, `v` are (L, H, L, H) float tensors on the CPU: [l1, h1, l2, h2] is the score of
     earlier head (l1, h1) into later head (l2, h2), NaN where l2 <= l1. `baseline` is the
     random-matrix baseline; `convention` says which norms enter the matrices (module docstring)
     and `notes` what the scores fold in and ignore.
+
+    `to_pandas()` columns (`COMPOSITION_COLUMNS`; one row per kind and pair of heads in
+    different layers, the frame composition.csv is written from): kind — "q", "k" or "v";
+    writer_layer, writer_head — the earlier head, whose output is read; reader_layer,
+    reader_head — the later head, whose query, key or value reads it; score — the composition
+    score (module docstring); baseline — the random baseline's mean score, the same in every
+    row (a score well above it is composition the weights chose).
     """
 
     model: str
@@ -207,16 +226,7 @@ class CompositionResult:
     def to_dict(self, top: int = 10) -> dict[str, Any]:
         """The content of composition.json: sizes, convention, baseline, notes, per kind its mean
         and its `top` strongest pairs, and every pair with its three scores."""
-        by_kind = {}
-        for kind in KINDS:
-            values = self.scores(kind)
-            values = values[~values.isnan()]
-            above = float((values > self.baseline.mean).float().mean())
-            by_kind[kind] = {
-                "mean": float(values.mean()),
-                "max": float(values.max()),
-                "above_baseline": above,
-            }
+        by_kind = {kind: self.kind_summary(kind) for kind in KINDS}
         return {
             "model": self.model,
             "n_layers": self.n_layers,
@@ -229,6 +239,16 @@ class CompositionResult:
             "summary": by_kind,
             "top": {kind: [pair.to_dict() for pair in self.top(kind, top)] for kind in KINDS},
             "pairs": [self._pair_dict(pair) for pair in self.pairs()],
+        }
+
+    def kind_summary(self, kind: Kind) -> dict[str, float]:
+        """The mean and largest score of one kind, and the share of pairs above the baseline's mean."""
+        values = self.scores(kind)
+        values = values[~values.isnan()]
+        return {
+            "mean": float(values.mean()),
+            "max": float(values.max()),
+            "above_baseline": float((values > self.baseline.mean).float().mean()),
         }
 
     def _pair_dict(self, pair: tuple[int, int, int, int]) -> dict[str, Any]:
@@ -456,6 +476,7 @@ def random_baseline(
 __all__ = [
     "BASELINE_SAMPLES",
     "BASELINE_SEED",
+    "COMPOSITION_COLUMNS",
     "CONVENTIONS",
     "KINDS",
     "KIND_NAMES",

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from resstream.analysis.decoding.decoder import Decoder
 from resstream.analysis.norms import NormForm, norm_form
+from resstream.display import Displayable
 from resstream.errors import RunError
 from resstream.models.adapters.base import ModelView
 from resstream.reprs import summary
@@ -325,11 +326,36 @@ class NeuronReport:
 #: Neurons a `NeuronsResult`'s repr lists by number.
 REPR_NEURONS = 10
 
+#: The columns of `NeuronsResult.to_pandas()` (and of neurons.csv), in order.
+NEURONS_COLUMNS = (
+    "layer",
+    "neuron",
+    "kind",
+    "rank",
+    "token_id",
+    "token",
+    "value",
+    "sequence",
+    "position",
+    "context",
+)
+
 
 @dataclass(frozen=True)
-class NeuronsResult:
+class NeuronsResult(Displayable, renderer="resstream.reporting.neurons"):
     """Neurons of one layer as key -> value memories (module docstring), with the text of every
-    token the result mentions (`token_text`), so it renders itself."""
+    token the result mentions (`token_text`), so it renders itself.
+
+    `to_pandas()` columns (`NEURONS_COLUMNS`; one row per listed item, the frame neurons.csv
+    is written from): layer — the block (0-based); neuron — its index in the layer; kind —
+    "promoted" or "suppressed" (a value token) or "context" (a top activating context); rank —
+    0 for the first of its kind; token_id, token — the token (for a context, the activating
+    one), its text with spaces kept, a newline as '↵' and other control characters escaped
+    (`to_dict()` has the exact texts); value — the value score W_U·(g ⊙ w_k) of the token, or
+    for a context the coefficient m_k there; sequence, position — where the context is in the
+    sample (NA for value tokens); context — the window, the activating token in ⟦ ⟧ (NA for
+    value tokens).
+    """
 
     model: str
     layer: int
@@ -433,6 +459,7 @@ def mentioned_tokens(
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_WINDOW",
+    "NEURONS_COLUMNS",
     "RANK_RULE",
     "VALUE_RULE",
     "Activation",

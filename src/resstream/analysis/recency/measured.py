@@ -15,6 +15,10 @@ band, with 95% intervals over the sequences, which are the clusters) and the str
 `by_distance[δ]` is the mean over queries i ≥ δ of mean[i][i − δ]: how much attention goes
 δ tokens back, averaged over the positions where that distance exists (δ = 0: the token
 itself).
+
+`RecencyResult` is one model's statistics, `RecencyReport` those of every model `resstream.recency`
+ran on one corpus sample; both display themselves in a notebook and give a DataFrame
+(`RECENCY_COLUMNS`), drawn by `resstream.reporting.attention`.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from resstream.display import Displayable
 from resstream.io import jsonable
 from resstream.reprs import summary
 from resstream.simulation.results import LayerAttention, trend_summary
@@ -35,9 +40,19 @@ from resstream.simulation.statistics import (
     summarise_layer,
 )
 
-__all__ = ["HeadAttention", "RecencyAccumulator", "RecencyResult", "distance_profile"]
+__all__ = [
+    "RECENCY_COLUMNS",
+    "HeadAttention",
+    "RecencyAccumulator",
+    "RecencyReport",
+    "RecencyResult",
+    "distance_profile",
+]
 
 Matrix = tuple[tuple[float, ...], ...]
+
+#: The columns of `RecencyResult.to_pandas()` and `RecencyReport.to_pandas()`, in order.
+RECENCY_COLUMNS = ("model", "layer", "head", "query", "key", "distance", "value", "stderr")
 
 
 def distance_profile(mean: Matrix) -> tuple[float, ...]:
@@ -63,8 +78,17 @@ class HeadAttention:
 
 
 @dataclass(frozen=True)
-class RecencyResult:
-    """Positional attention of one model over a corpus sample (module docstring)."""
+class RecencyResult(Displayable, renderer="resstream.reporting.attention"):
+    """Positional attention of one model over a corpus sample (module docstring).
+
+    `to_pandas()` columns (`RECENCY_COLUMNS`; one row per layer, head and pair of positions
+    key <= query): model — the model's name; layer — from 1; head — the head (from 0), NA for
+    the average over heads (each sequence's heads averaged first); query, key — the positions
+    i and j (from 0); distance — i − j; value — the mean attention of query i to key j over the
+    sequences; stderr — its standard error over the sequences (NaN with one sequence). A layer's
+    distance profile `by_distance` is the mean of `value` over the queries at each distance:
+    `frame.groupby(["model", "layer", "head", "distance"], dropna=False)["value"].mean()`.
+    """
 
     model: str
     num_layers: int
@@ -133,6 +157,33 @@ class RecencyResult:
         mean = torch.tensor([[head.mean for head in layer.heads] for layer in self.layers])
         stderr = torch.tensor([[head.stderr for head in layer.heads] for layer in self.layers])
         return {"mean_attention_heads": mean, "stderr_heads": stderr}
+
+
+@dataclass(frozen=True)
+class RecencyReport(Displayable, renderer="resstream.reporting.attention"):
+    """`resstream.recency` over one or several models on a corpus sample: each model's
+    `RecencyResult`, in the order given.
+
+    `to_pandas()` columns: those of `RecencyResult.to_pandas()` (`RECENCY_COLUMNS`), every
+    model's rows one after the other.
+    """
+
+    results: tuple[RecencyResult, ...]
+    dataset: str
+    dataset_fingerprint: str | None
+    seq_len: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The content of recency.json."""
+        return {
+            "dataset": self.dataset,
+            "dataset_fingerprint": self.dataset_fingerprint,
+            "seq_len": self.seq_len,
+            "models": [r.to_dict() for r in self.results],
+        }
+
+    def __repr__(self) -> str:
+        return summary(self, f"{self.dataset!r}, {self.seq_len} tokens", *map(repr, self.results))
 
 
 class RecencyAccumulator:
