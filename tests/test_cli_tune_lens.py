@@ -22,8 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from resstream.analysis.decoding.lens_training import EVALUATION_COLUMNS, LensEvaluation
 from resstream.analysis.decoding.tuned_lens import TunedLens, load_lens
 from resstream.cli.main import main
+from resstream.reporting.notebook import frame_csv
 from tests.cli_support import assert_complete_files, expect_usage_error
 from tests.lens_support import plays_file
 
@@ -93,15 +95,19 @@ def test_tune_lens_writes_the_lens_its_evaluation_and_plots(trained, plays) -> N
     assert evaluation["num_tokens"] == 4 * 31 and str(plays) in evaluation["sample"]
     for layer in range(6):  # 3 steps already beat the logit lens at every layer
         assert evaluation["tuned_kl"][layer] < evaluation["logit_kl"][layer], layer
-    rows = list(csv.DictReader((out / "evaluation.csv").open()))
-    assert [int(r["layer"]) for r in rows] == list(range(7))
-    for key, column in (
-        ("logit_kl", "logit_lens_kl_bits"),
-        ("tuned_kl", "tuned_lens_kl_bits"),
-        ("logit_ce", "logit_lens_ce_bits"),
-        ("tuned_ce", "tuned_lens_ce_bits"),
+    rows = list(csv.DictReader((out / "evaluation.csv").open()))  # per layer, metric and lens
+    assert list(rows[0]) == list(EVALUATION_COLUMNS) and len(rows) == 7 * 4
+    assert [int(r["layer"]) for r in rows] == [layer for layer in range(7) for _ in range(4)]
+    for key, kind, metric in (
+        ("logit_kl", "logit", "kl_bits"),
+        ("tuned_kl", "tuned", "kl_bits"),
+        ("logit_ce", "logit", "ce_bits"),
+        ("tuned_ce", "tuned", "ce_bits"),
     ):
-        assert [float(r[column]) for r in rows] == evaluation[key], column
+        values = [float(r["value"]) for r in rows if (r["lens"], r["metric"]) == (kind, metric)]
+        assert values == evaluation[key], key
+    fields = {name: tuple(v) if isinstance(v, list) else v for name, v in evaluation.items()}
+    assert (out / "evaluation.csv").read_text() == frame_csv(LensEvaluation(**fields).to_pandas())
 
     lens = load_lens(out)
     assert lens.model == "reference" and lens.record["dataset"] == str(plays)
@@ -214,9 +220,9 @@ def test_shift_with_the_logit_lens_and_the_tuned_lens(trained, tmp_path, plays, 
     assert report["decoders"] == ["logit-lens", "tuned"]
     assert [m["decoder"] for m in report["models"]] == ["logit-lens", "tuned"]
     assert load_lens(lens_dir).fingerprint in report["models"][1]["decoding"]
-    rows = list(csv.DictReader((out / "shift.csv").open()))
-    assert [r["decoder"] for r in rows] == ["logit-lens"] * 7 + ["tuned"] * 7
-    assert [int(r["layer"]) for r in rows] == list(range(7)) * 2
+    rows = list(csv.DictReader((out / "shift.csv").open()))  # per decoder, layer and metric (6)
+    assert [r["decoder"] for r in rows] == ["logit-lens"] * 7 * 6 + ["tuned"] * 7 * 6
+    assert [int(r["layer"]) for r in rows] == [layer for layer in range(7) for _ in range(6)] * 2
     for entry in report["models"]:
         where = "never" if entry["shift_layer"] is None else f"{entry['shift_layer']:.2f}"
         assert f"reference ({entry['decoder']}): shift layer {where} of 6" in captured.out

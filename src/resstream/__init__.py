@@ -1,10 +1,10 @@
 """resstream: the residual stream of causal Transformer language models.
 
 `resstream.shift`, `.lens`, `.attribute`, `.attribute_corpus`, `.decompose`, `.neurons`,
-`.composition`, `.recency`, `.simulate`, `.tune_lens`, `.evaluate_lens` and `.evaluate_model`
-are the Python API (each in the module of its name under `resstream.api`; `attribute_corpus`
-beside `attribute`, `evaluate_lens` beside `tune_lens`, `evaluate_model` in `api.evaluate`),
-imported on first use (torch is heavy).
+`.compare`, `.composition`, `.recency`, `.simulate`, `.tune_lens`, `.evaluate_lens`, `.evaluate_model` and
+`.load_lens` are the Python API (each in the module of its name under `resstream.api`;
+`attribute_corpus` beside `attribute`, `evaluate_lens` beside `tune_lens`, `evaluate_model` in
+`api.evaluate`, `load_lens` in `api.decoders`), imported on first use (torch is heavy).
 """
 
 import importlib as _importlib
@@ -14,7 +14,9 @@ __version__ = "0.1.0"
 
 if _TYPE_CHECKING:
     from resstream.api.attribute import attribute, attribute_corpus
+    from resstream.api.compare import compare
     from resstream.api.composition import composition
+    from resstream.api.decoders import load_lens
     from resstream.api.decompose import decompose
     from resstream.api.evaluate import evaluate_model
     from resstream.api.lens import lens
@@ -27,11 +29,13 @@ if _TYPE_CHECKING:
 __all__ = [
     "attribute",
     "attribute_corpus",
+    "compare",
     "composition",
     "decompose",
     "evaluate_lens",
     "evaluate_model",
     "lens",
+    "load_lens",
     "neurons",
     "recency",
     "shift",
@@ -39,7 +43,12 @@ __all__ = [
     "tune_lens",
 ]
 #: API functions defined in a module of another name.
-_MODULE_OF = {"attribute_corpus": "attribute", "evaluate_lens": "tune_lens", "evaluate_model": "evaluate"}
+_MODULE_OF = {
+    "attribute_corpus": "attribute",
+    "evaluate_lens": "tune_lens",
+    "evaluate_model": "evaluate",
+    "load_lens": "decoders",
+}
 
 
 def __getattr__(name: str):

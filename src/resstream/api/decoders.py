@@ -1,19 +1,26 @@
-"""Decoder specs as users write them: "logit-lens", "embedding", "tuned:DIR" or a loaded lens.
+"""Decoder specs as users write them: "logit-lens", "embedding", "tuned:DIR" or a loaded lens,
+and `resstream.load_lens(path)`.
 
 `decoder_specs` checks every spec before any model is loaded (a bad name, a missing or corrupt
 lens directory: one line, `UsageError`) and reads each lens once; `DecoderSpec.build(view)`
-makes the `Decoder` of one model, refusing a lens trained on another model.
+makes the `Decoder` of one model, refusing a lens trained on another model. A lens directory
+is one `resstream tune-lens` wrote or one the tuned-lens package saved (config.json +
+params.pt), told apart by its files (`resstream.analysis.decoding.tuned_lens.load_lens`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Unpack
 
+from resstream.analysis.decoding import tuned_lens
 from resstream.analysis.decoding.decoder import Decoder, DecoderKind, decoder_of
-from resstream.analysis.decoding.tuned_lens import TunedLens, load_lens
+from resstream.analysis.decoding.tuned_lens import TunedLens
+from resstream.api.inputs import LoadOptions, one_model, takes_load_args
 from resstream.errors import UsageError, closest
-from resstream.models import ModelView
+from resstream.models import LoadArgs, ModelLike, ModelView
 
 #: The spellings a user may give (shown in messages and `--help`).
 SPELLINGS = ("logit-lens", "embedding", "tuned:DIR")
@@ -58,7 +65,7 @@ def decoder_spec(spec: DecoderLike) -> DecoderSpec:
         return DecoderSpec("embedding", spec)
     if spec.startswith(TUNED_PREFIX) and spec[len(TUNED_PREFIX) :]:
         directory = spec[len(TUNED_PREFIX) :]
-        return DecoderSpec("tuned", directory, load_lens(directory))
+        return DecoderSpec("tuned", directory, tuned_lens.load_lens(directory))
     if spec in ("tuned", TUNED_PREFIX):
         raise UsageError(
             "decoder 'tuned' needs its lens directory: tuned:DIR (from `resstream tune-lens`); "
@@ -85,4 +92,32 @@ def decoder_specs(specs: DecoderLike | Sequence[DecoderLike]) -> tuple[DecoderSp
     return parsed
 
 
-__all__ = ["SPELLINGS", "DecoderLike", "DecoderSpec", "decoder_spec", "decoder_specs"]
+@takes_load_args
+def load_lens(
+    path: str | os.PathLike[str], model: ModelLike = None, *, progress: bool = False, **load: Unpack[LoadArgs]
+) -> TunedLens:
+    """The tuned lens in directory `path`: one `resstream tune-lens` wrote (lens.json +
+    translators.safetensors) or one the `tuned-lens` package saved (config.json + params.pt,
+    or params.safetensors), told apart by its files. Parameters are read without running code
+    (safetensors, or `torch.load(weights_only=True)`): a params.pt that is not a plain state
+    dict of tensors is refused in one line (`UsageError`), as is a missing or damaged file.
+
+    `model` None (the default) checks nothing now: the lens is checked against each model it
+    decodes for (`decoder="tuned:DIR"` or `decoder=lens` of `resstream.shift`, `.lens`,
+    `.attribute`). Given a model (a spec, loaded with `dtype`, `device`, `device_map`,
+    `trust_remote_code`, with progress bars if `progress`, or a model in memory), the lens is
+    checked against it now, and a lens from the package, which records only its shapes and the
+    hash of its unembedding, is returned carrying that model's fingerprint, so it is refused on
+    any other model from then on (`lens.save(dir)` keeps it). A lens of another shape is
+    refused naming both shapes. `lens.save(dir, layout="tuned-lens")` writes a lens in the
+    package's layout.
+    """
+    lens = tuned_lens.load_lens(path)
+    if model is None:
+        return lens
+    options = LoadOptions.of(load, progress=progress, needs_tokenizer=False)
+    with one_model(model, options) as loaded:
+        return lens.bound(loaded.view, source=f"the tuned lens {str(path)!r}")
+
+
+__all__ = ["SPELLINGS", "DecoderLike", "DecoderSpec", "decoder_spec", "decoder_specs", "load_lens"]

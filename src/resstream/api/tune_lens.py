@@ -63,12 +63,17 @@ from resstream.api.lens_trainer import (
 )
 from resstream.data.files import load_token_rows
 from resstream.data.sampling import CorpusTooSmall, SequenceSample
+from resstream.display import Displayable
 from resstream.errors import UsageError
 from resstream.models import LoadArgs, LoadedModel, ModelLike, ModelView
 from resstream.notices import notify
+from resstream.reporting.notebook import NotebookView, notebook_view, tidy_frame
+from resstream.reporting.tuned_lens import evaluation_frame, evaluation_view
+from resstream.reprs import summary
 from resstream.rundir import locked_directory
 
 if TYPE_CHECKING:
+    import pandas
     from transformers import PreTrainedTokenizerBase
 
 #: Defaults: the tuned-lens paper's 250 steps of tokens sized for a laptop (2 × 8 × 128 a step).
@@ -85,9 +90,14 @@ FAR_FROM_RECIPE = 2.0
 
 
 @dataclass(frozen=True)
-class TuneLensReport:
+class TuneLensReport(Displayable):
     """A trained lens, its held-out evaluation and its training curve (mean KL over layers
-    0..L−1 per step, in bits)."""
+    0..L−1 per step, in bits).
+
+    `to_pandas()` columns: those of the evaluation's (`EVALUATION_COLUMNS`: model, layer,
+    lens, metric, value), the same frame (the training curve is `history`). In a notebook the
+    report shows the evaluation's values per layer, bits_per_layer.png and training.png.
+    """
 
     lens: TunedLens
     evaluation: LensEvaluation
@@ -99,14 +109,17 @@ class TuneLensReport:
         return self.evaluation.dataset_fingerprint
 
     def __repr__(self) -> str:
-        ev = self.evaluation
-        logit = sum(ev.logit_kl[:-1]) / max(1, len(ev.layers) - 1)
-        tuned = sum(ev.tuned_kl[:-1]) / max(1, len(ev.layers) - 1)
-        return (
-            f"TuneLensReport({self.lens.model}: {len(self.history)} steps; held-out KL to the final "
-            f"distribution, mean over layers 0..{len(ev.layers) - 2}: logit lens {logit:.3f} bits, "
-            f"tuned lens {tuned:.3f} bits, on {ev.num_tokens:,} positions)"
-        )
+        return summary(self, f"{self.lens.model}: {len(self.history)} steps", self.evaluation.headline())
+
+
+@tidy_frame.register(TuneLensReport)
+def _report_frame(report: TuneLensReport) -> pandas.DataFrame:
+    return evaluation_frame(report.evaluation)
+
+
+@notebook_view.register(TuneLensReport)
+def _report_view(report: TuneLensReport) -> NotebookView:
+    return evaluation_view(report.evaluation, report.history)
 
 
 @takes_load_args_on_one_device

@@ -1,7 +1,9 @@
-"""`resstream tune-lens`: train a tuned lens for a model, or evaluate one (`--eval`)."""
+"""`resstream tune-lens`: train a tuned lens for a model, evaluate one (`--eval`), or write one
+in the tuned-lens package's layout (`--export tuned-lens DIR`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -19,6 +21,8 @@ DEFAULT_TOKENS_PER_STEP = 2 * 8 * 128
 DEFAULT_TOKENS = DEFAULT_STEPS * DEFAULT_TOKENS_PER_STEP
 DEFAULT_EVAL_SEQS = 32
 DEFAULT_CHECKPOINT_EVERY = 25
+#: The layouts `--export` writes.
+EXPORT_FORMATS = ("tuned-lens",)
 
 
 #: The corpus options' help where tune-lens reads them differently from the analyses.
@@ -77,6 +81,15 @@ def tune_lens(
         options.Sample,
         options.corpus_options(dataset=None, seed=None, help=CORPUS_HELP, without=("num_seqs",)),
     ],
+    export: Annotated[
+        tuple[str, Path] | None,
+        typer.Option(
+            "--export",
+            metavar="FORMAT DIR",
+            help="Write the lens already in --out to DIR in another layout instead of training one: "
+            "tuned-lens (the tuned-lens package's config.json + params.pt).",
+        ),
+    ] = None,
 ) -> None:
     """Train one affine translator per layer (a tuned lens) and compare it with the logit lens."""
     import resstream
@@ -86,6 +99,13 @@ def tune_lens(
     from resstream.errors import UsageError
     from resstream.rundir import locked_directory, output_set
 
+    if export is not None:
+        if evaluate or resume:
+            raise UsageError(
+                "--export writes the lens already in --out; it cannot be combined with --eval or --resume"
+            )
+        export_lens(output.out, *export)
+        return
     if evaluate and resume:
         raise UsageError("--resume continues an interrupted training run; it cannot be combined with --eval")
     loads = {**loading.api_kwargs(), "progress": output.progress}
@@ -146,6 +166,40 @@ def tune_lens(
         typer.echo(line)
     typer.echo(
         f"wrote the lens (translators.safetensors, lens.json), evaluation.json/.csv and plots to {output.out}"
+    )
+
+
+def export_lens(source: Path, layout: str, directory: Path) -> None:
+    """`--export`: write the lens in `source` to `directory` in `layout`, refusing a directory
+    that holds anything but an earlier export (nothing is written then)."""
+    from resstream.analysis.decoding.tuned_lens import EXPORT_META_FILE, load_lens
+    from resstream.analysis.decoding.tuned_lens_package import CONFIG_FILE, PARAMS_FILE
+    from resstream.errors import UsageError, closest
+
+    if layout not in EXPORT_FORMATS:
+        raise UsageError(
+            f"--export format {layout!r}{closest(layout, EXPORT_FORMATS)}; "
+            f"allowed: {', '.join(EXPORT_FORMATS)}"
+        )
+    lens = load_lens(source)
+    written = (CONFIG_FILE, PARAMS_FILE, EXPORT_META_FILE)
+    if directory.exists() or directory.is_symlink():
+        if not directory.is_dir():
+            raise UsageError(f"--export directory {str(directory)!r} exists and is not a directory")
+        if directory.resolve() == source.resolve():
+            raise UsageError(
+                f"--export directory {str(directory)!r} is --out itself; export into another folder"
+            )
+        others = sorted(p.name for p in directory.iterdir() if p.name not in written)
+        if others:
+            shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+            raise UsageError(
+                f"--export directory {str(directory)!r} holds other files ({shown}); export into an empty "
+                "folder or over an earlier export"
+            )
+    lens.save(directory, layout="tuned-lens")
+    typer.echo(
+        f"wrote the lens of {lens.model} in the tuned-lens layout ({', '.join(written)}) to {directory}"
     )
 
 

@@ -3,6 +3,7 @@
 - `decoder`: THE decoder (logit lens, embedding, tuned lens) and its exact scorer.
 - `ranks`: exact ranks of given tokens among all scores, by floating-point bounds.
 - `tuned_lens`: tuned-lens translators, their files and their model signature.
+- `tuned_lens_package`: the tuned-lens package's lens layout (read and written).
 - `lens_training`: the tuned-lens objective and optimiser over captured states.
 """
 

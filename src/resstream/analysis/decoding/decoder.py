@@ -95,7 +95,9 @@ class Decoder:
             return "W_E · h (input embedding matrix, no norm)"
         if self.lens is not None:
             translated = replace(self, kind="logit-lens", lens=None, layer=None).description
-            lens = f"tuned lens (per-layer affine translator h + A_l h + b_l, model {self.lens.fingerprint})"
+            package = "from the tuned-lens package"
+            origin = f"model {self.lens.fingerprint}" if self.lens.signature else package
+            lens = f"tuned lens (per-layer affine translator h + A_l h + b_l, {origin})"
             return f"{lens}, then {translated}"
         matrix = "W_U = W_E (tied)" if self.tied else "the model's own unembedding W_U (untied from W_E)"
         bias = " + b_U" if self.bias is not None else ""

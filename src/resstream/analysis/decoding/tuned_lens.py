@@ -12,6 +12,15 @@ agree) and `TunedLens.check_model` refuses a lens loaded onto another model, nam
 fingerprints. On disk a lens is a directory holding `translators.safetensors` (the stacked A
 and b) and `lens.json` (format, fingerprint, signature, model name, shapes and the training
 record).
+
+`load_lens` also reads a lens saved by the `tuned-lens` package (`config.json` + `params.pt`,
+`resstream.analysis.decoding.tuned_lens_package`: the same formula, the same layers), and
+`TunedLens.save(..., layout="tuned-lens")` writes one. Such a lens records no signature of its
+model: `check_model` then compares the shapes (layers, d_model) and, where the config records
+the package's `unembed_hash`, says in a notice when the model's differs (the package warns
+too; the hash is of the unembedding printed at one decimal, which a change of dtype can
+alter). A lens resstream exported keeps its signature beside the package's files
+(`resstream-lens.json`, which the package ignores), so it reads back as it was.
 """
 
 from __future__ import annotations
@@ -19,19 +28,27 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from resstream.errors import UsageError
+from resstream.analysis.decoding import tuned_lens_package as package
+from resstream.errors import UsageError, check_choice
 from resstream.models.adapters.base import ModelView
+from resstream.notices import notify
+from resstream.reprs import summary
 
 FORMAT = "resstream-tuned-lens/1"
 WEIGHTS_FILE = "translators.safetensors"
 META_FILE = "lens.json"
+#: resstream's record of an exported lens's model, beside the package's files.
+EXPORT_META_FILE = "resstream-lens.json"
+#: The layouts a lens is saved in: resstream's own, or the tuned-lens package's.
+Layout = Literal["resstream", "tuned-lens"]
+LAYOUTS: tuple[Layout, ...] = ("resstream", "tuned-lens")
 #: Weights read from each parameter tensor for the model signature.
 SIGNATURE_SAMPLES = 4
 #: Relative tolerance when comparing signatures (bfloat16 has 8 significant bits).
@@ -59,6 +76,7 @@ class Translators(nn.Module):
 
     @property
     def d_model(self) -> int:
+        """d: the width of the residual states the translators map."""
         return int(self.weight.shape[1])
 
     def translate(self, h: Tensor, layer: int) -> Tensor:
@@ -85,13 +103,36 @@ class Translators(nn.Module):
 
 @dataclass(eq=False)
 class TunedLens:
-    """Translators for one model, with the model's fingerprint and how they were trained."""
+    """Translators for one model, with the model's fingerprint and how they were trained.
+
+    A lens read from the tuned-lens package's files has an empty `signature` (its model's
+    weights were not recorded), the package's `unembed_hash` (None if its config has none)
+    and a `fingerprint` made of that hash ("unrecorded" without one); `bound` gives it a
+    model's signature."""
 
     translators: Translators
     fingerprint: str
     signature: Signature
     model: str
     record: dict[str, Any] = field(default_factory=dict)
+    unembed_hash: str | None = None
+    _noticed: set[str] = field(default_factory=set, init=False, repr=False)
+
+    def __repr__(self) -> str:
+        layers, d = self.translators.n_layers, self.translators.d_model
+        checks = "shapes and unembed_hash" if self.unembed_hash else "shapes"
+        model = (
+            f"fingerprint {self.fingerprint}"
+            if self.signature
+            else f"tuned-lens package lens, checked by {checks}"
+        )
+        trained = self.record.get("train_tokens")
+        data = (
+            f"trained on {trained:,} tokens of {self.record.get('dataset')}"
+            if isinstance(trained, int)
+            else ""
+        )
+        return summary(self, self.model, f"{layers} layers × d_model {d}", model, data)
 
     @classmethod
     def zero(cls, view: ModelView, model: str) -> TunedLens:
@@ -101,7 +142,13 @@ class TunedLens:
 
     def check_model(self, view: ModelView, source: str = "the lens") -> None:
         """UsageError unless `view` is the model this lens was trained on (shapes and weights),
-        naming both fingerprints and the first parameter tensor that differs."""
+        naming both fingerprints and the first parameter tensor that differs. A lens without a
+        signature (from the tuned-lens package) is checked by its shapes, naming both, and by
+        its `unembed_hash` (a notice, once per model, when it differs)."""
+        if not self.signature:
+            self._check_shapes(view, source)
+            self._check_unembed_hash(view, source)
+            return
         fingerprint, signature = model_signature(view)
         shape = (view.n_layers, view.d_model)
         differs = _first_difference(signature, self.signature)
@@ -114,19 +161,61 @@ class TunedLens:
                 f"{where}"
             )
 
-    def save(self, directory: str | os.PathLike[str]) -> Path:
-        """Write `translators.safetensors` and `lens.json` into `directory` (created)."""
+    def _check_shapes(self, view: ModelView, source: str) -> None:
+        """UsageError naming both shapes when the translators do not fit `view`."""
+        lens = (self.translators.n_layers, self.translators.d_model)
+        if lens != (view.n_layers, view.d_model):
+            raise UsageError(
+                f"{source} was made for another model: {lens[0]} layers, d_model {lens[1]} ({self.model}); "
+                f"this model has {view.n_layers} layers, d_model {view.d_model}"
+            )
+
+    def _check_unembed_hash(self, view: ModelView, source: str) -> None:
+        """A notice (once per model) when the model's unembedding hash is not the lens's (not
+        checked when the unembedding is not loaded, e.g. offloaded by a device map)."""
+        if self.unembed_hash is None or view.W_U.device.type == "meta":
+            return
+        found = package.unembed_hash(view.W_U)
+        if found != self.unembed_hash and found not in self._noticed:
+            self._noticed.add(found)
+            notify(
+                f"{source} records the unembedding hash {self.unembed_hash[:16]} ({self.model}); this "
+                f"model's is {found[:16]}: the lens may have been trained on another model (or on "
+                "another dtype of this one)"
+            )
+
+    def bound(self, view: ModelView, source: str = "the lens") -> TunedLens:
+        """This lens, checked against `view` (`check_model`), carrying `view`'s fingerprint and
+        signature: a lens without one (from the tuned-lens package) is then refused on any
+        other model, as a lens resstream trained is. A lens with a signature is returned as
+        it is."""
+        self.check_model(view, source)
+        if self.signature:
+            return self
+        fingerprint, signature = model_signature(view)
+        return replace(self, fingerprint=fingerprint, signature=signature)
+
+    def save(self, directory: str | os.PathLike[str], layout: Layout = "resstream") -> Path:
+        """Write the lens into `directory` (created): `translators.safetensors` and `lens.json`,
+        or with `layout` "tuned-lens" the tuned-lens package's `config.json` and `params.pt`
+        (plus `resstream-lens.json`, this lens's `metadata`, which the package ignores)."""
         from resstream.io import write_json
 
+        check_choice("layout", layout, LAYOUTS)
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
+        if layout == "tuned-lens":
+            weights = self.translators.state_dict()
+            package.write_package_lens(out, weights["weight"], weights["bias"], self.model, self.unembed_hash)
+            write_json(out / EXPORT_META_FILE, self.metadata())
+            return out
         write_tensors(out / WEIGHTS_FILE, self.translators.state_dict())
         write_json(out / META_FILE, self.metadata())
         return out
 
     def metadata(self) -> dict[str, Any]:
         """The content of lens.json."""
-        return {
+        meta = {
             "format": FORMAT,
             "model": self.model,
             "fingerprint": self.fingerprint,
@@ -135,6 +224,7 @@ class TunedLens:
             "signature": {name: [list(shape), values] for name, (shape, values) in self.signature.items()},
             "training": self.record,
         }
+        return meta if self.unembed_hash is None else {**meta, "unembed_hash": self.unembed_hash}
 
 
 def write_tensors(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str] | None = None) -> None:
@@ -145,41 +235,84 @@ def write_tensors(path: Path, tensors: dict[str, Tensor], metadata: dict[str, st
 
 
 def load_lens(directory: str | os.PathLike[str]) -> TunedLens:
-    """The lens saved in `directory`; UsageError (one line) when it is missing or corrupt."""
+    """The lens saved in `directory`, by `resstream tune-lens` (lens.json) or by the tuned-lens
+    package (config.json + params.pt or params.safetensors), told apart by those files;
+    UsageError (one line) when it is missing, corrupt, or neither."""
     path = Path(directory)
     where = f"tuned lens {str(path)!r}"
     if not path.is_dir():
         raise UsageError(f"{where} does not exist (train one with `resstream tune-lens --out DIR`)")
-    for name in (META_FILE, WEIGHTS_FILE):
-        if not (path / name).is_file():
-            raise UsageError(
-                f"{where} holds no {name}: not a lens directory (written by `resstream tune-lens`)"
-            )
+    if not (path / META_FILE).is_file():
+        if package.is_package_lens(path):
+            return _from_package(path, where)
+        raise UsageError(
+            f"{where} holds no {META_FILE}: not a lens directory (expected {META_FILE} + {WEIGHTS_FILE} "
+            f"written by `resstream tune-lens`, or the tuned-lens package's {package.CONFIG_FILE} + "
+            f"{package.PARAMS_FILE})"
+        )
+    if not (path / WEIGHTS_FILE).is_file():
+        raise UsageError(
+            f"{where} holds no {WEIGHTS_FILE}: not a lens directory (written by `resstream tune-lens`)"
+        )
     meta = _read_meta(path / META_FILE, where)
     translators = Translators(meta["n_layers"], meta["d_model"])
     translators.load_state_dict(_read_weights(path / WEIGHTS_FILE, meta, where))
+    return _lens_of(translators, meta, where)
+
+
+def _lens_of(translators: Translators, meta: dict[str, Any], where: str) -> TunedLens:
+    """The lens of `translators` described by lens.json's content `meta` (checked)."""
     signature = _signature_from_json(meta["signature"], where)
     return TunedLens(
-        translators, str(meta["fingerprint"]), signature, str(meta["model"]), meta.get("training", {})
+        translators,
+        str(meta["fingerprint"]),
+        signature,
+        str(meta["model"]),
+        meta.get("training", {}),
+        meta.get("unembed_hash"),
     )
 
 
-def _read_meta(path: Path, where: str) -> dict[str, Any]:
+def _from_package(path: Path, where: str) -> TunedLens:
+    """A lens in the tuned-lens package's layout; with resstream's record beside it (an
+    export), the lens that was exported."""
+    found = package.read_package_lens(path, where)
+    translators = Translators(found.config["num_hidden_layers"], found.config["d_model"])
+    translators.load_state_dict({"weight": found.weight, "bias": found.bias})
+    if (path / EXPORT_META_FILE).is_file():
+        meta = _read_meta(path / EXPORT_META_FILE, where, EXPORT_META_FILE)
+        shapes = (meta["n_layers"], meta["d_model"])
+        if shapes != (translators.n_layers, translators.d_model):
+            raise UsageError(
+                f"{where}: {EXPORT_META_FILE} describes {shapes[0]} layers, d_model {shapes[1]}; "
+                f"{package.CONFIG_FILE} {translators.n_layers} layers, d_model {translators.d_model}"
+            )
+        return _lens_of(translators, meta, where)
+    hashed = found.unembed_hash
+    fingerprint = f"unembed:{hashed[:16]}" if hashed else "unrecorded"
+    record = {"tuned_lens_config": found.config}
+    return TunedLens(translators, fingerprint, {}, found.base_model, record, hashed)
+
+
+def _read_meta(path: Path, where: str, name: str = META_FILE) -> dict[str, Any]:
+    """lens.json's content (or an export's `name`), checked."""
     try:
         meta = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"{where}: {META_FILE} is not valid JSON ({exc})") from None
+        raise UsageError(f"{where}: {name} is not valid JSON ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-        raise UsageError(f"{where}: {META_FILE} has format {found!r}, expected {FORMAT!r}")
+        raise UsageError(f"{where}: {name} has format {found!r}, expected {FORMAT!r}")
     checks = (("n_layers", int), ("d_model", int), ("fingerprint", str), ("signature", dict), ("model", str))
     for key, kind in checks:
         if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
-            raise UsageError(f"{where}: {META_FILE} lacks a valid {key!r}")
+            raise UsageError(f"{where}: {name} lacks a valid {key!r}")
     if not isinstance(meta.get("training", {}), dict):
-        raise UsageError(f"{where}: {META_FILE} lacks a valid 'training' record")
+        raise UsageError(f"{where}: {name} lacks a valid 'training' record")
+    if not isinstance(meta.get("unembed_hash"), str | None):
+        raise UsageError(f"{where}: {name} has an invalid 'unembed_hash'")
     if meta["n_layers"] < 1 or meta["d_model"] < 1:
-        raise UsageError(f"{where}: {META_FILE} has n_layers {meta['n_layers']}, d_model {meta['d_model']}")
+        raise UsageError(f"{where}: {name} has n_layers {meta['n_layers']}, d_model {meta['d_model']}")
     return meta
 
 
@@ -253,4 +386,14 @@ def _signature_from_json(raw: dict[str, Any], where: str) -> Signature:
     return signature
 
 
-__all__ = ["FORMAT", "Translators", "TunedLens", "load_lens", "model_signature", "write_tensors"]
+__all__ = [
+    "EXPORT_META_FILE",
+    "FORMAT",
+    "LAYOUTS",
+    "Layout",
+    "Translators",
+    "TunedLens",
+    "load_lens",
+    "model_signature",
+    "write_tensors",
+]
