@@ -107,6 +107,8 @@ class RecencyResult(Displayable, renderer="resstream.reporting.attention"):
 
     @property
     def stderr(self) -> tuple[Matrix, ...]:
+        """Per layer: the standard error of the head-averaged attention matrix (beside
+        `mean_attention`)."""
         return tuple(layer.average.stderr for layer in self.layers)
 
     def to_dict(self) -> dict[str, Any]:
