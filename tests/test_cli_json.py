@@ -10,6 +10,7 @@ import pytest
 
 from resstream.cli.completion import shell_optional
 from resstream.cli.main import JSON_COMMANDS, app, main
+from resstream.errors import RunError
 from resstream.rundir import result_file
 from tests.cli_support import assert_nothing_written
 
@@ -103,10 +104,24 @@ def test_the_result_file_is_the_one_the_run_record_lists(tmp_path) -> None:
         "evaluation.json"
     )
     assert result_file(record("eval", ["eval.csv", "eval.json", "run.json"])).name == "eval.json"
-    with pytest.raises(RuntimeError, match=r"compare\.json"):
+    with pytest.raises(RunError, match=r"compare run \(compare\.json is not listed\)"):
         result_file(record("compare", ["compare.md", "run.json"]))  # not in this run's set
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RunError, match=r"holds no resstream run \(run\.json is missing\)"):
         result_file(tmp_path / "missing")
+
+
+def test_json_beside_an_option_that_writes_no_result_is_refused_before_anything_is_written(
+    tmp_path, capsys
+) -> None:
+    export = tmp_path / "export"
+    args = ["--out", str(tmp_path / "lens"), "--export", "tuned-lens", str(export), "--json"]
+    code = main(["tune-lens", *args])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.strip() == (
+        "resstream: error: --json prints a run's result JSON, and --export writes none; leave one out"
+    )
+    assert not export.exists() and not (tmp_path / "lens").exists()
 
 
 # Shell completion

@@ -62,21 +62,21 @@ def test_the_lens_table_style_stays_inside_its_box(lens_html) -> None:
 def test_the_lens_frame_has_one_row_per_position_layer_and_decoding(lens) -> None:
     frame = assert_frame_columns(lens, LENS_COLUMNS)
     assert len(frame) == len(lens.trajectories) * (lens.num_layers + 1) * lens.top_k
-    assert list(frame["rank"][:3]) == [1, 2, 3]
+    assert list(frame["rank"][:3]) == [0, 1, 2]
     assert all(name in (LensResult.__doc__ or "") for name in LENS_COLUMNS)  # documented
 
 
 def test_the_lens_frame_holds_the_numbers_of_lens_json(lens) -> None:
     data, frame = lens.to_dict(), lens.to_pandas()
     last = len(data["positions"]) - 1
-    for index, layer, rank in ((0, 0, 1), (2, 3, 2), (last, lens.num_layers, 3)):
+    for index, layer, rank in ((0, 0, 0), (2, 3, 1), (last, lens.num_layers, 2)):
         entry = data["positions"][index]
         (row,) = frame[
             (frame["position"] == entry["position"]) & (frame["layer"] == layer) & (frame["rank"] == rank)
         ].itertuples()
-        assert row.input_token == entry["input"] and row.token_id == entry["top_ids"][layer][rank - 1]
+        assert row.input_token == entry["input"] and row.token_id == entry["top_ids"][layer][rank]
         assert row.token == lens.token_text(row.token_id)
-        assert row.probability == entry["top_probs"][layer][rank - 1]
+        assert row.probability == entry["top_probs"][layer][rank]
         assert row.input_rank == entry["input_ranks"][layer]
         assert row.input_probability == entry["input_probs"][layer]
         if entry["next_id"] is None:  # the text's last token: nothing follows
@@ -156,3 +156,11 @@ def test_a_training_report_adds_its_curve(evaluation, zero_lens) -> None:
     assert "3 steps" in repr(report) and "tuned lens 0.750 bits" in repr(report)
     untrained = TuneLensReport(zero_lens, evaluation, ())
     assert untrained._repr_html_().count("<img") == 1  # no curve without steps
+
+
+def test_the_frame_of_the_last_position_alone_keeps_numeric_columns(lens) -> None:
+    data = lens.to_dict()
+    data["positions"] = data["positions"][-1:]  # nothing follows: every next_* value is missing
+    frame = LensResult.from_dict(data).to_pandas()
+    assert frame["next_probability"].dtype == "float64" and frame["input_probability"].dtype == "float64"
+    assert frame["next_rank"].isna().all() and frame["next_probability"].isna().all()

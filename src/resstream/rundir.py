@@ -352,11 +352,14 @@ def result_file(directory: Path) -> Path:
     """The result JSON of the run `directory` holds: `<command>.json`, or the file `RESULT_FILES`
     names for its command, as its run.json records them (the command, and the file in its set).
 
-    Raises RuntimeError when the directory holds no run of a command with a result JSON."""
+    Raises RunError when the directory holds no run of a command with a result JSON."""
     command = previous_command(directory)
-    name = RESULT_FILES.get(command or "", f"{command}.json")
-    if command is None or name not in (_listed_files(directory) or []):
-        raise RuntimeError(f"{directory} holds no result JSON of a resstream run (looked for {name})")
+    if command is None:
+        raise RunError(f"{directory} holds no resstream run ({RUN_FILE} is missing), so no result JSON")
+    name = RESULT_FILES.get(command, f"{command}.json")
+    if name not in (_listed_files(directory) or []):
+        listed = f"{name} is not listed"
+        raise RunError(f"{directory} holds no result JSON of its resstream {command} run ({listed})")
     return directory / name
 
 

@@ -115,6 +115,8 @@ def _group_of(annotation: Any) -> OptionGroup[Any] | None:
 
 JSON_HELP = "Print the result JSON to standard output (messages go to standard error)."
 JsonOption = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
+#: Options with which a command writes no result JSON (parameter → flag): --json is refused then.
+NO_RESULT_OPTIONS = {"export": "--export"}
 
 
 def with_json_option(callback: F) -> F:
@@ -136,11 +138,22 @@ def with_json_option(callback: F) -> F:
         if not values.pop("json"):
             callback(**values)
             return
+        _refuse_runs_without_result(values)
         with contextlib.redirect_stdout(sys.stderr):
             callback(**values)
         print_result(values["out"])
 
     return typing.cast(F, _with_signature(printing_result, params))
+
+
+def _refuse_runs_without_result(values: dict[str, Any]) -> None:
+    """Refuse --json beside an option that makes the command write no result JSON (before
+    anything is written)."""
+    from resstream.errors import UsageError
+
+    for param, flag in NO_RESULT_OPTIONS.items():
+        if values.get(param) is not None:
+            raise UsageError(f"--json prints a run's result JSON, and {flag} writes none; leave one out")
 
 
 def print_result(out: Path) -> None:

@@ -241,7 +241,9 @@ def lens_frame(result: LensResult) -> pandas.DataFrame:
     """`result` as a long-format frame (`LENS_COLUMNS`, documented by `LensResult`): one row per
     position, layer and top-k decoding."""
     frame = long_frame(LENS_COLUMNS, list(_frame_rows(result)))
-    return frame.astype({"input_rank": "Int64", "next_rank": "Int64"})
+    integers = dict.fromkeys(("input_rank", "next_rank"), "Int64")
+    floats = dict.fromkeys(("probability", "input_probability", "next_probability"), "float64")
+    return frame.astype({**integers, **floats})
 
 
 def _frame_rows(result: LensResult) -> Iterator[tuple[Any, ...]]:
@@ -256,8 +258,8 @@ def _frame_rows(result: LensResult) -> Iterator[tuple[Any, ...]]:
                 _at(t.next_probs, layer),
             )
             probabilities = t.top_probs[layer] if layer < len(t.top_probs) else ()
-            for rank, token in enumerate(ids, start=1):
-                probability = _at(probabilities, rank - 1)
+            for rank, token in enumerate(ids):
+                probability = _at(probabilities, rank)
                 yield (
                     t.position,
                     result.token_text(t.input_id),

@@ -93,11 +93,11 @@ class LensResult(Displayable, renderer="resstream.reporting.lens"):
     `to_pandas()` columns (`LENS_COLUMNS`), one row per position, layer and top-k decoding:
     position — the token position in the text; input_token — the token there (t_i);
     next_token — the token after it (t_{i+1}; missing at the text's last position); layer —
-    0..L (0 = the embedding output); rank — 1..top_k, the decoding's place in the layer's
-    top-k (1 = top-1; ties ordered by the lower id); token_id, token — the decoded token's id
-    and text; probability — its probability under the softmax of the decoder's scores;
-    input_rank, next_rank — the exact rank of t_i and of t_{i+1} at that layer as lens.json
-    counts it: the number of tokens scoring strictly higher (0 = top-1, unlike `rank`);
+    0..L (0 = the embedding output); rank — 0..top_k − 1, the decoding's place in the layer's
+    top-k (0 = top-1, as every rank in resstream; ties ordered by the lower id); token_id,
+    token — the decoded token's id and text; probability — its probability under the softmax
+    of the decoder's scores; input_rank, next_rank — the exact rank of t_i and of t_{i+1} at
+    that layer as lens.json counts it: the number of tokens scoring strictly higher (0 = top-1);
     input_probability, next_probability — their probabilities. The last four repeat over a
     layer's top-k rows, and are missing where the result lacks them (t_{i+1} at the text's
     last position, an old lens.json). In a notebook the result shows the table of lens.html
