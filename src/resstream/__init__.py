@@ -1,8 +1,8 @@
 """resstream: the residual stream of causal Transformer language models.
 
 `resstream.shift`, `.lens`, `.attribute`, `.attribute_corpus`, `.decompose`, `.neurons`,
-`.compare`, `.composition`, `.recency`, `.simulate`, `.tune_lens`, `.evaluate_lens`, `.evaluate_model` and
-`.load_lens` are the Python API (each in the module of its name under `resstream.api`;
+`.compare`, `.composition`, `.recency`, `.simulate`, `.tune_lens`, `.evaluate_lens`, `.evaluate_model`,
+`.load_lens`, `.train` and `.sweep` are the Python API (each in the module of its name under `resstream.api`;
 `attribute_corpus` beside `attribute`, `evaluate_lens` beside `tune_lens`, `evaluate_model` in
 `api.evaluate`, `load_lens` in `api.decoders`), imported on first use (torch is heavy).
 """
@@ -24,6 +24,8 @@ if _TYPE_CHECKING:
     from resstream.api.recency import recency
     from resstream.api.shift import shift
     from resstream.api.simulate import simulate
+    from resstream.api.sweep import sweep
+    from resstream.api.train import train
     from resstream.api.tune_lens import evaluate_lens, tune_lens
 
 __all__ = [
@@ -40,6 +42,8 @@ __all__ = [
     "recency",
     "shift",
     "simulate",
+    "sweep",
+    "train",
     "tune_lens",
 ]
 #: API functions defined in a module of another name.

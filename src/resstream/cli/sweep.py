@@ -15,7 +15,6 @@ from resstream.cli.train import (
     parse_field_flags,
     register_taking_field_flags,
     resolve_train_config,
-    write_run_figures,
 )
 from resstream.errors import UsageError
 
@@ -77,12 +76,10 @@ def sweep(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False,
 ) -> None:
     """Train baseline, fixed-cut and learned-gate models per seed; write sweep.json, sweep.csv and plots."""
-    from resstream.io import write_text
-    from resstream.reporting.plots import plot_gate_heatmap, plot_sweep_val_loss
-    from resstream.reporting.tables import sweep_csv
+    from resstream.api.sweep import run_planned_sweep
     from resstream.training import sweep as sw
-    from resstream.training.distributed import launched_rank, writer_lock
-    from resstream.training.evaluate import check_benchmark_data, check_benchmarks
+    from resstream.training.distributed import launched_rank
+    from resstream.training.evaluate import check_benchmarks
 
     extra = list(ctx.args)
     check_sweep_flags(parse_field_flags(extra))
@@ -94,27 +91,16 @@ def sweep(
         raise UsageError(f"--benchmarks: {benchmarks!r} names no benchmark")
     max_tokens = check_max_eval_tokens(max_eval_tokens)
     plan = sw.plan_sweep(base, seeds=seed_list, layers=layer_list, learned=not no_learned)
-    with writer_lock(out, "sweep", param="out"):
-        sw.check_existing(plan, out)
-        if names:
-            check_benchmark_data(names, base.run.data_dir)
-        result = sw.run_sweep(
-            plan,
-            out,
-            benchmarks=names,
-            max_eval_tokens=max_tokens,
-            progress=not quiet,
-            log=None if quiet else echo_err,
-        )
-        if launched_rank() != 0:  # the other processes of a torchrun job only trained
-            return
-        write_text(out / "sweep.csv", sweep_csv(result))
-        plot_sweep_val_loss(result, out / "sweep_val_loss.png")
-        if any(h.steps for h in result.gate_histories.values()):
-            plot_gate_heatmap(result.gate_histories, out / "learned_gate_heatmap.png")
-        for run in result.runs:  # each run's own figures, as `train` writes them
-            if run.path is not None:
-                write_run_figures(run.path, run.gate)
+    result = run_planned_sweep(
+        plan,
+        out,
+        benchmarks=names,
+        max_eval_tokens=max_tokens,
+        progress=not quiet,
+        log=None if quiet else echo_err,
+    )
+    if launched_rank() != 0:  # the other processes of a torchrun job only trained
+        return
     _summary(result, out)
 
 

@@ -52,7 +52,7 @@ ConfigArg = Annotated[
 ]
 
 if TYPE_CHECKING:
-    from resstream.training.loop import TrainResult
+    from resstream.training.records import TrainResult
 
 #: Fields that have typed options of their own; every other field is an extra `--flag`.
 _TYPED = ("gate", "alpha", "cut_layer", "max_steps", "seed")
@@ -165,59 +165,29 @@ def train(
     """Train a model; writes weights, tokenizer, metrics.jsonl, run.json and loss_curve.png
     (gated runs also gate.png) into --out. Ctrl-C finishes the current step, saves a checkpoint
     and exits with 130 (--resume continues from it); a second Ctrl-C stops at once."""
-    from resstream.training import checkpoint as ckpt
-    from resstream.training.distributed import launched_rank, run_lock
-    from resstream.training.loop import train as run_training
+    from resstream.api.train import check_fixed_gate_options, train_into
 
     if resume and source.preset is not None:
         raise UsageError(
             f"--preset {source.preset!r} cannot be combined with --resume: the run continues "
             f"with its saved config (change fields with flags)"
         )
-    with run_lock(out, param="out"):  # held from reading the checkpoint to the end
-        ckpt.check_run_folders(out, FIGURES)  # before training: a folder there would fail its end
-        saved = ckpt.resume_state(out)[1]["config"] if resume else None
-        typed = {"gate": gate, "alpha": alpha, "cut_layer": cut_layer, "max_steps": max_steps, "seed": seed}
+    typed = {"gate": gate, "alpha": alpha, "cut_layer": cut_layer, "max_steps": max_steps, "seed": seed}
+
+    def configure(saved: dict[str, Any] | None) -> TrainConfig:
         cfg = resolve_train_config(source, typed, list(ctx.args), saved)
-        check_fixed_gate_options(cfg.model.gate, alpha=alpha, cut_layer=cut_layer)
-        result = run_training(
-            cfg,
-            out,
-            resume=resume,
-            progress=not quiet,
-            log=lambda line: echo_err(cli_message(line, "train")),
-            resume_hint=f"continue with: resstream train --resume --out {shlex.quote(str(out))}",
-        )
-        if not result.already_complete and launched_rank() == 0:
-            write_run_figures(out, cfg.model.gate)
+        check_fixed_gate_options(cfg.model.gate, [name for name, value in typed.items() if value is not None])
+        return cfg
+
+    result = train_into(
+        out,
+        configure,
+        resume=resume,
+        progress=not quiet,
+        log=lambda line: echo_err(cli_message(line, "train")),
+        resume_hint=f"continue with: resstream train --resume --out {shlex.quote(str(out))}",
+    )
     typer.echo(outcome_line(result, out))
-
-
-def check_fixed_gate_options(gate: str, *, alpha: float | None, cut_layer: int | None) -> None:
-    """--alpha and --cut-layer only mean something for the fixed gate: refuse them elsewhere."""
-    given = [name for name, value in (("--alpha", alpha), ("--cut-layer", cut_layer)) if value is not None]
-    if given and gate != "fixed":
-        raise UsageError(f"{' and '.join(given)} only apply to --gate fixed (the gate is {gate!r})")
-
-
-#: Gates whose distribution over layers is learned, and is drawn in gate.png.
-GATED = ("learned", "router")
-#: The figures `write_run_figures` writes into a run's folder.
-FIGURES = ("loss_curve.png", "gate.png")
-
-
-def write_run_figures(out: Path, gate: str) -> list[Path]:
-    """loss_curve.png (training and validation loss against step) and, for a learned or
-    router gate, gate.png (its distribution over layers during training and at the end)."""
-    from resstream.reporting.plots import plot_loss_curve, plot_run_gate
-    from resstream.training.records import gate_history, training_curve
-
-    loss_file, gate_file = FIGURES
-    written = [plot_loss_curve(training_curve(out), out / loss_file, title=f"training {out.name}")]
-    history = gate_history(out) if gate in GATED else None
-    if history is not None and history.steps:
-        written.append(plot_run_gate(history, gate, out / gate_file))
-    return written
 
 
 def outcome_line(result: TrainResult, out: Path) -> str:

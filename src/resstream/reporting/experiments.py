@@ -1,21 +1,43 @@
-"""The notebook views and DataFrames of the training experiments: a comparison (`CompareTable`,
-`resstream compare`) and a sweep (`SweepResult`, `resstream sweep`).
+"""The notebook views and DataFrames of the training experiments: one run (`TrainResult`,
+`resstream train`), a comparison (`CompareTable`, `resstream compare`) and a sweep
+(`SweepResult`, `resstream sweep`).
 
-Each shows the baseline / best fixed cut / learned gate table as report.html's Table II draws
-it (`compare_html`), with the figures its command writes: compare.png (`compare_figure`);
-sweep_val_loss.png and learned_gate_heatmap.png (`sweep_val_loss_figure`,
-`gate_heatmap_figure`). The frames are those of `resstream.reporting.tables`, from which
-compare.csv and sweep.csv are written.
+A run shows its losses and the figures `resstream train` writes into its folder
+(`resstream.reporting.plots.run_figures`: loss_curve.png, gate.png); its frame is its metrics
+log, long (`train_frame`, `TRAIN_COLUMNS`). A comparison and a sweep show the baseline / best
+fixed cut / learned gate table as report.html's Table II draws it (`compare_html`), with the
+figures their command writes: compare.png (`compare_figure`); sweep_val_loss.png and
+learned_gate_heatmap.png (`sweep_val_loss_figure`, `gate_heatmap_figure`). Their frames are
+those of `resstream.reporting.tables`, from which compare.csv and sweep.csv are written.
 """
 
 from __future__ import annotations
 
-from resstream.reporting.notebook import NotebookView, Picture, Table, notebook_view, tidy_frame
-from resstream.reporting.plots import compare_figure, gate_heatmap_figure, sweep_val_loss_figure
+from typing import TYPE_CHECKING, Any
+
+from resstream.reporting.notebook import (
+    NotebookView,
+    Picture,
+    Table,
+    frame_table,
+    long_frame,
+    notebook_view,
+    tidy_frame,
+)
+from resstream.reporting.plots import (
+    RUN_FIGURES,
+    compare_figure,
+    gate_heatmap_figure,
+    run_figures,
+    sweep_val_loss_figure,
+)
 from resstream.reporting.report.benchmark_table import compare_html
 from resstream.reporting.report.markup import escape
 from resstream.reporting.tables import CompareTable, compare_frame, sweep_frame, sweep_table
-from resstream.training.records import SweepResult
+from resstream.training.records import SweepResult, TrainResult
+
+if TYPE_CHECKING:
+    import pandas
 
 #: What a comparison's figure shows, under it.
 COMPARE_CAPTION = (
@@ -59,11 +81,77 @@ def sweep_view(result: SweepResult) -> NotebookView:
     return NotebookView(tables=[table], pictures=pictures)
 
 
+#: The columns of a run's frame (`TrainResult.to_pandas()`; documented by `TrainResult`).
+TRAIN_COLUMNS = ("step", "split", "metric", "layer", "value")
+#: A training step's metrics that are one number each, in the frame's order.
+STEP_METRICS = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu")
+#: A training step's metrics that are one number per layer: the record's key -> the frame's name.
+LAYER_METRICS = {"grad_norm_layers": "layer_grad_norm", "gate": "gate_p"}
+#: What each of a run's figures shows, under it.
+RUN_CAPTIONS = dict(
+    zip(
+        RUN_FIGURES,
+        (
+            "loss_curve.png: training loss at every logged step and validation loss at each evaluation",
+            "gate.png: the gate's distribution p over layers at each logged step (left) and at the end "
+            "(right; dotted: uniform)",
+        ),
+        strict=True,
+    )
+)
+
+
+def _record_rows(record: dict[str, Any]) -> list[tuple[int, str, str, int | None, float]]:
+    """The frame's rows of one metrics.jsonl record (none for a record without a step)."""
+    if "step" not in record:
+        return []
+    step = int(record["step"])
+    rows: list[tuple[int, str, str, int | None, float]] = []
+    if record.get("loss") is not None:
+        values = {m: record[m] for m in STEP_METRICS if record.get(m) is not None}
+        rows += [(step, "train", metric, None, float(value)) for metric, value in values.items()]
+        for key, metric in LAYER_METRICS.items():
+            per_layer = enumerate(record.get(key) or ())
+            rows += [(step, "train", metric, layer, float(value)) for layer, value in per_layer]
+    if record.get("val_loss") is not None:
+        rows.append((step, "val", "loss", None, float(record["val_loss"])))
+    return rows
+
+
+def train_frame(result: TrainResult) -> pandas.DataFrame:
+    """The run's metrics log as a long frame (`TRAIN_COLUMNS`, described by `TrainResult`)."""
+    rows = [row for record in result.metrics for row in _record_rows(record)]
+    return long_frame(TRAIN_COLUMNS, rows).astype({"layer": "Int64"})
+
+
+def train_view(result: TrainResult) -> NotebookView:
+    """The run's losses (the frame's loss rows) and the figures `resstream train` writes."""
+    frame = train_frame(result)
+    losses = frame.loc[frame.metric == "loss", ["step", "split", "value"]]
+    table = frame_table("loss (train: each logged step; val: each evaluation)", losses)
+    figures = run_figures(result.curve, result.gate_history, result.gate, result.run_dir.name)
+    pictures = [Picture(figure, RUN_CAPTIONS[name]) for name, figure in figures.items()]
+    return NotebookView(tables=[table], pictures=pictures)
+
+
 # Registered by class (a decorator would evaluate the return annotation, pandas, at import).
+tidy_frame.register(TrainResult, train_frame)
+notebook_view.register(TrainResult, train_view)
 tidy_frame.register(CompareTable, compare_frame)
 notebook_view.register(CompareTable, compare_view)
 tidy_frame.register(SweepResult, sweep_frame)
 notebook_view.register(SweepResult, sweep_view)
 
 
-__all__ = ["COMPARE_CAPTION", "compare_view", "comparison_table", "sweep_view"]
+__all__ = [
+    "COMPARE_CAPTION",
+    "LAYER_METRICS",
+    "RUN_CAPTIONS",
+    "STEP_METRICS",
+    "TRAIN_COLUMNS",
+    "compare_view",
+    "comparison_table",
+    "sweep_view",
+    "train_frame",
+    "train_view",
+]

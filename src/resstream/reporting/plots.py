@@ -1,4 +1,5 @@
-"""Plots of sweep results: validation loss against cut layer, and the learned gate over training.
+"""Plots of training runs and sweeps: a run's loss curve and gate, a sweep's validation loss
+against cut layer and its learned gate over training, and a comparison of sweeps.
 
 The `*_figure` functions return the figure unsaved, so callers and tests can inspect what is
 drawn; the `plot_*` functions save it (`resstream.reporting.figures.save_figure`).
@@ -20,7 +21,15 @@ from matplotlib.image import AxesImage
 
 from resstream.reporting.figures import integer_ticks, new_figure, save_figure
 from resstream.reporting.tables import make_stat
-from resstream.training.records import GateHistory, RunRecord, SweepResult, TrainingCurve
+from resstream.training.records import (
+    GATED,
+    GateHistory,
+    RunRecord,
+    SweepResult,
+    TrainingCurve,
+    gate_history,
+    training_curve,
+)
 
 if TYPE_CHECKING:
     from resstream.reporting.tables import CompareRow, CompareTable
@@ -167,11 +176,6 @@ def loss_curve_figure(curve: TrainingCurve, title: str = "training") -> Figure:
     return fig
 
 
-def plot_loss_curve(curve: TrainingCurve, path: str | os.PathLike[str], title: str = "training") -> Path:
-    """Write loss_curve.png."""
-    return save_figure(loss_curve_figure(curve, title), path)
-
-
 def run_gate_figure(history: GateHistory, gate: str) -> Figure:
     """A gated run's distribution p over layers: over training (heatmap) and at the end (bars)."""
     if not history.steps:
@@ -194,9 +198,26 @@ def run_gate_figure(history: GateHistory, gate: str) -> Figure:
     return fig
 
 
-def plot_run_gate(history: GateHistory, gate: str, path: str | os.PathLike[str]) -> Path:
-    """Write gate.png."""
-    return save_figure(run_gate_figure(history, gate), path)
+#: The figures of one run (`run_figures`), by file name: what `resstream train` writes.
+RUN_FIGURES = ("loss_curve.png", "gate.png")
+
+
+def run_figures(curve: TrainingCurve, history: GateHistory | None, gate: str, name: str) -> dict[str, Figure]:
+    """A run's figures by file name: loss_curve.png (titled with the run's `name`) and, for a
+    learned or router `gate` whose `history` logged its distribution, gate.png."""
+    loss_file, gate_file = RUN_FIGURES
+    figures = {loss_file: loss_curve_figure(curve, title=f"training {name}")}
+    if gate in GATED and history is not None and history.steps:
+        figures[gate_file] = run_gate_figure(history, gate)
+    return figures
+
+
+def write_run_figures(run_dir: str | os.PathLike[str], gate: str) -> list[Path]:
+    """Write `run_figures` of the run in `run_dir` (read from its metrics.jsonl) into it."""
+    run_dir = Path(run_dir)
+    history = gate_history(run_dir) if gate in GATED else None
+    figures = run_figures(training_curve(run_dir), history, gate, run_dir.name)
+    return [save_figure(figure, run_dir / name) for name, figure in figures.items()]
 
 
 # ------------------------------------------------------------------------------ compare

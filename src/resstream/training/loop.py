@@ -40,7 +40,6 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +76,7 @@ from resstream.training.preparation import (
     store_directory,
     token_splits,
 )
+from resstream.training.records import TrainResult
 from resstream.training.resume import (
     check_resume_compatible,
     checkpoint_to_resume,
@@ -92,23 +92,6 @@ from resstream.training.resume import (
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
 #: How a run stopped by Ctrl-C continues, as the library says it (the command line says its flags).
 RESUME_HINT = "`resume=True` continues from it"
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    """What a finished run reports."""
-
-    run_dir: Path
-    steps: int
-    final_val_loss: float
-    train_losses: tuple[float, ...]  # losses of the steps this call ran
-    tokens_per_s: float
-    already_complete: bool = False  # a resume found the final model of `steps` >= max_steps
-
-    @property
-    def steps_run(self) -> int:
-        """Optimizer steps this call took (0 for a run that was already complete)."""
-        return len(self.train_losses)
 
 
 def peak_flops(config: TrainConfig, device: torch.device) -> float | None:
@@ -388,7 +371,16 @@ class Trainer:
         bar.close()
         if main:
             self._save_final(val_loss)
-        return TrainResult(self.out_dir, r.max_steps, val_loss, tuple(losses), self._mean_tokens_per_s())
+        records = run_metrics(self.out_dir)
+        return TrainResult(
+            self.out_dir,
+            r.max_steps,
+            val_loss,
+            tuple(losses),
+            mean_tokens_per_s(records),
+            config=self.config.to_dict(),
+            metrics=records,
+        )
 
     def _stop_agreed(self, stop: StopRequests) -> bool:
         """Whether the run stops after this step: a stop was asked for (SIGINT or SIGTERM) in
@@ -457,13 +449,6 @@ class Trainer:
             "gate": dist_p.tolist() if dist_p is not None else None,
             "time": time.time(),
         }
-
-    def _mean_tokens_per_s(self) -> float:
-        path = self.out_dir / METRICS_FILE
-        if not path.exists():
-            return math.nan
-        rates = [rec["tokens_per_s"] for rec in read_records(path) if "tokens_per_s" in rec]
-        return float(np.median(rates)) if rates else math.nan
 
     def _state(self, val_loss: float) -> dict[str, Any]:
         return {
@@ -576,7 +561,29 @@ def completed_run(config: TrainConfig, out_dir: str | os.PathLike[str]) -> Train
         )
     refuse_identity_changes(meta["config"], config)
     val_loss = float(meta["val_loss"]) if meta.get("val_loss") is not None else math.nan
-    return TrainResult(out_dir, steps, val_loss, (), math.nan, already_complete=True)
+    records = run_metrics(out_dir)
+    return TrainResult(
+        out_dir,
+        steps,
+        val_loss,
+        (),
+        mean_tokens_per_s(records),
+        already_complete=True,
+        config=meta["config"],
+        metrics=records,
+    )
+
+
+def run_metrics(out_dir: Path) -> tuple[dict[str, Any], ...]:
+    """The records of the run's metrics.jsonl (none when it has none)."""
+    path = out_dir / METRICS_FILE
+    return tuple(read_records(path)) if path.is_file() else ()
+
+
+def mean_tokens_per_s(records: tuple[dict[str, Any], ...]) -> float:
+    """The median throughput of the logged steps (NaN when none logged one)."""
+    rates = [rec["tokens_per_s"] for rec in records if "tokens_per_s" in rec]
+    return float(np.median(rates)) if rates else math.nan
 
 
 def train(

@@ -6,6 +6,9 @@ learned gate, its final distribution over layers (from `metrics.jsonl`). A sweep
 a `SweepResult`, whose `to_dict` is `sweep.json`; the learned gate's distribution over training
 is a `GateHistory` (`gate_history.json`).
 
+One run's own report, `TrainResult` (what `resstream.training.loop.train` returns), holds its
+config and metrics log, so that it draws its figures after its folder is gone.
+
 `find_runs` / `load_runs` read runs back for `resstream compare`: from a sweep directory's
 sweep.json, from the finished run folders of a sweep interrupted before writing it, or from one
 seed-<s> folder. Nothing here trains or evaluates; `resstream.reporting` draws these records.
@@ -17,7 +20,7 @@ import json
 import math
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,8 +178,13 @@ def read_json(path: Path) -> Any:
 
 def gate_history(run_dir: str | Path) -> GateHistory:
     """The gate distribution logged in a run's metrics.jsonl (records with `gate` and `step`)."""
+    return gate_history_of(iter_metrics(run_dir))
+
+
+def gate_history_of(records: Iterable[Mapping[str, Any]]) -> GateHistory:
+    """The gate distribution in metrics records (those with `gate` and `step`)."""
     by_step: dict[int, tuple[float, ...]] = {}
-    for record in iter_metrics(run_dir):
+    for record in records:
         if isinstance(record.get("gate"), list) and "step" in record:
             by_step[int(record["step"])] = tuple(float(v) for v in record["gate"])
     steps = tuple(sorted(by_step))
@@ -195,9 +203,14 @@ class TrainingCurve:
 
 def training_curve(run_dir: str | Path) -> TrainingCurve:
     """The losses logged in a run's metrics.jsonl (a resumed run's records count once per step)."""
+    return training_curve_of(iter_metrics(run_dir))
+
+
+def training_curve_of(records: Iterable[Mapping[str, Any]]) -> TrainingCurve:
+    """The losses in metrics records (a step logged twice counts once, the later record)."""
     train: dict[int, float] = {}
     val: dict[int, float] = {}
-    for record in iter_metrics(run_dir):
+    for record in records:
         if "step" not in record:
             continue
         step = int(record["step"])
@@ -209,6 +222,96 @@ def training_curve(run_dir: str | Path) -> TrainingCurve:
     return TrainingCurve(
         tuple(steps), tuple(train[s] for s in steps), tuple(val_steps), tuple(val[s] for s in val_steps)
     )
+
+
+#: Gates whose distribution p over layers is trained (and logged in metrics.jsonl as `gate`).
+GATED = ("learned", "router")
+
+
+@dataclass(frozen=True)
+class TrainResult(Displayable, renderer="resstream.reporting.experiments"):
+    """What a training run reports (`resstream.train`, `resstream.training.loop.train`): its
+    folder, its steps, the final validation loss, the losses of the steps this call took, and
+    the run's config (`TrainConfig.to_dict()`) and metrics log (the records of metrics.jsonl)
+    as they were when the call ended.
+
+    In a notebook it shows the run's losses and the figures `resstream train` writes:
+    loss_curve.png and, for a learned or router gate, gate.png.
+
+    `to_pandas()` columns (`resstream.reporting.experiments.TRAIN_COLUMNS`), one row per value
+    of each record of metrics.jsonl (the wall-clock `time` left out): step — the optimizer step
+    the record was logged after; split — train (a logged training step) or val (an
+    evaluation); metric — loss (both splits; nats per token), lr, grad_norm (the whole
+    model's, before clipping), tokens_per_s, mfu (only where a peak FLOP/s is known),
+    layer_grad_norm (one row per block) or gate_p (a learned or router gate's p, one row per
+    layer); layer — the block of a layer_grad_norm or gate_p row (empty otherwise); value.
+    """
+
+    run_dir: Path
+    steps: int
+    final_val_loss: float
+    train_losses: tuple[float, ...]  # losses of the steps this call ran
+    tokens_per_s: float
+    already_complete: bool = False  # a resume found the final model of `steps` >= max_steps
+    config: dict[str, Any] = field(default_factory=dict)  # the run's TrainConfig.to_dict()
+    metrics: tuple[dict[str, Any], ...] = ()  # the records of the run's metrics.jsonl
+
+    @property
+    def steps_run(self) -> int:
+        """Optimizer steps this call took (0 for a run that was already complete)."""
+        return len(self.train_losses)
+
+    @property
+    def gate(self) -> str:
+        """The run's residual gate: none, fixed, learned or router."""
+        return str(self.config.get("model", {}).get("gate", "none"))
+
+    @property
+    def curve(self) -> TrainingCurve:
+        """The training and validation losses of the metrics log."""
+        return training_curve_of(self.metrics)
+
+    @property
+    def gate_history(self) -> GateHistory:
+        """The gate's distribution p over layers at each logged step (empty for an ungated run)."""
+        return gate_history_of(self.metrics)
+
+    def __repr__(self) -> str:
+        return summary(self, f"run {self.run_dir}", self._model_part(), self._steps_part(), self._loss_part())
+
+    def _model_part(self) -> str:
+        """'2 layers × 32, gate fixed (α 0.5 at layer 1)', or the gate alone without a config."""
+        model = self.config.get("model", {})
+        gate = self.gate
+        if gate == "fixed":
+            cut = model.get("cut_layer", -1)
+            cut = int(model.get("n_layer", 0)) // 2 if cut == -1 else cut
+            gate = f"fixed (α {model.get('alpha', math.nan):g} at layer {cut})"
+        elif gate in GATED:
+            gate = f"{gate}{self._gate_weight()}"
+        shape = f"{model['n_layer']} layers × {model['d_model']}, " if "n_layer" in model else ""
+        return f"{shape}gate {gate}"
+
+    def _gate_weight(self) -> str:
+        """' (p highest at layer 1: 0.62; uniform 0.50)' from the last gate record, or ''."""
+        history = self.gate_history
+        if not history.p:
+            return ""
+        final = history.p[-1]
+        top = max(range(len(final)), key=final.__getitem__)
+        return f" (p highest at layer {top}: {final[top]:.2f}; uniform {1 / len(final):.2f})"
+
+    def _steps_part(self) -> str:
+        if self.already_complete:
+            return f"{self.steps} steps (already complete: nothing trained)"
+        if self.steps_run < self.steps:
+            return f"{self.steps} steps ({self.steps_run} trained by this call)"
+        return f"{self.steps} steps"
+
+    def _loss_part(self) -> str:
+        losses = self.train_losses or self.curve.loss
+        train = f"final train loss {losses[-1]:.3f}, " if losses else ""
+        return f"{train}validation loss {self.final_val_loss:.3f}"
 
 
 def eval_entries(data: Any) -> list[dict[str, Any]]:
