@@ -33,12 +33,14 @@ ALLOWED: dict[str, set[str]] = {
     "api": {"analysis", "capture", "simulation", "models", "models.adapters", "data", "reporting"}
     | {"training", "training.records"}
     | BOTTOM,
-    "reporting": {"analysis", "simulation", "training", "training.records"} | BOTTOM,
+    "reporting": {"analysis", "simulation", "training.records", "training.evaluate.report"} | BOTTOM,
     "analysis": {"models.adapters", "simulation"} | BOTTOM,
     "models": {"models.adapters", "training", "training.records", "data"} | BOTTOM,
-    "training": {"training.records", "training.metrics", "data"} | BOTTOM,
+    "training": {"training.records", "training.metrics", "training.evaluate.report", "data"} | BOTTOM,
     "training.metrics": BOTTOM,
     "training.records": {"training.metrics"} | BOTTOM,  # the on-disk formats, read by reporting
+    # the evaluation's result type, which reporting draws (its scoring and plan come with it)
+    "training.evaluate.report": {"training", "training.records", "training.metrics", "data"} | BOTTOM,
     "simulation": BOTTOM,
     "capture": {"models.adapters"} | BOTTOM,
     "models.adapters": BOTTOM,
@@ -66,6 +68,8 @@ def part_of(module: str) -> str:
         return "(root)"
     if parts[0] == "models":
         return "models.adapters" if len(parts) > 1 and parts[1] == "adapters" else "models"
+    if parts[:3] == ["training", "evaluate", "report"]:
+        return "training.evaluate.report"
     if parts[0] == "training" and len(parts) > 1 and parts[1] in ("records", "metrics"):
         return f"training.{parts[1]}"
     return parts[0]

@@ -91,6 +91,11 @@ def test_the_frame_holds_the_numbers_of_shift_json(report) -> None:
             assert cell(frame, "in_match", layer, "depth") == layer / data["num_layers"]
         shares = frame.loc[frame["metric"] == "shift_depth", "value"].sum()
         assert shares + data["never_shifted"] / data["num_tokens"] == pytest.approx(1.0)
+        depths = frame[frame["metric"] == "shift_depth"]
+        counts = [round(v * n) for v, n in zip(depths["value"], depths["n"], strict=True)]
+        assert counts == data["shift_depths"]  # value × n gives back the counts
+        assert set(frame.loc[frame["metric"] == "in_match", "n"]) == {data["num_tokens"]}
+        assert set(frame.loc[frame["metric"] == "projection", "n"]) == {data["num_projection_tokens"]}
 
 
 def test_shift_csv_is_the_frame_and_a_missing_interval_is_empty(report) -> None:
@@ -99,7 +104,7 @@ def test_shift_csv_is_the_frame_and_a_missing_interval_is_empty(report) -> None:
     header, first, *_ = text.splitlines()
     assert header == ",".join(SHIFT_COLUMNS)
     cosine = next(line for line in text.splitlines() if ",cos_in," in line)
-    assert cosine.endswith(",,")  # no interval: empty, not "nan"
+    assert ",,," in cosine  # no interval: empty, not "nan"
     assert first.startswith("reference,logit-lens,0,0.0,in_match,")
 
 

@@ -25,6 +25,7 @@ def fake(model: str, layers: int) -> SimpleNamespace:
         top_k=5,
         decoder="logit-lens",
         num_tokens=1000,
+        num_projection_tokens=990,
         in_match=tuple(1 - i / layers for i in range(n)),
         out_match=tuple(i / layers for i in range(n)),
         in_match_ci=tuple((max(0, 1 - i / layers - 0.05), min(1, 1 - i / layers + 0.05)) for i in range(n)),

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from resstream.reporting.notebook import NotebookView, frame_csv, frame_table, notebook_view, tidy_frame
 from resstream.reporting.tables import score_rows, typed_frame
-from resstream.training.evaluate import EvalReport
+from resstream.training.evaluate.report import EvalReport
 
 if TYPE_CHECKING:
     import pandas

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from resstream.reporting.csvs import csv_text
+from resstream.reporting.notebook import frame_csv, long_frame
 from resstream.reporting.tables import DIGITS, Stat
 
 FORMAT = "resstream-misalignment/1"
@@ -107,7 +107,7 @@ def misalignment_csv(table: Mapping[str, Any]) -> str:
     """misalignment.csv: one row per variant, each metric as 'mean ± std', and n."""
     header = ["variant", "n", *METRICS]
     rows = [[v["variant"], v["n"], *(_cell(v[name]) for name in METRICS)] for v in table["variants"]]
-    return csv_text(header, rows)
+    return frame_csv(long_frame(header, rows))
 
 
 def misalignment_markdown(table: Mapping[str, Any]) -> str:

@@ -304,7 +304,8 @@ def decoder_groups(results: Sequence[AlignmentResult]) -> list[list[AlignmentRes
 def shift_frame(results: Sequence[AlignmentResult]) -> pandas.DataFrame:
     """`results` as one long-format frame (`SHIFT_COLUMNS`, documented by `AlignmentResult`):
     per model and decoder, per layer, one row per metric of `SHIFT_METRICS`."""
-    return long_frame(SHIFT_COLUMNS, [row for result in results for row in _frame_rows(result)])
+    frame = long_frame(SHIFT_COLUMNS, [row for result in results for row in _frame_rows(result)])
+    return frame.astype({"n": "Int64"})
 
 
 def _frame_rows(r: AlignmentResult) -> Iterator[tuple[object, ...]]:
@@ -322,7 +323,14 @@ def _frame_rows(r: AlignmentResult) -> Iterator[tuple[object, ...]]:
             (share, nan, nan),
         )
         for metric, (value, low, high) in zip(SHIFT_METRICS, values, strict=True):
-            yield (r.model, r.decoder, layer, depth, metric, value, low, high)
+            yield (r.model, r.decoder, layer, depth, metric, value, low, high, _count(r, metric))
+
+
+def _count(r: AlignmentResult, metric: str) -> int | None:
+    """The positions `metric`'s value is over (None: a projection count a saved result lacks)."""
+    if metric != "projection":
+        return r.num_tokens
+    return r.num_projection_tokens or None
 
 
 def shift_csv(results: Sequence[AlignmentResult]) -> str:

@@ -54,7 +54,7 @@ __all__ = [
 
 
 #: The columns of `AlignmentResult.to_pandas()` (and of `ShiftReport.to_pandas()` and shift.csv).
-SHIFT_COLUMNS = ("model", "decoder", "layer", "depth", "metric", "value", "ci_low", "ci_high")
+SHIFT_COLUMNS = ("model", "decoder", "layer", "depth", "metric", "value", "ci_low", "ci_high", "n")
 #: The metrics of those frames, in the order of their rows at each layer.
 SHIFT_METRICS = ("in_match", "out_match", "cos_in", "cos_out", "projection", "shift_depth")
 
@@ -76,7 +76,9 @@ class AlignmentResult(Displayable, renderer="resstream.reporting.shift"):
     share of the scored positions whose per-token shift depth is this layer:
     shift_depths[l] / num_tokens; the rest never shift); value — the metric's value;
     ci_low, ci_high — the 95% interval of in_match and out_match (missing with a single
-    sequence, and for the other metrics). In a notebook the result shows these values per
+    sequence, and for the other metrics); n — the positions the value is a mean or share over
+    (num_tokens; num_projection_tokens for projection, missing where unrecorded), so value × n
+    of the shift_depth rows gives back the counts. In a notebook the result shows these values per
     layer and the figures `resstream shift` writes.
     """
 
