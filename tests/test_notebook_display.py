@@ -20,7 +20,7 @@ from resstream.reporting.notebook import (
     notebook_view,
     tidy_frame,
 )
-from tests.notebook_support import assert_displays, assert_frame_columns
+from tests.notebook_support import assert_displays, assert_frame_columns, fetched
 
 
 @dataclass(frozen=True)
@@ -90,3 +90,18 @@ def test_csv_text_keeps_every_digit_and_leaves_missing_values_empty() -> None:
 
 def test_an_empty_frame_keeps_its_columns() -> None:
     assert list(long_frame(["a", "b"], []).columns) == ["a", "b"]
+
+
+def test_the_fetch_check_finds_every_kind_of_outside_link() -> None:
+    inline = "<img src='data:image/png;base64,AA'><a href='#top'>x</a>"
+    inline += "<style>a{background:url(data:x)}</style>"
+    assert fetched(inline) == []
+    for outside in (
+        "<img src='https://host/x.png'>",
+        "<img src=//host/x.png>",
+        '<img src="figure.png">',
+        "<style>a{background:url('x.png')}</style>",
+        "<style>@import 'x.css';</style>",
+        "<link href=style.css>",
+    ):
+        assert fetched(outside), outside

@@ -5,6 +5,7 @@ is the documented long frame, holding the numbers of lens.json and evaluation.js
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -156,6 +157,13 @@ def test_a_training_report_adds_its_curve(evaluation, zero_lens) -> None:
     assert "3 steps" in repr(report) and "tuned lens 0.750 bits" in repr(report)
     untrained = TuneLensReport(zero_lens, evaluation, ())
     assert untrained._repr_html_().count("<img") == 1  # no curve without steps
+
+
+def test_a_training_report_holds_evaluation_json_with_its_lens_and_curve(evaluation, zero_lens) -> None:
+    data = TuneLensReport(zero_lens, evaluation, (3.0, 2.0)).to_dict()
+    assert {k: v for k, v in data.items() if k not in ("lens", "history")} == evaluation.to_dict()
+    assert data["lens"] == zero_lens.metadata() and data["history"] == [3.0, 2.0]
+    json.dumps(data, allow_nan=False)  # JSON-ready
 
 
 def test_the_frame_of_the_last_position_alone_keeps_numeric_columns(lens) -> None:

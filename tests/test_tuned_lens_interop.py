@@ -283,6 +283,7 @@ def test_a_pickle_that_would_run_code_is_refused_and_does_not_run(tmp_path, caps
     [
         ("no params", "holds config.json but no params.pt or params.safetensors"),
         ("garbage params", "params.pt is not a plain state dict of tensors"),
+        ("truncated params", "params.pt cannot be read (truncated or corrupt)"),
         ("a list", "params.pt holds list, expected a state dict of tensors"),
         ("missing bias", "params.pt lacks 2.bias"),
         (
@@ -310,6 +311,8 @@ def test_a_damaged_package_lens_is_one_line(tmp_path, damage: str, pattern: str)
         params.unlink()
     elif damage == "garbage params":
         params.write_bytes(b"\x80\x04garbage")
+    elif damage == "truncated params":
+        params.write_bytes(params.read_bytes()[:-200])  # a copy cut short
     elif damage == "a list":
         torch.save(list(state.values()), params)
     elif damage == "missing bias":

@@ -111,6 +111,11 @@ class TuneLensReport(Displayable):
     def __repr__(self) -> str:
         return summary(self, f"{self.lens.model}: {len(self.history)} steps", self.evaluation.headline())
 
+    def to_dict(self) -> dict[str, Any]:
+        """What `resstream tune-lens` writes as evaluation.json (the evaluation), with the lens's
+        metadata (lens.json's fields) under "lens" and the training curve under "history"."""
+        return {**self.evaluation.to_dict(), "lens": self.lens.metadata(), "history": list(self.history)}
+
 
 @tidy_frame.register(TuneLensReport)
 def _report_frame(report: TuneLensReport) -> pandas.DataFrame:

@@ -238,7 +238,8 @@ def _read_pickle(path: Path, where: str) -> dict[str, Tensor]:
             "refused without running any of it (resstream loads parameters with weights_only=True)"
         ) from None
     except OSError as exc:
-        raise UsageError(f"{where}: {path.name} cannot be read ({exc.strerror or exc})") from None
+        cause = "truncated or corrupt" if path.is_file() else (exc.strerror or str(exc))
+        raise UsageError(f"{where}: {path.name} cannot be read ({cause})") from None
     if not isinstance(state, dict) or not all(
         isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()
     ):
