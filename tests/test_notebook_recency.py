@@ -47,6 +47,7 @@ def test_recency_displays_the_trend_table_the_grid_and_the_distance_plot(recency
     fragment = assert_displays(result, [*TREND_HEADERS, "heads", "recency.png", "distance plot of reference"])
     assert fragment.count("<img") == 2 and "RecencyResult(" in fragment
     assert len(repr(result).splitlines()) <= 4
+    assert "heads: " not in fragment and "(ρ by head " in fragment  # the column says "heads" once
 
 
 def test_recency_frame_holds_the_json_values(recency_run) -> None:

@@ -517,8 +517,10 @@ def _recency_view(results: Sequence[RecencyResult]) -> NotebookView:
     table = trend_table(
         [(result.model, [layer.average for layer in result.layers]) for result in results], "model"
     )
-    table["heads"] = [
-        heads_line([head.trend for head in layer.heads]) for result in results for layer in result.layers
+    table["heads"] = [  # the column names what the printed line's "heads: " prefix says
+        heads_line([head.trend for head in layer.heads]).removeprefix("heads: ")
+        for result in results
+        for layer in result.layers
     ]
     grid = Picture(
         attention_grid_figure(recency_rows(results), title=recency_title(results)),
