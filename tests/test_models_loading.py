@@ -16,7 +16,7 @@ import torch
 
 from resstream.assets import reference_model_dir
 from resstream.errors import UsageError
-from resstream.models import load_model
+from resstream.models import check_model, load_model
 from tests.test_data_tokenizer import with_custom_tokenizer_code
 
 SENTENCES = [
@@ -132,6 +132,21 @@ def test_missing_tokenizer(tmp_path: Path) -> None:
     _tiny_gpt2(300).save_pretrained(tmp_path)
     with pytest.raises(UsageError, match=r"has no tokenizer"):
         load_model(str(tmp_path))
+
+
+def test_an_analysis_that_reads_no_text_takes_a_folder_without_tokenizer(tmp_path: Path) -> None:
+    import resstream
+    from resstream.analysis.decoding.tuned_lens import TunedLens
+
+    _tiny_gpt2(300).save_pretrained(tmp_path / "model")
+    assert check_model(str(tmp_path / "model"), tokenizer=False) is not None
+    loaded = load_model(str(tmp_path / "model"), device="cpu", tokenizer=False)
+    assert loaded.tokenizer is None and loaded.view.n_layers == 2
+    lens = TunedLens.zero(loaded.view, "tiny").save(tmp_path / "lens")
+    assert resstream.load_lens(lens, model=str(tmp_path / "model")).model == "tiny"
+    assert resstream.composition(str(tmp_path / "model"), samples=8).n_layers == 2
+    with pytest.raises(UsageError, match=r"has no tokenizer"):  # a text analysis still needs one
+        resstream.shift(str(tmp_path / "model"), num_seqs=1)
 
 
 def test_non_causal_model(tmp_path: Path) -> None:

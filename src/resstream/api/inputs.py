@@ -200,6 +200,7 @@ def checked_models(models: ModelLike | Sequence[ModelLike], options: LoadOptions
                 dtype=options.dtype,
                 device=options.device,
                 device_map=options.device_map,
+                tokenizer=options.needs_tokenizer,
             )
             checked.append(CheckedModel(model, "reference" if model is None else str(model), context))
         else:
@@ -247,6 +248,7 @@ def _load_each(checked: list[CheckedModel], options: LoadOptions) -> Generator[L
                 device_map=options.device_map,
                 trust_remote_code=options.trust_remote_code,
                 progress=options.progress,
+                tokenizer=options.needs_tokenizer,
             )
 
 

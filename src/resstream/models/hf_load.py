@@ -38,14 +38,17 @@ def load_hf(
     device: str,
     device_map: str | None,
     trust_remote_code: bool,
+    with_tokenizer: bool = True,
 ) -> LoadedModel:
     """The checked `LoadedModel` of the Hugging Face model at `where` (`source` "local" or
-    "hub"); the arguments are `loading.load_model`'s."""
+    "hub"); the arguments are `loading.load_model`'s (`with_tokenizer` its `tokenizer`)."""
     from resstream.training.checkpoint import check_finite_weights, check_readable
 
     config, local_only = checked_hf_config(where, name, source, trust_remote_code)
     check_hf_sizes(config, config_source(where, source), dtype, device, device_map)
-    tokenizer = _load_hf_tokenizer(where, name, source, trust_remote_code, local_only)
+    tokenizer = (
+        _load_hf_tokenizer(where, name, source, trust_remote_code, local_only) if with_tokenizer else None
+    )
     if source == "local":
         check_readable(where)
     model = _load_hf_model(where, name, config, dtype, device, device_map, local_only, trust_remote_code)

@@ -65,10 +65,13 @@ def load_model(
     device_map: str | None = None,
     trust_remote_code: bool = False,
     progress: bool = True,
+    tokenizer: bool = True,
 ) -> LoadedModel:
     """Load `spec` (see the module docstring) in eval mode; UsageError for bad input.
 
-    `progress=False` silences Hugging Face's weight-loading bar.
+    `progress=False` silences Hugging Face's weight-loading bar. `tokenizer=False` (an analysis
+    that reads no text) loads a Hugging Face model without its tokenizer, and accepts a folder
+    that has none; a resstream run loads its own either way.
     """
     check_choice("dtype", dtype, DTYPES)
     device = device_label(device)
@@ -78,7 +81,7 @@ def load_model(
     if source in ("reference", "resstream"):
         return _load_resstream(Path(where), name, source, dtype, device)
     with hf_output(progress=progress):
-        return load_hf(where, name, source, dtype, device, device_map, trust_remote_code)
+        return load_hf(where, name, source, dtype, device, device_map, trust_remote_code, tokenizer)
 
 
 def check_model(
@@ -88,9 +91,11 @@ def check_model(
     dtype: str = "auto",
     device: str = "auto",
     device_map: str | None = None,
+    tokenizer: bool = True,
 ) -> int | None:
     """Every refusal `load_model` would make before reading weights, without reading them;
-    returns the model's context in tokens (None when its config states none).
+    returns the model's context in tokens (None when its config states none). `tokenizer`:
+    as `load_model`'s (False: the tokenizer files are not checked).
 
     Lets a command that analyses several models reject a bad one before working on the
     others: path, config (its sizes, and whether the weights they imply fit in memory with
@@ -102,7 +107,8 @@ def check_model(
     if source in ("local", "hub"):
         config, local_only = checked_hf_config(where, name, source, trust_remote_code)
         check_hf_sizes(config, config_source(where, source), dtype, device, device_map)
-        check_hf_tokenizer(where, name, source, trust_remote_code, local_only)
+        if tokenizer:
+            check_hf_tokenizer(where, name, source, trust_remote_code, local_only)
         return context_of(config)
     from resstream.training.checkpoint import read_run
 
