@@ -105,3 +105,9 @@ def test_the_fetch_check_finds_every_kind_of_outside_link() -> None:
         "<link href=style.css>",
     ):
         assert fetched(outside), outside
+
+
+def test_a_long_frame_types_the_columns_it_is_told_and_ignores_absent_names() -> None:
+    frame = long_frame(["n", "x"], [[3, None], [None, None]], integers=("n", "absent"), floats=("x",))
+    assert str(frame["n"].dtype) == "Int64" and frame["n"].tolist()[0] == 3 and frame["n"].isna().tolist()[1]
+    assert frame["x"].dtype == "float64" and frame["x"].isna().all()

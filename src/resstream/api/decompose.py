@@ -121,8 +121,8 @@ def decompose_frame(result: DecomposeResult) -> pandas.DataFrame:
     rows = [
         (c.label, c.kind, c.layer, c.head, c.source, c.neuron, c.norm, c.share) for c in result.components
     ]
-    return long_frame(DECOMPOSE_COLUMNS, rows).astype(
-        {"layer": "Int64", "head": "Int64", "source": "Int64", "neuron": "Int64", "norm": "float64"}
+    return long_frame(
+        DECOMPOSE_COLUMNS, rows, integers=("layer", "head", "source", "neuron"), floats=("norm",)
     )
 
 

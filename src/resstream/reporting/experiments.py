@@ -121,7 +121,7 @@ def _record_rows(record: dict[str, Any]) -> list[tuple[int, str, str, int | None
 def train_frame(result: TrainResult) -> pandas.DataFrame:
     """The run's metrics log as a long frame (`TRAIN_COLUMNS`, described by `TrainResult`)."""
     rows = [row for record in result.metrics for row in _record_rows(record)]
-    return long_frame(TRAIN_COLUMNS, rows).astype({"layer": "Int64"})
+    return long_frame(TRAIN_COLUMNS, rows, integers=("layer",))
 
 
 def train_view(result: TrainResult) -> NotebookView:

@@ -240,10 +240,9 @@ def plot_lens(result: LensResult, path: str | Path) -> list[Path]:
 def lens_frame(result: LensResult) -> pandas.DataFrame:
     """`result` as a long-format frame (`LENS_COLUMNS`, documented by `LensResult`): one row per
     position, layer and top-k decoding."""
-    frame = long_frame(LENS_COLUMNS, list(_frame_rows(result)))
-    integers = dict.fromkeys(("input_rank", "next_rank"), "Int64")
-    floats = dict.fromkeys(("probability", "input_probability", "next_probability"), "float64")
-    return frame.astype({**integers, **floats})
+    integers = ("input_rank", "next_rank")
+    floats = ("probability", "input_probability", "next_probability")
+    return long_frame(LENS_COLUMNS, list(_frame_rows(result)), integers=integers, floats=floats)
 
 
 def _frame_rows(result: LensResult) -> Iterator[tuple[Any, ...]]:

@@ -79,8 +79,7 @@ def neurons_frame(result: NeuronsResult) -> pandas.DataFrame:
     the class): per neuron its promoted and suppressed tokens (`value` = the value score) and
     its top contexts (`value` = the coefficient m_k, with sequence, position and the window,
     the activating token in ⟦ ⟧); `sequence` and `position` are empty (NA) for tokens."""
-    frame = long_frame(NEURONS_COLUMNS, list(_neuron_rows(result)))
-    return frame.astype({"sequence": "Int64", "position": "Int64"})
+    return long_frame(NEURONS_COLUMNS, list(_neuron_rows(result)), integers=("sequence", "position"))
 
 
 def _neuron_rows(result: NeuronsResult) -> Iterator[list[object]]:

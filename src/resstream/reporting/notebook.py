@@ -14,7 +14,7 @@ simulation layers names its registering `resstream.reporting` module in its clas
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import singledispatch
 from typing import TYPE_CHECKING, Any
@@ -101,11 +101,22 @@ def frame_csv(frame: pandas.DataFrame) -> str:
     return str(frame.to_csv(index=False, lineterminator="\n"))
 
 
-def long_frame(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> pandas.DataFrame:
-    """A DataFrame of `rows` with exactly `columns` (also when there are no rows)."""
+def long_frame(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    integers: Iterable[str] = (),
+    floats: Iterable[str] = (),
+) -> pandas.DataFrame:
+    """A DataFrame of `rows` with exactly `columns` (also when there are no rows); the columns
+    named in `integers` hold nullable integers (a missing count stays missing, a present one
+    prints as `3`, not `3.0`) and those in `floats` floats (also when every value is missing).
+    Names that are not among `columns` are ignored, so one list can serve several frames."""
     import pandas
 
-    return pandas.DataFrame(list(rows), columns=list(columns))
+    frame = pandas.DataFrame(list(rows), columns=list(columns))
+    types = {**dict.fromkeys(integers, "Int64"), **dict.fromkeys(floats, "float64")}
+    return frame.astype({name: kind for name, kind in types.items() if name in frame.columns})
 
 
 def _picture_html(picture: Picture) -> str:

@@ -304,8 +304,8 @@ def decoder_groups(results: Sequence[AlignmentResult]) -> list[list[AlignmentRes
 def shift_frame(results: Sequence[AlignmentResult]) -> pandas.DataFrame:
     """`results` as one long-format frame (`SHIFT_COLUMNS`, documented by `AlignmentResult`):
     per model and decoder, per layer, one row per metric of `SHIFT_METRICS`."""
-    frame = long_frame(SHIFT_COLUMNS, [row for result in results for row in _frame_rows(result)])
-    return frame.astype({"n": "Int64"})
+    rows = [row for result in results for row in _frame_rows(result)]
+    return long_frame(SHIFT_COLUMNS, rows, integers=("n",))
 
 
 def _frame_rows(r: AlignmentResult) -> Iterator[tuple[object, ...]]:

@@ -413,8 +413,7 @@ def score_rows(entry: Mapping[str, Any]) -> list[tuple[str, float, int | None]]:
 
 def typed_frame(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> pandas.DataFrame:
     """`long_frame` with its count columns (`_COUNTS`) as nullable integers."""
-    frame = long_frame(columns, rows)
-    return frame.astype({name: "Int64" for name in _COUNTS if name in frame.columns})
+    return long_frame(columns, rows, integers=_COUNTS)
 
 
 def compare_frame(table: CompareTable) -> pandas.DataFrame:

@@ -111,17 +111,11 @@ def promoted_text(tokens: Sequence[str]) -> str:
     return json.dumps(list(tokens), ensure_ascii=False)
 
 
-def _typed(frame: pandas.DataFrame) -> pandas.DataFrame:
-    """`frame` with its whole-number columns as nullable integers and its score columns as
-    floats (also when every value is missing)."""
-    types = {c: "Int64" for c in _INTEGERS if c in frame.columns}
-    types.update({c: "float64" for c in _FLOATS if c in frame.columns})
-    return frame.astype(types)
-
-
 def _frame(columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> pandas.DataFrame:
-    """A typed frame of `rows` (column → value; a column a row lacks is missing)."""
-    return _typed(long_frame(columns, [[row.get(column) for column in columns] for row in rows]))
+    """A frame of `rows` (column → value; a column a row lacks is missing), its whole-number
+    columns nullable integers and its score columns floats."""
+    cells = [[row.get(column) for column in columns] for row in rows]
+    return long_frame(columns, cells, integers=_INTEGERS, floats=_FLOATS)
 
 
 def _single_rows(result: AttributeResult) -> list[dict[str, Any]]:
@@ -232,7 +226,7 @@ def trajectory_frame(points: Sequence[TrajectoryPoint]) -> pandas.DataFrame:
     """The target at each residual point (`TRAJECTORY_COLUMNS`): its name, block, stage (in,
     res, out), probability, rank (0 = top-1) and log-probability."""
     rows = [(p.point, p.layer, p.stage, p.probability, p.rank, p.logprob) for p in points]
-    return _typed(long_frame(TRAJECTORY_COLUMNS, rows))
+    return long_frame(TRAJECTORY_COLUMNS, rows, integers=_INTEGERS, floats=_FLOATS)
 
 
 def _share_cells(share: QueryShare) -> tuple[str, int | None, str, float]:
@@ -247,7 +241,7 @@ def query_frame(result: AttributeResult) -> pandas.DataFrame:
         for q in result.query_contributions
         for share in q.shares
     ]
-    return _typed(long_frame(QUERY_COLUMNS, rows))
+    return long_frame(QUERY_COLUMNS, rows, integers=_INTEGERS, floats=_FLOATS)
 
 
 def linearity_frame(check: LinearityCheck) -> pandas.DataFrame:
