@@ -73,31 +73,26 @@ def _shells(incomplete: str) -> list[str]:
     return [shell for shell in SHELLS if shell.startswith(incomplete)]
 
 
-_SHELL_NAMES = ", ".join(SHELLS)
-InstallCompletionOption = Annotated[
-    str | None,
-    typer.Option(
-        INSTALL,
+def _completion_option(flag: str, typer_callback: Callable[[Any, Any, Any], Any], does: str) -> Any:
+    """The eager top-level option `flag` [SHELL] that runs Typer's `typer_callback`; `does`
+    starts its help ("Install tab completion")."""
+    shells = ", ".join(SHELLS)
+    option = typer.Option(
+        flag,
         metavar="[SHELL]",
-        callback=_typer_completion(typer.completion.install_callback),
+        callback=_typer_completion(typer_callback),
         expose_value=False,
         is_eager=True,
         autocompletion=_shells,
-        help=f"Install tab completion for SHELL ({_SHELL_NAMES}; default: the current shell).",
-    ),
-]
-ShowCompletionOption = Annotated[
-    str | None,
-    typer.Option(
-        SHOW,
-        metavar="[SHELL]",
-        callback=_typer_completion(typer.completion.show_callback),
-        expose_value=False,
-        is_eager=True,
-        autocompletion=_shells,
-        help=f"Print the completion script for SHELL ({_SHELL_NAMES}; default: the current shell).",
-    ),
-]
+        help=f"{does} for SHELL ({shells}; default: the current shell).",
+    )
+    return Annotated[str | None, option]
+
+
+InstallCompletionOption = _completion_option(
+    INSTALL, typer.completion.install_callback, "Install tab completion"
+)
+ShowCompletionOption = _completion_option(SHOW, typer.completion.show_callback, "Print the completion script")
 
 
 class GroupWithCompletion(GroupWithoutFlagTypes):
