@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from resstream.display import Displayable
 from resstream.errors import UsageError
-from resstream.reporting.experiments import compare_view
 from resstream.reporting.notebook import NotebookView, notebook_view, tidy_frame
 from resstream.reporting.tables import CompareTable, compare_frame, compare_table
 from resstream.reprs import summary
@@ -75,6 +74,8 @@ def _table_frame(comparison: Comparison) -> pandas.DataFrame:
 
 
 def _table_view(comparison: Comparison) -> NotebookView:
+    from resstream.reporting.experiments import compare_view  # matplotlib: only when drawn
+
     return compare_view(comparison.table)
 
 

@@ -18,7 +18,6 @@ from resstream.display import Displayable
 from resstream.errors import UsageError
 from resstream.models import LoadArgs, LoadedModel, ModelLike, ModelView
 from resstream.reporting.notebook import NotebookView, notebook_view, tidy_frame
-from resstream.reporting.shift import shift_frame, shift_view
 from resstream.reprs import summary
 
 if TYPE_CHECKING:
@@ -77,11 +76,15 @@ class ShiftReport(Displayable):
 
 @tidy_frame.register(ShiftReport)
 def _report_frame(report: ShiftReport) -> pandas.DataFrame:
+    from resstream.reporting.shift import shift_frame  # matplotlib: only when drawn
+
     return shift_frame(report.results)
 
 
 @notebook_view.register(ShiftReport)
 def _report_view(report: ShiftReport) -> NotebookView:
+    from resstream.reporting.shift import shift_view
+
     return shift_view(report.results)
 
 

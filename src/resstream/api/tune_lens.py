@@ -68,7 +68,6 @@ from resstream.errors import UsageError
 from resstream.models import LoadArgs, LoadedModel, ModelLike, ModelView
 from resstream.notices import notify
 from resstream.reporting.notebook import NotebookView, notebook_view, tidy_frame
-from resstream.reporting.tuned_lens import evaluation_frame, evaluation_view
 from resstream.reprs import summary
 from resstream.rundir import locked_directory
 
@@ -119,11 +118,15 @@ class TuneLensReport(Displayable):
 
 @tidy_frame.register(TuneLensReport)
 def _report_frame(report: TuneLensReport) -> pandas.DataFrame:
+    from resstream.reporting.tuned_lens import evaluation_frame  # matplotlib: only when drawn
+
     return evaluation_frame(report.evaluation)
 
 
 @notebook_view.register(TuneLensReport)
 def _report_view(report: TuneLensReport) -> NotebookView:
+    from resstream.reporting.tuned_lens import evaluation_view
+
     return evaluation_view(report.evaluation, report.history)
 
 
