@@ -104,8 +104,8 @@ def attribute(
         ids = encode_text(tokenizer, text, view)
         where = position_in(position, ids.shape[1])
         internals = block_internals(view, ids, attention=[where] if sources else False)
-        chosen = _target(tokenizer, view, logit_lens, internals, where, target, target_id)
-        foil_id = _foil(tokenizer, foil, chosen)
+        chosen = target_of(tokenizer, view, logit_lens, internals, where, target, target_id)
+        foil_id = foil_of(tokenizer, foil, chosen)
 
         def name(token: int) -> str:
             return token_text(tokenizer, token)
@@ -241,7 +241,7 @@ def _single_token(tokenizer: PreTrainedTokenizerBase, text: str, what: str) -> i
     return int(ids[0])
 
 
-def _target(
+def target_of(
     tokenizer: PreTrainedTokenizerBase,
     view: ModelView,
     decoder: Decoder,
@@ -265,7 +265,7 @@ def _target(
         return int(decoder.logits(final).argmax())
 
 
-def _foil(tokenizer: PreTrainedTokenizerBase, foil: str | None, target: int) -> int | None:
+def foil_of(tokenizer: PreTrainedTokenizerBase, foil: str | None, target: int) -> int | None:
     if foil is None:
         return None
     foil_id = _single_token(tokenizer, foil, "foil")

@@ -1,0 +1,9 @@
+"""Does it matter causally? (question 4)
+
+- `components`: the grammar that names every component an intervention can act on.
+- `runs`: the recorded forward interventions start from, and replacement values
+  (zero, mean, another run's activations).
+- `engine`: interventions run in batches, each restarting from the first block it changes.
+- `carry`: a change carried along the direct path (direct effects, path patching).
+- `metrics`: log p(target), logits, rank and KL of a final state.
+"""

@@ -1,0 +1,395 @@
+"""`resstream.ablate(...)` and `resstream.patch(...)`: does a component matter for a prediction?
+
+Both take one text (`text` or `text_file`), the prediction at `position` (default the last) of
+`target` (default the model's own top prediction there), an optional `foil`, and the
+components to intervene on (`components`: names in the grammar of
+`analysis.interventions.components`, `*` wildcards allowed; default: every head, every MLP
+and the `top_neurons` neurons with the largest |DLA|). Every component is intervened on alone
+at `positions` (default every position), and measured along the total and the direct path.
+
+* `ablate`: `mode` zero (default), mean (each component's mean over `num_seqs` windows of
+  `dataset`, cached per model and corpus) or resample (its activation in `num_seqs` other
+  windows of the corpus, effects averaged over them);
+* `patch`: activation patching between the text and `corrupt` (same length, or aligned at
+  the end with `align_end`): `direction` "noise" puts the corrupted run's activations into
+  the clean run, "denoise" the clean run's into the corrupted run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Unpack
+
+import torch
+from tqdm.auto import tqdm
+
+from resstream.analysis.attribution.readouts import readouts
+from resstream.analysis.decoding.decoder import decoder_of
+from resstream.analysis.interventions.components import Component, ComponentSpace, parse_components
+from resstream.analysis.interventions.effects import Readout, component_effects, mean_effects, prediction
+from resstream.analysis.interventions.engine import DEFAULT_BATCH
+from resstream.analysis.interventions.results import InterventionResult
+from resstream.analysis.interventions.runs import (
+    Means,
+    Run,
+    Values,
+    accumulate_means,
+    capture_run,
+    mean_values,
+    run_values,
+    zero_values,
+)
+from resstream.api.attribute import foil_of, position_in, target_of
+from resstream.api.inputs import (
+    CorpusRequest,
+    LoadOptions,
+    encode_text,
+    one_model,
+    refuse_device_map,
+    sample_corpus,
+    takes_load_args,
+    text_of,
+)
+from resstream.api.tokenizers import tokenizer_of
+from resstream.data.tokenizer import token_text
+from resstream.errors import UsageError, check_choice
+from resstream.models import LoadArgs, LoadedModel, ModelLike, ModelView
+from resstream.models.evaluation import model_fingerprint
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+ABLATIONS = ("zero", "mean", "resample")
+DIRECTIONS = ("noise", "denoise")
+#: Neurons intervened on by default (largest |DLA| at the position), and corpus windows
+#: averaged by mean ablation and resampled by resample ablation.
+TOP_NEURONS = 20
+MEAN_WINDOWS = 16
+RESAMPLE_WINDOWS = 8
+
+
+@takes_load_args
+def ablate(
+    text: str | None = None,
+    *,
+    text_file: str | os.PathLike[str] | None = None,
+    model: ModelLike = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    position: int | None = None,
+    target: str | None = None,
+    target_id: int | None = None,
+    foil: str | None = None,
+    components: Sequence[str] | None = None,
+    positions: Sequence[int] | None = None,
+    mode: str = "zero",
+    dataset: str = "shakespeare",
+    num_seqs: int | None = None,
+    seed: int = 0,
+    data_dir: str | os.PathLike[str] | None = None,
+    top_neurons: int = TOP_NEURONS,
+    batch_size: int = DEFAULT_BATCH,
+    progress: bool = False,
+    **load: Unpack[LoadArgs],
+) -> InterventionResult:
+    """Ablate components and measure the prediction (module docstring). `mode` zero, mean or
+    resample; mean and resample read `num_seqs` windows (default 16 and 8) of `dataset` sampled
+    with `seed`, as long as the text. `model` is a spec or a loaded model with its
+    `tokenizer`, as for `resstream.attribute`."""
+    check_choice("mode", mode, ABLATIONS)
+    refuse_device_map(load, "ablate", "interventions restart blocks on one device")
+    _check_counts(top_neurons, batch_size)
+    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
+    with one_model(model, options) as loaded:
+        setup = _Setup.of(loaded, text_of(text, text_file), position, target, target_id, foil, positions)
+        chosen = setup.components(components, top_neurons)
+        clean = setup.readout.of_run(setup.run)
+        if mode == "resample":
+            windows = _windows(loaded, setup, dataset, num_seqs or RESAMPLE_WINDOWS, seed, data_dir)
+            other = capture_run(setup.view, windows, attention=setup.sources(chosen))
+            samples = [
+                setup.effects(run_values(setup.run, other, k), chosen, mode, clean, batch_size, progress)
+                for k in range(windows.shape[0])
+            ]
+            effects = mean_effects(samples)
+        else:
+            values = (
+                zero_values(setup.run)
+                if mode == "zero"
+                else _mean_values(loaded, setup, dataset, num_seqs or MEAN_WINDOWS, seed, data_dir)
+            )
+            effects = setup.effects(values, chosen, mode, clean, batch_size, progress)
+        return setup.result(
+            "ablate",
+            mode,
+            clean,
+            effects,
+            samples=num_seqs or RESAMPLE_WINDOWS if mode == "resample" else None,
+        )
+
+
+@takes_load_args
+def patch(
+    text: str | None = None,
+    *,
+    corrupt: str,
+    text_file: str | os.PathLike[str] | None = None,
+    model: ModelLike = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    position: int | None = None,
+    target: str | None = None,
+    target_id: int | None = None,
+    foil: str | None = None,
+    components: Sequence[str] | None = None,
+    positions: Sequence[int] | None = None,
+    direction: str = "noise",
+    align_end: bool = False,
+    top_neurons: int = TOP_NEURONS,
+    batch_size: int = DEFAULT_BATCH,
+    progress: bool = False,
+    **load: Unpack[LoadArgs],
+) -> InterventionResult:
+    """Activation patching between `text` and `corrupt` (module docstring): each component
+    alone takes its value from the other run; `fraction_*` of every effect is (patched −
+    corrupt) / (clean − corrupt). Texts of different lengths are refused unless `align_end`
+    (then the texts are aligned at their last tokens and only the shared tail is patched)."""
+    check_choice("direction", direction, DIRECTIONS)
+    refuse_device_map(load, "patch", "interventions restart blocks on one device")
+    _check_counts(top_neurons, batch_size)
+    if not corrupt.strip():
+        raise UsageError("`corrupt` is empty; give the corrupted text to patch from")
+    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
+    with one_model(model, options) as loaded:
+        setup = _Setup.of(loaded, text_of(text, text_file), position, target, target_id, foil, positions)
+        corrupt_ids = _aligned(encode_text(setup.tokenizer, corrupt, setup.view), setup.ids, align_end)
+        chosen = setup.components(components, top_neurons)
+        attention = setup.sources(chosen)
+        dirty = capture_run(setup.view, corrupt_ids, attention=attention)
+        clean = setup.readout.of_run(setup.run)
+        corrupted = setup.readout.of_run(dirty)
+        base, source = (setup.run, dirty) if direction == "noise" else (dirty, setup.run)
+        effects = component_effects(
+            base,
+            setup.readout,
+            run_values(base, source),
+            [[c] for c in chosen],
+            mode="patch",
+            positions=setup.positions,
+            clean=clean,
+            corrupt=corrupted,
+            batch_size=batch_size,
+            progress=setup.bar(progress, len(chosen)),
+        )
+        tokens = tuple(token_text(setup.tokenizer, int(t)) for t in corrupt_ids[0])
+        return setup.result("patch", direction, clean, effects, corrupt=corrupted, corrupt_tokens=tokens)
+
+
+class _Setup:
+    """One text's model, run, prediction and intervened positions."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        ids: torch.Tensor,
+        run: Run,
+        readout: Readout,
+        positions: torch.Tensor | None,
+    ) -> None:
+        self.loaded, self.ids, self.run, self.readout, self.positions = loaded, ids, run, readout, positions
+        self.view: ModelView = loaded.view
+        self.tokenizer = tokenizer_of(loaded)
+
+    @classmethod
+    def of(
+        cls,
+        loaded: LoadedModel,
+        text: str,
+        position: int | None,
+        target: str | None,
+        target_id: int | None,
+        foil: str | None,
+        positions: Sequence[int] | None,
+    ) -> _Setup:
+        view, tokenizer = loaded.view, tokenizer_of(loaded)
+        ids = encode_text(tokenizer, text, view)
+        where = position_in(position, ids.shape[1])
+        run = capture_run(view, ids, attention=True)
+        decoder = decoder_of(view)
+        chosen = target_of(tokenizer, view, decoder, run.internals, where, target, target_id)
+        readout = Readout(decoder, where, chosen, foil_of(tokenizer, foil, chosen))
+        return cls(loaded, ids, run, readout, _positions(positions, ids.shape[1]))
+
+    @property
+    def space(self) -> ComponentSpace:
+        d_ff = self.view.blocks[0].read_mlp_weights().d_ff
+        return ComponentSpace(self.view.n_layers, self.view.n_heads, d_ff, int(self.ids.shape[1]))
+
+    def components(self, names: Sequence[str] | None, top_neurons: int) -> list[Component]:
+        """The components named, or the defaults (module docstring)."""
+        if names:
+            chosen = parse_components(list(names), self.space)
+            for c in chosen:
+                if c.kind == "source" and c.source > self.readout.position:
+                    raise UsageError(
+                        f"`component` {c.name}: source position {c.source} is after the prediction's position "
+                        f"{self.readout.position}; allowed: 0..{self.readout.position}"
+                    )
+            return chosen
+        return self.space.heads() + self.space.sublayers() + self.top_neurons(top_neurons)
+
+    def top_neurons(self, count: int) -> list[Component]:
+        """The `count` neurons with the largest |DLA| at the prediction's position."""
+        at = torch.tensor([self.readout.position])
+        read = readouts(
+            self.view, self.run.internals, self.readout.decoder, at, torch.tensor([self.readout.target])
+        )
+        scores = []
+        for layer, block in enumerate(self.view.blocks):
+            m = self.run.internals.blocks[layer].coefficients[0, self.readout.position].double()
+            W_out = block.read_mlp_weights().W_out.detach().double()
+            scores.append(m * (W_out @ read.mlp[layer][0]))
+        flat = torch.cat(scores).abs()
+        top = flat.topk(min(count, len(flat))).indices
+        d_ff = scores[0].shape[0]
+        return sorted(Component(int(i) // d_ff, "neuron", int(i) % d_ff) for i in top)
+
+    @staticmethod
+    def sources(components: Sequence[Component]) -> bool:
+        """Whether the runs need attention probabilities (attention sources)."""
+        return any(c.kind == "source" for c in components)
+
+    def bar(self, show: bool, total: int) -> _Progress | None:
+        return _Progress(total) if show else None
+
+    def effects(
+        self, values: Values, chosen: list[Component], mode: str, clean, batch_size: int, progress: bool
+    ) -> list:
+        return component_effects(
+            self.run,
+            self.readout,
+            values,
+            [[c] for c in chosen],
+            mode=mode,
+            positions=self.positions,
+            clean=clean,
+            batch_size=batch_size,
+            progress=self.bar(progress, len(chosen)),
+        )
+
+    def result(self, command: str, mode: str, clean, effects, **extra) -> InterventionResult:
+        readout, tokenizer = self.readout, self.tokenizer
+        return InterventionResult(
+            command=command,
+            mode=mode,
+            model=self.loaded.name,
+            tokens=tuple(token_text(tokenizer, int(t)) for t in self.ids[0]),
+            position=readout.position,
+            target_id=readout.target,
+            target=token_text(tokenizer, readout.target),
+            foil_id=readout.foil,
+            foil=None if readout.foil is None else token_text(tokenizer, readout.foil),
+            clean=prediction(clean),
+            effects=tuple(effects),
+            n_layers=self.view.n_layers,
+            n_heads=self.view.n_heads,
+            positions=None if self.positions is None else tuple(int(p) for p in self.positions),
+            **extra,
+        )
+
+
+class _Progress:
+    """A tqdm bar advanced by a count of interventions."""
+
+    def __init__(self, total: int) -> None:
+        self.bar = tqdm(total=total, desc="interventions", unit="run", leave=False)
+
+    def __call__(self, count: int) -> None:
+        self.bar.update(count)
+        if self.bar.n >= self.bar.total:
+            self.bar.close()
+
+
+def _positions(positions: Sequence[int] | None, length: int) -> torch.Tensor | None:
+    if positions is None:
+        return None
+    out = []
+    for p in positions:
+        where = p + length if p < 0 else p
+        if not 0 <= where < length:
+            raise UsageError(
+                f"`positions` {p} is outside the text's {length} tokens; allowed: 0..{length - 1}"
+            )
+        out.append(where)
+    if not out:
+        raise UsageError("`positions` is empty; give at least one position (or none for every position)")
+    return torch.tensor(sorted(set(out)), dtype=torch.long)
+
+
+def _aligned(corrupt: torch.Tensor, clean: torch.Tensor, align_end: bool) -> torch.Tensor:
+    """The corrupted ids, of the clean text's length: equal lengths as they are; different
+    lengths refused, or with `align_end` cut or left-padded with the clean text's own tokens
+    so that both texts end together."""
+    n_clean, n_corrupt = clean.shape[1], corrupt.shape[1]
+    if n_clean == n_corrupt:
+        return corrupt
+    if not align_end:
+        raise UsageError(
+            f"the text is {n_clean} tokens and `corrupt` is {n_corrupt} tokens; give texts of the same "
+            "length, or set `align_end` to align them at their last tokens"
+        )
+    if n_corrupt > n_clean:
+        return corrupt[:, n_corrupt - n_clean :]
+    return torch.cat([clean[:, : n_clean - n_corrupt], corrupt], dim=1)
+
+
+def _check_counts(top_neurons: int, batch_size: int) -> None:
+    if top_neurons < 0:
+        raise UsageError(f"`top_neurons` {top_neurons} is not allowed; allowed: 0 or more")
+    if batch_size < 1:
+        raise UsageError(f"`batch_size` {batch_size} is not allowed; allowed: 1 or more")
+
+
+def _windows(
+    loaded: LoadedModel, setup: _Setup, dataset: str, count: int, seed: int, data_dir
+) -> torch.Tensor:
+    """`count` corpus windows as long as the text (batch, seq)."""
+    if count < 1:
+        raise UsageError(f"`num_seqs` {count} is not allowed; allowed: 1 or more")
+    request = CorpusRequest(dataset, count, int(setup.ids.shape[1]), seed, data_dir)
+    sample, _ = sample_corpus(request, setup.tokenizer, setup.readout.decoder.vocab_size)
+    return torch.stack([torch.as_tensor(s, dtype=torch.long) for s in sample.sequences])
+
+
+def _mean_values(loaded: LoadedModel, setup: _Setup, dataset: str, count: int, seed: int, data_dir) -> Values:
+    """Mean ablation values, from the cache when this model and corpus sample were averaged
+    before (`RESSTREAM_CACHE`/means)."""
+    request = CorpusRequest(dataset, count, int(setup.ids.shape[1]), seed, data_dir)
+    fingerprint = model_fingerprint(loaded)
+    path = None
+    if fingerprint is not None:
+        key = hashlib.sha256(repr((fingerprint, dataset, count, request.seq_len, seed)).encode()).hexdigest()[
+            :20
+        ]
+        path = _cache_dir() / "means" / f"{key}.pt"
+        if path.is_file():
+            return mean_values(Means(**torch.load(path, weights_only=True)))
+    windows = _windows(loaded, setup, dataset, count, seed, data_dir)
+    means = accumulate_means(
+        [capture_run(setup.view, windows[i : i + 1], attention=False) for i in range(len(windows))]
+    )
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(
+            {name: getattr(means, name) for name in ("z", "coefficients", "attn", "mlp", "resid", "count")},
+            path,
+        )
+    return mean_values(means)
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("RESSTREAM_CACHE", Path.home() / ".cache" / "resstream"))
+
+
+__all__ = ["ablate", "patch"]

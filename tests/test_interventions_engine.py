@@ -1,0 +1,136 @@
+"""Interventions against hand computations with plain forward hooks on the model's own forward,
+for every family: zero-ablating a head, a neuron, a block output, a residual state; patching
+from a second run; the direct effect of a zero ablation is minus the component's DLA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from resstream.analysis.attribution.readouts import readouts
+from resstream.analysis.decoding.decoder import decoder_of
+from resstream.analysis.interventions.carry import final_change
+from resstream.analysis.interventions.components import Component
+from resstream.analysis.interventions.engine import edits, run_interventions
+from resstream.analysis.interventions.metrics import measure, measure_direct
+from resstream.analysis.interventions.runs import capture_run, run_values, zero_values
+from resstream.capture.hooks import run_forward
+from resstream.models.adapters import view_of
+from tests.test_models_adapters import ALL_CASES, SEQ, tiny_ids, tiny_model
+
+TOLERANCE = 1e-5
+POSITION = SEQ - 1
+TARGET = 7
+
+
+def _setup(case: str):
+    view = view_of(tiny_model(case))
+    ids = tiny_ids(1)
+    return view, ids, capture_run(view, ids), decoder_of(view)
+
+
+def _hand_final(view, ids, module, edit, *, pre: bool) -> torch.Tensor:
+    """h_L at POSITION with `edit` applied by one plain hook on the full forward."""
+    finals = {}
+
+    def keep(mod, args, output):
+        finals["h"] = output[0] if isinstance(output, tuple) else output
+
+    handles = [view.blocks[-1].module.register_forward_hook(keep)]
+    if pre:
+        handles.append(module.register_forward_pre_hook(lambda mod, args: (edit(args[0].clone()), *args[1:])))
+    else:
+        handles.append(
+            module.register_forward_hook(
+                lambda mod, args, out: (
+                    (edit(out[0].clone()), *out[1:]) if isinstance(out, tuple) else edit(out.clone())
+                )
+            )
+        )
+    try:
+        with torch.no_grad():
+            run_forward(view, ids)
+    finally:
+        for h in handles:
+            h.remove()
+    return finals["h"][:, POSITION]
+
+
+def _engine_logprob(view, run, decoder, components, values):
+    positions = torch.arange(SEQ)
+    intervention = edits(components, values, positions)
+    final = run_interventions(run, [intervention], POSITION)
+    return measure(decoder, final, TARGET).logprob[0]
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+def test_zero_ablating_a_head_matches_a_hand_hook(case: str) -> None:
+    view, ids, run, decoder = _setup(case)
+    layer, head = view.n_layers - 2, 1
+    d_head = view.d_head
+
+    def zero_head(z):
+        z[..., head * d_head : (head + 1) * d_head] = 0
+        return z
+
+    hand = _hand_final(view, ids, view.blocks[layer].out_proj, zero_head, pre=True)
+    expected = measure(decoder, hand, TARGET).logprob[0]
+    ours = _engine_logprob(view, run, decoder, [Component(layer, "head", head)], zero_values(run))
+    assert abs(float(ours - expected)) <= TOLERANCE
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+def test_zero_ablating_a_neuron_and_a_block_output_match_hand_hooks(case: str) -> None:
+    view, ids, run, decoder = _setup(case)
+
+    def zero_neuron(m):
+        m[..., 5] = 0
+        return m
+
+    hand = _hand_final(view, ids, view.blocks[0].mlp_out_proj, zero_neuron, pre=True)
+    ours = _engine_logprob(view, run, decoder, [Component(0, "neuron", 5)], zero_values(run))
+    assert abs(float(ours - measure(decoder, hand, TARGET).logprob[0])) <= TOLERANCE
+    hand = _hand_final(view, ids, view.blocks[1].attn, torch.zeros_like, pre=False)
+    ours = _engine_logprob(view, run, decoder, [Component(1, "attn")], zero_values(run))
+    assert abs(float(ours - measure(decoder, hand, TARGET).logprob[0])) <= TOLERANCE
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+def test_patching_a_residual_state_from_a_second_run_matches_a_hand_hook(case: str) -> None:
+    view, ids, run, decoder = _setup(case)
+    corrupt_ids = ids.clone()
+    corrupt_ids[0, 3] = (corrupt_ids[0, 3] + 1) % 100 + 3
+    corrupt = capture_run(view, corrupt_ids)
+    layer, position = 1, 3
+    donor = corrupt.block_input(layer)[position]
+
+    def patch(h):
+        h[:, position] = donor
+        return h
+
+    hand = _hand_final(view, ids, view.blocks[layer].module, patch, pre=True)
+    component = Component(layer, "resid", position=position)
+    ours = _engine_logprob(view, run, decoder, [component], run_values(run, corrupt))
+    assert abs(float(ours - measure(decoder, hand, TARGET).logprob[0])) <= TOLERANCE
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+def test_direct_effect_of_zero_ablation_is_minus_the_dla(case: str) -> None:
+    view, _ids, run, decoder = _setup(case)
+    at = torch.tensor([POSITION])
+    read = readouts(view, run.internals, decoder, at, torch.tensor([TARGET]))
+    base = run.block_input(view.n_layers)[POSITION]
+    clean = measure_direct(decoder, base, torch.zeros(1, view.d_model), TARGET)
+    for layer in range(view.n_layers):
+        rec = run.internals.blocks[layer]
+        z = rec.z[0, POSITION]
+        for head in range(view.n_heads):
+            dla = float(
+                (
+                    (z[head].double() @ view.blocks[layer].W_O[head].detach().double()) * read.attn[layer][0]
+                ).sum()
+            )
+            component = Component(layer, "head", head)
+            change = final_change(run, component, -z[head].unsqueeze(0), at)
+            direct = measure_direct(decoder, base, change, TARGET)
+            assert abs(float(direct.logit[0] - clean.logit[0]) + dla) <= 1e-5 * max(1.0, abs(dla))
