@@ -26,15 +26,17 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "resstream"
 BOTTOM = {"errors", "io", "devices", "hub", "assets", "interrupts", "notices", "rundir", "resources", "reprs"}
 BOTTOM |= {"display"}
 ALLOWED: dict[str, set[str]] = {
-    "cli": {"api", "reporting", "analysis", "training", "training.records", "simulation", "models"}
+    "cli": {"api", "reporting", "analysis", "analysis.interventions", "training", "training.records", "simulation", "models"}
     | {"models.adapters", "capture", "data", "study", "cli", "(root)"}
     | BOTTOM,
     "study": {"reporting", "training.records", "models", "data"} | BOTTOM,
-    "api": {"analysis", "capture", "simulation", "models", "models.adapters", "data", "reporting"}
+    "api": {"analysis", "analysis.interventions", "capture", "simulation", "models", "models.adapters", "data", "reporting"}
     | {"training", "training.records"}
     | BOTTOM,
-    "reporting": {"analysis", "simulation", "training.records", "training.evaluate.report"} | BOTTOM,
+    "reporting": {"analysis", "analysis.interventions", "simulation", "training.records", "training.evaluate.report"} | BOTTOM,
     "analysis": {"models.adapters", "simulation"} | BOTTOM,
+    # interventions run the model's own forward with the capture layer's hooks and edit it
+    "analysis.interventions": {"analysis", "capture", "models.adapters", "simulation"} | BOTTOM,
     "models": {"models.adapters", "training", "training.records", "data"} | BOTTOM,
     "training": {"training.records", "training.metrics", "training.evaluate.report", "data"} | BOTTOM,
     "training.metrics": BOTTOM,
@@ -70,6 +72,8 @@ def part_of(module: str) -> str:
         return "models.adapters" if len(parts) > 1 and parts[1] == "adapters" else "models"
     if parts[:3] == ["training", "evaluate", "report"]:
         return "training.evaluate.report"
+    if parts[:2] == ["analysis", "interventions"]:
+        return "analysis.interventions"
     if parts[0] == "training" and len(parts) > 1 and parts[1] in ("records", "metrics"):
         return f"training.{parts[1]}"
     return parts[0]

@@ -2,9 +2,9 @@
 
 `resstream.shift`, `.lens`, `.attribute`, `.attribute_corpus`, `.decompose`, `.neurons`,
 `.compare`, `.composition`, `.recency`, `.simulate`, `.tune_lens`, `.evaluate_lens`, `.evaluate_model`,
-`.load_lens`, `.train` and `.sweep` are the Python API (each in the module of its name under `resstream.api`;
+`.load_lens`, `.ablate`, `.patch`, `.faithfulness`, `.train` and `.sweep` are the Python API (each in the module of its name under `resstream.api`;
 `attribute_corpus` beside `attribute`, `evaluate_lens` beside `tune_lens`, `evaluate_model` in
-`api.evaluate`, `load_lens` in `api.decoders`), imported on first use (torch is heavy).
+`api.evaluate`, `load_lens` in `api.decoders`, `ablate` and `patch` in `api.interventions`), imported on first use (torch is heavy).
 """
 
 import importlib as _importlib
@@ -14,6 +14,8 @@ __version__ = "0.1.0"
 
 if _TYPE_CHECKING:
     from resstream.api.attribute import attribute, attribute_corpus
+    from resstream.api.faithfulness import faithfulness
+    from resstream.api.interventions import ablate, patch
     from resstream.api.compare import compare
     from resstream.api.composition import composition
     from resstream.api.decoders import load_lens
@@ -29,6 +31,7 @@ if _TYPE_CHECKING:
     from resstream.api.tune_lens import evaluate_lens, tune_lens
 
 __all__ = [
+    "ablate",
     "attribute",
     "attribute_corpus",
     "compare",
@@ -36,9 +39,11 @@ __all__ = [
     "decompose",
     "evaluate_lens",
     "evaluate_model",
+    "faithfulness",
     "lens",
     "load_lens",
     "neurons",
+    "patch",
     "recency",
     "shift",
     "simulate",
@@ -48,6 +53,8 @@ __all__ = [
 ]
 #: API functions defined in a module of another name.
 _MODULE_OF = {
+    "ablate": "interventions",
+    "patch": "interventions",
     "attribute_corpus": "attribute",
     "evaluate_lens": "tune_lens",
     "evaluate_model": "evaluate",

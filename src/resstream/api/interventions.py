@@ -303,18 +303,19 @@ class _Progress:
     """A tqdm bar advanced by a count of interventions."""
 
     def __init__(self, total: int) -> None:
+        self.total = total
         self.bar = tqdm(total=total, desc="interventions", unit="run", leave=False)
 
     def __call__(self, count: int) -> None:
         self.bar.update(count)
-        if self.bar.n >= self.bar.total:
+        if self.bar.n >= self.total:
             self.bar.close()
 
 
 def _positions(positions: Sequence[int] | None, length: int) -> torch.Tensor | None:
     if positions is None:
         return None
-    out = []
+    out: list[int] = []
     for p in positions:
         where = p + length if p < 0 else p
         if not 0 <= where < length:

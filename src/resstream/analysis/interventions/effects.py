@@ -139,7 +139,7 @@ def _effects(
                 d_logprob=float(patched.logprob[row] - clean.logprob[0]),
                 d_logit=float(patched.logit[row] - clean.logit[0]),
                 d_rank=int(patched.rank[row] - clean.rank[0]),
-                logit_diff=values["logit_diff"],  # type: ignore[arg-type]
+                logit_diff=None if patched.logit_diff is None else float(patched.logit_diff[row]),
                 d_logit_diff=diff,
                 fraction_logprob=_fraction(
                     patched.logprob[row], clean.logprob, None if corrupt is None else corrupt.logprob

@@ -208,25 +208,24 @@ def mean_values(means: Means) -> Values:
 def accumulate_means(runs: list[Run]) -> Means:
     """The mean activations (`Means`) over every position of every sequence of `runs`,
     summed in float64."""
-    z: list[Tensor] = []
-    coefficients: list[Tensor] = []
-    attn: list[Tensor] = []
-    mlp: list[Tensor] = []
     count = sum(int(r.internals.input_ids.numel()) for r in runs)
 
-    def mean(get: Callable[[Run], Tensor]) -> Tensor:
-        total = sum(get(r).double().flatten(0, 1).sum(0) for r in runs)
-        return (total / count).float()  # type: ignore[union-attr]
+    def mean(field: str, layer: int) -> Tensor:
+        total = torch.stack(
+            [getattr(r.internals.blocks[layer], field).double().flatten(0, 1).sum(0) for r in runs]
+        )
+        return (total.sum(0) / count).float()
 
     n_layers = runs[0].view.n_layers
-    for layer in range(n_layers):
-        z.append(mean(lambda r, i=layer: r.internals.blocks[i].z))
-        coefficients.append(mean(lambda r, i=layer: r.internals.blocks[i].coefficients))
-        attn.append(mean(lambda r, i=layer: r.internals.blocks[i].attn_raw))
-        mlp.append(mean(lambda r, i=layer: r.internals.blocks[i].mlp_raw))
-    resid = torch.stack(
-        [mean(lambda r, i=layer: _states(r, i)) for layer in range(n_layers + 1)]  # type: ignore[misc]
-    )
+    z = [mean("z", layer) for layer in range(n_layers)]
+    coefficients = [mean("coefficients", layer) for layer in range(n_layers)]
+    attn = [mean("attn_raw", layer) for layer in range(n_layers)]
+    mlp = [mean("mlp_raw", layer) for layer in range(n_layers)]
+    states = [
+        torch.stack([_states(r, layer).double().flatten(0, 1).sum(0) for r in runs])
+        for layer in range(n_layers + 1)
+    ]
+    resid = torch.stack([(s.sum(0) / count).float() for s in states])
     return Means(tuple(z), tuple(coefficients), tuple(attn), tuple(mlp), resid, count)
 
 
