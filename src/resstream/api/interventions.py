@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from resstream.analysis.attribution.readouts import readouts
 from resstream.analysis.decoding.decoder import decoder_of
+from resstream.analysis.interventions.atp import DEFAULT_CONFIRM, screen_and_confirm
 from resstream.analysis.interventions.components import Component, ComponentSpace, parse_components
 from resstream.analysis.interventions.effects import Readout, component_effects, mean_effects, prediction
 from resstream.analysis.interventions.engine import DEFAULT_BATCH
@@ -57,7 +58,7 @@ from resstream.api.tokenizers import tokenizer_of
 from resstream.data.tokenizer import token_text
 from resstream.errors import UsageError, check_choice
 from resstream.models import LoadArgs, LoadedModel, ModelLike, ModelView
-from resstream.models.evaluation import model_fingerprint
+from resstream.models.evaluation import directory_fingerprint, model_fingerprint
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -105,6 +106,9 @@ def ablate(
     with one_model(model, options) as loaded:
         setup = _Setup.of(loaded, text_of(text, text_file), position, target, target_id, foil, positions)
         chosen = setup.components(components, top_neurons)
+        if mode == "mean":
+            for component in chosen:
+                Means.check(component)
         clean = setup.readout.of_run(setup.run)
         if mode == "resample":
             windows = _windows(loaded, setup, dataset, num_seqs or RESAMPLE_WINDOWS, seed, data_dir)
@@ -146,6 +150,8 @@ def patch(
     positions: Sequence[int] | None = None,
     direction: str = "noise",
     align_end: bool = False,
+    atp: bool = False,
+    confirm: int = DEFAULT_CONFIRM,
     top_neurons: int = TOP_NEURONS,
     batch_size: int = DEFAULT_BATCH,
     progress: bool = False,
@@ -154,7 +160,12 @@ def patch(
     """Activation patching between `text` and `corrupt` (module docstring): each component
     alone takes its value from the other run; `fraction_*` of every effect is (patched −
     corrupt) / (clean − corrupt). Texts of different lengths are refused unless `align_end`
-    (then the texts are aligned at their last tokens and only the shared tail is patched)."""
+    (then the texts are aligned at their last tokens and only the shared tail is patched).
+
+    With `atp`, attribution patching (`analysis.interventions.atp`) first estimates to first
+    order the effect of every head and neuron (or of the `components` named) from one forward
+    and one backward; exact patching then confirms the `confirm` with the largest |estimate|,
+    their effects carrying the `estimate`, and a note says how far the estimates were off."""
     check_choice("direction", direction, DIRECTIONS)
     refuse_device_map(load, "patch", "interventions restart blocks on one device")
     _check_counts(top_neurons, batch_size)
@@ -170,6 +181,29 @@ def patch(
         clean = setup.readout.of_run(setup.run)
         corrupted = setup.readout.of_run(dirty)
         base, source = (setup.run, dirty) if direction == "noise" else (dirty, setup.run)
+        if atp:
+            screened, note = screen_and_confirm(
+                base,
+                source,
+                setup.readout,
+                clean=clean,
+                corrupt=corrupted,
+                among=chosen if components else None,
+                confirm=confirm,
+                positions=setup.positions,
+                batch_size=batch_size,
+                progress=setup.bar(progress, min(confirm, len(chosen)) if components else confirm),
+            )
+            tokens = tuple(token_text(setup.tokenizer, int(t)) for t in corrupt_ids[0])
+            return setup.result(
+                "patch",
+                direction,
+                clean,
+                screened,
+                corrupt=prediction(corrupted),
+                corrupt_tokens=tokens,
+                notes=(note,),
+            )
         effects = component_effects(
             base,
             setup.readout,
@@ -233,8 +267,8 @@ class _Setup:
             for c in chosen:
                 if c.kind == "source" and c.source > self.readout.position:
                     raise UsageError(
-                        f"`component` {c.name}: source position {c.source} is after the prediction's position "
-                        f"{self.readout.position}; allowed: 0..{self.readout.position}"
+                        f"`component` {c.name}: source position {c.source} is after the prediction's "
+                        f"position {self.readout.position}; allowed: 0..{self.readout.position}"
                     )
             return chosen
         return self.space.heads() + self.space.sublayers() + self.top_neurons(top_neurons)
@@ -367,13 +401,11 @@ def _mean_values(loaded: LoadedModel, setup: _Setup, dataset: str, count: int, s
     """Mean ablation values, from the cache when this model and corpus sample were averaged
     before (`RESSTREAM_CACHE`/means)."""
     request = CorpusRequest(dataset, count, int(setup.ids.shape[1]), seed, data_dir)
-    fingerprint = model_fingerprint(loaded)
+    fingerprint = _model_key(loaded)
     path = None
     if fingerprint is not None:
-        key = hashlib.sha256(repr((fingerprint, dataset, count, request.seq_len, seed)).encode()).hexdigest()[
-            :20
-        ]
-        path = _cache_dir() / "means" / f"{key}.pt"
+        identity = (fingerprint, loaded.dtype, dataset, count, request.seq_len, seed)
+        path = _cache_dir() / "means" / f"{hashlib.sha256(repr(identity).encode()).hexdigest()[:20]}.pt"
         if path.is_file():
             return mean_values(Means(**torch.load(path, weights_only=True)))
     windows = _windows(loaded, setup, dataset, count, seed, data_dir)
@@ -382,11 +414,27 @@ def _mean_values(loaded: LoadedModel, setup: _Setup, dataset: str, count: int, s
     )
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(
-            {name: getattr(means, name) for name in ("z", "coefficients", "attn", "mlp", "resid", "count")},
-            path,
-        )
+        partial = path.with_suffix(".partial")
+        torch.save({name: getattr(means, name) for name in MEANS_FIELDS}, partial)
+        partial.replace(path)
     return mean_values(means)
+
+
+#: The fields of `Means` the cache holds.
+MEANS_FIELDS = ("z", "coefficients", "attn", "mlp", "resid", "count")
+
+
+def _model_key(loaded: LoadedModel) -> str | None:
+    """What names a model's weights for the means cache: a Hugging Face model's fingerprint, a
+    resstream run directory's content, the built-in model's package version; None for a model
+    held in memory (its means are not cached)."""
+    if loaded.source == "reference":
+        from resstream import __version__
+
+        return f"reference-{__version__}"
+    if loaded.source == "resstream" and loaded.where is not None:
+        return directory_fingerprint(loaded.where)
+    return model_fingerprint(loaded)
 
 
 def _cache_dir() -> Path:

@@ -179,20 +179,25 @@ class Means:
     resid: Tensor
     count: int
 
+    @staticmethod
+    def check(component: Component) -> None:
+        """UsageError for a component without a mean activation (an attention source)."""
+        if component.kind == "source":
+            raise UsageError(
+                f"`component` {component.name}: mean ablation of an attention source is not defined "
+                "(its term depends on the query and source positions); use zero or resample ablation"
+            )
+
     def of(self, component: Component) -> Tensor:
         """The mean activation of a component (one position's shape)."""
+        self.check(component)
         if component.kind in ("emb", "resid"):
             return self.resid[component.start]
         if component.kind == "head":
             return self.z[component.layer][component.index]
         if component.kind == "neuron":
             return self.coefficients[component.layer][component.index]
-        if component.kind in ("attn", "mlp"):
-            return (self.attn if component.kind == "attn" else self.mlp)[component.layer]
-        raise UsageError(
-            f"`component` {component.name}: mean ablation of an attention source is not defined "
-            "(its term depends on the query and source positions); use zero or resample ablation"
-        )
+        return (self.attn if component.kind == "attn" else self.mlp)[component.layer]
 
 
 def mean_values(means: Means) -> Values:
