@@ -1,10 +1,12 @@
 """resstream: the residual stream of causal Transformer language models.
 
 `resstream.shift`, `.lens`, `.attribute`, `.attribute_corpus`, `.decompose`, `.neurons`,
-`.compare`, `.composition`, `.recency`, `.simulate`, `.tune_lens`, `.evaluate_lens`, `.evaluate_model`,
-`.load_lens`, `.ablate`, `.patch`, `.faithfulness`, `.train` and `.sweep` are the Python API (each in the module of its name under `resstream.api`;
-`attribute_corpus` beside `attribute`, `evaluate_lens` beside `tune_lens`, `evaluate_model` in
-`api.evaluate`, `load_lens` in `api.decoders`, `ablate` and `patch` in `api.interventions`), imported on first use (torch is heavy).
+`.compare`, `.composition`, `.recency`, `.simulate`, `.tune_lens`, `.evaluate_lens`,
+`.evaluate_model`, `.load_lens`, `.ablate`, `.patch`, `.faithfulness`, `.train` and `.sweep` are
+the Python API (each in the module of its name under `resstream.api`; `attribute_corpus` beside
+`attribute`, `evaluate_lens` beside `tune_lens`, `evaluate_model` in `api.evaluate`, `load_lens`
+in `api.decoders`, `ablate` and `patch` in `api.interventions`), imported on first use (torch
+is heavy).
 """
 
 import importlib as _importlib
@@ -14,13 +16,13 @@ __version__ = "0.1.0"
 
 if _TYPE_CHECKING:
     from resstream.api.attribute import attribute, attribute_corpus
-    from resstream.api.faithfulness import faithfulness
-    from resstream.api.interventions import ablate, patch
     from resstream.api.compare import compare
     from resstream.api.composition import composition
     from resstream.api.decoders import load_lens
     from resstream.api.decompose import decompose
     from resstream.api.evaluate import evaluate_model
+    from resstream.api.faithfulness import faithfulness
+    from resstream.api.interventions import ablate, patch
     from resstream.api.lens import lens
     from resstream.api.neurons import neurons
     from resstream.api.recency import recency
