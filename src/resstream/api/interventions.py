@@ -32,6 +32,7 @@ from resstream.analysis.interventions.atp import DEFAULT_CONFIRM, screen_and_con
 from resstream.analysis.interventions.components import Component, ComponentSpace, parse_components
 from resstream.analysis.interventions.effects import Readout, component_effects, mean_effects, prediction
 from resstream.analysis.interventions.engine import DEFAULT_BATCH
+from resstream.analysis.interventions.paths import parse_receivers, path_effects, sender_pairs
 from resstream.analysis.interventions.results import InterventionResult
 from resstream.analysis.interventions.runs import (
     Means,
@@ -150,6 +151,7 @@ def patch(
     positions: Sequence[int] | None = None,
     direction: str = "noise",
     align_end: bool = False,
+    receivers: Sequence[str] | None = None,
     atp: bool = False,
     confirm: int = DEFAULT_CONFIRM,
     top_neurons: int = TOP_NEURONS,
@@ -162,6 +164,13 @@ def patch(
     corrupt) / (clean − corrupt). Texts of different lengths are refused unless `align_end`
     (then the texts are aligned at their last tokens and only the shared tail is patched).
 
+    With `receivers` (``L5.H3.q``, ``L5.H3.k``, ``L5.H3.v``, ``L5.mlp``; `*` wildcards allowed),
+    path patching adds one effect per component and receiver, its `path` the receiver's name:
+    the component's change reaches the prediction only through that receiver's input
+    (`analysis.interventions.paths`). A component named without `*` that does not write below
+    a receiver is refused; of the default components or a wildcard's, those pairs are left out
+    (a receiver that none of them writes below is refused).
+
     With `atp`, attribution patching (`analysis.interventions.atp`) first estimates to first
     order the effect of every head and neuron (or of the `components` named) from one forward
     and one backward; exact patching then confirms the `confirm` with the largest |estimate|,
@@ -171,11 +180,16 @@ def patch(
     _check_counts(top_neurons, batch_size)
     if not corrupt.strip():
         raise UsageError("`corrupt` is empty; give the corrupted text to patch from")
+    if atp and receivers:
+        raise UsageError("`receivers` cannot be combined with `atp`; path patching is exact patching only")
     options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
     with one_model(model, options) as loaded:
         setup = _Setup.of(loaded, text_of(text, text_file), position, target, target_id, foil, positions)
         corrupt_ids = _aligned(encode_text(setup.tokenizer, corrupt, setup.view), setup.ids, align_end)
         chosen = setup.components(components, top_neurons)
+        received = parse_receivers(list(receivers), setup.space) if receivers else []
+        named = bool(components) and not any("*" in name for name in components or ())
+        sender_pairs(chosen, received, setup.view, strict=named)
         attention = setup.sources(chosen)
         dirty = capture_run(setup.view, corrupt_ids, attention=attention)
         clean = setup.readout.of_run(setup.run)
@@ -216,8 +230,24 @@ def patch(
             batch_size=batch_size,
             progress=setup.bar(progress, len(chosen)),
         )
+        if received:
+            effects += path_effects(
+                base,
+                setup.readout,
+                run_values(base, source),
+                chosen,
+                received,
+                mode="patch",
+                positions=setup.positions,
+                clean=clean,
+                corrupt=corrupted,
+                strict=named,
+                batch_size=batch_size,
+            )
         tokens = tuple(token_text(setup.tokenizer, int(t)) for t in corrupt_ids[0])
-        return setup.result("patch", direction, clean, effects, corrupt=corrupted, corrupt_tokens=tokens)
+        return setup.result(
+            "patch", direction, clean, effects, corrupt=prediction(corrupted), corrupt_tokens=tokens
+        )
 
 
 class _Setup:
@@ -426,13 +456,9 @@ MEANS_FIELDS = ("z", "coefficients", "attn", "mlp", "resid", "count")
 
 def _model_key(loaded: LoadedModel) -> str | None:
     """What names a model's weights for the means cache: a Hugging Face model's fingerprint, a
-    resstream run directory's content, the built-in model's package version; None for a model
+    resstream run directory's (or the built-in model's) weights; None for a model
     held in memory (its means are not cached)."""
-    if loaded.source == "reference":
-        from resstream import __version__
-
-        return f"reference-{__version__}"
-    if loaded.source == "resstream" and loaded.where is not None:
+    if loaded.source in ("reference", "resstream") and loaded.where is not None:
         return directory_fingerprint(loaded.where)
     return model_fingerprint(loaded)
 

@@ -81,7 +81,10 @@ class BlockView:
     module that applies W_out (its input is the neuron coefficients m: hook it to get m).
     `identity_scale(args, kwargs)` reads, from the arguments the block is called with, the
     factor α its identity path is scaled by (resstream's residual gates: y = α·x + attn(...)),
-    None for 1.
+    None for 1. `qkv_columns(which, head)` (which: "q", "k" or "v") gives the projection module
+    that computes head h's query, key or value from the attention input and the columns of its
+    output that hold them (a grouped-query key/value head's columns serve several query heads);
+    None where a family does not say.
 
     `parallel`: attention and MLP both read the block input (GPT-NeoX's parallel residual:
     out = x + attn(ln1(x)) + mlp(ln2(x))). `norm_position`: "pre" (the usual
@@ -105,6 +108,7 @@ class BlockView:
     mlp_weights: Callable[[], MLPWeights] | None = None
     mlp_out_proj: nn.Module | None = None
     identity_scale: Callable[[tuple[Any, ...], dict[str, Any]], Tensor | None] | None = None
+    qkv_columns: Callable[[str, int], tuple[nn.Module, Tensor]] | None = None
 
     def read_attention_weights(self) -> AttentionWeights:
         """`attention_weights()`; ValueError for a block whose view gives none."""

@@ -8,7 +8,7 @@ Hugging Face's last `hidden_states` entry is after `ln_f`; h_L here is the last 
 
 from __future__ import annotations
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from resstream.models.adapters.base import AttentionWeights, DynamicModule, MLPWeights, ModelView
 from resstream.models.adapters.layout import BlockLayout, Sublayer, hf_model_view, positions
@@ -16,6 +16,7 @@ from resstream.models.adapters.registry import register
 from resstream.models.adapters.weights import (
     conv1d_W_O,
     conv1d_weight,
+    fused_qkv_columns,
     fused_qkv_weights,
     projection_mlp_weights,
 )
@@ -26,13 +27,20 @@ def _attention_weights(attn: DynamicModule, n_heads: int) -> AttentionWeights:
     return fused_qkv_weights(attn.c_attn, n_heads, weight=conv1d_weight)
 
 
+def _qkv_columns(attn: DynamicModule, n_heads: int, which: str, head: int) -> tuple[nn.Module, Tensor]:
+    """Head h's query, key or value columns of `c_attn`'s output (q | k | v)."""
+    return attn.c_attn, fused_qkv_columns(conv1d_weight(attn.c_attn).shape[1], n_heads, which, head)
+
+
 def _mlp_weights(mlp: DynamicModule) -> MLPWeights:
     """GPT-2's MLP: act(x @ c_fc + b) @ c_proj + b (Conv1D weights are stored (in, out))."""
     return projection_mlp_weights(mlp.c_fc, mlp.c_proj, mlp.act, weight=conv1d_weight)
 
 
 BLOCK = BlockLayout(
-    attention=Sublayer("attn", norm="ln_1", out_proj="c_proj", weights=_attention_weights),
+    attention=Sublayer(
+        "attn", norm="ln_1", out_proj="c_proj", weights=_attention_weights, columns=_qkv_columns
+    ),
     mlp=Sublayer("mlp", norm="ln_2", out_proj="c_proj", weights=_mlp_weights),
     read_W_O=conv1d_W_O,
 )

@@ -25,6 +25,9 @@ from resstream.models.adapters.weights import bias_of, linear_W_O, same_tensor
 #: Builds a sub-layer's weights from its module: (attention, n_heads) -> `AttentionWeights`,
 #: or (mlp) -> `MLPWeights`.
 Reader = TypeVar("Reader")
+#: Where head h's query, key or value is: (attention, n_heads, which, head) -> the projection
+#: module computing it and the columns of its output that hold it.
+QKVColumns = Callable[[DynamicModule, int, str, int], tuple[DynamicModule, Tensor]]
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,9 @@ class Sublayer(Generic[Reader]):
     (from the block), `out_proj` its output projection inside it (``"c_proj"``: the module
     whose input is the per-head z, or the neuron coefficients m), `post_norm` Gemma-2's norm
     on its output (from the block; None where a family has none). `weights` builds its
-    `AttentionWeights` / `MLPWeights` when asked for.
+    `AttentionWeights` / `MLPWeights` when asked for; `columns` (attention only) says where
+    each head's query, key and value are: (attention, n_heads, which, head) -> the projection
+    module and its output columns (`BlockView.qkv_columns`).
     """
 
     module: str
@@ -43,6 +48,7 @@ class Sublayer(Generic[Reader]):
     out_proj: str
     weights: Reader
     post_norm: str | None = None
+    columns: QKVColumns | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,7 @@ class BlockLayout:
             attention_weights=partial(attention.weights, attn, n_heads),
             mlp_weights=partial(mlp.weights, mlp_module),
             mlp_out_proj=_piece(mlp_module, mlp.out_proj),
+            qkv_columns=None if attention.columns is None else partial(attention.columns, attn, n_heads),
             **extra,
         )
 

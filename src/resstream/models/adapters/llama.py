@@ -14,13 +14,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from resstream.models.adapters.base import AttentionWeights, DynamicModule, MLPWeights, ModelView
 from resstream.models.adapters.layout import BlockLayout, Sublayer, hf_model_view
 from resstream.models.adapters.registry import register
 from resstream.models.adapters.weights import (
     bias_of,
+    grouped_head_columns,
     linear_weight,
     per_head,
     per_head_bias,
@@ -42,6 +43,13 @@ def _attention_weights(attn: DynamicModule, n_heads: int) -> AttentionWeights:
     return AttentionWeights(W_Q, W_K, W_V, b_Q, b_K, b_V)
 
 
+def _qkv_columns(attn: DynamicModule, n_heads: int, which: str, head: int) -> tuple[nn.Module, Tensor]:
+    """Query head h's columns of q_proj's output, or those of the key/value head it reads in
+    k_proj's / v_proj's (grouped-query attention: shared by its group)."""
+    proj = {"q": attn.q_proj, "k": attn.k_proj, "v": attn.v_proj}[which]
+    return proj, grouped_head_columns(linear_weight(proj).shape[1], attn.head_dim, n_heads, head)
+
+
 def _mlp_weights(mlp: DynamicModule) -> MLPWeights:
     """The gated MLP: down_proj(act(gate_proj(x)) * up_proj(x))."""
     return projection_mlp_weights(mlp.gate_proj, mlp.down_proj, mlp.act_fn, up=mlp.up_proj)
@@ -49,7 +57,13 @@ def _mlp_weights(mlp: DynamicModule) -> MLPWeights:
 
 #: Llama's block (`trunk.layers[l]`).
 BLOCK = BlockLayout(
-    attention=Sublayer("self_attn", norm="input_layernorm", out_proj="o_proj", weights=_attention_weights),
+    attention=Sublayer(
+        "self_attn",
+        norm="input_layernorm",
+        out_proj="o_proj",
+        weights=_attention_weights,
+        columns=_qkv_columns,
+    ),
     mlp=Sublayer("mlp", norm="post_attention_layernorm", out_proj="down_proj", weights=_mlp_weights),
 )
 #: Gemma-2's variant: the norm before the MLP is `pre_feedforward_layernorm`, and

@@ -11,12 +11,12 @@ transformers 5.x, `embed_out` in 4.x checkpoints' naming) is untied in Pythia; f
 
 from __future__ import annotations
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from resstream.models.adapters.base import AttentionWeights, DynamicModule, MLPWeights, ModelView
 from resstream.models.adapters.layout import BlockLayout, Sublayer, hf_model_view
 from resstream.models.adapters.registry import register
-from resstream.models.adapters.weights import linear_weight, projection_mlp_weights
+from resstream.models.adapters.weights import interleaved_qkv_columns, linear_weight, projection_mlp_weights
 
 
 def _attention_weights(attention: DynamicModule, n_heads: int) -> AttentionWeights:
@@ -32,13 +32,25 @@ def _attention_weights(attention: DynamicModule, n_heads: int) -> AttentionWeigh
     return AttentionWeights(W_Q, W_K, W_V, b_Q, b_K, b_V)
 
 
+def _qkv_columns(attention: DynamicModule, n_heads: int, which: str, head: int) -> tuple[nn.Module, Tensor]:
+    """Head h's query, key or value columns of `query_key_value`'s output ([q_h | k_h | v_h] per head)."""
+    proj = attention.query_key_value
+    return proj, interleaved_qkv_columns(linear_weight(proj).shape[1], n_heads, which, head)
+
+
 def _mlp_weights(mlp: DynamicModule) -> MLPWeights:
     """GPT-NeoX's MLP: dense_4h_to_h(act(dense_h_to_4h(x)))."""
     return projection_mlp_weights(mlp.dense_h_to_4h, mlp.dense_4h_to_h, mlp.act)
 
 
 BLOCK = BlockLayout(
-    attention=Sublayer("attention", norm="input_layernorm", out_proj="dense", weights=_attention_weights),
+    attention=Sublayer(
+        "attention",
+        norm="input_layernorm",
+        out_proj="dense",
+        weights=_attention_weights,
+        columns=_qkv_columns,
+    ),
     mlp=Sublayer("mlp", norm="post_attention_layernorm", out_proj="dense_4h_to_h", weights=_mlp_weights),
 )
 

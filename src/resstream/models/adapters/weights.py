@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import overload
 
+import torch
 from torch import Tensor
 
 from resstream.models.adapters.base import AttentionWeights, DynamicModule, MLPWeights
@@ -96,6 +97,33 @@ def fused_qkv_weights(
     return AttentionWeights(W_Q, W_K, W_V, b_Q, b_K, b_V)
 
 
+#: The order of query, key and value in a fused projection's output.
+QKV = ("q", "k", "v")
+
+
+def fused_qkv_columns(width: int, n_heads: int, which: str, head: int) -> Tensor:
+    """The output columns of head `head`'s query, key or value (`which`) in a projection
+    `width` wide whose output is q | k | v, each n_heads·d_head wide (`fused_qkv_weights`)."""
+    part = width // 3
+    d_head = part // n_heads
+    return torch.arange(d_head) + QKV.index(which) * part + head * d_head
+
+
+def interleaved_qkv_columns(width: int, n_heads: int, which: str, head: int) -> Tensor:
+    """The output columns of head `head`'s query, key or value in a projection `width` wide
+    whose output is laid out per head as [q_h | k_h | v_h] (GPT-NeoX's `query_key_value`)."""
+    d_head = width // (3 * n_heads)
+    return torch.arange(d_head) + (3 * head + QKV.index(which)) * d_head
+
+
+def grouped_head_columns(width: int, d_head: int, n_heads: int, head: int) -> Tensor:
+    """The output columns, in a projection `width` wide with d_head-wide heads, of the head
+    that query head `head` (of `n_heads`) reads: itself, or with grouped-query attention the
+    key/value head its group shares (`repeat_heads`)."""
+    served = n_heads // (width // d_head)
+    return torch.arange(d_head) + (head // served) * d_head
+
+
 def projection_mlp_weights(
     fc_in: DynamicModule,
     fc_out: DynamicModule,
@@ -119,11 +147,15 @@ def projection_mlp_weights(
 
 
 __all__ = [
+    "QKV",
     "WeightReader",
     "bias_of",
     "conv1d_W_O",
     "conv1d_weight",
+    "fused_qkv_columns",
     "fused_qkv_weights",
+    "grouped_head_columns",
+    "interleaved_qkv_columns",
     "linear_W_O",
     "linear_weight",
     "per_head",
