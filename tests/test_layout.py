@@ -26,14 +26,39 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "resstream"
 BOTTOM = {"errors", "io", "devices", "hub", "assets", "interrupts", "notices", "rundir", "resources", "reprs"}
 BOTTOM |= {"display"}
 ALLOWED: dict[str, set[str]] = {
-    "cli": {"api", "reporting", "analysis", "analysis.interventions", "training", "training.records", "simulation", "models"}
+    "cli": {
+        "api",
+        "reporting",
+        "analysis",
+        "analysis.interventions",
+        "training",
+        "training.records",
+        "simulation",
+        "models",
+    }
     | {"models.adapters", "capture", "data", "study", "cli", "(root)"}
     | BOTTOM,
     "study": {"reporting", "training.records", "models", "data"} | BOTTOM,
-    "api": {"analysis", "analysis.interventions", "capture", "simulation", "models", "models.adapters", "data", "reporting"}
+    "api": {
+        "analysis",
+        "analysis.interventions",
+        "capture",
+        "simulation",
+        "models",
+        "models.adapters",
+        "data",
+        "reporting",
+    }
     | {"training", "training.records"}
     | BOTTOM,
-    "reporting": {"analysis", "analysis.interventions", "simulation", "training.records", "training.evaluate.report"} | BOTTOM,
+    "reporting": {
+        "analysis",
+        "analysis.interventions",
+        "simulation",
+        "training.records",
+        "training.evaluate.report",
+    }
+    | BOTTOM,
     "analysis": {"models.adapters", "simulation"} | BOTTOM,
     # interventions run the model's own forward with the capture layer's hooks and edit it
     "analysis.interventions": {"analysis", "capture", "models.adapters", "simulation"} | BOTTOM,
