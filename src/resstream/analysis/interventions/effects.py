@@ -83,9 +83,9 @@ def component_effects(
         finals = run_interventions(
             base, interventions, readout.position, batch_size=batch_size, progress=progress
         )
-        found += _effects(groups, readout.measure(finals), clean, corrupt, mode, "total")
+        found += effects_of(groups, readout.measure(finals), clean, corrupt, mode, "total")
     if "direct" in paths:
-        found += _effects(
+        found += effects_of(
             groups, direct_measured(base, readout, interventions), clean, corrupt, mode, "direct"
         )
     return found
@@ -110,7 +110,7 @@ def direct_measured(base: Run, readout: Readout, interventions: Sequence[Interve
     return measure_direct(readout.decoder, state, stacked, readout.target, readout.foil)
 
 
-def _effects(
+def effects_of(
     groups: Sequence[Sequence[Component]],
     patched: Measured,
     clean: Measured,
@@ -118,6 +118,8 @@ def _effects(
     mode: str,
     path: str,
 ) -> list[Effect]:
+    """One `Effect` per group from the metrics of its run (`patched`, one row per group), with
+    differences from `clean` and, given the `corrupt` run, the fractions."""
     kl = patched.kl_from(clean)
     out = []
     for row, group in enumerate(groups):
@@ -186,4 +188,12 @@ def mean_effects(samples: Sequence[Sequence[Effect]]) -> list[Effect]:
     return out
 
 
-__all__ = ["PATHS", "Readout", "component_effects", "direct_measured", "mean_effects", "prediction"]
+__all__ = [
+    "PATHS",
+    "Readout",
+    "component_effects",
+    "direct_measured",
+    "effects_of",
+    "mean_effects",
+    "prediction",
+]

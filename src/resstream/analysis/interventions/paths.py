@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from resstream.analysis.interventions.carry import carry, into_stream, raw_write
 from resstream.analysis.interventions.components import Component, ComponentSpace, expand
-from resstream.analysis.interventions.effects import Readout, _effects
+from resstream.analysis.interventions.effects import Readout, effects_of
 from resstream.analysis.interventions.engine import DEFAULT_BATCH, Edit, edits
 from resstream.analysis.interventions.metrics import Measured
 from resstream.analysis.interventions.results import Effect
@@ -181,7 +181,7 @@ def path_effects(
             changes = received_changes(base, chunk, receiver)
             finals = receiver_finals(base, receiver, changes, readout.position)
             groups = [[edit.component] for edit in chunk]
-            found += _effects(groups, readout.measure(finals), clean, corrupt, mode, receiver.name)
+            found += effects_of(groups, readout.measure(finals), clean, corrupt, mode, receiver.name)
             if progress is not None:
                 progress(len(chunk))
     return found
