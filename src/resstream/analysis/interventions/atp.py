@@ -138,7 +138,7 @@ def attribution_patching(
     """AtP estimates for patching each component of `base` from `source` (sequence 0) at
     `positions` (None: every position), measured by `readout` (module docstring)."""
     run_values(base, source)  # refuses a source shorter than the base, with both token counts
-    grads, value = _gradients(base, readout)
+    grads, value = gradients(base, readout)
     heads, neurons, blocks = [], [], []
     for layer in range(base.view.n_layers):
         now, new = base.internals.blocks[layer], source.internals.blocks[layer]
@@ -210,7 +210,7 @@ def metric_of(readout: Readout, h: Tensor) -> Tensor:
 
 
 @dataclass(frozen=True, eq=False)
-class _Gradients:
+class Gradients:
     """∂M/∂a of one forward (seq, ...) per layer: `kept[name][layer]` for z, m, attn and mlp
     (module docstring), `states[l]` for the input of block l (l = L: the final state)."""
 
@@ -218,12 +218,13 @@ class _Gradients:
     states: list[Tensor]
 
     def of_layer(self, layer: int) -> dict[str, Tensor]:
+        """The gradients of one layer's kept activations by name."""
         return {name: grads[layer] for name, grads in self.kept.items()}
 
 
-def _gradients(base: Run, readout: Readout) -> tuple[_Gradients, Tensor]:
-    """One forward of the base run's blocks with autograd from h_0, and one backward of M at
-    the readout's position to every kept activation; M's value."""
+def gradients(base: Run, readout: Readout) -> tuple[Gradients, Tensor]:
+    """∂M/∂a of every kept activation of the base run, and M's value: one forward of the base
+    run's blocks with autograd from h_0 and one backward of M at the readout's position."""
     view = base.view
     kept: dict[str, list[Tensor]] = {"z": [], "m": [], "attn": [], "mlp": []}
     with torch.inference_mode(False), torch.enable_grad(), _keeping(view, kept):
@@ -244,7 +245,7 @@ def _gradients(base: Run, readout: Readout) -> tuple[_Gradients, Tensor]:
     flat = [torch.zeros_like(t[0]) if g is None else g[0] for g, t in zip(grads, inputs, strict=True)]
     n = view.n_layers
     by_name = {name: flat[i * n : (i + 1) * n] for i, name in enumerate(kept)}
-    return _Gradients(by_name, flat[len(kept) * n :]), value.detach()
+    return Gradients(by_name, flat[len(kept) * n :]), value.detach()
 
 
 @contextmanager
@@ -379,8 +380,10 @@ __all__ = [
     "DEFAULT_CONFIRM",
     "ESTIMATED_KINDS",
     "AtpEstimates",
+    "Gradients",
     "attribution_patching",
     "estimate_note",
+    "gradients",
     "metric_of",
     "screen_and_confirm",
     "spearman",
