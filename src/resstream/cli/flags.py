@@ -18,11 +18,14 @@ FLAGS: dict[str, str] = {
 
 #: Per command, parameters whose flag there differs from `FLAGS` (sweep and compare hand
 #: their `--max-eval-tokens` to the evaluator's `max_tokens`; sweep sets each run's `seed`
-#: from `--seeds`; `neurons` takes its `neurons` one `--neuron` at a time).
+#: from `--seeds`; `neurons` takes its `neurons` one `--neuron` at a time, `ablate` and `patch`
+#: their `components` one `--component` and `receivers` one `--receiver` at a time).
 COMMAND_FLAGS: dict[str, dict[str, str]] = {
     "sweep": {"max_tokens": "--max-eval-tokens", "seed": "--seeds"},
     "compare": {"max_tokens": "--max-eval-tokens"},
     "neurons": {"neurons": "--neuron"},
+    "ablate": {"components": "--component"},
+    "patch": {"components": "--component", "receivers": "--receiver"},
 }
 
 #: Parameters whose False is a flag of its own.

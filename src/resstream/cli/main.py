@@ -26,6 +26,7 @@ from resstream.cli import attribute as attribute_cmd
 from resstream.cli import compare as compare_cmd
 from resstream.cli import composition as composition_cmd
 from resstream.cli import eval as eval_cmd
+from resstream.cli import interventions as interventions_cmd
 from resstream.cli import lens as lens_cmd
 from resstream.cli import neurons as neurons_cmd
 from resstream.cli import recency as recency_cmd
@@ -71,6 +72,8 @@ JSON_COMMANDS = (
     "simulate",
     "eval",
     "compare",
+    "ablate",
+    "patch",
 )
 for module in (
     tokenize_cmd,
@@ -82,6 +85,7 @@ for module in (
     lens_cmd,
     tune_lens_cmd,
     attribute_cmd,
+    interventions_cmd,
     neurons_cmd,
     composition_cmd,
     simulate_cmd,
