@@ -4,6 +4,9 @@ from a second run; the direct effect of a zero ablation is minus the component's
 
 from __future__ import annotations
 
+import copy
+import os
+
 import pytest
 import torch
 
@@ -19,13 +22,16 @@ from resstream.models.adapters import view_of
 from tests.test_models_adapters import ALL_CASES, SEQ, tiny_ids, tiny_model
 
 TOLERANCE = 1e-5
+#: Where the models run: the CPU, or a GPU in a device check (RESSTREAM_TEST_DEVICE=cuda).
+DEVICE = os.environ.get("RESSTREAM_TEST_DEVICE", "cpu")
 POSITION = SEQ - 1
 TARGET = 7
 
 
 def _setup(case: str):
-    view = view_of(tiny_model(case))
-    ids = tiny_ids(1)
+    model = tiny_model(case) if DEVICE == "cpu" else copy.deepcopy(tiny_model(case)).to(DEVICE)
+    view = view_of(model)
+    ids = tiny_ids(1).to(DEVICE)
     return view, ids, capture_run(view, ids), decoder_of(view)
 
 

@@ -30,8 +30,8 @@ from resstream.analysis.interventions.results import EFFECT_COLUMNS, Effect, Int
 from resstream.io import write_json, write_text
 from resstream.reporting.attribute.common import Directory, output_path
 from resstream.reporting.attribute.drawing import literal, token_label, zero_line
-from resstream.reporting.attribute.heads import _diverging_heatmap
-from resstream.reporting.attribute.page import PAGE_STYLE, _key_values, notes_html
+from resstream.reporting.attribute.heads import diverging_heatmap
+from resstream.reporting.attribute.page import PAGE_STYLE, key_values_html, notes_html
 from resstream.reporting.figures import figure_token, new_figure, save_figure
 from resstream.reporting.html import figure_html
 from resstream.reporting.notebook import (
@@ -284,7 +284,7 @@ def head_heatmap_figure(result: InterventionResult) -> Figure:
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     name, label = _shown_labels(result)
     for ax, (path, matrix) in zip(axes, panels, strict=True):
-        _diverging_heatmap(fig, ax, matrix, f"{path} effect of each head", label)
+        diverging_heatmap(fig, ax, matrix, f"{path} effect of each head", label)
     fig.suptitle(f"{_title(result)}\n{name}", fontsize=9)
     return fig
 
@@ -357,7 +357,7 @@ def residual_grid_figure(result: InterventionResult) -> Figure:
     fig = new_figure(min(16.0, max(5.0, 2.6 + 0.55 * positions)), min(10.0, max(3.6, 2.6 + 0.38 * rows)))
     fig.set_layout_engine("constrained")
     ax = fig.add_subplot()
-    _diverging_heatmap(fig, ax, matrix, title, label)
+    diverging_heatmap(fig, ax, matrix, title, label)
     ax.set_xticks(range(positions), _position_labels(result), rotation=60, ha="right", fontsize=8)
     names = [f"L{layer}" for layer in range(rows - 1)] + [f"L{rows - 1} (final)"]
     ax.set_yticks(range(rows), names, fontsize=8)
@@ -427,7 +427,7 @@ def prediction_html(result: InterventionResult) -> str:
         ]
         if run.logit_diff is not None:
             pairs.append((f"{name} logit difference target − foil", _number(run.logit_diff)))
-    return str(_key_values(pairs))
+    return str(key_values_html(pairs))
 
 
 def top_effects_title(result: InterventionResult, count: int = TOP_SHOWN) -> str:

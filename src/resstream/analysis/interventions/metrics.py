@@ -81,6 +81,7 @@ def measure_direct(
     """The metrics of `base` (d,) + each change (N, d) with the final norm frozen at `base`:
     the direct path of each change to the logits."""
     form = norm_form(decoder.norm).to(torch.float64)
+    changes = changes.to(base.device)
     moved = form.freeze(base.double().unsqueeze(0)).apply(changes.double())  # (N, d)
     W_U = decoder.matrix
     pre = _pre_cap(decoder, base.unsqueeze(0)) + (moved.to(W_U.dtype) @ W_U.T).float()

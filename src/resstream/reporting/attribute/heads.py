@@ -16,7 +16,7 @@ from resstream.reporting.attribute.common import Result, score_value
 from resstream.reporting.attribute.drawing import C_LABEL, dla_label, figure_title, mean_prefix
 from resstream.reporting.figures import integer_ticks, new_figure
 
-__all__ = ["heads_figure"]
+__all__ = ["diverging_heatmap", "heads_figure"]
 
 ANNOTATED_CELLS = 256  # heads.png writes each cell's value when the grid has at most this many
 INDEX_TICKS = 16  # heads.png labels every layer and head up to this many
@@ -59,7 +59,7 @@ def _index_ticks(axis: Axis, count: int) -> None:
         integer_ticks(axis)
 
 
-def _diverging_heatmap(fig: Figure, ax: Axes, matrix: np.ndarray, title: str, label: str) -> None:
+def diverging_heatmap(fig: Figure, ax: Axes, matrix: np.ndarray, title: str, label: str) -> None:
     """A layer × head heatmap centred at 0 with symmetric limits, its colour bar and cell
     values; grey where no head is listed."""
     import matplotlib
@@ -88,7 +88,7 @@ def heads_figure(result: Result) -> Figure:
     fig.set_layout_engine("constrained", w_pad=0.15)  # colour bars and titles never overlap
     left, right = fig.subplots(1, 2)
     mean = mean_prefix(result)
-    _diverging_heatmap(fig, left, contribution, f"{mean}C per head", mean + C_LABEL)
-    _diverging_heatmap(fig, right, dla, f"{mean}DLA per head", mean + dla_label(result))
+    diverging_heatmap(fig, left, contribution, f"{mean}C per head", mean + C_LABEL)
+    diverging_heatmap(fig, right, dla, f"{mean}DLA per head", mean + dla_label(result))
     fig.suptitle(figure_title(result), fontsize=9)
     return fig

@@ -26,6 +26,7 @@ __all__ = [
     "SCROLL_STYLE",
     "captions_of",
     "check_html",
+    "key_values_html",
     "logit_label",
     "notes_html",
     "prediction_html",
@@ -109,7 +110,8 @@ def _html_text(result: AttributeResult) -> str:
     return f"<p class='text'>{''.join(spans)}</p>"
 
 
-def _key_values(pairs: Sequence[tuple[str, str]]) -> str:
+def key_values_html(pairs: Sequence[tuple[str, str]]) -> str:
+    """A two-column table of (key, value) text pairs, both escaped."""
     rows = "".join(
         f"<tr><th class='key'>{html.escape(k)}</th><td class='text-cell'>{html.escape(v)}</td></tr>"
         for k, v in pairs
@@ -140,12 +142,12 @@ def prediction_html(result: AttributeResult) -> str:
         ("embedding DLA", _number(result.embed_dla)),
         ("bias term of the DLA", _number(result.bias_dla)),
     ]
-    return _key_values(pairs)
+    return key_values_html(pairs)
 
 
 def check_html(check: AttributionCheck) -> str:
     """The measured residuals of the decomposition and the DLA as a table."""
-    return _key_values(
+    return key_values_html(
         [
             ("decomposition: max |Σ components − state|", residual_text(check.decomposition_max_abs)),
             ("decomposition: the same / ‖state‖", residual_text(check.decomposition_relative)),
