@@ -43,13 +43,14 @@ def result_cells(notebook: Any) -> list[Any]:
     return [cell for cell in code_cells(notebook) if "result" in cell.metadata.get("tags", [])]
 
 
-def test_there_are_five_examples():
+def test_there_are_six_examples():
     assert [path.name for path in NOTEBOOKS] == [
         "01_causal_shift.ipynb",
         "02_who_wrote_it.ipynb",
         "03_neurons_and_composition.ipynb",
         "04_residual_attenuation.ipynb",
         "05_recency_simulation.ipynb",
+        "06_does_it_matter.ipynb",
     ]
 
 
