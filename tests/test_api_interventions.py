@@ -3,6 +3,9 @@ component grammar, every ablation mode, patching directions, and the one-line re
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 import torch
 
@@ -109,6 +112,34 @@ def test_mean_ablation_is_cached_per_model_and_corpus(tmp_path, monkeypatch) -> 
     assert again.effects == first.effects
 
 
+def test_mean_ablation_of_an_edited_corpus_is_not_served_from_the_cache(tmp_path, monkeypatch) -> None:
+    """The cache names the corpus by its content: the same path with other text is another
+    sample, whose means differ."""
+    monkeypatch.setattr("resstream.api.interventions._cache_dir", lambda: tmp_path / "cache")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The king said that the queen was there, and the prince went home. " * 30)
+    first = resstream.ablate(TEXT, components=["L1.mlp"], mode="mean", dataset=str(corpus), num_seqs=2)
+    corpus.write_text("Zebras quickly jumped over seventeen lazy xylophones by the vexing fjords. " * 30)
+    edited = resstream.ablate(TEXT, components=["L1.mlp"], mode="mean", dataset=str(corpus), num_seqs=2)
+    assert len(list((tmp_path / "cache" / "means").glob("*.pt"))) == 2
+    assert edited.effects[0].logprob != first.effects[0].logprob
+
+
+def test_pinned_rows_are_cut_to_the_text_and_a_shorter_row_is_refused(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr("resstream.api.interventions._cache_dir", lambda: tmp_path / "cache")
+    length = len(resstream.ablate(TEXT, components=["emb"]).tokens)
+    pinned = tmp_path / "rows.jsonl"
+    rows = [list(range(5, 5 + length + 4)), list(range(40, 40 + length + 1))]
+    pinned.write_text("\n".join(json.dumps({"input_ids": row}) for row in rows))
+    for mode in ("resample", "mean"):
+        result = resstream.ablate(TEXT, components=["L1.H0"], mode=mode, dataset=str(pinned))
+        assert all(math.isfinite(e.logprob) for e in result.effects)
+        assert result.samples == (len(rows) if mode == "resample" else None)
+    pinned.write_text("\n".join(json.dumps({"input_ids": row}) for row in [rows[0], [5, 6, 7]]))
+    with pytest.raises(UsageError, match=r"row 2 has 3 tokens, fewer than the text's"):
+        resstream.ablate(TEXT, components=["L1.H0"], mode="resample", dataset=str(pinned))
+
+
 def test_patching_the_changed_token_early_matters_and_unchanged_positions_do_not() -> None:
     result = resstream.patch(CLEAN, corrupt=CORRUPT, components=["L0.resid@*"], target=" king")
     by_name = {e.component: e for e in result.select(path="total")}
@@ -155,6 +186,8 @@ def test_patch_aligns_texts_of_different_lengths_only_when_asked() -> None:
         (lambda: resstream.ablate(TEXT, mode="half"), "unknown mode 'half'"),
         (lambda: resstream.patch(CLEAN, corrupt=CORRUPT, direction="up"), "unknown direction 'up'"),
         (lambda: resstream.ablate(TEXT, batch_size=0), "`batch_size` 0 is not allowed"),
+        (lambda: resstream.ablate(TEXT, mode="resample", num_seqs=0), "`num_seqs` 0 is not allowed"),
+        (lambda: resstream.ablate(TEXT, mode="mean", num_seqs=0), "`num_seqs` 0 is not allowed"),
         (
             lambda: resstream.ablate(TEXT, mode="mean", components=["L0.H0.S1"]),
             "mean ablation of an attention",
@@ -165,6 +198,13 @@ def test_bad_inputs_are_one_line_usage_errors(call, message: str) -> None:
     with pytest.raises(UsageError, match=message) as caught:
         call()
     assert "\n" not in str(caught.value)
+
+
+def test_a_source_wildcard_stands_for_the_sources_the_prediction_can_read() -> None:
+    result = resstream.ablate(TEXT, components=["L1.H0.S*"], position=3)
+    assert [e.component for e in result.select(path="total")] == [f"L1.H0.S{j}" for j in range(4)]
+    with pytest.raises(UsageError, match="source position 4 is after"):
+        resstream.ablate(TEXT, components=["L1.H1.S*", "L1.H0.S4"], position=3)
 
 
 def test_an_attention_source_and_its_head_restrict_to_the_given_positions() -> None:

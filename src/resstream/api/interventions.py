@@ -111,28 +111,26 @@ def ablate(
             for component in chosen:
                 Means.check(component)
         clean = setup.readout.of_run(setup.run)
+        count = (RESAMPLE_WINDOWS if mode == "resample" else MEAN_WINDOWS) if num_seqs is None else num_seqs
+        if mode != "zero" and count < 1:
+            raise UsageError(f"`num_seqs` {count} is not allowed; allowed: 1 or more")
+        resampled = None
         if mode == "resample":
-            windows = _windows(loaded, setup, dataset, num_seqs or RESAMPLE_WINDOWS, seed, data_dir)
+            windows = _windows(loaded, setup, dataset, count, seed, data_dir)
             other = capture_run(setup.view, windows, attention=setup.sources(chosen))
             samples = [
                 setup.effects(run_values(setup.run, other, k), chosen, mode, clean, batch_size, progress)
                 for k in range(windows.shape[0])
             ]
-            effects = mean_effects(samples)
+            effects, resampled = mean_effects(samples), len(samples)
         else:
             values = (
                 zero_values(setup.run)
                 if mode == "zero"
-                else _mean_values(loaded, setup, dataset, num_seqs or MEAN_WINDOWS, seed, data_dir)
+                else _mean_values(loaded, setup, dataset, count, seed, data_dir)
             )
             effects = setup.effects(values, chosen, mode, clean, batch_size, progress)
-        return setup.result(
-            "ablate",
-            mode,
-            clean,
-            effects,
-            samples=num_seqs or RESAMPLE_WINDOWS if mode == "resample" else None,
-        )
+        return setup.result("ablate", mode, clean, effects, samples=resampled)
 
 
 @takes_load_args
@@ -291,16 +289,21 @@ class _Setup:
         return ComponentSpace(self.view.n_layers, self.view.n_heads, d_ff, int(self.ids.shape[1]))
 
     def components(self, names: Sequence[str] | None, top_neurons: int) -> list[Component]:
-        """The components named, or the defaults (module docstring)."""
+        """The components named, or the defaults (module docstring). An attention source after
+        the prediction's position is refused when named, left out of a wildcard's (`L2.H1.S*`:
+        the sources the prediction can read)."""
         if names:
             chosen = parse_components(list(names), self.space)
-            for c in chosen:
-                if c.kind == "source" and c.source > self.readout.position:
+            named = set(parse_components([n for n in names if "*" not in n], self.space))
+            position = self.readout.position
+            late = [c for c in chosen if c.kind == "source" and c.source > position]
+            for c in late:
+                if c in named or len(late) == len(chosen):
                     raise UsageError(
                         f"`component` {c.name}: source position {c.source} is after the prediction's "
-                        f"position {self.readout.position}; allowed: 0..{self.readout.position}"
+                        f"position {position}; allowed: 0..{position}"
                     )
-            return chosen
+            return [c for c in chosen if c not in late]
         return self.space.heads() + self.space.sublayers() + self.top_neurons(top_neurons)
 
     def top_neurons(self, count: int) -> list[Component]:
@@ -419,22 +422,31 @@ def _check_counts(top_neurons: int, batch_size: int) -> None:
 def _windows(
     loaded: LoadedModel, setup: _Setup, dataset: str, count: int, seed: int, data_dir
 ) -> torch.Tensor:
-    """`count` corpus windows as long as the text (batch, seq)."""
+    """`count` corpus windows as long as the text (batch, seq); the rows of a pinned `.jsonl`
+    as given, cut to the text's length (a shorter row refused)."""
     if count < 1:
         raise UsageError(f"`num_seqs` {count} is not allowed; allowed: 1 or more")
-    request = CorpusRequest(dataset, count, int(setup.ids.shape[1]), seed, data_dir)
+    length = int(setup.ids.shape[1])
+    request = CorpusRequest(dataset, count, length, seed, data_dir)
     sample, _ = sample_corpus(request, setup.tokenizer, setup.readout.decoder.vocab_size)
-    return torch.stack([torch.as_tensor(s, dtype=torch.long) for s in sample.sequences])
+    for number, row in enumerate(sample.sequences, start=1):
+        if len(row) < length:
+            raise UsageError(
+                f"`dataset` {dataset!r}: row {number} has {len(row)} tokens, fewer than the text's {length}; "
+                f"allowed: rows of {length} tokens or more"
+            )
+    return torch.stack([torch.as_tensor(s[:length], dtype=torch.long) for s in sample.sequences])
 
 
 def _mean_values(loaded: LoadedModel, setup: _Setup, dataset: str, count: int, seed: int, data_dir) -> Values:
     """Mean ablation values, from the cache when this model and corpus sample were averaged
-    before (`RESSTREAM_CACHE`/means)."""
+    before (`RESSTREAM_CACHE`/means). The corpus is named by its content (`_corpus_key`), so
+    another `data_dir` or an edited file is another sample."""
     request = CorpusRequest(dataset, count, int(setup.ids.shape[1]), seed, data_dir)
     fingerprint = _model_key(loaded)
     path = None
     if fingerprint is not None:
-        identity = (fingerprint, loaded.dtype, dataset, count, request.seq_len, seed)
+        identity = (fingerprint, loaded.dtype, dataset, _corpus_key(request), count, request.seq_len, seed)
         path = _cache_dir() / "means" / f"{hashlib.sha256(repr(identity).encode()).hexdigest()[:20]}.pt"
         if path.is_file():
             return mean_values(Means(**torch.load(path, weights_only=True)))
@@ -448,6 +460,17 @@ def _mean_values(loaded: LoadedModel, setup: _Setup, dataset: str, count: int, s
         torch.save({name: getattr(means, name) for name in MEANS_FIELDS}, partial)
         partial.replace(path)
     return mean_values(means)
+
+
+def _corpus_key(request: CorpusRequest) -> str:
+    """The corpus's content fingerprint, read without tokenising: a pinned file's bytes, else
+    one pass over the corpus stream (a bad name or path refused as when sampling)."""
+    if request.pinned and Path(request.dataset).is_file():
+        return hashlib.sha256(Path(request.dataset).read_bytes()).hexdigest()[:16]
+    from resstream.data import default_split, stream_corpus
+
+    split = default_split(request.dataset)
+    return stream_corpus(request.dataset, split=split, data_dir=request.data_dir).scan()
 
 
 #: The fields of `Means` the cache holds.

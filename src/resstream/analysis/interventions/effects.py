@@ -169,7 +169,9 @@ def _fraction(patched: Tensor | None, clean: Tensor | None, corrupt: Tensor | No
 
 
 def mean_effects(samples: Sequence[Sequence[Effect]]) -> list[Effect]:
-    """Effects averaged over resampled runs (same components, paths and order in each)."""
+    """Effects averaged over resampled runs (same components, paths and order in each); the
+    rank is the mean rank rounded, and `d_rank` that rank minus the clean rank (rounding the
+    two means apart could disagree: round(2.5) − 1 ≠ round(1.5))."""
     if len(samples) == 1:
         return list(samples[0])
     out = []
@@ -179,7 +181,8 @@ def mean_effects(samples: Sequence[Sequence[Effect]]) -> list[Effect]:
             name: sum(getattr(r, name) for r in rows) / len(rows)
             for name in ("logprob", "logit", "kl", "d_logprob", "d_logit")
         }
-        ranks = {name: round(sum(getattr(r, name) for r in rows) / len(rows)) for name in ("rank", "d_rank")}
+        rank = round(sum(r.rank for r in rows) / len(rows))
+        ranks = {"rank": rank, "d_rank": rank - (first.rank - first.d_rank)}
         optional = {
             name: None if getattr(first, name) is None else sum(getattr(r, name) for r in rows) / len(rows)
             for name in ("logit_diff", "d_logit_diff")

@@ -130,10 +130,6 @@ class InterventionResult(Displayable, renderer="resstream.reporting.intervention
         return asdict(self) | {"metric": self.metric}
 
     def __repr__(self) -> str:
-        top = sorted(self.select(path="total"), key=lambda e: getattr(e, "d_" + self.metric) or 0.0)
-        strongest = (
-            f"largest drop {top[0].component} {getattr(top[0], 'd_' + self.metric):+.3f}" if top else ""
-        )
         return summary(
             self,
             f"{self.command} {self.mode}",
@@ -141,8 +137,19 @@ class InterventionResult(Displayable, renderer="resstream.reporting.intervention
             f"target {self.target!r} at position {self.position}",
             f"clean {self.metric} {getattr(self.clean, self.metric):.3f}",
             f"{len(self.effects)} effects",
-            strongest,
+            self._strongest(),
         )
+
+    def _strongest(self) -> str:
+        """The headline effect: the largest drop of the metric, or when denoising (where every
+        difference from the clean run holds the gap) the largest fraction restored."""
+        totals = self.select(path="total")
+        restoring = [e for e in totals if getattr(e, "fraction_" + self.metric) is not None]
+        if self.mode == "denoise" and restoring:
+            best = max(restoring, key=lambda e: getattr(e, "fraction_" + self.metric))
+            return f"most restored {best.component} fraction {getattr(best, 'fraction_' + self.metric):.3f}"
+        top = sorted(totals, key=lambda e: getattr(e, "d_" + self.metric) or 0.0)
+        return f"largest drop {top[0].component} {getattr(top[0], 'd_' + self.metric):+.3f}" if top else ""
 
 
 __all__ = ["EFFECT_COLUMNS", "Effect", "InterventionResult", "Prediction"]
