@@ -215,10 +215,13 @@ def test_residual_grid_puts_each_state_at_its_layer_and_position(patched) -> Non
     fig = residual_grid_figure(patched)
     grid = shown(fig)
     assert grid.shape == (patched.n_layers + 1, len(patched.tokens))
-    assert grid[2, 1] == effect(patched, "L2.resid@1").fraction_logprob
-    assert grid[patched.n_layers, 8] == effect(patched, f"L{patched.n_layers}.resid@8").fraction_logprob
+    # noising shows the difference from the clean run: what matters moves away from white
+    assert grid[2, 1] == effect(patched, "L2.resid@1").d_logprob
+    assert grid[patched.n_layers, 8] == effect(patched, f"L{patched.n_layers}.resid@8").d_logprob
     labels = [tick.get_text() for tick in fig.axes[0].get_xticklabels()]
     assert labels[1] == "␣king / ␣queen 1" and labels[2] == "␣is 2"  # the corrupted token beside
+    denoised = shown(residual_grid_figure(replace(patched, mode="denoise")))  # the fraction restored
+    assert denoised[2, 1] == effect(patched, "L2.resid@1").fraction_logprob
     ablated_states = replace(patched, command="ablate", mode="zero")  # no corrupted run: differences
     assert shown(residual_grid_figure(ablated_states))[2, 1] == effect(patched, "L2.resid@1").d_logprob
 

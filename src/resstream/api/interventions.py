@@ -277,7 +277,7 @@ class _Setup:
         view, tokenizer = loaded.view, tokenizer_of(loaded)
         ids = encode_text(tokenizer, text, view)
         where = position_in(position, ids.shape[1])
-        run = capture_run(view, ids, attention=True)
+        run = capture_run(view, ids, attention=False)
         decoder = decoder_of(view)
         chosen = target_of(tokenizer, view, decoder, run.internals, where, target, target_id)
         readout = Readout(decoder, where, chosen, foil_of(tokenizer, foil, chosen))
@@ -303,7 +303,10 @@ class _Setup:
                         f"`component` {c.name}: source position {c.source} is after the prediction's "
                         f"position {position}; allowed: 0..{position}"
                     )
-            return [c for c in chosen if c not in late]
+            kept = [c for c in chosen if c not in late]
+            if self.sources(kept):  # attention sources read the recorded attention probabilities
+                self.run = capture_run(self.view, self.ids, attention=True)
+            return kept
         return self.space.heads() + self.space.sublayers() + self.top_neurons(top_neurons)
 
     def top_neurons(self, count: int) -> list[Component]:
@@ -449,7 +452,8 @@ def _mean_values(loaded: LoadedModel, setup: _Setup, dataset: str, count: int, s
         identity = (fingerprint, loaded.dtype, dataset, _corpus_key(request), count, request.seq_len, seed)
         path = _cache_dir() / "means" / f"{hashlib.sha256(repr(identity).encode()).hexdigest()[:20]}.pt"
         if path.is_file():
-            return mean_values(Means(**torch.load(path, weights_only=True)))
+            stored = torch.load(path, weights_only=True, map_location=setup.view.W_E.device)
+            return mean_values(Means(**stored))
     windows = _windows(loaded, setup, dataset, count, seed, data_dir)
     means = accumulate_means(
         [capture_run(setup.view, windows[i : i + 1], attention=False) for i in range(len(windows))]
@@ -457,9 +461,19 @@ def _mean_values(loaded: LoadedModel, setup: _Setup, dataset: str, count: int, s
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
-        torch.save({name: getattr(means, name) for name in MEANS_FIELDS}, partial)
+        torch.save({name: _on_cpu(getattr(means, name)) for name in MEANS_FIELDS}, partial)
         partial.replace(path)
     return mean_values(means)
+
+
+def _on_cpu(value: object) -> object:
+    """A field of `Means` as stored: tensors (and tuples of them) on the CPU, so a cache written
+    on one device loads on any."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, tuple):
+        return tuple(_on_cpu(v) for v in value)
+    return value
 
 
 def _corpus_key(request: CorpusRequest) -> str:

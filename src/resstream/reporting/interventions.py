@@ -101,11 +101,11 @@ _FRACTION_COLOURS = (
 #: ({colours}: one of the two above).
 CAPTIONS = {
     "heads.png": "Every attention head intervened on alone, when the change travels everywhere downstream "
-    "(total, left) and when it reaches the logits only through the residual stream, every later "
-    "component and the final norm's scale held (direct, right). Colour: {colours}; grey: not intervened "
-    "on; each panel has its own symmetric scale.",
+    "(total) and, where measured, when it reaches the logits only through the residual stream, every "
+    "later component and the final norm's scale held (direct, a second panel). Colour: {colours}; "
+    "grey: not intervened on; each panel has its own symmetric scale.",
     "neurons.png": "The neurons intervened on, the largest |total effect| at the top: total effect (dark) "
-    "beside direct effect (light) on the headline metric, patched − clean.",
+    "beside direct effect (light, where measured) on the headline metric: {colours}.",
     "residual.png": "The residual stream at the input of each block (row L; the last row is the final "
     "state) at each position, patched alone, the change travelling everywhere downstream. Colour: "
     "{colours}. Position labels read clean / corrupted token where the texts differ.",
@@ -238,12 +238,13 @@ def _measured(result: InterventionResult, kind: str, path: str) -> list[Effect]:
 
 # ------------------------------------------------------------------------------ figures
 def _shows_fraction(result: InterventionResult) -> bool:
-    """Whether the heatmaps show the fraction of the clean − corrupt gap (activation patching
-    with a gap: in `denoise` every difference holds the whole gap, and the fraction reads the
-    same in both directions, 1 = as the clean run, 0 = as the corrupted one) rather than the
-    difference (ablation)."""
+    """Whether the figures show the fraction of the clean − corrupt gap rather than the
+    difference patched − clean: when denoising with a gap (every difference there holds the
+    whole gap; the fraction reads 1 = restored to the clean run, 0 = still the corrupted one).
+    Ablation and noising show the difference: a component that matters moves the prediction
+    away from the clean run, and one that does not stays white."""
     name = f"fraction_{result.metric}"
-    return result.command == "patch" and any(getattr(e, name) is not None for e in result.effects)
+    return result.mode == "denoise" and any(getattr(e, name) is not None for e in result.effects)
 
 
 def _shown(effect: Effect, result: InterventionResult) -> float:
@@ -295,21 +296,21 @@ def neuron_strip_figure(result: InterventionResult) -> Figure:
     headline metric, labelled L<layer>.N<neuron>."""
     direct = {effect.component: effect for effect in _measured(result, "neuron", "direct")}
     total = sorted(
-        _measured(result, "neuron", "total"), key=lambda e: -abs(np.nan_to_num(_headline(e, result)))
+        _measured(result, "neuron", "total"), key=lambda e: -abs(np.nan_to_num(_shown(e, result)))
     )[:NEURONS_SHOWN]
     fig = new_figure(7.2, max(2.6, 1.6 + 0.34 * len(total)))
     fig.set_layout_engine("constrained")
     ax = fig.add_subplot()
     rows = np.arange(len(total))
-    ax.barh(rows - 0.2, [_headline(e, result) for e in total], height=0.4, color=TOTAL_COLOUR, label="total")
+    ax.barh(rows - 0.2, [_shown(e, result) for e in total], height=0.4, color=TOTAL_COLOUR, label="total")
     if direct:
-        values = [_headline(direct[e.component], result) if e.component in direct else np.nan for e in total]
+        values = [_shown(direct[e.component], result) if e.component in direct else np.nan for e in total]
         ax.barh(rows + 0.2, values, height=0.4, color=DIRECT_COLOUR, label="direct")
     ax.set_yticks(rows, [e.component for e in total], fontsize=8, family="monospace")
     ax.set_ylim(len(total) - 0.5, -0.5)
     zero_line(ax, vertical=True)
     ax.grid(axis="x", alpha=0.3)
-    ax.set_xlabel(_difference_label(result))
+    ax.set_xlabel(_shown_labels(result)[1])
     ax.legend(fontsize=8, loc="best")
     shown = f"{len(total)} neuron{'s' if len(total) != 1 else ''}, largest |total effect| first"
     fig.suptitle(f"{_title(result)}\n{shown}", fontsize=9)

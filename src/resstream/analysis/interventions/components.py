@@ -30,8 +30,6 @@ from typing import Literal
 from resstream.errors import UsageError
 
 ComponentKind = Literal["emb", "attn", "mlp", "head", "neuron", "source", "resid"]
-#: Kinds in the order a component list is sorted by (within a layer).
-KIND_ORDER: tuple[ComponentKind, ...] = ("emb", "resid", "attn", "head", "source", "mlp", "neuron")
 #: The spellings, for error messages.
 GRAMMAR = "emb, L<l>.attn, L<l>.mlp, L<l>.H<h>, L<l>.N<k>, L<l>.H<h>.S<j>, L<l>.resid@<p>"
 
@@ -198,7 +196,6 @@ def _position(name: str, value: int, space: ComponentSpace) -> int:
 
 __all__ = [
     "GRAMMAR",
-    "KIND_ORDER",
     "Component",
     "ComponentKind",
     "ComponentSpace",
