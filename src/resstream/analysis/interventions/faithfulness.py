@@ -246,8 +246,9 @@ class FaithfulnessResult(Displayable, renderer="resstream.reporting.faithfulness
         return [point for point in self.curves if point.method == method]
 
     def to_dict(self) -> dict[str, Any]:
-        """The content of ablate.json (`resstream.io.write_json` writes nan as null)."""
-        return asdict(self)
+        """The content of ablate.json (`resstream.io.write_json` writes nan as null), with
+        `command` "ablate" and `mode` "faithfulness" first, which tell it from an ablation's."""
+        return {"command": "ablate", "mode": "faithfulness", **asdict(self)}
 
     def __repr__(self) -> str:
         where = f"on {self.dataset}" if self.dataset else "on one text"
