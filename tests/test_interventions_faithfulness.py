@@ -6,6 +6,7 @@ is there) with its notebook display, frame, JSON and CSVs."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -113,8 +114,8 @@ def test_positions_are_drawn_without_replacement_among_those_with_a_next_token()
 # ----------------------------------------------------------------------------- tiny models
 def _prediction(case: str, *, double: bool = False):
     model = tiny_model(case)
-    if double:
-        model = model.double()
+    if double:  # a float64 copy: the cached model is shared by other tests
+        model = copy.deepcopy(model).double()
     view = view_of(model)
     ids = tiny_ids(1)
     run = capture_run(view, ids, attention=False)
