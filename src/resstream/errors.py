@@ -15,7 +15,7 @@ their backticks into quotes.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 #: The longest reason quoted from another library's exception (`short_reason`).
 MAX_REASON_CHARS = 200
@@ -51,6 +51,14 @@ def check_choice(what: str, value: str, allowed: Iterable[str]) -> str:
     if value not in allowed:
         raise UsageError(f"unknown {what} {value!r}{closest(value, allowed)}; allowed: {', '.join(allowed)}")
     return value
+
+
+def refuse_set(given: Mapping[str, object], reason: str) -> None:
+    """UsageError "`name` {reason}" for the first entry of `given` that is set (not None): the
+    options of one mode that another mode refuses."""
+    for name, value in given.items():
+        if value is not None:
+            raise UsageError(f"`{name}` {reason}")
 
 
 def short_reason(exc: BaseException) -> str:

@@ -55,7 +55,7 @@ from resstream.api.inputs import (
 from resstream.api.tokenizers import tokenizer_of
 from resstream.data.sampling import SequenceSample
 from resstream.data.tokenizer import token_text
-from resstream.errors import UsageError
+from resstream.errors import UsageError, refuse_set
 from resstream.models import LoadArgs, LoadedModel, ModelLike
 
 if TYPE_CHECKING:
@@ -104,11 +104,24 @@ def faithfulness(
     refuse_device_map(load, "faithfulness", "interventions restart blocks on one device")
     settings = _settings(dataset, top_k, candidates, curve_sizes, batch_size, seed)
     if dataset is None:
-        _refuse_corpus_options(num_seqs, seq_len, positions_per_seq, data_dir)
+        corpus_options = {
+            "num_seqs": num_seqs,
+            "seq_len": seq_len,
+            "positions_per_seq": positions_per_seq,
+            "data_dir": data_dir,
+        }
+        refuse_set(corpus_options, "is for a corpus (`dataset`); without one, give only a text")
         options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
         with one_model(model, options) as loaded:
             return _one_text(loaded, text_of(text, text_file), position, target, target_id, settings)
-    _refuse_text_options(text, text_file, position, target, target_id)
+    text_options = {
+        "text": text,
+        "text_file": text_file,
+        "position": position,
+        "target": target,
+        "target_id": target_id,
+    }
+    refuse_set(text_options, "is for one text; with `dataset` every position's next token is the target")
     per_seq = POSITIONS_PER_SEQ if positions_per_seq is None else positions_per_seq
     if per_seq < 1:
         raise UsageError(f"`positions_per_seq` {per_seq} is not allowed; allowed: 1 or more")
@@ -149,41 +162,6 @@ def _settings(
             f"`curve_sizes` {list(sizes)} is not allowed; allowed: one or more counts, each 1 or more"
         )
     return Settings(candidates=count, top_k=top_k, curve_sizes=sizes, batch_size=batch_size, seed=seed)
-
-
-def _refuse_corpus_options(
-    num_seqs: int | None, seq_len: int | None, positions_per_seq: int | None, data_dir: object
-) -> None:
-    given = {
-        "num_seqs": num_seqs,
-        "seq_len": seq_len,
-        "positions_per_seq": positions_per_seq,
-        "data_dir": data_dir,
-    }
-    named = [name for name, value in given.items() if value is not None]
-    if named:
-        raise UsageError(f"`{named[0]}` is for a corpus (`dataset`); without one, give only a text")
-
-
-def _refuse_text_options(
-    text: str | None,
-    text_file: object,
-    position: int | None,
-    target: str | None,
-    target_id: int | None,
-) -> None:
-    given = {
-        "text": text,
-        "text_file": text_file,
-        "position": position,
-        "target": target,
-        "target_id": target_id,
-    }
-    named = [name for name, value in given.items() if value is not None]
-    if named:
-        raise UsageError(
-            f"`{named[0]}` is for one text; with `dataset` every position's next token is the target"
-        )
 
 
 def _one_text(

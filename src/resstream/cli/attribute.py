@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from resstream.cli import options
-from resstream.errors import UsageError
+from resstream.errors import UsageError, refuse_set
 
 #: The corpus options' help: each applies to corpus mode only, and says its default there.
 CORPUS_HELP = {
@@ -155,9 +155,7 @@ def check_mode(
 
 def refuse_given(given: Mapping[str, object], applies_to: str) -> None:
     """UsageError for the first option of `given` that is set (not None)."""
-    for name, value in given.items():
-        if value is not None:
-            raise UsageError(f"`{name}` applies to {applies_to}")
+    refuse_set(given, f"applies to {applies_to}")
 
 
 def register(app: typer.Typer) -> None:
