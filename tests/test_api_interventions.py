@@ -96,7 +96,7 @@ def test_zero_ablation_of_the_final_state_removes_everything() -> None:
 
 @pytest.mark.parametrize("mode", ["mean", "resample"])
 def test_mean_and_resample_ablation_run_on_the_built_in_corpus(mode: str, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr("resstream.api.interventions._cache_dir", lambda: tmp_path)
+    monkeypatch.setenv("RESSTREAM_CACHE", str(tmp_path))
     result = resstream.ablate(TEXT, components=["L0.mlp", "L2.H1", "L3.N7"], mode=mode, num_seqs=2)
     assert result.mode == mode
     assert {e.component for e in result.effects} == {"L0.mlp", "L2.H1", "L3.N7"}
@@ -104,7 +104,7 @@ def test_mean_and_resample_ablation_run_on_the_built_in_corpus(mode: str, tmp_pa
 
 
 def test_mean_ablation_is_cached_per_model_and_corpus(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr("resstream.api.interventions._cache_dir", lambda: tmp_path)
+    monkeypatch.setenv("RESSTREAM_CACHE", str(tmp_path))
     first = resstream.ablate(TEXT, components=["L1.mlp"], mode="mean", num_seqs=2)
     cached = list((tmp_path / "means").glob("*.pt"))
     assert len(cached) == 1
@@ -115,7 +115,7 @@ def test_mean_ablation_is_cached_per_model_and_corpus(tmp_path, monkeypatch) -> 
 def test_mean_ablation_of_an_edited_corpus_is_not_served_from_the_cache(tmp_path, monkeypatch) -> None:
     """The cache names the corpus by its content: the same path with other text is another
     sample, whose means differ."""
-    monkeypatch.setattr("resstream.api.interventions._cache_dir", lambda: tmp_path / "cache")
+    monkeypatch.setenv("RESSTREAM_CACHE", str(tmp_path / "cache"))
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("The king said that the queen was there, and the prince went home. " * 30)
     first = resstream.ablate(TEXT, components=["L1.mlp"], mode="mean", dataset=str(corpus), num_seqs=2)
@@ -126,7 +126,7 @@ def test_mean_ablation_of_an_edited_corpus_is_not_served_from_the_cache(tmp_path
 
 
 def test_pinned_rows_are_cut_to_the_text_and_a_shorter_row_is_refused(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr("resstream.api.interventions._cache_dir", lambda: tmp_path / "cache")
+    monkeypatch.setenv("RESSTREAM_CACHE", str(tmp_path / "cache"))
     length = len(resstream.ablate(TEXT, components=["emb"]).tokens)
     pinned = tmp_path / "rows.jsonl"
     rows = [list(range(5, 5 + length + 4)), list(range(40, 40 + length + 1))]

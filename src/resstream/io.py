@@ -39,6 +39,11 @@ TEMP_SUFFIX = ".tmp"
 _TEMPORARY = re.compile(r"\.(.+)\.[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX))
 
 
+def cache_root() -> Path:
+    """The folder resstream's caches live under: env RESSTREAM_CACHE, else ~/.cache/resstream."""
+    return Path(os.environ.get("RESSTREAM_CACHE", Path.home() / ".cache" / "resstream"))
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside `path`; move it into place only if the block succeeds.

@@ -58,6 +58,7 @@ from resstream.api.inputs import (
 from resstream.api.tokenizers import tokenizer_of
 from resstream.data.tokenizer import token_text
 from resstream.errors import UsageError, check_choice
+from resstream.io import atomic_path, cache_root
 from resstream.models import LoadArgs, LoadedModel, ModelLike, ModelView
 from resstream.models.evaluation import directory_fingerprint, model_fingerprint
 
@@ -450,7 +451,7 @@ def _mean_values(loaded: LoadedModel, setup: _Setup, dataset: str, count: int, s
     path = None
     if fingerprint is not None:
         identity = (fingerprint, loaded.dtype, dataset, _corpus_key(request), count, request.seq_len, seed)
-        path = _cache_dir() / "means" / f"{hashlib.sha256(repr(identity).encode()).hexdigest()[:20]}.pt"
+        path = cache_root() / "means" / f"{hashlib.sha256(repr(identity).encode()).hexdigest()[:20]}.pt"
         if path.is_file():
             stored = torch.load(path, weights_only=True, map_location=setup.view.W_E.device)
             return mean_values(Means(**stored))
@@ -459,10 +460,8 @@ def _mean_values(loaded: LoadedModel, setup: _Setup, dataset: str, count: int, s
         [capture_run(setup.view, windows[i : i + 1], attention=False) for i in range(len(windows))]
     )
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        torch.save({name: _on_cpu(getattr(means, name)) for name in MEANS_FIELDS}, partial)
-        partial.replace(path)
+        with atomic_path(path) as partial:
+            torch.save({name: _on_cpu(getattr(means, name)) for name in MEANS_FIELDS}, partial)
     return mean_values(means)
 
 
@@ -498,10 +497,6 @@ def _model_key(loaded: LoadedModel) -> str | None:
     if loaded.source in ("reference", "resstream") and loaded.where is not None:
         return directory_fingerprint(loaded.where)
     return model_fingerprint(loaded)
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("RESSTREAM_CACHE", Path.home() / ".cache" / "resstream"))
 
 
 __all__ = ["ablate", "patch"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ from resstream.data.shards import (
 )
 from resstream.data.tokens import TokenSplits, check_cache_dir
 from resstream.errors import UsageError
+from resstream.io import cache_root
 from resstream.training import checkpoint as ckpt
 from resstream.training.config import TrainConfig
 from resstream.training.distributed import Distributed
@@ -69,7 +69,7 @@ def default_cache_dir(config: TrainConfig) -> Path:
     """Where token caches live: `cache_dir`, env RESSTREAM_CACHE, or ~/.cache/resstream."""
     if config.run.cache_dir:
         return Path(config.run.cache_dir)
-    return Path(os.environ.get("RESSTREAM_CACHE", Path.home() / ".cache" / "resstream"))
+    return cache_root()
 
 
 def store_directory(config: TrainConfig) -> Path:
