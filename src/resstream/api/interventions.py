@@ -32,8 +32,9 @@ from resstream.analysis.interventions.atp import DEFAULT_CONFIRM, screen_and_con
 from resstream.analysis.interventions.components import Component, ComponentSpace, parse_components
 from resstream.analysis.interventions.effects import Readout, component_effects, mean_effects, prediction
 from resstream.analysis.interventions.engine import DEFAULT_BATCH
+from resstream.analysis.interventions.metrics import Measured
 from resstream.analysis.interventions.paths import parse_receivers, path_effects, sender_pairs
-from resstream.analysis.interventions.results import InterventionResult
+from resstream.analysis.interventions.results import Effect, InterventionResult
 from resstream.analysis.interventions.runs import (
     Means,
     Run,
@@ -194,8 +195,9 @@ def patch(
         clean = setup.readout.of_run(setup.run)
         corrupted = setup.readout.of_run(dirty)
         base, source = (setup.run, dirty) if direction == "noise" else (dirty, setup.run)
+        notes: tuple[str, ...] = ()
         if atp:
-            screened, note = screen_and_confirm(
+            effects, note = screen_and_confirm(
                 base,
                 source,
                 setup.readout,
@@ -207,45 +209,33 @@ def patch(
                 batch_size=batch_size,
                 progress=setup.bar(progress, min(confirm, len(chosen)) if components else confirm),
             )
-            tokens = tuple(token_text(setup.tokenizer, int(t)) for t in corrupt_ids[0])
-            return setup.result(
-                "patch",
-                direction,
-                clean,
-                screened,
-                corrupt=prediction(corrupted),
-                corrupt_tokens=tokens,
-                notes=(note,),
-            )
-        effects = component_effects(
-            base,
-            setup.readout,
-            run_values(base, source),
-            [[c] for c in chosen],
-            mode="patch",
-            positions=setup.positions,
-            clean=clean,
-            corrupt=corrupted,
-            batch_size=batch_size,
-            progress=setup.bar(progress, len(chosen)),
-        )
-        if received:
-            effects += path_effects(
-                base,
-                setup.readout,
-                run_values(base, source),
-                chosen,
-                received,
-                mode="patch",
-                positions=setup.positions,
-                clean=clean,
-                corrupt=corrupted,
-                strict=named,
-                batch_size=batch_size,
-            )
+            notes = (note,)
+        else:
+            values = run_values(base, source)
+            effects = setup.effects(values, chosen, "patch", clean, batch_size, progress, base, corrupted)
+            if received:
+                effects += path_effects(
+                    base,
+                    setup.readout,
+                    values,
+                    chosen,
+                    received,
+                    mode="patch",
+                    positions=setup.positions,
+                    clean=clean,
+                    corrupt=corrupted,
+                    strict=named,
+                    batch_size=batch_size,
+                )
         tokens = tuple(token_text(setup.tokenizer, int(t)) for t in corrupt_ids[0])
         return setup.result(
-            "patch", direction, clean, effects, corrupt=prediction(corrupted), corrupt_tokens=tokens
+            "patch",
+            direction,
+            clean,
+            effects,
+            corrupt=prediction(corrupted),
+            corrupt_tokens=tokens,
+            notes=notes,
         )
 
 
@@ -335,16 +325,27 @@ class _Setup:
         return _Progress(total) if show else None
 
     def effects(
-        self, values: Values, chosen: list[Component], mode: str, clean, batch_size: int, progress: bool
-    ) -> list:
+        self,
+        values: Values,
+        chosen: list[Component],
+        mode: str,
+        clean: Measured,
+        batch_size: int,
+        progress: bool,
+        base: Run | None = None,
+        corrupt: Measured | None = None,
+    ) -> list[Effect]:
+        """Each chosen component alone set from `values` in `base` (default the text's own
+        run), total and direct effects; `corrupt` is the corrupted run's prediction."""
         return component_effects(
-            self.run,
+            self.run if base is None else base,
             self.readout,
             values,
             [[c] for c in chosen],
             mode=mode,
             positions=self.positions,
             clean=clean,
+            corrupt=corrupt,
             batch_size=batch_size,
             progress=self.bar(progress, len(chosen)),
         )
