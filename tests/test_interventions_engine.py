@@ -17,8 +17,8 @@ from resstream.analysis.interventions.components import Component
 from resstream.analysis.interventions.engine import edits, run_interventions
 from resstream.analysis.interventions.metrics import measure, measure_direct
 from resstream.analysis.interventions.runs import capture_run, run_values, zero_values
-from resstream.capture.hooks import run_forward
 from resstream.models.adapters import view_of
+from tests.test_interventions_paths import hand_forward
 from tests.test_models_adapters import ALL_CASES, SEQ, tiny_ids, tiny_model
 
 TOLERANCE = 1e-5
@@ -36,30 +36,15 @@ def _setup(case: str):
 
 
 def _hand_final(view, ids, module, edit, *, pre: bool) -> torch.Tensor:
-    """h_L at POSITION with `edit` applied by one plain hook on the full forward."""
-    finals = {}
-
-    def keep(mod, args, output):
-        finals["h"] = output[0] if isinstance(output, tuple) else output
-
-    handles = [view.blocks[-1].module.register_forward_hook(keep)]
+    """h_L at POSITION with `edit` applied by one plain hook on the full forward (the input of
+    `module` with `pre`, else its output)."""
     if pre:
-        handles.append(module.register_forward_pre_hook(lambda mod, args: (edit(args[0].clone()), *args[1:])))
-    else:
-        handles.append(
-            module.register_forward_hook(
-                lambda mod, args, out: (
-                    (edit(out[0].clone()), *out[1:]) if isinstance(out, tuple) else edit(out.clone())
-                )
-            )
-        )
-    try:
-        with torch.no_grad():
-            run_forward(view, ids)
-    finally:
-        for h in handles:
-            h.remove()
-    return finals["h"][:, POSITION]
+        return hand_forward(view, ids, pre=[(module, lambda args: (edit(args[0].clone()), *args[1:]))])
+
+    def on_output(args, out):
+        return (edit(out[0].clone()), *out[1:]) if isinstance(out, tuple) else edit(out.clone())
+
+    return hand_forward(view, ids, post=[(module, on_output)])
 
 
 def _engine_logprob(view, run, decoder, components, values):

@@ -82,7 +82,7 @@ def _sharp_view(case: str):
     return view
 
 
-def _forward(view, ids, pre=(), post=()) -> torch.Tensor:
+def hand_forward(view, ids, pre=(), post=()) -> torch.Tensor:
     """h_L at POSITION of the model's own forward with plain hooks: `pre` (module, fn(args)
     -> args or None) and `post` (module, fn(args, output) -> output or None)."""
     finals = {}
@@ -130,7 +130,7 @@ def _every_module(view, ids) -> tuple[dict, dict]:
         handles.append(module.register_forward_pre_hook(keep_input, with_kwargs=True))
         handles.append(module.register_forward_hook(keep_output))
     try:
-        _forward(view, ids)
+        hand_forward(view, ids)
     finally:
         for handle in handles:
             handle.remove()
@@ -248,10 +248,10 @@ def _hand_two_runs(case, view, ids, corrupt_ids, sender, receiver: Receiver) -> 
     posts = [] if pre else [(module, patch_sender)]
     posts = [*posts, *held]
     (posts if output else pres).append((reads, keep))
-    _forward(view, ids, pre=pres, post=posts)
+    hand_forward(view, ids, pre=pres, post=posts)
     received = seen["x"]
     if receiver.kind == "mlp":
-        return _forward(view, ids, pre=[(reads, lambda args: (received, *args[1:]))])
+        return hand_forward(view, ids, pre=[(reads, lambda args: (received, *args[1:]))])
 
     def splice(args, out):
         out = out.clone()
@@ -267,7 +267,7 @@ def _hand_two_runs(case, view, ids, corrupt_ids, sender, receiver: Receiver) -> 
         z[..., others] = base_z[..., others]
         return (z, *args[1:])
 
-    return _forward(view, ids, pre=[(block.out_proj, hold_other_heads)], post=[(reads, splice)])
+    return hand_forward(view, ids, pre=[(block.out_proj, hold_other_heads)], post=[(reads, splice)])
 
 
 @pytest.mark.parametrize("case", HAND_CASES)
