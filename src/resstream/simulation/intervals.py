@@ -7,9 +7,10 @@ quantiles and the t-interval of a mean from its standard error (torch-free, pure
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Estimate", "mean_interval", "t_quantile"]
+__all__ = ["Estimate", "mean_interval", "sample_interval", "t_quantile"]
 
 _EXACT_DF_LIMIT = 200
 
@@ -103,3 +104,16 @@ def mean_interval(
     half = t_quantile(0.5 + level / 2.0, count - 1) * stderr
     low, high = max(bounds[0], mean - half), min(bounds[1], mean + half)
     return Estimate(mean, low, high)
+
+
+def sample_interval(
+    values: Sequence[float], level: float = 0.95, bounds: tuple[float, float] = (-math.inf, math.inf)
+) -> Estimate:
+    """The mean of `values` (one per sample: a sequence, a seed) with its t-interval
+    (`mean_interval` of their standard error, in float64); nan bounds for fewer than two."""
+    import torch
+
+    tensor = torch.tensor(list(values), dtype=torch.float64)
+    count = len(tensor)
+    stderr = float(tensor.std(unbiased=True) / math.sqrt(count)) if count > 1 else math.nan
+    return mean_interval(float(tensor.mean()), stderr, count, level, bounds)

@@ -19,7 +19,6 @@ effect on the final logits.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -46,7 +45,7 @@ from resstream.analysis.attribution.results import (
 )
 from resstream.analysis.decoding.decoder import Decoder
 from resstream.models.adapters.base import Internals, ModelView
-from resstream.simulation.intervals import Estimate, mean_interval
+from resstream.simulation.intervals import Estimate, sample_interval
 
 
 @dataclass(frozen=True, eq=False)
@@ -184,10 +183,7 @@ def neuron_contributions(
 
 def _estimate(values: list[float]) -> Estimate:
     """Mean over sequences with its 95% t-interval."""
-    tensor = torch.tensor(values, dtype=torch.float64)
-    count = len(values)
-    stderr = float(tensor.std(unbiased=True) / math.sqrt(count)) if count > 1 else math.nan
-    return mean_interval(float(tensor.mean()), stderr, count)
+    return sample_interval(values)
 
 
 def attribute_batches(

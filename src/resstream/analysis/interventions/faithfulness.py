@@ -77,7 +77,7 @@ from resstream.analysis.interventions.metrics import Measured, measure_direct
 from resstream.analysis.interventions.runs import Run, zero_values
 from resstream.display import Displayable
 from resstream.reprs import summary
-from resstream.simulation.intervals import Estimate, mean_interval
+from resstream.simulation.intervals import Estimate, sample_interval
 
 #: The additive scores of each level, in the order tables and figures show them.
 HEAD_SCORES = ("C", "DLA", "grad_x_act")
@@ -671,11 +671,10 @@ def _over_sequences(
     if len(by_sequence) == 1:
         kept = groups[0]
         return Mean(sum(kept) / len(kept) if kept else math.nan, math.nan, math.nan, len(kept))
-    means = torch.tensor([sum(g) / len(g) for g in groups if g], dtype=torch.float64)
-    if len(means) == 0:
+    means = [sum(g) / len(g) for g in groups if g]
+    if not means:
         return Mean(math.nan, math.nan, math.nan, 0)
-    stderr = float(means.std(unbiased=True) / math.sqrt(len(means))) if len(means) > 1 else math.nan
-    found = mean_interval(float(means.mean()), stderr, len(means), bounds=bounds)
+    found = sample_interval(means, bounds=bounds)
     return Mean(found.value, found.low, found.high, len(means))
 
 
