@@ -11,16 +11,22 @@ for RMSNorm). The identity (post-norm models' final norm) has g = 1, s = 1, b = 
 With s frozen at an actual state u = Σ_c v_c, the norm is an affine map of each part:
 norm(u) = Σ_c centre(v_c) · g / s(u) + b exactly, which is how decomposition and attribution
 pass components through a norm (`FrozenNorm`). `norm_form(module)` reads the formula of a
-module and checks it against the module's own output on a probe input.
+module and checks it against the module's own output on a probe input. `head_norm(block,
+which)` reads a block's QK-norm (a norm on each head's query or key) the same way, with the
+layout of its input (one head, or all heads joined: `HeadNorm`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+
+from resstream.models.adapters.base import BlockView, InlineScale
+from resstream.models.adapters.weights import repeat_heads
 
 #: Relative difference between a module's output and its read formula above which
 #: `norm_form` refuses the module (the formula would be wrong, not rounded).
@@ -30,7 +36,8 @@ FORM_TOLERANCE = 1e-4
 @dataclass(frozen=True, eq=False)
 class NormForm:
     """norm(u) = centre(u) · gain / s(u) + bias (module docstring). `gain`/`bias` (d,) or None
-    (1 / 0); `identity` norms have s = 1."""
+    (1 / 0), a gain (heads, d) for a norm with one row of gains per head (u (..., heads, d));
+    `identity` norms have s = 1."""
 
     centre: bool
     eps: float = 0.0
@@ -98,7 +105,7 @@ class FrozenNorm:
         """The gain as a (d,) tensor (ones when None)."""
         if self.form.gain is None:
             return torch.ones(d_model, dtype=like.dtype, device=like.device)
-        return self.form.gain.to(like.dtype)
+        return self.form.gain.to(like.device, like.dtype).expand(d_model)  # a scalar gain: `InlineScale`
 
 
 def norm_form(module: Callable[[Tensor], Tensor] | None) -> NormForm:
@@ -107,10 +114,15 @@ def norm_form(module: Callable[[Tensor], Tensor] | None) -> NormForm:
     then, that of float32 for half-precision modules), or a Hugging Face RMSNorm (`weight` and
     `eps`/`variance_epsilon`; the gain is `weight` or, as in Gemma, `1 + weight`, decided by
     the module's own output). Any norm callable is read the same way (a decoder's norm): its
-    output on a probe decides. Raises ValueError for a module none of these formulas
+    output on a probe decides; a centring one with `weight` and `variance_epsilon` is read as
+    LayerNorm (Cohere). An `InlineScale` is its inner norm (or the identity) times its factor.
+    A 2-D weight (heads, d) is a gain per row, the last dim normalised (Cohere's QK-norm).
+    Raises ValueError for a module none of these formulas
     reproduces, or one that normalises over more than the last dim."""
     if module is None or isinstance(module, nn.Identity):
         return NormForm(centre=False, identity=True)
+    if isinstance(module, InlineScale):
+        return _scaled(norm_form(module.inner), module.factor)
     if isinstance(module, nn.LayerNorm):
         form = NormForm(True, module.eps, _detached(module.weight), _detached(module.bias))
         return _checked(module, [form])
@@ -121,9 +133,17 @@ def norm_form(module: Callable[[Tensor], Tensor] | None) -> NormForm:
     weight = getattr(module, "weight", None)
     if eps is None or not isinstance(weight, Tensor):
         raise ValueError(f"cannot read the norm {type(module).__name__}: no weight and eps")
-    weight = weight.detach()
+    weight, bias = weight.detach(), _detached(getattr(module, "bias", None))
     candidates = [NormForm(False, eps, weight), NormForm(False, eps, 1.0 + weight)]
+    candidates.append(NormForm(True, eps, weight, bias if isinstance(bias, Tensor) else None))  # Cohere
     return _checked(module, candidates)
+
+
+def _scaled(form: NormForm, factor: float) -> NormForm:
+    """`form` followed by a constant factor (`InlineScale`): gain and bias times it."""
+    gain = torch.tensor(factor) if form.gain is None else form.gain * factor
+    bias = None if form.bias is None else form.bias * factor
+    return NormForm(form.centre, form.eps, gain, bias, form.identity)
 
 
 def _detached(tensor: Tensor | None) -> Tensor | None:
@@ -146,9 +166,11 @@ def _default_rms_eps(module: nn.RMSNorm) -> float:
     return torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
 
 
-def _probe_like(module: object) -> tuple[int, Tensor | None]:
-    """The width d a norm module normalises and a tensor whose device and dtype its input
-    takes (its weight; None for a module without one, whose input is float32 on the CPU)."""
+def _probe_like(module: object) -> tuple[tuple[int, ...], Tensor | None]:
+    """The shape of one input a norm module normalises, (d,) or for a per-head gain (heads,
+    d) (Cohere's QK-norm: the last dim normalised, each row its own gain), and a tensor whose
+    device and dtype its input takes (its weight; None for a module without one, whose input
+    is float32 on the CPU)."""
     weight = getattr(module, "weight", None)
     shape = getattr(module, "normalized_shape", None)
     if shape is not None and len(shape) != 1:
@@ -156,17 +178,17 @@ def _probe_like(module: object) -> tuple[int, Tensor | None]:
             f"the norm {type(module).__name__} normalises over {len(shape)} dims; only the last is supported"
         )
     if shape is not None:
-        return int(shape[0]), weight
+        return (int(shape[0]),), weight
     if not isinstance(weight, Tensor):
         raise ValueError(f"cannot read the width of the norm {type(module).__name__}: no weight")
-    return int(weight.shape[0]), weight
+    return tuple(int(n) for n in weight.shape), weight
 
 
 def _checked(module: Callable[[Tensor], Tensor], candidates: list[NormForm]) -> NormForm:
     """The first candidate formula that reproduces the module on a probe input."""
-    d, like = _probe_like(module)
+    shape, like = _probe_like(module)
     device, dtype = (torch.device("cpu"), torch.float32) if like is None else (like.device, like.dtype)
-    probe = torch.randn(3, d, generator=torch.Generator().manual_seed(0)).to(device, torch.float32)
+    probe = torch.randn(3, *shape, generator=torch.Generator().manual_seed(0)).to(device, torch.float32)
     with torch.no_grad():
         actual = module(probe.to(dtype)).float()
         for form in candidates:
@@ -182,4 +204,43 @@ def _dtype_slack(dtype: torch.dtype) -> float:
     return 0.0 if dtype in (torch.float32, torch.float64) else 2e-2
 
 
-__all__ = ["FORM_TOLERANCE", "FrozenNorm", "NormForm", "norm_form"]
+@dataclass(frozen=True, eq=False)
+class HeadNorm:
+    """A block's QK-norm (`BlockView.q_norm` / `k_norm`) on per-head vectors given heads
+    first, (n_heads, ..., d_head), key heads repeated for the query heads that share them (as
+    in `AttentionWeights`). `heads` is how many distinct heads the norm sees (query heads, or
+    key/value heads); `span` "head": it normalises each head's d_head alone (gain (d_head,),
+    or one row per head (heads, d_head): Cohere); "all": the concatenation of the `heads`
+    heads (OLMo-2). `joined` lays vectors out as the norm's input, `split` undoes it."""
+
+    form: NormForm
+    span: str
+    heads: int
+
+    def joined(self, per_head: Tensor) -> Tensor:
+        """(n_heads, ..., d_head) -> (..., heads, d_head) ("head") or (..., heads·d_head) ("all")."""
+        distinct = per_head[:: per_head.shape[0] // self.heads].movedim(0, -2)
+        return distinct.flatten(-2) if self.span == "all" else distinct
+
+    def split(self, joined: Tensor, n_heads: int) -> Tensor:
+        """`joined`'s layout back to (n_heads, ..., d_head), key heads repeated."""
+        if self.span == "all":
+            joined = joined.unflatten(-1, (self.heads, -1))
+        return repeat_heads(joined.movedim(-2, 0), n_heads)
+
+
+def head_norm(block: BlockView, which: str) -> HeadNorm | None:
+    """The block's query (`which` "q") or key ("k") norm as a `HeadNorm`; None without one."""
+    module = block.q_norm if which == "q" else block.k_norm
+    if module is None:
+        return None
+    n_heads, d_head = int(block.W_O.shape[0]), int(block.W_O.shape[1])
+    form = norm_form(module)
+    if block.qk_norm_span == "all":
+        width = math.prod(_probe_like(module)[0])
+        return HeadNorm(form, "all", width // d_head)
+    rows = form.gain.shape[0] if form.gain is not None and form.gain.ndim == 2 else n_heads
+    return HeadNorm(form, "head", int(rows))
+
+
+__all__ = ["FORM_TOLERANCE", "FrozenNorm", "HeadNorm", "NormForm", "head_norm", "norm_form"]

@@ -23,12 +23,13 @@ from resstream.analysis.circuits.neurons import (
 from resstream.analysis.decoding.decoder import decoder_of
 from resstream.api.inputs import CorpusRequest, check_top_k, each_batch, sampled_models, takes_load_args
 from resstream.api.tokenizers import tokenizer_of
-from resstream.capture import record, run_forward
+from resstream.capture import run_forward
 from resstream.capture.hooks import check_input_ids
 from resstream.data.sampling import SequenceSample
 from resstream.data.tokenizer import token_text
 from resstream.errors import UsageError
 from resstream.models import LoadArgs, ModelLike, ModelView
+from resstream.models.adapters.base import BlockView
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -133,7 +134,7 @@ def check_layer_and_neurons(
         raise UsageError(
             f"`layer` {layer} is out of range; allowed: 0..{view.n_layers - 1} ({view.n_layers} blocks)"
         )
-    mlp_out_projection(view, layer)
+    mlp_neurons(view, layer)
     d_ff = view.blocks[layer].read_mlp_weights().d_ff
     for neuron in neurons or ():
         if not 0 <= neuron < d_ff:
@@ -145,13 +146,13 @@ def check_layer_and_neurons(
         raise UsageError(f"`top` {top} is more than layer {layer}'s {d_ff} neurons; allowed: 1..{d_ff}")
 
 
-def mlp_out_projection(view: ModelView, layer: int) -> torch.nn.Module:
-    """Block `layer`'s MLP output projection, whose input is the neuron coefficients; UsageError
-    for a block whose adapter exposes no MLP neurons (no weights or no projection)."""
+def mlp_neurons(view: ModelView, layer: int) -> BlockView:
+    """Block `layer`, whose neuron coefficients `BlockView.hook_coefficients` reads; UsageError
+    for a block whose adapter exposes no MLP neurons (no weights, no projection or experts)."""
     block = view.blocks[layer]
-    if block.mlp_weights is None or block.mlp_out_proj is None:
+    if block.mlp_weights is None or (block.mlp_out_proj is None and block.experts is None):
         raise UsageError(f"the {view.family} adapter exposes no MLP neurons for block {layer}")
-    return block.mlp_out_proj
+    return block
 
 
 def layer_coefficients(
@@ -160,15 +161,21 @@ def layer_coefficients(
     """(ids, m) per batch of the sample: the batch's token ids and the neuron coefficients m
     (batch, seq, d_ff) of block `layer`, as its MLP's output projection receives them (one
     forward of the model per batch, one hook)."""
-    projection = mlp_out_projection(view, layer)
+    block = mlp_neurons(view, layer)
     for batch in each_batch(sample.sequences, batch_size, desc, progress):
         check_input_ids(view, batch)
         batch = batch.to(view.W_E.device)
-        with record([projection], inputs=True) as seen, torch.inference_mode():
-            run_forward(view, batch)
-        if len(seen["0"]) != 1:
-            raise RuntimeError(f"expected block {layer}'s MLP to run once per forward, got {len(seen['0'])}")
-        yield batch, seen["0"][0]
+        seen: list[torch.Tensor] = []
+        handles = block.hook_coefficients(seen.append)
+        try:
+            with torch.inference_mode():
+                run_forward(view, batch)
+        finally:
+            for handle in handles:
+                handle.remove()
+        if len(seen) != 1:
+            raise RuntimeError(f"expected block {layer}'s MLP to run once per forward, got {len(seen)}")
+        yield batch, seen[0]
 
 
 def _result(

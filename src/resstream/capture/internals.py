@@ -11,8 +11,10 @@ block and records, per block (`BlockInternals`, tensors (batch, seq, ...)):
   heads, d_head); `attn_raw`: the attention module's output Σ_h z_h W_O[h] + b_O;
   `attn_output`: what is added to the stream (Gemma-2: after its post-attention norm);
 * `mlp_input`: what the MLP reads; `coefficients`: the neuron coefficients m (the input of
-  the MLP's output projection, batch, seq, d_ff); `mlp_raw`: the MLP module's output;
-  `mlp_output`: what is added (Gemma-2: after its post-feed-forward norm);
+  the MLP's output projection, batch, seq, d_ff; a mixture of experts: the flat, routed and
+  weighted coefficients of `ExpertsView`, with the routing in `expert_index` /
+  `expert_weight`); `mlp_raw`: the MLP module's output; `mlp_output`: what is added
+  (Gemma-2: after its post-feed-forward norm; Granite: times its residual multiplier);
 * `probs` (with `attention=True`): the attention probabilities (batch, heads, query, key),
   from `capture.attention_rows` (a second forward: fused kernels do not return them); with
   `attention=[positions]` only those query rows, cut layer by layer as the forward goes.
@@ -34,15 +36,15 @@ from torch import Tensor, nn
 
 from resstream.capture.attention import attention_rows
 from resstream.capture.hooks import _block_input, _hooks, check_input_ids, first_tensor, run_forward
-from resstream.models.adapters.base import BlockInternals, BlockView, Internals, ModelView
+from resstream.models.adapters.base import BlockInternals, BlockView, InlineScale, Internals, ModelView
 
 
-def _projections(block: BlockView, index: int) -> tuple[nn.Module, nn.Module]:
-    """The block's attention and MLP output projections, hooked for z and m; ValueError for a
-    view that gives none."""
-    if block.out_proj is None or block.mlp_out_proj is None:
+def _out_projection(block: BlockView, index: int) -> nn.Module:
+    """The block's attention output projection, hooked for z; ValueError for a view that
+    gives none."""
+    if block.out_proj is None or (block.mlp_out_proj is None and block.experts is None):
         raise ValueError(f"block {index} of this view has no out_proj / mlp_out_proj to hook")
-    return block.out_proj, block.mlp_out_proj
+    return block.out_proj
 
 
 def block_internals(
@@ -77,7 +79,7 @@ def _block_hooks(
     block: BlockView, index: int, record: dict[str, Any]
 ) -> list[torch.utils.hooks.RemovableHandle]:
     """Hooks that fill `record` with block `index`'s reads and writes (each module runs once)."""
-    out_proj, mlp_out_proj = _projections(block, index)
+    out_proj = _out_projection(block, index)
 
     def keep(name: str, value: Tensor) -> None:
         if name in record:
@@ -102,23 +104,33 @@ def _block_hooks(
         alpha = block.identity_scale(args, kwargs) if block.identity_scale is not None else None
         record["identity_scale"] = None if alpha is None else alpha.detach().clone()
 
+    def on_coefficients(m: Tensor) -> None:
+        keep("coefficients", m)
+
+    def on_routing(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        assert block.experts is not None
+        _, index, weights = block.experts.routing(args, kwargs)
+        keep("expert_index", index)
+        keep("expert_weight", weights)
+
     pre = [
         (block.module, on_block),
         (block.attn, on_input("attn_input")),
         (out_proj, on_input("z")),
         (block.mlp, on_input("mlp_input")),
-        (mlp_out_proj, on_input("coefficients")),
     ]
+    if block.experts is not None:
+        pre.append((block.experts.module, on_routing))
     post = [
         (block.module, on_output("block_output")),
         (block.attn, on_output("attn_raw")),
         (block.mlp, on_output("mlp_raw")),
     ]
-    if block.post_attn_norm is not None:
-        post.append((block.post_attn_norm, on_output("attn_output")))
-    if block.post_mlp_norm is not None:
-        post.append((block.post_mlp_norm, on_output("mlp_output")))
+    for norm, name in ((block.post_attn_norm, "attn_output"), (block.post_mlp_norm, "mlp_output")):
+        if norm is not None and not isinstance(norm, InlineScale):  # an inline factor runs no module
+            post.append((norm, on_output(name)))
     handles = [module.register_forward_pre_hook(hook, with_kwargs=True) for module, hook in pre]
+    handles += block.hook_coefficients(on_coefficients)
     return handles + [module.register_forward_hook(hook) for module, hook in post]
 
 
@@ -138,6 +150,8 @@ def _internals(
         raise RuntimeError(f"block {index}: the forward did not run {', '.join(missing)}")
     z = record["z"]
     n_heads, d_head = block.W_O.shape[0], block.W_O.shape[1]
+    routed = [record.get(name) for name in ("expert_index", "expert_weight")]
+    routed = [None if r is None else r.reshape(*z.shape[:-1], -1) for r in routed]  # from (batch·seq) rows
     return BlockInternals(
         block_input=record["block_input"],
         block_output=record["block_output"],
@@ -145,14 +159,25 @@ def _internals(
         attn_input=record["attn_input"],
         z=z.reshape(*z.shape[:-1], n_heads, d_head),
         attn_raw=record["attn_raw"],
-        attn_output=record.get("attn_output", record["attn_raw"]),
+        attn_output=record.get("attn_output", _inline(block.post_attn_norm, record["attn_raw"])),
         mlp_input=record["mlp_input"],
         coefficients=record["coefficients"],
         mlp_raw=record["mlp_raw"],
-        mlp_output=record.get("mlp_output", record["mlp_raw"]),
+        mlp_output=record.get("mlp_output", _inline(block.post_mlp_norm, record["mlp_raw"])),
         probs=None if probs is None else probs[index],
         query_rows=rows,
+        expert_index=routed[0],
+        expert_weight=routed[1],
     )
+
+
+def _inline(norm: nn.Module | None, raw: Tensor) -> Tensor:
+    """What a sub-layer adds when no post-norm module runs: its raw output, times the factor
+    the model applies inline (`InlineScale`) where there is one."""
+    if isinstance(norm, InlineScale):
+        with torch.no_grad():
+            return norm(raw)
+    return raw
 
 
 __all__ = ["BlockInternals", "Internals", "block_internals"]

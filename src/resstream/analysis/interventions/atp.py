@@ -251,17 +251,18 @@ def gradients(base: Run, readout: Readout) -> tuple[Gradients, Tensor]:
 @contextmanager
 def _keeping(view: Any, kept: dict[str, list[Tensor]]) -> Iterator[None]:
     """Hooks that keep, as they enter the graph, each block's z (the output projection's
-    input), m (the MLP output projection's input) and attention and MLP module outputs."""
+    input), m (the neuron coefficients, `BlockView.hook_coefficients`) and attention and MLP
+    module outputs."""
     handles = []
     try:
         for layer, block in enumerate(view.blocks):
-            if block.out_proj is None or block.mlp_out_proj is None:
+            if block.out_proj is None or (block.mlp_out_proj is None and block.experts is None):
                 raise UsageError(
                     f"block {layer} of this model's view names no output projection; "
                     "attribution patching needs z and m"
                 )
             handles.append(block.out_proj.register_forward_pre_hook(_input_keeper(kept["z"])))
-            handles.append(block.mlp_out_proj.register_forward_pre_hook(_input_keeper(kept["m"])))
+            handles += block.hook_coefficients(kept["m"].append)
             handles.append(block.attn.register_forward_hook(_output_keeper(kept["attn"])))
             handles.append(block.mlp.register_forward_hook(_output_keeper(kept["mlp"])))
         yield

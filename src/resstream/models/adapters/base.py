@@ -11,7 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
+import torch
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 
 #: A model, or one of its submodules, as an adapter reads it: a third-party object (a Hugging
 #: Face model, or resstream's GPT) whose submodules are attributes built at run time
@@ -64,6 +66,112 @@ class MLPWeights:
         return self.W_up is not None
 
 
+class InlineScale(nn.Module):
+    """A constant factor a model applies inline, without a module of its own, as a module the
+    view can name: `InlineScale(c)(x)` = c·x (Granite's residual multiplier on a sub-layer's
+    output, as `BlockView.post_attn_norm` / `post_mlp_norm`), `InlineScale(c, norm)(x)` =
+    c·norm(x) (a logit scale after the final norm, as `ModelView.final_norm`: Cohere's
+    `logit_scale`, Granite's 1 / `logits_scaling`). It is not part of the model: the model
+    multiplies by c itself, so hooks on it never run; `capture` applies it to what it records
+    and `analysis.norms.norm_form` reads it as the linear map it is (c times the inner norm)."""
+
+    def __init__(self, factor: float, inner: nn.Module | None = None) -> None:
+        super().__init__()
+        self.factor = float(factor)
+        self.inner = inner
+
+    def forward(self, x: Tensor) -> Tensor:
+        return (x if self.inner is None else self.inner(x)) * self.factor
+
+    def extra_repr(self) -> str:
+        return f"factor={self.factor:g}"
+
+
+#: Reads or replaces an MLP's neuron coefficients m (..., d_ff) during a forward: returns None
+#: to leave them, or the tensor that replaces them.
+CoefficientHook = Callable[[Tensor], Tensor | None]
+
+
+@dataclass(frozen=True)
+class ExpertsView:
+    """A mixture-of-experts MLP (Mixtral, Qwen3-MoE, GPT-OSS): a router sends each token to
+    `top_k` of `n_experts` experts, and the MLP writes their outputs weighted by the router's
+    weights for that token. `module` is the experts module, which the MLP calls as
+    module(x (N, d), index (N, top_k), weights (N, top_k)): its inputs are the routing.
+
+    Neurons are flat so that every analysis sees one MLP: expert e's neuron j is neuron
+    e·`width` + j. `width` is the expert's d_ff, plus one where experts have an output bias
+    (GPT-OSS): that last neuron is the bias, its value vector the bias and its own coefficient
+    1. The coefficient of a flat neuron is its expert's router weight for the token times the
+    expert's own coefficient, and 0 for the experts the token is not routed to, so
+    Σ_k m_k·W_out[k] is the MLP's output exactly (`BlockView.mlp_weights` gives W_out flat).
+    `coefficients(x, index, weights)` computes them, (N, n_experts·width), with the expert's
+    own projections (the same products the experts module computes).
+    """
+
+    module: nn.Module
+    n_experts: int
+    top_k: int
+    width: int
+    coefficients: Callable[[Tensor, Tensor, Tensor], Tensor]
+
+    def expert_of(self, neuron: int) -> tuple[int, int]:
+        """(expert, neuron within it) of flat neuron `neuron`."""
+        return divmod(int(neuron), self.width)
+
+    def neurons(self, expert: int) -> slice:
+        """Expert `expert`'s flat neurons."""
+        return slice(expert * self.width, (expert + 1) * self.width)
+
+    def routing(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor]:
+        """(x, index, weights) from the arguments the experts module is called with."""
+        values = [*args, *kwargs.values()]
+        if len(values) < 3:
+            raise RuntimeError(f"the experts module was called with {len(values)} arguments, expected 3")
+        x, index, weights = values[:3]
+        return x, index, weights
+
+    def hooks(self, mlp: nn.Module, W_out: Tensor, fn: CoefficientHook) -> list[RemovableHandle]:
+        """Hooks that call `fn` with the flat coefficients (batch, seq, n_experts·width) of
+        every forward of `mlp`; a tensor `fn` returns replaces them: the MLP's output then
+        changes by (m' − m) @ W_out, exactly what writing m' would add. The coefficients are
+        computed from a detached input and require grad when autograd is on, so a gradient
+        reaches m (attribution patching) without a second path to the MLP's input."""
+        state: dict[str, Any] = {}
+
+        def on_mlp(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            state["shape"] = _first_input(args, kwargs).shape[:-1]
+
+        def on_experts(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            x, index, weights = self.routing(args, kwargs)
+            m = self.coefficients(x.detach(), index, weights.detach())
+            if torch.is_grad_enabled():
+                m.requires_grad_(True)
+            shape = (*state.get("shape", m.shape[:-1]), m.shape[-1])
+            replaced = fn(m.reshape(shape))
+            if replaced is not None:
+                state["delta"] = replaced.reshape(m.shape) - m.detach()
+
+        def after_experts(module: nn.Module, args: tuple[Any, ...], output: Tensor) -> Tensor | None:
+            delta = state.pop("delta", None)
+            if delta is None:
+                return None
+            return output + (delta @ W_out.to(delta.dtype)).to(output.dtype)
+
+        return [
+            mlp.register_forward_pre_hook(on_mlp, with_kwargs=True),
+            self.module.register_forward_pre_hook(on_experts, with_kwargs=True),
+            self.module.register_forward_hook(after_experts),
+        ]
+
+
+def _first_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
+    value = args[0] if args else next(iter(kwargs.values()))
+    if not isinstance(value, Tensor):
+        raise RuntimeError(f"expected a tensor as the module's first input, got {type(value).__name__}")
+    return value
+
+
 @dataclass(frozen=True)
 class BlockView:
     """One Transformer block.
@@ -85,6 +193,14 @@ class BlockView:
     that computes head h's query, key or value from the attention input and the columns of its
     output that hold them (a grouped-query key/value head's columns serve several query heads);
     None where a family does not say.
+
+    QK-norm (Qwen3, Gemma-3, OLMo-2, Cohere): `q_norm` / `k_norm` normalise each head's query
+    and key after W_Q / W_K and before rotary positions, over one head's d_head
+    (`qk_norm_span` "head") or over all heads' concatenation ("all": OLMo-2). `experts` makes
+    the MLP a mixture of experts (`ExpertsView`; its neurons are flat, and `mlp_out_proj` is
+    None: `hook_coefficients` reads and replaces them). `sinks` (n_heads,): GPT-OSS's learned
+    attention-sink logits, which take softmax mass and write nothing, so a row of attention
+    probabilities sums to less than one.
 
     `parallel`: attention and MLP both read the block input (GPT-NeoX's parallel residual:
     out = x + attn(ln1(x)) + mlp(ln2(x))). `norm_position`: "pre" (the usual
@@ -109,6 +225,27 @@ class BlockView:
     mlp_out_proj: nn.Module | None = None
     identity_scale: Callable[[tuple[Any, ...], dict[str, Any]], Tensor | None] | None = None
     qkv_columns: Callable[[str, int], tuple[nn.Module, Tensor]] | None = None
+    q_norm: nn.Module | None = None
+    k_norm: nn.Module | None = None
+    qk_norm_span: str = "head"
+    experts: ExpertsView | None = None
+    sinks: Tensor | None = None
+
+    def hook_coefficients(self, fn: CoefficientHook) -> list[RemovableHandle]:
+        """Hooks that call `fn` with the MLP's neuron coefficients m (batch, seq, d_ff) in every
+        forward; a tensor `fn` returns replaces m (the input of the MLP's output projection, or
+        for experts the flat coefficients, `ExpertsView.hooks`). ValueError for a view that
+        says neither where m is nor how to compute it."""
+        if self.experts is not None:
+            return self.experts.hooks(self.mlp, self.read_mlp_weights().W_out.detach(), fn)
+        if self.mlp_out_proj is None:
+            raise ValueError("this block's view has no mlp_out_proj whose input is the coefficients")
+
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+            replaced = fn(args[0])
+            return None if replaced is None else (replaced, *args[1:])
+
+        return [self.mlp_out_proj.register_forward_pre_hook(hook)]
 
     def read_attention_weights(self) -> AttentionWeights:
         """`attention_weights()`; ValueError for a block whose view gives none."""
@@ -181,6 +318,8 @@ class BlockInternals:
     mlp_output: Tensor
     probs: Tensor | None = None  # (batch, heads, query rows, key)
     query_rows: Tensor | None = None  # the query positions `probs` holds (None: all, in order)
+    expert_index: Tensor | None = None  # mixture of experts: the routed experts (batch, seq, top_k)
+    expert_weight: Tensor | None = None  # and their router weights (batch, seq, top_k)
 
     def probs_at(self, sequence: int, positions: Tensor) -> Tensor:
         """Attention probabilities (heads, N, key) of query `positions` of one sequence;

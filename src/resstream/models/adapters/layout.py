@@ -35,20 +35,25 @@ class Sublayer(Generic[Reader]):
     """Where a family keeps one sub-layer of a block (attention or MLP), as attribute paths.
 
     `module` is the sub-layer from the block (``"attn"``), `norm` the norm applied before it
-    (from the block), `out_proj` its output projection inside it (``"c_proj"``: the module
-    whose input is the per-head z, or the neuron coefficients m), `post_norm` Gemma-2's norm
-    on its output (from the block; None where a family has none). `weights` builds its
-    `AttentionWeights` / `MLPWeights` when asked for; `columns` (attention only) says where
-    each head's query, key and value are: (attention, n_heads, which, head) -> the projection
-    module and its output columns (`BlockView.qkv_columns`).
+    (from the block; None where a family has none, OLMo-2), `out_proj` its output projection
+    inside it (``"c_proj"``: the module whose input is the per-head z, or the neuron
+    coefficients m), `post_norm` Gemma-2's norm on its output (from the block; None where a
+    family has none). `weights` builds its `AttentionWeights` / `MLPWeights` when asked for;
+    `columns` (attention only) says where each head's query, key and value are: (attention,
+    n_heads, which, head) -> the projection module and its output columns
+    (`BlockView.qkv_columns`). `q_norm` / `k_norm` (attention only) are the QK-norms inside
+    it, normalising over `qk_norm_span` ("head" or "all": `BlockView.qk_norm_span`).
     """
 
     module: str
-    norm: str
-    out_proj: str
+    norm: str | None
+    out_proj: str | None
     weights: Reader
     post_norm: str | None = None
     columns: QKVColumns | None = None
+    q_norm: str | None = None
+    k_norm: str | None = None
+    qk_norm_span: str = "head"
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,9 @@ class BlockLayout:
             mlp_weights=partial(mlp.weights, mlp_module),
             mlp_out_proj=_piece(mlp_module, mlp.out_proj),
             qkv_columns=None if attention.columns is None else partial(attention.columns, attn, n_heads),
+            q_norm=_piece(attn, attention.q_norm),
+            k_norm=_piece(attn, attention.k_norm),
+            qk_norm_span=attention.qk_norm_span,
             **extra,
         )
 

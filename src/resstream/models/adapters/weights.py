@@ -2,9 +2,11 @@
 
 Families store their projections differently: an `nn.Linear` keeps its weight as (out, in), a
 GPT-2 style `Conv1D` as (in, out); attention's query, key and value projections may be
-separate, fused as q | k | v, or interleaved per head. The helpers here turn each layout into
-the view's matrices (`AttentionWeights`, `MLPWeights`, W_O) so that a family module only says
-which layout it uses. The helpers only reorient and split: no value is changed.
+separate, fused as q | k | v (equal thirds, or grouped-query widths: Phi-3), or fused per
+key/value head as [its queries | k | v] (Falcon; GPT-NeoX's [q_h | k_h | v_h] per head). The
+helpers here turn each layout into the view's matrices (`AttentionWeights`, `MLPWeights`, W_O)
+so that a family module only says which layout it uses. The helpers only reorient and split:
+no value is changed.
 """
 
 from __future__ import annotations
@@ -84,16 +86,48 @@ def same_tensor(a: Tensor, b: Tensor) -> bool:
     return a.data_ptr() == b.data_ptr() and a.stride() == b.stride()
 
 
+def kv_heads_of(width: int, n_heads: int, d_head: int) -> int:
+    """The number of key/value heads of a fused q/k/v projection `width` wide that computes
+    `n_heads` queries and n_kv keys and values, each `d_head` wide: width = (n_heads + 2·n_kv)·d_head.
+    ValueError for a width that holds no whole number of key/value heads sharing the queries."""
+    kv_heads, odd = divmod(width // d_head - n_heads, 2)
+    if width % d_head or odd or kv_heads < 1 or n_heads % kv_heads:
+        raise ValueError(
+            f"a fused q/k/v projection {width} wide does not hold {n_heads} query heads and "
+            f"key/value heads sharing them, each {d_head} wide"
+        )
+    return kv_heads
+
+
+def _fused_qkv_widths(width: int, n_heads: int, d_head: int | None) -> tuple[int, int, int]:
+    """The widths of q, k and v in a fused q | k | v projection `width` wide: equal thirds, or
+    with `d_head` given n_heads·d_head for q and n_kv·d_head for k and v (`kv_heads_of`)."""
+    if d_head is None:
+        return (width // 3,) * 3
+    kv_width = kv_heads_of(width, n_heads, d_head) * d_head
+    return n_heads * d_head, kv_width, kv_width
+
+
 def fused_qkv_weights(
-    proj: DynamicModule, n_heads: int, *, weight: WeightReader = linear_weight
+    proj: DynamicModule, n_heads: int, *, weight: WeightReader = linear_weight, d_head: int | None = None
 ) -> AttentionWeights:
-    """Q/K/V per head from one projection whose output columns are q | k | v, each
-    n_heads·d_head wide (GPT-2's and resstream's `c_attn`); `weight` reads its (in, out) matrix."""
+    """Q/K/V per query head from one projection whose output columns are q | k | v, each
+    n_heads·d_head wide (GPT-2's and resstream's `c_attn`), or, with `d_head` given, q
+    n_heads·d_head wide and k, v n_kv·d_head wide each (Phi-3's `qkv_proj` under grouped-query
+    attention; key/value heads repeated for the query heads sharing them, `repeat_heads`).
+    `weight` reads its (in, out) matrix."""
     W = weight(proj)
-    W_Q, W_K, W_V = (per_head(w, n_heads) for w in W.split(W.shape[1] // 3, dim=1))
+    widths = _fused_qkv_widths(W.shape[1], n_heads, d_head)
+    width_of_head = widths[0] // n_heads
     bias = bias_of(proj)
-    biases = bias.split(bias.shape[0] // 3) if bias is not None else (None, None, None)
-    b_Q, b_K, b_V = (per_head_bias(b, n_heads) for b in biases)
+    biases = bias.split(widths) if bias is not None else (None, None, None)
+    W_Q, W_K, W_V = (
+        repeat_heads(per_head(w, w.shape[1] // width_of_head), n_heads) for w in W.split(widths, dim=1)
+    )
+    b_Q, b_K, b_V = (
+        repeat_heads(per_head_bias(b, width // width_of_head), n_heads)
+        for b, width in zip(biases, widths, strict=True)
+    )
     return AttentionWeights(W_Q, W_K, W_V, b_Q, b_K, b_V)
 
 
@@ -101,19 +135,58 @@ def fused_qkv_weights(
 QKV = ("q", "k", "v")
 
 
-def fused_qkv_columns(width: int, n_heads: int, which: str, head: int) -> Tensor:
-    """The output columns of head `head`'s query, key or value (`which`) in a projection
-    `width` wide whose output is q | k | v, each n_heads·d_head wide (`fused_qkv_weights`)."""
-    part = width // 3
-    d_head = part // n_heads
-    return torch.arange(d_head) + QKV.index(which) * part + head * d_head
+def fused_qkv_columns(
+    width: int, n_heads: int, which: str, head: int, *, d_head: int | None = None
+) -> Tensor:
+    """The output columns of query head `head`'s query, or of the key or value (`which`) it
+    reads, in a projection `width` wide whose output is q | k | v (`fused_qkv_weights`: equal
+    thirds, or with `d_head` given grouped-query widths)."""
+    widths = _fused_qkv_widths(width, n_heads, d_head)
+    part = QKV.index(which)
+    return grouped_head_columns(widths[part], widths[0] // n_heads, n_heads, head) + sum(widths[:part])
+
+
+def grouped_qkv_weights(
+    proj: DynamicModule, n_heads: int, *, d_head: int, weight: WeightReader = linear_weight
+) -> AttentionWeights:
+    """Q/K/V per query head from one projection whose output is laid out per key/value group
+    as [the group's queries | its key | its value], each `d_head` wide (Falcon's
+    `query_key_value`: one group for multi-query attention, n_kv groups for the new decoder
+    architecture, one per head, [q_h | k_h | v_h], for the original layout, which is
+    GPT-NeoX's); key/value heads are repeated for the query heads sharing them."""
+    W = weight(proj)
+    d_model, width = W.shape
+    slots = W.reshape(d_model, kv_heads_of(width, n_heads, d_head), -1, d_head)
+    W_Q, W_K, W_V = (repeat_heads(part.permute(1, 0, 2), n_heads) for part in _group_parts(slots))
+    bias = bias_of(proj)
+    b_Q = b_K = b_V = None
+    if bias is not None:
+        grouped = bias.reshape(slots.shape[1:])
+        b_Q, b_K, b_V = (repeat_heads(part, n_heads) for part in _group_parts(grouped))
+    return AttentionWeights(W_Q, W_K, W_V, b_Q, b_K, b_V)
+
+
+def _group_parts(slots: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(…, n_heads, d_head) queries and (…, n_kv, d_head) keys and values from a grouped
+    layout (…, n_kv, queries per group + 2, d_head) (`grouped_qkv_weights`)."""
+    return slots[..., :-2, :].flatten(-3, -2), slots[..., -2, :], slots[..., -1, :]
+
+
+def grouped_qkv_columns(width: int, n_heads: int, which: str, head: int, *, d_head: int) -> Tensor:
+    """The output columns of query head `head`'s query, or of the key or value (`which`) it
+    reads, in a projection `width` wide laid out per key/value group as [queries | key |
+    value] (`grouped_qkv_weights`)."""
+    served = n_heads // kv_heads_of(width, n_heads, d_head)
+    group, member = divmod(head, served)
+    slot = member if which == "q" else served + QKV.index(which) - 1
+    return torch.arange(d_head) + (group * (served + 2) + slot) * d_head
 
 
 def interleaved_qkv_columns(width: int, n_heads: int, which: str, head: int) -> Tensor:
     """The output columns of head `head`'s query, key or value in a projection `width` wide
-    whose output is laid out per head as [q_h | k_h | v_h] (GPT-NeoX's `query_key_value`)."""
-    d_head = width // (3 * n_heads)
-    return torch.arange(d_head) + (3 * head + QKV.index(which)) * d_head
+    whose output is laid out per head as [q_h | k_h | v_h] (GPT-NeoX's `query_key_value`:
+    `grouped_qkv_columns` with one head per group)."""
+    return grouped_qkv_columns(width, n_heads, which, head, d_head=width // (3 * n_heads))
 
 
 def grouped_head_columns(width: int, d_head: int, n_heads: int, head: int) -> Tensor:
@@ -155,7 +228,10 @@ __all__ = [
     "fused_qkv_columns",
     "fused_qkv_weights",
     "grouped_head_columns",
+    "grouped_qkv_columns",
+    "grouped_qkv_weights",
     "interleaved_qkv_columns",
+    "kv_heads_of",
     "linear_W_O",
     "linear_weight",
     "per_head",
