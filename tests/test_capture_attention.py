@@ -19,8 +19,10 @@ def test_every_family_gives_causal_rows_that_sum_to_one(case: str) -> None:
     probs = attention_probs(view, tiny_ids())
     assert probs.shape == (view.n_layers, 2, view.n_heads, SEQ, SEQ)
     assert probs.dtype == torch.float32
-    torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:-1]))
     assert torch.all(probs.triu(1) == 0)
+    if view.blocks[0].sinks is not None:  # attention sinks take mass: tests/test_models_experts.py
+        return
+    torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:-1]))
     assert probs[..., 0, 0].eq(1).all()  # the first query sees only itself
 
 

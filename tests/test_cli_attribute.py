@@ -196,4 +196,5 @@ def test_an_unsupported_family_is_refused_in_one_line(tmp_path: Path, capsys) ->
         capsys,
         "unsupported family 'bert'",
         "supported families",
+        "docs/adding-a-model.md",
     )

@@ -183,8 +183,9 @@ def test_unsupported_causal_family(tmp_path: Path) -> None:
     with pytest.raises(
         UsageError,
         match=r"unsupported family 'opt'; supported families: "
-        r"gemma, gemma2, gpt2, gpt_neox, llama, mistral, qwen2, "
-        r"resstream",
+        r"cohere, falcon, gemma, gemma2, gemma3_text, gpt2, gpt_neox, gpt_oss, granite, llama, mistral, "
+        r"mixtral, olmo2, olmo3, phi, phi3, qwen2, qwen3, qwen3_moe, resstream, smollm3 "
+        r"\(to add one, see docs/adding-a-model.md\)",
     ):
         load_model(str(tmp_path))
 

@@ -25,6 +25,7 @@ from resstream.data.sampling import SequenceSample
 from resstream.errors import UsageError
 from resstream.models.adapters import view_of
 from tests.test_models_adapters import ALL_CASES, tiny_ids, tiny_model
+from tests.test_models_experts import experts_by_hand
 from tests.test_models_loading import SENTENCES, _tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("hf_offline", "one_torch_thread")
@@ -207,6 +208,8 @@ def test_recorded_coefficients_are_act_of_the_key_reading(case: str) -> None:
             m = w.act(x @ w.W_in + (0 if w.b_in is None else w.b_in))
             if w.gated:
                 m = m * (x @ w.W_up + (0 if w.b_up is None else w.b_up))
+            if block.experts is not None:  # routed and weighted, computed by hand token by token
+                m = experts_by_hand(block, x.reshape(-1, x.shape[-1])).reshape(m.shape)
         assert [len(b) for b, _ in batches] == [2, 1]
         recorded = torch.cat([coefficients for _, coefficients in batches])
         assert recorded.shape == (3, ids.shape[1], w.d_ff)

@@ -58,7 +58,8 @@ def checked_hf_config(where: str, name: str, source: str, trust_remote_code: boo
                 f"causal language models: {', '.join(families)}"
             )
         raise UsageError(
-            f"model {name!r} has unsupported family {family!r}; supported families: {', '.join(families)}"
+            f"model {name!r} has unsupported family {family!r}; supported families: {', '.join(families)} "
+            "(to add one, see docs/adding-a-model.md)"
         )
     if not is_causal_config(config):
         raise UsageError(

@@ -1,4 +1,4 @@
-"""Adapter for Llama and the families that share its layout: Mistral and Qwen2.
+"""Adapter for Llama and the families that share its layout: Mistral, Qwen2 and SmolLM3.
 
 Pre-norm RMSNorm blocks: `input_layernorm`, `self_attn` (q/k/v/o projections as
 `nn.Linear`; rotary positions, grouped-query attention), `post_attention_layernorm` (the norm
@@ -6,6 +6,11 @@ before the MLP), gated `mlp`; final norm `model.norm`. h_0 is the plain token em
 Biases: none in Llama/Mistral by default (Llama's `attention_bias` may add them, o_proj
 included); Qwen2 has q/k/v biases but no o_proj bias. Llama and Mistral are untied by
 default, small Qwen2 models tied. `head_dim` may differ from hidden_size / n_heads.
+SmolLM3 leaves rotary positions out of some layers (`config.no_rope_layers`: 0 = no rotary),
+which changes only how those layers' queries meet keys, not where anything is read.
+
+Families with QK-norm (Qwen3, Gemma-3, OLMo-2) use this layout `with_qk_norm`: the attention's
+`q_norm` / `k_norm` normalise queries and keys after q_proj / k_proj, before rotary.
 """
 
 from __future__ import annotations
@@ -75,24 +80,45 @@ SANDWICH_BLOCK = BlockLayout(
 )
 
 
+def with_qk_norm(layout: BlockLayout, span: str = "head") -> BlockLayout:
+    """`layout` whose attention normalises queries and keys with its own `q_norm` / `k_norm`
+    (after q_proj / k_proj, before rotary) over one head (`span` "head") or over all heads'
+    concatenation ("all")."""
+    attention = replace(layout.attention, q_norm="q_norm", k_norm="k_norm", qk_norm_span=span)
+    return replace(layout, attention=attention)
+
+
+def qk_norm_note(span: str) -> str:
+    """The note a view with QK-norm over `span` ("head" or "all") gets."""
+    over = "per head" if span == "head" else "over all heads together"
+    return (
+        f"queries and keys are RMS-normalised {over} before rotary (QK-norm); attention "
+        "probabilities are read from the model, composition scores linearise the norm"
+    )
+
+
 def llama_like_view(
     model: DynamicModule,
     family: str,
     *,
-    sandwich: bool = False,
+    layout: BlockLayout = BLOCK,
     embed: Callable[[Tensor], Tensor] | None = None,
     notes: tuple[str, ...] = (),
     **extra: Any,
 ) -> ModelView:
     """The view of a model with Llama's layout (`model.model.layers[l].self_attn.o_proj` ...).
 
-    Gemma and Gemma-2 share it and pass what they do differently: `sandwich` blocks
-    (`SANDWICH_BLOCK`), their scaled `embed` (default: the plain token embedding), their
-    `notes`, and the rarer `ModelView` fields (soft-capping, embedding scale) in `extra`.
+    Gemma, Qwen3 and OLMo-2 share it and pass what they do differently: their block `layout`
+    (`SANDWICH_BLOCK`, `with_qk_norm`, ...), their scaled `embed` (default: the plain token
+    embedding), their `notes`, and the rarer `ModelView` fields (soft-capping, embedding
+    scale) in `extra`. A layout with QK-norm adds its note (`qk_norm_note`), a config with
+    sliding-window layers its note (`sliding_window_notes`).
     """
     config = model.config
     trunk = model.model
-    layout = SANDWICH_BLOCK if sandwich else BLOCK
+    if layout.attention.q_norm is not None:
+        notes = (*notes, qk_norm_note(layout.attention.qk_norm_span))
+    notes = (*notes, *sliding_window_notes(config))
     return hf_model_view(
         model,
         family=family,
@@ -124,3 +150,32 @@ def mistral_view(model: DynamicModule) -> ModelView:
 def qwen2_view(model: DynamicModule) -> ModelView:
     """The view of a Qwen2 causal LM."""
     return llama_like_view(model, "qwen2")
+
+
+@register("smollm3")
+def smollm3_view(model: DynamicModule) -> ModelView:
+    """The view of a SmolLM3 causal LM (Llama's layout; some layers without rotary)."""
+    return llama_like_view(model, "smollm3", notes=_no_rope_notes(model.config))
+
+
+def sliding_window_notes(config: Any) -> tuple[str, ...]:
+    """The note naming the layers that attend within a sliding window (`config.layer_types`
+    "sliding_attention") of a set `sliding_window`; none for a config without such layers, or
+    whose `use_sliding_window` is off (SmolLM3, Qwen)."""
+    types = getattr(config, "layer_types", None) or ()
+    sliding = [layer for layer, kind in enumerate(types) if kind == "sliding_attention"]
+    windowed = getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
+    if not (sliding and windowed):
+        return ()
+    return (
+        f"layers {sliding} attend only to the last {config.sliding_window} tokens (sliding window); "
+        "the others to the whole context",
+    )
+
+
+def _no_rope_notes(config: Any) -> tuple[str, ...]:
+    """The note naming the layers that use no rotary positions (`config.no_rope_layers`)."""
+    without = [layer for layer, rope in enumerate(config.no_rope_layers or ()) if not rope]
+    if not without:
+        return ()
+    return (f"layers {without} use no rotary positions (NoPE): their queries and keys are not rotated",)

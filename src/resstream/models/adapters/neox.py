@@ -16,20 +16,19 @@ from torch import Tensor, nn
 from resstream.models.adapters.base import AttentionWeights, DynamicModule, MLPWeights, ModelView
 from resstream.models.adapters.layout import BlockLayout, Sublayer, hf_model_view
 from resstream.models.adapters.registry import register
-from resstream.models.adapters.weights import interleaved_qkv_columns, linear_weight, projection_mlp_weights
+from resstream.models.adapters.weights import (
+    grouped_qkv_weights,
+    interleaved_qkv_columns,
+    linear_weight,
+    projection_mlp_weights,
+)
 
 
 def _attention_weights(attention: DynamicModule, n_heads: int) -> AttentionWeights:
     """Q/K/V per head from the fused `query_key_value` Linear, whose output is laid out per
-    head as [q_h | k_h | v_h] (viewed (…, n_heads, 3·d_head) and chunked in three)."""
-    W = linear_weight(attention.query_key_value)  # (d_model, n_heads * 3 * d_head)
-    d_model = W.shape[0]
-    W_Q, W_K, W_V = W.reshape(d_model, n_heads, 3, -1).permute(2, 1, 0, 3).unbind(0)
-    bias: Tensor | None = attention.query_key_value.bias
-    b_Q = b_K = b_V = None
-    if bias is not None:
-        b_Q, b_K, b_V = bias.reshape(n_heads, 3, -1).unbind(1)
-    return AttentionWeights(W_Q, W_K, W_V, b_Q, b_K, b_V)
+    head as [q_h | k_h | v_h]: the grouped layout with one head per group."""
+    proj = attention.query_key_value
+    return grouped_qkv_weights(proj, n_heads, d_head=linear_weight(proj).shape[1] // (3 * n_heads))
 
 
 def _qkv_columns(attention: DynamicModule, n_heads: int, which: str, head: int) -> tuple[nn.Module, Tensor]:

@@ -27,7 +27,20 @@ Adapter = Callable[[nn.Module], ModelView]
 ADAPTERS: dict[str, Adapter] = {}
 
 #: The modules that hold the built-in adapters (imported on first use).
-BUILTIN_MODULES: tuple[str, ...] = ("resstream_gpt", "gpt2", "neox", "llama", "gemma")
+BUILTIN_MODULES: tuple[str, ...] = (
+    "resstream_gpt",
+    "gpt2",
+    "neox",
+    "llama",
+    "gemma",
+    "qwen3",
+    "olmo",
+    "phi",
+    "falcon",
+    "cohere",
+    "granite",
+    "moe",
+)
 
 
 _loaded = False
@@ -69,7 +82,10 @@ def view_of(model: nn.Module) -> ModelView:
     families = supported_families()
     if family is None or family not in ADAPTERS:
         what = f"model family {family!r}" if family else f"model type {type(model).__name__!r}"
-        raise UsageError(f"unsupported {what}; supported families: {', '.join(families)}")
+        raise UsageError(
+            f"unsupported {what}; supported families: {', '.join(families)} "
+            "(to add one, see docs/adding-a-model.md)"
+        )
     return ADAPTERS[family](model)
 
 

@@ -1,0 +1,139 @@
+"""Adapter for Phi-3 and Phi (Phi-1, Phi-1.5, Phi-2).
+
+Phi-3 (`Phi3ForCausalLM`): Llama's pre-norm RMSNorm block (`model.layers[l]`:
+`input_layernorm`, `self_attn`, `post_attention_layernorm` = the norm before the MLP, `mlp`;
+final `model.norm`) with fused projections. `self_attn.qkv_proj` computes q | k | v, q
+n_heads·d_head wide and k, v n_kv_heads·d_head wide each (grouped-query attention), read by
+`fused_qkv_weights` with the head width; `o_proj` writes. `mlp.gate_up_proj` computes gate |
+up (chunked in two), the MLP writes down_proj(up · act(gate)). Rotary positions (optionally
+partial, long-context scaled) and sliding windows change only attention. No biases.
+
+Phi (`PhiForCausalLM`): one parallel block per layer, x + attn(ln(x)) + mlp(ln(x)), with ONE
+`input_layernorm` (LayerNorm) whose output both sub-layers read (the view's ln1 and ln2 are
+that module). Attention: q/k/v_proj and the output projection `dense`, all with biases;
+with `config.qk_layernorm`, `q_layernorm` / `k_layernorm` (LayerNorms over one head's
+d_head, gains shared by the heads) normalise queries and keys before rotary (the view's
+q_norm / k_norm, span "head"). Rotary positions cover only the first
+partial_rotary_factor·d_head dimensions of each head: attention changes, nothing else.
+MLP fc2(act(fc1(x))) with biases; final `model.final_layernorm`; the LM head has a bias (b_U)
+and is untied. h_0 is the token embedding (after `embed_dropout`, identity in eval).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from torch import Tensor, nn
+
+from resstream.models.adapters.base import AttentionWeights, DynamicModule, MLPWeights, ModelView
+from resstream.models.adapters.layout import BlockLayout, Sublayer, hf_model_view
+from resstream.models.adapters.llama import BLOCK as LLAMA_BLOCK
+from resstream.models.adapters.llama import llama_like_view
+from resstream.models.adapters.registry import register
+from resstream.models.adapters.weights import (
+    bias_of,
+    fused_qkv_columns,
+    fused_qkv_weights,
+    linear_weight,
+    projection_mlp_weights,
+)
+
+
+def _phi3_attention_weights(attn: DynamicModule, n_heads: int) -> AttentionWeights:
+    """Q/K/V per query head from the fused `qkv_proj` (q | k | v, grouped-query widths)."""
+    return fused_qkv_weights(attn.qkv_proj, n_heads, d_head=attn.head_dim)
+
+
+def _phi3_qkv_columns(attn: DynamicModule, n_heads: int, which: str, head: int) -> tuple[nn.Module, Tensor]:
+    """Query head h's query columns of `qkv_proj`'s output, or those of the key/value head it reads."""
+    proj = attn.qkv_proj
+    return proj, fused_qkv_columns(linear_weight(proj).shape[1], n_heads, which, head, d_head=attn.head_dim)
+
+
+def _phi3_mlp_weights(mlp: DynamicModule) -> MLPWeights:
+    """The gated MLP down_proj(up · act(gate)), gate | up = gate_up_proj(x) chunked in two."""
+    W_gate, W_up = linear_weight(mlp.gate_up_proj).chunk(2, dim=1)
+    bias = bias_of(mlp.gate_up_proj)
+    b_gate, b_up = bias.chunk(2) if bias is not None else (None, None)
+    down = mlp.down_proj
+    return MLPWeights(
+        W_in=W_gate,
+        b_in=b_gate,
+        W_up=W_up,
+        b_up=b_up,
+        W_out=linear_weight(down),
+        b_out=bias_of(down),
+        act=mlp.activation_fn,
+    )
+
+
+#: Phi-3's block: Llama's, with fused q | k | v and gate | up projections.
+PHI3_BLOCK = BlockLayout(
+    attention=replace(LLAMA_BLOCK.attention, weights=_phi3_attention_weights, columns=_phi3_qkv_columns),
+    mlp=replace(LLAMA_BLOCK.mlp, weights=_phi3_mlp_weights),
+)
+
+
+@register("phi3")
+def phi3_view(model: DynamicModule) -> ModelView:
+    """The view of a Phi-3 causal LM."""
+    return llama_like_view(model, "phi3", layout=PHI3_BLOCK)
+
+
+def _phi_mlp_weights(mlp: DynamicModule) -> MLPWeights:
+    """Phi's MLP: fc2(act(fc1(x)))."""
+    return projection_mlp_weights(mlp.fc1, mlp.fc2, mlp.activation_fn)
+
+
+def phi_layout(qk_layernorm: bool) -> BlockLayout:
+    """Phi's parallel block: one `input_layernorm` read by attention (q/k/v_proj, `dense`) and
+    MLP (fc1, fc2); with `qk_layernorm`, the per-head `q_layernorm` / `k_layernorm`."""
+    attention = replace(LLAMA_BLOCK.attention, out_proj="dense")
+    if qk_layernorm:
+        attention = replace(attention, q_norm="q_layernorm", k_norm="k_layernorm", qk_norm_span="head")
+    return BlockLayout(
+        attention=attention,
+        mlp=Sublayer("mlp", norm="input_layernorm", out_proj="fc2", weights=_phi_mlp_weights),
+    )
+
+
+def _phi_notes(model: DynamicModule) -> tuple[str, ...]:
+    """What Phi computes beyond a pre-norm block: the parallel block, partial rotary, QK-norm."""
+    config = model.config
+    attn = model.model.layers[0].self_attn
+    notes: tuple[str, ...] = (
+        "parallel block: attention and MLP both read the one input_layernorm(x) of the block input",
+        f"rotary positions rotate only the first {attn.rotary_ndims} of each head's {attn.head_dim} "
+        "dimensions (partial rotary): only attention probabilities depend on it",
+    )
+    if config.qk_layernorm:
+        notes += (
+            "queries and keys are layer-normalised per head (LayerNorm over d_head, q_layernorm / "
+            "k_layernorm) before rotary (QK-norm); attention probabilities are read from the model, "
+            "composition scores linearise the norm",
+        )
+    return notes
+
+
+@register("phi")
+def phi_view(model: DynamicModule) -> ModelView:
+    """The view of a Phi (Phi-1, Phi-1.5, Phi-2) causal LM."""
+    config = model.config
+    trunk = model.model
+
+    def embed(input_ids: Tensor) -> Tensor:
+        return trunk.embed_dropout(trunk.embed_tokens(input_ids))
+
+    layout = phi_layout(bool(config.qk_layernorm))
+    return hf_model_view(
+        model,
+        family="phi",
+        trunk=trunk,
+        blocks=layout.views(trunk.layers, config.num_attention_heads, parallel=True),
+        embed=embed,
+        input_embedding=trunk.embed_tokens.weight,
+        final_norm=trunk.final_layernorm,
+        n_heads=config.num_attention_heads,
+        d_model=config.hidden_size,
+        notes=_phi_notes(model),
+    )
