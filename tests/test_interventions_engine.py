@@ -20,6 +20,7 @@ from resstream.analysis.interventions.runs import capture_run, run_values, zero_
 from resstream.models.adapters import view_of
 from tests.test_interventions_paths import hand_forward
 from tests.test_models_adapters import ALL_CASES, SEQ, tiny_ids, tiny_model
+from tests.test_models_experts import minus_expert_write
 
 TOLERANCE = 1e-5
 #: Where the models run: the CPU, or a GPU in a device check (RESSTREAM_TEST_DEVICE=cuda).
@@ -78,7 +79,11 @@ def test_zero_ablating_a_neuron_and_a_block_output_match_hand_hooks(case: str) -
         m[..., 5] = 0
         return m
 
-    hand = _hand_final(view, ids, view.blocks[0].mlp_out_proj, zero_neuron, pre=True)
+    block = view.blocks[0]
+    if block.experts is None:
+        hand = _hand_final(view, ids, block.mlp_out_proj, zero_neuron, pre=True)
+    else:  # experts: take neuron 5's write, computed by hand from the routing, off the MLP's output
+        hand = hand_forward(view, ids, post=[(block.mlp, minus_expert_write(block, [5]))])
     ours = _engine_logprob(view, run, decoder, [Component(0, "neuron", 5)], zero_values(run))
     assert abs(float(ours - measure(decoder, hand, TARGET).logprob[0])) <= TOLERANCE
     hand = _hand_final(view, ids, view.blocks[1].attn, torch.zeros_like, pre=False)

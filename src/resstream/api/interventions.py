@@ -277,7 +277,8 @@ class _Setup:
     @property
     def space(self) -> ComponentSpace:
         d_ff = self.view.blocks[0].read_mlp_weights().d_ff
-        return ComponentSpace(self.view.n_layers, self.view.n_heads, d_ff, int(self.ids.shape[1]))
+        experts = next((b.experts.n_experts for b in self.view.blocks if b.experts is not None), 0)
+        return ComponentSpace(self.view.n_layers, self.view.n_heads, d_ff, int(self.ids.shape[1]), experts)
 
     def components(self, names: Sequence[str] | None, top_neurons: int) -> list[Component]:
         """The components named, or the defaults (module docstring). An attention source after
@@ -455,7 +456,7 @@ def _mean_values(loaded: LoadedModel, setup: _Setup, dataset: str, count: int, s
         path = cache_root() / "means" / f"{hashlib.sha256(repr(identity).encode()).hexdigest()[:20]}.pt"
         if path.is_file():
             stored = torch.load(path, weights_only=True, map_location=setup.view.W_E.device)
-            return mean_values(Means(**stored))
+            return mean_values(Means(**stored), setup.view)
     windows = _windows(loaded, setup, dataset, count, seed, data_dir)
     means = accumulate_means(
         [capture_run(setup.view, windows[i : i + 1], attention=False) for i in range(len(windows))]
@@ -463,7 +464,7 @@ def _mean_values(loaded: LoadedModel, setup: _Setup, dataset: str, count: int, s
     if path is not None:
         with atomic_path(path) as partial:
             torch.save({name: _on_cpu(getattr(means, name)) for name in MEANS_FIELDS}, partial)
-    return mean_values(means)
+    return mean_values(means, setup.view)
 
 
 def _on_cpu(value: object) -> object:

@@ -75,10 +75,27 @@ class LayerAttribution:
 
 @dataclass(frozen=True)
 class HeadAttribution:
-    """One attention head (its bias share is in the layer's attention, not here)."""
+    """One attention head (its bias share is in the layer's attention, not here).
+    `sink_share`: for a model with attention sinks (GPT-OSS), the attention mass the head's
+    sink took at the position, 1 − Σ_j α_{t,j} (the sink writes nothing); None otherwise or
+    without recorded probabilities."""
 
     layer: int
     head: int
+    contribution: float
+    dla: float
+    sink_share: float | None = None
+
+
+@dataclass(frozen=True)
+class ExpertAttribution:
+    """One routed expert of a mixture-of-experts MLP at the position: its router `weight`, and
+    C and DLA of what it wrote (its neurons' sum, the weight included). The experts a token is
+    routed to are the ones that wrote its prediction; the others wrote nothing."""
+
+    layer: int
+    expert: int
+    weight: float
     contribution: float
     dla: float
 
@@ -98,7 +115,8 @@ class SourceAttribution:
 @dataclass(frozen=True)
 class NeuronAttribution:
     """One FFN neuron: its coefficient m_k, its value vector's C and DLA, the tokens its
-    value vector promotes most (through the final norm's gain)."""
+    value vector promotes most (through the final norm's gain). In a mixture of experts
+    `neuron` is the flat index and `expert` (expert, its neuron) says whose it is."""
 
     layer: int
     neuron: int
@@ -106,6 +124,13 @@ class NeuronAttribution:
     contribution: float
     dla: float
     promoted: tuple[str, ...] = ()
+    expert: tuple[int, int] | None = None
+
+    @property
+    def name(self) -> str:
+        """L<layer>.N<neuron>, with the expert's own naming after it (L0.N49 = E1.N24)."""
+        name = f"L{self.layer}.N{self.neuron}"
+        return name if self.expert is None else f"{name} = E{self.expert[0]}.N{self.expert[1]}"
 
 
 @dataclass(frozen=True)
@@ -201,7 +226,7 @@ class AttributeResult(Displayable, renderer="resstream.reporting.attribute.noteb
     layers: tuple[LayerAttribution, ...]
     heads: tuple[HeadAttribution, ...]
     sources: tuple[SourceAttribution, ...]  # top N by |C|
-    neurons: tuple[NeuronAttribution, ...]  # top N by |C|
+    neurons: tuple[NeuronAttribution, ...]  # top N by |C| (experts: flat index e·width + j)
     trajectory: tuple[TrajectoryPoint, ...]
     query_contributions: tuple[QueryContribution, ...]
     linearity: LinearityCheck | None
@@ -217,6 +242,8 @@ class AttributeResult(Displayable, renderer="resstream.reporting.attribute.noteb
     # when one was given (`decoding` says which); every other score is the logit lens's.
     tuned_trajectory: tuple[TrajectoryPoint, ...] = ()
     tuned_decoding: str | None = None
+    # Mixtures of experts (with the neuron level): every routed expert of every layer.
+    experts: tuple[ExpertAttribution, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The content of attribute.json."""
@@ -266,6 +293,11 @@ class NeuronSummary:
     dla: Estimate
     mean_coefficient: float
     promoted: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """L<layer>.N<neuron> (flat in a mixture of experts)."""
+        return f"L{self.layer}.N{self.neuron}"
 
 
 @dataclass(frozen=True, repr=False)

@@ -34,6 +34,7 @@ from resstream.analysis.attribution.readouts import Readouts, actual_logits, rea
 from resstream.analysis.attribution.results import (
     AttributeResult,
     AttributionCheck,
+    ExpertAttribution,
     HeadAttribution,
     LayerAttribution,
     LinearityCheck,
@@ -45,7 +46,7 @@ from resstream.analysis.attribution.results import (
 )
 from resstream.analysis.decoding.decoder import Decoder
 from resstream.analysis.norms import norm_form
-from resstream.models.adapters.base import Internals, ModelView
+from resstream.models.adapters.base import ExpertsView, Internals, ModelView
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def attribute_position(
     `promoted(layer, neuron_ids)` gives the tokens each neuron's value vector promotes."""
     p = _prediction(view, internals, decoder, position, target, foil, token_text)
     r, points, point_lp, ids, foil_ids = p.readouts, p.points, p.point_lp, p.ids, p.foil_ids
-    layers, heads, sources, neurons = [], [], [], []
+    layers, heads, sources, neurons, experts = [], [], [], [], []
     for layer in range(view.n_layers):
         layers.append(_layer_scores(p, layer))
         heads += _head_scores(p, layer)
@@ -89,6 +90,7 @@ def attribute_position(
             sources += _source_scores(p, layer)
         if levels.neurons:
             neurons.append(_neuron_scores(p, layer))
+            experts += _expert_scores(p, neurons[-1])
     top_neurons = _top_neurons(neurons, levels.top, promoted)
     result_check = _check(p)
     trajectory = _trajectory(p)
@@ -124,6 +126,7 @@ def attribute_position(
         else float(actual_logits(decoder, points[-1], ids, foil_ids)[0]),
         notes=view.notes,
         logit_softcap=view.logit_softcap,
+        experts=tuple(experts),
     )
 
 
@@ -185,6 +188,7 @@ class _NeuronLayer:
     effective: Tensor  # m as added (Gemma-2: times the post norm's frozen 1/s) (d_ff,)
     values: Tensor  # value vectors as added (Gemma-2: times the post norm's gain) (d_ff, d)
     base: Tensor  # x = L_res (1, d)
+    experts: ExpertsView | None = None  # a mixture of experts: how flat neurons map to experts
 
 
 def _layer_scores(p: _Prediction, layer: int) -> LayerAttribution:
@@ -220,10 +224,40 @@ def _head_scores(p: _Prediction, layer: int) -> list[HeadAttribution]:
     x = attention_base(p.internals.blocks[layer], p.at)
     contribution = p.lp.added(x, writes.vectors[heads], p.ids.to(x.device))[:, 0]
     dla = writes.vectors[heads].double()[:, 0] @ p.readouts.attn_added[layer][0]
+    sinks = _sink_shares(p, layer)
     return [
-        HeadAttribution(layer, int(h), float(c), float(d))
+        HeadAttribution(layer, int(h), float(c), float(d), None if sinks is None else sinks[int(h)])
         for h, c, d in zip(writes.heads[heads].tolist(), contribution.tolist(), dla.tolist(), strict=True)
     ]
+
+
+def _sink_shares(p: _Prediction, layer: int) -> list[float] | None:
+    """The attention mass each head's sink took at the position, 1 − Σ_j α_{t,j}, for a block
+    with attention sinks and recorded probabilities; None otherwise."""
+    rec = p.internals.blocks[layer]
+    if p.view.blocks[layer].sinks is None or rec.probs is None:
+        return None
+    rows = rec.probs_at(0, p.pos)[:, 0, :].double()  # (H, key)
+    shares: list[float] = (1.0 - rows.sum(-1)).tolist()
+    return shares
+
+
+def _expert_scores(p: _Prediction, neurons: _NeuronLayer) -> list[ExpertAttribution]:
+    """Every routed expert of a mixture-of-experts block at the position: C of its write (its
+    flat neurons' sum) added to L_res, and its DLA (its neurons' DLA summed)."""
+    layer = neurons.layer
+    experts, rec = p.view.blocks[layer].experts, p.internals.blocks[layer]
+    if experts is None or rec.expert_index is None or rec.expert_weight is None:
+        return []
+    index = rec.expert_index[p.at][0].long().cpu()  # (top_k,)
+    weight = rec.expert_weight[p.at][0].double().cpu()
+    writes = (neurons.effective.unsqueeze(-1) * neurons.values).reshape(experts.n_experts, experts.width, -1)
+    vectors = writes.sum(1)[index.to(writes.device)]  # (top_k, d)
+    x = neurons.base
+    contribution = p.lp.added(x, vectors.unsqueeze(1), p.ids.to(x.device))[:, 0]
+    dla = neurons.dla.reshape(experts.n_experts, experts.width).sum(1)[index.to(neurons.dla.device)]
+    scores = zip(index.tolist(), weight.tolist(), contribution.tolist(), dla.tolist(), strict=True)
+    return [ExpertAttribution(layer, int(e), float(w), float(c), float(d)) for e, w, c, d in scores]
 
 
 def _source_scores(p: _Prediction, layer: int) -> list[SourceAttribution]:
@@ -255,7 +289,7 @@ def _neuron_scores(p: _Prediction, layer: int) -> _NeuronLayer:
     x = p.points[2 * layer + 1]
     contribution = p.lp.neurons(x, effective, values, p.ids.to(x.device))[:, 0]
     dla = m[0].double() * (block.read_mlp_weights().W_out.detach().double() @ p.readouts.mlp[layer][0])
-    return _NeuronLayer(layer, contribution, dla, m[0], effective[0], values, x)
+    return _NeuronLayer(layer, contribution, dla, m[0], effective[0], values, x, block.experts)
 
 
 def _top_neurons(
@@ -287,9 +321,15 @@ def _top_neurons(
             contribution=float(layers[i].contribution[k]),
             dla=float(layers[i].dla[k]),
             promoted=tokens.get((i, k), ()),
+            expert=_expert_of(layers[i].experts, k),
         )
         for i, k in picked
     )
+
+
+def _expert_of(experts: ExpertsView | None, neuron: int) -> tuple[int, int] | None:
+    """(expert, its neuron) of a flat neuron of a mixture of experts; None for a dense MLP."""
+    return None if experts is None else experts.expert_of(neuron)
 
 
 def _ranks(p: _Prediction) -> list[int]:

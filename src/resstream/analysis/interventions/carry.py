@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from resstream.analysis.attribution.decomposition import after_attention, attention_base, identity_scale_at
 from resstream.analysis.interventions.components import Component
-from resstream.analysis.interventions.runs import Run
+from resstream.analysis.interventions.runs import Run, neuron_columns
 from resstream.analysis.norms import norm_form
 
 
@@ -35,6 +35,8 @@ def raw_write(run: Run, component: Component, change: Tensor) -> Tensor:
     if component.kind in ("head", "source"):
         return change @ block.W_O[component.index].detach().double()
     W_out = block.read_mlp_weights().W_out.detach()
+    if component.kind == "expert":  # (P, width): its neurons' writes summed
+        return change @ W_out[neuron_columns(run.view, component)].double()
     return change.unsqueeze(-1) * W_out[component.index].double()
 
 

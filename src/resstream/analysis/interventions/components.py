@@ -8,7 +8,10 @@ Every component the decomposition names (`analysis.attribution.decomposition`) h
 ``L3.attn``    block 3's attention output as the module returns it (before any post-norm)
 ``L4.mlp``     block 4's MLP output (before any post-norm)
 ``L3.H2``      head 2 of block 3: its z_h, its slice of the output projection's input
-``L5.N1031``   neuron 1031 of block 5's MLP: its coefficient m_k
+``L5.N1031``   neuron 1031 of block 5's MLP: its coefficient m_k (mixtures of experts: the
+               flat index e·width + j of expert e's neuron j)
+``L5.E3``      expert 3 of block 5's mixture of experts: all its neurons' coefficients (its
+               router weight included), so it writes what the expert adds for the token
 ``L3.H2.S7``   head 2 of block 3's contribution from source position 7: α_{t,7}·v_7
 ``L2.resid@5`` the residual state at the input of block 2 (h_2 in `shift`'s indexing) at
                position 5; ``L{n_layers}.resid@p`` is the final state h_L
@@ -29,15 +32,16 @@ from typing import Literal
 
 from resstream.errors import UsageError
 
-ComponentKind = Literal["emb", "attn", "mlp", "head", "neuron", "source", "resid"]
+ComponentKind = Literal["emb", "attn", "mlp", "head", "neuron", "expert", "source", "resid"]
 #: The spellings, for error messages.
-GRAMMAR = "emb, L<l>.attn, L<l>.mlp, L<l>.H<h>, L<l>.N<k>, L<l>.H<h>.S<j>, L<l>.resid@<p>"
+GRAMMAR = "emb, L<l>.attn, L<l>.mlp, L<l>.H<h>, L<l>.N<k>, L<l>.E<e>, L<l>.H<h>.S<j>, L<l>.resid@<p>"
 
 _PATTERN = re.compile(
     r"^(?:(?P<emb>emb)"
     r"|L(?P<layer>\d+)\.(?:(?P<sub>attn|mlp)"
     r"|H(?P<head>\d+)(?:\.S(?P<source>\d+))?"
     r"|N(?P<neuron>\d+)"
+    r"|E(?P<expert>\d+)"
     r"|resid@(?P<position>\d+)))$"
 )
 
@@ -68,6 +72,8 @@ class Component:
             return f"{prefix}.H{self.index}.S{self.source}"
         if self.kind == "neuron":
             return f"{prefix}.N{self.index}"
+        if self.kind == "expert":
+            return f"{prefix}.E{self.index}"
         return f"{prefix}.resid@{self.position}"
 
     @property
@@ -84,6 +90,11 @@ class Component:
             return "embed"
         return "attn" if self.kind in ("attn", "head", "source") else "mlp"
 
+    @property
+    def coefficients(self) -> bool:
+        """Whether the component is MLP coefficients (a neuron or an expert's neurons)."""
+        return self.kind in ("neuron", "expert")
+
     def __str__(self) -> str:
         return self.name
 
@@ -91,12 +102,14 @@ class Component:
 @dataclass(frozen=True)
 class ComponentSpace:
     """The valid indices of a model: `n_layers` blocks, `n_heads` heads, `d_ff` neurons per
-    MLP, and `seq_len` positions of the text (None: positions are not checked)."""
+    MLP, `seq_len` positions of the text (None: positions are not checked) and `n_experts`
+    experts per MLP (0: the model has no mixture of experts)."""
 
     n_layers: int
     n_heads: int
     d_ff: int
     seq_len: int | None = None
+    n_experts: int = 0
 
     def heads(self) -> list[Component]:
         """Every head of every block, layer by layer."""
@@ -129,6 +142,10 @@ def parse_component(name: str, space: ComponentSpace) -> Component:
         return Component(layer, match["sub"])  # type: ignore[arg-type]
     if match["neuron"] is not None:
         return Component(layer, "neuron", _checked(name, "neuron", int(match["neuron"]), space.d_ff))
+    if match["expert"] is not None:
+        if space.n_experts == 0:
+            raise UsageError(f"`component` {name!r}: this model's MLPs have no experts; allowed: {GRAMMAR}")
+        return Component(layer, "expert", _checked(name, "expert", int(match["expert"]), space.n_experts))
     if match["position"] is not None:
         return Component(layer, "resid", position=_position(name, int(match["position"]), space))
     head = _checked(name, "head", int(match["head"]), space.n_heads)
@@ -173,6 +190,8 @@ def _wildcard_count(name: str, field: str, space: ComponentSpace) -> int:
         return space.n_heads
     if field == "N":
         return space.d_ff
+    if field == "E" and space.n_experts:
+        return space.n_experts
     if field in ("S", "@") and space.seq_len is not None:
         return space.seq_len
     raise UsageError(

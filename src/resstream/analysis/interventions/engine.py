@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from resstream.analysis.interventions.components import Component
-from resstream.analysis.interventions.runs import Run, Values
+from resstream.analysis.interventions.runs import Run, Values, neuron_columns
 from resstream.capture.hooks import first_tensor
 
 #: Interventions run together in one batch, at most.
@@ -152,8 +152,7 @@ class _EditTable:
                     hook = _input_hook(_set_heads(found, block.W_O.shape[0]))
                     handles.append(block.out_proj.register_forward_pre_hook(hook))
                 elif where == "m":
-                    hook = _input_hook(_set_neurons(found))
-                    handles.append(block.mlp_out_proj.register_forward_pre_hook(hook))
+                    handles += block.hook_coefficients(_set_neurons(found, self.view))
                 else:
                     module = block.attn if where == "attn" else block.mlp
                     handles.append(module.register_forward_hook(_output_hook(_set_rows(found))))
@@ -165,7 +164,7 @@ class _EditTable:
 
 #: Which hook applies each kind of edit: z (the output projection's input), m (the MLP output
 #: projection's input), or a module's output.
-_HOOKED = {"head": "z", "source": "z", "neuron": "m", "attn": "attn", "mlp": "mlp"}
+_HOOKED = {"head": "z", "source": "z", "neuron": "m", "expert": "m", "attn": "attn", "mlp": "mlp"}
 
 
 def _set_heads(found: list[tuple[int, Edit]], n_heads: int) -> Callable[[Tensor], Tensor]:
@@ -183,11 +182,13 @@ def _set_heads(found: list[tuple[int, Edit]], n_heads: int) -> Callable[[Tensor]
     return apply
 
 
-def _set_neurons(found: list[tuple[int, Edit]]) -> Callable[[Tensor], Tensor]:
+def _set_neurons(found: list[tuple[int, Edit]], view: Any) -> Callable[[Tensor], Tensor]:
+    columns = [neuron_columns(view, edit.component) for _, edit in found]
+
     def apply(m: Tensor) -> Tensor:
         m = m.clone()
-        for row, edit in found:
-            m[row, edit.positions.to(m.device), edit.component.index] = edit.value.to(m.device, m.dtype)
+        for (row, edit), column in zip(found, columns, strict=True):
+            m[row, edit.positions.to(m.device), column] = edit.value.to(m.device, m.dtype)
         return m
 
     return apply

@@ -76,8 +76,8 @@ class Run:
         rec = self.internals.blocks[component.layer]
         if component.kind == "head":
             return rec.z[sequence, positions, component.index]
-        if component.kind == "neuron":
-            return rec.coefficients[sequence, positions, component.index]
+        if component.coefficients:
+            return rec.coefficients[sequence, positions, neuron_columns(self.view, component)]
         if component.kind == "attn":
             return rec.attn_raw[sequence, positions]
         if component.kind == "mlp":
@@ -188,26 +188,39 @@ class Means:
                 "(its term depends on the query and source positions); use zero or resample ablation"
             )
 
-    def of(self, component: Component) -> Tensor:
-        """The mean activation of a component (one position's shape)."""
+    def of(self, component: Component, columns: int | slice | None = None) -> Tensor:
+        """The mean activation of a component (one position's shape); a neuron's or an
+        expert's `columns` of the coefficients (`neuron_columns`)."""
         self.check(component)
         if component.kind in ("emb", "resid"):
             return self.resid[component.start]
         if component.kind == "head":
             return self.z[component.layer][component.index]
-        if component.kind == "neuron":
-            return self.coefficients[component.layer][component.index]
+        if component.kind in ("neuron", "expert"):
+            return self.coefficients[component.layer][component.index if columns is None else columns]
         return (self.attn if component.kind == "attn" else self.mlp)[component.layer]
 
 
-def mean_values(means: Means) -> Values:
-    """Mean ablation: every component set to its mean over the corpus sample."""
+def mean_values(means: Means, view: ModelView) -> Values:
+    """Mean ablation: every component of `view`'s model set to its mean over the corpus sample."""
 
     def values(component: Component, positions: Tensor) -> Tensor:
-        mean = means.of(component)
+        columns = neuron_columns(view, component) if component.coefficients else None
+        mean = means.of(component, columns)
         return mean.expand(len(positions), *mean.shape)
 
     return values
+
+
+def neuron_columns(view: ModelView, component: Component) -> int | slice:
+    """Which of its block's neuron coefficients a neuron or expert component is: neuron k's
+    column, or expert e's flat neurons (`ExpertsView.neurons`)."""
+    if component.kind != "expert":
+        return component.index
+    experts = view.blocks[component.layer].experts
+    if experts is None:
+        raise UsageError(f"`component` {component.name}: block {component.layer}'s MLP has no experts")
+    return experts.neurons(component.index)
 
 
 def accumulate_means(runs: list[Run]) -> Means:
@@ -247,6 +260,7 @@ __all__ = [
     "accumulate_means",
     "capture_run",
     "mean_values",
+    "neuron_columns",
     "run_values",
     "zero_values",
 ]

@@ -36,6 +36,11 @@ CAPTIONS = {
     "query_contributions": "Which lower vectors switch an upper neuron on: its pre-activation = Σ shares + "
     "constant (MLP input norm frozen at the actual stream); the largest shares, residual = the check.",
     "linearity": "The linearity check's numbers: n, C of the sum of the top n neurons, sum of their C.",
+    "experts": "Mixture of experts: the experts each block routed this token to, with the router's weight, "
+    "C and DLA of what each wrote (its neurons' sum, weight included); only these experts wrote the "
+    "prediction, and their DLA sums to the block's MLP DLA.",
+    "sinks": "Attention sinks: the attention mass each head's learned sink logit took at the position "
+    "(1 − the sum of its attention probabilities); the sink writes nothing.",
 }
 CORPUS_CAPTIONS = {
     "layers.png": "Each block's attention (blue) and MLP (orange), mean over sequences with 95% intervals: "

@@ -9,8 +9,10 @@ term — with its C and DLA. A corpus (`corpus_attribution_frame`, columns
 layers.csv, heads.csv, sources.csv and neurons.csv are the rows of one `level` of that frame
 with the columns that level uses (`SINGLE_LEVELS`, `CORPUS_LEVELS`). The lists that are not
 components have a frame each, written the same way: trajectory.csv and tuned_trajectory.csv
-(`trajectory_frame`), query_contributions.csv (`query_frame`, one row per share) and
-linearity.csv (`linearity_frame`). `attribute_frames` gives every CSV's frame in the order of
+(`trajectory_frame`), query_contributions.csv (`query_frame`, one row per share),
+linearity.csv (`linearity_frame`), and for the families that have them experts.csv (every
+routed expert of a mixture of experts, `experts_frame`) and sinks.csv (each head's attention
+sink share, `sinks_frame`). `attribute_frames` gives every CSV's frame in the order of
 the files; every CSV is `frame_csv` of its frame.
 """
 
@@ -26,6 +28,8 @@ from resstream.analysis.attribution.results import (
     CORPUS_ATTRIBUTION_COLUMNS,
     AttributeResult,
     CorpusAttribution,
+    ExpertAttribution,
+    HeadAttribution,
     LinearityCheck,
     QueryShare,
     TrajectoryPoint,
@@ -39,18 +43,22 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CORPUS_LEVELS",
+    "EXPERT_COLUMNS",
     "LINEARITY_COLUMNS",
     "QUERY_COLUMNS",
     "SINGLE_LEVELS",
+    "SINK_COLUMNS",
     "TRAJECTORY_COLUMNS",
     "Level",
     "attribute_frame",
     "attribute_frames",
     "corpus_attribution_frame",
+    "experts_frame",
     "level_frame",
     "linearity_frame",
     "promoted_text",
     "query_frame",
+    "sinks_frame",
     "trajectory_frame",
 ]
 
@@ -71,12 +79,17 @@ QUERY_COLUMNS = (
 )
 #: The columns of linearity.csv: one row per n.
 LINEARITY_COLUMNS = ("count", "cumulative", "summed")
+#: The columns of experts.csv: one row per routed expert of each mixture-of-experts block.
+EXPERT_COLUMNS = ("layer", "expert", "weight", "C", "DLA")
+#: The columns of sinks.csv: one row per head of a model with attention sinks.
+SINK_COLUMNS = ("layer", "head", "sink_share")
 
 #: Columns of whole numbers, missing where they do not apply (pandas' nullable Int64, so a
 #: layer reads 3, not 3.0, and a missing one is empty in the CSV).
-_INTEGERS = ("layer", "head", "neuron", "source", "component_layer")
+_INTEGERS = ("layer", "head", "neuron", "source", "component_layer", "expert")
 #: Columns of numbers, missing where they do not apply.
-_FLOATS = ("C", "DLA", "bias_DLA", "coefficient", "value", "ci_low", "ci_high", "mean_coefficient")
+_FLOATS: tuple[str, ...] = ("C", "DLA", "bias_DLA", "coefficient", "value", "ci_low", "ci_high")
+_FLOATS += ("mean_coefficient", "weight", "sink_share")
 
 
 @dataclass(frozen=True)
@@ -251,10 +264,23 @@ def linearity_frame(check: LinearityCheck) -> pandas.DataFrame:
     return long_frame(LINEARITY_COLUMNS, rows)
 
 
+def experts_frame(experts: Sequence[ExpertAttribution]) -> pandas.DataFrame:
+    """experts.csv (`EXPERT_COLUMNS`): every routed expert, its router weight, C and DLA."""
+    rows = [(e.layer, e.expert, e.weight, e.contribution, e.dla) for e in experts]
+    return long_frame(EXPERT_COLUMNS, rows, integers=_INTEGERS, floats=_FLOATS)
+
+
+def sinks_frame(heads: Sequence[HeadAttribution]) -> pandas.DataFrame:
+    """sinks.csv (`SINK_COLUMNS`): the attention mass each head's sink took at the position."""
+    rows = [(h.layer, h.head, h.sink_share) for h in heads if h.sink_share is not None]
+    return long_frame(SINK_COLUMNS, rows, integers=_INTEGERS, floats=_FLOATS)
+
+
 def attribute_frames(result: Result) -> list[tuple[str, pandas.DataFrame]]:
     """Every CSV of `result` as (file stem, frame), in the order of the files: for one text
     layers, heads, sources, neurons (`SINGLE_LEVELS`), trajectory, query_contributions,
-    linearity (with a linearity check) and tuned_trajectory (with a tuned lens); for a corpus
+    linearity (with a linearity check), tuned_trajectory (with a tuned lens), experts (a
+    mixture of experts with the neuron level) and sinks (attention sinks); for a corpus
     layers, heads, neurons (`CORPUS_LEVELS`)."""
     if isinstance(result, CorpusAttribution):
         corpus = corpus_attribution_frame(result)
@@ -269,4 +295,8 @@ def attribute_frames(result: Result) -> list[tuple[str, pandas.DataFrame]]:
         frames.append(("linearity", linearity_frame(result.linearity)))
     if result.tuned_trajectory:
         frames.append(("tuned_trajectory", trajectory_frame(result.tuned_trajectory)))
+    if result.experts:
+        frames.append(("experts", experts_frame(result.experts)))
+    if any(h.sink_share is not None for h in result.heads):
+        frames.append(("sinks", sinks_frame(result.heads)))
     return frames

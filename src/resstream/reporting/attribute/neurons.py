@@ -38,7 +38,7 @@ def _has_intervals(result: Result) -> bool:
 def _neuron_label(neuron: NeuronAttribution | NeuronSummary) -> str:
     if isinstance(neuron, NeuronSummary):
         return f"L{neuron.layer}.N{neuron.neuron} (mean m {neuron.mean_coefficient:.2g})"
-    return f"L{neuron.layer}.N{neuron.neuron} (m {neuron.coefficient:.2g})"
+    return f"{neuron.name} (m {neuron.coefficient:.2g})"
 
 
 def neurons_figure(result: Result) -> Figure:

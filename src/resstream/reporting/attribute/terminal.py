@@ -46,7 +46,7 @@ def _neuron_entries(result: Result) -> list[tuple[str, float | Estimate, str]]:
     entries = []
     for n in result.neurons:
         promoted = " ".join(show_token(t) for t in n.promoted[:3])
-        entries.append((f"L{n.layer}.N{n.neuron}", n.contribution, promoted))
+        entries.append((n.name, n.contribution, promoted))
     return sorted(entries, key=lambda entry: -abs(score_value(entry[1])))[:TOP]
 
 
