@@ -195,13 +195,36 @@ def norm_matrix(module, d: int) -> torch.Tensor:
     (LayerNorm; I for RMSNorm), G = diag(gain); its scale 1/s left out."""
     form = norm_form(module)
     centring = torch.eye(d) - (1.0 / d if form.centre else 0.0)
-    gain = torch.ones(d) if form.gain is None else form.gain.detach().float()
+    gain = torch.ones(d) if form.gain is None else form.gain.detach().float().expand(d)  # a scalar: Granite
     return centring @ torch.diag(gain)
 
 
 def centring_of(module, d: int) -> torch.Tensor:
     """C where `module` is a LayerNorm, I otherwise."""
     return torch.eye(d) - (1.0 / d if norm_form(module).centre else 0.0)
+
+
+def qk_reading(view: ModelView, block, which: str, h: int) -> torch.Tensor:
+    """Head h's W_Q or W_K (d × d_head) followed by the block's QK-norm as it acts on a
+    direction, from the definition: per head, W[h]·C·diag(gain) (a 2-D gain: head h's row of
+    it, its key/value head's for keys); over all heads joined, the d × (heads·d_head) matrix
+    of the distinct heads times the norm's (heads·d_head)² matrix, head h's columns of it."""
+    weights = block.attention_weights()
+    W = (weights.W_Q if which == "q" else weights.W_K).detach().float()
+    module = block.q_norm if which == "q" else block.k_norm
+    if module is None:
+        return W[h]
+    d_head, n_heads = view.d_head, view.n_heads
+    gain = norm_form(module).gain.detach().float()
+    if block.qk_norm_span == "all":
+        distinct = gain.numel() // d_head
+        group = n_heads // distinct
+        joined = torch.cat([W[j * group] for j in range(distinct)], dim=1)
+        own = (h // group) * d_head
+        return (joined @ norm_matrix(module, gain.numel()))[:, own : own + d_head]
+    if gain.ndim == 2:
+        gain = gain[h // (n_heads // gain.shape[0])]
+    return W[h] @ centring_of(module, d_head) @ torch.diag(gain)
 
 
 def naive_matrices(
@@ -228,8 +251,7 @@ def naive_matrices(
         for block in view.blocks[l1:l2]:
             for norm in (block.ln1, block.ln2):
                 M_A = M_A @ norm_matrix(norm, d)
-    wb = b.attention_weights()
-    R_Q = reading(b) @ wb.W_Q[h2].float() @ (reading(b) @ wb.W_K[h2].float()).T
+    R_Q = reading(b) @ qk_reading(view, b, "q", h2) @ (reading(b) @ qk_reading(view, b, "k", h2)).T
     return M_A, {"q": R_Q, "k": R_Q.T, "v": ov(b, h2)}
 
 

@@ -331,8 +331,13 @@ def test_cli_bad_convention(tmp_path, capsys, value):
     [c for c in ALL_CASES if c not in ("gemma2", "resstream_post")],
 )
 def test_the_conventions_agree_on_every_pre_norm_family_without_post_attention_norms(case):
-    """docs/attribution.md: the two differ only on Gemma-2 (and post-norm models, refused)."""
+    """docs/attribution.md: the two differ only on Gemma-2 (and post-norm and QK-norm models,
+    refused)."""
     view = view_of(tiny_model(case))
+    if any(block.q_norm is not None or block.k_norm is not None for block in view.blocks):
+        with pytest.raises(UsageError, match=r"not defined for .*\(QK-norm\); use `convention` 'resstream'"):
+            composition(view, model=case, convention="transformer-lens", samples=4)
+        return
     ours, theirs = (composition(view, model=case, convention=c, samples=4) for c in CONVENTIONS)
     for kind in KINDS:
         torch.testing.assert_close(

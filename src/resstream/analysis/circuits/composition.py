@@ -13,7 +13,19 @@ C = I − 11ᵀ/d the centring of LayerNorm, I for RMSNorm, G = diag(gain)):
   (W_O·N_post), as the norms that read the stream see it: centred (·C) in pre-norm models
   with LayerNorm, since every norm reading the stream removes the mean (C_s below; I otherwise);
 * OV(h) = (N_ln1 W_V[h]) · (W_O[h] N_post C_s), what head h adds per stream vector;
-  QK(h) = (N_ln1 W_Q[h]) · (N_ln1 W_K[h])ᵀ, the bilinear form of its attention logit.
+  QK(h) = (N_ln1 W_Q[h] N_q) · (N_ln1 W_K[h] N_k)ᵀ, the bilinear form of its attention logit.
+
+QK-norm (Qwen3, Gemma-3, OLMo-2, Cohere, Phi with qk_layernorm) normalises each head's query
+and key after W_Q / W_K and before the dot product: q = q_norm(x W_Q). As it acts on a
+direction it is N_q = C_q·G_q on the d_head side (centring for a LayerNorm, then the gain;
+a norm over all heads joined, OLMo-2's, centres over them and gives each head its slice of
+the gain; Cohere's gain has one row per head), and the same N_k for keys; I without one. Its
+scale 1/s is one positive number per query and per key: it multiplies the logit x·QK·yᵀ,
+never changes which directions of the stream the head reads, and no score changes when a
+matrix is scaled. But the norm sets the size of every query and key (its gain does, not the
+stream), so with QK-norm Q- and K-composition are about directions only: how much of what a
+writes lies along what b's normalised query or key reads, not how much a's write changes
+the size of b's logits.
 
 Then M_A = OV(a) and R_Q = QK(b), R_K = QK(b)ᵀ, R_V = OV(b): Q-composition (a's write enters
 b's query: u @ M_A @ R_Q @ yᵀ), K-composition (it enters b's key), V-composition (b's value
@@ -29,13 +41,14 @@ Conventions. "resstream" (the default) is the rule above. "transformer-lens" rep
 TransformerLens's scores with its default weight processing (fold_ln, center_writing_weights):
 the same, except that Gemma-2's post-attention norm is left out of W_O (TransformerLens keeps
 it as a separate norm). The two agree on every other pre-norm model; TransformerLens has no
-post-norm layout, so that convention refuses one. Post-norm resstream models (default
-convention only): heads read the raw stream, and what head a writes passes the norms of
-blocks l1..l2−1 (ln1, ln2 of each, their linear parts N) before head b reads it, so M_A is
-OV(a)·N_ln1(l1)·N_ln2(l1)⋯N_ln2(l2−1) for that pair; R_V is OV(b) with no norm. Ignored in
-both: every norm's scale 1/s(x), all biases, the scalar factors of residual gates, attention
-logit soft-capping, and rotary position embeddings (applied to q and k after W_Q and W_K, so
-they are not in these matrices).
+post-norm layout, so that convention refuses one; it refuses a QK-norm model too, as
+TransformerLens's documentation does not define its composition scores through query and key
+norms. Post-norm resstream models (default convention only): heads read the raw stream, and
+what head a writes passes the norms of blocks l1..l2−1 (ln1, ln2 of each, their linear
+parts N) before head b reads it, so M_A is OV(a)·N_ln1(l1)·N_ln2(l1)⋯N_ln2(l2−1) for that
+pair; R_V is OV(b) with no norm. Ignored in both: every norm's scale 1/s(x), all biases,
+the scalar factors of residual gates, attention logit soft-capping, and rotary position
+embeddings (applied to q and k after W_Q and W_K, so they are not in these matrices).
 
 Speed. M_A = V O and R = P Sᵀ are products of d×d_head factors. With the thin QR
 factorisations V = Q_V T_V and S = Q_S T_S (Q orthonormal columns), ‖V O P Sᵀ‖_F =
@@ -59,7 +72,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from resstream.analysis.norms import FrozenNorm, norm_form
+from resstream.analysis.norms import FrozenNorm, NormForm, head_norm, norm_form
 from resstream.display import Displayable
 from resstream.errors import UsageError
 from resstream.models.adapters import BlockView, ModelView
@@ -93,18 +106,20 @@ COMPOSITION_COLUMNS = (
 _SCORE_NOTE = (
     "scores ‖M_A·R‖_F/(‖M_A‖_F·‖R‖_F) in x@W orientation: M_A = OV of the earlier head, R = QK "
     "(Q, query side), QKᵀ (K, key side) or OV (V) of the later head; OV = (N·W_V)·(W_O·N_post·C_s), "
-    "QK = (N·W_Q)·(N·W_K)ᵀ"
+    "QK = (N·W_Q·N_q)·(N·W_K·N_k)ᵀ (N_q, N_k: the QK-norm, I without one)"
 )
 _IGNORED_NOTE = (
     "ignored: every norm's scale 1/s, biases, residual-gate factors, attention soft-capping, "
-    "rotary position embeddings (applied after W_Q/W_K)"
+    "rotary position embeddings (applied after W_Q/W_K); with QK-norm the scores are about "
+    "directions, not magnitudes (the norm fixes the size of every query and key)"
 )
 NOTES: dict[Convention, tuple[str, ...]] = {
     "resstream": (
         _SCORE_NOTE,
         "convention resstream: N = the head's own ln1 as it acts on a direction (centring for "
-        "LayerNorm, then gain; post-norm models: none); N_post = Gemma-2's post-attention norm gain; "
-        "C_s = centring where LayerNorms read the stream (pre-norm); post-norm models: the norms "
+        "LayerNorm, then gain; post-norm models: none); N_q, N_k = the QK-norm (a norm on each "
+        "head's query and key) the same way, on the d_head side; N_post = Gemma-2's post-attention "
+        "norm gain; C_s = centring where LayerNorms read the stream (pre-norm); post-norm models: the norms "
         "between the two heads act on M_A",
         _IGNORED_NOTE,
     ),
@@ -296,7 +311,7 @@ def composition(
     """Q-, K- and V-composition scores of every pair of heads of `view` in different layers,
     in `convention` (module docstring), with the random baseline from `samples` seeded draws.
     `model` names the model in the result. UsageError for a model with fewer than 2 layers,
-    an unknown convention, or "transformer-lens" for a post-norm model."""
+    an unknown convention, or "transformer-lens" for a post-norm or QK-norm model."""
     n_layers, n_heads = view.n_layers, view.n_heads
     if n_layers < 2:
         raise UsageError(
@@ -305,11 +320,8 @@ def composition(
         )
     check_convention(convention)
     check_samples(samples)
-    if convention == "transformer-lens" and view.blocks[0].norm_position == "post":
-        raise UsageError(
-            f"`convention` 'transformer-lens' needs a pre-norm model; {model!r} is post-norm "
-            f"(TransformerLens has no post-norm layout); use `convention` 'resstream'"
-        )
+    if convention == "transformer-lens":
+        check_transformer_lens_layout(view, model)
     shape = (n_layers, n_heads, n_layers, n_heads)
     scores = {kind: torch.full(shape, float("nan")) for kind in KINDS}
     with torch.no_grad():
@@ -335,6 +347,21 @@ def composition(
         convention=convention,
         notes=NOTES[convention],
     )
+
+
+def check_transformer_lens_layout(view: ModelView, model: str) -> None:
+    """UsageError for a model the "transformer-lens" convention does not define: post-norm
+    blocks (TransformerLens has no such layout) or QK-norm (module docstring)."""
+    if view.blocks[0].norm_position == "post":
+        raise UsageError(
+            f"`convention` 'transformer-lens' needs a pre-norm model; {model!r} is post-norm "
+            f"(TransformerLens has no post-norm layout); use `convention` 'resstream'"
+        )
+    if any(block.q_norm is not None or block.k_norm is not None for block in view.blocks):
+        raise UsageError(
+            f"`convention` 'transformer-lens' is not defined for {model!r}, which normalises each "
+            f"head's queries and keys (QK-norm); use `convention` 'resstream'"
+        )
 
 
 def triangular(factor: Tensor) -> Tensor:
@@ -363,6 +390,7 @@ def read_factors(block: BlockView, convention: Convention = "resstream") -> dict
     """Every head's B̂ (H, d, k) of its reading matrix of each kind (module docstring)."""
     weights = block.read_attention_weights()
     Q, K, V = (read_through_ln1(block, w) for w in (weights.W_Q, weights.W_K, weights.W_V))
+    Q, K = read_through_qk_norm(block, "q", Q), read_through_qk_norm(block, "k", K)
     return {
         "q": squeezed_read(Q, K),
         "k": squeezed_read(K, Q),
@@ -380,6 +408,17 @@ def read_through_ln1(block: BlockView, weight: Tensor) -> Tensor:
         return weight
     # (C G W)ᵀ = Wᵀ G C: each column of W goes back through the norm (its adjoint)
     return _directional(block.ln1, weight).adjoint(weight.transpose(-1, -2)).transpose(-1, -2)
+
+
+def read_through_qk_norm(block: BlockView, which: Literal["q", "k"], reading: Tensor) -> Tensor:
+    """Query (`which` "q") or key ("k") reading matrices (H, d, d_head) through the block's
+    QK-norm as it acts on a direction (module docstring): ·C·G on the d_head side, over all
+    heads joined for a norm of span "all"; unchanged for a block without one."""
+    norm = head_norm(block, which)
+    if norm is None:
+        return reading
+    joined = norm.joined(reading)  # (d, heads, d_head) or (d, heads·d_head)
+    return norm.split(_directional_form(norm.form, joined).apply(joined), reading.shape[0])
 
 
 def written(block: BlockView, convention: Convention = "resstream") -> Tensor:
@@ -409,7 +448,11 @@ def through_path(writes: Tensor, blocks: tuple[BlockView, ...], l1: int, l2: int
 def _directional(module: torch.nn.Module | None, like: Tensor) -> FrozenNorm:
     """A norm as it acts on a direction (centring, gain): its formula with the scale 1/s set
     to 1, the gain float32 on `like`'s device."""
-    form = norm_form(module)
+    return _directional_form(norm_form(module), like)
+
+
+def _directional_form(form: NormForm, like: Tensor) -> FrozenNorm:
+    """`_directional` of a norm's formula."""
     gain = None if form.gain is None else form.gain.detach().to(like.device, torch.float32)
     return FrozenNorm(replace(form, gain=gain, bias=None), torch.ones((), device=like.device))
 
@@ -487,11 +530,13 @@ __all__ = [
     "check_convention",
     "check_samples",
     "check_top",
+    "check_transformer_lens_layout",
     "composition",
     "pair_scores",
     "random_baseline",
     "read_factors",
     "read_through_ln1",
+    "read_through_qk_norm",
     "squeezed_read",
     "squeezed_write",
     "through_path",
