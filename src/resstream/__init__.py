@@ -2,7 +2,8 @@
 
 `resstream.shift`, `.lens`, `.attribute`, `.attribute_corpus`, `.decompose`, `.neurons`,
 `.compare`, `.composition`, `.recency`, `.simulate`, `.tune_lens`, `.evaluate_lens`,
-`.evaluate_model`, `.load_lens`, `.ablate`, `.patch`, `.faithfulness`, `.train` and `.sweep` are
+`.evaluate_model`, `.load_lens`, `.ablate`, `.patch`, `.faithfulness`, `.train`, `.sweep` and
+`.verify` are
 the Python API (each in the module of its name under `resstream.api`; `attribute_corpus` beside
 `attribute`, `evaluate_lens` beside `tune_lens`, `evaluate_model` in `api.evaluate`, `load_lens`
 in `api.decoders`, `ablate` and `patch` in `api.interventions`), imported on first use (torch
@@ -31,6 +32,7 @@ if _TYPE_CHECKING:
     from resstream.api.sweep import sweep
     from resstream.api.train import train
     from resstream.api.tune_lens import evaluate_lens, tune_lens
+    from resstream.api.verify import verify
 
 __all__ = [
     "ablate",
@@ -52,6 +54,7 @@ __all__ = [
     "sweep",
     "train",
     "tune_lens",
+    "verify",
 ]
 #: API functions defined in a module of another name.
 _MODULE_OF = {

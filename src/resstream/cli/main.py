@@ -38,6 +38,7 @@ from resstream.cli import sweep as sweep_cmd
 from resstream.cli import tokenize as tokenize_cmd
 from resstream.cli import train as train_cmd
 from resstream.cli import tune_lens as tune_lens_cmd
+from resstream.cli import verify as verify_cmd
 from resstream.cli.completion import GroupWithCompletion, InstallCompletionOption, ShowCompletionOption
 from resstream.cli.flags import cli_message
 from resstream.cli.help import FlagsWithoutTypes
@@ -74,6 +75,7 @@ JSON_COMMANDS = (
     "compare",
     "ablate",
     "patch",
+    "verify",
 )
 for module in (
     tokenize_cmd,
@@ -90,6 +92,7 @@ for module in (
     composition_cmd,
     simulate_cmd,
     recency_cmd,
+    verify_cmd,
     reproduce_cmd,
     report_cmd,
 ):
