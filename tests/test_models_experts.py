@@ -30,7 +30,7 @@ def _expert_by_hand(experts: torch.nn.Module, e: int, x: torch.Tensor) -> torch.
         gate = gate_up[0::2].clamp(max=experts.limit)
         up = gate_up[1::2].clamp(min=-experts.limit, max=experts.limit)
         m = (up + 1) * gate * torch.sigmoid(experts.alpha * gate)
-        return torch.cat([m, torch.ones(1)])
+        return torch.cat([m, torch.ones(1, device=x.device)])
     d_ff = experts.intermediate_dim
     gate_up = experts.gate_up_proj[e] @ x
     return experts.act_fn(gate_up[:d_ff]) * gate_up[d_ff:]
@@ -43,7 +43,7 @@ def experts_by_hand(block: BlockView, x: torch.Tensor) -> torch.Tensor:
     experts = block.mlp.experts
     with torch.no_grad():
         _, weights, index = _router(block.mlp)(x)
-        m = torch.zeros(x.shape[0], block.experts.n_experts, block.experts.width)
+        m = torch.zeros(x.shape[0], block.experts.n_experts, block.experts.width, device=x.device)
         for n in range(x.shape[0]):
             for slot in range(index.shape[1]):
                 e = int(index[n, slot])
