@@ -34,20 +34,22 @@ TARGET, FOIL = 7, 11
 #: ~1e-5 of rounding there; the tolerance is relative plus a small share of the largest effect.
 EPSILON = 1e-3
 RELATIVE, OF_LARGEST = 1e-2, 2e-3
-CASES = ("gpt2", "gpt_neox", "llama", "gemma2", "resstream_post", "resstream_router")
+CASES = ("gpt2", "gpt_neox", "llama", "gemma2", "resstream_post", "resstream_router", "mixtral", "gpt_oss")
 
 
 @cache
 def _runs(case: str) -> tuple[Run, Run]:
     """A float64 copy of the tiny model (the cached float32 one is left alone): the run of one
     random text and of another (the source of patched values)."""
-    view = view_of(copy.deepcopy(tiny_model(case)).double())
+    model = copy.deepcopy(tiny_model(case)).double()
+    if case in ("mixtral", "gpt_oss"):  # the grouped-GEMM experts take no float64
+        model.set_experts_implementation("eager")
+    view = view_of(model)
     return capture_run(view, tiny_ids(1)), capture_run(view, tiny_ids(1, seed=5))
 
 
 def _space(run: Run) -> ComponentSpace:
-    d_ff = run.view.blocks[0].read_mlp_weights().d_ff
-    return ComponentSpace(run.view.n_layers, run.view.n_heads, d_ff, SEQ)
+    return ComponentSpace(run.view.n_layers, run.view.n_heads, run.view.blocks[0].d_ff, SEQ)
 
 
 def _some_neurons(space: ComponentSpace, layers: range) -> list[Component]:

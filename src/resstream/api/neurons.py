@@ -134,8 +134,8 @@ def check_layer_and_neurons(
         raise UsageError(
             f"`layer` {layer} is out of range; allowed: 0..{view.n_layers - 1} ({view.n_layers} blocks)"
         )
-    mlp_neurons(view, layer)
-    d_ff = view.blocks[layer].read_mlp_weights().d_ff
+    neuron_block(view, layer)
+    d_ff = view.blocks[layer].d_ff
     for neuron in neurons or ():
         if not 0 <= neuron < d_ff:
             raise UsageError(
@@ -146,11 +146,11 @@ def check_layer_and_neurons(
         raise UsageError(f"`top` {top} is more than layer {layer}'s {d_ff} neurons; allowed: 1..{d_ff}")
 
 
-def mlp_neurons(view: ModelView, layer: int) -> BlockView:
+def neuron_block(view: ModelView, layer: int) -> BlockView:
     """Block `layer`, whose neuron coefficients `BlockView.hook_coefficients` reads; UsageError
     for a block whose adapter exposes no MLP neurons (no weights, no projection or experts)."""
     block = view.blocks[layer]
-    if block.mlp_weights is None or (block.mlp_out_proj is None and block.experts is None):
+    if block.mlp_weights is None or not block.has_coefficients:
         raise UsageError(f"the {view.family} adapter exposes no MLP neurons for block {layer}")
     return block
 
@@ -161,7 +161,7 @@ def layer_coefficients(
     """(ids, m) per batch of the sample: the batch's token ids and the neuron coefficients m
     (batch, seq, d_ff) of block `layer`, as its MLP's output projection receives them (one
     forward of the model per batch, one hook)."""
-    block = mlp_neurons(view, layer)
+    block = neuron_block(view, layer)
     for batch in each_batch(sample.sequences, batch_size, desc, progress):
         check_input_ids(view, batch)
         batch = batch.to(view.W_E.device)

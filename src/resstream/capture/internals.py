@@ -41,8 +41,8 @@ from resstream.models.adapters.base import BlockInternals, BlockView, InlineScal
 
 def _out_projection(block: BlockView, index: int) -> nn.Module:
     """The block's attention output projection, hooked for z; ValueError for a view that
-    gives none."""
-    if block.out_proj is None or (block.mlp_out_proj is None and block.experts is None):
+    gives none, or no neuron coefficients (`BlockView.has_coefficients`)."""
+    if block.out_proj is None or not block.has_coefficients:
         raise ValueError(f"block {index} of this view has no out_proj / mlp_out_proj to hook")
     return block.out_proj
 
@@ -129,9 +129,15 @@ def _block_hooks(
     for norm, name in ((block.post_attn_norm, "attn_output"), (block.post_mlp_norm, "mlp_output")):
         if norm is not None and not isinstance(norm, InlineScale):  # an inline factor runs no module
             post.append((norm, on_output(name)))
-    handles = [module.register_forward_pre_hook(hook, with_kwargs=True) for module, hook in pre]
-    handles += block.hook_coefficients(on_coefficients)
-    return handles + [module.register_forward_hook(hook) for module, hook in post]
+    handles: list[torch.utils.hooks.RemovableHandle] = []
+    try:  # a view that fails half-way (its weights unreadable) leaves no hook behind
+        handles += [module.register_forward_pre_hook(hook, with_kwargs=True) for module, hook in pre]
+        handles += block.hook_coefficients(on_coefficients)
+        return handles + [module.register_forward_hook(hook) for module, hook in post]
+    except BaseException:
+        for handle in handles:
+            handle.remove()
+        raise
 
 
 def _internals(

@@ -96,7 +96,7 @@ class AtpEstimates:
             return float(self.resid[0, self.positions].sum())
         raise UsageError(
             f"`component` {component.name}: attribution patching estimates {', '.join(ESTIMATED_KINDS)}; "
-            "leave out attention sources or patch without `atp`"
+            "leave out attention sources and experts, or patch without `atp`"
         )
 
     def top(self, count: int, among: Sequence[Component] | None = None) -> list[Component]:
@@ -138,6 +138,12 @@ def attribution_patching(
     """AtP estimates for patching each component of `base` from `source` (sequence 0) at
     `positions` (None: every position), measured by `readout` (module docstring)."""
     run_values(base, source)  # refuses a source shorter than the base, with both token counts
+    widths = {block.d_ff for block in base.view.blocks}
+    if len(widths) > 1:
+        raise UsageError(
+            f"attribution patching needs every block's MLP to have as many neurons; this model's have "
+            f"{', '.join(map(str, sorted(widths)))} (dense and sparse blocks): patch without `atp`"
+        )
     grads, value = gradients(base, readout)
     heads, neurons, blocks = [], [], []
     for layer in range(base.view.n_layers):
@@ -256,7 +262,7 @@ def _keeping(view: Any, kept: dict[str, list[Tensor]]) -> Iterator[None]:
     handles = []
     try:
         for layer, block in enumerate(view.blocks):
-            if block.out_proj is None or (block.mlp_out_proj is None and block.experts is None):
+            if block.out_proj is None or not block.has_coefficients:
                 raise UsageError(
                     f"block {layer} of this model's view names no output projection; "
                     "attribution patching needs z and m"

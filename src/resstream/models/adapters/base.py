@@ -7,6 +7,7 @@ applies); h_l (l = 1..L) is the output of block l, taken before the final norm.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
@@ -124,19 +125,27 @@ class ExpertsView:
         return slice(expert * self.width, (expert + 1) * self.width)
 
     def routing(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor]:
-        """(x, index, weights) from the arguments the experts module is called with."""
-        values = [*args, *kwargs.values()]
+        """(x, index, weights) from the arguments the experts module is called with, bound to
+        its parameters in their order (positional or by name)."""
+        try:
+            values = list(inspect.signature(self.module.forward).bind(*args, **kwargs).arguments.values())
+        except TypeError:  # a signature that does not say (a wrapped forward): positions, then names
+            values = [*args, *kwargs.values()]
         if len(values) < 3:
             raise RuntimeError(f"the experts module was called with {len(values)} arguments, expected 3")
         x, index, weights = values[:3]
         return x, index, weights
 
-    def hooks(self, mlp: nn.Module, W_out: Tensor, fn: CoefficientHook) -> list[RemovableHandle]:
+    def hooks(
+        self, mlp: nn.Module, W_out: Callable[[], Tensor], fn: CoefficientHook
+    ) -> list[RemovableHandle]:
         """Hooks that call `fn` with the flat coefficients (batch, seq, n_experts·width) of
         every forward of `mlp`; a tensor `fn` returns replaces them: the MLP's output then
-        changes by (m' − m) @ W_out, exactly what writing m' would add. The coefficients are
-        computed from a detached input and require grad when autograd is on, so a gradient
-        reaches m (attribution patching) without a second path to the MLP's input."""
+        changes by (m' − m) @ W_out, exactly what writing m' would add (`W_out()` is read, once,
+        only then: the flat matrix is a copy of every expert's weights). The coefficients are
+        computed from a detached input and require grad when autograd is on; the output then
+        gains (m − m.detach()) @ W_out, zero in value, so a gradient reaches m (attribution
+        patching) without a second path to the MLP's input."""
         state: dict[str, Any] = {}
 
         def on_mlp(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -147,8 +156,10 @@ class ExpertsView:
             m = self.coefficients(x.detach(), index, weights.detach())
             if torch.is_grad_enabled():
                 m.requires_grad_(True)
-            shape = (*state.get("shape", m.shape[:-1]), m.shape[-1])
-            replaced = fn(m.reshape(shape))
+            shaped = m.reshape(*state.get("shape", m.shape[:-1]), m.shape[-1])
+            replaced = fn(shaped)
+            if replaced is None and shaped.requires_grad:  # the tensor `fn` saw is on the path
+                replaced = shaped
             if replaced is not None:
                 state["delta"] = replaced.reshape(m.shape) - m.detach()
 
@@ -156,7 +167,9 @@ class ExpertsView:
             delta = state.pop("delta", None)
             if delta is None:
                 return None
-            return output + (delta @ W_out.to(delta.dtype)).to(output.dtype)
+            if "W_out" not in state:
+                state["W_out"] = W_out()
+            return output + (delta @ state["W_out"].to(delta.dtype)).to(output.dtype)
 
         return [
             mlp.register_forward_pre_hook(on_mlp, with_kwargs=True),
@@ -231,13 +244,27 @@ class BlockView:
     experts: ExpertsView | None = None
     sinks: Tensor | None = None
 
+    @property
+    def has_coefficients(self) -> bool:
+        """Whether the view says where the MLP's neuron coefficients are (an output projection
+        whose input they are) or how to compute them (experts)."""
+        return self.mlp_out_proj is not None or self.experts is not None
+
+    @property
+    def d_ff(self) -> int:
+        """The MLP's number of neurons (flat in a mixture of experts), without building its
+        weights where they would be copies (experts)."""
+        if self.experts is not None:
+            return self.experts.n_experts * self.experts.width
+        return self.read_mlp_weights().d_ff
+
     def hook_coefficients(self, fn: CoefficientHook) -> list[RemovableHandle]:
         """Hooks that call `fn` with the MLP's neuron coefficients m (batch, seq, d_ff) in every
         forward; a tensor `fn` returns replaces m (the input of the MLP's output projection, or
         for experts the flat coefficients, `ExpertsView.hooks`). ValueError for a view that
         says neither where m is nor how to compute it."""
         if self.experts is not None:
-            return self.experts.hooks(self.mlp, self.read_mlp_weights().W_out.detach(), fn)
+            return self.experts.hooks(self.mlp, lambda: self.read_mlp_weights().W_out.detach(), fn)
         if self.mlp_out_proj is None:
             raise ValueError("this block's view has no mlp_out_proj whose input is the coefficients")
 

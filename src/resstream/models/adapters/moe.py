@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional
 
+from resstream.errors import UsageError
 from resstream.models.adapters.base import BlockView, DynamicModule, ExpertsView, MLPWeights, ModelView
 from resstream.models.adapters.layout import BlockLayout, hf_model_view
 from resstream.models.adapters.llama import BLOCK, qk_norm_note, sliding_window_notes
@@ -139,9 +140,11 @@ def _sparse_layout(layout: BlockLayout, weights: Callable[[DynamicModule], MLPWe
 
 
 def _with_experts(view: BlockView, expert: ExpertCoefficients, width: int) -> BlockView:
-    """The view of a block whose MLP is sparse, with its `ExpertsView`."""
+    """The view of a block whose MLP is sparse, with its `ExpertsView`; UsageError for
+    experts whose weights are packed (quantised), which no flat neuron can be read from."""
     sparse: DynamicModule = view.mlp
     experts = sparse.experts
+    _check_unpacked(experts)
     routing = ExpertsView(
         module=experts,
         n_experts=int(experts.num_experts),
@@ -150,6 +153,18 @@ def _with_experts(view: BlockView, expert: ExpertCoefficients, width: int) -> Bl
         coefficients=partial(routed_coefficients, expert, experts, width),
     )
     return replace(view, experts=routing)
+
+
+def _check_unpacked(experts: DynamicModule) -> None:
+    """UsageError for an experts module without floating-point `gate_up_proj` weights (GPT-OSS's
+    MXFP4 checkpoints loaded with the MXFP4 kernels keep them packed)."""
+    weight = getattr(experts, "gate_up_proj", None)
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        raise UsageError(
+            f"the experts ({type(experts).__name__}) hold packed or quantised weights, which resstream "
+            "cannot read neuron by neuron; load the model dequantised "
+            "(e.g. quantization_config=Mxfp4Config(dequantize=True))"
+        )
 
 
 def _router(sparse: DynamicModule) -> DynamicModule:
