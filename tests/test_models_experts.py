@@ -181,3 +181,47 @@ def test_an_expert_of_a_dense_model_is_refused() -> None:
         parse_component("L0.E1", ComponentSpace(2, 4, 48, SEQ))
     with pytest.raises(UsageError, match=r"expert 4 is out of range; allowed: 0\.\.3"):
         parse_component("L0.E4", ComponentSpace(2, 4, 48, SEQ, 4))
+
+
+def test_experts_with_packed_weights_are_refused_with_the_way_out() -> None:
+    from resstream.errors import UsageError
+
+    model = copy.deepcopy(tiny_model("gpt_oss"))
+    for layer in model.model.layers:  # what MXFP4 kernels leave: packed integer blocks
+        del layer.mlp.experts.gate_up_proj
+        layer.mlp.experts.gate_up_proj = torch.zeros(4, 8, dtype=torch.uint8)
+    with pytest.raises(UsageError, match=r"packed or quantised weights.*Mxfp4Config\(dequantize=True\)"):
+        view_of(model)
+
+
+def test_a_mixture_with_a_dense_block_has_a_width_per_block() -> None:
+    """Qwen3-MoE's `mlp_only_layers`: block 0 a dense gated MLP (48 neurons), block 1 sparse
+    (4 experts × 24): the decomposition sums, neuron names are checked per block, AtP refuses."""
+    import transformers as tf
+
+    from resstream.analysis.decoding.decoder import decoder_of
+    from resstream.analysis.interventions.atp import attribution_patching
+    from resstream.analysis.interventions.components import ComponentSpace, parse_component, parse_components
+    from resstream.analysis.interventions.effects import Readout
+    from resstream.analysis.interventions.runs import capture_run
+    from resstream.errors import UsageError
+    from tests.test_models_adapters import _hf_config
+
+    config = tf.Qwen3MoeConfig(**{**_hf_config("qwen3_moe").to_dict(), "mlp_only_layers": [0]})
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    view = view_of(model)
+    assert view.blocks[0].experts is None and view.blocks[1].experts is not None
+    assert [block.d_ff for block in view.blocks] == [48, 96]
+    internals = block_internals(view, tiny_ids())
+    assert decompose(view, internals, list(range(SEQ)), neurons=True).residual()[1] <= 1e-5
+    space = ComponentSpace(2, 4, (48, 96), SEQ, 4)
+    assert parse_component("L1.N60", space).index == 60
+    assert len(parse_components(["L0.N*"], space)) == 48
+    with pytest.raises(UsageError, match=r"neuron 60 is out of range; allowed: 0\.\.47"):
+        parse_component("L0.N60", space)
+    with pytest.raises(UsageError, match="have 48, 96 neurons; name one block"):
+        parse_components(["L*.N*"], space)
+    run = capture_run(view, tiny_ids(1))
+    with pytest.raises(UsageError, match="as many neurons"):
+        attribution_patching(run, run, Readout(decoder_of(view), SEQ - 1, 7))

@@ -264,12 +264,11 @@ def chosen_positions(length: int, count: int, generator: torch.Generator) -> lis
 def _model_fields(loaded: LoadedModel, settings: Settings) -> ModelFields:
     """What every result records of the model and the settings."""
     view = loaded.view
-    d_ff = view.blocks[0].read_mlp_weights().d_ff
     return ModelFields(
         model=loaded.name,
         top_k=settings.top_k,
         candidates=settings.candidates,
-        neuron_count=view.n_layers * d_ff,
+        neuron_count=sum(block.d_ff for block in view.blocks),
         n_layers=view.n_layers,
         n_heads=view.n_heads,
         notes=tuple(view.notes),

@@ -276,7 +276,7 @@ class _Setup:
 
     @property
     def space(self) -> ComponentSpace:
-        d_ff = self.view.blocks[0].read_mlp_weights().d_ff
+        d_ff = tuple(block.d_ff for block in self.view.blocks)
         experts = next((b.experts.n_experts for b in self.view.blocks if b.experts is not None), 0)
         return ComponentSpace(self.view.n_layers, self.view.n_heads, d_ff, int(self.ids.shape[1]), experts)
 

@@ -102,14 +102,19 @@ class Component:
 @dataclass(frozen=True)
 class ComponentSpace:
     """The valid indices of a model: `n_layers` blocks, `n_heads` heads, `d_ff` neurons per
-    MLP, `seq_len` positions of the text (None: positions are not checked) and `n_experts`
-    experts per MLP (0: the model has no mixture of experts)."""
+    MLP (one number, or one per block where they differ: a mixture of experts with dense
+    blocks), `seq_len` positions of the text (None: positions are not checked) and
+    `n_experts` experts per MLP (0: the model has no mixture of experts)."""
 
     n_layers: int
     n_heads: int
-    d_ff: int
+    d_ff: int | tuple[int, ...]
     seq_len: int | None = None
     n_experts: int = 0
+
+    def neurons_of(self, layer: int) -> int:
+        """How many neurons block `layer`'s MLP has."""
+        return self.d_ff if isinstance(self.d_ff, int) else self.d_ff[layer]
 
     def heads(self) -> list[Component]:
         """Every head of every block, layer by layer."""
@@ -122,7 +127,7 @@ class ComponentSpace:
     def neurons(self, layer: int | None = None) -> list[Component]:
         """Every neuron of one block (or of every block)."""
         layers = range(self.n_layers) if layer is None else [layer]
-        return [Component(each, "neuron", k) for each in layers for k in range(self.d_ff)]
+        return [Component(each, "neuron", k) for each in layers for k in range(self.neurons_of(each))]
 
     def residuals(self, position: int) -> list[Component]:
         """The residual state at `position` at every block input, h_0..h_L."""
@@ -141,7 +146,8 @@ def parse_component(name: str, space: ComponentSpace) -> Component:
     if match["sub"]:
         return Component(layer, match["sub"])  # type: ignore[arg-type]
     if match["neuron"] is not None:
-        return Component(layer, "neuron", _checked(name, "neuron", int(match["neuron"]), space.d_ff))
+        neurons = space.neurons_of(layer)
+        return Component(layer, "neuron", _checked(name, "neuron", int(match["neuron"]), neurons))
     if match["expert"] is not None:
         if space.n_experts == 0:
             raise UsageError(f"`component` {name!r}: this model's MLPs have no experts; allowed: {GRAMMAR}")
@@ -189,7 +195,7 @@ def _wildcard_count(name: str, field: str, space: ComponentSpace) -> int:
     if field == "H":
         return space.n_heads
     if field == "N":
-        return space.d_ff
+        return _neuron_count(name, space)
     if field == "E" and space.n_experts:
         return space.n_experts
     if field in ("S", "@") and space.seq_len is not None:
@@ -197,6 +203,21 @@ def _wildcard_count(name: str, field: str, space: ComponentSpace) -> int:
     raise UsageError(
         f"`component` {name!r}: a * cannot stand after {field or 'nothing'!r}; allowed: {GRAMMAR}"
     )
+
+
+def _neuron_count(name: str, space: ComponentSpace) -> int:
+    """How many neurons an `N*` stands for: those of the block the name gives, or of every
+    block when they all have as many."""
+    layer = re.match(r"^L(\d+)\.", name.strip())
+    if layer is not None and int(layer[1]) < space.n_layers:
+        return space.neurons_of(int(layer[1]))
+    widths = {space.neurons_of(each) for each in range(space.n_layers)}
+    if len(widths) > 1:
+        raise UsageError(
+            f"`component` {name!r}: the blocks' MLPs have {', '.join(map(str, sorted(widths)))} neurons; "
+            "name one block (L<l>.N*)"
+        )
+    return widths.pop()
 
 
 def _checked(name: str, what: str, value: int, count: int) -> int:
