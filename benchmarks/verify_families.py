@@ -88,8 +88,9 @@ def row(case: str, model: torch.nn.Module, tokenizer: object, text: str = TEXT) 
     lens = _least([layer.lens_agreement for layer in result.layers])
     verdict = "pass" if result.passed else f"FAIL ({', '.join(result.failed)})"
     state = f"{max(states):.1e}" if states else "n/a"
+    weights = result.check("weights").value
     return (
-        f"| {case} | {dtype} | {result.logit_relative:.1e} | {state} | {decomposition:.1e} | "
+        f"| {case} | {dtype} | {result.logit_relative:.1e} | {state} | {weights:.1e} | {decomposition:.1e} | "
         f"{lens} | {router} | {verdict} |"
     )
 
@@ -103,8 +104,8 @@ def main() -> None:
     import transformers
 
     tokenizer = char_tokenizer()
-    print("| model | dtype | logits | states | decomposition | lens | router | verdict |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | dtype | logits | states | weights | decomposition | lens | router | verdict |")
+    print("|---|---|---|---|---|---|---|---|---|")
     if args.shapes:
         for name, config in real_shapes().items():
             torch.manual_seed(0)

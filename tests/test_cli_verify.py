@@ -62,15 +62,16 @@ def test_a_local_hugging_face_model_passes_and_writes_its_figures(
     assert report["text"] == DEFAULT_TEXT and 15 <= report["tokens"] <= 25
     assert report["tolerances"]["logits"] == TOLERANCES[dtype].logits
     assert [check["name"] for check in report["checks"]] == list(CHECKS)
-    assert [check["applies"] for check in report["checks"]] == [True, True, True, True, False]
+    assert [check["applies"] for check in report["checks"]] == [True, True, True, True, True, False]
     assert report["last_state"] == "after the final norm" and len(report["layers"]) == 3
     assert report["logits"]["relative"] <= TOLERANCES[dtype].logits
     lines = printed.splitlines()
     assert lines[0].startswith(f"{gpt2_dir} (gpt2, {dtype} on cpu), {report['tokens']} tokens")
     assert lines[1].split() == ["check", "result", "figure", "tolerance", "compared"]
-    assert [line.split()[:2] for line in lines[2:7]] == [
+    assert [line.split()[:2] for line in lines[2:8]] == [
         ["logits", "pass"],
         ["states", "pass"],
+        ["weights", "pass"],
         ["decomposition", "pass"],
         ["lens", "pass"],
         ["router", "n/a"],

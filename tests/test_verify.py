@@ -52,7 +52,8 @@ def test_every_family_passes_within_the_tolerances_of_its_dtype(case: str, dtype
     assert result.dtype == dtype and result.tolerances == TOLERANCES[dtype]
     assert result.tokens == len(TEXT) and len(result.layers) == view_of(tiny_model(case)).n_layers + 1
     applies = {check.name for check in result.checks if check.applies}
-    assert applies == {"logits", "states", "decomposition", "lens"} | ({"router"} if case in MOE else set())
+    dense = {"logits", "states", "weights", "decomposition", "lens"}
+    assert applies == dense | ({"router"} if case in MOE else set())
     neurons = [layer.neurons for layer in result.layers]  # tiny models: h_L split into every neuron
     assert neurons == [False] * (len(neurons) - 1) + [True]
     if case in MOE:
@@ -105,9 +106,33 @@ def test_a_view_with_a_wrong_output_projection_fails_the_decomposition(chars) ->
     view = view_of(_copy("qwen2"))
     wrong = dataclasses.replace(view.blocks[1], W_O=view.blocks[1].W_O * 1.01)
     result = resstream.verify(dataclasses.replace(view, blocks=(view.blocks[0], wrong)), chars, text=TEXT)
-    assert result.failed == ("decomposition",)
+    assert result.failed == ("weights", "decomposition")
     residuals = [layer.decomposition_relative for layer in result.layers]
     assert residuals[1] < 1e-6 < 1e-3 < residuals[2]  # block 1's heads are wrong from h_2 on
+
+
+@pytest.mark.parametrize("case", ["llama", "phi3", "falcon_new"])
+def test_a_view_with_wrong_query_weights_fails_only_the_weights_check(case: str, chars) -> None:
+    """W_Q is read by composition and head read contributions, by nothing the states,
+    decomposition or logits depend on: only the weights check can see it (separate, fused
+    and grouped projections)."""
+    view = view_of(_copy(case))
+    block = view.blocks[1]
+    right = block.read_attention_weights()
+    wrong = dataclasses.replace(right, W_Q=right.W_Q.flip(0))  # heads swapped
+    swapped = dataclasses.replace(block, attention_weights=lambda: wrong)
+    result = resstream.verify(dataclasses.replace(view, blocks=(view.blocks[0], swapped)), chars, text=TEXT)
+    assert result.failed == ("weights",) and result.check("weights").value > 1e-2
+
+
+def test_wrong_expert_coefficients_fail_the_weights_check(chars) -> None:
+    view = view_of(_copy("mixtral"))
+    block = view.blocks[0]
+    right = block.experts.coefficients
+    experts = dataclasses.replace(block.experts, coefficients=lambda x, i, w: 1.01 * right(x, i, w))
+    wrong = dataclasses.replace(block, experts=experts)
+    result = resstream.verify(dataclasses.replace(view, blocks=(wrong, view.blocks[1])), chars, text=TEXT)
+    assert "weights" in result.failed and result.check("weights").value > 1e-3
 
 
 def _pieces(case: str, chars):
@@ -136,7 +161,8 @@ def test_what_the_model_does_not_offer_does_not_apply(chars) -> None:
     view, states, internals, reference = _pieces("gpt2", chars)
     bare = dataclasses.replace(reference, hidden_states=None, head=None, source="logits only")
     result = _verified(view, states, internals, bare)
-    assert result.passed and [c.name for c in result.checks if c.applies] == ["logits", "decomposition"]
+    applied = [c.name for c in result.checks if c.applies]
+    assert result.passed and applied == ["logits", "weights", "decomposition"]
     assert result.layers[0].state_error is None and result.last_state is None
     assert "no hidden states" in result.check("states").note and result.check("states").passed is None
     short = dataclasses.replace(reference, hidden_states=reference.hidden_states[:-1])

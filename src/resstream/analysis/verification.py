@@ -1,6 +1,6 @@
 """`resstream verify`: for one text, does resstream see exactly what the model computes?
 
-Four comparisons of what resstream reads through a model's `ModelView` (the residual states
+Comparisons of what resstream reads through a model's `ModelView` (the residual states
 h_0..h_L of `capture.residual_states`, the records of `capture.block_internals`) with the
 model's own forward (`Reference`: for a Hugging Face model `model(ids,
 output_hidden_states=True)`, its output layer and, for a mixture of experts, its router logits):
@@ -18,6 +18,10 @@ output_hidden_states=True)`, its output layer and, for a mixture of experts, its
    heads and neurons), relative to max ‖h_l‖. A last point whose neuron split would hold more
    than `DECOMPOSITION_BUDGET` numbers for one position is decomposed into heads and whole
    MLPs too (`LayerCheck.neurons` says which).
+   ``weights``: per block, the weights the view reads (W_Q, W_K, W_V where the view names
+   their columns, W_O, the MLP's or experts' flat W_out) applied to what the block received,
+   against what the model's own modules returned (`weight_errors`): a wrong weight there
+   would change attribution and composition but no state.
 3. ``lens``: per layer, the fraction of positions where the logit lens's top-1 token of h_l
    equals the top-1 of the model's own hidden state through the final norm and the model's
    own output layer (`Reference.head`). Two tokens whose scores tie exactly, in either
@@ -46,11 +50,11 @@ from resstream.analysis.attribution.decomposition import decompose
 from resstream.analysis.decoding.decoder import decoder_of
 from resstream.display import Displayable
 from resstream.errors import check_choice
-from resstream.models.adapters.base import InlineScale, Internals, ModelView
+from resstream.models.adapters.base import BlockView, InlineScale, Internals, ModelView
 from resstream.reprs import summary
 
 #: The checks, in the order they are reported.
-CHECKS = ("logits", "states", "decomposition", "lens", "router")
+CHECKS = ("logits", "states", "weights", "decomposition", "lens", "router")
 
 #: Most numbers (components × positions × d_model) one decomposition with neurons holds; a
 #: point whose components for one position are more is decomposed into heads and whole MLPs
@@ -61,14 +65,15 @@ DECOMPOSITION_BUDGET = 1 << 25
 @dataclass(frozen=True)
 class Tolerances:
     """What a check may reach and still pass: the largest relative error of the `logits`, of
-    the `states` and of the `decomposition` (each the largest over layers), and the least
-    top-1 agreement of the `lens` and of the `router` (fractions)."""
+    the `states`, of the `weights` and of the `decomposition` (each the largest over layers),
+    and the least top-1 agreement of the `lens` and of the `router` (fractions)."""
 
     logits: float
     states: float
     decomposition: float
     lens: float = 1.0
     router: float = 1.0
+    weights: float = 1e-5
 
 
 #: The tolerances per dtype, from measurements (docs/models.md): on every family's tiny model,
@@ -79,8 +84,8 @@ class Tolerances:
 #: post-norm variant), so 3e-2 leaves a margin of 4. The states are the model's own tensors,
 #: hooked in the same computation: 0 in both dtypes.
 TOLERANCES: dict[str, Tolerances] = {
-    "float32": Tolerances(logits=1e-5, states=1e-5, decomposition=1e-5),
-    "bfloat16": Tolerances(logits=3e-2, states=1e-5, decomposition=3e-2),
+    "float32": Tolerances(logits=1e-5, states=1e-5, decomposition=1e-5, weights=1e-5),
+    "bfloat16": Tolerances(logits=3e-2, states=1e-5, decomposition=3e-2, weights=3e-2),
 }
 
 
@@ -310,7 +315,7 @@ def decomposition_residuals(view: ModelView, internals: Internals) -> list[tuple
     `DECOMPOSITION_BUDGET`). Splitting every point into neurons would cost L/2 times more for
     no block the last point does not already split. Returns per layer (max |Σ components −
     h_l|, that over max ‖h_l‖, the number of components, whether MLPs were split into neurons)."""
-    widths = [block.read_mlp_weights().d_ff for block in view.blocks]
+    widths = [block.d_ff for block in view.blocks]
     found = []
     for layer in range(view.n_layers + 1):
         split = _components_after(view, widths[:layer], neurons=True)
@@ -372,6 +377,68 @@ def lens_agreements(
     return found
 
 
+#: A module's output in the model's own forward of the text (sequence 0), or None where it was
+#: not recorded: how `weight_errors` reads the q/k/v projections.
+Projected = Callable[[nn.Module], Tensor | None]
+
+
+def weight_errors(view: ModelView, internals: Internals, projected: Projected) -> list[float]:
+    """Per block, the largest relative error of the weights the view reads, each applied to
+    what the block actually received and compared with what the model's own module returned:
+    Σ_k m_k·W_out[k] + b_out against the MLP's output (experts: the flat coefficients and
+    weights), Σ_h z_h·W_O[h] + b_O against the attention's output, and, where the view says
+    which columns hold them (`qkv_columns`), every head's x·W_Q[h] + b_Q[h] (and K, V) against
+    those columns of the projection's output. The decomposition and composition read these
+    weights; the states, logits and lens would not notice a wrong one."""
+    found = []
+    with torch.no_grad():
+        for block, rec in zip(view.blocks, internals.blocks, strict=True):
+            mlp = block.read_mlp_weights()
+            errors = [
+                _relative(_affine(rec.coefficients[0], mlp.W_out, mlp.b_out), rec.mlp_raw[0]),
+                _relative(
+                    torch.einsum("thd,hdm->tm", rec.z[0].float(), block.W_O.detach().float())
+                    + (0 if block.b_O is None else block.b_O.detach().float()),
+                    rec.attn_raw[0],
+                ),
+            ]
+            errors += _projection_errors(block, rec.attn_input[0], projected)
+            found.append(max(errors))
+    return found
+
+
+def _affine(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+    """x @ W + b in float32."""
+    out = x.float() @ W.detach().float()
+    return out if b is None else out + b.detach().float()
+
+
+def _relative(ours: Tensor, theirs: Tensor) -> float:
+    """max |ours − theirs| over max |theirs|."""
+    theirs = theirs.to(ours.device).float()
+    return _ratio(float((ours - theirs).abs().max()), float(theirs.abs().max()))
+
+
+def _projection_errors(block: BlockView, x: Tensor, projected: Projected) -> list[float]:
+    """`weight_errors`'s query, key and value part for one block (none without `qkv_columns`)."""
+    if block.qkv_columns is None or block.attention_weights is None:
+        return []
+    weights = block.read_attention_weights()
+    errors = []
+    for which, W, b in (
+        ("q", weights.W_Q, weights.b_Q),
+        ("k", weights.W_K, weights.b_K),
+        ("v", weights.W_V, weights.b_V),
+    ):
+        for head in range(W.shape[0]):
+            module, columns = block.qkv_columns(which, head)
+            output = projected(module)
+            if output is not None:
+                ours = _affine(x, W[head], None if b is None else b[head])
+                errors.append(_relative(ours, output[..., columns.to(output.device)]))
+    return errors
+
+
 def router_agreements(
     view: ModelView, internals: Internals, router_logits: Sequence[Tensor]
 ) -> list[RouterCheck]:
@@ -401,11 +468,13 @@ def verification(
     dtype: str,
     device: str,
     text: str,
+    projected: Projected = lambda module: None,
 ) -> VerifyResult:
     """Every check of one text (module docstring): `states` (L+1, T, d) are resstream's h_l of
     the text's one sequence, `internals` its block records, `reference` the model's own
-    forward; `model`, `dtype`, `device` and `text` label the result. UsageError for a dtype
-    without tolerances."""
+    forward, `projected` the outputs of its q/k/v projections in that forward (`Projected`;
+    by default none: the weights check then reads W_O and the MLP only); `model`, `dtype`,
+    `device` and `text` label the result. UsageError for a dtype without tolerances."""
     tolerances = tolerances_for(dtype)
     with torch.no_grad():
         ours = decoder_of(view).logits(states[-1, -1])
@@ -417,6 +486,13 @@ def verification(
     checks = (
         _at_most("logits", logits[1], tolerances.logits, "max |Δ logit| / max |logit| at the last position"),
         _states_check(layers, last, reference, states.shape[0], tolerances.states),
+        _at_most(
+            "weights",
+            _largest(weight_errors(view, internals, projected)),
+            tolerances.weights,
+            "the view's W_Q, W_K, W_V (where it names their columns), W_O and MLP (experts) weights "
+            "applied to each block's inputs, against its modules' outputs; largest relative error",
+        ),
         _at_most(
             "decomposition",
             _largest([layer.decomposition_relative for layer in layers]),

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Unpack
 import torch
 from torch import Tensor
 
-from resstream.analysis.verification import TOLERANCES, Reference, VerifyResult, verification
+from resstream.analysis.verification import TOLERANCES, Projected, Reference, VerifyResult, verification
 from resstream.api.inputs import LoadOptions, encode_text, one_model, takes_load_args_on_one_device
 from resstream.api.tokenizers import tokenizer_of
-from resstream.capture import block_internals, residual_states
+from resstream.capture import block_internals, record, residual_states, run_forward
 from resstream.errors import UsageError, check_choice
 from resstream.models import LoadArgs, ModelLike, ModelView, is_spec
 
@@ -69,6 +69,7 @@ def verify(
             dtype=loaded.dtype,
             device=loaded.device,
             text=chosen,
+            projected=projection_outputs(view, ids),
         )
 
 
@@ -88,6 +89,21 @@ def _check_dtype(dtype: str) -> None:
             f"the model is in {dtype}, for which verify has no tolerances; allowed: "
             f"{', '.join(TOLERANCES)} (cast the model first)"
         )
+
+
+def projection_outputs(view: ModelView, ids: Tensor) -> Projected:
+    """The outputs (sequence 0) of every block's query, key and value projections
+    (`BlockView.qkv_columns`) in one forward of the model, by module."""
+    modules = {
+        id(module): module
+        for block in view.blocks
+        if block.qkv_columns is not None
+        for module in (block.qkv_columns(which, 0)[0] for which in ("q", "k", "v"))
+    }
+    with record(list(modules.values())) as seen, torch.inference_mode():
+        run_forward(view, ids)
+    outputs = {key: seen[str(i)][0][0] for i, key in enumerate(modules)}
+    return lambda module: outputs.get(id(module))
 
 
 def own_forward(view: ModelView, ids: Tensor) -> Reference:
