@@ -18,8 +18,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from resstream.models.adapters.base import DynamicModule, InlineScale, ModelView
-from resstream.models.adapters.layout import BlockLayout, hf_model_view
+from resstream.models.adapters.layout import SHARED_NORM_PARALLEL_NOTE, BlockLayout, hf_model_view
 from resstream.models.adapters.llama import BLOCK as LLAMA_BLOCK
+from resstream.models.adapters.llama import qk_norm_note
 from resstream.models.adapters.registry import register
 
 
@@ -35,16 +36,12 @@ def cohere_layout(use_qk_norm: bool) -> BlockLayout:
 def _notes(logit_scale: float, use_qk_norm: bool) -> tuple[str, ...]:
     """The parallel block, the logit scale and the QK-norm."""
     notes: tuple[str, ...] = (
-        "parallel block: attention and MLP both read the one input_layernorm(x) of the block input",
+        SHARED_NORM_PARALLEL_NOTE,
         f"final logits are multiplied by logit_scale = {logit_scale:g}: the view's final norm is "
         "InlineScale(logit_scale, model.norm)",
     )
     if use_qk_norm:
-        notes += (
-            "queries and keys are layer-normalised per head (mean-centred, with one gain row per "
-            "head) before rotary (QK-norm); attention probabilities are read from the model, "
-            "composition scores linearise the norm",
-        )
+        notes += (qk_norm_note("head", "layer-normalised (mean-centred, one gain row per key/value head)"),)
     return notes
 
 

@@ -102,6 +102,12 @@ def _piece(block: DynamicModule, path: str | None) -> DynamicModule:
     return None if path is None else attrgetter(path)(block)
 
 
+#: The note of a parallel block whose attention and MLP read one shared norm (Phi, Cohere).
+SHARED_NORM_PARALLEL_NOTE = (
+    "parallel block: attention and MLP both read the one input_layernorm(x) of the block input"
+)
+
+
 def unembedding(model: DynamicModule) -> tuple[Tensor, Tensor | None]:
     """W_U (vocab, d_model) and its bias from a Hugging Face model's output embeddings."""
     head = model.get_output_embeddings()
@@ -201,6 +207,7 @@ def positions(input_ids: Tensor) -> Tensor:
 
 __all__ = [
     "CONTEXT_FIELDS",
+    "SHARED_NORM_PARALLEL_NOTE",
     "BlockLayout",
     "Sublayer",
     "context_of",

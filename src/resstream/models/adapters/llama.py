@@ -88,11 +88,11 @@ def with_qk_norm(layout: BlockLayout, span: str = "head") -> BlockLayout:
     return replace(layout, attention=attention)
 
 
-def qk_norm_note(span: str) -> str:
-    """The note a view with QK-norm over `span` ("head" or "all") gets."""
+def qk_norm_note(span: str, how: str = "RMS-normalised") -> str:
+    """The note a view with QK-norm over `span` ("head" or "all") gets; `how` names the norm."""
     over = "per head" if span == "head" else "over all heads together"
     return (
-        f"queries and keys are RMS-normalised {over} before rotary (QK-norm); attention "
+        f"queries and keys are {how} {over} before rotary (QK-norm); attention "
         "probabilities are read from the model, composition scores linearise the norm"
     )
 

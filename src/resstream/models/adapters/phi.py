@@ -26,9 +26,9 @@ from dataclasses import replace
 from torch import Tensor, nn
 
 from resstream.models.adapters.base import AttentionWeights, DynamicModule, MLPWeights, ModelView
-from resstream.models.adapters.layout import BlockLayout, Sublayer, hf_model_view
+from resstream.models.adapters.layout import SHARED_NORM_PARALLEL_NOTE, BlockLayout, Sublayer, hf_model_view
 from resstream.models.adapters.llama import BLOCK as LLAMA_BLOCK
-from resstream.models.adapters.llama import llama_like_view
+from resstream.models.adapters.llama import llama_like_view, qk_norm_note
 from resstream.models.adapters.registry import register
 from resstream.models.adapters.weights import (
     bias_of,
@@ -102,16 +102,12 @@ def _phi_notes(model: DynamicModule) -> tuple[str, ...]:
     config = model.config
     attn = model.model.layers[0].self_attn
     notes: tuple[str, ...] = (
-        "parallel block: attention and MLP both read the one input_layernorm(x) of the block input",
+        SHARED_NORM_PARALLEL_NOTE,
         f"rotary positions rotate only the first {attn.rotary_ndims} of each head's {attn.head_dim} "
         "dimensions (partial rotary): only attention probabilities depend on it",
     )
     if config.qk_layernorm:
-        notes += (
-            "queries and keys are layer-normalised per head (LayerNorm over d_head, q_layernorm / "
-            "k_layernorm) before rotary (QK-norm); attention probabilities are read from the model, "
-            "composition scores linearise the norm",
-        )
+        notes += (qk_norm_note("head", "layer-normalised (q_layernorm / k_layernorm)"),)
     return notes
 
 
