@@ -657,22 +657,29 @@ def _heads(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.Te
 FUSED_QKV_CASES = ("phi3", "falcon", "falcon_new")
 
 
-@pytest.mark.parametrize("case", FUSED_QKV_CASES)
-def test_fused_qkv_split_reproduces_the_rotary_pattern(case: str) -> None:
-    """softmax(causal(rot(x W_Q + b_Q) · rot(x W_K + b_K) / √d_head)) from the split of the
-    fused projection (grouped-query widths, Falcon's groups) is the model's own pattern."""
+def _assert_rotary_pattern(view, ids, scale: float) -> None:
+    """softmax(causal(rot(x W_Q + b_Q) · rot(x W_K + b_K) · scale)) from the view's weights is
+    the model's own attention pattern in every block."""
     from resstream.capture import attention_probs
 
-    view = view_of(tiny_model(case))
-    ids = tiny_ids()
     probs = attention_probs(view, ids)
     for index, block in enumerate(view.blocks):
         w = block.attention_weights()
         x = _attention_input(view, index, ids)
         cos, sin = _position_embeddings(view, index, ids)
         q, k = (_rotary(_heads(x, W, b), cos, sin) for W, b in ((w.W_Q, w.b_Q), (w.W_K, w.b_K)))
-        scores = torch.einsum("bthd,bjhd->bhtj", q, k) / view.d_head**0.5
+        scores = torch.einsum("bthd,bjhd->bhtj", q, k) * scale
         torch.testing.assert_close(_causal_pattern(scores), probs[index], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", FUSED_QKV_CASES)
+def test_fused_qkv_split_reproduces_the_rotary_pattern(case: str) -> None:
+    """softmax(causal(rot(x W_Q + b_Q) · rot(x W_K + b_K) / √d_head)) from the split of the
+    fused projection (grouped-query widths, Falcon's groups) is the model's own pattern."""
+
+    view = view_of(tiny_model(case))
+    ids = tiny_ids()
+    _assert_rotary_pattern(view, ids, view.d_head**-0.5)
 
 
 def test_phi3_split_of_the_fused_projections() -> None:
@@ -825,7 +832,7 @@ def test_granite_multipliers() -> None:
     """Granite: h_0 is embedding_multiplier · W_E[t] exactly; each sub-layer adds
     residual_multiplier times its output (what capture records as attn/mlp output); the
     final norm divides by logits_scaling; attention_multiplier is the scale of the pattern."""
-    from resstream.capture import attention_probs, block_internals
+    from resstream.capture import block_internals
     from resstream.models.adapters.base import InlineScale
 
     view = view_of(tiny_model("granite"))
@@ -843,14 +850,7 @@ def test_granite_multipliers() -> None:
         torch.testing.assert_close(record.attn_output, 0.5 * record.attn_raw)
         torch.testing.assert_close(record.mlp_output, 0.5 * record.mlp_raw)
     _assert_block_sums(view, ids)
-    probs = attention_probs(view, ids)
-    for index, block in enumerate(view.blocks):
-        w = block.attention_weights()
-        x = _attention_input(view, index, ids)
-        cos, sin = _position_embeddings(view, index, ids)
-        q, k = (_rotary(_heads(x, W, b), cos, sin) for W, b in ((w.W_Q, w.b_Q), (w.W_K, w.b_K)))
-        scores = torch.einsum("bthd,bjhd->bhtj", q, k) * 0.2
-        torch.testing.assert_close(_causal_pattern(scores), probs[index], rtol=1e-4, atol=1e-5)
+    _assert_rotary_pattern(view, ids, 0.2)  # the attention multiplier in place of 1/√d_head
     notes = " ".join(view.notes)
     for name in ("embedding_multiplier = 3", "residual_multiplier = 0.5", "attention_multiplier = 0.2"):
         assert name in notes
