@@ -2,12 +2,12 @@
 
 `resstream.shift`, `.lens`, `.attribute`, `.attribute_corpus`, `.decompose`, `.neurons`,
 `.compare`, `.composition`, `.recency`, `.simulate`, `.tune_lens`, `.evaluate_lens`,
-`.evaluate_model`, `.load_lens`, `.ablate`, `.patch`, `.faithfulness`, `.train`, `.sweep` and
-`.verify` are
+`.evaluate_model`, `.load_lens`, `.ablate`, `.patch`, `.faithfulness`, `.routes`,
+`.routes_corpus`, `.train`, `.sweep` and `.verify` are
 the Python API (each in the module of its name under `resstream.api`; `attribute_corpus` beside
-`attribute`, `evaluate_lens` beside `tune_lens`, `evaluate_model` in `api.evaluate`, `load_lens`
-in `api.decoders`, `ablate` and `patch` in `api.interventions`), imported on first use (torch
-is heavy).
+`attribute`, `routes_corpus` beside `routes`, `evaluate_lens` beside `tune_lens`,
+`evaluate_model` in `api.evaluate`, `load_lens` in `api.decoders`, `ablate` and `patch` in
+`api.interventions`), imported on first use (torch is heavy).
 """
 
 import importlib as _importlib
@@ -27,6 +27,7 @@ if _TYPE_CHECKING:
     from resstream.api.lens import lens
     from resstream.api.neurons import neurons
     from resstream.api.recency import recency
+    from resstream.api.routes import routes, routes_corpus
     from resstream.api.shift import shift
     from resstream.api.simulate import simulate
     from resstream.api.sweep import sweep
@@ -49,6 +50,8 @@ __all__ = [
     "neurons",
     "patch",
     "recency",
+    "routes",
+    "routes_corpus",
     "shift",
     "simulate",
     "sweep",
@@ -61,6 +64,7 @@ _MODULE_OF = {
     "ablate": "interventions",
     "patch": "interventions",
     "attribute_corpus": "attribute",
+    "routes_corpus": "routes",
     "evaluate_lens": "tune_lens",
     "evaluate_model": "evaluate",
     "load_lens": "decoders",

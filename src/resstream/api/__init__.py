@@ -1,6 +1,6 @@
 """The Python API the CLI mirrors: one module per command (`resstream.api.shift`, `.lens`,
 `.attribute`, `.decompose`, `.neurons`, `.composition`, `.recency`, `.simulate`, `.tune_lens`,
-`.compare`, `.train`, `.sweep`, `.verify`; `load_lens` in `.decoders`), each function re-exported
+`.compare`, `.routes`, `.train`, `.sweep`, `.verify`; `load_lens` in `.decoders`), each function re-exported
 at the top as `resstream.shift` etc.
 
 Every function accepts its models as spec strings (run directory, Hugging Face directory or
