@@ -6,7 +6,8 @@ fused SDPA and recomputes the probabilities from each block's attention input) i
 directly; any Hugging Face model runs its trunk under the eager attention implementation
 (fused kernels do not return probabilities), switched on for the call and restored
 afterwards, with a hook on every attention module taking the weights it returns.
-`attention_rows` keeps only chosen query rows of each layer as it goes.
+`attention_rows` keeps only chosen query rows of each layer as it goes; `hooked_attention`
+records them during a forward another caller runs (`capture.internals`: one forward for both).
 """
 
 from __future__ import annotations
@@ -35,23 +36,33 @@ def attention_rows(view: ModelView, input_ids: Tensor, rows: Tensor | None = Non
     implementation, which returns its weights whether or not the model collects them)."""
     check_input_ids(view, input_ids)
     input_ids = input_ids.to(view.W_E.device)
+    with torch.inference_mode():
+        if view.attention is not None:
+            return _checked(view, [row_cut(rows, input_ids.device)(p) for p in view.attention(input_ids)])
+        with hooked_attention(view, rows, input_ids.device) as found:
+            run_forward(view, input_ids)
+    return found()
+
+
+def row_cut(rows: Tensor | None, device: torch.device) -> Callable[[Tensor], Tensor]:
+    """A layer's probabilities cut to the query `rows` (None: all), as fp32 on `device`."""
 
     def cut(probs: Tensor) -> Tensor:
         probs = probs if rows is None else probs[:, :, rows.to(probs.device), :]
-        return probs.float().to(input_ids.device)
+        return probs.float().to(device)
 
-    with torch.inference_mode():
-        if view.attention is not None:
-            per_layer = [cut(p) for p in view.attention(input_ids)]
-        else:
-            per_layer = _hooked_attentions(view, input_ids, cut)
-    if len(per_layer) != view.n_layers:
-        raise RuntimeError(f"{view.family}: got {len(per_layer)} attention maps for {view.n_layers} layers")
-    return tuple(per_layer)
+    return cut
 
 
-def _hooked_attentions(view: ModelView, input_ids: Tensor, cut: Callable[[Tensor], Tensor]) -> list[Tensor]:
-    """Each attention module's weights (its output's second element), cut as they come."""
+@contextmanager
+def hooked_attention(
+    view: ModelView, rows: Tensor | None, device: torch.device
+) -> Iterator[Callable[[], tuple[Tensor, ...]]]:
+    """While open, a Hugging Face model runs its eager attention with a hook on every attention
+    module keeping its weights (its output's second element), cut to `rows` as they come;
+    yields a function returning them per layer once a forward has run (any other forward
+    hooks — `capture.internals` — record the same forward)."""
+    cut = row_cut(rows, device)
     found: dict[int, Tensor] = {}
 
     def hook_for(index: int) -> Callable[..., None]:
@@ -66,13 +77,17 @@ def _hooked_attentions(view: ModelView, input_ids: Tensor, cut: Callable[[Tensor
     handles = [block.attn.register_forward_hook(hook_for(i)) for i, block in enumerate(view.blocks)]
     try:
         with eager_attention(view.model):
-            run_forward(view, input_ids)
+            yield lambda: _checked(view, [found[i] for i in sorted(found)])
     finally:
         for handle in handles:
             handle.remove()
-    if len(found) != view.n_layers:
-        raise RuntimeError(f"{view.family}: got {len(found)} attention maps for {view.n_layers} layers")
-    return [found[i] for i in range(view.n_layers)]
+
+
+def _checked(view: ModelView, per_layer: list[Tensor]) -> tuple[Tensor, ...]:
+    """`per_layer` as a tuple; RuntimeError unless there is one map per layer."""
+    if len(per_layer) != view.n_layers:
+        raise RuntimeError(f"{view.family}: got {len(per_layer)} attention maps for {view.n_layers} layers")
+    return tuple(per_layer)
 
 
 @contextmanager

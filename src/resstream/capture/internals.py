@@ -16,7 +16,8 @@ block and records, per block (`BlockInternals`, tensors (batch, seq, ...)):
   `expert_weight`); `mlp_raw`: the MLP module's output; `mlp_output`: what is added
   (Gemma-2: after its post-feed-forward norm; Granite: times its residual multiplier);
 * `probs` (with `attention=True`): the attention probabilities (batch, heads, query, key),
-  from `capture.attention_rows` (a second forward: fused kernels do not return them); with
+  recorded in the same forward, which then runs the model's eager attention (fused kernels do
+  not return them; a view with its own `attention` computes them from its states); with
   `attention=[positions]` only those query rows, cut layer by layer as the forward goes.
 
 Nothing is computed here beyond what the model computes; `analysis.attribution.decomposition` turns the
@@ -34,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from resstream.capture.attention import attention_rows
+from resstream.capture.attention import attention_rows, hooked_attention
 from resstream.capture.hooks import _block_input, _hooks, check_input_ids, first_tensor, run_forward
 from resstream.models.adapters.base import BlockInternals, BlockView, InlineScale, Internals, ModelView
 
@@ -64,10 +65,17 @@ def block_internals(
         for handle in handles:
             handle.remove()
         raise
-    with _hooks(handles), torch.inference_mode():
-        run_forward(view, input_ids)
     rows = None if isinstance(attention, bool) else torch.as_tensor(list(attention), dtype=torch.long)
-    probs = attention_rows(view, input_ids, rows) if attention is not False else None
+    probs: tuple[Tensor, ...] | None = None
+    with _hooks(handles), torch.inference_mode():
+        if attention is False or view.attention is not None:
+            run_forward(view, input_ids)
+        else:  # one eager forward records the probabilities with everything else
+            with hooked_attention(view, rows, input_ids.device) as found:
+                run_forward(view, input_ids)
+            probs = found()
+    if attention is not False and probs is None:
+        probs = attention_rows(view, input_ids, rows)  # the view computes them from its own states
     blocks = tuple(
         _internals(block, record, probs, rows, i)
         for i, (block, record) in enumerate(zip(view.blocks, seen, strict=True))
