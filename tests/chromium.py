@@ -92,6 +92,10 @@ class Browser:
             high_read, high_write = os.dup(to_browser_read), os.dup(from_browser_write)
             os.dup2(high_read, 3)
             os.dup2(high_write, 4)
+            # dup2 onto itself (a `dup` that returned 3 or 4, e.g. after matplotlib closed its
+            # cached font files in the forked child) leaves the fd close-on-exec: clear it.
+            os.set_inheritable(3, True)
+            os.set_inheritable(4, True)
 
         self._process = subprocess.Popen(
             [binary, *FLAGS, f"--user-data-dir={self._profile.name}", "about:blank"],
