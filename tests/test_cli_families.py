@@ -59,6 +59,7 @@ def test_every_new_family_runs_shift_attribute_neurons_and_composition(
         "attribute": ["attribute", *model, *text],
         "neurons": ["neurons", *model, *sample, "--layer", "1", "--top", "2"],
         "composition": ["composition", *model, "--samples", "8"],
+        "routes": ["routes", *model, *text],
     }
     if case in ("mixtral", "qwen3_moe", "gpt_oss"):  # an expert is a component like any other
         runs["ablate"] = ["ablate", *model, *text, "--component", "L1.E*"]
@@ -67,6 +68,8 @@ def test_every_new_family_runs_shift_attribute_neurons_and_composition(
         code = _run(*args, "--out", str(out))
         assert code == 0, (name, capsys.readouterr().err)
         assert (out / "run.json").is_file(), name
+    route = json.loads((tmp_path / "routes" / "routes.json").read_text())
+    assert route["edges"] and route["nodes"][0]["point"] == 2 * route["n_layers"]
     attribution = json.loads((tmp_path / "attribute" / "attribute.json").read_text())
     assert attribution["check"]["decomposition_relative"] <= 1e-5
     if case in ("mixtral", "qwen3_moe", "gpt_oss"):

@@ -46,6 +46,7 @@ QUICK = {
     "shift": [*FAST, "--num-seqs", "2", "--seq-len", "12", "--top-k", "3"],
     "lens": [*FAST, "--text", TEXT, "--positions", "1:3", "--top-k", "2", "--no-colour"],
     "attribute": [*FAST, "--text", TEXT, "--no-sources", "--no-neurons"],
+    "routes": [*FAST, "--text", TEXT],
     "recency": [*FAST, "--num-seqs", "2", "--seq-len", "10", "--batch-size", "2"],
     "simulate": ["--quiet", "--sims", "200", "--tokens", "4", "--layers", "2"],
 }

@@ -32,6 +32,7 @@ from resstream.cli import neurons as neurons_cmd
 from resstream.cli import recency as recency_cmd
 from resstream.cli import report as report_cmd
 from resstream.cli import reproduce as reproduce_cmd
+from resstream.cli import routes as routes_cmd
 from resstream.cli import shift as shift_cmd
 from resstream.cli import simulate as simulate_cmd
 from resstream.cli import sweep as sweep_cmd
@@ -75,6 +76,7 @@ JSON_COMMANDS = (
     "compare",
     "ablate",
     "patch",
+    "routes",
     "verify",
 )
 for module in (
@@ -92,6 +94,7 @@ for module in (
     composition_cmd,
     simulate_cmd,
     recency_cmd,
+    routes_cmd,
     verify_cmd,
     reproduce_cmd,
     report_cmd,
