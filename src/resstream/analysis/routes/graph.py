@@ -111,7 +111,9 @@ class Edges:
 
 def route_edges(imp: FlowImportances, target: int, threshold: float) -> Edges:
     """Every kept edge of the route of the prediction at position `target` (module docstring),
-    ordered by layer from the top, then kind, head, target and source position."""
+    block by block from the top; within a block the MLP node's edges (residual, then MLP, by
+    position), then the attention node's (residual by position, then heads by target, head
+    and source)."""
     points = propagate(imp, torch.tensor([target]), threshold)
     rows: list[tuple[Tensor, ...]] = []
     for layer in reversed(range(imp.n_layers)):
