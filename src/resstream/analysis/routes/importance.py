@@ -57,6 +57,9 @@ from resstream.models.adapters.base import BlockInternals, BlockView, Internals,
 
 #: Bytes of (head, query, source) proximities computed at once.
 DEFAULT_MEMORY_BUDGET = 64 * 2**20
+#: Bytes of (pair, head, source) overshoots computed at once: cache-sized blocks run fastest
+#: (GPT-2 small, 128 tokens: 1 MiB 0.16 s, 64 MiB 0.31 s for every layer's importances).
+OVERSHOOT_BLOCK = 2**20
 
 
 @dataclass(frozen=True, eq=False)
@@ -106,30 +109,30 @@ def _sign(total: Tensor) -> Tensor:
     return torch.where(total >= 0, 1.0, -1.0).to(total.dtype)
 
 
-def _source_proximity(total: Tensor, weights: Tensor, terms: SourceVectors, queries: Tensor) -> Tensor:
+def _source_proximity(total: Tensor, weights: Tensor, terms: SourceVectors, budget: int) -> Tensor:
     """proximity of every term weights[h, n, j] · vectors[h, j] to total[n], (H, N, K).
 
     Per coordinate, with s = sign(y) and w = s·a·u: |y| − |y − a·u| = w − 2·max(0, w − |y|).
     Summed, the first part is a·⟨s, u⟩ (one matrix product for every term); the second is
     non-zero only at coordinates where a term overshoots |y|, which a bound finds: no term of
     query n can overshoot coordinate m unless max_j a · max_j s·u > |y_m|. Only those
-    coordinates are visited, query by query (a few percent of d on GPT-2-shaped models; every
-    coordinate at worst), which keeps the cost near one matrix product instead of a pass over
-    H·N·K·d numbers."""
+    (query, coordinate) pairs are visited (a few percent of N·d on GPT-2-shaped models; every
+    pair at worst), `budget` bytes of (pair, head, source) excesses at a time, which keeps the
+    cost near one matrix product instead of a pass over H·N·K·d numbers. Sources after a
+    query have weight 0 and add nothing."""
     sign = _sign(total)
-    linear = weights * torch.einsum("nd,hkd->hnk", sign, terms.vectors[:, : weights.shape[-1]])
+    n_heads, count = weights.shape[0], weights.shape[-1]
+    linear = weights * torch.einsum("nd,hkd->hnk", sign, terms.vectors[:, :count])
     highest = torch.where(sign > 0, terms.highest, terms.lowest)  # (N, d): the largest s·u
     magnitude = total.abs()
-    candidates = highest * weights.amax(dim=(0, 2))[:, None] > magnitude  # (N, d)
+    rows, coords = torch.nonzero(highest * weights.amax(dim=(0, 2))[:, None] > magnitude, as_tuple=True)
     overshoot = torch.zeros_like(linear)
-    for n, count in enumerate((queries + 1).tolist()):
-        coords = torch.nonzero(candidates[n]).reshape(-1)
-        if len(coords) == 0:
-            continue
-        aligned = terms.by_coordinate.index_select(0, coords)[:, :, :count]  # (m, H, count)
-        aligned = aligned * sign[n, coords, None, None]
-        excess = weights[:, n, :count] * aligned - magnitude[n, coords, None, None]
-        overshoot[:, n, :count] = excess.clamp_min_(0.0).sum(0)
+    step = max(1, budget // (n_heads * count * 4))
+    for start in range(0, len(rows), step):
+        n, m = rows[start : start + step], coords[start : start + step]
+        aligned = terms.by_coordinate[m, :, :count] * sign[n, m, None, None]  # (P, H, K)
+        excess = weights[:, n].transpose(0, 1) * aligned - magnitude[n, m, None, None]
+        overshoot.index_add_(1, n, excess.clamp_min_(0.0).transpose(0, 1))
     return (linear - 2.0 * overshoot).clamp_min_(0.0)
 
 
@@ -250,7 +253,8 @@ def _attention_layer(
     terms = SourceVectors.of(vectors)
     for queries in _query_blocks(seq_len, n_heads, budget):
         here = total[queries]
-        sources = _source_proximity(here, weights[:, queries], terms, queries).permute(1, 0, 2)  # (N, H, K)
+        block = min(budget, OVERSHOOT_BLOCK)
+        sources = _source_proximity(here, weights[:, queries], terms, block).permute(1, 0, 2)  # (N, H, K)
         (r, s, bb), mask = _normalised(proximity(res[queries], here), sources, proximity(b[queries], here))
         heads[queries] = s.cpu()
         residual[queries], bias[queries] = r.cpu(), bb.cpu()
