@@ -216,9 +216,10 @@ def _advance(bar: tqdm, count: int) -> None:
 
 
 def position_in(position: int | None, length: int) -> int:
-    """The position to attribute (default the last); UsageError outside the text."""
+    """The position whose prediction is analysed (default the last); UsageError outside the
+    text or for a text shorter than 2 tokens."""
     if length < 2:
-        raise UsageError(f"the text is {length} token long; attribute needs at least 2 tokens (a context)")
+        raise UsageError(f"the text is {length} token long; at least 2 tokens are needed (a context)")
     if position is None:
         return length - 1
     where = position + length if position < 0 else position

@@ -17,7 +17,8 @@ block and records, per block (`BlockInternals`, tensors (batch, seq, ...)):
   (Gemma-2: after its post-feed-forward norm; Granite: times its residual multiplier);
 * `probs` (with `attention=True`): the attention probabilities (batch, heads, query, key),
   recorded in the same forward, which then runs the model's eager attention (fused kernels do
-  not return them; a view with its own `attention` computes them from its states); with
+  not return them; a view with its own `attention` computes them from its states;
+  `same_forward=False` takes them from a second forward instead); with
   `attention=[positions]` only those query rows, cut layer by layer as the forward goes.
 
 Nothing is computed here beyond what the model computes; `analysis.attribution.decomposition` turns the
@@ -49,11 +50,20 @@ def _out_projection(block: BlockView, index: int) -> nn.Module:
 
 
 def block_internals(
-    view: ModelView, input_ids: Tensor, *, attention: bool | Sequence[int] = False
+    view: ModelView,
+    input_ids: Tensor,
+    *,
+    attention: bool | Sequence[int] = False,
+    same_forward: bool = True,
 ) -> Internals:
     """Record every block's reads and writes during one forward of `input_ids` (batch, seq)
     (module docstring); `attention=True` adds each block's attention probabilities, a
-    sequence of positions only those query rows of them (`BlockInternals.probs_at`)."""
+    sequence of positions only those query rows of them (`BlockInternals.probs_at`).
+
+    With `same_forward` the probabilities come from the recorded forward itself, which then
+    runs the eager attention; without, the internals come from the model's own attention
+    implementation and the probabilities from a second, eager forward — for a caller that
+    replays the recorded blocks under the model's own attention (`interventions.runs`)."""
     check_input_ids(view, input_ids)
     input_ids = input_ids.to(view.W_E.device)
     seen: list[dict[str, Any]] = [{} for _ in view.blocks]
@@ -68,7 +78,7 @@ def block_internals(
     rows = None if isinstance(attention, bool) else torch.as_tensor(list(attention), dtype=torch.long)
     probs: tuple[Tensor, ...] | None = None
     with _hooks(handles), torch.inference_mode():
-        if attention is False or view.attention is not None:
+        if attention is False or view.attention is not None or not same_forward:
             run_forward(view, input_ids)
         else:  # one eager forward records the probabilities with everything else
             with hooked_attention(view, rows, input_ids.device) as found:

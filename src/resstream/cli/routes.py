@@ -51,6 +51,7 @@ def routes(
     """
     import resstream
     from resstream.analysis.routes import CorpusRoutes, RoutesResult
+    from resstream.api.routes import CORPUS_BATCH_SIZE
     from resstream.io import write_json
     from resstream.reporting.routes import routes_lines, write_routes_report
     from resstream.rundir import output_set
@@ -94,7 +95,7 @@ def routes(
             "dataset": sample.dataset,
             "num_seqs": corpus_result.num_seqs if corpus_result else None,
             "seq_len": corpus_result.seq_len if corpus_result else None,
-            "batch_size": sample.batch_size,
+            "batch_size": (sample.batch_size or CORPUS_BATCH_SIZE) if in_corpus else None,
         }
         seed = sample.seed if in_corpus else None
         fingerprint = corpus_result.dataset_fingerprint if corpus_result else None

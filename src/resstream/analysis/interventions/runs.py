@@ -101,7 +101,10 @@ def capture_run(view: ModelView, input_ids: Tensor, *, attention: bool = True) -
         for index, block in enumerate(view.blocks)
     ]
     try:
-        internals = block_internals(view, input_ids, attention=attention)
+        # The blocks are replayed from these calls under the model's own attention: record them
+        # under it too (the probabilities from a second, eager forward), so that a replay of an
+        # unchanged block gives back exactly the recorded state.
+        internals = block_internals(view, input_ids, attention=attention, same_forward=False)
     finally:
         for handle in handles:
             handle.remove()

@@ -119,7 +119,8 @@ def _source_proximity(total: Tensor, weights: Tensor, terms: SourceVectors, budg
     (query, coordinate) pairs are visited (a few percent of N·d on GPT-2-shaped models; every
     pair at worst), `budget` bytes of (pair, head, source) excesses at a time, which keeps the
     cost near one matrix product instead of a pass over H·N·K·d numbers. Sources after a
-    query have weight 0 and add nothing."""
+    query have weight 0 and add nothing. The bound needs weights ≥ 0: attention probabilities,
+    times a post-sub-layer norm's positive 1/s (gains and multipliers are in the vectors)."""
     sign = _sign(total)
     n_heads, count = weights.shape[0], weights.shape[-1]
     linear = weights * torch.einsum("nd,hkd->hnk", sign, terms.vectors[:, :count])
@@ -251,10 +252,10 @@ def _attention_layer(
     degenerate = 0
     total, res, b, weights, vectors = attention_terms(block, rec, sequence, torch.arange(seq_len))
     terms = SourceVectors.of(vectors)
+    chunk = min(budget, OVERSHOOT_BLOCK)
     for queries in _query_blocks(seq_len, n_heads, budget):
         here = total[queries]
-        block = min(budget, OVERSHOOT_BLOCK)
-        sources = _source_proximity(here, weights[:, queries], terms, block).permute(1, 0, 2)  # (N, H, K)
+        sources = _source_proximity(here, weights[:, queries], terms, chunk).permute(1, 0, 2)  # (N, H, K)
         (r, s, bb), mask = _normalised(proximity(res[queries], here), sources, proximity(b[queries], here))
         heads[queries] = s.cpu()
         residual[queries], bias[queries] = r.cpu(), bb.cpu()
