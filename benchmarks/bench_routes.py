@@ -42,23 +42,20 @@ On CUDA the allocator's own peak (`torch.cuda.max_memory_allocated`) is read in-
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import gc
 import json
 import os
-import platform
-import re
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from bench_patch import cpu_name, load_average, timed  # sibling scripts, as bench_revisions
+from bench_shift import release_free_memory, status_kib
 from resstream.analysis.routes import DEFAULT_MEMORY_BUDGET, DEFAULT_THRESHOLD, flow_importances, route_edges
 from resstream.capture import block_internals
 from resstream.models.adapters import view_of
@@ -87,28 +84,6 @@ def random_prompt(seq_len: int, vocab: int, device: str) -> torch.Tensor:
     """(1, seq_len) random token ids (seed 1)."""
     ids = torch.randint(0, vocab, (1, seq_len), generator=torch.Generator().manual_seed(1))
     return ids.to(device)
-
-
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def timed(fn: Callable[[], Any], device: str) -> tuple[float, Any]:
-    """Seconds of `fn()` (device synchronised on both sides) and what it returned."""
-    sync(device)
-    start = time.perf_counter()
-    out = fn()
-    sync(device)
-    return time.perf_counter() - start, out
-
-
-def load_average() -> float:
-    """The 1-minute load average (0 where the platform has none)."""
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return 0.0
 
 
 def interleaved(variants: dict[str, Callable[[], Any]], rounds: int, device: str) -> dict[str, list[float]]:
@@ -243,28 +218,14 @@ def result_bytes(layers: int, heads: int, seq_len: int) -> int:
     return (layers * seq_len * heads * seq_len + 4 * layers * seq_len) * 4
 
 
-def _status_kib(field: str) -> int:
-    """One field of /proc/self/status, in KiB."""
-    match = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
-    if match is None:
-        raise RuntimeError(f"no {field} in /proc/self/status")
-    return int(match.group(1))
-
-
-def release_free_memory() -> None:
-    """glibc's malloc_trim(0): hand freed heap pages back to the OS (no-op elsewhere)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
 def peak_growth(fn: Callable[[], Any]) -> tuple[int, Any]:
     """Bytes the resident set peaked above its level before `fn()` ran, and what it returned."""
     gc.collect()
     release_free_memory()
     Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) reset to the current RSS
-    before = _status_kib("VmRSS")
+    before = status_kib("VmRSS")
     out = fn()
-    return (_status_kib("VmHWM") - before) * 1024, out
+    return (status_kib("VmHWM") - before) * 1024, out
 
 
 def memory_probe(args: argparse.Namespace) -> None:
@@ -383,15 +344,6 @@ def memory_section(args: argparse.Namespace, heads: int, d_model: int) -> dict[s
 
 
 # ---------------------------------------------------------------- main
-
-
-def cpu_name() -> str:
-    """The CPU's model name (Linux), else what `platform` says."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
-    return platform.processor() or platform.machine()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

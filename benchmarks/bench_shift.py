@@ -276,7 +276,8 @@ def measure(
     return times, outputs
 
 
-def _status_kib(field: str) -> int:
+def status_kib(field: str) -> int:
+    """One field of /proc/self/status, in KiB."""
     match = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
     if match is None:
         raise RuntimeError(f"no {field} in /proc/self/status")
@@ -285,7 +286,7 @@ def _status_kib(field: str) -> int:
 
 def release_free_memory() -> None:
     """glibc's malloc_trim(0): hand freed heap pages back to the OS (no-op elsewhere)."""
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
@@ -300,9 +301,9 @@ def memory_child(name: str, threads: int) -> None:
     run = variants[name]
     release_free_memory()  # so that the baseline is live memory, not pages malloc kept from the setup
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
-    before = _status_kib("VmRSS")
+    before = status_kib("VmRSS")
     run()
-    peak = _status_kib("VmHWM")
+    peak = status_kib("VmHWM")
     print(
         json.dumps(
             {

@@ -25,7 +25,10 @@ BENCHMARKS = ROOT / "benchmarks"
 
 
 def _script(name: str) -> ModuleType:
-    """A benchmark script imported as a module (registered, so its dataclasses resolve)."""
+    """A benchmark script imported as a module (registered, so its dataclasses resolve), with
+    the benchmarks folder on the path for the sibling scripts it imports, as when it is run."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCHMARKS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
