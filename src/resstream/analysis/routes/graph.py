@@ -120,26 +120,22 @@ def route_edges(imp: FlowImportances, target: int, threshold: float) -> Edges:
         top, mid, low = 2 * layer + 2, 2 * layer + 1, 2 * layer
         on_top, on_mid = points[top][0] > 0, points[mid][0] > 0
         mlp_from = low if imp.parallel[layer] else mid
-        rows.append(_position_edges(0, layer, mid, top, on_top, imp.mlp_residual[layer], threshold))
-        rows.append(_position_edges(2, layer, mlp_from, top, on_top, imp.mlp[layer], threshold))
-        rows.append(_position_edges(0, layer, low, mid, on_mid, imp.attn_residual[layer], threshold))
+        rows.append(_position_edges("residual", layer, mid, top, on_top, imp.mlp_residual[layer], threshold))
+        rows.append(_position_edges("mlp", layer, mlp_from, top, on_top, imp.mlp[layer], threshold))
+        rows.append(_position_edges("residual", layer, low, mid, on_mid, imp.attn_residual[layer], threshold))
         rows.append(_head_edges(layer, on_mid, imp.heads[layer], threshold))
     columns = [torch.cat([row[k] for row in rows]) for k in range(8)]
     return Edges(*columns)
 
 
 def _position_edges(
-    kind: int, layer: int, low: int, high: int, on: Tensor, weights: Tensor, threshold: float
+    kind: str, layer: int, low: int, high: int, on: Tensor, weights: Tensor, threshold: float
 ) -> tuple[Tensor, ...]:
     """The kept edges (low, i) → (high, i) of one kind into the nodes `on` (T,)."""
     positions = torch.nonzero(on & (weights >= threshold)).reshape(-1)
     n = len(positions)
-
-    def full(value: int) -> Tensor:
-        return torch.full((n,), value, dtype=torch.long)
-
-    kept = weights[positions]
-    return (full(kind), full(layer), full(-1), positions, positions, full(low), full(high), kept)
+    codes = (EDGE_KINDS.index(kind), layer, -1)
+    return (*_constants(n, *codes), positions, positions, *_constants(n, low, high), weights[positions])
 
 
 def _head_edges(layer: int, on: Tensor, weights: Tensor, threshold: float) -> tuple[Tensor, ...]:
@@ -147,12 +143,13 @@ def _head_edges(layer: int, on: Tensor, weights: Tensor, threshold: float) -> tu
     kept = (weights >= threshold) & on[:, None, None]
     target, head, source = torch.nonzero(kept, as_tuple=True)
     n = len(target)
+    kind, points = _constants(n, EDGE_KINDS.index("head"), layer), _constants(n, 2 * layer, 2 * layer + 1)
+    return (*kind, head, source, target, *points, weights[target, head, source])
 
-    def full(value: int) -> Tensor:
-        return torch.full((n,), value, dtype=torch.long)
 
-    importances = weights[target, head, source]
-    return (full(1), full(layer), head, source, target, full(2 * layer), full(2 * layer + 1), importances)
+def _constants(n: int, *values: int) -> tuple[Tensor, ...]:
+    """One (n,) long column per value, filled with it."""
+    return tuple(torch.full((n,), value, dtype=torch.long) for value in values)
 
 
 __all__ = [

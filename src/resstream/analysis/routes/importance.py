@@ -97,7 +97,7 @@ class FlowImportances:
 def proximity(terms: Tensor, total: Tensor) -> Tensor:
     """max(0, ‖total‖₁ − ‖total − term‖₁) of every term (..., d) against `total`, broadcast
     over the leading dimensions, computed coordinate by coordinate without subtracting the
-    two large norms (`_overshoot` explains how)."""
+    two large norms (`_source_proximity` explains how)."""
     sign = _sign(total)
     aligned = sign * terms
     linear = aligned.sum(-1)
@@ -105,7 +105,7 @@ def proximity(terms: Tensor, total: Tensor) -> Tensor:
 
 
 def _sign(total: Tensor) -> Tensor:
-    """sign(total) with +1 at 0 (the identity of `_overshoot` needs a sign at every coordinate)."""
+    """sign(total) with +1 at 0 (the identity of `_source_proximity` needs a sign at every coordinate)."""
     return torch.where(total >= 0, 1.0, -1.0).to(total.dtype)
 
 
