@@ -133,31 +133,24 @@ def route_result(
         for i in range(len(found))
     )
     flow = propagate(imp, torch.tensor([position]), None)
-    top = _prediction(view, internals, decoder, position)
+    nodes = _nodes(view, internals, imp, decoder, edges, position, name)
+    prediction = nodes[0].lens[0]  # the prediction's node comes first: the lens of h_L is the model's logits
     return RoutesResult(
         model=model,
         family=view.family,
         tokens=tuple(name(int(t)) for t in internals.input_ids[0]),
         position=position,
         threshold=threshold,
-        prediction=name(top[0]),
-        probability=top[1],
+        prediction=prediction.name,
+        probability=prediction.score,
         n_layers=view.n_layers,
         n_heads=view.n_heads,
         edges=edges,
-        nodes=_nodes(view, internals, imp, decoder, edges, position, name),
+        nodes=nodes,
         head_flow=tuple(tuple(row) for row in head_traffic(imp, flow, None)[0].tolist()),
         mlp_flow=tuple(mlp_traffic(imp, flow, None)[0].tolist()),
         degenerate=imp.degenerate,
     )
-
-
-def _prediction(view: ModelView, internals: Internals, decoder: Decoder, position: int) -> tuple[int, float]:
-    """The model's top next token at `position` and its probability."""
-    with torch.no_grad():
-        probs = decoder.logits(internals.blocks[-1].block_output[0, position]).float().softmax(-1)
-    token = int(probs.argmax())
-    return token, float(probs[token])
 
 
 def _nodes(

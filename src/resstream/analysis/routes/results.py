@@ -9,12 +9,15 @@ prediction, which positions route edges come from, and a per-layer profile, each
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from resstream.analysis.attribution.decomposition import point_name
 from resstream.display import Displayable
 from resstream.reprs import summary
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -100,12 +103,7 @@ class RoutesResult(Displayable, renderer="resstream.reporting.routes"):
 
     def top_heads(self, count: int = 5) -> list[tuple[str, float]]:
         """The heads with the largest flow, as ("L3.H5", flow), largest first."""
-        named = [
-            (f"L{layer}.H{head}", flow)
-            for layer, row in enumerate(self.head_flow)
-            for head, flow in enumerate(row)
-        ]
-        return sorted(named, key=lambda item: -item[1])[:count]
+        return _largest_heads(self.head_flow, lambda flow: flow, count)
 
     def __repr__(self) -> str:
         heads = sum(1 for edge in self.edges if edge.kind == "head")
@@ -180,12 +178,7 @@ class CorpusRoutes(Displayable, renderer="resstream.reporting.routes"):
 
     def top_heads(self, count: int = 5) -> list[tuple[str, Rate]]:
         """The heads most often on the route, as ("L3.H5", rate), most often first."""
-        named = [
-            (f"L{layer}.H{head}", rate)
-            for layer, row in enumerate(self.head_on_route)
-            for head, rate in enumerate(row)
-        ]
-        return sorted(named, key=lambda item: -item[1].value)[:count]
+        return _largest_heads(self.head_on_route, lambda rate: rate.value, count)
 
     def __repr__(self) -> str:
         top = ", ".join(f"{name} {rate.value:.0%}" for name, rate in self.top_heads(3))
@@ -217,6 +210,16 @@ class CorpusRoutes(Displayable, renderer="resstream.reporting.routes"):
             "head_flow": [list(row) for row in self.head_flow],
             "mlp_flow": list(self.mlp_flow),
         }
+
+
+def _largest_heads(
+    table: Sequence[Sequence[T]], size: Callable[[T], float], count: int
+) -> list[tuple[str, T]]:
+    """The `count` entries of a (layer × head) table with the largest `size`, named "L3.H5"."""
+    named = [
+        (f"L{layer}.H{head}", value) for layer, row in enumerate(table) for head, value in enumerate(row)
+    ]
+    return sorted(named, key=lambda item: -size(item[1]))[:count]
 
 
 __all__ = ["CorpusRoutes", "Rate", "RouteEdge", "RouteNode", "RoutesResult", "Scored"]
