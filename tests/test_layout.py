@@ -36,7 +36,7 @@ ALLOWED: dict[str, set[str]] = {
         "simulation",
         "models",
     }
-    | {"models.adapters", "capture", "data", "study", "cli", "(root)"}
+    | {"models.adapters", "capture", "data", "study", "cli", "(root)", "distributed"}
     | BOTTOM,
     "study": {"reporting", "training.records", "models", "data"} | BOTTOM,
     "api": {
@@ -49,7 +49,7 @@ ALLOWED: dict[str, set[str]] = {
         "data",
         "reporting",
     }
-    | {"training", "training.records"}
+    | {"training", "training.records", "distributed"}
     | BOTTOM,
     "reporting": {
         "analysis",
@@ -63,11 +63,13 @@ ALLOWED: dict[str, set[str]] = {
     # interventions run the model's own forward with the capture layer's hooks and edit it
     "analysis.interventions": {"analysis", "capture", "models.adapters", "simulation"} | BOTTOM,
     "models": {"models.adapters", "training", "training.records", "data"} | BOTTOM,
-    "training": {"training.records", "training.metrics", "training.evaluate.report", "data"} | BOTTOM,
+    "training": {"training.records", "training.metrics", "training.evaluate.report", "data", "distributed"}
+    | BOTTOM,
     "training.metrics": BOTTOM,
     "training.records": {"training.metrics"} | BOTTOM,  # the on-disk formats, read by reporting
     # the evaluation's result type, which reporting draws (its scoring and plan come with it)
-    "training.evaluate.report": {"training", "training.records", "training.metrics", "data"} | BOTTOM,
+    "training.evaluate.report": {"training", "training.records", "training.metrics", "data", "distributed"}
+    | BOTTOM,
     "simulation": BOTTOM,
     "capture": {"models.adapters"} | BOTTOM,
     "models.adapters": BOTTOM,
@@ -79,6 +81,8 @@ ALLOWED: dict[str, set[str]] = {
     "reprs": set(),
     "display": set(),
     "rundir": {"errors", "io", "interrupts", "resources"},
+    # torchrun's process group and the data-parallel steps of the analyses (never `analysis`)
+    "distributed": {"errors", "rundir", "devices"},
     "devices": {"errors"},
     "hub": {"errors"},
     "assets": {"errors"},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from resstream.errors import UsageError
@@ -9,13 +11,13 @@ from resstream.errors import UsageError
 ALLOWED = "auto, cpu, cuda, cuda:N, mps"
 
 
-def resolve_device(name: str | torch.device, *, local_rank: int = 0) -> torch.device:
+def resolve_device(name: str | torch.device, *, local_rank: int | None = None) -> torch.device:
     """The device `name` means on this machine; UsageError naming `device` when it is unknown
     or absent.
 
     ``auto`` is this process's CUDA device when one is visible, else the CPU; a bare ``cuda``
-    is ``cuda:<local_rank>`` (the GPU of this process under torchrun); ``cuda:N`` must exist;
-    ``mps`` must be available.
+    is ``cuda:<local_rank>`` (the GPU of this process under torchrun: `local_rank` None reads
+    torchrun's LOCAL_RANK, 0 when run directly); ``cuda:N`` must exist; ``mps`` must be available.
     """
     text = str(name).strip()
     if text == "auto":
@@ -25,7 +27,7 @@ def resolve_device(name: str | torch.device, *, local_rank: int = 0) -> torch.de
     except (RuntimeError, ValueError):
         raise UsageError(f"unknown `device` {text!r}; allowed: {ALLOWED}") from None
     if device.type == "cuda":
-        return _cuda(device, text, local_rank)
+        return _cuda(device, text, int(os.environ.get("LOCAL_RANK", 0)) if local_rank is None else local_rank)
     if device.type == "mps":
         if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
             raise UsageError(f"`device` {text!r} is not available on this machine; allowed here: auto, cpu")
