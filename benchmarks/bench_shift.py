@@ -23,6 +23,13 @@ Variants:
   `AlignmentAccumulator` (top-k 5, logit lens, screen precision "auto" = fp32 on CPU) +
   `update` + `result` (model loading excluded).
 - `shift-bf16`: the same with `low_precision=torch.bfloat16` (opt-in: `--bf16-screen`).
+- `shift-selecting`, `shift-sync-free`: `shift` with the rank scheme forced (`sync_free=False`:
+  the selecting scheme the CPU uses by default; `True`: the fixed-shape one CUDA uses by default).
+
+`--profile` runs each `shift*` variant once more under `torch.profiler` and prints its top
+operations by time and the operations that make the host wait for the device (`aten::item`,
+`aten::_local_scalar_dense`, `aten::nonzero`, device-to-host copies, stream synchronisations):
+where the time goes, before (selecting) and after (sync-free).
 - `naive`: `residual_states`, then for every layer its fp32 logits ln_f(h_l) @ W_U.T (+ b_U),
   softmax over the vocabulary, top-5, and the membership of t_i and t_{i+1} (match rates only:
   no cosines or projections).
@@ -84,7 +91,16 @@ SHAPE = {
     "seq": 128,
 }
 TOP_K = 5
-ALL_VARIANTS = ("forward", "unembed", "shift", "shift-bf16", "naive", "transformer_lens")
+ALL_VARIANTS = (
+    "forward",
+    "unembed",
+    "shift",
+    "shift-bf16",
+    "shift-selecting",
+    "shift-sync-free",
+    "naive",
+    "transformer_lens",
+)
 TARGETS = {"shift_vs_forward": 2.5, "tl_vs_shift": 3.5, "extra_peak_gb": 0.25, "gpu_vs_floor": 1.5}
 
 Membership = tuple[Tensor, Tensor]  # in-hits, out-hits: bool (L+1, B, T-1) each
@@ -159,7 +175,9 @@ def make_unembed(setup: Setup) -> Variant:
     return run
 
 
-def new_accumulator(view: ModelView, low_precision: Any = "auto") -> AlignmentAccumulator:
+def new_accumulator(
+    view: ModelView, low_precision: Any = "auto", sync_free: Any = "auto"
+) -> AlignmentAccumulator:
     return AlignmentAccumulator(
         num_layers=view.n_layers,
         top_k=TOP_K,
@@ -167,13 +185,14 @@ def new_accumulator(view: ModelView, low_precision: Any = "auto") -> AlignmentAc
         W_E=view.W_E.detach(),
         W_U=view.W_U.detach(),
         low_precision=low_precision,
+        sync_free=sync_free,
     )
 
 
-def make_shift(setup: Setup, low_precision: Any = "auto") -> Variant:
+def make_shift(setup: Setup, low_precision: Any = "auto", sync_free: Any = "auto") -> Variant:
     def run() -> AlignmentResult:
         with torch.inference_mode():
-            accumulator = new_accumulator(setup.view, low_precision)
+            accumulator = new_accumulator(setup.view, low_precision, sync_free)
             states = residual_states(setup.view, setup.ids)
             accumulator.update(states, setup.ids)
             return accumulator.result("bench")
@@ -230,6 +249,8 @@ def make_variants(setup: Setup, names: list[str]) -> tuple[dict[str, Variant], d
             variants[name] = make_shift(setup)
         elif name == "shift-bf16":
             variants[name] = make_shift(setup, torch.bfloat16)
+        elif name in ("shift-selecting", "shift-sync-free"):
+            variants[name] = make_shift(setup, sync_free=name == "shift-sync-free")
         elif name == "naive":
             variants[name] = make_naive(setup)
         elif name == "transformer_lens":
@@ -251,6 +272,35 @@ def make_variants(setup: Setup, names: list[str]) -> tuple[dict[str, Variant], d
 
 
 # ----------------------------------------------------------------------- measuring
+HOST_WAITS = (
+    "_local_scalar_dense",
+    "nonzero",
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "Memcpy DtoH",
+)
+
+
+def profile_variants(variants: dict[str, Variant], device: torch.device) -> None:
+    """Each `shift*` variant once under torch.profiler: its top operations and host waits."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    for name, run in variants.items():
+        if not name.startswith("shift"):
+            continue
+        run()  # warm
+        sync(device)
+        with profile(activities=activities) as prof:
+            run()
+            sync(device)
+        events = prof.key_averages()
+        waits = {e.key: e.count for e in events if any(w in e.key for w in HOST_WAITS)}
+        print(f"\nprofile of {name} on {device.type}: host waits {waits or 'none'}")
+        print(events.table(sort_by=sort, row_limit=12))
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -543,6 +593,8 @@ def cpu_benchmark(args: argparse.Namespace, names: list[str]) -> None:
     )
     rounds, outputs = measure(variants, rounds=args.rounds, device=setup.device)
     agreement(setup, outputs)
+    if args.profile:
+        profile_variants(variants, setup.device)
     memory = {} if args.no_memory else extra_peak_memory(list(variants), args.threads, args.memory_repeats)
     print_flops(SHAPE["batch"], SHAPE["seq"])
     report(rounds, memory, skipped, SHAPE["batch"], SHAPE["seq"])
@@ -554,6 +606,8 @@ def cuda_benchmark(args: argparse.Namespace, names: list[str]) -> None:
     setup = build_setup(device, torch.bfloat16, args.cuda_batch, SHAPE["seq"])
     variants, skipped = make_variants(setup, [n for n in names if n != "shift-bf16"])
     rounds, _ = measure(variants, rounds=args.cuda_rounds, device=device)
+    if args.profile:
+        profile_variants(variants, device)
     times = {name: statistics.median(values) for name, values in rounds.items()}
     memory: dict[str, float] = {}
     for name, run in variants.items():
@@ -595,6 +649,7 @@ def main() -> None:
     parser.add_argument("--cuda-batch", type=int, default=SHAPE["batch"])
     parser.add_argument("--cuda-rounds", type=int, default=10)
     parser.add_argument("--peak-flops", type=float, default=0.0, help="bf16 peak FLOP/s of the GPU")
+    parser.add_argument("--profile", action="store_true", help="torch.profiler tables of the shift variants")
     parser.add_argument("--measure-memory", metavar="VARIANT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure_memory:

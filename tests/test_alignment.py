@@ -17,6 +17,9 @@ from resstream.analysis.decoding.decoder import Decoder, decoder_of
 from resstream.analysis.decoding.ranks import exact_ranks, fast_ranks
 from resstream.analysis.shift.alignment import AlignmentAccumulator, AlignmentResult, shift_layer_from_rates
 from resstream.analysis.stats import cluster_ratio_ci, t_quantile
+from tests.rank_schemes import rank_scheme  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.usefixtures("rank_scheme")
 
 S2, S3, S5 = math.sqrt(2), math.sqrt(3), math.sqrt(5)
 

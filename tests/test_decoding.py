@@ -11,6 +11,9 @@ import torch
 from resstream.analysis.decoding.decoder import Decoder, decoder_of
 from resstream.errors import UsageError
 from resstream.models import load_model
+from tests.rank_schemes import rank_scheme  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.usefixtures("rank_scheme")
 
 
 def test_description_says_what_is_applied() -> None:

@@ -9,6 +9,9 @@ import torch
 
 from resstream.analysis.decoding.decoder import Decoder
 from resstream.analysis.shift.lens import LayerRange, merge_ranges, token_probabilities, trajectories
+from tests.rank_schemes import rank_scheme  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.usefixtures("rank_scheme")
 
 
 def test_merge_ranges():

@@ -10,7 +10,17 @@ import time
 import pytest
 import torch
 
-from resstream.analysis.decoding.ranks import RankScreen, exact_ranks, fast_ranks
+from resstream.analysis.decoding.ranks import (
+    DEFAULT_CHUNK_BYTES,
+    RankScreen,
+    exact_ranks,
+    fast_ranks,
+    resolve_chunk_bytes,
+    resolve_sync_free,  # the function itself: `rank_scheme` patches the module's name
+)
+from tests.rank_schemes import rank_scheme  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.usefixtures("rank_scheme")
 
 
 def gpt2_like(n=256, vocab=50257, d=768, seed=0):
@@ -204,3 +214,119 @@ def test_top_k_over_several_blocks_and_no_rows():
     assert torch.equal(ids, brute_top_k(x, W, None, 4))
     empty_ids, empty_scores = small.top_k(torch.zeros(0, 16), 4)
     assert empty_ids.shape == (0, 4) and empty_scores.dtype == torch.float64
+
+
+# --------------------------------------------------------------------------- sync-free scheme
+
+
+@pytest.fixture
+def tiny_buffers(monkeypatch):
+    """Band buffers of one entry and one gathered row per block: nearly every ambiguous query
+    of the sync-free scheme overflows, so its unsure rows and their settling are exercised."""
+    from resstream.analysis.decoding import ranks_sync_free
+
+    monkeypatch.setattr(ranks_sync_free, "BAND_CAP", 1)
+    monkeypatch.setattr(ranks_sync_free, "ROWS_FRACTION", 10**9)
+
+
+@pytest.mark.parametrize("low_precision", [None, torch.bfloat16])
+def test_sync_free_overflow_is_settled_exactly(tiny_buffers, low_precision):
+    for x, W, ids in (near_tie_case(), gpt2_like(n=48, vocab=4000, d=64)):
+        ref = exact_ranks(x, W, None, ids)
+        for limit in (1, 5, 40, None):
+            screen = RankScreen(W, None, low_precision=low_precision, sync_free=True)
+            got = screen.ranks(x, ids[:, None], limit)[0][:, 0]
+            assert torch.equal(got, ref if limit is None else ref.clamp_max(limit))
+            if limit is None:
+                assert screen.stats.unsure_rows > 0  # the overflow path really ran
+
+
+def test_deferred_block_settles_at_its_end(tiny_buffers):
+    x, W, ids = near_tie_case()
+    ref = exact_ranks(x, W, None, ids)
+    screen = RankScreen(W, None, low_precision=torch.bfloat16, sync_free=True)
+    with screen.deferred():
+        assert screen.deferring
+        first = screen.ranks(x, ids[:, None])[0]
+        second = screen.ranks(x[:10], ids[:10, None], 3)[0]
+        assert screen.stats.unsure_rows == 0  # nothing settled inside the block
+    assert not screen.deferring
+    assert screen.stats.unsure_rows > 0
+    assert torch.equal(first[:, 0], ref) and torch.equal(second[:, 0], ref[:10].clamp_max(3))
+
+
+@pytest.mark.parametrize("sync_free", [False, True])
+def test_deferred_block_names_the_first_non_finite_call(sync_free):
+    from resstream.analysis.decoding.ranks import NonFiniteCall
+
+    x, W, ids = gpt2_like(n=8, vocab=500, d=16)
+    bad = x.clone()
+    bad[3, 2] = math.nan
+    screen = RankScreen(W, None, low_precision=None, sync_free=sync_free)
+
+    def three_calls():
+        with screen.deferred():
+            screen.ranks(x, ids[:, None], 5)
+            screen.ranks(bad, ids[:, None], 5)
+            screen.ranks(bad * math.inf, ids[:, None])
+
+    with pytest.raises(NonFiniteCall) as found:
+        three_calls()
+    assert found.value.call == 1
+    assert not screen.deferring  # a failed block leaves the screen usable
+    with pytest.raises(RuntimeError, match="do not nest"), screen.deferred(), screen.deferred():
+        pass
+
+
+def test_scheme_settings_are_checked():
+    cpu = torch.device("cpu")
+    assert resolve_sync_free("auto", cpu) is False and resolve_sync_free(True, cpu) is True
+    assert resolve_sync_free("auto", torch.device("cuda", 0)) is True  # no device needed to decide
+    assert resolve_chunk_bytes(None, cpu) == DEFAULT_CHUNK_BYTES and resolve_chunk_bytes(4096, cpu) == 4096
+    for bad in ("yes", 1):
+        with pytest.raises(ValueError, match="sync_free"):
+            resolve_sync_free(bad, cpu)
+    for bad in (0, -5, 1.5, True):
+        with pytest.raises(ValueError, match="chunk_bytes"):
+            resolve_chunk_bytes(bad, cpu)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("sync_free", [False, True])
+@pytest.mark.parametrize("low_precision", ["auto", None])
+def test_ranks_on_cuda_equal_the_cpu_reference(sync_free, low_precision):
+    """Both schemes on the device, bf16 ("auto") and fp32 screens, near ties and GPT-2 scale,
+    against fp64 brute force on the CPU; ranks inside one deferred block as `shift` makes them."""
+    cuda = torch.device("cuda")
+    for x, W, ids in (near_tie_case(), gpt2_like(n=128)):
+        ref = exact_ranks(x, W, None, ids)
+        screen = RankScreen(W.to(cuda), None, low_precision=low_precision, sync_free=sync_free)
+        with screen.deferred():
+            full = screen.ranks(x.to(cuda), ids[:, None].to(cuda))[0]
+            top5 = screen.ranks(x.to(cuda), ids[:, None].to(cuda), 5)[0]
+        assert torch.equal(full[:, 0].cpu(), ref)
+        assert torch.equal(top5[:, 0].cpu(), ref.clamp_max(5))
+
+
+@pytest.mark.parametrize("low_precision", [None, torch.bfloat16])
+def test_a_target_never_counts_against_itself(monkeypatch, low_precision):
+    """A target re-scored inside a band may come out one ulp above its own exact score (another
+    block shape, another reduction order on a GPU): it must not count as scoring above itself."""
+    x, W, ids = gpt2_like(n=64, vocab=3000, d=32)
+    ref = exact_ranks(x, W, None, ids)
+    original = RankScreen._pair_scores
+
+    def one_ulp_higher(self, x64, rows, cols):
+        out = original(self, x64, rows, cols)
+        return torch.nextafter(out, torch.full_like(out, math.inf))
+
+    def exact(self, x64, targets):
+        n, m = targets.shape
+        rows = torch.arange(n).repeat_interleave(m)
+        return original(self, x64, rows, targets.reshape(-1)).reshape(n, m)
+
+    monkeypatch.setattr(RankScreen, "_pair_scores", one_ulp_higher)
+    monkeypatch.setattr(RankScreen, "exact_scores", exact)
+    for limit in (5, None):
+        got = RankScreen(W, None, low_precision=low_precision).ranks(x, ids[:, None], limit)[0][:, 0]
+        assert torch.equal(got, ref if limit is None else ref.clamp_max(limit))

@@ -28,14 +28,15 @@ Two evaluations of the same definition:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
 
-from resstream.analysis.decoding.ranks import DEFAULT_CHUNK_BYTES, LowPrecision, RankScreen, check_matrix
+from resstream.analysis.decoding.ranks import LowPrecision, NonFiniteCall, RankScreen, SyncFree, check_matrix
 from resstream.errors import RunError, check_choice
 from resstream.models.adapters.base import ModelView
 
@@ -123,16 +124,25 @@ class Decoder:
         return scores
 
     def exact(
-        self, *, low_precision: LowPrecision = "auto", chunk_bytes: int = DEFAULT_CHUNK_BYTES
+        self,
+        *,
+        low_precision: LowPrecision = "auto",
+        chunk_bytes: int | None = None,
+        sync_free: SyncFree = "auto",
     ) -> ExactScorer:
         """The exact evaluation of this decoder (build once, query many batches).
 
         `low_precision` is the screening precision of the rank engine (bf16, None = fp32,
-        "auto": bf16 on CUDA, fp32 on the CPU) and `chunk_bytes` its score-block size; the
-        answers do not depend on either.
+        "auto": bf16 on CUDA, fp32 on the CPU), `chunk_bytes` its score-block size (None: by
+        device) and `sync_free` whether it avoids host synchronisations ("auto": on CUDA); the
+        answers depend on none of them.
         """
         engine = RankScreen(
-            self.matrix.detach(), _detached(self.bias), low_precision=low_precision, chunk_bytes=chunk_bytes
+            self.matrix.detach(),
+            _detached(self.bias),
+            low_precision=low_precision,
+            chunk_bytes=chunk_bytes,
+            sync_free=sync_free,
         )
         return ExactScorer(self, engine)
 
@@ -148,10 +158,28 @@ class ExactScorer:
         """The scorer of states of `layer` (`Decoder.at`), sharing this one's rank engine."""
         return self if self.decoder.lens is None else ExactScorer(self.decoder.at(layer), self.engine)
 
-    def ranks(self, h: Tensor, ids: Tensor, limit: int | None = None) -> tuple[Tensor, Tensor]:
+    def ranks(
+        self, h: Tensor, ids: Tensor, limit: int | None = None, *, ids_checked: bool = False
+    ) -> tuple[Tensor, Tensor]:
         """Ranks (n, m) of tokens `ids` (n, m) among the scores of states h (n, d_model), and
-        their exact fp64 scores; with `limit` = k, min(rank, k) (`RankScreen.ranks`)."""
-        return self.engine.ranks(self.finite_inputs(h), ids, limit)
+        their exact fp64 scores; with `limit` = k, min(rank, k) (`RankScreen.ranks`, which
+        also explains `ids_checked`). Inside `deferred` the ranks are final after the block."""
+        x = self.decoder.inputs(h) if self.engine.deferring else self.finite_inputs(h)
+        return self.engine.ranks(x, ids, limit, ids_checked=ids_checked)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """`RankScreen.deferred` of the rank engine: the `ranks` calls inside the block (for
+        instance one per layer of a batch) synchronise with the host once, at its end, when
+        their inputs are checked: `NonFiniteInputs` with `call` = the index of the first call
+        whose inputs held inf or nan."""
+        try:
+            with self.engine.deferred():
+                yield
+        except NonFiniteCall as found:
+            raise NonFiniteInputs(
+                f"non-finite values in the decoder inputs: {NonFiniteInputs.HINT}", call=found.call
+            ) from None
 
     def scores(self, h: Tensor, ids: Tensor) -> Tensor:
         """Exact fp64 scores (n, m) of tokens `ids` (n, m) for states h (n, d_model)."""
@@ -174,9 +202,14 @@ class ExactScorer:
 
 class NonFiniteInputs(RunError, ValueError):
     """A state whose decoder input holds inf or nan: it has no scores to rank. A `RunError`
-    (the CLI shows one line, exit 1) and a `ValueError` (what callers of the analysis expect)."""
+    (the CLI shows one line, exit 1) and a `ValueError` (what callers of the analysis expect).
+    `call`: inside `ExactScorer.deferred`, the index of the first call that met it."""
 
     HINT = "no ranks exist (a float16/bfloat16 model overflowing? try `dtype` float32)"
+
+    def __init__(self, message: str, *, call: int | None = None) -> None:
+        super().__init__(message)
+        self.call = call
 
 
 def decoder_of(

@@ -22,6 +22,11 @@ work; only the ambiguous band in between is re-scored exactly. With a `limit` k,
 of the screen scores decides almost every position: the k-th largest screen score above the
 band means rank ≥ k, below it means every candidate is in the top-k list.
 
+On a GPU the selections of this scheme (which rows are ambiguous, which entries lie in the band)
+are host synchronisations; `ranks_sync_free` computes the same answers in fixed shapes, and
+`RankScreen.deferred` settles what that variant leaves unsure once for a whole batch of calls
+(`sync_free`: on CUDA by default, where it pays; the CPU keeps the selecting scheme).
+
 `exact_ranks` is the straightforward reference (an fp64 matmul over every entry) that the
 tests hold the fast scheme to.
 
@@ -42,21 +47,29 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from resstream.analysis.decoding.ranks_sync_free import sync_free_ranks
+
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "LowPrecision",
+    "NonFiniteCall",
     "RankScreen",
     "ScreenStats",
     "check_ids",
     "check_matrix",
     "exact_ranks",
     "fast_ranks",
+    "resolve_chunk_bytes",
     "resolve_low_precision",
+    "resolve_sync_free",
 ]
 
 LowPrecision = torch.dtype | None | Literal["auto"]
+SyncFree = bool | Literal["auto"]
 
-DEFAULT_CHUNK_BYTES = 64 * 2**20  # one (positions × vocab) score block
+DEFAULT_CHUNK_BYTES = 64 * 2**20  # one (positions × vocab) score block on a CPU (its caches)
+_DEVICE_CHUNK_FRACTION = 16  # on a GPU: up to this fraction of the free memory per block
+_DEVICE_CHUNK_MAX = 2**30
 _TOPK_MAX = 256  # above this, `limit` queries use the counting path instead of a top-k
 _HEAVY_FRACTION = 16  # a band above vocab/16 entries is re-scored by an fp64 matmul instead
 _PAIR_BLOCK_BYTES = 32 * 2**20  # memory for one block of gathered fp64 rows
@@ -149,6 +162,9 @@ class ScreenStats:
     rescored_entries: int = 0  # vocabulary entries re-scored by gathered fp64 dot products
     heavy_rows: int = 0  # queries whose band was so wide that an fp64 matmul re-scored the row
     band_entries: int = 0  # entries inside the ambiguous band, where the band was formed
+    unsure_rows: int = 0  # sync-free: rows left unsure, then settled by the selecting scheme
+    # (with `sync_free` the counters above count only that settling: the fixed-shape work is
+    # not counted, which would need a host synchronisation per block)
 
 
 def _gamma(n: int, u: float) -> float:
@@ -171,6 +187,53 @@ def resolve_low_precision(low_precision: LowPrecision, device: torch.device) -> 
     if low_precision == torch.bfloat16:
         return torch.bfloat16
     raise ValueError(f"low_precision {low_precision}; allowed: auto, torch.bfloat16, None (fp32)")
+
+
+def resolve_sync_free(sync_free: SyncFree, device: torch.device) -> bool:
+    """Whether ranks are computed without host synchronisation: "auto" is True on CUDA (where a
+    synchronisation costs more than the work it decides) and False elsewhere."""
+    if isinstance(sync_free, str):
+        if sync_free != "auto":
+            raise ValueError(f"sync_free {sync_free!r}; allowed: auto, True, False")
+        return device.type == "cuda"
+    if not isinstance(sync_free, bool):
+        raise ValueError(f"sync_free {sync_free!r}; allowed: auto, True, False")
+    return sync_free
+
+
+def resolve_chunk_bytes(chunk_bytes: int | None, device: torch.device) -> int:
+    """The score-block size: `chunk_bytes` as given, or by default 64 MiB on a CPU (a block
+    that stays near its caches) and 1/16 of the free memory, at most 1 GiB, on a GPU (few,
+    large blocks: each block costs kernel launches, not cache misses)."""
+    if chunk_bytes is not None:
+        if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes = {chunk_bytes!r}; allowed: a positive integer or None")
+        return chunk_bytes
+    if device.type != "cuda":
+        return DEFAULT_CHUNK_BYTES
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(DEFAULT_CHUNK_BYTES, min(_DEVICE_CHUNK_MAX, free // _DEVICE_CHUNK_FRACTION))
+
+
+class NonFiniteCall(ValueError):
+    """Inputs holding inf or nan found when a `RankScreen.deferred` block settled: `call` is the
+    0-based index of the first such `ranks` call inside the block."""
+
+    def __init__(self, call: int) -> None:
+        super().__init__(f"non-finite values in the decoder inputs of call {call} of the block")
+        self.call = call
+
+
+@dataclass
+class _Pending:
+    """A `ranks` call inside a `deferred` block, kept until the block settles."""
+
+    x: Tensor
+    ids: Tensor
+    limit: int | None
+    ranks: Tensor
+    unsure: Tensor | None  # None: the selecting scheme answered every row already
+    finite: Tensor
 
 
 @contextlib.contextmanager
@@ -227,7 +290,8 @@ class RankScreen:
         bias: Tensor | None = None,
         *,
         low_precision: LowPrecision = "auto",
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        chunk_bytes: int | None = None,
+        sync_free: SyncFree = "auto",
     ) -> None:
         check_matrix("decoder matrix", matrix)
         self.vocab, self.d_model = matrix.shape
@@ -237,13 +301,21 @@ class RankScreen:
         self.device = matrix.device
         self.bias64 = bias.to(self.device, torch.float64) if bias is not None else None
         self.dtype = resolve_low_precision(low_precision, self.device)
-        self.chunk_bytes = int(chunk_bytes)
+        self.chunk_bytes = resolve_chunk_bytes(chunk_bytes, self.device)
+        self.sync_free = resolve_sync_free(sync_free, self.device)
         self.d_eff = self.d_model + (1 if bias is not None else 0)
         self.stats = ScreenStats()
         self._augment = bias is not None and self.dtype != torch.float32
         self._screen_w, self._screen_b = self._screen_matrix(bias)
         self._w_max, self._dw_max = self._row_norm_maxima(bias)
         self._buffer: Tensor | None = None
+        self._pending: list[_Pending] | None = None  # inside a `deferred` block
+        self._inf = torch.tensor(math.inf, device=self.device)  # made once: no copy per call
+
+    @property
+    def deferring(self) -> bool:
+        """Whether a `deferred` block is open."""
+        return self._pending is not None
 
     # ----------------------------------------------------------------- preparation
 
@@ -324,8 +396,7 @@ class RankScreen:
         hi = torch.where(hi >= 0, hi / (1.0 - c), hi / (1.0 + c))
         lo = torch.where(lo >= 0, lo / (1.0 + c), lo / (1.0 - c))
         hi32, lo32 = hi.to(torch.float32), lo.to(torch.float32)
-        inf = torch.tensor(math.inf, device=self.device)
-        return torch.nextafter(hi32, inf), torch.nextafter(lo32, -inf)
+        return torch.nextafter(hi32, self._inf), torch.nextafter(lo32, -self._inf)
 
     # ----------------------------------------------------------------- screening
 
@@ -351,11 +422,16 @@ class RankScreen:
         """Positions per screening block, so that the (positions × vocab) block fits chunk_bytes."""
         return max(1, self.chunk_bytes // (self.vocab * _itemsize(self.dtype)))
 
-    def ranks(self, x: Tensor, ids: Tensor, limit: int | None = None) -> tuple[Tensor, Tensor]:
+    def ranks(
+        self, x: Tensor, ids: Tensor, limit: int | None = None, *, ids_checked: bool = False
+    ) -> tuple[Tensor, Tensor]:
         """Exact ranks of tokens `ids` (n, m) for decoder inputs `x` (n, d), and their fp64 scores.
 
         With `limit` = k the ranks are min(rank, k): exact below k, which is all top-k
         membership needs (rank < k). Returns (ranks int64 (n, m), scores float64 (n, m)).
+        `ids_checked`: the caller has checked `ids` against the vocabulary already (the check
+        reads them on the host). Inside a `deferred` block the ranks are final only once the
+        block has ended.
         """
         if x.dim() != 2 or x.shape[1] != self.d_model:
             raise ValueError(f"x has shape {tuple(x.shape)}, expected (n, {self.d_model})")
@@ -363,41 +439,101 @@ class RankScreen:
             shape = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
             raise ValueError(f"token ids must be (n, m), got {shape}")
         ids = ids.to(self.device)
-        check_ids("token ids", ids, (x.shape[0], ids.shape[1]), self.vocab)
+        if not ids_checked or ids.shape[0] != x.shape[0]:
+            check_ids("token ids", ids, (x.shape[0], ids.shape[1]), self.vocab)
         _check_limit(limit, self.vocab, "limit")
+        if limit is not None and limit >= self.vocab:  # every rank is < vocab: no clamping
+            limit = None
         x = x.to(self.device)
-        step = self.chunk_rows()
-        parts = [
-            self._ranks_block(x[s : s + step], ids[s : s + step], limit) for s in range(0, x.shape[0], step)
-        ]
-        if not parts:
+        if x.shape[0] == 0:
             empty = torch.zeros(0, ids.shape[1], device=self.device)
             return empty.long(), empty.double()
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        ranks, scores, unsure = self._blocks(x, ids, limit, self.sync_free)
+        if self._pending is not None:
+            self._pending.append(_Pending(x, ids, limit, ranks, unsure, torch.isfinite(x).all()))
+        elif unsure is not None:
+            self._settle_rows(x, ids, limit, ranks, unsure)
+        return ranks, scores
 
-    def _ranks_block(self, x: Tensor, ids: Tensor, limit: int | None) -> tuple[Tensor, Tensor]:
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """A block of `ranks` calls (e.g. every layer of a batch) that synchronises with the
+        host once, when it ends: then the inputs' finiteness is checked (`NonFiniteCall`
+        names the first call that had inf or nan; its ranks mean nothing) and the rows the
+        sync-free scheme left unsure are settled in place. Read the ranks after the block."""
+        if self._pending is not None:
+            raise RuntimeError("deferred blocks of one RankScreen do not nest")
+        self._pending = []
+        try:
+            yield
+            pending = self._pending
+        finally:
+            self._pending = None
+        self._settle(pending)
+
+    def _settle(self, pending: list[_Pending]) -> None:
+        if not pending:
+            return
+        no = torch.zeros((), dtype=torch.bool, device=self.device)
+        flags = torch.stack(
+            [torch.stack([~p.finite, no if p.unsure is None else p.unsure.any()]) for p in pending]
+        ).tolist()  # the block's one host synchronisation
+        for call, (non_finite, _) in enumerate(flags):
+            if non_finite:
+                raise NonFiniteCall(call)
+        for p, (_, unsure) in zip(pending, flags, strict=True):
+            if unsure:
+                assert p.unsure is not None
+                self._settle_rows(p.x, p.ids, p.limit, p.ranks, p.unsure)
+
+    def _settle_rows(self, x: Tensor, ids: Tensor, limit: int | None, ranks: Tensor, unsure: Tensor) -> None:
+        """Replace the ranks of rows with an unsure entry by the selecting scheme's, in place."""
+        rows = torch.nonzero(unsure.any(1)).flatten()
+        if rows.numel():
+            self.stats.unsure_rows += rows.numel()
+            ranks[rows] = self._blocks(x[rows], ids[rows], limit, False)[0]
+
+    def _blocks(
+        self, x: Tensor, ids: Tensor, limit: int | None, sync_free: bool
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(ranks, scores, unsure or None) of every block of `chunk_rows` positions."""
+        step = self.chunk_rows()
+        parts = [
+            self._ranks_block(x[s : s + step], ids[s : s + step], limit, sync_free)
+            for s in range(0, x.shape[0], step)
+        ]
+        ranks, scores = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        unsure = torch.cat([p[2] for p in parts]) if sync_free else None  # type: ignore[misc]
+        return ranks, scores, unsure
+
+    def _ranks_block(
+        self, x: Tensor, ids: Tensor, limit: int | None, sync_free: bool
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         x64 = x.to(torch.float64)
         s_t = self.exact_scores(x64, ids)
         self.stats.rows += ids.numel()
-        if limit is not None and limit >= self.vocab:  # every rank is < vocab: no clamping
-            limit = None
         xs = self._screen_inputs(x)
         hi, lo = self._thresholds(s_t, self._bound(x64, xs))
         z = self._screen_scores(xs)
-        if limit is not None and limit <= _TOPK_MAX:
+        top_k_path = limit is not None and limit <= _TOPK_MAX
+        if sync_free:
+            ranks, unsure = sync_free_ranks(self, z, x64, ids, s_t, hi, lo, limit, top_k_path)
+            return ranks, s_t, unsure
+        if top_k_path:
+            assert limit is not None
             ranks = self._limited_ranks(z, x64, ids, s_t, hi, lo, limit)
         else:
             every = torch.arange(x.shape[0], device=self.device)
             ranks = torch.stack(
                 [
-                    self._counted_ranks(z, x64, every, s_t[:, c], hi[:, c], lo[:, c])
+                    self._counted_ranks(z, x64, every, s_t[:, c], hi[:, c], lo[:, c], ids[:, c])
                     for c in range(ids.shape[1])
                 ],
                 dim=1,
             )
             if limit is not None:
                 ranks = ranks.clamp_max(limit)
-        return ranks, s_t
+        return ranks, s_t, None
 
     def _limited_ranks(
         self,
@@ -420,10 +556,10 @@ class RankScreen:
             rows = torch.nonzero(member).flatten()
             if rows.numel():
                 ranks[rows, c] = self._ranks_from_list(
-                    vals[rows], idx[rows], x64, rows, s_t[rows, c], upper[rows], lower[rows]
+                    vals[rows], idx[rows], x64, rows, s_t[rows, c], upper[rows], lower[rows], ids[rows, c]
                 )
             if amb.numel():
-                counted = self._counted_ranks(z, x64, amb, s_t[:, c], upper, lower)
+                counted = self._counted_ranks(z, x64, amb, s_t[:, c], upper, lower, ids[:, c])
                 ranks[amb, c] = counted.clamp_max(limit)
         return ranks
 
@@ -436,28 +572,31 @@ class RankScreen:
         s_t: Tensor,
         hi: Tensor,
         lo: Tensor,
+        own: Tensor,
     ) -> Tensor:
-        """Exact ranks of rows whose every possible competitor is in the top list."""
+        """Exact ranks of rows whose every possible competitor is in the top list (`own`: the
+        rows' target ids)."""
         vals = vals.to(torch.float32)
         certain = (vals > hi[:, None]).sum(1)
         band = (vals > lo[:, None]) & (vals <= hi[:, None])
         r, k = torch.nonzero(band, as_tuple=True)
         self.stats.rescored_rows += rows.numel()
-        return certain + self._count_greater(x64, rows, r, idx[r, k], s_t)
+        return certain + self._count_greater(x64, rows, r, idx[r, k], s_t, own)
 
     def _counted_ranks(
-        self, z: Tensor, x64: Tensor, rows: Tensor, s_t: Tensor, hi: Tensor, lo: Tensor
+        self, z: Tensor, x64: Tensor, rows: Tensor, s_t: Tensor, hi: Tensor, lo: Tensor, own: Tensor
     ) -> Tensor:
         """Exact ranks of `rows` by counting screen scores above the band and re-scoring it.
 
-        `s_t`, `hi`, `lo` are indexed by block position (full length); returns (len(rows),).
+        `s_t`, `hi`, `lo` and the target ids `own` are indexed by block position (full
+        length); returns (len(rows),).
         """
         out = torch.empty(rows.numel(), dtype=torch.int64, device=self.device)
         step = max(1, self.chunk_rows() // 4)
         for start in range(0, rows.numel(), step):
             sel = rows[start : start + step]
             zs = z if sel.numel() == z.shape[0] else z[sel]  # rows are sorted and distinct
-            upper, lower, s = hi[sel, None], lo[sel, None], s_t[sel]
+            upper, lower, s, mine = hi[sel, None], lo[sel, None], s_t[sel], own[sel]
             certain = (zs > upper).sum(1)
             band = (zs > lower) & (zs <= upper)
             width = band.sum(1)
@@ -465,26 +604,31 @@ class RankScreen:
             heavy = width > max(1, self.vocab // _HEAVY_FRACTION)
             light = torch.nonzero(~heavy).flatten()
             r, j = torch.nonzero(band[light], as_tuple=True)
-            greater = self._count_greater(x64, sel[light], r, j, s[light])
+            greater = self._count_greater(x64, sel[light], r, j, s[light], mine[light])
             res = certain.clone()
             res[light] += greater
             if heavy.any():
                 hv = torch.nonzero(heavy).flatten()
-                res[hv] = self._heavy_ranks(x64[sel[hv]], s[hv])
+                res[hv] = self._heavy_ranks(x64[sel[hv]], s[hv], mine[hv])
             out[start : start + step] = res
             self.stats.rescored_rows += sel.numel()
         return out
 
-    def _count_greater(self, x64: Tensor, rows: Tensor, r: Tensor, cols: Tensor, s_t: Tensor) -> Tensor:
-        """For each of `rows` (m,), how many pairs (r → rows[r], cols) score strictly above s_t[r]."""
+    def _count_greater(
+        self, x64: Tensor, rows: Tensor, r: Tensor, cols: Tensor, s_t: Tensor, own: Tensor
+    ) -> Tensor:
+        """For each of `rows` (m,), how many pairs (r → rows[r], cols) score strictly above
+        s_t[r]; the target `own[r]` itself never counts (its score, recomputed in another
+        block, might differ from s_t in the last bit where a reduction's order follows the
+        block's shape, as on a GPU)."""
         self.stats.rescored_entries += r.numel()
         if r.numel() == 0:
             return torch.zeros(rows.numel(), dtype=torch.int64, device=self.device)
         scores = self._pair_scores(x64, rows[r], cols)
-        hit = scores > s_t[r]
+        hit = (scores > s_t[r]) & (cols != own[r])
         return torch.bincount(r[hit], minlength=rows.numel())
 
-    def _heavy_ranks(self, x64: Tensor, s_t: Tensor) -> Tensor:
+    def _heavy_ranks(self, x64: Tensor, s_t: Tensor, own: Tensor) -> Tensor:
         """Exact ranks for rows with a very wide band: an fp64 matmul screens every entry
         (band of a few fp64 ulps), and that thin band is re-scored by the canonical dot."""
         self.stats.heavy_rows += x64.shape[0]
@@ -501,7 +645,7 @@ class RankScreen:
                 sc += self.bias64[start : start + step]
             ranks += (sc > (s_t + tol)[:, None]).sum(1)
             r, j = torch.nonzero((sc - s_t[:, None]).abs() <= tol[:, None], as_tuple=True)
-            ranks += self._count_greater(x64, every, r, j + start, s_t)
+            ranks += self._count_greater(x64, every, r, j + start, s_t, own)
         return ranks
 
     # ----------------------------------------------------------------- top-k lists
@@ -589,7 +733,8 @@ def fast_ranks(
     *,
     limit: int | None = None,
     low_precision: LowPrecision = "auto",
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
+    sync_free: SyncFree = "auto",
 ) -> Tensor:
     """The ranks of `exact_ranks`, computed by the screened scheme (module docstring).
 
@@ -597,5 +742,7 @@ def fast_ranks(
     is much cheaper than full ranks. For repeated calls on one matrix build a `RankScreen`.
     """
     _check_rank_inputs(x, matrix, bias, token_ids)
-    screen = RankScreen(matrix, bias, low_precision=low_precision, chunk_bytes=chunk_bytes)
+    screen = RankScreen(
+        matrix, bias, low_precision=low_precision, chunk_bytes=chunk_bytes, sync_free=sync_free
+    )
     return screen.ranks(x, token_ids[:, None], limit)[0][:, 0]

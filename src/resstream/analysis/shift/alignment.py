@@ -26,8 +26,9 @@ softmax is computed. For positions i = 0..T−2 of every sequence (t_{i+1} is th
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -35,7 +36,7 @@ import torch
 from torch import Tensor
 
 from resstream.analysis.decoding.decoder import Decoder, NonFiniteInputs
-from resstream.analysis.decoding.ranks import DEFAULT_CHUNK_BYTES, LowPrecision, check_ids, check_matrix
+from resstream.analysis.decoding.ranks import LowPrecision, SyncFree, check_ids, check_matrix
 from resstream.analysis.stats import cluster_ratio, cluster_ratio_ci
 from resstream.display import Displayable
 from resstream.io import jsonable
@@ -45,6 +46,7 @@ __all__ = [
     "SHIFT_COLUMNS",
     "SHIFT_METRICS",
     "AlignmentAccumulator",
+    "AlignmentPart",
     "AlignmentResult",
     "shift_layer_from_rates",
 ]
@@ -167,6 +169,15 @@ class _SequenceStats:
     projection_count: Tensor
 
 
+@dataclass
+class AlignmentPart:
+    """One batch's contribution to an `AlignmentAccumulator` (`measure`, then `add`): its
+    per-sequence sums and its count of positions per shift depth (last slot: never)."""
+
+    sequences: _SequenceStats
+    depth_counts: Tensor
+
+
 class AlignmentAccumulator:
     """Streams batches of residual states into the alignment metrics (module docstring).
 
@@ -174,8 +185,8 @@ class AlignmentAccumulator:
     and tokens (B, T); positions 0..T−2 are scored. Batches may have different B and T.
     `W_E` and `W_U` give the input / output token vectors of the cosine and projection
     metrics; `decoder` gives the scores of the match rates, evaluated exactly
-    (`Decoder.exact`; `low_precision` and `chunk_bytes` tune that evaluation and change no
-    result).
+    (`Decoder.exact`; `low_precision`, `chunk_bytes` and `sync_free` tune that evaluation and
+    change no result).
     """
 
     def __init__(
@@ -187,7 +198,8 @@ class AlignmentAccumulator:
         W_E: Tensor,
         W_U: Tensor,
         low_precision: LowPrecision = "auto",
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        chunk_bytes: int | None = None,
+        sync_free: SyncFree = "auto",
     ) -> None:
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 0:
             raise ValueError(f"num_layers = {num_layers!r}; allowed: an integer >= 0")
@@ -208,7 +220,7 @@ class AlignmentAccumulator:
         self.decoder = decoder
         self.vocab, self.d_model = vocab, d
         self.W_E, self.W_U = W_E, W_U
-        self.scorer = decoder.exact(low_precision=low_precision, chunk_bytes=chunk_bytes)
+        self.scorer = decoder.exact(low_precision=low_precision, chunk_bytes=chunk_bytes, sync_free=sync_free)
         self._batches: list[_SequenceStats] = []
         self._depth_counts = torch.zeros(num_layers + 2, dtype=torch.int64)  # last slot: never
 
@@ -216,6 +228,16 @@ class AlignmentAccumulator:
 
     def update(self, states: Tensor, tokens: Tensor) -> None:
         """Add one batch: states (L+1, B, T, d) before the final norm, tokens (B, T) integer."""
+        self.add(self.measure(states, tokens))
+
+    def add(self, part: AlignmentPart) -> None:
+        """Add one batch's `measure`: batches added in the same order give the same result,
+        whichever process measured them (`resstream.distributed.run_sharded`)."""
+        self._depth_counts += part.depth_counts
+        self._batches.append(part.sequences)
+
+    def measure(self, states: Tensor, tokens: Tensor) -> AlignmentPart:
+        """One batch's contribution (`update`'s arguments), not yet added."""
         self._check_batch(states, tokens)
         batch, length = tokens.shape
         dev = self.scorer.engine.device
@@ -225,17 +247,22 @@ class AlignmentAccumulator:
         a = self.W_E[inp.to(self.W_E.device)].to(dev, torch.float64)
         b = self.W_U[out.to(self.W_U.device)].to(dev, torch.float64)
         skip = (inp == out) | (a == b).all(1)
-        per_layer: list[tuple[Tensor, ...]] = []
+        ranks: list[Tensor] = []
+        geometry: list[tuple[Tensor, ...]] = []
         depth = torch.full((inp.numel(),), self.num_layers + 1, dtype=torch.int64, device=dev)
-        with torch.no_grad():
+        with torch.no_grad(), self._deferred():  # one host synchronisation per batch, at its end
             for layer in range(self.num_layers + 1):
                 h = states[layer][:, :-1]
-                hits, shifted = self._layer_ranks(h, targets, layer)
+                layer_ranks, shifted = self._layer_ranks(h, targets, layer)
                 depth = torch.where((depth > self.num_layers) & shifted, layer, depth)
-                geo = _geometry(h.reshape(-1, self.d_model).to(dev, torch.float64), a, b, skip)
-                per_layer.append((hits[:, 0], hits[:, 1], *geo))
-        self._depth_counts += torch.bincount(depth.cpu(), minlength=self.num_layers + 2)
-        self._batches.append(self._per_sequence(per_layer, skip, batch, length - 1))
+                ranks.append(layer_ranks)
+                geometry.append(_geometry(h.reshape(-1, self.d_model).to(dev, torch.float64), a, b, skip))
+        hits = [r < self.top_k for r in ranks]  # the ranks are final once the block has ended
+        per_layer = [(hit[:, 0], hit[:, 1], *geo) for hit, geo in zip(hits, geometry, strict=True)]
+        return AlignmentPart(
+            self._per_sequence(per_layer, skip, batch, length - 1),
+            torch.bincount(depth.cpu(), minlength=self.num_layers + 2),
+        )
 
     def _check_batch(self, states: Tensor, tokens: Tensor) -> None:
         if not isinstance(states, Tensor) or states.dim() != 4:
@@ -258,20 +285,31 @@ class AlignmentAccumulator:
             raise ValueError(f"states must be floating point, got {states.dtype}")
         check_ids("tokens", tokens, tuple(tokens.shape), self.vocab)
 
+    @contextlib.contextmanager
+    def _deferred(self) -> Iterator[None]:
+        """The scorer's deferred block over the layers of a batch (one `ranks` call per layer,
+        so a call's index is its layer): inf or nan refused naming the first such layer."""
+        try:
+            with self.scorer.deferred():
+                yield
+        except NonFiniteInputs as found:
+            raise NonFiniteInputs(
+                f"non-finite values in the decoder inputs of layer {found.call}: {NonFiniteInputs.HINT}"
+            ) from None
+
     def _layer_ranks(self, h: Tensor, targets: Tensor, layer: int) -> tuple[Tensor, Tensor]:
-        """Top-k hits (n, 2) and 'next token above input token' (n,) for one layer."""
+        """min(rank, top_k) of both targets (n, 2), final once the deferred block has ended,
+        and 'next token above input token' (n,) for one layer."""
         h = h.reshape(-1, self.d_model)
         scorer = self.scorer.at(layer)
-        try:
-            if self.top_k >= self.vocab:  # every token is in the top-vocab: only scores needed
+        if self.top_k >= self.vocab:  # every token is in the top-vocab: only scores needed
+            try:  # checked here, synchronously: a rare query
                 scores = scorer.scores(h, targets)
-                return torch.ones_like(targets, dtype=torch.bool), scores[:, 1] > scores[:, 0]
-            ranks, scores = scorer.ranks(h, targets, self.top_k)
-        except NonFiniteInputs:
-            raise NonFiniteInputs(
-                f"non-finite values in the decoder inputs of layer {layer}: {NonFiniteInputs.HINT}"
-            ) from None
-        return ranks < self.top_k, scores[:, 1] > scores[:, 0]
+            except NonFiniteInputs:
+                raise NonFiniteInputs(NonFiniteInputs.HINT, call=layer) from None
+            return torch.zeros_like(targets), scores[:, 1] > scores[:, 0]
+        ranks, scores = scorer.ranks(h, targets, self.top_k, ids_checked=True)
+        return ranks, scores[:, 1] > scores[:, 0]
 
     def _per_sequence(
         self, per_layer: list[tuple[Tensor, ...]], skip: Tensor, batch: int, n_pos: int
