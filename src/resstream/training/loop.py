@@ -54,6 +54,7 @@ from resstream.data import save_tokenizer
 from resstream.data.shards import StoredCorpus
 from resstream.data.tokenizer import tokenizer_fingerprint
 from resstream.devices import resolve_device
+from resstream.distributed import Failure, any_rank, exchange
 from resstream.errors import RunError
 from resstream.interrupts import StopRequests, stop_requests
 from resstream.io import run_record, write_json
@@ -385,11 +386,7 @@ class Trainer:
     def _stop_agreed(self, stop: StopRequests) -> bool:
         """Whether the run stops after this step: a stop was asked for (SIGINT or SIGTERM) in
         this process or, under torchrun, in any process (one all-reduce per step, only then)."""
-        if self.dist.world == 1:
-            return stop.requested
-        asked = torch.tensor(float(stop.requested), device=self.device)
-        dist.all_reduce(asked, op=dist.ReduceOp.MAX)
-        return bool(asked.item())
+        return any_rank(stop.requested, self.dist, self.device)
 
     def _stop(self, stop: StopRequests, done: int, val_loss: float, *, saved: bool) -> None:
         """Stop after step `done` as asked: checkpoint it (unless `saved` already), say so on
@@ -461,7 +458,9 @@ class Trainer:
         }
 
     def _save_checkpoint(self, step: int, val_loss: float) -> None:
-        """Save checkpoint `step` (rank 0); non-finite weights or optimizer state stop the run."""
+        """Save checkpoint `step` (rank 0); non-finite weights or optimizer state stop the run,
+        on every rank together (`_refuse_non_finite_state`)."""
+        self._refuse_non_finite_state(step)
         if not self.dist.is_main:
             return
         try:
@@ -474,16 +473,36 @@ class Trainer:
                 state=self._state(val_loss),
             )
         except ckpt.NonFiniteState as exc:
-            raise RunError(
-                f"non-finite {exc.part} ({exc.found}) at step {step}; stopped, checkpoint {step} not "
-                f"written, {good_checkpoint_text(self.out_dir)}"
-            ) from None
+            raise self._non_finite_error(step, exc.part, exc.found) from None
         except OSError as exc:
             failure = out_of_space(exc, self.out_dir, self._checkpoint_bytes(), f"checkpoint {step}")
             if failure is None:
                 raise
             raise failure from None
         self.unverified = step
+
+    def _refuse_non_finite_state(self, step: int) -> None:
+        """Before checkpoint `step` is saved, every rank checks its own copy of the weights and
+        optimizer state (replicated, so they should agree) and the ranks exchange their verdicts
+        (`resstream.distributed.exchange`, once per checkpoint): when any rank finds a
+        non-finite value, every rank raises the same one-line `RunError`, the lowest such
+        rank's, so no rank is left waiting at the next collective."""
+        opt_tensors, _ = ckpt.flatten_optimizer(self.optimizer.state_dict())
+        parts = {"weights": self.model.state_dict(), "optimizer state": opt_tensors}
+        verdict: Failure | None = None
+        try:
+            ckpt.refuse_non_finite(f"checkpoint step {step}", parts)
+        except ckpt.NonFiniteState as exc:
+            where = f" on rank {self.dist.rank}" if self.dist.world > 1 else ""
+            verdict = Failure(self.dist.rank, self._non_finite_error(step, f"{exc.part}{where}", exc.found))
+        exchange(verdict, self.dist)
+
+    def _non_finite_error(self, step: int, part: str, found: ckpt.NonFinite) -> RunError:
+        """The stop for non-finite values in `part` when checkpoint `step` was to be saved."""
+        return RunError(
+            f"non-finite {part} ({found}) at step {step}; stopped, checkpoint {step} not "
+            f"written, {good_checkpoint_text(self.out_dir)}"
+        )
 
     def _weights_bytes(self) -> int:
         """Bytes of the model's weights (and buffers) as `model.safetensors` holds them."""
