@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from tqdm.auto import tqdm
@@ -31,7 +31,10 @@ from resstream.analysis.decoding.lens_checkpoint import (
 )
 from resstream.analysis.decoding.lens_training import LensObjective, LensOptimiser
 from resstream.analysis.decoding.tuned_lens import TunedLens
+from resstream.api.lens_data import Ranks, on_main_first
 from resstream.capture import residual_states
+from resstream.data.store_windows import TokenWindows
+from resstream.distributed import Failure, any_rank, exchange, portable
 from resstream.errors import RunError
 from resstream.interrupts import StopRequests, stop_requests
 from resstream.models import LoadedModel, ModelView
@@ -40,6 +43,8 @@ from resstream.notices import notify
 if TYPE_CHECKING:
     from resstream.api.tune_lens import Split
 
+T = TypeVar("T")
+
 
 class LensTrainer:
     """One model's lens and its optimiser: `step(windows)` is one optimiser step on a list of
@@ -47,9 +52,16 @@ class LensTrainer:
     steps already done (a resumed run; `restore` then gives it the checkpoint's state)."""
 
     def __init__(
-        self, view: ModelView, lens: TunedLens, optimiser: LensOptimiser, batch_size: int = 8, start: int = 0
+        self,
+        view: ModelView,
+        lens: TunedLens,
+        optimiser: LensOptimiser,
+        batch_size: int = 8,
+        start: int = 0,
+        ranks: Ranks | None = None,
     ) -> None:
         self.view = view
+        self.ranks = ranks or Ranks()
         self.lens = lens
         self.objective = LensObjective(view)
         self.optimiser = optimiser
@@ -58,13 +70,12 @@ class LensTrainer:
         self.steps_done = start
 
     def step(self, windows: Sequence[torch.Tensor]) -> torch.Tensor:
-        """One optimiser step; the step's mean KL per layer (L,) in nats (before the step)."""
+        """One optimiser step; the step's mean KL per layer (L,) in nats (before the step).
+        Under torchrun each rank computes the gradient of its share of `windows` (`Ranks`)
+        and the ranks sum the gradients and KL sums before the optimiser steps."""
         self.optim.zero_grad(set_to_none=False)
-        total = sum(len(w) for w in windows)
-        sums = torch.zeros(self.view.n_layers, dtype=torch.float64)
-        for batch in batches(windows, self.batch_size):
-            states = flat_states(self.view, batch)
-            sums += self.objective.backward(self.lens.translators, states, total).cpu()
+        total = positions(windows)
+        sums = self._summed_over_ranks(self._agreed(lambda: self._share_sums(windows, total)))
         kl = sums / total
         _check_finite(kl, self.steps_done)
         self.optimiser.clip(self.lens.translators)
@@ -72,6 +83,43 @@ class LensTrainer:
         self.schedule.step()
         self.steps_done += 1
         return kl
+
+    def _share_sums(self, windows: Sequence[torch.Tensor], total: int) -> torch.Tensor:
+        """This rank's share of the step: its gradients accumulated, its KL sums (L,) fp64."""
+        sums = torch.zeros(self.view.n_layers, dtype=torch.float64)
+        for batch in batches(self.ranks.share(windows), self.batch_size):
+            states = flat_states(self.view, batch)
+            sums += self.objective.backward(self.lens.translators, states, total).cpu()
+        return sums
+
+    def _agreed(self, work: Callable[[], T]) -> T:
+        """`work()` on every rank, a failure on any rank raised on every rank (the lowest
+        failing rank's error): one flag all-reduce per step, the error exchanged only then, so
+        no rank is left waiting in the gradient all-reduce. Run directly: `work()`."""
+        if self.ranks.world == 1:
+            return work()
+        failure: Failure | None = None
+        try:
+            result = work()
+        except Exception as error:
+            failure = Failure(self.ranks.rank, portable(error))
+        device = next(self.lens.translators.parameters()).device
+        if any_rank(failure is not None, self.ranks.place, device):
+            exchange(failure, self.ranks.place)  # raises the agreed failure
+        return result
+
+    def _summed_over_ranks(self, sums: torch.Tensor) -> torch.Tensor:
+        """The gradients (float32, each already scaled by the step's total positions) and the
+        KL sums `sums` (float64) summed over the ranks: the step's whole gradient and sums."""
+        if self.ranks.world == 1:
+            return sums
+        parameters = list(self.lens.translators.parameters())
+        for p in parameters:
+            if p.grad is None:  # a rank with no window this step adds nothing
+                p.grad = torch.zeros_like(p)
+        on_device = sums.to(parameters[0].device)
+        self.ranks.sum([*(p.grad for p in parameters if p.grad is not None), on_device])
+        return on_device.cpu()
 
     def parameters(self) -> dict[str, torch.Tensor]:
         """The translators' parameters by name."""
@@ -122,23 +170,28 @@ def train_lens(
     progress: bool,
     plan: CheckpointPlan | None = None,
     resume: LensCheckpoint | None = None,
+    ranks: Ranks | None = None,
 ) -> tuple[TunedLens, list[float]]:
     """The lens of `loaded` trained on the split's training windows, and the KL curve (bits per
-    step); from checkpoint `resume` on where given, saving checkpoints as `plan` says."""
+    step); from checkpoint `resume` on where given, saving checkpoints as `plan` says. Under
+    torchrun (`ranks`) every rank trains on its share of each step; rank 0 alone saves and
+    speaks, and a stop asked for on any rank stops every rank after the same step."""
     start = 0 if resume is None else resume.step
+    ranks = ranks or Ranks()
     trainer = LensTrainer(
-        loaded.view, TunedLens.zero(loaded.view, loaded.name), optimiser, batch_size, start=start
+        loaded.view, TunedLens.zero(loaded.view, loaded.name), optimiser, batch_size, start=start, ranks=ranks
     )
     history = [] if resume is None else list(resume.history)
     if resume is not None:
         trainer.restore(resume)
     with _stops_when_asked(plan) as stop:
         _run_steps(trainer, split, history, progress, plan, stop)
-        if plan is not None and stop is not None and stop.requested:  # the bar is closed: one clean line
-            notify(
-                f"tune-lens stopped at step {trainer.steps_done} of {optimiser.steps}; checkpoint saved in "
-                f"{str(plan.directory)!r}; continue with `resume=True` and the same settings"
-            )
+        if plan is not None and stop is not None and _stop_agreed(trainer, stop):  # one clean line
+            if ranks.is_main:
+                notify(
+                    f"tune-lens stopped at step {trainer.steps_done} of {optimiser.steps}; checkpoint saved "
+                    f"in {str(plan.directory)!r}; continue with `resume=True` and the same settings"
+                )
             stop.stop()
     return trainer.lens, history
 
@@ -157,16 +210,17 @@ def _run_steps(
     steps = trainer.optimiser.steps
     per_step = len(split.train) // steps
     desc = f"tune-lens {trainer.lens.model}"
-    with tqdm(total=steps, initial=trainer.steps_done, desc=desc, unit="step", disable=not progress) as bar:
+    shown = progress and trainer.ranks.is_main
+    with tqdm(total=steps, initial=trainer.steps_done, desc=desc, unit="step", disable=not shown) as bar:
         while trainer.steps_done < steps:
             step = trainer.steps_done
             kl = trainer.step(split.train[step * per_step : (step + 1) * per_step])
             history.append(float(kl.mean()) / math.log(2))
             bar.set_postfix(kl_bits=f"{history[-1]:.3f}")
             bar.update()
-            stopping = stop is not None and stop.requested
+            stopping = stop is not None and _stop_agreed(trainer, stop)
             if plan is not None and (stopping or plan.due(trainer.steps_done, steps)):
-                plan.save(trainer, history)
+                on_main_first(lambda: plan.save(trainer, history), trainer.ranks)  # a failure: every rank's
             if stopping:
                 return
 
@@ -181,6 +235,13 @@ def _stops_when_asked(plan: CheckpointPlan | None) -> Iterator[StopRequests | No
         yield stop
 
 
+def _stop_agreed(trainer: LensTrainer, stop: StopRequests) -> bool:
+    """Whether the run stops after this step: a stop asked for (Ctrl-C, SIGTERM) in this process
+    or, under torchrun, in any (one all-reduce per step, only then)."""
+    device = next(trainer.lens.translators.parameters()).device
+    return any_rank(stop.requested, trainer.ranks.place, device)
+
+
 def _check_finite(kl: torch.Tensor, step: int) -> None:
     if not bool(torch.isfinite(kl).all()):
         layer = int((~torch.isfinite(kl)).nonzero()[0])
@@ -188,6 +249,13 @@ def _check_finite(kl: torch.Tensor, step: int) -> None:
             f"tune-lens diverged at step {step + 1}: the KL of layer {layer} is not finite; "
             "try a lower learning rate (`--lr`)"
         )
+
+
+def positions(windows: Sequence[torch.Tensor]) -> int:
+    """The tokens of `windows` in all (windows of a token store: counted without reading them)."""
+    if isinstance(windows, TokenWindows):
+        return len(windows) * windows.window_length
+    return sum(len(w) for w in windows)
 
 
 def batches(windows: Sequence[torch.Tensor], batch_size: int) -> Iterator[torch.Tensor]:
@@ -224,8 +292,8 @@ def training_record(
         "eval_seqs": len(split.held_out),
         "sequences_per_step": per_step,
         "tokens": tokens,
-        "tokens_per_step": sum(len(w) for w in split.train[:per_step]),
-        "train_tokens": sum(len(w) for w in split.train),
+        "tokens_per_step": positions(split.train[:per_step]),
+        "train_tokens": positions(split.train),
         "batch_size": batch_size,
         "optimiser": {
             "name": "SGD, Nesterov momentum, linear decay to 0",

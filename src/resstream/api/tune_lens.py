@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -51,8 +51,9 @@ from resstream.api.inputs import (
     checked_models,
     each_model,
     settled_seq_len,
-    takes_load_args_on_one_device,
+    takes_load_args,
 )
+from resstream.api.lens_data import Ranks, on_main_first, ranks, store_sampler
 from resstream.api.lens_trainer import (
     CheckpointPlan,
     LensTrainer,
@@ -61,9 +62,12 @@ from resstream.api.lens_trainer import (
     train_lens,
     training_record,
 )
+from resstream.api.state_memory import check_batches_fit, host_if_meta
 from resstream.data.files import load_token_rows
 from resstream.data.sampling import CorpusTooSmall, SequenceSample
+from resstream.data.store_windows import TokenWindows
 from resstream.display import Displayable
+from resstream.distributed import joined, one_outcome, run_sharded
 from resstream.errors import UsageError
 from resstream.models import LoadArgs, LoadedModel, ModelLike, ModelView
 from resstream.notices import notify
@@ -130,7 +134,7 @@ def _report_view(report: TuneLensReport) -> NotebookView:
     return evaluation_view(report.evaluation, report.history)
 
 
-@takes_load_args_on_one_device
+@takes_load_args
 def tune_lens(
     model: ModelLike = None,
     *,
@@ -173,13 +177,20 @@ def tune_lens(
     check_learning_rate(optimiser.lr)
     options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
     requested = _requested_settings(dataset, seed, seq_len, budget, eval_seqs, batch_size, optimiser)
-    with _checkpoints(checkpoint_dir, checkpoint_every, resume, requested) as checkpoints:
+    info = ranks(options.device)
+    with (
+        one_outcome(info.place),
+        _checkpoints(checkpoint_dir, checkpoint_every, resume, requested, info) as checkpoints,
+    ):
         each = _each_split(model, dataset, seq_len, seed, data_dir, options, budget, eval_seqs)
         with closing(each):
             for loaded, split in each:
+                view = loaded.view
+                devices = [host_if_meta(view.W_E.device)] * (view.n_layers + 1)  # `residual_states`
+                check_batches_fit(view, batch_size, split.seq_len, view.d_model, devices)
                 plan = checkpoints.plan(_run_settings(requested, loaded, split))
                 lens, history = train_lens(
-                    loaded, split, optimiser, batch_size, progress, plan, checkpoints.previous
+                    loaded, split, optimiser, batch_size, progress, plan, checkpoints.previous, info
                 )
                 resumed = plan.resumed if plan is not None else ()
                 lens.record = training_record(split, optimiser, batch_size, history, budget.tokens, resumed)
@@ -283,17 +294,31 @@ class _Checkpoints:
 
 @contextmanager
 def _checkpoints(
-    directory: str | os.PathLike[str] | None, every: int, resume: bool, requested: dict[str, Any]
+    directory: str | os.PathLike[str] | None,
+    every: int,
+    resume: bool,
+    requested: dict[str, Any],
+    info: Ranks | None = None,
 ) -> Iterator[_Checkpoints]:
     """Hold the checkpoint folder (`rundir.locked_directory`) and find the checkpoint to resume
-    from, checking what can be checked before the model loads."""
+    from, checking what can be checked before the model loads. Under torchrun rank 0 holds the
+    folder and decides (it may remove a finished run's checkpoint); the other ranks then read
+    the checkpoint it resumes from, if any."""
+    info = info or Ranks()
     if directory is None:
         if resume:
             raise UsageError("`resume=True` needs `checkpoint_dir`: the folder the interrupted run saved in")
         yield _Checkpoints(None, every, None)
         return
+    if not info.is_main:
+        held = Path(directory)
+        resumes = on_main_first(lambda: False, info)  # rank 0's answer
+        yield _Checkpoints(held, every, load_checkpoint(held) if resumes else None)
+        return
     with locked_directory(directory, "tune-lens", param=None) as held:
-        yield _Checkpoints(held, every, _previous_checkpoint(held, resume, requested))
+        previous = _previous_checkpoint(held, resume, requested)
+        on_main_first(lambda: previous is not None, info)
+        yield _Checkpoints(held, every, previous)
 
 
 def _previous_checkpoint(directory: Path, resume: bool, requested: dict[str, Any]) -> LensCheckpoint | None:
@@ -320,7 +345,7 @@ def _previous_checkpoint(directory: Path, resume: bool, requested: dict[str, Any
     return None
 
 
-@takes_load_args_on_one_device
+@takes_load_args
 def evaluate_lens(
     lens: TunedLens | str | os.PathLike[str],
     model: ModelLike = None,
@@ -363,9 +388,12 @@ def evaluate_lens(
         )
     length, seed, sizes, keep = plan
     try:
-        with closing(
-            _each_sample(model, dataset, length, seed, data_dir, options, sizes, check=lens.check_model)
-        ) as each:
+        with (
+            one_outcome(ranks(options.device).place),  # under torchrun: a failure is every rank's
+            closing(
+                _each_sample(model, dataset, length, seed, data_dir, options, sizes, check=lens.check_model)
+            ) as each,
+        ):
             for loaded, split in each:
                 if sizes[0]:
                     _check_unchanged(dataset, split.fingerprint, trained.get("dataset_fingerprint"))
@@ -434,8 +462,8 @@ def check_learning_rate(value: float) -> None:
 class Split:
     """Training windows (in the order steps use them) and held-out windows of one sample."""
 
-    train: tuple[torch.Tensor, ...]
-    held_out: tuple[torch.Tensor, ...]
+    train: Sequence[torch.Tensor]  # windows read from the corpus's token store when used
+    held_out: Sequence[torch.Tensor]
     dataset: str
     seq_len: int
     seed: int
@@ -498,7 +526,8 @@ def _each_sample(
         raise UsageError(
             f"{dataset!r} holds token rows (input_ids); tune-lens samples windows of a text corpus"
         )
-    with closing(each_model(model, corpus, options, check=check)) as each:
+    sampler = store_sampler(ranks(options.device), data_dir, options.progress)
+    with closing(each_model(model, corpus, options, check=check, sampler=sampler)) as each:
         for loaded, sample, fingerprint in each:
             yield loaded, _split(sample, train_seqs, eval_seqs, dataset, seed, fingerprint)
 
@@ -508,12 +537,11 @@ def _split(
 ) -> Split:
     """Permute the windows with `seed`: the first `eval_seqs` are held out, the rest train."""
     order = torch.randperm(len(sample.sequences), generator=torch.Generator().manual_seed(seed)).tolist()
-    chosen = [sample.sequences[i] for i in order]
+    windows = sample.sequences
+    chosen = windows.take(order) if isinstance(windows, TokenWindows) else tuple(windows[i] for i in order)
     rule = f"{eval_seqs} held-out windows, split with seed {seed} from {sample.rule}"
-    length = len(sample.sequences[0])
-    return Split(
-        tuple(chosen[eval_seqs:]), tuple(chosen[:eval_seqs]), dataset, length, seed, rule, fingerprint
-    )
+    length = len(windows[0])
+    return Split(chosen[eval_seqs:], chosen[:eval_seqs], dataset, length, seed, rule, fingerprint)
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -528,14 +556,21 @@ def _evaluate(
     sample = split.rule if keep == len(split.held_out) else f"the first {keep} of {split.rule}"
     objective = LensObjective(view)
     lens.translators.to(view.W_U.device)
-    logit = tuned = None
-    stacked = list(batches(windows, batch_size))
-    for batch in tqdm(stacked, desc="evaluate lens", unit="batch", disable=not progress):
+    sums: list[tuple[LayerSums, LayerSums]] = []
+
+    def measure(batch: torch.Tensor) -> tuple[LayerSums, LayerSums]:
         states = flat_states(view, batch, slice(0, -1))
         targets = batch[:, 1:].reshape(-1)
-        logit = _add(logit, objective.measure(None, states, targets))
-        tuned = _add(tuned, objective.measure(lens.translators, states, targets))
-    assert logit is not None and tuned is not None
+        return objective.measure(None, states, targets), objective.measure(lens.translators, states, targets)
+
+    def add(part: tuple[LayerSums, LayerSums]) -> None:
+        sums[:] = [part if not sums else (sums[0][0] + part[0], sums[0][1] + part[1])]
+
+    info = joined(view.W_U.device)  # under torchrun: the batches shared out, added in batch order
+    shown = progress and info.is_main
+    stacked = tqdm(batches(windows, batch_size), desc="evaluate lens", unit="batch", disable=not shown)
+    run_sharded(stacked, measure, add, info)
+    ((logit, tuned),) = sums
     evaluation = LensEvaluation.from_sums(lens.model, logit, tuned, sample)
     return replace(
         evaluation,
@@ -545,10 +580,6 @@ def _evaluate(
         seq_len=split.seq_len,
         seed=split.seed,
     )
-
-
-def _add(total: LayerSums | None, part: LayerSums) -> LayerSums:
-    return part if total is None else total + part
 
 
 __all__ = [

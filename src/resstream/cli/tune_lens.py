@@ -36,7 +36,7 @@ CORPUS_HELP = {
 def tune_lens(
     *,
     output: options.OutputArg,
-    loading: Annotated[options.Loading, options.model_options(device_map=False)],
+    loading: options.ModelArg,
     evaluate: Annotated[
         bool, typer.Option("--eval", help="Evaluate the lens already in --out instead of training one.")
     ] = False,
@@ -96,8 +96,8 @@ def tune_lens(
     from resstream.analysis.decoding.lens_checkpoint import remove_checkpoint
     from resstream.analysis.decoding.lens_training import LensOptimiser
     from resstream.analysis.decoding.tuned_lens import load_lens
+    from resstream.distributed import joined, one_outcome, writer_lock
     from resstream.errors import UsageError
-    from resstream.rundir import locked_directory, output_set
 
     if export is not None:
         if evaluate or resume:
@@ -113,8 +113,9 @@ def tune_lens(
     settings: dict[str, Any]
     if evaluate:
         lens = load_lens(output.out)
-    with locked_directory(output.out, "tune-lens"):  # held until the checkpoint is removed
-        with output_set(output.out, "tune-lens") as outputs:
+    place = joined(loading.device)  # under torchrun: every rank computes, rank 0 alone writes
+    with one_outcome(place), writer_lock(output.out, "tune-lens", param="out"):  # held until the end
+        with options.analysis_outputs(output.out, "tune-lens", loading.device) as outputs:
             if evaluate:
                 evaluation = resstream.evaluate_lens(
                     lens,
@@ -147,6 +148,8 @@ def tune_lens(
                 )
                 lens, evaluation = report.lens, report.evaluation
                 settings = _training_settings(lens.record, lr, resume, checkpoint_every)
+            if outputs is None:  # another rank of a torchrun job: rank 0 writes
+                return
             _write_outputs(outputs, lens, evaluation)
             settings = {
                 **settings,
@@ -158,7 +161,13 @@ def tune_lens(
                 "data_dir": str(sample.data_dir) if sample.data_dir else None,
             }
             options.write_run_record(
-                outputs, "tune-lens", settings, loading, evaluation.seed, evaluation.dataset_fingerprint
+                outputs,
+                "tune-lens",
+                settings,
+                loading,
+                evaluation.seed,
+                evaluation.dataset_fingerprint,
+                processes=place.world,
             )
         if not evaluate:  # the lens is in place: its run's checkpoint has served
             remove_checkpoint(output.out)

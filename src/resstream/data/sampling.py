@@ -22,9 +22,9 @@ row, no re-tokenisation, no BOS, no sampling (`sample_token_rows`).
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 
@@ -32,6 +32,7 @@ from resstream.data.files import tokenizer_pieces
 from resstream.errors import UsageError
 
 BosPolicy = Literal["auto", "always", "never"]
+T = TypeVar("T")
 
 
 class CorpusTooSmall(UsageError):
@@ -41,12 +42,16 @@ class CorpusTooSmall(UsageError):
         super().__init__(message)
         self.available = available
 
+    def __reduce__(self) -> tuple[type[CorpusTooSmall], tuple[str, int]]:
+        """Pickled whole (the ranks of a torchrun job send each other their failures)."""
+        return type(self), (str(self), self.available)
+
 
 @dataclass(frozen=True)
 class SequenceSample:
     """Token sequences for analysis, with how they were obtained."""
 
-    sequences: tuple[torch.Tensor, ...]  # 1-D int64 tensors
+    sequences: Sequence[torch.Tensor]  # 1-D int64 tensors (a tuple, or windows read on demand)
     rule: str  # a one-line description of how they were chosen
     bos_prepended: bool
     windows_available: int | None  # windows in the stream (None for pinned rows)
@@ -93,11 +98,12 @@ def windows(stream: Iterable[int], length: int) -> Iterator[list[int]]:
             window = []
 
 
-def reservoir(items: Iterable[list[int]], count: int, seed: int) -> tuple[list[tuple[int, list[int]]], int]:
+def reservoir(items: Iterable[T], count: int, seed: int) -> tuple[list[tuple[int, T]], int]:
     """`count` items chosen uniformly without replacement (Algorithm R), with their indices,
-    and the number of items seen."""
+    and the number of items seen. Which indices are chosen depends on `seed`, `count` and the
+    number of items alone, never on the items (`chosen_windows`)."""
     rng = random.Random(seed)
-    chosen: list[tuple[int, list[int]]] = []
+    chosen: list[tuple[int, T]] = []
     seen = 0
     for index, item in enumerate(items):
         seen = index + 1
@@ -123,23 +129,51 @@ def sample_sequences(
     """Choose `num_seqs` windows of `seq_len` tokens from the documents' token stream."""
     check_sample_request(num_seqs, seq_len)
     add_bos = prepends_bos(tokenizer, bos)
+    content = window_content(seq_len, add_bos)
+    chosen, available = reservoir(windows(token_stream(documents, tokenizer), content), num_seqs, seed)
+    check_available(available, num_seqs, seq_len, corpus_name)
+    prefix = [tokenizer.bos_token_id] if add_bos else []
+    sequences = tuple(torch.tensor(prefix + window, dtype=torch.long) for _, window in chosen)
+    return SequenceSample(
+        sequences, sample_rule(num_seqs, available, content, corpus_name, seed, add_bos), add_bos, available
+    )
+
+
+def window_content(seq_len: int, add_bos: bool) -> int:
+    """The corpus tokens in each window of `seq_len` (one fewer when a BOS is prepended);
+    UsageError when fewer than two are left."""
     content = seq_len - int(add_bos)
     if content < 2:
         raise UsageError(f"`seq_len` {seq_len} is too short: at least {2 + int(add_bos)} tokens are needed")
-    chosen, available = reservoir(windows(token_stream(documents, tokenizer), content), num_seqs, seed)
+    return content
+
+
+def chosen_windows(available: int, num_seqs: int, seed: int) -> list[int]:
+    """The indices (ascending) of the `num_seqs` windows of `available` that `sample_sequences`
+    chooses with `seed`: the reservoir's choice needs the number of windows only, so a corpus
+    already tokenised (a shard store) gives the same windows without holding any of them."""
+    chosen, _ = reservoir(range(available), num_seqs, seed)
+    return [index for index, _ in chosen]
+
+
+def check_available(available: int, num_seqs: int, seq_len: int, corpus_name: str) -> None:
+    """`CorpusTooSmall` when the corpus has fewer than `num_seqs` windows."""
     if available < num_seqs:
         raise CorpusTooSmall(
             f"`num_seqs` {num_seqs} is more than {corpus_name!r} holds: it has {available} "
             f"non-overlapping sequences of {seq_len} tokens",
             available,
         )
-    prefix = [tokenizer.bos_token_id] if add_bos else []
-    sequences = tuple(torch.tensor(prefix + window, dtype=torch.long) for _, window in chosen)
-    rule = (
+
+
+def sample_rule(
+    num_seqs: int, available: int, content: int, corpus_name: str, seed: int, add_bos: bool
+) -> str:
+    """The one-line account of a sample (`SequenceSample.rule`)."""
+    return (
         f"{num_seqs} of {available} non-overlapping {content}-token windows of {corpus_name!r}, "
         f"reservoir-sampled with seed {seed}" + ("; BOS prepended" if add_bos else "; no BOS")
     )
-    return SequenceSample(sequences, rule, add_bos, available)
 
 
 def sample_token_rows(rows: list[list[int]], *, source: str, vocab_size: int) -> SequenceSample:
