@@ -156,12 +156,9 @@ def test_attribute_a_hugging_face_model_from_a_local_directory(tmp_path: Path, c
     assert report["query_contributions"] and all(q["residual"] <= 1e-4 for q in report["query_contributions"])
 
 
-def test_api_refuses_device_map_and_skips_the_neuron_pass(tmp_path: Path) -> None:
+def test_api_skips_the_neuron_pass(tmp_path: Path) -> None:
     import resstream
-    from resstream.errors import UsageError
 
-    with pytest.raises(UsageError, match="device_map"):
-        resstream.attribute(TEXT, device_map="auto", progress=False)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("The king said that the queen was there, and the prince went home. " * 40)
     result = resstream.attribute_corpus(

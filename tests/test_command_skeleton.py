@@ -115,12 +115,13 @@ def test_one_function_one_result_type() -> None:
     assert inspect.signature(resstream.attribute_corpus).return_annotation == "CorpusAttribution"
 
 
-def test_a_function_on_one_device_has_no_device_map_and_attribute_refuses_one() -> None:
-    assert "device_map" not in inspect.signature(resstream.tune_lens).parameters
-    with pytest.raises(TypeError, match=r"^tune_lens\(\) got an unexpected keyword argument 'device_map'"):
-        resstream.tune_lens(device_map="auto", progress=False)
-    with pytest.raises(UsageError, match=r"^`device_map` is not supported by attribute yet"):
-        resstream.attribute("a text", device_map="auto", progress=False)
+def test_a_function_on_one_device_has_no_device_map_and_ablate_refuses_one() -> None:
+    assert "device_map" not in inspect.signature(resstream.verify).parameters
+    with pytest.raises(TypeError, match=r"^verify\(\) got an unexpected keyword argument 'device_map'"):
+        resstream.verify(device_map="auto")
+    assert "device_map" in inspect.signature(resstream.tune_lens).parameters  # tests/test_device_map.py
+    with pytest.raises(UsageError, match=r"^`device_map` is not supported by ablate yet"):
+        resstream.ablate("a text", components=["L0.H0"], device_map="auto", progress=False)
 
 
 def test_an_empty_model_is_refused_not_taken_for_the_reference_model(tmp_path: Path, capsys) -> None:

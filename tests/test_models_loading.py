@@ -99,8 +99,11 @@ def test_cuda_without_a_gpu() -> None:
         load_model(None, device="cuda")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("accelerate") is not None, reason="accelerate is installed")
-def test_device_map_needs_accelerate(gpt2_dir) -> None:
+def test_device_map_needs_accelerate(gpt2_dir, monkeypatch: pytest.MonkeyPatch) -> None:
+    find_spec = importlib.util.find_spec  # accelerate is in the test extra: hide it
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else find_spec(name, *a)
+    )
     with pytest.raises(UsageError, match=r"device_map='auto' needs the 'accelerate' package"):
         load_model(str(gpt2_dir[0]), device_map="auto")
 

@@ -202,18 +202,21 @@ def device_name(device: str | torch.device) -> str:
     return "this machine"
 
 
-def check_fits(what: str, need_bytes: float, device: str | torch.device = "cpu", *, purpose: str) -> None:
+def check_fits(
+    what: str, need_bytes: float, device: str | torch.device = "cpu", *, purpose: str, remedy: str = ""
+) -> None:
     """Refuse (UsageError) when `need_bytes` exceed the memory available on `device`.
 
     `what` names the values responsible as the message starts them (```n_layer` 1000000000``),
     `purpose` what the bytes are for (``for the weights``): "`n_layer` 1000000000 needs
-    ~48.0 TB for the weights; 12.3 GB available on this machine".
+    ~48.0 TB for the weights; 12.3 GB available on this machine", followed by `remedy` (what
+    to lower) where given.
     """
     available = available_bytes(device)
     if need_bytes > available:
         raise UsageError(
             f"{what} needs ~{format_bytes(need_bytes)} {purpose}; "
-            f"{format_bytes(available)} available on {device_name(device)}"
+            f"{format_bytes(available)} available on {device_name(device)}{'; ' + remedy if remedy else ''}"
         )
 
 
