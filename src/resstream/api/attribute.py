@@ -30,14 +30,15 @@ from resstream.api.inputs import (
     each_batch,
     encode_text,
     one_model,
-    refuse_device_map,
     sampled_models,
     takes_load_args,
     text_of,
 )
+from resstream.api.state_memory import check_corpus_fits, check_text_fits
 from resstream.api.tokenizers import tokenizer_of
 from resstream.capture import Internals, block_internals
 from resstream.data.tokenizer import token_text
+from resstream.distributed import joined, map_sharded, my_batches
 from resstream.errors import UsageError
 from resstream.models import LoadArgs, ModelLike, ModelView
 
@@ -91,18 +92,18 @@ def attribute(
     `model` is a spec or a loaded model with its `tokenizer`, as for `resstream.lens`.
     """
     _check_top(top)
-    refuse_device_map(load, "attribute", "its read-outs assume one device")
     spec = decoder_spec(decoder)
     if spec.kind == "embedding":
         raise UsageError(ONLY_THE_LOGIT_LENS)
     text = text_of(text, text_file)
-    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
+    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress, reads_blocks=True)
     with one_model(model, options) as loaded:
         view, tokenizer = loaded.view, tokenizer_of(loaded)
         spec.check(view)
         logit_lens = decoder_of(view)
         ids = encode_text(tokenizer, text, view)
         where = position_in(position, ids.shape[1])
+        check_text_fits(view, ids.shape[1], 1 if sources else 0)
         internals = block_internals(view, ids, attention=[where] if sources else False)
         chosen = target_of(tokenizer, view, logit_lens, internals, where, target, target_id)
         foil_id = foil_of(tokenizer, foil, chosen)
@@ -160,7 +161,6 @@ def attribute_corpus(
     `model` is a spec or a loaded model with its `tokenizer`, as for `resstream.lens`.
     """
     _check_top(top)
-    refuse_device_map(load, "attribute", "its read-outs assume one device")
     batch_size = CORPUS_BATCH_SIZE if batch_size is None else batch_size
     check_batch_size(batch_size)  # before `candidates`, as the request reads
     candidates = DEFAULT_CANDIDATES if candidates is None else candidates
@@ -169,7 +169,13 @@ def attribute_corpus(
     num_seqs = DEFAULT_NUM_SEQS if num_seqs is None else num_seqs
     request = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir, default_seq_len=DEFAULT_SEQ_LEN)
     with sampled_models(
-        [model], request, load, tokenizer=tokenizer, progress=progress, batch_size=batch_size
+        [model],
+        request,
+        load,
+        tokenizer=tokenizer,
+        progress=progress,
+        batch_size=batch_size,
+        reads_blocks=True,
     ) as each:
         for loaded, sample, fingerprint in each:
             view, tokenizer = loaded.view, tokenizer_of(loaded)
@@ -177,8 +183,11 @@ def attribute_corpus(
             batches = list(each_batch(sample.sequences, batch_size, "", progress=False))
             if any(b.shape[1] < 2 for b in batches):
                 raise UsageError("every sequence needs at least 2 tokens (a target after a position)")
+            check_corpus_fits(view, batches, len(sample.sequences))
             passes = 2 if neurons else 1
-            bar = _bar(passes * len(sample.sequences), f"attribute {loaded.name}", progress)
+            info = joined(view.W_E.device)  # under torchrun: the batches shared out among the ranks
+            mine = sum(len(b) for _, b in my_batches(batches, info))
+            bar = _bar(passes * mine, f"attribute {loaded.name}", progress and info.is_main)
             try:
                 result = attribute_batches(
                     view,
@@ -191,6 +200,7 @@ def attribute_corpus(
                     model=loaded.name,
                     dataset=dataset,
                     progress=None if bar is None else partial(_advance, bar),
+                    map_batches=partial(map_sharded, info=info),
                 )
             finally:
                 if bar is not None:

@@ -49,7 +49,9 @@ def composition(
     """
     check_convention(convention)
     check_samples(samples)
-    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress, needs_tokenizer=False)
+    options = LoadOptions.of(
+        load, tokenizer=tokenizer, progress=progress, needs_tokenizer=False, reads_blocks=True
+    )
     with one_model(model, options) as loaded:
         return composition_scores(
             loaded.view, model=loaded.name, convention=convention, samples=samples, seed=seed

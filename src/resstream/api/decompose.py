@@ -12,6 +12,7 @@ from resstream.analysis.attribution.decomposition import Decomposition, point_co
 from resstream.analysis.attribution.decomposition import decompose as decompose_state
 from resstream.api.attribute import position_in
 from resstream.api.inputs import LoadOptions, encode_text, one_model, takes_load_args, text_of
+from resstream.api.state_memory import check_text_fits
 from resstream.api.tokenizers import tokenizer_of
 from resstream.capture import block_internals
 from resstream.data.tokenizer import token_text
@@ -181,12 +182,13 @@ def decompose(
     attention source) and every MLP (with `neurons`, every neuron and the MLP bias). `model`
     as for `resstream.lens`."""
     text = text_of(text, text_file)
-    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
+    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress, reads_blocks=True)
     with one_model(model, options) as loaded:
         view, tokenizer = loaded.view, tokenizer_of(loaded)
         ids = encode_text(tokenizer, text, view)
         where = position_in(position, ids.shape[1])
         chosen = _point(point, view.n_layers)
+        check_text_fits(view, ids.shape[1], 1 if sources else 0)
         internals = block_internals(view, ids, attention=[where] if sources else False)
         parts = decompose_state(view, internals, [where], point=chosen, sources=sources, neurons=neurons)
         absolute, relative = parts.residual()

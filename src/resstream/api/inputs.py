@@ -8,7 +8,8 @@
   model. Each model then gets its corpus sample (models that share a tokenizer share one),
   which must fit its vocabulary and context. A model held in memory is analysed in eval mode
   and handed back in the mode it had.
-* `each_batch` stacks the sampled sequences into batches with a progress bar.
+* `each_batch` stacks the sampled sequences into batches with a progress bar;
+  `measure_batches` runs an analysis over them, shared out among the ranks under torchrun.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from tqdm.auto import tqdm
 from resstream.api.tokenizers import fast_tokenizer_of
 from resstream.data.files import read_text, tokenizer_pieces
 from resstream.data.sampling import SequenceSample, check_sample_request, check_vocabulary
+from resstream.data.store_windows import TokenWindows
+from resstream.distributed import joined, launched, launched_rank, run_sharded
 from resstream.errors import UsageError
 from resstream.models import (
     LoadArgs,
@@ -42,7 +45,9 @@ from resstream.models import (
     check_model,
     is_spec,
     load_model,
+    view_of,
 )
+from resstream.models.dispatch import weights_resident
 from resstream.notices import notify
 
 if TYPE_CHECKING:
@@ -85,7 +90,8 @@ class CheckedModel:
 class LoadOptions:
     """How spec strings are loaded (`resstream.models.load_model`); models passed as objects
     are used as they are, with `tokenizer` (required unless `needs_tokenizer` is False: an
-    analysis of the weights alone)."""
+    analysis of the weights alone). `reads_blocks`: the analysis reads every block's weights,
+    so weights a `device_map` offloads are loaded for it (`resident_blocks`)."""
 
     tokenizer: PreTrainedTokenizerBase | None = None
     dtype: str = "auto"
@@ -94,6 +100,7 @@ class LoadOptions:
     trust_remote_code: bool = False
     progress: bool = False
     needs_tokenizer: bool = True
+    reads_blocks: bool = False
 
     @classmethod
     def of(
@@ -103,12 +110,30 @@ class LoadOptions:
         tokenizer: PreTrainedTokenizerBase | None = None,
         progress: bool = False,
         needs_tokenizer: bool = True,
+        reads_blocks: bool = False,
     ) -> LoadOptions:
-        """The options of an API call: its `load` keywords, `tokenizer` and `progress`."""
-        return cls(tokenizer, progress=progress, needs_tokenizer=needs_tokenizer, **load)
+        """The options of an API call: its `load` keywords, `tokenizer` and `progress`;
+        `reads_blocks` for an analysis that reads every block's weights (`resident_blocks`).
+        Under torchrun a `device_map` is refused: each process holds its own copy of the model
+        on its own GPU there, while a map spreads one copy over every GPU it sees."""
+        if load.get("device_map") is not None and launched():
+            raise UsageError(
+                "`device_map` spreads one model over the GPUs, and under torchrun every process "
+                "loads its own copy on its own GPU: use one or the other (`device` under torchrun)"
+            )
+        return cls(
+            tokenizer, progress=progress, needs_tokenizer=needs_tokenizer, reads_blocks=reads_blocks, **load
+        )
 
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: How `each_model` draws a model's sample: (request, tokenizer, vocabulary size, the corpus
+#: opened already or None) -> (sample, dataset fingerprint), as `sample_corpus` does.
+Sampler = Callable[
+    ["CorpusRequest", "PreTrainedTokenizerBase", int, "CorpusStream | None"],
+    tuple[SequenceSample, str | None],
+]
+P = TypeVar("P")
 
 
 def takes_load_args(func: F) -> F:
@@ -238,10 +263,10 @@ def _load_each(checked: list[CheckedModel], options: LoadOptions) -> Generator[L
     """The checked models loaded one at a time (a model in memory: in eval mode meanwhile)."""
     for model in checked:
         if isinstance(model.entry, LoadedModel):
-            with eval_mode(model.entry.model):
-                yield model.entry
+            with eval_mode(model.entry.model), resident_blocks(model.entry, options.reads_blocks) as loaded:
+                yield loaded
         else:
-            yield load_model(
+            fresh = load_model(
                 model.entry,
                 dtype=options.dtype,
                 device=options.device,
@@ -250,6 +275,51 @@ def _load_each(checked: list[CheckedModel], options: LoadOptions) -> Generator[L
                 progress=options.progress,
                 tokenizer=options.needs_tokenizer,
             )
+            with resident_blocks(fresh, options.reads_blocks) as loaded:
+                yield loaded
+            del fresh, loaded
+
+
+@contextmanager
+def resident_blocks(loaded: LoadedModel, reads_blocks: bool = True) -> Iterator[LoadedModel]:
+    """`loaded` for an analysis that reads every block's weights (`reads_blocks`): where
+    accelerate offloads some (a `device_map` with "cpu" or "disk" entries) they are loaded
+    onto their blocks' devices for the block, with a view over them
+    (`resstream.models.dispatch.weights_resident`); any other model as it is. A model whose
+    blocks compute on several devices is refused (`check_one_device`). Every analysis reads
+    the embedding, the final norm and the unembedding: those are made resident in any case."""
+    if not reads_blocks:
+        with weights_resident(loaded.model, among=_read_out_modules(loaded)) as offloaded:
+            yield replace(loaded, view=view_of(loaded.model)) if offloaded else loaded
+        return
+    with weights_resident(loaded.model) as offloaded:
+        ready = replace(loaded, view=view_of(loaded.model)) if offloaded else loaded
+        check_one_device(ready.view)
+        yield ready
+
+
+def _read_out_modules(loaded: LoadedModel) -> list[torch.nn.Module]:
+    """The modules whose weights every analysis reads: embedding, final norm, unembedding."""
+    model = loaded.model
+    found = [loaded.view.final_norm]
+    for getter in ("get_input_embeddings", "get_output_embeddings"):
+        module = getattr(model, getter, lambda: None)()
+        if isinstance(module, torch.nn.Module):
+            found.append(module)
+    return [m for m in found if isinstance(m, torch.nn.Module)]
+
+
+def check_one_device(view: ModelView) -> None:
+    """UsageError when the blocks and the read-out (unembedding) of `view` compute on several
+    devices (a `device_map` over several GPUs): the analyses that read every block's weights
+    read them on one device."""
+    devices = {str(block.W_O.device) for block in view.blocks} | {str(view.W_U.device)}
+    if len(devices) > 1:
+        raise UsageError(
+            f"`device_map` placed the blocks on several devices ({', '.join(sorted(devices))}); this "
+            f"analysis reads every block on one: use a `device_map` that runs every block on one device "
+            f"and offloads what it cannot hold to 'cpu' or 'disk'"
+        )
 
 
 def settled_seq_len(corpus: CorpusRequest, checked: Sequence[CheckedModel]) -> int:
@@ -321,12 +391,14 @@ def each_model(
     options: LoadOptions,
     *,
     check: Callable[[ModelView], None] | None = None,
+    sampler: Sampler | None = None,
 ) -> Generator[tuple[LoadedModel, SequenceSample, str | None], None, None]:
     """(model, its sample, dataset fingerprint) for each model in turn (module docstring).
 
     Before the first model loads, every model is checked, the corpus found and the sequence
     length settled (`settled_seq_len`). Each model passes `check(view)` (if given) before its
-    sample is drawn. Use it in `contextlib.closing`, so that a model held in memory gets its
+    sample is drawn, by `sampler` (default `sample_corpus`; tune-lens reads its windows from a
+    token store). Use it in `contextlib.closing`, so that a model held in memory gets its
     modes back when the caller stops early or fails.
     """
     from resstream.data import tokenizer_fingerprint
@@ -343,7 +415,7 @@ def each_model(
             tokenizer = fast_tokenizer_of(loaded)
             key = tokenizer_fingerprint(tokenizer)
             if key not in samples:
-                samples[key] = sample_corpus(corpus, tokenizer, loaded.view.W_U.shape[0], stream)
+                samples[key] = (sampler or sample_corpus)(corpus, tokenizer, loaded.view.W_U.shape[0], stream)
             sample, fingerprint = samples[key]
             _check_vocabulary(sample, loaded.view.W_U.shape[0], corpus.dataset)
             _check_sample_length(sample, loaded.view, corpus.dataset)
@@ -361,12 +433,15 @@ def sampled_models(
     progress: bool,
     batch_size: int,
     check: Callable[[ModelView], None] | None = None,
+    reads_blocks: bool = False,
 ) -> Iterator[Iterator[tuple[LoadedModel, SequenceSample, str | None]]]:
     """The preamble of every corpus analysis, written once: `batch_size` checked, the `load`
-    keywords with `tokenizer` and `progress` made `LoadOptions`, and `each_model` opened for
-    the block (closed however the block ends)."""
+    keywords with `tokenizer`, `progress` and `reads_blocks` made `LoadOptions`, and
+    `each_model` opened for the block (closed however the block ends)."""
     check_batch_size(batch_size)
-    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
+    shown = progress and launched_rank() == 0  # under torchrun, rank 0 shows the loading bars
+    options = LoadOptions.of(load, tokenizer=tokenizer, progress=shown, reads_blocks=reads_blocks)
+    joined(options.device)  # under torchrun: the group joined first, so "cuda" is this rank's GPU
     with closing(each_model(models, corpus, options, check=check)) as each:
         yield each
 
@@ -421,6 +496,9 @@ def sample_corpus(
 
 def _check_sample_length(sample: SequenceSample, view: ModelView, source: str) -> None:
     """The longest sampled sequence (or pinned row, named by number) must fit the context."""
+    if isinstance(sample.sequences, TokenWindows):  # all of one length: none is read
+        check_length(sample.sequences.window_length, view, "`seq_len` {n}")
+        return
     lengths = [len(seq) for seq in sample.sequences]
     longest = max(range(len(lengths)), key=lengths.__getitem__)
     what = (
@@ -433,6 +511,9 @@ def _check_sample_length(sample: SequenceSample, view: ModelView, source: str) -
 
 def _check_vocabulary(sample: SequenceSample, vocab: int, source: str) -> None:
     """Every token id must index the model's vocabulary (pinned rows may hold any integer)."""
+    if isinstance(sample.sequences, TokenWindows):  # read a block of the store at a time
+        check_vocabulary(sample.sequences.largest_id(), vocab, repr(source))
+        return
     for row, seq in enumerate(sample.sequences, start=1):
         where = f"row {row} of {source!r}" if sample.windows_available is None else f"{source!r}"
         check_vocabulary(int(seq.max()), vocab, where)
@@ -452,6 +533,26 @@ def each_batch(
                 batch = torch.stack(group[start : start + batch_size])
                 yield batch
                 bar.update(len(batch))
+
+
+def measure_batches(
+    sequences: Sequence[torch.Tensor],
+    batch_size: int,
+    desc: str,
+    progress: bool,
+    *,
+    measure: Callable[[torch.Tensor], P],
+    add: Callable[[P], None],
+    device: torch.device,
+) -> None:
+    """`add(measure(batch))` for each batch of `each_batch`, in batch order. Under torchrun
+    the batches are shared out among the ranks, which measure their own and add everyone's in
+    the order one process would (`resstream.distributed.run_sharded`: the same result as one
+    process, bit for bit; a failure on one rank stops them all); only rank 0 shows progress.
+    `device` is where the model runs (CUDA: NCCL, each rank on its own GPU; else gloo)."""
+    info = joined(device)
+    batches = each_batch(sequences, batch_size, desc, progress and info.is_main)
+    run_sharded(batches, measure, add, info)
 
 
 def encode_text(tokenizer: PreTrainedTokenizerBase, text: str, view: ModelView) -> torch.Tensor:

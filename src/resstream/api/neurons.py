@@ -13,15 +13,23 @@ from resstream.analysis.circuits.neurons import (
     RANK_RULE,
     VALUE_RULE,
     KeySide,
+    KeySideAccumulator,
     NeuronsResult,
     added_values,
     mentioned_tokens,
     neuron_reports,
     promoted_tokens,
-    top_activations,
 )
 from resstream.analysis.decoding.decoder import decoder_of
-from resstream.api.inputs import CorpusRequest, check_top_k, each_batch, sampled_models, takes_load_args
+from resstream.api.inputs import (
+    CorpusRequest,
+    check_top_k,
+    each_batch,
+    measure_batches,
+    sampled_models,
+    takes_load_args,
+)
+from resstream.api.state_memory import block_devices, check_batches_fit, neuron_count
 from resstream.api.tokenizers import tokenizer_of
 from resstream.capture import run_forward
 from resstream.capture.hooks import check_input_ids
@@ -77,17 +85,31 @@ def neurons(
         check_top_k(value_tokens, view.W_U.shape[0], "value_tokens")
 
     with sampled_models(
-        model, corpus, load, tokenizer=tokenizer, progress=progress, batch_size=batch_size, check=check
+        model,
+        corpus,
+        load,
+        tokenizer=tokenizer,
+        progress=progress,
+        batch_size=batch_size,
+        check=check,
+        reads_blocks=True,
     ) as each:
         loaded, sample, fingerprint = next(each)
         view = loaded.view
-        key = top_activations(
-            layer_coefficients(view, layer, sample, batch_size, progress, f"neurons {loaded.name}"),
-            neurons=chosen,
-            top=top,
-            keep=contexts,
-            window=window,
+        length = max(len(seq) for seq in sample.sequences)
+        rows = min(batch_size, len(sample.sequences))
+        check_batches_fit(view, rows, length, neuron_count(view), [block_devices(view)[layer]])
+        accumulator = KeySideAccumulator(neurons=chosen, top=top, keep=contexts, window=window)
+        measure_batches(
+            sample.sequences,
+            batch_size,
+            f"neurons {loaded.name}",
+            progress,
+            measure=lambda batch: accumulator.measure(*batch_coefficients(view, layer, batch)),
+            add=accumulator.add,
+            device=view.W_E.device,
         )
+        key = accumulator.result()
         selection = "the neurons given" if top is None else f"top {top}: {RANK_RULE}"
         return _result(
             loaded.name,
@@ -161,21 +183,27 @@ def layer_coefficients(
     """(ids, m) per batch of the sample: the batch's token ids and the neuron coefficients m
     (batch, seq, d_ff) of block `layer`, as its MLP's output projection receives them (one
     forward of the model per batch, one hook)."""
-    block = neuron_block(view, layer)
     for batch in each_batch(sample.sequences, batch_size, desc, progress):
-        check_input_ids(view, batch)
-        batch = batch.to(view.W_E.device)
-        seen: list[torch.Tensor] = []
-        handles = block.hook_coefficients(seen.append)
-        try:
-            with torch.inference_mode():
-                run_forward(view, batch)
-        finally:
-            for handle in handles:
-                handle.remove()
-        if len(seen) != 1:
-            raise RuntimeError(f"expected block {layer}'s MLP to run once per forward, got {len(seen)}")
-        yield batch, seen[0]
+        yield batch_coefficients(view, layer, batch)
+
+
+def batch_coefficients(view: ModelView, layer: int, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, m) of one batch (`layer_coefficients`): its token ids on the model's device and
+    block `layer`'s neuron coefficients there (one forward, one hook)."""
+    block = neuron_block(view, layer)
+    check_input_ids(view, batch)
+    batch = batch.to(view.W_E.device)
+    seen: list[torch.Tensor] = []
+    handles = block.hook_coefficients(seen.append)
+    try:
+        with torch.inference_mode():
+            run_forward(view, batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if len(seen) != 1:
+        raise RuntimeError(f"expected block {layer}'s MLP to run once per forward, got {len(seen)}")
+    return batch, seen[0]
 
 
 def _result(

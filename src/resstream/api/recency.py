@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Unpack
 
 from resstream.analysis.recency.measured import RecencyAccumulator, RecencyReport, RecencyResult
-from resstream.api.inputs import CorpusRequest, each_batch, sampled_models, takes_load_args
+from resstream.api.inputs import CorpusRequest, measure_batches, sampled_models, takes_load_args
 from resstream.capture import attention_probs
 from resstream.data.sampling import SequenceSample
 from resstream.errors import UsageError
@@ -72,8 +72,15 @@ def _attention_by_position(
     accumulator = RecencyAccumulator(
         num_layers=view.n_layers, num_heads=view.n_heads, seq_len=length, threshold=threshold
     )
-    for batch in each_batch(sample.sequences, batch_size, f"recency {loaded.name}", progress):
-        accumulator.update(attention_probs(view, batch))
+    measure_batches(
+        sample.sequences,
+        batch_size,
+        f"recency {loaded.name}",
+        progress,
+        measure=lambda batch: accumulator.measure(attention_probs(view, batch)),
+        add=accumulator.add,
+        device=view.W_E.device,
+    )
     return accumulator.result(loaded.name, sample=sample.rule, notes=view.notes)
 
 

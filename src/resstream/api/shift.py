@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 import torch
 
-from resstream.analysis.shift.alignment import AlignmentAccumulator, AlignmentResult
+from resstream.analysis.shift.alignment import AlignmentAccumulator, AlignmentPart, AlignmentResult
 from resstream.api.decoders import DecoderLike, DecoderSpec, decoder_specs
-from resstream.api.inputs import CorpusRequest, check_top_k, each_batch, sampled_models, takes_load_args
+from resstream.api.inputs import CorpusRequest, check_top_k, measure_batches, sampled_models, takes_load_args
 from resstream.capture import residual_states
 from resstream.data.sampling import SequenceSample
 from resstream.display import Displayable
@@ -158,7 +158,8 @@ def _align(
     progress: bool,
 ) -> list[AlignmentResult]:
     """One AlignmentResult per decoder of one model over its sampled sequences (the states
-    of each batch computed once and read by every decoder)."""
+    of each batch computed once and read by every decoder; under torchrun the batches are
+    shared out among the ranks, `measure_batches`)."""
     view = loaded.view
     accumulators = [
         AlignmentAccumulator(
@@ -170,10 +171,19 @@ def _align(
         )
         for spec in decoders
     ]
-    for batch in each_batch(sample.sequences, batch_size, f"shift {loaded.name}", progress):
+
+    def measure(batch: torch.Tensor) -> list[AlignmentPart]:
         with torch.inference_mode():
             batch = batch.to(view.W_E.device)
             states = residual_states(view, batch)
-            for accumulator in accumulators:
-                accumulator.update(states, batch)
+            return [accumulator.measure(states, batch) for accumulator in accumulators]
+
+    def add(parts: list[AlignmentPart]) -> None:
+        for accumulator, part in zip(accumulators, parts, strict=True):
+            accumulator.add(part)
+
+    desc = f"shift {loaded.name}"
+    measure_batches(
+        sample.sequences, batch_size, desc, progress, measure=measure, add=add, device=view.W_E.device
+    )
     return [accumulator.result(loaded.name, sample=sample.rule) for accumulator in accumulators]

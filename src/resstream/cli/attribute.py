@@ -24,7 +24,7 @@ CORPUS_HELP = {
 def attribute(
     *,
     output: options.OutputArg,
-    loading: Annotated[options.Loading, options.model_options(device_map=False)],
+    loading: options.ModelArg,
     text: Annotated[str | None, typer.Option(help="The text whose prediction is attributed.")] = None,
     text_file: Annotated[Path | None, typer.Option(help="A UTF-8 file holding the text.")] = None,
     position: Annotated[
@@ -69,14 +69,14 @@ def attribute(
     """
     import resstream
     from resstream.analysis.attribution.results import AttributeResult, CorpusAttribution
+    from resstream.distributed import launched_world
     from resstream.io import write_json
     from resstream.reporting.attribute import terminal_summary, write_attribute_report
-    from resstream.rundir import output_set
 
     one_text = {"position": position, "target": target, "target_id": target_id, "foil": foil}
     corpus = {"num_seqs": sample.num_seqs, "seq_len": sample.seq_len, "candidates": candidates}
     in_corpus = sample.dataset is not None
-    with output_set(output.out, "attribute") as outputs:
+    with options.analysis_outputs(output.out, "attribute", loading.device) as outputs:
         if in_corpus:
             check_mode(text, text_file, decoder, one_text)
         else:
@@ -110,6 +110,8 @@ def attribute(
                 **loading.api_kwargs(),
                 progress=output.progress,
             )
+        if outputs is None:  # another rank of a torchrun job: rank 0 writes
+            return
         write_json(outputs / "attribute.json", result.to_dict())
         written = write_attribute_report(result, outputs.staging)
         corpus_result = result if isinstance(result, CorpusAttribution) else None
@@ -129,7 +131,9 @@ def attribute(
         }
         seed = sample.seed if in_corpus else None
         fingerprint = corpus_result.dataset_fingerprint if corpus_result else None
-        options.write_run_record(outputs, "attribute", settings, loading, seed, fingerprint)
+        options.write_run_record(
+            outputs, "attribute", settings, loading, seed, fingerprint, processes=launched_world()
+        )
     for line in terminal_summary(result):
         typer.echo(line)
     names = ", ".join(sorted(p.name for p in written))

@@ -62,6 +62,7 @@ def estimate_lines(guess: EvalEstimate, plan: EvalPlan) -> list[str]:
 
 def write_outputs(outputs: OutputSet, report: EvalReport, plan: EvalPlan, settings: dict[str, Any]) -> None:
     """Stage eval.json, eval.csv and run.json in the command's output set."""
+    from resstream.distributed import launched_world
     from resstream.io import write_json, write_text
     from resstream.reporting.evaluation import eval_csv
     from resstream.training.evaluate import datasets_fingerprint
@@ -71,7 +72,16 @@ def write_outputs(outputs: OutputSet, report: EvalReport, plan: EvalPlan, settin
     config = {**settings, "model_config": plan.model.config}
     datasets = {r.name: {"origin": r.origin, "fingerprint": r.fingerprint} for r in report.results}
     fingerprint = datasets_fingerprint(report.results)
-    options.write_run_record(outputs, "eval", config, str(plan.device), None, fingerprint, datasets=datasets)
+    options.write_run_record(
+        outputs,
+        "eval",
+        config,
+        str(plan.device),
+        None,
+        fingerprint,
+        datasets=datasets,
+        processes=launched_world(),
+    )
 
 
 def eval_command(
@@ -121,12 +131,12 @@ def eval_command(
     A run is scored on only the held-out tail of its own training corpus; for any other model
     shakespeare is the tail a run holds out by default (val_fraction 0.1), the rest is scored whole.
     """
+    from resstream.distributed import joined
     from resstream.models.evaluation import prepare_eval
-    from resstream.rundir import output_set
     from resstream.training.evaluate import BENCHMARKS, EvalSettings, estimate, run_plan
 
     chosen = benchmarks if benchmarks is not None else ",".join(BENCHMARKS)
-    with output_set(out, "eval") as outputs:
+    with options.analysis_outputs(out, "eval", device) as outputs:
         eval_settings = EvalSettings.of(
             chosen,
             data_dir=data_dir,
@@ -137,10 +147,12 @@ def eval_command(
             device=device,
         )
         plan = prepare_eval(model, eval_settings, dtype=dtype, progress=not quiet)
-        if not quiet:
+        if not quiet and outputs is not None:
             for line in estimate_lines(estimate(plan), plan):
                 echo_err(line)
-        report = run_plan(plan, progress=not quiet)
+        report = run_plan(plan, progress=not quiet, ranks=joined(device))
+        if outputs is None:  # another rank of a torchrun job: rank 0 writes
+            return
         settings = {
             "model": plan.model.name,
             "model_source": plan.model.source,

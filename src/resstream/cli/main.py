@@ -162,13 +162,17 @@ def _describe(exc: Exception, args: list[str]) -> str:
 @contextmanager
 def _notices_as_lines(command: str | None) -> Iterator[None]:
     """Within the block, a `ResstreamNotice` is one line on stderr, ``resstream: note: ...``,
-    its parameter names shown as flags; other warnings are shown as Python shows them."""
+    its parameter names shown as flags (under torchrun, by rank 0 alone); other warnings are
+    shown as Python shows them."""
     with warnings.catch_warnings():
         show = warnings.showwarning
 
         def show_notice(message, category, *args, **kwargs) -> None:
             if issubclass(category, ResstreamNotice):
-                print(f"resstream: note: {cli_message(str(message), command)}", file=sys.stderr)
+                from resstream.distributed import launched_rank
+
+                if launched_rank() == 0:  # the other ranks of a torchrun job meet the same notices
+                    print(f"resstream: note: {cli_message(str(message), command)}", file=sys.stderr)
             else:
                 show(message, category, *args, **kwargs)
 

@@ -31,11 +31,11 @@ def neurons(
     """FFN neurons as key -> value memories: the tokens a neuron's value vector promotes and
     suppresses, and the corpus contexts that switch it on most."""
     import resstream
+    from resstream.distributed import launched_world
     from resstream.io import write_json, write_text
     from resstream.reporting.neurons import neurons_csv, plot_neurons, summary_lines, write_html
-    from resstream.rundir import output_set
 
-    with output_set(output.out, "neurons") as outputs:
+    with options.analysis_outputs(output.out, "neurons", loading.device) as outputs:
         result = resstream.neurons(
             loading.model,
             layer=layer,
@@ -48,6 +48,8 @@ def neurons(
             **loading.api_kwargs(),
             progress=output.progress,
         )
+        if outputs is None:  # another rank of a torchrun job: rank 0 writes
+            return
         write_json(outputs / "neurons.json", result.to_dict())
         write_text(outputs / "neurons.csv", neurons_csv(result))
         plot_neurons(result, outputs / "neurons.png")
@@ -64,7 +66,13 @@ def neurons(
             "sample": result.sample,
         }
         options.write_run_record(
-            outputs, "neurons", settings, loading, sample.seed, result.dataset_fingerprint
+            outputs,
+            "neurons",
+            settings,
+            loading,
+            sample.seed,
+            result.dataset_fingerprint,
+            processes=launched_world(),
         )
     for line in summary_lines(result):
         typer.echo(line)

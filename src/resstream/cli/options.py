@@ -23,7 +23,7 @@ import functools
 import inspect
 import sys
 import typing
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar
@@ -158,8 +158,11 @@ def _refuse_runs_without_result(values: dict[str, Any]) -> None:
 
 def print_result(out: Path) -> None:
     """Print the result JSON of the run in `out` to standard output, as written."""
+    from resstream.distributed import launched_rank
     from resstream.rundir import result_file
 
+    if launched_rank() != 0:  # under torchrun, rank 0 wrote it and prints it
+        return
     sys.stdout.write(result_file(out).read_text(encoding="utf-8"))
     sys.stdout.flush()
 
@@ -348,6 +351,27 @@ def write_run_record(
     device = loading.device_used if loading else str(used)
     record = run_record(config, seed=seed, device=device, dataset_fingerprint=dataset_fingerprint)
     outputs.write_record({**record, **fields})
+
+
+@contextlib.contextmanager
+def analysis_outputs(out: Path, command_name: str, device: str) -> Iterator[OutputSet | None]:
+    """The outputs of a corpus analysis that may run under torchrun, data-parallel
+    (`resstream.distributed`): the process group joined first (for the --device given), then
+    rank 0 alone locks `out` and stages the outputs (`rundir.output_set`); the other ranks get
+    None, share the analysis and write nothing. The block ends the same way on every rank
+    (`distributed.one_outcome`): a failure on any rank, before, during or after the analysis,
+    is every rank's one line and exit code, and nothing is written. Run directly: `output_set`.
+    Record `processes` (`launched_world`) in run.json: the one thing N ranks change."""
+    from resstream.distributed import joined, one_outcome
+    from resstream.rundir import output_set
+
+    info = joined(device)
+    with one_outcome(info):
+        if not info.is_main:
+            yield None
+            return
+        with output_set(out, command_name) as outputs:
+            yield outputs
 
 
 #: The groups as most commands declare them: ``output: options.OutputArg``.

@@ -26,6 +26,7 @@ def recency(
     """Mean attention by query and key position (and distance), per layer and head, over a corpus,
     with its trend with key position (95% intervals over the sequences) and the strict verdict."""
     import resstream
+    from resstream.distributed import launched_world
     from resstream.io import write_json
     from resstream.reporting.attention import (
         LEGEND,
@@ -37,9 +38,8 @@ def recency(
         recency_title,
     )
     from resstream.reporting.figures import model_file_stems
-    from resstream.rundir import output_set
 
-    with output_set(output.out, "recency") as outputs:
+    with options.analysis_outputs(output.out, "recency", loading.device) as outputs:
         report = resstream.recency(
             list(loading.models),
             threshold=threshold,
@@ -47,6 +47,8 @@ def recency(
             **loading.api_kwargs(),
             progress=output.progress,
         )
+        if outputs is None:  # another rank of a torchrun job: rank 0 writes
+            return
         write_json(outputs / "recency.json", report.to_dict())
         write_head_arrays(outputs / "recency.npz", report.results)
         plot_attention_grid(
@@ -67,7 +69,13 @@ def recency(
             "threshold": threshold,
         }
         options.write_run_record(
-            outputs, "recency", settings, loading, sample.seed, report.dataset_fingerprint
+            outputs,
+            "recency",
+            settings,
+            loading,
+            sample.seed,
+            report.dataset_fingerprint,
+            processes=launched_world(),
         )
     for result in report.results:
         sequences = f"{result.num_sequences} sequence{'s' if result.num_sequences != 1 else ''}"

@@ -26,6 +26,7 @@ def shift(
 ) -> None:
     """Per layer: top-k match with the input and the next token, cosines, projection, shift depth."""
     import resstream
+    from resstream.distributed import launched_world
     from resstream.io import write_json, write_text
     from resstream.reporting.figures import model_file_stems
     from resstream.reporting.shift import (
@@ -38,11 +39,10 @@ def shift(
         result_label,
         shift_csv,
     )
-    from resstream.rundir import output_set
 
     decoders = list(decoder) if decoder else ["logit-lens"]
     several = len(decoders) > 1
-    with output_set(output.out, "shift") as outputs:
+    with options.analysis_outputs(output.out, "shift", loading.device) as outputs:
         report = resstream.shift(
             list(loading.models),
             top_k=top_k,
@@ -51,6 +51,8 @@ def shift(
             **loading.api_kwargs(),
             progress=output.progress,
         )
+        if outputs is None:  # another rank of a torchrun job: rank 0 writes
+            return
         write_json(outputs / "shift.json", report.to_dict())
         write_text(outputs / "shift.csv", shift_csv(report.results))
         labels = [result_label(r, several) for r in report.results]
@@ -70,7 +72,15 @@ def shift(
             "decoder": decoders if several else decoders[0],
             "sample": report.sample_rule,
         }
-        options.write_run_record(outputs, "shift", settings, loading, sample.seed, report.dataset_fingerprint)
+        options.write_run_record(
+            outputs,
+            "shift",
+            settings,
+            loading,
+            sample.seed,
+            report.dataset_fingerprint,
+            processes=launched_world(),
+        )
     for result in report.results:
         where = f"{result.shift_layer:.2f}" if result.shift_layer is not None else "never"
         typer.echo(

@@ -45,6 +45,11 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from resstream.distributed import Distributed, run_sharded
+
+#: One process (no torchrun): `score_tokens` and `score_lambada` score every batch themselves.
+ONE_PROCESS = Distributed()
+
 DEFAULT_BATCH_SIZE = 16
 
 SLIDING_WINDOW_DOC = (
@@ -192,26 +197,40 @@ def score_tokens(
     device: str | torch.device = "cpu",
     progress: bool = False,
     desc: str | None = None,
+    ranks: Distributed = ONE_PROCESS,
 ) -> ScoreSums:
     """Score every next token of a stream with sliding windows (see the module docstring).
 
     Returns the summed cross-entropy, top-1 hits and count over positions 1 .. N-1 (call
     `.result(name)` for means). `model` maps ids (batch, seq) to logits, or to a tuple / an
-    output object holding them; put it in eval mode first (this function does not).
+    output object holding them; put it in eval mode first (this function does not). `ranks`:
+    the processes of a torchrun job that share the batches out and get the same sums as one
+    process (`resstream.distributed.run_sharded`; every rank must call this function).
     """
     stream = _as_numpy(tokens)
     plan = window_plan(len(stream), block_size, stride)
-    with torch.inference_mode(), _token_bar(len(stream) - 1, desc, progress) as bar:
+
+    def measure(first: int) -> torch.Tensor:
+        """(rows, 3) sums of the rows of the batch that starts at window `first`."""
+        starts = plan.starts[first : first + batch_size]
+        rows = np.stack([stream[s : s + plan.length + 1] for s in starts.tolist()]).astype(np.int64)
+        batch = torch.from_numpy(rows).to(device)
+        logits = logits_of(model, batch[:, :-1])
+        skips = plan.skip[first : first + batch_size].tolist()
+        found = torch.stack(
+            [_row_sums(logits[row, skip:], batch[row, skip + 1 :]) for row, skip in enumerate(skips)]
+        )
+        bar.update(sum(plan.length - skip for skip in skips))
+        return found if ranks.world == 1 else found.cpu()  # another rank's part arrives on the CPU
+
+    def add(found: torch.Tensor) -> None:
+        for row in found.to(device):  # row by row, as one process adds them
+            sums.add_(row)
+
+    shown = progress and ranks.is_main
+    with torch.inference_mode(), _token_bar(len(stream) - 1, desc, shown) as bar:
         sums = torch.zeros(3, dtype=torch.float64, device=device)  # nll, correct, count
-        for first in range(0, len(plan), batch_size):
-            starts = plan.starts[first : first + batch_size]
-            rows = np.stack([stream[s : s + plan.length + 1] for s in starts.tolist()]).astype(np.int64)
-            batch = torch.from_numpy(rows).to(device)
-            logits = logits_of(model, batch[:, :-1])
-            skips = plan.skip[first : first + batch_size].tolist()
-            for row, skip in enumerate(skips):
-                sums += _row_sums(logits[row, skip:], batch[row, skip + 1 :])
-            bar.update(sum(plan.length - skip for skip in skips))
+        run_sharded(range(0, len(plan), batch_size), measure, add, ranks)
     nll, correct, count = sums.tolist()
     return ScoreSums(nll=nll, correct=int(correct), count=int(count))
 
@@ -296,33 +315,45 @@ def score_lambada(
     device: str | torch.device = "cpu",
     progress: bool = False,
     desc: str | None = "lambada",
+    ranks: Distributed = ONE_PROCESS,
 ) -> LambadaSums:
     """Teacher-forced scores of the target words; passages are right-padded per batch.
 
     Right padding cannot change a causal model's logits at the real positions, so the result
-    does not depend on `batch_size`.
+    does not depend on `batch_size`. `ranks` as for `score_tokens`.
     """
     sums = LambadaSums()
-    with torch.inference_mode(), _token_bar(sum(ex.num_target for ex in examples), desc, progress) as bar:
-        for first in range(0, len(examples), batch_size):
-            chunk = examples[first : first + batch_size]
-            width = max(len(ex.ids) for ex in chunk)
-            rows = torch.zeros(len(chunk), width, dtype=torch.long)
-            for i, ex in enumerate(chunk):
-                rows[i, : len(ex.ids)] = torch.tensor(ex.ids)
-            rows = rows.to(device)
-            logits = logits_of(model, rows[:, :-1])
-            for i, ex in enumerate(chunk):
-                end = len(ex.ids) - 1  # input positions end - num_target .. end - 1 predict the target
-                pred = logits[i, end - ex.num_target : end].float()
-                target = rows[i, end - ex.num_target + 1 : end + 1]
-                hits = int((pred.argmax(-1) == target).sum())
-                sums.nll += float(F.cross_entropy(pred, target, reduction="sum"))
-                sums.correct += hits
-                sums.count += ex.num_target
-                sums.words_correct += int(hits == ex.num_target)
-                sums.examples += 1
-            bar.update(sum(ex.num_target for ex in chunk))
+
+    def measure(first: int) -> list[tuple[float, int, int]]:
+        """(nll, hits, target tokens) of each passage of the batch that starts at `first`."""
+        chunk = examples[first : first + batch_size]
+        width = max(len(ex.ids) for ex in chunk)
+        rows = torch.zeros(len(chunk), width, dtype=torch.long)
+        for i, ex in enumerate(chunk):
+            rows[i, : len(ex.ids)] = torch.tensor(ex.ids)
+        rows = rows.to(device)
+        logits = logits_of(model, rows[:, :-1])
+        found = []
+        for i, ex in enumerate(chunk):
+            end = len(ex.ids) - 1  # input positions end - num_target .. end - 1 predict the target
+            pred = logits[i, end - ex.num_target : end].float()
+            target = rows[i, end - ex.num_target + 1 : end + 1]
+            hits = int((pred.argmax(-1) == target).sum())
+            found.append((float(F.cross_entropy(pred, target, reduction="sum")), hits, ex.num_target))
+        bar.update(sum(ex.num_target for ex in chunk))
+        return found
+
+    def add(found: list[tuple[float, int, int]]) -> None:
+        for nll, hits, num_target in found:  # passage by passage, as one process adds them
+            sums.nll += nll
+            sums.correct += hits
+            sums.count += num_target
+            sums.words_correct += int(hits == num_target)
+            sums.examples += 1
+
+    total = sum(ex.num_target for ex in examples)
+    with torch.inference_mode(), _token_bar(total, desc, progress and ranks.is_main) as bar:
+        run_sharded(range(0, len(examples), batch_size), measure, add, ranks)
     return sums
 
 

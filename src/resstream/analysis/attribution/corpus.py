@@ -19,8 +19,10 @@ effect on the final logits.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -143,6 +145,16 @@ def _sequence_scores(
     )
 
 
+def _on_cpu(scores: SequenceScores) -> SequenceScores:
+    """`scores` with every tensor on the CPU (the same values: a copy rounds nothing)."""
+    moved = {
+        f.name: getattr(scores, f.name).cpu()
+        for f in dataclasses.fields(scores)
+        if isinstance(getattr(scores, f.name), Tensor)
+    }
+    return dataclasses.replace(scores, **moved)
+
+
 def _points_log_probs(lp: LogProbs, points: Tensor, target: Tensor) -> tuple[Tensor, list[Tensor]]:
     """log p(target) at every residual point (2L+1, N), and at each L_res_l — where layer l's
     neurons' C is measured — the gradient that screens them, from the same decode."""
@@ -198,21 +210,27 @@ def attribute_batches(
     model: str = "",
     dataset: str = "",
     progress: Callable[[int], None] | None = None,
+    map_batches: BatchMap | None = None,
 ) -> CorpusAttribution:
     """Corpus mode (module docstring) over `batches` of token ids (batch, T), T ≥ 2, whose
     block internals `record(ids)` captures (`capture.block_internals` bound to the view). Each
     batch is run twice: once for everything but the neurons' C, once (after the candidates
     are known) for the candidates' exact C (`candidates` 0: no second pass, no neurons);
-    `progress(n)` is told of n sequences done after each batch of either pass."""
+    `progress(n)` is told of n sequences done after each batch of either pass. `map_batches`
+    runs a per-batch function over the batches and returns its results in batch order (by
+    default a plain loop; `resstream.distributed.map_sharded` shares the batches out among
+    the ranks of a torchrun job, with the same results)."""
     lp = log_probs_of(decoder)
     batches = list(batches)
-    scores: list[SequenceScores] = []
-    for ids in batches:
-        internals = record(ids)
-        scores += batch_scores(view, internals, decoder, lp)
+    each = _plain_map if map_batches is None else map_batches
+
+    def first_pass(ids: Tensor) -> list[SequenceScores]:  # on the CPU: parts may travel pickled
+        found = [_on_cpu(score) for score in batch_scores(view, record(ids), decoder, lp)]
         if progress is not None:
             progress(ids.shape[0])
-        del internals
+        return found
+
+    scores = [score for part in each(first_pass, batches) for score in part]
     if not scores:
         raise ValueError("no sequences to attribute")
     screen = torch.stack([s.neuron_estimate for s in scores]).mean(0)  # (L, d_ff)
@@ -221,15 +239,15 @@ def attribute_batches(
     chosen = [(i // d_ff, i % d_ff) for i in flat]
     neurons: tuple[NeuronSummary, ...] = ()
     if chosen:
-        per_sequence_c: list[Tensor] = []
-        for ids in batches:
+
+        def second_pass(ids: Tensor) -> list[Tensor]:
             internals = record(ids)
-            per_sequence_c += [
-                neuron_contributions(view, internals, lp, chosen, s) for s in range(ids.shape[0])
-            ]
+            found = [neuron_contributions(view, internals, lp, chosen, s).cpu() for s in range(ids.shape[0])]
             if progress is not None:
                 progress(ids.shape[0])
-            del internals
+            return found
+
+        per_sequence_c = [c for part in each(second_pass, batches) for c in part]
         neurons = _neuron_summaries(scores, chosen, torch.stack(per_sequence_c), top, promoted)
     positions = sum(int(ids.shape[0]) * (int(ids.shape[1]) - 1) for ids in batches)
     return CorpusAttribution(
@@ -250,6 +268,15 @@ def attribute_batches(
         ),
         notes=view.notes,
     )
+
+
+#: How `attribute_batches` runs a per-batch function over the batches: results in batch order.
+BatchMap = Callable[[Callable[[Tensor], list[Any]], Sequence[Tensor]], list[list[Any]]]
+
+
+def _plain_map(function: Callable[[Tensor], list[Any]], batches: Sequence[Tensor]) -> list[list[Any]]:
+    """`function` of each batch, in order, in this process."""
+    return [function(ids) for ids in batches]
 
 
 def _neuron_rule(chosen: int, total: int) -> str:

@@ -148,6 +148,16 @@ class Activation:
     position: int
 
 
+@dataclass(frozen=True)
+class BatchTop:
+    """One batch's candidates for `TopActivations` (its `measure`): per neuron, the batch's
+    `keep` largest coefficients, largest first, with their rows in the batch and positions."""
+
+    values: Tensor
+    rows: Tensor
+    positions: Tensor
+
+
 class TopActivations:
     """Streaming top-`keep` of each of `num_neurons` neurons' coefficients (module docstring).
 
@@ -170,6 +180,10 @@ class TopActivations:
 
     def update(self, m: Tensor, first_sequence: int) -> None:
         """Merge one batch's coefficients (batch, seq, num_neurons) into the running top lists."""
+        self.add(self.measure(m), first_sequence)
+
+    def measure(self, m: Tensor) -> BatchTop:
+        """One batch's candidates (`update`'s coefficients), not yet merged."""
         batch, seq, neurons = m.shape
         if neurons != self.num_neurons:
             raise ValueError(f"expected {self.num_neurons} neurons, got {neurons}")
@@ -181,12 +195,17 @@ class TopActivations:
                 "non-finite neuron coefficients (a float16/bfloat16 model overflowing? try `dtype` float32)"
             )
         best = best.cpu()
-        values = torch.cat([self.values, best_values], dim=1)
+        return BatchTop(best_values, torch.div(best, seq, rounding_mode="floor"), best % seq)
+
+    def add(self, part: BatchTop, first_sequence: int) -> None:
+        """Merge one batch's `measure`, whose row r is sequence `first_sequence + r`: batches
+        merged in the same order give the same lists, whichever process measured them."""
+        values = torch.cat([self.values, part.values], dim=1)
         order = _stable_top(values, self.keep)
         self.values = values.gather(1, order)
-        candidates_seq = first_sequence + torch.div(best, seq, rounding_mode="floor")
+        candidates_seq = first_sequence + part.rows
         self.sequences = torch.cat([self.sequences, candidates_seq], dim=1).gather(1, order)
-        self.positions = torch.cat([self.positions, best % seq], dim=1).gather(1, order)
+        self.positions = torch.cat([self.positions, part.positions], dim=1).gather(1, order)
 
     def maxima(self) -> Tensor:
         """Each neuron's largest coefficient so far (num_neurons,); -inf before any update."""
@@ -270,34 +289,69 @@ def top_activations(
     `top`: the `top` neurons by RANK_RULE, which tracks every neuron of the layer. Each
     context's window holds up to `window` tokens before the activating one, and it.
     """
-    if (neurons is None) == (top is None):
-        raise ValueError("give exactly one of neurons or top")
-    rows: list[Tensor] = []
-    tracker: TopActivations | None = None
-    chosen = None if neurons is None else torch.tensor(list(neurons), dtype=torch.long)
-    positions = 0
+    accumulator = KeySideAccumulator(neurons=neurons, top=top, keep=keep, window=window)
     for ids, m in batches:
-        if chosen is not None:
-            m = m[..., chosen.to(m.device)]
+        accumulator.add(accumulator.measure(ids, m))
+    return accumulator.result()
+
+
+@dataclass(frozen=True)
+class KeyPart:
+    """One batch's contribution to a `KeySideAccumulator`: its token ids (on the CPU) and its
+    candidates."""
+
+    ids: Tensor
+    top: BatchTop
+
+
+class KeySideAccumulator:
+    """`top_activations` batch by batch: `add(measure(ids, m))` per batch, in corpus order
+    (a batch's `measure` may run in another process), then `result()`."""
+
+    def __init__(
+        self, *, neurons: Sequence[int] | None, top: int | None, keep: int, window: int = DEFAULT_WINDOW
+    ) -> None:
+        if (neurons is None) == (top is None):
+            raise ValueError("give exactly one of neurons or top")
+        self.neurons, self.top, self.keep, self.window = neurons, top, keep, window
+        self.chosen = None if neurons is None else torch.tensor(list(neurons), dtype=torch.long)
+        self.rows: list[Tensor] = []
+        self.positions = 0
+        self.tracker: TopActivations | None = None
+
+    def measure(self, ids: Tensor, m: Tensor) -> KeyPart:
+        """One batch's part: ids (batch, seq) and the layer's coefficients m (batch, seq, d_ff)."""
+        if self.chosen is not None:
+            m = m[..., self.chosen.to(m.device)]
+        return KeyPart(ids.detach().cpu(), TopActivations(m.shape[-1], self.keep).measure(m))
+
+    def add(self, part: KeyPart) -> None:
+        """Merge one batch's `measure`, its sequences numbered after those added before."""
+        if self.tracker is None:
+            self.tracker = TopActivations(part.top.values.shape[0], self.keep)
+        self.tracker.add(part.top, len(self.rows))
+        self.rows.extend(part.ids)
+        self.positions += part.ids.numel()
+
+    def result(self) -> KeySide:
+        """The key side of the chosen (or top) neurons over every batch added."""
+        tracker = self.tracker
         if tracker is None:
-            tracker = TopActivations(m.shape[-1], keep)
-        tracker.update(m, len(rows))
-        rows.extend(ids.detach().cpu())
-        positions += ids.numel()
-    if tracker is None:
-        raise ValueError("no batches: the corpus gave no sequences")
-    if neurons is not None:
-        slots, names = list(range(len(neurons))), [int(n) for n in neurons]
-    else:
-        assert top is not None  # exactly one of neurons and top (checked above)
-        slots = names = rank_neurons(tracker.maxima(), top)
-    maxima = tracker.maxima()
-    return KeySide(
-        neurons=tuple(names),
-        maxima=tuple(float(maxima[i]) for i in slots),
-        contexts=tuple(tuple(_context(a, rows, window) for a in tracker.best(i)) for i in slots),
-        num_positions=positions,
-    )
+            raise ValueError("no batches: the corpus gave no sequences")
+        if self.neurons is not None:
+            slots, names = list(range(len(self.neurons))), [int(n) for n in self.neurons]
+        else:
+            assert self.top is not None  # exactly one of neurons and top (checked above)
+            slots = names = rank_neurons(tracker.maxima(), self.top)
+        maxima = tracker.maxima()
+        return KeySide(
+            neurons=tuple(names),
+            maxima=tuple(float(maxima[i]) for i in slots),
+            contexts=tuple(
+                tuple(_context(a, self.rows, self.window) for a in tracker.best(i)) for i in slots
+            ),
+            num_positions=self.positions,
+        )
 
 
 def _context(activation: Activation, rows: Sequence[Tensor], window: int) -> Context:
@@ -463,8 +517,11 @@ __all__ = [
     "RANK_RULE",
     "VALUE_RULE",
     "Activation",
+    "BatchTop",
     "Context",
+    "KeyPart",
     "KeySide",
+    "KeySideAccumulator",
     "NeuronReport",
     "NeuronsResult",
     "TopActivations",

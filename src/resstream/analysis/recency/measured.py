@@ -202,6 +202,18 @@ class RecencyAccumulator:
 
     def update(self, probs: Tensor) -> None:
         """Add a batch: probs (L, batch, heads, T, T), each sequence one sample."""
+        self.add(self.measure(probs))
+
+    def add(self, part: list[list[Tensor]]) -> None:
+        """Add one batch's `measure`: batches added in the same order give the same result,
+        whichever process measured them (`resstream.distributed.run_sharded`)."""
+        for layer, features in enumerate(part):
+            for head, chunk in enumerate(features):
+                self._moments[layer][head].add(chunk)
+
+    def measure(self, probs: Tensor) -> list[list[Tensor]]:
+        """One batch's features (`update`'s argument), per layer and head (the last: the head
+        average), not yet added."""
         expected = (self.num_layers, self.num_heads, self.seq_len, self.seq_len)
         if probs.ndim != 5 or (probs.shape[0], *probs.shape[2:]) != expected:
             raise ValueError(
@@ -209,11 +221,11 @@ class RecencyAccumulator:
                 f"with (L, H, T, T) = {expected}"
             )
         probs = probs.detach().float().cpu()
-        for layer in range(self.num_layers):
-            maps = probs[layer]
-            for head in range(self.num_heads):
-                self._moments[layer][head].add(attention_features(maps[:, head]))
-            self._moments[layer][self.num_heads].add(attention_features(maps.mean(dim=1)))
+        return [
+            [attention_features(probs[layer][:, head]) for head in range(self.num_heads)]
+            + [attention_features(probs[layer].mean(dim=1))]
+            for layer in range(self.num_layers)
+        ]
 
     @property
     def num_sequences(self) -> int:

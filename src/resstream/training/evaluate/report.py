@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from resstream.display import Displayable
+from resstream.distributed import Distributed
 from resstream.reprs import summary
 from resstream.training.evaluate.plan import EvalPlan, PreparedBenchmark
 from resstream.training.scoring import (
     DEFAULT_BATCH_SIZE,
     LAMBADA_DOC,
+    ONE_PROCESS,
     SLIDING_WINDOW_DOC,
     BenchmarkResult,
     ScoreSums,
@@ -108,8 +110,10 @@ def documents_rule(end_of_text: str | None) -> str:
     return f"{end_of_text!r} after each document and before each LAMBADA context"
 
 
-def score_benchmark(plan: EvalPlan, bench: PreparedBenchmark, *, progress: bool) -> BenchmarkResult:
-    """Score one prepared benchmark."""
+def score_benchmark(
+    plan: EvalPlan, bench: PreparedBenchmark, *, progress: bool, ranks: Distributed = ONE_PROCESS
+) -> BenchmarkResult:
+    """Score one prepared benchmark (its batches shared out among `ranks` under torchrun)."""
     model, block = plan.model.forward, plan.model.block_size
     extra = {"origin": bench.origin, "fingerprint": bench.fingerprint, "note": bench.note}
     if bench.examples is not None:
@@ -120,6 +124,7 @@ def score_benchmark(plan: EvalPlan, bench: PreparedBenchmark, *, progress: bool)
             device=plan.device,
             progress=progress,
             desc=bench.name,
+            ranks=ranks,
         )
     else:
         sums = score_tokens(
@@ -131,13 +136,16 @@ def score_benchmark(plan: EvalPlan, bench: PreparedBenchmark, *, progress: bool)
             device=plan.device,
             progress=progress,
             desc=bench.name,
+            ranks=ranks,
         )
     return sums.result(bench.name, **extra)
 
 
-def run_plan(plan: EvalPlan, *, progress: bool = True) -> EvalReport:
-    """Score every benchmark of a prepared plan."""
-    results = tuple(score_benchmark(plan, bench, progress=progress) for bench in plan.benchmarks)
+def run_plan(plan: EvalPlan, *, progress: bool = True, ranks: Distributed = ONE_PROCESS) -> EvalReport:
+    """Score every benchmark of a prepared plan. `ranks`: the processes of a torchrun job, which
+    share every benchmark's batches out and all get the report one process gets (each must call
+    this with the same plan; `resstream.distributed.run_sharded`)."""
+    results = tuple(score_benchmark(plan, bench, progress=progress, ranks=ranks) for bench in plan.benchmarks)
     return EvalReport(
         model=plan.model.name,
         results=results,
