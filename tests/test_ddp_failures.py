@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from resstream.training import checkpoint as ckpt
+from tests.gloo_pair import two_ranks
 from tests.test_cli_train import TINY
 from tests.test_train import corpus_text
 
@@ -111,21 +112,7 @@ def _agree(rank: int, port: int, results) -> None:
 
 def test_two_gloo_ranks_agree_on_what_one_of_them_found():
     """The agreement itself, in the default suite (the slow test above runs it in `train`)."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    workers = [context.Process(target=_agree, args=(rank, port, results)) for rank in range(2)]
-    for worker in workers:
-        worker.start()
-    got = sorted(results.get(timeout=60) for _ in workers)
-    for worker in workers:
-        worker.join(timeout=60)
+    got = two_ranks(_agree)
     assert got == [(0, "nan in exp_avg", [None, None], True), (1, "nan in exp_avg", [None, None], True)]
 
 

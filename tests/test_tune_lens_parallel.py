@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from resstream.analysis.decoding.lens_checkpoint import CHECKPOINT_FILE
 from resstream.api.lens_data import Ranks, on_main_first
 from resstream.distributed import Distributed, any_rank
+from tests.gloo_pair import two_ranks
 from tests.lens_support import plays_file
 
 #: 7 windows of 32 tokens a step: the ranks' shares differ (3 and 4), as they may.
@@ -142,19 +143,5 @@ def _one_rank_fails_in_a_step(rank: int, port: int, results) -> None:
 
 def test_a_failure_in_one_ranks_share_of_a_step_stops_both_ranks():
     """No rank is left in the gradient all-reduce: both raise rank 1's error (issue 28)."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    workers = [context.Process(target=_one_rank_fails_in_a_step, args=(r, port, results)) for r in range(2)]
-    for worker in workers:
-        worker.start()
-    got = sorted(results.get(timeout=60) for _ in workers)
-    for worker in workers:
-        worker.join(timeout=60)
+    got = two_ranks(_one_rank_fails_in_a_step)
     assert got == [(0, 0, "CUDA out of memory on rank 1"), (1, 1, "CUDA out of memory on rank 1")]
