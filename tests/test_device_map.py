@@ -248,6 +248,8 @@ def test_captured_states_that_do_not_fit_are_refused_in_one_line(
         resstream.neurons(str(path), num_seqs=3, layer=1, top=2, **sample)
     with pytest.raises(UsageError, match=r"^`batch_size` 2 × `seq_len` 12 needs .* from 3 layers"):
         resstream.tune_lens(str(path), steps=3, tokens=72, batch_size=2, eval_seqs=2, **sample)
+    with pytest.raises(UsageError, match=r"^`batch_size` 2 × `seq_len` 12 needs .* from 3 layers"):
+        resstream.shift(str(path), num_seqs=4, batch_size=2, **sample)
 
 
 @pytest.mark.usefixtures("little_memory")

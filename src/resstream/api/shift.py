@@ -12,6 +12,7 @@ import torch
 from resstream.analysis.shift.alignment import AlignmentAccumulator, AlignmentPart, AlignmentResult
 from resstream.api.decoders import DecoderLike, DecoderSpec, decoder_specs
 from resstream.api.inputs import CorpusRequest, check_top_k, measure_batches, sampled_models, takes_load_args
+from resstream.api.state_memory import check_batches_fit, host_if_meta
 from resstream.capture import residual_states
 from resstream.data.sampling import SequenceSample
 from resstream.display import Displayable
@@ -161,6 +162,12 @@ def _align(
     of each batch computed once and read by every decoder; under torchrun the batches are
     shared out among the ranks, `measure_batches`)."""
     view = loaded.view
+    length = max(len(seq) for seq in sample.sequences)
+    rows = min(batch_size, len(sample.sequences))
+    # h_0..h_L of a batch in one buffer (`residual_states`) and, read by the deferred rank
+    # block, each layer's decoder inputs: two residual-width values a token and layer
+    devices = [host_if_meta(view.W_E.device)] * (view.n_layers + 1)
+    check_batches_fit(view, rows, length, 2 * view.d_model, devices)
     accumulators = [
         AlignmentAccumulator(
             num_layers=view.n_layers,
