@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 from resstream.analysis.decoding.lens_checkpoint import CHECKPOINT_FILE
-from resstream.api.lens_data import Ranks, on_main_first
-from resstream.distributed import Distributed, any_rank
+from resstream.api.lens_data import Ranks
+from resstream.distributed import Distributed, any_rank, on_main_first
 from tests.gloo_pair import two_ranks
 from tests.lens_support import plays_file
 
@@ -105,7 +105,7 @@ def test_each_rank_takes_a_contiguous_share_of_a_step():
 def test_run_directly_the_ranks_agree_with_this_process_alone():
     cpu = torch.device("cpu")
     assert any_rank(True, Distributed(), cpu) and not any_rank(False, Distributed(), cpu)
-    assert on_main_first(lambda: 3, Ranks()) == 3
+    assert on_main_first(lambda: 3, Ranks().place) == 3
 
 
 if not hasattr(torch.distributed, "is_available") or not torch.distributed.is_available():

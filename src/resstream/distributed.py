@@ -253,6 +253,21 @@ def is_agreed(error: BaseException) -> bool:
     return bool(getattr(error, "_resstream_agreed", False))
 
 
+def on_main_first(make: Callable[[], T], info: Distributed) -> T:
+    """`make()` on rank 0 while the other ranks wait, its result (which must pickle) on every
+    rank; a failure on rank 0 is every rank's (same type and message). Run directly: `make()`."""
+    if info.world == 1:
+        return make()
+    outcome: Any = None
+    if info.is_main:
+        try:
+            outcome = make()
+        except Exception as error:
+            outcome = Failure(0, portable(error))
+    result: T = exchange(outcome, info)[0]
+    return result
+
+
 @contextlib.contextmanager
 def one_outcome(info: Distributed) -> Iterator[None]:
     """The block ends the same way on every rank: when it fails on one rank (before, between or
@@ -288,6 +303,7 @@ __all__ = [
     "launched_world",
     "map_sharded",
     "my_batches",
+    "on_main_first",
     "one_outcome",
     "portable",
     "run_sharded",

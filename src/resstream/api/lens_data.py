@@ -15,16 +15,16 @@ every rank makes the update one process makes (to float rounding: the sums are r
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from resstream.data.sampling import SequenceSample, prepends_bos
-from resstream.distributed import Distributed, Failure, exchange, joined, portable
+from resstream.distributed import Distributed, joined, on_main_first
 from resstream.io import cache_root
 
 if TYPE_CHECKING:
@@ -76,21 +76,6 @@ def ranks(device: str | torch.device) -> Ranks:
     return Ranks.of(joined(device))
 
 
-def on_main_first(make: Callable[[], T], info: Ranks) -> T:
-    """`make()` on rank 0 while the other ranks wait, its result (which must pickle) on every
-    rank; a failure on rank 0 is every rank's (same type and message)."""
-    if info.world == 1:
-        return make()
-    outcome: Any = None
-    if info.is_main:
-        try:
-            outcome = make()
-        except Exception as error:
-            outcome = Failure(0, portable(error))
-    result: T = exchange(outcome, info.place)[0]
-    return result
-
-
 def store_sampler(info: Ranks, data_dir: str | os.PathLike[str] | None, progress: bool) -> Sampler:
     """The `each_model` sampler of tune-lens: the sample's windows read from the corpus's shard
     store (module docstring), the store written by rank 0 on first use."""
@@ -114,7 +99,7 @@ def store_sampler(info: Ranks, data_dir: str | os.PathLike[str] | None, progress
             directory = corpus_store(opened, tokenizer, cache, progress=progress)  # type: ignore[arg-type]
             return directory, opened.fingerprint
 
-        directory, fingerprint = on_main_first(write, info)
+        directory, fingerprint = on_main_first(write, info.place)
         ids = ShardedTokens.open(directory, cache_dir=cache, rank=info.rank, world=info.world)
         bos = tokenizer.bos_token_id if prepends_bos(tokenizer, "auto") else None
         seq_len = corpus.default_seq_len if corpus.seq_len is None else corpus.seq_len
@@ -131,4 +116,4 @@ def store_sampler(info: Ranks, data_dir: str | os.PathLike[str] | None, progress
     return sample
 
 
-__all__ = ["Ranks", "on_main_first", "ranks", "store_sampler"]
+__all__ = ["Ranks", "ranks", "store_sampler"]

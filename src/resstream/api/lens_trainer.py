@@ -31,10 +31,10 @@ from resstream.analysis.decoding.lens_checkpoint import (
 )
 from resstream.analysis.decoding.lens_training import LensObjective, LensOptimiser
 from resstream.analysis.decoding.tuned_lens import TunedLens
-from resstream.api.lens_data import Ranks, on_main_first
+from resstream.api.lens_data import Ranks
 from resstream.capture import residual_states
 from resstream.data.store_windows import TokenWindows
-from resstream.distributed import Failure, any_rank, exchange, portable
+from resstream.distributed import Failure, any_rank, exchange, on_main_first, portable
 from resstream.errors import RunError
 from resstream.interrupts import StopRequests, stop_requests
 from resstream.models import LoadedModel, ModelView
@@ -220,7 +220,9 @@ def _run_steps(
             bar.update()
             stopping = stop is not None and _stop_agreed(trainer, stop)
             if plan is not None and (stopping or plan.due(trainer.steps_done, steps)):
-                on_main_first(lambda: plan.save(trainer, history), trainer.ranks)  # a failure: every rank's
+                on_main_first(
+                    lambda: plan.save(trainer, history), trainer.ranks.place
+                )  # a failure: every rank's
             if stopping:
                 return
 

@@ -53,7 +53,7 @@ from resstream.api.inputs import (
     settled_seq_len,
     takes_load_args,
 )
-from resstream.api.lens_data import Ranks, on_main_first, ranks, store_sampler
+from resstream.api.lens_data import Ranks, ranks, store_sampler
 from resstream.api.lens_trainer import (
     CheckpointPlan,
     LensTrainer,
@@ -67,7 +67,7 @@ from resstream.data.files import load_token_rows
 from resstream.data.sampling import CorpusTooSmall, SequenceSample
 from resstream.data.store_windows import TokenWindows
 from resstream.display import Displayable
-from resstream.distributed import joined, one_outcome, run_sharded
+from resstream.distributed import joined, on_main_first, one_outcome, run_sharded
 from resstream.errors import UsageError
 from resstream.models import LoadArgs, LoadedModel, ModelLike, ModelView
 from resstream.notices import notify
@@ -312,12 +312,12 @@ def _checkpoints(
         return
     if not info.is_main:
         held = Path(directory)
-        resumes = on_main_first(lambda: False, info)  # rank 0's answer
+        resumes = on_main_first(lambda: False, info.place)  # rank 0's answer
         yield _Checkpoints(held, every, load_checkpoint(held) if resumes else None)
         return
     with locked_directory(directory, "tune-lens", param=None) as held:
         previous = _previous_checkpoint(held, resume, requested)
-        on_main_first(lambda: previous is not None, info)
+        on_main_first(lambda: previous is not None, info.place)
         yield _Checkpoints(held, every, previous)
 
 

@@ -54,7 +54,7 @@ from resstream.data import save_tokenizer
 from resstream.data.shards import StoredCorpus
 from resstream.data.tokenizer import tokenizer_fingerprint
 from resstream.devices import resolve_device
-from resstream.distributed import Failure, any_rank, exchange, portable
+from resstream.distributed import Failure, any_rank, exchange, on_main_first
 from resstream.errors import RunError
 from resstream.interrupts import StopRequests, stop_requests
 from resstream.io import run_record, write_json
@@ -462,16 +462,7 @@ class Trainer:
         on every rank together (`_refuse_non_finite_state`), and so does a failed write on rank
         0 under torchrun (its error exchanged: no rank is left in the next all-reduce)."""
         self._refuse_non_finite_state(step)
-        if self.dist.world == 1:
-            self._write_checkpoint(step, val_loss)
-            return
-        failure: Failure | None = None
-        if self.dist.is_main:
-            try:
-                self._write_checkpoint(step, val_loss)
-            except Exception as error:
-                failure = Failure(0, portable(error))
-        exchange(failure, self.dist)
+        on_main_first(lambda: self._write_checkpoint(step, val_loss), self.dist)
 
     def _write_checkpoint(self, step: int, val_loss: float) -> None:
         """Write checkpoint `step` (the process that writes: rank 0)."""
