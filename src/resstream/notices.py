@@ -9,6 +9,7 @@ flags. Messages follow `resstream.errors`: parameter names in backticks.
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 
@@ -24,3 +25,14 @@ warnings.simplefilter("always", ResstreamNotice)
 def notify(message: str) -> None:
     """Tell the user `message` (a `ResstreamNotice` warning)."""
     warnings.warn(message, ResstreamNotice, stacklevel=3)
+
+
+def say(line: str) -> None:
+    """Write `line` and its newline to stderr in one write, flushed.
+
+    `print` writes the text and the newline separately, and stderr is unbuffered when it is a
+    pipe, so two processes sharing it (the ranks of a torchrun job) can splice one line into
+    another; one write of under `PIPE_BUF` (4 KiB) bytes to a pipe is atomic."""
+    stream = sys.stderr
+    stream.write(f"{line}\n")
+    stream.flush()

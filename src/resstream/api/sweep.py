@@ -10,13 +10,13 @@ learned_gate_heatmap.png, and each run's folder its own loss_curve.png (and gate
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resstream.api.train import check_field_names
 from resstream.errors import UsageError
+from resstream.notices import say
 from resstream.training.config import build_config
 from resstream.training.records import SweepResult
 
@@ -131,15 +131,10 @@ def sweep(
     check_sweep_fields(fields)
     names = benchmark_names(benchmarks)
     plan = plan_sweep(build_config(fields, preset=preset), seeds=seeds, layers=layers, learned=learned)
-    log = _stderr if progress else None
+    log = say if progress else None
     return run_planned_sweep(
         plan, out_dir, benchmarks=names, max_eval_tokens=max_eval_tokens, progress=progress, log=log
     )
-
-
-def _stderr(line: str) -> None:
-    """A progress line on stderr."""
-    print(line, file=sys.stderr, flush=True)
 
 
 __all__ = [

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from resstream.errors import UsageError, closest
+from resstream.notices import say
 from resstream.training.config import FIELDS, TrainConfig, build_config, flatten
 from resstream.training.records import TrainResult
 
@@ -77,7 +78,7 @@ def train_into(
             out,
             resume=resume,
             progress=progress,
-            log=log or loop.say_on_stderr,
+            log=log or say,
             resume_hint=resume_hint or loop.RESUME_HINT,
         )
         if not result.already_complete and launched_rank() == 0:

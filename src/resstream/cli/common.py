@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import typer
-
 from resstream.errors import UsageError
+from resstream.notices import say
 
 
 def check_max_eval_tokens(value: str | None) -> int | None:
@@ -29,4 +28,4 @@ def split_names(text: str | None) -> list[str]:
 
 def echo_err(message: str) -> None:
     """A progress line on stderr (stdout stays for results)."""
-    typer.echo(message, err=True)
+    say(message)

@@ -47,7 +47,7 @@ from resstream.cli.interrupted import interrupted_exit
 from resstream.cli.options import with_json_option
 from resstream.errors import ResstreamError
 from resstream.interrupts import was_interrupted
-from resstream.notices import ResstreamNotice
+from resstream.notices import ResstreamNotice, say
 
 # typer >= 0.20 ships its own copy of click: catch both families.
 _EXIT = (click.exceptions.Exit, typer.Exit)
@@ -132,7 +132,7 @@ def _options(
 
 
 def _error(message: str) -> None:
-    print(f"resstream: error: {message}", file=sys.stderr)
+    say(f"resstream: error: {message}")
 
 
 def _raw_value(args: list[str], opts: list[str]) -> str | None:
@@ -172,7 +172,7 @@ def _notices_as_lines(command: str | None) -> Iterator[None]:
                 from resstream.distributed import launched_rank
 
                 if launched_rank() == 0:  # the other ranks of a torchrun job meet the same notices
-                    print(f"resstream: note: {cli_message(str(message), command)}", file=sys.stderr)
+                    say(f"resstream: note: {cli_message(str(message), command)}")
             else:
                 show(message, category, *args, **kwargs)
 

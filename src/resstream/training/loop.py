@@ -38,7 +38,6 @@ import contextlib
 import dataclasses
 import math
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -58,6 +57,7 @@ from resstream.distributed import Failure, any_rank, exchange, on_main_first
 from resstream.errors import RunError
 from resstream.interrupts import StopRequests, stop_requests
 from resstream.io import run_record, write_json
+from resstream.notices import say
 from resstream.rundir import check_free_space, refuse_another_commands_run, write_failure
 from resstream.training import checkpoint as ckpt
 from resstream.training.budget import check_training_budget
@@ -118,11 +118,6 @@ def layer_grad_norms(model: GPT) -> list[float]:
     return norms
 
 
-def say_on_stderr(line: str) -> None:
-    """The default `log` of a run: one line on stderr."""
-    print(line, file=sys.stderr, flush=True)
-
-
 class Trainer:
     """One training run. `run()` trains from the start or from the latest checkpoint.
 
@@ -140,7 +135,7 @@ class Trainer:
         *,
         resume: bool = False,
         progress: bool = True,
-        log: Log = say_on_stderr,
+        log: Log = say,
         resume_hint: str = RESUME_HINT,
     ) -> None:
         self.out_dir = Path(out_dir)
@@ -614,7 +609,7 @@ def train(
     *,
     resume: bool = False,
     progress: bool = True,
-    log: Log = say_on_stderr,
+    log: Log = say,
     resume_hint: str = RESUME_HINT,
 ) -> TrainResult:
     """Train a resstream GPT as `config` says, writing the run into `out_dir`; `resume` the run
