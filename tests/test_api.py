@@ -53,6 +53,7 @@ def test_pinned_ids_outside_the_vocabulary_are_refused(tmp_path: Path) -> None:
         resstream.shift(dataset=str(rows), progress=False)
 
 
+@pytest.mark.slow
 def test_each_model_entry_records_its_sample_and_decoding() -> None:
     report = resstream.shift(num_seqs=2, seq_len=16, progress=False)
     entry = report.to_dict()["models"][0]
@@ -80,6 +81,7 @@ def test_pinned_rows_are_fingerprinted_by_the_file(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_models_sharing_a_tokenizer_share_one_sample(monkeypatch: pytest.MonkeyPatch) -> None:
     from resstream.api import inputs
     from resstream.assets import reference_model_dir

@@ -95,6 +95,7 @@ def test_zero_ablation_of_the_final_state_removes_everything() -> None:
 
 
 @pytest.mark.parametrize("mode", ["mean", "resample"])
+@pytest.mark.slow
 def test_mean_and_resample_ablation_run_on_the_built_in_corpus(mode: str, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("RESSTREAM_CACHE", str(tmp_path))
     result = resstream.ablate(TEXT, components=["L0.mlp", "L2.H1", "L3.N7"], mode=mode, num_seqs=2)
@@ -103,6 +104,7 @@ def test_mean_and_resample_ablation_run_on_the_built_in_corpus(mode: str, tmp_pa
     assert all(torch.isfinite(torch.tensor(e.logprob)) for e in result.effects)
 
 
+@pytest.mark.slow
 def test_mean_ablation_is_cached_per_model_and_corpus(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("RESSTREAM_CACHE", str(tmp_path))
     first = resstream.ablate(TEXT, components=["L1.mlp"], mode="mean", num_seqs=2)

@@ -83,6 +83,7 @@ def test_bench_routes_quick_runs_and_the_importance_pass_stays_below_a_layer(tmp
         assert 0 < row["peak"] < one_layer, row
 
 
+@pytest.mark.slow
 def test_routes_vs_patching_reports_every_measure_against_every_path(tmp_path):
     stdout, record = _run("routes_vs_patching.py", "--num-prompts", "3", "--seq-len", "12", tmp_path=tmp_path)
     assert record["model"] == "reference" and record["num_prompts"] == 3

@@ -47,7 +47,14 @@ def _run(command: str, *args: str) -> int:
     return main([command, *FAST, *args])
 
 
-@pytest.mark.parametrize("case", NEW_FAMILIES)
+#: One family end to end in the default suite; every family in the slow one (~8 s each on two
+#: cores). The adapters' exactness for every family is in the default suite (test_models_adapters).
+FAMILY_CASES = [
+    case if case == "qwen3" else pytest.param(case, marks=pytest.mark.slow) for case in NEW_FAMILIES
+]
+
+
+@pytest.mark.parametrize("case", FAMILY_CASES)
 def test_every_new_family_runs_shift_attribute_neurons_and_composition(
     case: str, tmp_path: Path, tokenizer, corpus: Path, capsys
 ) -> None:

@@ -235,6 +235,7 @@ def test_faithfulness_of_one_text_writes_its_report(tmp_path: Path, capsys) -> N
     assert "Spearman" in printed and "wrote ablate.json, " in printed
 
 
+@pytest.mark.slow
 def test_dataset_without_a_text_checks_faithfulness_over_the_corpus(tmp_path: Path, capsys) -> None:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("The king said that the queen was there, and the prince went home. " * 20)

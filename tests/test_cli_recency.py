@@ -157,6 +157,7 @@ def check_head_arrays(out: Path, report: dict) -> None:
 # --------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow
 def test_reference_model_on_the_built_in_corpus(tmp_path, capsys, monkeypatch):
     # the whole 5 MB corpus is tokenised (seconds); tokenizers' threads only contend on 2 cores
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")

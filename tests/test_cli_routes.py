@@ -62,6 +62,7 @@ def test_position_and_threshold_change_the_route(tmp_path: Path, capsys) -> None
     assert "wrote routes.json" in printed
 
 
+@pytest.mark.slow
 def test_corpus_mode_counts_heads_on_routes(tmp_path: Path) -> None:
     out = tmp_path / "corpus"
     code = main(

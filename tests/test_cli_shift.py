@@ -131,6 +131,7 @@ def check_model_entry(entry: dict, *, top_k: int, num_tokens: int | None = None)
 # --------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow
 def test_shift_reference_model_on_the_built_in_corpus(tmp_path, capsys, monkeypatch):
     # the whole 5 MB corpus is tokenised (seconds); tokenizers' threads only contend on 2 cores
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")

@@ -71,6 +71,7 @@ def sweep_args(root, *extra):
     ]
 
 
+@pytest.mark.slow
 def test_sweep_then_compare(setup, capsys):
     out = setup / "out"
     code = main(

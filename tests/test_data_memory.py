@@ -102,6 +102,7 @@ def run_child(corpus: Path, script: str = CHILD) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_memory_does_not_grow_with_the_corpus_or_its_longest_line(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus.txt"
     write_corpus(corpus, 2)
@@ -120,6 +121,7 @@ def test_memory_for_a_50_mb_corpus(tmp_path: Path) -> None:
     assert report["growth_mb"] < GROWTH_LIMIT_MB, report
 
 
+@pytest.mark.slow
 def test_lens_refuses_a_text_far_beyond_the_context_without_tokenising_all_of_it(tmp_path: Path) -> None:
     text = tmp_path / "long.txt"
     write_corpus(text, 4)  # about 3 million tokens of the reference model (before: 0.9 GB to count)

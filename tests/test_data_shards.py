@@ -116,7 +116,7 @@ def test_sharded_tokens_slices_across_shard_boundaries(gpt2, tmp_path):
 
 
 @needs_fineweb
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_shards_equal_the_single_file_cache(gpt2, tmp_path, workers):
     cache = build_token_cache(stream_corpus("fineweb-edu", data_dir=DATA), gpt2, tmp_path / "cache")
     summary = write_shards(
@@ -136,6 +136,7 @@ def test_shards_equal_the_single_file_cache(gpt2, tmp_path, workers):
 
 
 @needs_fineweb
+@pytest.mark.slow
 def test_the_trainer_gets_the_same_batches_and_eval_windows_from_both(gpt2, tmp_path):
     cache = build_token_cache(stream_corpus("fineweb-edu", data_dir=DATA), gpt2, tmp_path / "cache")
     write_shards(
@@ -193,6 +194,7 @@ def failing_stream(documents: list[str], fail_at: int | None) -> CorpusStream:
 
 
 @needs_fineweb
+@pytest.mark.slow
 def test_an_interrupted_store_resumes_after_its_last_complete_shard(gpt2, tmp_path, monkeypatch):
     monkeypatch.setattr(tokens, "_BATCH_CHARS", 4096)  # many batches, so that shards are done before the stop
     docs = fineweb_documents(400)
@@ -590,6 +592,7 @@ def test_memory_while_tokenising_a_50_mb_corpus(tmp_path):
 
 @needs_fineweb
 @needs_gpt2
+@pytest.mark.slow
 def test_memory_while_tokenising_a_2_mb_corpus(tmp_path):
     corpus = tmp_path / "corpus.txt"
     varied_fineweb(corpus, 2)

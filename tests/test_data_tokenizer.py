@@ -438,6 +438,7 @@ def _in_a_process(code: str, tmp_path: Path, *args: str, **env: str) -> subproce
     )
 
 
+@pytest.mark.slow
 def test_with_trust_remote_code_the_tokenizers_own_class_is_loaded(small_bpe, tmp_path) -> None:
     folder = tmp_path / "custom"
     save_tokenizer(small_bpe, folder)
@@ -454,6 +455,7 @@ def test_with_trust_remote_code_the_tokenizers_own_class_is_loaded(small_bpe, tm
     assert marker.exists()
 
 
+@pytest.mark.slow
 def test_a_hub_tokenizer_with_its_own_code_is_refused_from_the_local_cache(small_bpe, tmp_path) -> None:
     """A hub name is checked the same way, from the tokenizer_config.json the cache holds."""
     commit = "0123456789abcdef0123456789abcdef01234567"

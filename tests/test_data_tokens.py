@@ -274,6 +274,7 @@ def test_no_temporary_files_left(ab_tokenizer, tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- real data
 
 
+@pytest.mark.slow
 def test_wikitext2_with_gpt2_matches_per_document_encoding(shared_data: Path, tmp_path: Path) -> None:
     tokenizer = load_tokenizer("gpt2", data_dir=shared_data)
     corpus = load_corpus("wikitext-2", split="test", data_dir=shared_data)

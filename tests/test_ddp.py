@@ -40,6 +40,7 @@ def _args(corpus, cache, out, *extra):
     ]
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_match_one_process(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(corpus_text(), encoding="utf-8")

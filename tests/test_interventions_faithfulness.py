@@ -282,6 +282,7 @@ def test_single_text_and_corpus_options_are_refused_in_the_other_mode() -> None:
         faithfulness(TEXT, curve_sizes=[0])
 
 
+@pytest.mark.slow
 def test_corpus_mode_averages_over_windows_of_the_real_corpus(shared_data: Path) -> None:
     result = faithfulness(
         dataset="shakespeare",

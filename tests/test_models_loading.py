@@ -387,6 +387,7 @@ def test_weights_missing_for_the_configs_layers_are_refused(tmp_path: Path, gpt2
         load_model(str(bad))
 
 
+@pytest.mark.slow
 def test_transformers_reports_are_silenced(tmp_path: Path, gpt2_dir) -> None:
     """Only our one line reaches stderr: transformers' multi-line load report is kept quiet."""
     import subprocess
@@ -445,6 +446,7 @@ def test_a_model_whose_tokenizer_needs_its_own_code_is_refused_without_trust_rem
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_with_trust_remote_code_shift_runs_with_the_tokenizers_own_class(gpt2_dir, tmp_path: Path) -> None:
     from tests.test_train import corpus_text
 

@@ -366,6 +366,7 @@ def real_outputs(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_report_command_end_to_end_on_real_outputs(real_outputs, capsys):
     root, out = real_outputs, real_outputs / "report"
     capsys.readouterr()

@@ -29,6 +29,7 @@ def report(tmp_path_factory):
     return write_report(find_outputs(write_everything(root / "in")), root)
 
 
+@pytest.mark.slow
 def test_the_report_renders_offline_in_chromium(report):
     assert not re.search(r"https?://", report.read_text(encoding="utf-8"))  # nothing to fetch
     with Browser(BINARY, timeout=60) as browser:

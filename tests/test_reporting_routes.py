@@ -96,6 +96,7 @@ def test_the_frame_has_one_row_per_edge_with_the_documented_columns(route: Route
         assert (row.head is pandas.NA) == (edge.kind != "head")
 
 
+@pytest.mark.slow
 def test_the_corpus_frame_has_one_row_per_head_and_mlp(corpus: CorpusRoutes) -> None:
     frame = assert_frame_columns(corpus, CORPUS_COLUMNS)
     assert len(frame) == corpus.n_layers * (corpus.n_heads + 1)

@@ -17,9 +17,12 @@ from resstream.study import STATE_FILE
 from resstream.training import checkpoint as ckpt
 from tests.training_support import assert_same_training
 
-pytestmark = pytest.mark.skipif(
-    not os.environ.get("RESSTREAM_DATA"), reason="needs the real corpora (set RESSTREAM_DATA)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not os.environ.get("RESSTREAM_DATA"), reason="needs the real corpora (set RESSTREAM_DATA)"
+    ),
+    pytest.mark.slow,  # 80 s on two cores: the reproduction's logic is tested fast in test_reproduce.py
+]
 VARIANTS = ["baseline", "fixed-k0", "fixed-k1", "learned"]
 TINY = ["reproduce", "--scale", "tiny", "--device", "cpu", "--quiet"]
 

@@ -173,11 +173,26 @@ ALLOCATING = (
 ADDRESS_SPACE_LIMIT = 4_000_000_000
 
 
+#: One row per command in the default suite (each a process that imports torch, ~5 s on two
+#: cores), the rest in the slow one.
+ALLOCATING_BY_DEFAULT = {
+    "train-n-layer-1e9",
+    "sweep-n-layer-1e9",
+    "simulate-tokens-1e9",
+    "shift-config-json-vocab-size-1e12",
+    "eval-model-json-n-layer-1e9",
+}
+ALLOCATING_CASES = [
+    name if name in ALLOCATING_BY_DEFAULT else pytest.param(name, marks=pytest.mark.slow)
+    for name in ALLOCATING
+]
+
+
 @pytest.mark.skipif(
     torch.cuda.is_available(),
     reason="the CUDA driver cannot initialise under a 4 GB address-space cap (it warns on stderr)",
 )
-@pytest.mark.parametrize("name", ALLOCATING)
+@pytest.mark.parametrize("name", ALLOCATING_CASES)
 def test_absurd_sizes_are_refused_under_a_memory_limit(name, tmp_path):
     from tests.test_hostile_inputs import BUDGET_CASES, fill
     from tests.test_train import corpus_text

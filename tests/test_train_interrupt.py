@@ -250,6 +250,7 @@ os._exit(code)
 """
 
 
+@pytest.mark.slow
 def test_under_torchrun_every_rank_stops_after_the_same_step(tmp_path, corpus, capsys):
     """Only rank 1 gets the signal; rank 0 (which saves) learns of it from the per-step all-reduce."""
     worker = tmp_path / "worker.py"
@@ -320,6 +321,7 @@ def ctrl_c_after_a_step(launcher: list[str], tmp_path: Path, corpus: Path, *extr
     return process.returncode, err
 
 
+@pytest.mark.slow
 def test_a_real_ctrl_c_to_the_train_process_checkpoints_and_exits_130(tmp_path, corpus):
     """`python -m resstream train` gets SIGINT from outside once it has taken a step (about 4 s
     on 2 cores, most of it importing torch)."""

@@ -239,6 +239,7 @@ def run_cli(out: Path, plays: Path, *extra: str) -> int:
     )
 
 
+@pytest.mark.slow
 def test_cli_steps_alone_trains_that_many_steps_of_the_recipes_size(plays, tmp_path, capsys) -> None:
     out = tmp_path / "lens"
     steps_alone = ["--steps", "3", "--seq-len", "32", "--eval-seqs", "4", "--dataset", str(plays)]
