@@ -12,7 +12,6 @@ import sys
 import warnings
 from collections.abc import Iterator
 
-from resstream.cli.common import echo_err
 from resstream.cli.interrupted import INTERRUPTED, interrupted_exit
 from resstream.cli.main import main
 from resstream.notices import ResstreamNotice, say
@@ -52,12 +51,6 @@ def test_the_interrupted_line_is_one_write():
     with recorded_stderr() as stderr:
         assert interrupted_exit() == 130
     assert stderr.calls == [f"resstream: error: {INTERRUPTED}\n"]
-
-
-def test_a_progress_line_is_one_write():
-    with recorded_stderr() as stderr:
-        echo_err("step 3 of 10")
-    assert stderr.calls == ["step 3 of 10\n"]
 
 
 def test_an_error_of_the_command_line_is_one_write(tmp_path):

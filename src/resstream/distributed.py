@@ -255,7 +255,7 @@ def is_agreed(error: BaseException) -> bool:
 
 def on_main_first(make: Callable[[], T], info: Distributed) -> T:
     """`make()` on rank 0 while the other ranks wait, its result (which must pickle) on every
-    rank; a failure on rank 0 is every rank's (same type and message). Run directly: `make()`."""
+    rank; a failure on rank 0 is every rank's (same type and message). One process: just `make()`."""
     if info.world == 1:
         return make()
     outcome: Any = None

@@ -220,9 +220,8 @@ def _run_steps(
             bar.update()
             stopping = stop is not None and _stop_agreed(trainer, stop)
             if plan is not None and (stopping or plan.due(trainer.steps_done, steps)):
-                on_main_first(
-                    lambda: plan.save(trainer, history), trainer.ranks.place
-                )  # a failure: every rank's
+                # a failure of rank 0's save is every rank's
+                on_main_first(lambda: plan.save(trainer, history), trainer.ranks.place)
             if stopping:
                 return
 

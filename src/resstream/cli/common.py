@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from resstream.errors import UsageError
-from resstream.notices import say
 
 
 def check_max_eval_tokens(value: str | None) -> int | None:
@@ -24,8 +23,3 @@ def split_names(text: str | None) -> list[str]:
     if text is None:
         return []
     return [item.strip() for item in text.replace(" ", ",").split(",") if item.strip()]
-
-
-def echo_err(message: str) -> None:
-    """A progress line on stderr (stdout stays for results)."""
-    say(message)

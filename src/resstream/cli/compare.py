@@ -8,9 +8,10 @@ from typing import Annotated
 import typer
 
 from resstream.cli import options
-from resstream.cli.common import check_max_eval_tokens, echo_err, split_names
+from resstream.cli.common import check_max_eval_tokens, split_names
 from resstream.cli.flags import cli_message
 from resstream.errors import UsageError
+from resstream.notices import say
 
 
 def compare(
@@ -60,7 +61,7 @@ def compare(
             data_dir=data_dir,
             device=device,
             progress=not quiet,
-            log=lambda line: echo_err(cli_message(line, "compare")),
+            log=lambda line: say(cli_message(line, "compare")),
         )
         markdown = result.table.to_markdown()
         write_text(outputs / "compare.md", markdown)

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from resstream.cli import options
-from resstream.cli.common import echo_err
 from resstream.cli.options import DtypeOption
+from resstream.notices import say
 
 if TYPE_CHECKING:
     from resstream.rundir import OutputSet
@@ -149,7 +149,7 @@ def eval_command(
         plan = prepare_eval(model, eval_settings, dtype=dtype, progress=not quiet)
         if not quiet and outputs is not None:
             for line in estimate_lines(estimate(plan), plan):
-                echo_err(line)
+                say(line)
         report = run_plan(plan, progress=not quiet, ranks=joined(device))
         if outputs is None:  # another rank of a torchrun job: rank 0 writes
             return

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from resstream.cli.common import echo_err
+from resstream.notices import say
 from resstream.study.runner import CommandRunner, use_command_runner
 
 
@@ -67,7 +67,7 @@ def reproduce_command(
         nproc_per_node=nproc_per_node,
         quiet=quiet,
     )
-    outcomes = reproduce(plan, STAGE_TABLE, only=only, log=echo_err)
+    outcomes = reproduce(plan, STAGE_TABLE, only=only, log=say)
     for outcome in outcomes:
         how = f"ran in {outcome.seconds:.0f} s" if outcome.ran else "reused"
         typer.echo(f"{outcome.name:<13} {how}")

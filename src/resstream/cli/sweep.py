@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from resstream.cli import options
-from resstream.cli.common import check_max_eval_tokens, echo_err, split_names
+from resstream.cli.common import check_max_eval_tokens, split_names
 from resstream.cli.flags import flag
 from resstream.cli.train import (
     ConfigArg,
@@ -17,6 +17,7 @@ from resstream.cli.train import (
     resolve_train_config,
 )
 from resstream.errors import UsageError
+from resstream.notices import say
 
 if TYPE_CHECKING:
     from resstream.training.records import SweepResult
@@ -97,7 +98,7 @@ def sweep(
         benchmarks=names,
         max_eval_tokens=max_tokens,
         progress=not quiet,
-        log=None if quiet else echo_err,
+        log=None if quiet else say,
     )
     if launched_rank() != 0:  # the other processes of a torchrun job only trained
         return

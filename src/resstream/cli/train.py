@@ -13,9 +13,9 @@ import typer
 from rich.markup import escape
 
 from resstream.cli import options
-from resstream.cli.common import echo_err
 from resstream.cli.flags import cli_message, flag
 from resstream.errors import UsageError, closest
+from resstream.notices import say
 from resstream.training.config import (
     FIELDS,
     PRESETS,
@@ -184,7 +184,7 @@ def train(
         configure,
         resume=resume,
         progress=not quiet,
-        log=lambda line: echo_err(cli_message(line, "train")),
+        log=lambda line: say(cli_message(line, "train")),
         resume_hint=f"continue with: resstream train --resume --out {shlex.quote(str(out))}",
     )
     typer.echo(outcome_line(result, out))
