@@ -24,6 +24,7 @@ import pytest
 
 from resstream.analysis.decoding.lens_training import EVALUATION_COLUMNS, LensEvaluation
 from resstream.analysis.decoding.tuned_lens import TunedLens, load_lens
+from resstream.analysis.shift.alignment import AlignmentResult
 from resstream.cli.main import main
 from resstream.reporting.notebook import frame_csv
 from tests.cli_support import assert_complete_files, expect_usage_error
@@ -224,8 +225,9 @@ def test_shift_with_the_logit_lens_and_the_tuned_lens(trained, tmp_path, plays, 
     assert [r["decoder"] for r in rows] == ["logit-lens"] * 7 * 6 + ["tuned"] * 7 * 6
     assert [int(r["layer"]) for r in rows] == [layer for layer in range(7) for _ in range(6)] * 2
     for entry in report["models"]:
-        where = "never" if entry["shift_layer"] is None else f"{entry['shift_layer']:.2f}"
-        assert f"reference ({entry['decoder']}): shift layer {where} of 6" in captured.out
+        assert (
+            f"reference ({entry['decoder']}): {AlignmentResult.from_dict(entry).shift_text}" in captured.out
+        )
     config = json.loads((out / "run.json").read_text())["config"]
     assert config["decoder"] == ["logit-lens", f"tuned:{lens_dir}"]
 

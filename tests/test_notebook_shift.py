@@ -4,6 +4,7 @@ values per layer and the figures `resstream shift` writes, and `to_pandas()` is 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -118,6 +119,27 @@ def test_the_short_repr_names_the_model_and_the_shift_layer(report) -> None:
     lines = repr(report).splitlines()
     assert len(lines) <= 5 and any("shift layer" in line and "of 6" in line for line in lines)
     assert "shift layer" in repr(report.results[0]) and len(repr(report.results[0])) < 200
+
+
+def test_a_shift_that_never_happens_reads_as_one_sentence_everywhere(report, tmp_path, monkeypatch, capsys):
+    """The terminal line, both reprs and the report page's caption say it in the same words
+    (issue 38: they printed `shift layer never of 6`)."""
+    import resstream.api.shift as api_shift
+    import resstream.reporting.shift as rendering
+    from resstream.cli.main import main
+    from resstream.reporting.report.shift_figures import ShiftRun, match_section
+
+    never = dataclasses.replace(report.results[0], shift_layer=None)
+    alone = dataclasses.replace(report, results=(never,))
+    sentence = "the next token never overtakes the input token in its 6 layers, so there is no shift layer"
+    monkeypatch.setattr(api_shift, "shift", lambda *args, **kwargs: alone)
+    for name in ("plot_match_rates", "plot_similarity", "plot_shift_depths"):
+        monkeypatch.setattr(rendering, name, lambda *args, **kwargs: None)
+    assert main(["shift", "--quiet", "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    page = match_section([ShiftRun(never, "text", never.sample)])
+    for text in (printed, repr(never), repr(alone), page):
+        assert sentence in text and "never of" not in text, text
 
 
 def test_a_single_sequence_has_no_interval(tmp_path: Path) -> None:

@@ -55,11 +55,7 @@ class ShiftReport(Displayable):
 
     def __repr__(self) -> str:
         several = len({r.decoder for r in self.results}) > 1
-        models = [
-            f"{r.model}{f' ({r.decoder})' if several else ''}: shift layer "
-            f"{'never' if r.shift_layer is None else f'{r.shift_layer:.2f}'} of {r.num_layers}"
-            for r in self.results
-        ]
+        models = [f"{r.model}{f' ({r.decoder})' if several else ''}: {r.shift_text}" for r in self.results]
         return summary(self, *models, f"{self.num_seqs} × {self.seq_len} tokens of {self.dataset!r}")
 
     def to_dict(self) -> dict[str, Any]:

@@ -82,9 +82,8 @@ def shift(
             processes=launched_world(),
         )
     for result in report.results:
-        where = f"{result.shift_layer:.2f}" if result.shift_layer is not None else "never"
         typer.echo(
-            f"{result_label(result, several)}: shift layer {where} of {result.num_layers} "
+            f"{result_label(result, several)}: {result.shift_text} "
             f"({result.num_tokens:,} positions, {result.sample})"
         )
         if result.tied is False and result.decoder != "embedding":

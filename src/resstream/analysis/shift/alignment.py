@@ -118,11 +118,22 @@ class AlignmentResult(Displayable, renderer="resstream.reporting.shift"):
         values = {key: _restored(value) for key, value in data.items() if key in known}
         return cls(**values)
 
+    @property
+    def shift_text(self) -> str:
+        """The shift layer in words, as every output says it: ``shift layer 0.78 of 6``, or
+        the sentence that says the shift never happens in this model's layers."""
+        if self.shift_layer is None:
+            return (
+                f"the next token never overtakes the input token in its {self.num_layers} layers, "
+                f"so there is no shift layer"
+            )
+        return f"shift layer {self.shift_layer:.2f} of {self.num_layers}"
+
     def __repr__(self) -> str:
-        where = "never" if self.shift_layer is None else f"{self.shift_layer:.2f}"
         return summary(
             self,
-            f"{self.model!r}: shift layer {where} of {self.num_layers}, top-{self.top_k} {self.decoder}",
+            f"{self.model!r}: {self.shift_text}",
+            f"top-{self.top_k} {self.decoder}",
             f"{self.num_tokens:,} positions in {self.num_sequences} sequences",
             ".to_dict() has every field",
         )

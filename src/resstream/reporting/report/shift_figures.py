@@ -58,13 +58,12 @@ def match_section(runs: Sequence[ShiftRun]) -> str:
     for run in runs:
         r = run.result
         name = result_label(r, with_decoder)
-        shift = "never" if r.shift_layer is None else f"at layer {r.shift_layer:.2f}"
         caption = caption_html(
             f"Figure 2 ({name}).",
             f"The fraction of positions whose input token {T_IN} (blue) and next token {T_NEXT} (green) "
             f"are among the top-{r.top_k} decodings of each layer's residual state, with 95% "
             f"confidence bands (cluster intervals over sequences); the dotted line marks the shift "
-            f"layer, where the next token first out-ranks the input one ({shift}).",
+            f"layer, where the next token first out-ranks the input one (here: {r.shift_text}).",
             [_shift_scale(run)],
             "individual tokens (Table I), how far below the top-k a token ranks, and whether two "
             "models differ significantly (each has its own sample and, possibly, tokenizer).",
