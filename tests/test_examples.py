@@ -11,6 +11,7 @@ notebook's execution time is printed (`pytest -s`) for docs/timings.md.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,23 @@ def test_notebook_is_committed_clean(path: Path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.stem)
 def test_notebook_is_listed_in_the_docs(path: Path):
     assert f"examples/{path.name}" in (ROOT / "docs" / "notebooks.md").read_text(encoding="utf-8")
+
+
+#: A number of notebooks in words, as the README and docs/timings.md say it ("five example
+#: notebooks", "the five notebooks executed", "the five, kernel starts included").
+COUNT_IN_WORDS = re.compile(
+    r"\b(one|two|three|four|five|six|seven|eight|nine|ten)(?= (?:example )?notebooks\b|, kernel starts)",
+    re.IGNORECASE,
+)
+NUMBER_WORDS = ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+
+def test_the_docs_count_the_notebooks_there_are():
+    for name in ("README.md", "docs/timings.md"):
+        counts = COUNT_IN_WORDS.findall((ROOT / name).read_text(encoding="utf-8"))
+        assert counts, f"{name} no longer counts the notebooks: update this test"
+        for word in counts:
+            assert NUMBER_WORDS.index(word.lower()) + 1 == len(NOTEBOOKS), f"{name} says {word} notebooks"
 
 
 def html_outputs(cell: Any) -> list[str]:
