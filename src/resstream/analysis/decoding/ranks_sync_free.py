@@ -1,17 +1,17 @@
 """The screened exact ranks of `ranks.RankScreen` in fixed shapes: no host synchronisation.
 
 On a GPU every `nonzero`, `.item()`, `bool(tensor)` or shape that depends on values makes the
-host wait until the device has finished everything queued before it. The screened scheme
-(`RankScreen`) does several of those per block and per target — which rows are ambiguous, which
-entries lie in the band — and on a device where the arithmetic is cheap those round trips are
-most of the time (issue 28: 143 ms where a naive bf16 lens took 46 ms on an H100). This module
+host wait until the device has finished everything queued before it. The selecting scheme
+(`ranks_selecting`) does several of those per block and per target — which rows are ambiguous,
+which entries lie in the band — and on a device where the arithmetic is cheap those round trips
+are most of the time (issue 28: 143 ms where a naive bf16 lens took 46 ms on an H100). This module
 answers the same queries with work whose shapes depend only on the input shapes:
 
-* ranks up to k (k ≤ `_TOPK_MAX`): one top-k of the screen scores, and the exact fp64 scores of
-  all k list entries (n·k gathered dot products, a few per cent of the screen's work at k = 5).
-  A row whose k-th screen score is at or below the band holds every competitor in its list, so
-  its rank is the number of list entries scoring strictly above the target; a row whose k-th
-  screen score is above the band has rank ≥ k for sure. Both need no selection.
+* ranks up to k (k ≤ `ranks.TOPK_MAX`): one top-k of the screen scores, and the exact fp64
+  scores of all k list entries (n·k gathered dot products, a few per cent of the screen's work
+  at k = 5). A row whose k-th screen score is at or below the band holds every competitor in
+  its list, so its rank is the number of list entries scoring strictly above the target; a row
+  whose k-th screen score is above the band has rank ≥ k for sure. Both need no selection.
 * the remaining rows — the k-th screen score inside the band ("ambiguous"), or every row for a
   full rank — are gathered, at most `rows_cap` of them (a fixed number, chosen by a stable sort
   of the flags, never by `nonzero`); per row the entries above the band are counted and the
@@ -22,8 +22,8 @@ answers the same queries with work whose shapes depend only on the input shapes:
   synchronisation for every layer of a batch) or at the end of a single call. On real models
   unsure rows are rare; when they occur the answer is still exact, only slower.
 
-Every count here compares canonical fp64 scores (`RankScreen._pair_scores`) with the target's
-canonical score, and uses the screen only through the rigorous thresholds of `RankScreen`, so
+Every count here compares canonical fp64 scores (`Screen.entry_scores`) with the target's
+canonical score, and uses the screen only through the rigorous thresholds of `Screen`, so
 the ranks equal the selecting scheme's wherever the fp64 dot product of one (position, entry)
 pair gives the same bits in every block it is computed in. That holds on the CPU (the tests
 check both schemes against fp64 brute force, ties included); a GPU reduction may sum a dot
@@ -35,13 +35,11 @@ target against itself (it is never counted).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from resstream.analysis.decoding.ranks import RankScreen
+from resstream.analysis.decoding.ranks_screen import Screen, ScreenedBlock
 
 __all__ = ["BAND_CAP", "ROWS_FRACTION", "sync_free_ranks"]
 
@@ -51,63 +49,44 @@ ROWS_FRACTION = 4  # ambiguous rows gathered per block of the top-k path: up to 
 
 
 def sync_free_ranks(
-    screen: RankScreen,
-    z: Tensor,
-    x64: Tensor,
-    ids: Tensor,
-    s_t: Tensor,
-    hi: Tensor,
-    lo: Tensor,
-    limit: int | None,
-    top_k_path: bool,
+    screen: Screen, block: ScreenedBlock, limit: int | None, top_k_path: bool
 ) -> tuple[Tensor, Tensor]:
-    """(ranks, unsure), both (n, m), of one block: `z` (n, V) screen scores, `x64` the fp64
-    inputs, `ids` the targets, `s_t` their exact scores and `hi`/`lo` their thresholds
-    (`RankScreen`). With `limit` = k the ranks are min(rank, k). Unsure entries hold no answer
-    yet. A target never counts against itself (`RankScreen._count_greater`)."""
+    """(ranks, unsure), both (n, m), of one screened block. With `limit` = k the ranks are
+    min(rank, k); `top_k_path`: decide by one top-`limit` of the screen scores. Unsure entries
+    hold no answer yet. A target never counts against itself (as in `ranks_selecting`)."""
     if top_k_path:
         assert limit is not None
-        return _limited(screen, z, x64, ids, s_t, hi, lo, limit)
-    everything = torch.ones_like(s_t, dtype=torch.bool)
-    ranks, unsure = _gathered_counts(screen, z, x64, ids, s_t, hi, lo, everything, z.shape[0], limit)
+        return _limited(screen, block, limit)
+    everything = torch.ones_like(block.s_t, dtype=torch.bool)
+    ranks, unsure = _gathered_counts(screen, block, everything, block.z.shape[0], limit)
     return (ranks if limit is None else ranks.clamp_max(limit)), unsure
 
 
-def _limited(
-    screen: RankScreen, z: Tensor, x64: Tensor, ids: Tensor, s_t: Tensor, hi: Tensor, lo: Tensor, limit: int
-) -> tuple[Tensor, Tensor]:
+def _limited(screen: Screen, block: ScreenedBlock, limit: int) -> tuple[Tensor, Tensor]:
     """min(rank, limit) from one top-`limit` of the screen scores (module docstring)."""
-    n = z.shape[0]
-    vals, idx = torch.topk(z, limit, dim=1, sorted=False)
+    ids, s_t, hi, lo = block.ids, block.s_t, block.hi, block.lo
+    vals, idx = torch.topk(block.z, limit, dim=1, sorted=False)
     kth = vals.amin(1).to(torch.float32)[:, None]
-    listed = _scores_of(screen, x64, idx)  # (n, limit) exact scores of the list entries
+    listed = screen.entry_scores(block.x64, idx)  # (n, limit) exact scores of the list entries
     above = (listed[:, None, :] > s_t[:, :, None]) & (idx[:, None, :] != ids[:, :, None])
     in_list = above.sum(2)  # (n, m)
     member = kth <= lo  # every competitor is in the list
     ambiguous = (kth > lo) & (kth <= hi)
-    rows_cap = max(1, math.ceil(n / ROWS_FRACTION))
-    counted, unsure = _gathered_counts(screen, z, x64, ids, s_t, hi, lo, ambiguous, rows_cap, limit)
+    rows_cap = max(1, math.ceil(block.z.shape[0] / ROWS_FRACTION))
+    counted, unsure = _gathered_counts(screen, block, ambiguous, rows_cap, limit)
     outside = torch.full_like(in_list, limit)  # k-th screen score above the band: rank >= k
     ranks = torch.where(member, in_list, torch.where(ambiguous, counted.clamp_max(limit), outside))
     return ranks, unsure
 
 
 def _gathered_counts(
-    screen: RankScreen,
-    z: Tensor,
-    x64: Tensor,
-    ids: Tensor,
-    s_t: Tensor,
-    hi: Tensor,
-    lo: Tensor,
-    wanted: Tensor,
-    rows_cap: int,
-    cap: int | None,
+    screen: Screen, block: ScreenedBlock, wanted: Tensor, rows_cap: int, cap: int | None
 ) -> tuple[Tensor, Tensor]:
     """Ranks of the `wanted` (n, m) queries by counting: entries above the band, plus the band
     entries that score strictly above the target exactly. Up to `rows_cap` rows are worked on;
     a count is unsure when its row was not among them, or when its band held more than
     `BAND_CAP` entries and the count so far stays below `cap` (None: any overflow)."""
+    z, x64, ids, s_t, hi, lo = block.z, block.x64, block.ids, block.s_t, block.hi, block.lo
     n, m = s_t.shape
     rows = min(n, rows_cap)
     if rows == n:
@@ -129,7 +108,7 @@ def _gathered_counts(
 
 
 def _row_counts(
-    screen: RankScreen, z: Tensor, x64: Tensor, own: Tensor, s_t: Tensor, hi: Tensor, lo: Tensor
+    screen: Screen, z: Tensor, x64: Tensor, own: Tensor, s_t: Tensor, hi: Tensor, lo: Tensor
 ) -> tuple[Tensor, Tensor]:
     """Per row of `z` (r, V): the entries certainly above s_t plus the band entries among the
     `BAND_CAP` highest that score above it exactly, and whether the band held more."""
@@ -140,12 +119,5 @@ def _row_counts(
     buffer = min(BAND_CAP, z.shape[1])
     _, cols = torch.topk(z.masked_fill(~band, -math.inf), buffer, dim=1, sorted=False)
     real = band.gather(1, cols) & (cols != own[:, None])  # a narrower band fills up with non-entries
-    greater = ((_scores_of(screen, x64, cols) > s_t[:, None]) & real).sum(1)
+    greater = ((screen.entry_scores(x64, cols) > s_t[:, None]) & real).sum(1)
     return certain + greater, width > buffer
-
-
-def _scores_of(screen: RankScreen, x64: Tensor, cols: Tensor) -> Tensor:
-    """Exact scores (r, c) of vocabulary entries `cols` (r, c) for inputs `x64` (r, d)."""
-    r, c = cols.shape
-    rows = torch.arange(r, device=cols.device).repeat_interleave(c)
-    return screen._pair_scores(x64, rows, cols.reshape(-1)).reshape(r, c)
