@@ -206,6 +206,25 @@ def test_the_corpus_figure_draws_its_numbers(corpus: CorpusRoutes) -> None:
     assert "first token" in text and "previous" in text and "same" in text
 
 
+def test_the_layer_profile_has_layer_ticks_and_the_colour_bar_sits_under_the_heatmap(
+    corpus: CorpusRoutes,
+) -> None:
+    """Issue 38: the middle panel showed no layers, and the colour bar's label stood between it
+    and the heatmap, where it read as the middle panel's axis."""
+    fig = corpus_routes_figure(corpus)
+    fig.canvas.draw()
+    (heatmap,) = [ax for ax in fig.axes if ax.get_images()]
+    (profile,) = [ax for ax in fig.axes if ax.get_xlabel() == "share of predictions, per layer"]
+    (bar,) = [ax for ax in fig.axes if "share of predictions with" in ax.get_xlabel() + ax.get_ylabel()]
+    low, high = profile.get_ylim()
+    ticks = zip(profile.get_yticks(), profile.get_yticklabels(), strict=True)
+    shown = [label.get_text() for at, label in ticks if low <= at <= high and label.get_visible()]
+    assert [str(layer) for layer in range(corpus.n_layers)] == shown
+    heat, where = heatmap.get_window_extent(), bar.get_window_extent()
+    assert where.y1 < heat.y0 and heat.x0 <= where.x0 < where.x1 <= heat.x1
+    assert where.x1 < profile.get_window_extent().x0
+
+
 # --------------------------------------------------------------------------- the page
 class _Page(HTMLParser):
     """The elements of routes.html the tests read."""

@@ -62,8 +62,9 @@ def _on_route_heatmap(fig: Figure, ax: Axes, result: CorpusRoutes) -> None:
     ax.set_xlabel("head")
     ax.set_ylabel("layer (block)")
     ax.set_title("heads on the route", fontsize=9)
-    bar = fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02)
-    bar.set_label("share of predictions", fontsize=8)
+    # below the heatmap, not between it and the layer profile, whose axis its label would seem to name
+    bar = fig.colorbar(image, ax=ax, location="bottom", fraction=0.05, pad=0.02, aspect=30)
+    bar.set_label("share of predictions with the head on the route", fontsize=8)
     bar.ax.tick_params(labelsize=7)
 
 
@@ -90,7 +91,8 @@ def _layer_profile(ax: Axes, result: CorpusRoutes) -> None:
     ax.set_xlim(-0.03, 1.03)
     ax.set_xlabel("share of predictions, per layer")
     ax.grid(axis="x", alpha=0.3)
-    ax.tick_params(axis="y", labelleft=False)
+    ax.tick_params(axis="y", labelleft=True)  # its own layer ticks (sharing the heatmap's hides them)
+    ax.set_ylabel("layer (block)")
     ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
 
 
