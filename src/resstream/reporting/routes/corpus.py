@@ -91,8 +91,7 @@ def _layer_profile(ax: Axes, result: CorpusRoutes) -> None:
     ax.set_xlim(-0.03, 1.03)
     ax.set_xlabel("share of predictions, per layer")
     ax.grid(axis="x", alpha=0.3)
-    ax.tick_params(axis="y", labelleft=True)  # its own layer ticks (sharing the heatmap's hides them)
-    ax.set_ylabel("layer (block)")
+    ax.set_ylabel("layer (block)")  # its tick labels shown: the panel reads on its own
     ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
 
 
