@@ -123,8 +123,10 @@ def test_mean_ablation_of_an_edited_corpus_is_not_served_from_the_cache(tmp_path
     first = resstream.ablate(TEXT, components=["L1.mlp"], mode="mean", dataset=str(corpus), num_seqs=2)
     corpus.write_text("Zebras quickly jumped over seventeen lazy xylophones by the vexing fjords. " * 30)
     edited = resstream.ablate(TEXT, components=["L1.mlp"], mode="mean", dataset=str(corpus), num_seqs=2)
-    assert len(list((tmp_path / "cache" / "means").glob("*.pt"))) == 2
+    cached = sorted((tmp_path / "cache" / "means").glob("*.pt"))
+    assert len(cached) == 2
     assert edited.effects[0].logprob != first.effects[0].logprob
+    assert torch.load(cached[0], weights_only=True)["resid"].dtype == torch.float64  # format 2
 
 
 def test_pinned_rows_are_cut_to_the_text_and_a_shorter_row_is_refused(tmp_path, monkeypatch) -> None:

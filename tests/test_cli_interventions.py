@@ -162,6 +162,35 @@ def test_bad_input_of_patch_is_one_line_exit_2(
     expect_usage_error(["patch", *FAST, "--text", TEXT, *args], tmp_path / "out", capsys, *patterns)
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--text", TEXT, "--mode", "mean", "--dataset", "wikitext-2"],
+        ["--text", TEXT, "--mode", "resample", "--dataset", "wikitext-2", "--num-seqs", "2"],
+        ["--dataset", "wikitext-2", "--num-seqs", "2"],  # faithfulness over the corpus
+    ],
+)
+@pytest.mark.usefixtures("no_data_dir")
+def test_a_corpus_that_is_not_available_is_refused_before_a_model_loads(
+    tmp_path: Path, capsys, monkeypatch, args: list[str]
+) -> None:
+    """Mean and resample ablation and corpus faithfulness find out that the corpus is missing
+    before loading the model (they loaded it first, then failed on the data)."""
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded before the corpus was found")
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("the hub is not reachable")
+
+    monkeypatch.setattr("resstream.api.inputs.load_model", no_loading)
+    monkeypatch.setattr("resstream.data.sources._hub_rows", unreachable)  # no `datasets` import
+    out = tmp_path / "out"
+    expect_usage_error(
+        ["ablate", *FAST, *args], out, capsys, "dataset 'wikitext-2'", "RESSTREAM_DATA", "not reachable"
+    )
+
+
 def test_patch_without_corrupt_is_refused_and_writes_nothing(tmp_path: Path, capsys) -> None:
     out = tmp_path / "out"
     assert main(["patch", *FAST, "--text", TEXT, "--out", str(out)]) == 2

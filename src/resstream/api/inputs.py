@@ -405,7 +405,7 @@ def each_model(
 
     checked = checked_models(models, options)
     check_sample_request(corpus.num_seqs, corpus.seq_len or corpus.default_seq_len)
-    stream = _corpus_stream(corpus)
+    stream = corpus_stream(corpus)
     corpus = replace(corpus, seq_len=settled_seq_len(corpus, checked))
     samples: dict[str, tuple[SequenceSample, str | None]] = {}  # by tokenizer
     with closing(_load_each(checked, options)) as each_loaded:  # closed even on an error
@@ -446,7 +446,7 @@ def sampled_models(
         yield each
 
 
-def _corpus_stream(corpus: CorpusRequest) -> CorpusStream | None:
+def corpus_stream(corpus: CorpusRequest) -> CorpusStream | None:
     """The corpus, found (a bad name or path refused) before any model is loaded; None for a
     pinned `.jsonl` file, which is read once a tokenizer is known."""
     if corpus.pinned and Path(corpus.dataset).is_file():

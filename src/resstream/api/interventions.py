@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Unpack
 
@@ -49,6 +50,7 @@ from resstream.api.attribute import foil_of, position_in, target_of
 from resstream.api.inputs import (
     CorpusRequest,
     LoadOptions,
+    corpus_stream,
     encode_text,
     one_model,
     refuse_device_map,
@@ -65,6 +67,8 @@ from resstream.models.evaluation import directory_fingerprint, model_fingerprint
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from resstream.data import CorpusStream
 
 ABLATIONS = ("zero", "mean", "resample")
 DIRECTIONS = ("noise", "denoise")
@@ -105,6 +109,7 @@ def ablate(
     check_choice("mode", mode, ABLATIONS)
     refuse_device_map(load, "ablate", "interventions restart blocks on one device")
     _check_counts(top_neurons, batch_size)
+    corpus = None if mode == "zero" else _Corpus.found(mode, dataset, num_seqs, seed, data_dir)
     options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
     with one_model(model, options) as loaded:
         setup = _Setup.of(loaded, text_of(text, text_file), position, target, target_id, foil, positions)
@@ -113,24 +118,16 @@ def ablate(
             for component in chosen:
                 Means.check(component)
         clean = setup.readout.of_run(setup.run)
-        count = (RESAMPLE_WINDOWS if mode == "resample" else MEAN_WINDOWS) if num_seqs is None else num_seqs
-        if mode != "zero" and count < 1:
-            raise UsageError(f"`num_seqs` {count} is not allowed; allowed: 1 or more")
         resampled = None
-        if mode == "resample":
-            windows = _windows(loaded, setup, dataset, count, seed, data_dir)
-            other = capture_run(setup.view, windows, attention=setup.sources(chosen))
+        if corpus is not None and mode == "resample":
+            other = capture_run(setup.view, corpus.windows(setup), attention=setup.sources(chosen))
             samples = [
                 setup.effects(run_values(setup.run, other, k), chosen, mode, clean, batch_size, progress)
-                for k in range(windows.shape[0])
+                for k in range(other.internals.input_ids.shape[0])
             ]
             effects, resampled = mean_effects(samples), len(samples)
         else:
-            values = (
-                zero_values(setup.run)
-                if mode == "zero"
-                else _mean_values(loaded, setup, dataset, count, seed, data_dir)
-            )
+            values = zero_values(setup.run) if corpus is None else corpus.mean_values(loaded, setup)
             effects = setup.effects(values, chosen, mode, clean, batch_size, progress)
         return setup.result("ablate", mode, clean, effects, samples=resampled)
 
@@ -425,46 +422,88 @@ def _check_counts(top_neurons: int, batch_size: int) -> None:
         raise UsageError(f"`batch_size` {batch_size} is not allowed; allowed: 1 or more")
 
 
-def _windows(
-    loaded: LoadedModel, setup: _Setup, dataset: str, count: int, seed: int, data_dir
-) -> torch.Tensor:
-    """`count` corpus windows as long as the text (batch, seq); the rows of a pinned `.jsonl`
-    as given, cut to the text's length (a shorter row refused)."""
-    if count < 1:
-        raise UsageError(f"`num_seqs` {count} is not allowed; allowed: 1 or more")
-    length = int(setup.ids.shape[1])
-    request = CorpusRequest(dataset, count, length, seed, data_dir)
-    sample, _ = sample_corpus(request, setup.tokenizer, setup.readout.decoder.vocab_size)
-    for number, row in enumerate(sample.sequences, start=1):
-        if len(row) < length:
-            raise UsageError(
-                f"`dataset` {dataset!r}: row {number} has {len(row)} tokens, fewer than the text's {length}; "
-                f"allowed: rows of {length} tokens or more"
-            )
-    return torch.stack([torch.as_tensor(s[:length], dtype=torch.long) for s in sample.sequences])
+#: What the means cache's file names cover besides the model and the sample: the format of
+#: its files (2: means kept in float64; the float32 files of format 1 are never read).
+MEANS_FORMAT = 2
 
 
-def _mean_values(loaded: LoadedModel, setup: _Setup, dataset: str, count: int, seed: int, data_dir) -> Values:
-    """Mean ablation values, from the cache when this model and corpus sample were averaged
-    before (`RESSTREAM_CACHE`/means). The corpus is named by its content (`_corpus_key`), so
-    another `data_dir` or an edited file is another sample."""
-    request = CorpusRequest(dataset, count, int(setup.ids.shape[1]), seed, data_dir)
-    fingerprint = _model_key(loaded)
-    path = None
-    if fingerprint is not None:
-        identity = (fingerprint, loaded.dtype, dataset, _corpus_key(request), count, request.seq_len, seed)
-        path = cache_root() / "means" / f"{hashlib.sha256(repr(identity).encode()).hexdigest()[:20]}.pt"
-        if path.is_file():
+@dataclass(frozen=True)
+class _Corpus:
+    """The corpus of mean and resample ablation: `count` windows of `dataset` sampled with
+    `seed`, as long as the text, and the corpus opened (None: a pinned `.jsonl`, read once
+    the tokenizer is known) before any model is loaded (`found`)."""
+
+    request: CorpusRequest
+    stream: CorpusStream | None
+
+    @classmethod
+    def found(
+        cls, mode: str, dataset: str, num_seqs: int | None, seed: int, data_dir: str | os.PathLike[str] | None
+    ) -> _Corpus:
+        """The corpus checked and opened: a bad `num_seqs`, an unknown name, a missing file or a
+        corpus that is not available refused here, before the model loads (`inputs.corpus_stream`)."""
+        count = (RESAMPLE_WINDOWS if mode == "resample" else MEAN_WINDOWS) if num_seqs is None else num_seqs
+        if count < 1:
+            raise UsageError(f"`num_seqs` {count} is not allowed; allowed: 1 or more")
+        request = CorpusRequest(dataset, count, None, seed, data_dir)
+        return cls(request, corpus_stream(request))
+
+    def windows(self, setup: _Setup) -> torch.Tensor:
+        """The windows as long as the text (batch, seq); the rows of a pinned `.jsonl` as given,
+        cut to the text's length (a shorter row refused)."""
+        length = int(setup.ids.shape[1])
+        request = replace(self.request, seq_len=length)
+        sample, _ = sample_corpus(request, setup.tokenizer, setup.readout.decoder.vocab_size, self.stream)
+        for number, row in enumerate(sample.sequences, start=1):
+            if len(row) < length:
+                raise UsageError(
+                    f"`dataset` {request.dataset!r}: row {number} has {len(row)} tokens, fewer than the "
+                    f"text's {length}; allowed: rows of {length} tokens or more"
+                )
+        return torch.stack([torch.as_tensor(s[:length], dtype=torch.long) for s in sample.sequences])
+
+    def mean_values(self, loaded: LoadedModel, setup: _Setup) -> Values:
+        """Mean ablation values, from the cache when this model and corpus sample were averaged
+        before (`RESSTREAM_CACHE`/means). The corpus is named by its content (`key`), so
+        another `data_dir` or an edited file is another sample."""
+        path = self._cache_path(loaded, int(setup.ids.shape[1]))
+        if path is not None and path.is_file():
             stored = torch.load(path, weights_only=True, map_location=setup.view.W_E.device)
             return mean_values(Means(**stored), setup.view)
-    windows = _windows(loaded, setup, dataset, count, seed, data_dir)
-    means = accumulate_means(
-        [capture_run(setup.view, windows[i : i + 1], attention=False) for i in range(len(windows))]
-    )
-    if path is not None:
-        with atomic_path(path) as partial:
-            torch.save({name: _on_cpu(getattr(means, name)) for name in MEANS_FIELDS}, partial)
-    return mean_values(means, setup.view)
+        windows = self.windows(setup)
+        means = accumulate_means(
+            [capture_run(setup.view, windows[i : i + 1], attention=False) for i in range(len(windows))]
+        )
+        if path is not None:
+            with atomic_path(path) as partial:
+                torch.save({name: _on_cpu(getattr(means, name)) for name in MEANS_FIELDS}, partial)
+        return mean_values(means, setup.view)
+
+    def _cache_path(self, loaded: LoadedModel, length: int) -> Path | None:
+        """The means file of this model, dtype, corpus content and sample; None for a model held
+        in memory (its means are not cached)."""
+        fingerprint = _model_key(loaded)
+        if fingerprint is None:
+            return None
+        request = self.request
+        identity = (
+            MEANS_FORMAT,
+            fingerprint,
+            loaded.dtype,
+            request.dataset,
+            self.key(),
+            request.num_seqs,
+            length,
+            request.seed,
+        )
+        return cache_root() / "means" / f"{hashlib.sha256(repr(identity).encode()).hexdigest()[:20]}.pt"
+
+    def key(self) -> str:
+        """The corpus's content fingerprint, read without tokenising: a pinned file's bytes, else
+        one pass over the corpus stream."""
+        if self.stream is None:
+            return hashlib.sha256(Path(self.request.dataset).read_bytes()).hexdigest()[:16]
+        return self.stream.scan()
 
 
 def _on_cpu(value: object) -> object:
@@ -475,17 +514,6 @@ def _on_cpu(value: object) -> object:
     if isinstance(value, tuple):
         return tuple(_on_cpu(v) for v in value)
     return value
-
-
-def _corpus_key(request: CorpusRequest) -> str:
-    """The corpus's content fingerprint, read without tokenising: a pinned file's bytes, else
-    one pass over the corpus stream (a bad name or path refused as when sampling)."""
-    if request.pinned and Path(request.dataset).is_file():
-        return hashlib.sha256(Path(request.dataset).read_bytes()).hexdigest()[:16]
-    from resstream.data import default_split, stream_corpus
-
-    split = default_split(request.dataset)
-    return stream_corpus(request.dataset, split=split, data_dir=request.data_dir).scan()
 
 
 #: The fields of `Means` the cache holds.

@@ -51,7 +51,12 @@ from resstream.analysis.attribution.readouts import actual_logits
 from resstream.analysis.interventions.components import Component
 from resstream.analysis.interventions.effects import Readout, component_effects
 from resstream.analysis.interventions.engine import DEFAULT_BATCH
-from resstream.analysis.interventions.metrics import Measured
+from resstream.analysis.interventions.metrics import (
+    Measured,
+    final_inputs,
+    log_probabilities,
+    pre_cap_scores,
+)
 from resstream.analysis.interventions.results import Effect
 from resstream.analysis.interventions.runs import Run, run_values
 from resstream.capture.hooks import first_tensor
@@ -196,23 +201,17 @@ def _state_products(grad: Tensor, now: Tensor, new: Tensor) -> Tensor:
 
 
 def metric_of(readout: Readout, h: Tensor) -> Tensor:
-    """M of final states h (N, d) (module docstring), (N,) float64, differentiable in h: the
-    logit difference as `metrics.measure` computes it (the final norm's formula in float64), or
-    log p(target) from scores in the decoder's dtype (at least float32), soft-capped and
+    """M of final states h (N, d) (module docstring), (N,) float64, differentiable in h, read
+    as `metrics.measure` reads it: the final norm's formula in float64, the scores in the
+    model's dtype (at least float32), the logit difference, or log p(target) soft-capped and
     normalised in float64."""
     decoder = readout.decoder
     device = decoder.matrix.device
     target = torch.full((h.shape[0],), readout.target, dtype=torch.long, device=device)
     if readout.foil is not None:
         return actual_logits(decoder, h, target, torch.full_like(target, readout.foil))
-    dtype = torch.promote_types(decoder.matrix.dtype, torch.float32)
-    scores = decoder.inputs(h.to(device)).to(dtype) @ decoder.matrix.to(dtype).T
-    if decoder.bias is not None:
-        scores = scores + decoder.bias.to(dtype)
-    scores = scores.double()
-    if decoder.softcap:
-        scores = torch.tanh(scores / decoder.softcap) * decoder.softcap
-    return torch.log_softmax(scores, dim=-1)[:, readout.target]
+    scores = pre_cap_scores(decoder, final_inputs(decoder, h.to(device)))
+    return log_probabilities(decoder, scores)[:, readout.target]
 
 
 @dataclass(frozen=True, eq=False)

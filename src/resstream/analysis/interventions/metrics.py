@@ -12,6 +12,11 @@ norm, unembedding, bias, then soft-capping where the model has it):
 
 `measure` reads states; `measure_direct` reads the base run's state plus a change carried to
 h_L with the final norm frozen at the base state (`carry`): the direct path.
+
+Precision: the final norm's formula is applied in float64 (`final_inputs`), the scores are
+computed in the model's dtype, at least float32 (`score_dtype`: float64 for a float64 model,
+float32 for float32, bfloat16 and float16 ones), and the logit, log-softmax and KL in float64:
+never less precise than the model.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from resstream.analysis.attribution.readouts import actual_logits, direction
+from resstream.analysis.attribution.readouts import bias_difference, direction
 from resstream.analysis.decoding.decoder import Decoder
 from resstream.analysis.norms import norm_form
 
@@ -67,11 +72,7 @@ class Measured:
 @torch.no_grad()
 def measure(decoder: Decoder, h: Tensor, target: int, foil: int | None = None) -> Measured:
     """The metrics of final states h (N, d) for `target` (and `foil`)."""
-    pre = _pre_cap(decoder, h)
-    ids = torch.full((h.shape[0],), target, dtype=torch.long, device=h.device)
-    logit = actual_logits(decoder, h, ids)
-    diff = None if foil is None else actual_logits(decoder, h, ids, torch.full_like(ids, foil))
-    return _from_scores(decoder, pre, target, logit, diff)
+    return _read(decoder, final_inputs(decoder, h), target, foil)
 
 
 @torch.no_grad()
@@ -79,37 +80,68 @@ def measure_direct(
     decoder: Decoder, base: Tensor, changes: Tensor, target: int, foil: int | None = None
 ) -> Measured:
     """The metrics of `base` (d,) + each change (N, d) with the final norm frozen at `base`:
-    the direct path of each change to the logits."""
+    the direct path of each change to the logits. The frozen norm is applied to the moved
+    state base + change itself, so a change that cancels the state reads as the zero state
+    exactly (every score equal to its bias: all equal, rank 0, without biases), and a zero
+    change reads as `measure` reads `base`."""
     form = norm_form(decoder.norm).to(torch.float64)
-    changes = changes.to(base.device)
-    moved = form.freeze(base.double().unsqueeze(0)).apply(changes.double())  # (N, d)
-    W_U = decoder.matrix
-    pre = _pre_cap(decoder, base.unsqueeze(0)) + (moved.to(W_U.dtype) @ W_U.T).float()
-    device = W_U.device
-    ids = torch.full((changes.shape[0],), target, dtype=torch.long, device=device)
-    base_logit = actual_logits(decoder, base.unsqueeze(0), ids[:1])
-    logit = base_logit + (moved.to(device) * direction(decoder, ids)).sum(-1)
+    state = base.double().unsqueeze(0)
+    moved = state + changes.to(base.device).double()
+    return _read(decoder, form.freeze(state).apply(moved) + form.offset(state), target, foil)
+
+
+def final_inputs(decoder: Decoder, h: Tensor) -> Tensor:
+    """final_norm(h) (N, d) in float64: the norm's formula (`norms.norm_form`, checked against
+    the module) applied to the states in float64, so the read-out is never less precise than
+    the model and the target's logit is `readouts.actual_logits`'s. The decoder is the logit
+    lens (`Decoder.inputs` without a translator)."""
+    return norm_form(decoder.norm).to(torch.float64)(h.double())
+
+
+def score_dtype(decoder: Decoder) -> torch.dtype:
+    """The dtype scores are computed in: the unembedding's (the model's), at least float32."""
+    return torch.promote_types(decoder.matrix.dtype, torch.float32)
+
+
+def pre_cap_scores(decoder: Decoder, x: Tensor) -> Tensor:
+    """Scores (N, vocab) before soft-capping of decoder inputs x (N, d), in `score_dtype`."""
+    dtype = score_dtype(decoder)
+    scores = x.to(decoder.matrix.device, dtype) @ decoder.matrix.to(dtype).T
+    return scores + decoder.bias.to(dtype) if decoder.bias is not None else scores
+
+
+def _read(decoder: Decoder, x: Tensor, target: int, foil: int | None) -> Measured:
+    """The metrics of decoder inputs x (N, d) float64 (module docstring): the rank counts the
+    scores strictly above the target's before soft-capping (strictly increasing, it changes no
+    rank: `Decoder`), log-probabilities and KL from the soft-capped scores in float64."""
+    pre = pre_cap_scores(decoder, x)
+    x = x.to(pre.device)
+    ids = torch.full((x.shape[0],), target, dtype=torch.long, device=pre.device)
+    logit = (x * direction(decoder, ids)).sum(-1) + bias_difference(decoder, ids)
     diff = None
     if foil is not None:
         foils = torch.full_like(ids, foil)
-        base_diff = actual_logits(decoder, base.unsqueeze(0), ids[:1], foils[:1])
-        diff = base_diff + (moved.to(device) * direction(decoder, ids, foils)).sum(-1)
-    return _from_scores(decoder, pre, target, logit, diff)
+        diff = (x * direction(decoder, ids, foils)).sum(-1) + bias_difference(decoder, ids, foils)
+    rank = (pre > pre[:, target : target + 1]).sum(-1)
+    log_probs = log_probabilities(decoder, pre)
+    return Measured(log_probs[:, target], logit, diff, rank, log_probs)
 
 
-def _pre_cap(decoder: Decoder, h: Tensor) -> Tensor:
-    """Float32 logits (N, vocab) before soft-capping."""
-    scores = decoder.inputs(h).float() @ decoder.matrix.float().T
-    return scores + decoder.bias.float() if decoder.bias is not None else scores
-
-
-def _from_scores(decoder: Decoder, pre: Tensor, target: int, logit: Tensor, diff: Tensor | None) -> Measured:
+def log_probabilities(decoder: Decoder, pre: Tensor) -> Tensor:
+    """The next-token log-probabilities (N, vocab) float64 of scores before soft-capping."""
     scores = pre.double()
     if decoder.softcap:
         scores = torch.tanh(scores / decoder.softcap) * decoder.softcap
-    log_probs = torch.log_softmax(scores, dim=-1)
-    rank = (scores > scores[:, target : target + 1]).sum(-1)
-    return Measured(log_probs[:, target], logit.double(), diff, rank, log_probs)
+    return torch.log_softmax(scores, dim=-1)
 
 
-__all__ = ["METRICS", "Measured", "measure", "measure_direct"]
+__all__ = [
+    "METRICS",
+    "Measured",
+    "final_inputs",
+    "log_probabilities",
+    "measure",
+    "measure_direct",
+    "pre_cap_scores",
+    "score_dtype",
+]

@@ -173,7 +173,8 @@ def run_values(base: Run, source: Run, sequence: int = 0) -> Values:
 class Means:
     """Mean activations over a corpus sample (every position of every window): per block the
     mean z (heads, d_head), neuron coefficients (d_ff), attention and MLP outputs (d), and the
-    residual state at every block input h_0..h_L (L+1, d). `count` positions were averaged."""
+    residual state at every block input h_0..h_L (L+1, d), in float64. `count` positions were
+    averaged."""
 
     z: tuple[Tensor, ...]
     coefficients: tuple[Tensor, ...]
@@ -228,14 +229,14 @@ def neuron_columns(view: ModelView, component: Component) -> int | slice:
 
 def accumulate_means(runs: list[Run]) -> Means:
     """The mean activations (`Means`) over every position of every sequence of `runs`,
-    summed in float64."""
+    summed and kept in float64 (cast to the model's dtype only where a value is set)."""
     count = sum(int(r.internals.input_ids.numel()) for r in runs)
 
     def mean(field: str, layer: int) -> Tensor:
         total = torch.stack(
             [getattr(r.internals.blocks[layer], field).double().flatten(0, 1).sum(0) for r in runs]
         )
-        return (total.sum(0) / count).float()
+        return total.sum(0) / count
 
     n_layers = runs[0].view.n_layers
     z = [mean("z", layer) for layer in range(n_layers)]
@@ -246,7 +247,7 @@ def accumulate_means(runs: list[Run]) -> Means:
         torch.stack([_states(r, layer).double().flatten(0, 1).sum(0) for r in runs])
         for layer in range(n_layers + 1)
     ]
-    resid = torch.stack([(s.sum(0) / count).float() for s in states])
+    resid = torch.stack([s.sum(0) / count for s in states])
     return Means(tuple(z), tuple(coefficients), tuple(attn), tuple(mlp), resid, count)
 
 
