@@ -264,6 +264,15 @@ def test_faithfulness_of_one_text_writes_its_report(tmp_path: Path, capsys) -> N
     assert "Spearman" in printed and "wrote ablate.json, " in printed
 
 
+def test_the_printed_summary_names_parameters_as_flags(tmp_path: Path, capsys) -> None:
+    """A note of the library (faithfulness over too few windows names `num_seqs`) reads as the
+    flag on the terminal."""
+    from resstream.cli.interventions import Report
+
+    Report((), "note: 7 windows or more (`num_seqs`) give ± 0.92").show(tmp_path, "ablate")
+    assert "note: 7 windows or more (--num-seqs) give" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_dataset_without_a_text_checks_faithfulness_over_the_corpus(tmp_path: Path, capsys) -> None:
     corpus = tmp_path / "corpus.txt"

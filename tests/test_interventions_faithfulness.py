@@ -7,6 +7,7 @@ is there) with its notebook display, frame, JSON and CSVs."""
 from __future__ import annotations
 
 import copy
+import html
 import json
 import math
 from pathlib import Path
@@ -23,6 +24,12 @@ from resstream.analysis.interventions.faithfulness import (
     HEAD_SCORES,
     NEURON_SCORES,
     SELECTIONS,
+    USABLE_WINDOWS,
+    Level,
+    ModelFields,
+    PredictionMeasures,
+    SampleFields,
+    ScoredPrediction,
     Settings,
     agreement_values,
     candidate_neurons,
@@ -34,6 +41,7 @@ from resstream.analysis.interventions.faithfulness import (
     measure_prediction,
     selection_order,
     spearman,
+    summarise,
     top_k_overlap,
 )
 from resstream.analysis.interventions.runs import capture_run, zero_values
@@ -41,7 +49,14 @@ from resstream.api.faithfulness import chosen_positions, faithfulness
 from resstream.errors import UsageError
 from resstream.io import jsonable
 from resstream.models.adapters import view_of
-from resstream.reporting.faithfulness import CSV_TABLES, FIGURES, csv_frame, write_faithfulness_report
+from resstream.reporting.faithfulness import (
+    CSV_TABLES,
+    FIGURES,
+    csv_frame,
+    faithfulness_html,
+    terminal_summary,
+    write_faithfulness_report,
+)
 from resstream.reporting.notebook import frame_csv
 from tests.notebook_support import assert_displays, assert_frame_columns
 from tests.test_models_adapters import tiny_ids, tiny_model
@@ -213,6 +228,32 @@ def test_random_selection_is_seeded() -> None:
     first = selection_order("random", scores, None, torch.Generator().manual_seed(3))  # type: ignore[arg-type]
     again = selection_order("random", scores, None, torch.Generator().manual_seed(3))  # type: ignore[arg-type]
     assert first == again and sorted(first) == list(range(16))
+
+
+def _window(sequence: int, total: list[float], score: list[float]) -> list[PredictionMeasures]:
+    """One window's one prediction: heads with these total effects and C scores."""
+    effects = torch.tensor(total, dtype=torch.float64)
+    heads = tuple(Component(0, "head", h) for h in range(len(total)))
+    level = Level("head", heads, effects, effects / 2, {"C": torch.tensor(score, dtype=torch.float64)})
+    prediction = ScoredPrediction(sequence, 1, 5, "x", -1.0, 0)
+    return [PredictionMeasures(prediction, (level,), {("C", 1): (-0.1, -0.01)})]
+
+
+def test_intervals_from_too_few_windows_carry_a_note() -> None:
+    """Two windows: ρ 1 and 0.5 give a 95% interval of [−1, 1], which a note calls uninformative,
+    in the result, the terminal's lines and the page; enough windows, or one text, get none."""
+    fields = ModelFields("m", top_k=2, candidates=0, neuron_count=0, n_layers=1, n_heads=3, notes=("x",))
+    two = [_window(0, [-1.0, -2.0, -3.0], [1.0, 2.0, 3.0]), _window(1, [-1.0, -2.0, -3.0], [1.0, 3.0, 2.0])]
+    result = summarise(two, fields, SampleFields(dataset="corpus", num_seqs=2))
+    rho = result.agreement_of("head", "C").spearman
+    assert (rho.value, rho.low, rho.high, rho.count) == (0.75, -1.0, 1.0, 2)
+    note = result.notes[-1]
+    assert result.notes[0] == "x" and note.startswith("too few sequences") and "2 windows" in note
+    assert f"{USABLE_WINDOWS} windows or more" in note and "next to nothing" in note
+    assert f"note: {note}" in terminal_summary(result) and html.escape(note) in faithfulness_html(result, [])
+    enough = [_window(k, [-1.0, -2.0, -3.0], [1.0, 2.0, 3.0]) for k in range(USABLE_WINDOWS)]
+    assert summarise(enough, fields, SampleFields(dataset="corpus")).notes == ("x",)
+    assert summarise(two[:1], fields).notes == ("x",)  # one text: no interval is claimed
 
 
 # ----------------------------------------------------------------------------- the API

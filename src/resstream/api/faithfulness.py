@@ -36,6 +36,7 @@ from resstream.analysis.interventions.faithfulness import (
     FaithfulnessResult,
     ModelFields,
     PredictionMeasures,
+    SampleFields,
     Settings,
     measure_prediction,
     summarise,
@@ -191,9 +192,11 @@ def _one_text(
     return summarise(
         [[measured]],
         _model_fields(loaded, settings),
-        tokens=tuple(token_text(tokenizer, int(t)) for t in ids[0]),
-        seq_len=int(ids.shape[1]),
-        rules=_rules(settings, None),
+        SampleFields(
+            tokens=tuple(token_text(tokenizer, int(t)) for t in ids[0]),
+            seq_len=int(ids.shape[1]),
+            rules=_rules(settings, None),
+        ),
     )
 
 
@@ -243,12 +246,14 @@ def _corpus(
     return summarise(
         by_sequence,
         _model_fields(loaded, settings),
-        dataset=dataset,
-        num_seqs=len(sequences),
-        seq_len=max(len(s) for s in sequences),
-        sample=sample.rule,
-        dataset_fingerprint=fingerprint,
-        rules=_rules(settings, per_seq),
+        SampleFields(
+            dataset=dataset,
+            num_seqs=len(sequences),
+            seq_len=max(len(s) for s in sequences),
+            sample=sample.rule,
+            dataset_fingerprint=fingerprint,
+            rules=_rules(settings, per_seq),
+        ),
     )
 
 

@@ -19,6 +19,7 @@ import typer
 from resstream.cli import options
 from resstream.cli.attribute import refuse_given
 from resstream.cli.common import split_names
+from resstream.cli.flags import cli_message
 from resstream.errors import UsageError
 
 if TYPE_CHECKING:
@@ -375,7 +376,7 @@ class Report:
 
     def show(self, out: Path, command: str) -> None:
         """Print the summary, then what the run wrote and where."""
-        typer.echo(self.summary)
+        typer.echo(cli_message(self.summary, command))
         names = ", ".join(sorted({p.name for p in self.written} - {f"{command}.json"}))
         typer.echo(f"wrote {command}.json, {names} and run.json to {out}")
 

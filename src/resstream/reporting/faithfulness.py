@@ -428,7 +428,7 @@ def write_faithfulness_report(result: FaithfulnessResult, out_dir: Directory) ->
 # ----------------------------------------------------------------------------- terminal
 def terminal_summary(result: FaithfulnessResult) -> str:
     """A command's lines: what was measured, then per level and score Spearman's ρ and the
-    top-k overlap, the direct shares, and each method's Δ log p at the largest n."""
+    top-k overlap, the direct shares, each method's Δ log p at the largest n, and the notes."""
     lines = [f"faithfulness of the additive scores on {result.model}, {_scope(result)}"]
     for a in result.agreement:
         lines.append(
@@ -442,13 +442,16 @@ def terminal_summary(result: FaithfulnessResult) -> str:
         if points:
             last = points[-1]
             lines.append(f"  top-{last.n} by {method}: Δ log p {_interval(last.d_logprob)}")
+    lines += [f"note: {note}" for note in result.notes]
     return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- notebook
 def faithfulness_view(result: FaithfulnessResult) -> NotebookView:
-    """What `result` shows in a notebook: the page's tables and every figure with its caption."""
-    tables = [
+    """What `result` shows in a notebook: the notes, the page's tables and every figure with its
+    caption."""
+    tables = [Table("notes", notes_html(result.notes))] if result.notes else []
+    tables += [
         Table("agreement with the exact effect", frame_html(agreement_table(result), 40)),
         Table(
             "ablation curves: Δ log p(target) (patched − clean), the top-n neurons of each method ablated",
