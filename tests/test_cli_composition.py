@@ -73,7 +73,10 @@ def test_the_reference_model_end_to_end(tmp_path, capsys):
     )
     assert lines[1].startswith("Q-composition, top 3") and lines[5].startswith("K-composition, top 3")
     best = report["top"]["k"][0]
-    pair = f"{best['layer_a']}.{best['head_a']} -> {best['layer_b']}.{best['head_b']}  {best['score']:.4f}"
+    pair = (
+        f"L{best['layer_a']}.H{best['head_a']} -> L{best['layer_b']}.H{best['head_b']}  {best['score']:.4f}"
+    )
+    assert best["name"] == pair.split("  ")[0]
     assert lines[6].strip().startswith(pair), lines[6]
     assert lines[-1].startswith("wrote composition.json") and str(out) in lines[-1]
     record = json.loads((out / "run.json").read_text())

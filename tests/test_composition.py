@@ -402,11 +402,19 @@ def test_the_heatmap_puts_later_heads_in_rows_and_earlier_heads_in_columns(tmp_p
 @pytest.mark.parametrize(
     ("layers", "heads", "every_head", "first_columns", "first_rows"),
     [
-        (6, 4, True, ["0.0", "0.1", "0.2", "0.3", "1.0"], ["1.0", "1.1", "1.2", "1.3", "2.0"]),
-        (12, 12, False, ["0.0", "1.0", "2.0"], ["1.0", "2.0", "3.0"]),
+        (
+            6,
+            4,
+            True,
+            ["L0.H0", "L0.H1", "L0.H2", "L0.H3", "L1.H0"],
+            ["L1.H0", "L1.H1", "L1.H2", "L1.H3", "L2.H0"],
+        ),
+        (12, 12, False, ["L0.H0", "L1.H0", "L2.H0"], ["L1.H0", "L2.H0", "L3.H0"]),
     ],
 )
-def test_the_heatmap_labels_heads_as_layer_dot_head(layers, heads, every_head, first_columns, first_rows):
+def test_the_heatmap_labels_heads_by_their_component_names(
+    layers, heads, every_head, first_columns, first_rows
+):
     """The reference model's 6 × 4 heads are each labelled; a 12 × 12 model's cells are too
     small, so each layer's first head is, with a minor tick for every head."""
     from resstream.reporting.composition import head_ticks, heatmap_size
@@ -419,7 +427,7 @@ def test_the_heatmap_labels_heads_as_layer_dot_head(layers, heads, every_head, f
     )
     for position, column, row in zip(ticks.positions, ticks.columns, ticks.rows, strict=True):
         layer, head = divmod(position, heads)
-        assert column == f"{layer}.{head}" and row == f"{layer + 1}.{head}"
+        assert column == f"L{layer}.H{head}" and row == f"L{layer + 1}.H{head}"
     if every_head:
         assert len(ticks.positions) == cells and ticks.minor == []
     else:

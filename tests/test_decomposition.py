@@ -80,7 +80,7 @@ def test_labels_and_counts() -> None:
     d_ff = view.blocks[0].mlp_weights().d_ff
     # embed + per layer: heads x SEQ sources, attn bias, d_ff neurons, mlp bias
     assert len(parts) == 1 + view.n_layers * (view.n_heads * SEQ + 1 + d_ff + 1)
-    assert labels[0] == "embed" and "L0.H2<-3" in labels and "L1.N7" in labels and "L1.mlp_bias" in labels
+    assert labels[0] == "emb" and "L0.H2.S3" in labels and "L1.N7" in labels and "L1.mlp_bias" in labels
     # sources after the position get exactly zero weight (causal mask)
     future = parts.sources > 4
     assert torch.count_nonzero(parts.vectors[future]) == 0

@@ -178,9 +178,9 @@ def test_decompose_frame_holds_the_components_of_to_dict(decomposed: DecomposeRe
     assert frame["norm"].tolist() == [c["norm"] for c in components]
     assert frame["share"].tolist() == [c["share"] for c in components]
     assert frame["share"].sum() == pytest.approx(1.0, abs=1e-4)  # the components sum to the state
-    source = rows(frame, component="L0.H1<-2").iloc[0]
+    source = rows(frame, component="L0.H1.S2").iloc[0]
     assert (source["kind"], source["layer"], source["head"], source["source"]) == ("source", 0, 1, 2)
-    assert pandas.isna(source["neuron"]) and pandas.isna(one(frame, "layer", component="embed"))
+    assert pandas.isna(source["neuron"]) and pandas.isna(one(frame, "layer", component="emb"))
     name, norm = decomposed.largest(1)[0]
     assert norm == frame["norm"].max() and name in repr(decomposed)
 

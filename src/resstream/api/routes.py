@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from resstream.analysis.attribution.decomposition import neuron_terms, residual_points
 from resstream.analysis.decoding.decoder import Decoder, decoder_of
+from resstream.analysis.names import bias_name, neuron_name, source_name, sublayer_name
 from resstream.analysis.routes import (
     DEFAULT_THRESHOLD,
     CorpusRoutes,
@@ -194,7 +195,7 @@ def _top_terms(imp: FlowImportances, point: int, position: int) -> tuple[Scored,
     layer, stage = divmod(point - 1, 2)
     if stage == 1:
         terms = [
-            (f"L{layer}.mlp", float(imp.mlp[layer, position])),
+            (sublayer_name(layer, "mlp"), float(imp.mlp[layer, position])),
             ("residual", float(imp.mlp_residual[layer, position])),
         ]
     else:
@@ -202,11 +203,11 @@ def _top_terms(imp: FlowImportances, point: int, position: int) -> tuple[Scored,
         count = min(NODE_TOP, weights.numel())
         values, flat = weights.reshape(-1).topk(count)
         terms = [
-            (f"L{layer}.H{int(i) // weights.shape[1]}<-{int(i) % weights.shape[1]}", float(v))
+            (source_name(layer, int(i) // weights.shape[1], int(i) % weights.shape[1]), float(v))
             for v, i in zip(values, flat, strict=True)
         ]
         terms += [("residual", float(imp.attn_residual[layer, position]))]
-        terms += [(f"L{layer}.attn_bias", float(imp.attn_bias[layer, position]))]
+        terms += [(bias_name(layer, "attn_bias"), float(imp.attn_bias[layer, position]))]
     ranked = sorted((t for t in terms if t[1] > 0), key=lambda t: -t[1])[:NODE_TOP]
     return tuple(Scored(label, value) for label, value in ranked)
 
@@ -231,7 +232,9 @@ def _top_neurons(view: ModelView, internals: Internals, point: int, position: in
     count = min(NODE_TOP, len(writes))
     values_, index = share[: len(writes)].topk(count)
     return tuple(
-        Scored(f"L{layer}.N{int(i)}", float(v)) for v, i in zip(values_, index, strict=True) if float(v) > 0
+        Scored(neuron_name(layer, int(i)), float(v))
+        for v, i in zip(values_, index, strict=True)
+        if float(v) > 0
     )
 
 

@@ -3,8 +3,8 @@
 `plot_composition` draws, for one kind (Q, K or V), every earlier head (columns, grouped by
 layer 0..L−2) against every later head (rows, grouped by layer 1..L−1, top to bottom): a
 cell is the score of the column's head into the row's head, and cells where the row's layer
-is not later than the column's are blank. Lines separate the layers, the axes label heads as
-`layer.head` (every head where the cells are large enough, else each layer's first head with
+is not later than the column's are blank. Lines separate the layers, the axes label heads by
+their names, `L1.H3` (every head where the cells are large enough, else each layer's first head with
 a minor tick per head), and the colour bar marks the random baseline with a line (also stated
 in the title, with the convention).
 
@@ -28,9 +28,9 @@ from resstream.analysis.circuits.composition import (
     KIND_NAMES,
     KINDS,
     CompositionResult,
-    HeadPair,
     Kind,
 )
+from resstream.analysis.names import head_name
 from resstream.reporting.figures import new_figure, save_figure
 from resstream.reporting.notebook import (
     NotebookView,
@@ -131,8 +131,8 @@ def composition_figure(result: CompositionResult, kind: Kind) -> Figure:
         f"1/√d = {baseline.rms_analytic:.3f})",
         fontsize=9,
     )
-    ax.set_xlabel("earlier head (writes), layer.head")
-    ax.set_ylabel("later head (reads), layer.head")
+    ax.set_xlabel("earlier head (writes)")
+    ax.set_ylabel("later head (reads)")
     bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     bar.set_label(f"{KIND_NAMES[kind]} score (dashed: random baseline)")
     bar.ax.axhline(baseline.mean, color="white", linewidth=2.5)
@@ -166,7 +166,7 @@ class HeadTicks:
 
 
 def head_ticks(n_layers: int, n_heads: int, size: float) -> HeadTicks:
-    """Labels `layer.head` (columns: layers 0..L−2, rows: 1..L−1) for a `size`-inch heatmap:
+    """Head names `L1.H3` (columns: layers 0..L−2, rows: 1..L−1) for a `size`-inch heatmap:
     every head where a cell is tall enough for a label, else each layer's first head (at most
     ~16) with a minor tick per head (none where cells are under 2 points)."""
     groups = n_layers - 1
@@ -182,8 +182,8 @@ def head_ticks(n_layers: int, n_heads: int, size: float) -> HeadTicks:
         minor = list(range(cells)) if cell_points >= 2 else []
     return HeadTicks(
         positions=[g * n_heads + h for g, h in shown],
-        columns=[f"{g}.{h}" for g, h in shown],
-        rows=[f"{g + 1}.{h}" for g, h in shown],
+        columns=[head_name(g, h) for g, h in shown],
+        rows=[head_name(g + 1, h) for g, h in shown],
         minor=minor,
         every_head=every_head,
     )
@@ -217,16 +217,11 @@ def top_lines(result: CompositionResult, n: int) -> list[str]:
     ]
     for kind in KINDS:
         pairs = result.top(kind, n)
-        lines.append(f"{KIND_NAMES[kind]}, top {len(pairs)} (earlier layer.head -> later layer.head):")
+        lines.append(f"{KIND_NAMES[kind]}, top {len(pairs)} (earlier head -> later head):")
         lines += [
-            f"  {_pair_text(pair)}  {pair.score:.4f}  ({pair.score / baseline.mean:.1f}× baseline)"
-            for pair in pairs
+            f"  {pair.name}  {pair.score:.4f}  ({pair.score / baseline.mean:.1f}× baseline)" for pair in pairs
         ]
     return lines
-
-
-def _pair_text(pair: HeadPair) -> str:
-    return f"{pair.layer_a}.{pair.head_a} -> {pair.layer_b}.{pair.head_b}"
 
 
 # --------------------------------------------------------------------------- notebook

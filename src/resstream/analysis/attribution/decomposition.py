@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from resstream.analysis.names import EMBEDDING, bias_name, head_name, neuron_name, source_name, sublayer_name
 from resstream.analysis.norms import norm_form
 from resstream.models.adapters.base import BlockInternals, BlockView, Internals, ModelView
 
@@ -103,18 +104,20 @@ class Decomposition:
         return KINDS[int(self.kinds[index])]
 
     def label(self, index: int) -> str:
-        """A component's name: embed, L1.H3, L1.H3<-5 (source position 5), L1.attn_bias,
-        L2.mlp, L2.N712, L2.mlp_bias, L2.norm_bias."""
+        """A component's name (`analysis.names`): emb, L1.H3, L1.H3.S5 (source position 5),
+        L1.attn_bias, L2.mlp, L2.N712, L2.mlp_bias, L2.norm_bias."""
         kind, layer = self.kind(index), int(self.layers[index])
         if kind == "embed":
-            return "embed"
+            return EMBEDDING
         if kind == "head":
-            return f"L{layer}.H{int(self.heads[index])}"
+            return head_name(layer, int(self.heads[index]))
         if kind == "source":
-            return f"L{layer}.H{int(self.heads[index])}<-{int(self.sources[index])}"
+            return source_name(layer, int(self.heads[index]), int(self.sources[index]))
         if kind == "neuron":
-            return f"L{layer}.N{int(self.neurons[index])}"
-        return f"L{layer}.{kind}"
+            return neuron_name(layer, int(self.neurons[index]))
+        if kind in ("attn", "mlp"):
+            return sublayer_name(layer, kind)
+        return bias_name(layer, kind)
 
 
 class _Parts:

@@ -72,6 +72,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from resstream.analysis.names import head_name, pair_name
 from resstream.analysis.norms import FrozenNorm, NormForm, head_norm, norm_form
 from resstream.display import Displayable
 from resstream.errors import UsageError
@@ -169,9 +170,14 @@ class HeadPair:
     head_b: int
     score: float
 
+    @property
+    def name(self) -> str:
+        """The pair in the component grammar (`analysis.names`): L2.H1 -> L5.H2."""
+        return pair_name(head_name(self.layer_a, self.head_a), head_name(self.layer_b, self.head_b))
+
     def to_dict(self) -> dict[str, Any]:
-        """Every field, by name."""
-        return asdict(self)
+        """Every field, by name, and the pair's `name`."""
+        return {**asdict(self), "name": self.name}
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -233,8 +239,7 @@ class CompositionResult(Displayable, renderer="resstream.reporting.composition")
         tops = []
         for kind in KINDS:
             for pair in self.top(kind, 1):
-                where = f"L{pair.layer_a}.H{pair.head_a}→L{pair.layer_b}.H{pair.head_b}"
-                tops.append(f"top {kind.upper()} {where} {pair.score:.3f}")
+                tops.append(f"top {kind.upper()} {pair.name} {pair.score:.3f}")
         sizes = f"{self.model}: {self.n_layers} layers × {self.n_heads} heads, {self.convention} convention"
         return summary(self, sizes, ", ".join(tops), f"random baseline {self.baseline.mean:.3f}")
 

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from resstream.analysis.names import component_name
 from resstream.errors import UsageError
 
 ComponentKind = Literal["emb", "attn", "mlp", "head", "neuron", "expert", "source", "resid"]
@@ -60,21 +61,8 @@ class Component:
 
     @property
     def name(self) -> str:
-        """The component's spelling in the grammar (module docstring)."""
-        if self.kind == "emb":
-            return "emb"
-        prefix = f"L{self.layer}"
-        if self.kind in ("attn", "mlp"):
-            return f"{prefix}.{self.kind}"
-        if self.kind == "head":
-            return f"{prefix}.H{self.index}"
-        if self.kind == "source":
-            return f"{prefix}.H{self.index}.S{self.source}"
-        if self.kind == "neuron":
-            return f"{prefix}.N{self.index}"
-        if self.kind == "expert":
-            return f"{prefix}.E{self.index}"
-        return f"{prefix}.resid@{self.position}"
+        """The component's spelling in the grammar (module docstring; `analysis.names`)."""
+        return component_name(self.layer, self.kind, self.index, self.source, self.position)
 
     @property
     def start(self) -> int:

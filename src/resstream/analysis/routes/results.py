@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from resstream.analysis.attribution.decomposition import point_name
+from resstream.analysis.names import head_name, source_name, sublayer_name
 from resstream.display import Displayable
 from resstream.reprs import summary
 
@@ -38,10 +39,12 @@ class RouteEdge:
 
     @property
     def label(self) -> str:
-        """L3.H5 for a head, L3.mlp, L3.resid for a residual edge."""
+        """The edge's term by its component name (`analysis.names`): L3.H5.S7 for head 5 of
+        block 3 reading source position 7, L3.mlp for an MLP; "residual" for a residual edge
+        (the node's own stream, no component)."""
         if self.kind == "head":
-            return f"L{self.layer}.H{self.head}"
-        return f"L{self.layer}.{'mlp' if self.kind == 'mlp' else 'resid'}"
+            return source_name(self.layer, int(self.head or 0), self.source)
+        return sublayer_name(self.layer, "mlp") if self.kind == "mlp" else "residual"
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,8 @@ class RouteNode:
     """A residual state on the route: residual `point` (0 = L_in_0, 2l+1 = L_res_l,
     2l+2 = L_out_l) at `position`; `lens`: the logit lens's top tokens of the state with their
     probabilities; `top_terms`: the terms of the node's sum with the largest importances
-    (heads as "L3.H5<-7" with their source, the MLP, the residual); `top_neurons`: an
+    (heads by source as "L3.H5.S7", the MLP "L3.mlp", the output bias "L3.attn_bias", the
+    node's own stream "residual"); `top_neurons`: an
     MLP node's neurons with the largest importance in the MLP's output (empty otherwise)."""
 
     point: int
@@ -217,7 +221,7 @@ def _largest_heads(
 ) -> list[tuple[str, T]]:
     """The `count` entries of a (layer × head) table with the largest `size`, named "L3.H5"."""
     named = [
-        (f"L{layer}.H{head}", value) for layer, row in enumerate(table) for head, value in enumerate(row)
+        (head_name(layer, head), value) for layer, row in enumerate(table) for head, value in enumerate(row)
     ]
     return sorted(named, key=lambda item: -size(item[1]))[:count]
 

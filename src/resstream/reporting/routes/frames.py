@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from resstream.analysis.names import head_name, sublayer_name
 from resstream.analysis.routes.results import CorpusRoutes, RoutesResult
 from resstream.reporting.notebook import long_frame
 from resstream.reporting.routes.common import TABLE_SHOWN
@@ -62,16 +63,18 @@ def corpus_frame(result: CorpusRoutes) -> pandas.DataFrame:
     for layer in range(result.n_layers):
         for head, rate in enumerate(result.head_on_route[layer]):
             flow = result.head_flow[layer][head]
-            rows.append((f"L{layer}.H{head}", layer, head, rate.value, rate.low, rate.high, flow))
+            rows.append((head_name(layer, head), layer, head, rate.value, rate.low, rate.high, flow))
         mlp = result.mlp_on_route[layer]
-        rows.append((f"L{layer}.mlp", layer, None, mlp.value, mlp.low, mlp.high, result.mlp_flow[layer]))
+        rows.append(
+            (sublayer_name(layer, "mlp"), layer, None, mlp.value, mlp.low, mlp.high, result.mlp_flow[layer])
+        )
     floats = ("on_route", "low", "high", "flow")
     return long_frame(CORPUS_COLUMNS, rows, integers=("layer", "head"), floats=floats)
 
 
 def flow_frame(result: RoutesResult) -> pandas.DataFrame:
     """The heads and MLPs with the largest flow, largest first."""
-    named = [(f"L{layer}.mlp", flow) for layer, flow in enumerate(result.mlp_flow)]
+    named = [(sublayer_name(layer, "mlp"), flow) for layer, flow in enumerate(result.mlp_flow)]
     named += result.top_heads(len(result.head_flow) * result.n_heads)
     named.sort(key=lambda item: -item[1])
     return long_frame(("component", "flow"), named[:TABLE_SHOWN], floats=("flow",))

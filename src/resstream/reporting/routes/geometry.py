@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from matplotlib import colormaps
 from matplotlib.colors import to_hex
 
+from resstream.analysis.names import EMBEDDING, sublayer_name
 from resstream.analysis.routes.results import RouteEdge
 
 __all__ = [
@@ -51,12 +52,13 @@ TOKEN_CHARACTERS = 12
 
 
 def row_label(point: int) -> str:
-    """The row of residual point `point`: "emb" (L_in_0), "L3 attn" (L_res_3, after block 3's
-    attention), "L3 mlp" (L_out_3, after its MLP)."""
+    """The row of residual point `point`, named by what was added last (`analysis.names`):
+    "emb" (L_in_0), "L3.attn" (L_res_3, after block 3's attention), "L3.mlp" (L_out_3, after
+    its MLP)."""
     if point == 0:
-        return "emb"
+        return EMBEDDING
     layer, stage = divmod(point - 1, 2)
-    return f"L{layer} {'attn' if stage == 0 else 'mlp'}"
+    return sublayer_name(layer, "attn" if stage == 0 else "mlp")
 
 
 def edge_colour(edge: RouteEdge, n_layers: int) -> str:

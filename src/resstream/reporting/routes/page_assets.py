@@ -49,7 +49,8 @@ ROUTES_SCRIPT = r"""
   }
   function quoted(position) { return "\u2018" + shown.tokens[position] + "\u2019"; }
   function edgeText(edge) {
-    var lines = [edge.label + " (" + edge.kind + "), importance " + edge.importance.toFixed(3)];
+    var kind = edge.label === edge.kind ? "" : " (" + edge.kind + ")";
+    var lines = [edge.label + kind + ", importance " + edge.importance.toFixed(3)];
     if (edge.kind === "head") {
       lines.push("source: " + quoted(edge.source) + " at position " + edge.source);
       lines.push("target: " + quoted(edge.target) + " at position " + edge.target);

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from resstream.analysis.names import head_name, sublayer_name
 from resstream.analysis.routes.results import CorpusRoutes, Rate, RoutesResult
 from resstream.reporting.routes.common import TOP_SHOWN, heads_through, interval_note, mlps_through
 from resstream.reporting.text import probability_text, show_token
@@ -34,7 +35,8 @@ def _single_lines(result: RoutesResult) -> list[str]:
         f"  {len(result.nodes)} nodes, {len(result.edges)} edges: {residual} residual, "
         f"{heads_through(result)} through heads, {mlps_through(result)} through MLPs",
         f"  heads with the largest flow: {heads}",
-        "  MLPs with the largest flow: " + ", ".join(f"L{layer}.mlp {flow:.3f}" for layer, flow in mlps),
+        "  MLPs with the largest flow: "
+        + ", ".join(f"{sublayer_name(layer, 'mlp')} {flow:.3f}" for layer, flow in mlps),
     ]
     strongest = sorted((e for e in result.edges if e.kind == "head"), key=lambda e: -e.importance)[:TOP_SHOWN]
     if strongest:
@@ -52,7 +54,7 @@ def _single_lines(result: RoutesResult) -> list[str]:
 def _corpus_lines(result: CorpusRoutes) -> list[str]:
     heads = ", ".join(f"{name} {_rate_text(rate)}" for name, rate in result.top_heads(TOP_SHOWN))
     named = [
-        (f"L{layer}.H{head}", flow)
+        (head_name(layer, head), flow)
         for layer, row in enumerate(result.head_flow)
         for head, flow in enumerate(row)
     ]
