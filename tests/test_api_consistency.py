@@ -110,7 +110,7 @@ def test_a_simulation_run_prints_one_line_per_configuration(grid: SimulationRun)
 
 
 def _largest(entries):
-    """The (name, C) with the largest |C|, the first of equals."""
+    """The (name, score) with the largest |score|, the first of equals."""
     return max(entries, key=lambda entry: abs(getattr(entry[1], "value", entry[1])))
 
 
@@ -120,8 +120,8 @@ def test_attribute_prints_its_headline_in_a_few_lines() -> None:
     check_short(text)
     assert "model 'reference'" in text and f"target {result.target!r} (id {result.target_id})" in text
     assert f"p {result.probability:.4g}" in text and f"rank {result.rank}" in text
-    name, score = _largest([(f"L{h.layer}.H{h.head}", h.contribution) for h in result.heads])
-    assert f"head {name} {score:+.3g}" in text
+    name, score = _largest([(f"L{h.layer}.H{h.head}", h.dla) for h in result.heads])
+    assert "largest |DLA|: " in text and f"head {name} {score:+.3g}" in text
     assert f"DLA residual {result.check.dla_residual:.1e}" in text
     # the same summary however many entries the lists hold, and from the headline fields alone
     bigger = dataclasses.replace(result, sources=result.sources * 1000, heads=result.heads * 1000)
@@ -137,7 +137,7 @@ def test_corpus_attribution_prints_its_headline_in_a_few_lines(small_corpus: str
     text = repr(result)
     check_short(text)
     assert "model 'reference'" in text and f"{result.positions:,} positions" in text
-    name, score = _largest([(f"L{n.layer}.N{n.neuron}", n.contribution) for n in result.neurons])
+    name, score = _largest([(f"L{n.layer}.N{n.neuron}", n.dla) for n in result.neurons])
     assert f"neuron {name} {score.value:+.3g}" in text
     assert repr(dataclasses.replace(result, heads=result.heads * 1000)) == text
 

@@ -8,7 +8,8 @@ from functools import partial
 import pytest
 import torch
 
-from resstream.analysis.attribution.corpus import attribute_batches
+from resstream.analysis.attribution.contributions import log_probs_of
+from resstream.analysis.attribution.corpus import attribute_batches, batch_scores, neuron_contributions
 from resstream.analysis.attribution.decomposition import residual_points
 from resstream.analysis.attribution.scores import Levels, attribute_position
 from resstream.analysis.decoding.decoder import decoder_of
@@ -213,8 +214,47 @@ def test_corpus_candidates_find_the_neurons_with_the_largest_mean_contribution(c
     batches = [tiny_ids(batch=2)]
     n_neurons = sum(b.mlp_weights().d_ff for b in view.blocks)
     record = partial(block_internals, view)
-    exact = attribute_batches(view, decoder, batches, record, top=5, candidates=n_neurons)
-    screened = attribute_batches(view, decoder, batches, record, top=5, candidates=n_neurons // 4)
+    exact = attribute_batches(view, decoder, batches, record, top=5, candidates=n_neurons, rank_by="c")
+    screened = attribute_batches(
+        view, decoder, batches, record, top=5, candidates=n_neurons // 4, rank_by="c"
+    )
     found = {(n.layer, n.neuron) for n in screened.neurons} & {(n.layer, n.neuron) for n in exact.neurons}
     assert len(found) == 5
-    assert "first-order estimate" in screened.neuron_rule
+    assert "first-order estimate" in screened.neuron_rule and screened.rank_by == "c"
+
+
+def test_corpus_mode_lists_the_largest_mean_dla_of_all_neurons_with_their_exact_c() -> None:
+    """By default (rank_by "dla") the listed neurons are the top 5 by |mean DLA| over every
+    neuron (DLA is exact for all, no screen), each with its exact mean C beside it."""
+    view = view_of(tiny_model("gpt2"))
+    decoder = decoder_of(view)
+    batches = [tiny_ids(batch=2)]
+    record = partial(block_internals, view)
+    listed = attribute_batches(view, decoder, batches, record, top=5, candidates=8)
+    scores = batch_scores(view, record(batches[0]), decoder, log_probs_of(decoder))
+    mean_dla = torch.stack([s.neuron_dla for s in scores]).mean(0)  # (L, d_ff)
+    d_ff = mean_dla.shape[1]
+    top = [divmod(int(i), d_ff) for i in mean_dla.abs().flatten().argsort(descending=True)[:5]]
+    assert [(n.layer, n.neuron) for n in listed.neurons] == top
+    assert listed.rank_by == "dla" and "largest |mean DLA| of all" in listed.neuron_rule
+    internals, lp = record(batches[0]), log_probs_of(decoder)
+    exact_c = torch.stack([neuron_contributions(view, internals, lp, top, s) for s in range(2)]).mean(0)
+    for neuron, c in zip(listed.neurons, exact_c.tolist(), strict=True):
+        assert neuron.contribution.value == pytest.approx(c, abs=1e-6)
+        assert neuron.dla.value == pytest.approx(float(mean_dla[neuron.layer, neuron.neuron]), abs=1e-9)
+
+
+@pytest.mark.parametrize("rank_by", ["dla", "c"])
+def test_one_text_lists_the_sources_and_neurons_with_the_largest_score_of_its_ranking(rank_by: str) -> None:
+    """The listed sources and neurons are the top N of every one by |DLA| (default) or |C|,
+    largest first; the other score is kept beside each."""
+    _, _, every = _run("gpt2", linearity=False, queries=0)
+    view = view_of(tiny_model("gpt2"))
+    rec = block_internals(view, tiny_ids(batch=1), attention=True)
+    levels = Levels(top=5, linearity=False, queries=0, rank_by=rank_by)  # type: ignore[arg-type]
+    result = attribute_position(view, rec, decoder_of(view), POSITION, TARGET, levels=levels)
+    field = "dla" if rank_by == "dla" else "contribution"
+    for listed, full in ((result.neurons, every.neurons), (result.sources, every.sources)):
+        largest = sorted(full, key=lambda entry: -abs(getattr(entry, field)))[:5]
+        assert [getattr(e, field) for e in listed] == pytest.approx([getattr(e, field) for e in largest])
+    assert result.rank_by == rank_by

@@ -59,14 +59,23 @@ def test_attribute_one_text_writes_every_output(tmp_path: Path, capsys) -> None:
     for level in SINGLE_LEVELS:  # each a level of to_pandas(), with the columns it uses
         assert (out / f"{level.name}.csv").read_text().splitlines()[0] == ",".join(level.columns)
     assert "check: decomposition" in printed and "wrote attribute.json" in printed
+    assert report["rank_by"] == "dla" and "\ntop layers by |DLA|: L" in printed
+    assert "resstream ablate --faithfulness" in printed  # where C and DLA are checked against ablation
+    largest = sorted(report["neurons"], key=lambda n: -abs(n["dla"]))
+    assert report["neurons"] == largest  # listed by |DLA|, C beside it
     html = (out / "attribute.html").read_text()
     assert "http://" not in html and "https://" not in html.replace("https://www.w3.org", "")
 
 
-def test_attribute_defaults_to_the_top_prediction_at_the_last_position(tmp_path: Path) -> None:
+def test_attribute_defaults_to_the_top_prediction_at_the_last_position(tmp_path: Path, capsys) -> None:
     out = tmp_path / "attr"
-    assert main(["attribute", *FAST, "--text", TEXT, "--no-sources", "--no-neurons", "--out", str(out)]) == 0
+    args = ["attribute", *FAST, "--text", TEXT, "--no-sources", "--no-neurons", "--rank-by", "c"]
+    assert main([*args, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "\ntop layers by |C|: L0.mlp +" in printed and "(DLA " in printed  # the seed paper's order
+    assert json.loads((out / "run.json").read_text())["config"]["rank_by"] == "c"
     report = json.loads((out / "attribute.json").read_text())
+    assert report["rank_by"] == "c"
     assert report["rank"] == 0 and report["position"] == 5
     assert report["sources"] == [] and report["neurons"] == [] and report["linearity"] is None
     assert not (out / "neurons.png").exists()
@@ -81,6 +90,7 @@ def test_attribute_defaults_to_the_top_prediction_at_the_last_position(tmp_path:
         (["--text", "The"], ("1 token", "at least 2")),
         (["--text", TEXT, "--target", ",", "--foil", ","], ("--foil", "target token itself")),
         (["--text", TEXT, "--top", "0"], ("--top 0", "1 or more")),
+        (["--text", TEXT, "--rank-by", "abs"], ("--rank-by 'abs'", "dla, c")),
         (["--text", TEXT, "--target", ",", "--target-id", "3"], ("--target", "--target-id", "not both")),
         (["--text", TEXT, "--target-id", "999999"], ("--target-id 999999", "vocabulary")),
         (["--text", TEXT, "--dataset", "shakespeare"], ("--dataset", "not both")),

@@ -133,7 +133,9 @@ def test_attribute_neurons_figure_says_which_neurons_it_shows_and_what_m_is() ->
     result = single()
     fig = neurons_figure(result)
     title = fig.get_suptitle()
-    assert f"the {len(result.neurons)} neurons with the largest |C| of all neurons in every layer" in title
+    assert f"the {len(result.neurons)} neurons with the largest |DLA| of all neurons in every layer" in title
+    by_c = neurons_figure(replace(result, rank_by="c")).get_suptitle()
+    assert "the 8 neurons with the largest |C| of all neurons in every layer" in by_c
     assert " of 8 neurons" not in title and "top 8" not in title
     assert "m (at the attributed position) = the neuron's coefficient m_k" in fig.get_supxlabel()
     assert "act(x·W_in[:, k] + b_in[k])" in fig.get_supxlabel()
@@ -143,13 +145,14 @@ def test_attribute_neurons_figure_counts_what_it_leaves_out_of_a_longer_list() -
     base = single().neurons[0]
     many = tuple(replace(base, neuron=n, contribution=1.0 - n / 100) for n in range(NEURONS_SHOWN + 10))
     title = neurons_figure(replace(single(), neurons=many)).get_suptitle()
-    assert f"the {NEURONS_SHOWN} neurons with the largest |C|" in title
+    assert f"the {NEURONS_SHOWN} neurons with the largest |DLA|" in title
     assert f"(the first {NEURONS_SHOWN} of the {NEURONS_SHOWN + 10} in neurons.csv)" in title
 
 
 def test_corpus_neurons_figure_explains_the_mean_coefficient() -> None:
     fig = neurons_figure(corpus())
-    assert "largest |mean C| of those scored exactly" in fig.get_suptitle()
+    assert "largest |mean DLA| of all neurons" in fig.get_suptitle()
+    assert "largest |mean C| of those scored exactly" in neurons_figure(replace(corpus(), rank_by="c")).get_suptitle()
     assert fig.get_supxlabel().startswith("mean m = the mean over the scored positions")
 
 

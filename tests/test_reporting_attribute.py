@@ -112,9 +112,9 @@ def single(layers: int = 3, heads: int = 4, *, foil: bool = True, target: str = 
                 1.75,
                 -0.25,
                 (
-                    QueryShare("embed", None, "embed", 1.0),
+                    QueryShare("emb", None, "embed", 1.0),
                     QueryShare("L0.H3", 0, "head", 0.5),
-                    QueryShare("L0.H3<-5", 0, "source", 0.25),
+                    QueryShare("L0.H3.S5", 0, "source", 0.25),
                 ),
                 1e-7,
             ),
@@ -440,23 +440,32 @@ def test_layers_figure_has_integer_layer_ticks_a_zero_line_and_names_the_target(
     assert any(line.get_ydata()[0] == 0 for line in top.lines)  # the zero line
     title = fig.get_suptitle()
     assert "toy-gpt" in title and "␣Paris" in title and "position 4" in title and "␣London" in title
-    assert "logit difference" in bottom.get_ylabel()
-    assert "logit difference" not in layers_figure(single(foil=False)).axes[1].get_ylabel()
+    assert "logit difference" in top.get_ylabel()  # DLA leads, on top
+    assert "additive log-probability share" in bottom.get_ylabel()
+    assert "logit difference" not in layers_figure(single(foil=False)).axes[0].get_ylabel()
+    top, bottom = layers_figure(replace(single(), rank_by="c")).axes[:2]
+    assert top.get_ylabel().startswith("C: additive") and "logit difference" in bottom.get_ylabel()
+    heights = [bar.get_height() for bar in top.containers[1]]  # the MLP's bars of the top panel
+    assert heights == pytest.approx([layer.mlp_contribution for layer in single().layers])
 
 
 def test_heads_heatmap_is_centred_at_zero_with_symmetric_limits():
     result = single()
     fig = heads_figure(result)
     images = [ax.images[0] for ax in fig.axes if ax.images]
-    assert len(images) == 2  # C and DLA side by side
+    assert len(images) == 2  # DLA (leading) and C side by side
     for image, values in zip(
-        images, ([h.contribution for h in result.heads], [h.dla for h in result.heads]), strict=True
+        images, ([h.dla for h in result.heads], [h.contribution for h in result.heads]), strict=True
     ):
         low, high = image.get_clim()
         assert low == -high and high == pytest.approx(max(abs(v) for v in values))
         assert image.get_array().shape == (3, 4)
-    c = images[0].get_array()
-    assert c[2, 3] == pytest.approx(result.heads[2 * 4 + 3].contribution)
+    assert images[0].get_array()[2, 3] == pytest.approx(result.heads[2 * 4 + 3].dla)
+    assert [ax.get_title() for ax in fig.axes if ax.images] == ["DLA per head", "C per head"]
+    by_c = heads_figure(replace(result, rank_by="c"))
+    assert [ax.get_title() for ax in by_c.axes if ax.images] == ["C per head", "DLA per head"]
+    first = next(ax for ax in by_c.axes if ax.images).images[0].get_array()
+    assert first[2, 3] == pytest.approx(result.heads[2 * 4 + 3].contribution)
 
 
 def test_trajectory_shows_probability_and_rank_on_a_log_axis_at_every_point():
@@ -532,10 +541,14 @@ def test_neuron_bars_are_labelled_by_layer_and_neuron_with_promoted_tokens():
     result = single()
     fig = neurons_figure(result)
     fig.canvas.draw()
-    ax = fig.axes[0]
-    labels = [t.get_text() for t in ax.get_yticklabels()]
+    lead, beside = fig.axes[:2]
+    labels = [t.get_text() for t in lead.get_yticklabels()]
     assert labels[0].startswith("L0.N700") and labels[1].startswith("L1.N701")
-    texts = [t.get_text() for t in ax.texts]
+    widths = [bar.get_width() for bar in lead.patches]
+    assert widths == pytest.approx([n.dla for n in result.neurons])  # DLA leads, C beside it
+    assert [bar.get_width() for bar in beside.patches] == pytest.approx([n.contribution for n in result.neurons])
+    assert "additive log-probability share" in beside.get_xlabel() and lead.get_title() == "ranked by DLA"
+    texts = [t.get_text() for t in beside.texts]
     assert any("‘␣Paris’ ‘␣France’" in t for t in texts)
     assert any(r"\$x\$" in t for t in texts)  # a "$" in a token is not read as mathtext
 
@@ -630,29 +643,45 @@ def test_terminal_summary_of_one_text():
     assert lines[0].startswith("toy-gpt: target '␣Paris' (id 6342) after position 4 '␣is'")
     assert "p 0.620" in lines[0] and "rank 0" in lines[0]
     assert "foil '␣London'" in text and "logit difference 3.5" in text
+    assert lines[2].startswith("ranked by DLA (direct logit attribution = minus the zero-ablation direct")
+    assert "C (additive log-probability share" in lines[2] and "resstream ablate --faithfulness" in lines[2]
     top_layers = next(line for line in lines if line.startswith("top layers"))
-    assert top_layers.split(": ", 1)[1].startswith("L2 MLP +1.41, L1 MLP +0.71")  # by |C|
-    assert top_layers.count(",") == 4
+    assert top_layers.startswith("top layers by |DLA|: L2.mlp +3 (C +1.41), L2.attn -1.7 (C +0.15)")
+    assert top_layers.count("(C ") == 5
     top_heads = next(line for line in lines if line.startswith("top heads"))
-    assert top_heads.split(": ", 1)[1].startswith("L2.H0 -0.225, L2.H3 +0.225")
-    first = lines.index("top neurons by |C| (→ promoted tokens):")
-    assert lines[first + 1 : first + 3] == ["  L0.N700 +0.9 → ␣Paris", "  L1.N701 +0.7 → ␣Paris ␣France"]
+    assert top_heads.startswith("top heads by |DLA|: L0.H3 -0.6 (C +0.075), ")
+    first = lines.index("top neurons by |DLA| (→ promoted tokens):")
+    assert lines[first + 1 : first + 3] == [
+        "  L0.N700 +1.1 (C +0.9) → ␣Paris",
+        "  L1.N701 +0.85 (C +0.7) → ␣Paris ␣France",
+    ]
     assert (
-        lines[first + 5].startswith("  L0.N706 -0.3")
+        lines[first + 5].startswith("  L0.N706 -0.4 (C -0.3)")
         and lines[first + 6] == "note: a note about <post-norm> models"
     )
     assert lines[-1].startswith("check:") and "2.5e-06" in lines[-1] and "3e-06" in lines[-1]
+
+
+def test_terminal_summary_ranked_by_c_is_the_seed_papers_order_with_dla_beside_it():
+    lines = terminal_summary(replace(single(), rank_by="c"))
+    assert lines[2].startswith("ranked by C (additive log-probability share")
+    top_layers = next(line for line in lines if line.startswith("top layers"))
+    assert top_layers.startswith("top layers by |C|: L2.mlp +1.41 (DLA +3), L1.mlp +0.71 (DLA +1.5)")
+    top_heads = next(line for line in lines if line.startswith("top heads"))
+    assert top_heads.startswith("top heads by |C|: L2.H0 -0.225 (DLA +0.4), L2.H3 +0.225 (DLA -0.2)")
+    first = lines.index("top neurons by |C| (→ promoted tokens):")
+    assert lines[first + 1] == "  L0.N700 +0.9 (DLA +1.1) → ␣Paris"
 
 
 def test_terminal_summary_of_a_corpus():
     lines = terminal_summary(corpus())
     assert lines[0].startswith("toy-gpt on shakespeare: 16 sequences × 128 tokens")
     top_layers = next(line for line in lines if line.startswith("top layers"))
-    assert "L0 MLP +0.5 [+0.4, +0.6]" in top_layers
-    assert "  L0.N300 +0.4 [+0.3, +0.5] → ␣the ␣<b>" in lines
+    assert top_layers.startswith("top layers by |DLA|: L2.mlp +2 [+1.9, +2.1] (C +0.3), ")
+    assert "  L0.N300 +0.2 [+0.1, +0.3] (C +0.4) → ␣the ␣<b>" in lines
     assert lines[-1].startswith("check:")
     one = terminal_summary(corpus(num_seqs=1))
     assert (
         one[0] == "toy-gpt on shakespeare: 1 sequence × 128 tokens, 127 positions (no interval: 1 sequence)"
     )
-    assert "L0 MLP +0.5, L1 MLP +0.4" in one[1]  # no brackets for nan intervals
+    assert "L2.mlp +2 (C +0.3), L1.mlp +1 (C +0.4)" in one[2]  # no brackets for nan intervals

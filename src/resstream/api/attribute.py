@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from resstream.analysis.attribution.corpus import attribute_batches
-from resstream.analysis.attribution.results import AttributeResult, CorpusAttribution
+from resstream.analysis.attribution.results import AttributeResult, CorpusAttribution, RankBy, check_rank_by
 from resstream.analysis.attribution.scores import Levels, attribute_position, decoder_trajectory
 from resstream.analysis.circuits.neurons import added_values, promoted_tokens
 from resstream.analysis.decoding.decoder import Decoder, decoder_of
@@ -76,6 +76,7 @@ def attribute(
     sources: bool = True,
     neurons: bool = True,
     decoder: DecoderLike = "logit-lens",
+    rank_by: RankBy = "dla",
     progress: bool = False,
     **load: Unpack[LoadArgs],
 ) -> AttributeResult:
@@ -85,13 +86,17 @@ def attribute(
     must be exactly one token (or `target_id`; default: the model's top prediction at the
     position), `foil` an optional second token for a target − foil logit difference; `top`
     items kept per list; `sources`/`neurons` switch the attention-source and neuron levels off
-    (both on by default). Every score decodes through the logit lens; `decoder` "tuned:DIR"
+    (both on by default). `rank_by` chooses the listed sources and neurons and leads every
+    output: "dla" (default; the direct logit attribution, exactly minus the zero-ablation
+    direct effect) or "c" (the log-probability contribution C, the seed paper's order); both
+    scores are in the result either way. Every score decodes through the logit lens; `decoder` "tuned:DIR"
     (or a loaded lens) adds `tuned_trajectory`, the target at each block boundary through that
     tuned lens. Every next token of a corpus sample: `resstream.attribute_corpus`.
 
     `model` is a spec or a loaded model with its `tokenizer`, as for `resstream.lens`.
     """
     _check_top(top)
+    rank_by = check_rank_by(rank_by)
     spec = decoder_spec(decoder)
     if spec.kind == "embedding":
         raise UsageError(ONLY_THE_LOGIT_LENS)
@@ -118,7 +123,7 @@ def attribute(
             where,
             chosen,
             foil=foil_id,
-            levels=Levels(top=top, sources=sources, neurons=neurons),
+            levels=Levels(top=top, sources=sources, neurons=neurons, rank_by=rank_by),
             token_text=name,
             promoted=_promoted(view, logit_lens, name),
             model=loaded.name,
@@ -146,6 +151,7 @@ def attribute_corpus(
     neurons: bool = True,
     batch_size: int | None = None,
     data_dir: str | os.PathLike[str] | None = None,
+    rank_by: RankBy = "dla",
     progress: bool = False,
     **load: Unpack[LoadArgs],
 ) -> CorpusAttribution:
@@ -153,14 +159,17 @@ def attribute_corpus(
 
     `num_seqs` windows (default 16) of `seq_len` tokens (default 64, clipped to the model's
     context) of `dataset` sampled with `seed`, as for `resstream.shift`; every position's next
-    token is its target. Neurons' exact C is computed for the `candidates` neurons (default
-    64) with the largest first-order estimate of C (`neurons=False` skips that pass); `top`
+    token is its target. `rank_by` "dla" (default) lists the `top` neurons with the largest
+    |mean DLA| and computes the exact C of the `candidates` (default 64) with the largest;
+    "c" computes it for the `candidates` with the largest first-order estimate of C and lists
+    the largest |mean C| among them (`neurons=False` skips that pass); `top`
     items kept per list; `batch_size` sequences (default 8) share one forward and one
     projection of each layer's W_O. Decodes through the logit lens; no attention sources.
 
     `model` is a spec or a loaded model with its `tokenizer`, as for `resstream.lens`.
     """
     _check_top(top)
+    rank_by = check_rank_by(rank_by)
     batch_size = CORPUS_BATCH_SIZE if batch_size is None else batch_size
     check_batch_size(batch_size)  # before `candidates`, as the request reads
     candidates = DEFAULT_CANDIDATES if candidates is None else candidates
@@ -201,6 +210,7 @@ def attribute_corpus(
                     dataset=dataset,
                     progress=None if bar is None else partial(_advance, bar),
                     map_batches=partial(map_sharded, info=info),
+                    rank_by=rank_by,
                 )
             finally:
                 if bar is not None:

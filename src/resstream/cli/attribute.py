@@ -52,6 +52,14 @@ def attribute(
             help="logit-lens (every score), or tuned:DIR to add the target's trajectory through a tuned lens."
         ),
     ] = "logit-lens",
+    rank_by: Annotated[
+        str,
+        typer.Option(
+            help="What leads the summary, the figures and the listed sources and neurons: dla (the "
+            "direct logit attribution = minus the zero-ablation direct effect) or c (the "
+            "log-probability contribution, the seed paper's order); both are in every file."
+        ),
+    ] = "dla",
     candidates: Annotated[
         int | None,
         typer.Option(
@@ -68,7 +76,7 @@ def attribute(
     With --dataset: every next token of a corpus sample, averaged over sequences.
     """
     import resstream
-    from resstream.analysis.attribution.results import AttributeResult, CorpusAttribution
+    from resstream.analysis.attribution.results import AttributeResult, CorpusAttribution, check_rank_by
     from resstream.distributed import launched_world
     from resstream.io import write_json
     from resstream.reporting.attribute import terminal_summary, write_attribute_report
@@ -90,6 +98,7 @@ def attribute(
                 top=top,
                 neurons=not no_neurons,
                 candidates=candidates,
+                rank_by=check_rank_by(rank_by),
                 **sample.api_kwargs(),
                 **loading.api_kwargs(),
                 progress=output.progress,
@@ -107,6 +116,7 @@ def attribute(
                 sources=not no_sources,
                 neurons=not no_neurons,
                 decoder=decoder,
+                rank_by=check_rank_by(rank_by),
                 **loading.api_kwargs(),
                 progress=output.progress,
             )
@@ -123,6 +133,7 @@ def attribute(
             "sources": None if in_corpus else not no_sources,
             "neurons": not no_neurons,
             "decoder": decoder,
+            "rank_by": rank_by,
             "dataset": sample.dataset,
             "num_seqs": corpus_result.num_seqs if corpus_result else None,
             "seq_len": corpus_result.seq_len if corpus_result else None,

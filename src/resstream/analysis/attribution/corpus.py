@@ -11,10 +11,12 @@ m_k·⟨∂log p(w | x)/∂x, w_k⟩ at the state x = L_res its layer writes int
 logit lens per layer and position). The exact C of every neuron at every position is not
 affordable on a corpus (L·d_ff·V exponentials per position), so a second pass scores exactly
 the `candidates` neurons with the largest |mean estimate| at every position (the rule is
-recorded with the result); the reported neurons are those with the largest |mean C| among
-them. The DLA at the final state is a poor screen: C is measured at the layer's own point,
-and an early neuron can raise log p a lot through the lens at its layer with almost no direct
-effect on the final logits.
+recorded with the result); with `rank_by="c"` the reported neurons are those with the largest
+|mean C| among them. The DLA at the final state is a poor screen for C: C is measured at the
+layer's own point, and an early neuron can raise log p a lot through the lens at its layer with
+almost no direct effect on the final logits. With `rank_by="dla"` (the default) no estimate is
+needed: every neuron's DLA is exact, the `candidates` with the largest |mean DLA| get their
+exact C in the second pass, and the reported neurons are the largest |mean DLA| of all.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from resstream.analysis.attribution.results import (
     HeadSummary,
     LayerSummary,
     NeuronSummary,
+    RankBy,
 )
 from resstream.analysis.decoding.decoder import Decoder
 from resstream.models.adapters.base import Internals, ModelView
@@ -211,6 +214,7 @@ def attribute_batches(
     dataset: str = "",
     progress: Callable[[int], None] | None = None,
     map_batches: BatchMap | None = None,
+    rank_by: RankBy = "dla",
 ) -> CorpusAttribution:
     """Corpus mode (module docstring) over `batches` of token ids (batch, T), T ≥ 2, whose
     block internals `record(ids)` captures (`capture.block_internals` bound to the view). Each
@@ -219,7 +223,8 @@ def attribute_batches(
     `progress(n)` is told of n sequences done after each batch of either pass. `map_batches`
     runs a per-batch function over the batches and returns its results in batch order (by
     default a plain loop; `resstream.distributed.map_sharded` shares the batches out among
-    the ranks of a torchrun job, with the same results)."""
+    the ranks of a torchrun job, with the same results). `rank_by` chooses the candidates and
+    the listed neurons: "dla" by |mean DLA|, "c" by the first-order estimate, then |mean C|."""
     lp = log_probs_of(decoder)
     batches = list(batches)
     each = _plain_map if map_batches is None else map_batches
@@ -233,8 +238,8 @@ def attribute_batches(
     scores = [score for part in each(first_pass, batches) for score in part]
     if not scores:
         raise ValueError("no sequences to attribute")
-    screen = torch.stack([s.neuron_estimate for s in scores]).mean(0)  # (L, d_ff)
-    flat = screen.abs().flatten().argsort(descending=True)[:candidates].tolist()
+    screen = torch.stack([_screen(s, rank_by) for s in scores]).mean(0)  # (L, d_ff)
+    flat = screen.abs().flatten().argsort(descending=True, stable=True)[:candidates].tolist()
     d_ff = screen.shape[1]
     chosen = [(i // d_ff, i % d_ff) for i in flat]
     neurons: tuple[NeuronSummary, ...] = ()
@@ -248,7 +253,9 @@ def attribute_batches(
             return found
 
         per_sequence_c = [c for part in each(second_pass, batches) for c in part]
-        neurons = _neuron_summaries(scores, chosen, torch.stack(per_sequence_c), top, promoted)
+        exact_c = torch.stack(per_sequence_c)
+        ranking = exact_c if rank_by == "c" else screen.flatten()[flat].unsqueeze(0)
+        neurons = _neuron_summaries(scores, chosen, exact_c, ranking, top, promoted)
     positions = sum(int(ids.shape[0]) * (int(ids.shape[1]) - 1) for ids in batches)
     return CorpusAttribution(
         model=model,
@@ -260,13 +267,14 @@ def attribute_batches(
         layers=_layer_summaries(scores),
         heads=_head_summaries(scores),
         neurons=neurons,
-        neuron_rule=_neuron_rule(len(chosen), screen.numel()),
+        neuron_rule=_neuron_rule(len(chosen), screen.numel(), rank_by),
         check=AttributionCheck(
             max(s.decomposition_residual[0] for s in scores),
             max(s.decomposition_residual[1] for s in scores),
             max(s.dla_residual for s in scores),
         ),
         notes=view.notes,
+        rank_by=rank_by,
     )
 
 
@@ -279,9 +287,21 @@ def _plain_map(function: Callable[[Tensor], list[Any]], batches: Sequence[Tensor
     return [function(ids) for ids in batches]
 
 
-def _neuron_rule(chosen: int, total: int) -> str:
+def _screen(scores: SequenceScores, rank_by: RankBy) -> Tensor:
+    """What chooses the neurons whose C is computed exactly, per neuron (L, d_ff): the exact
+    DLA ("dla") or the first-order estimate of C ("c")."""
+    return scores.neuron_dla if rank_by == "dla" else scores.neuron_estimate
+
+
+def _neuron_rule(chosen: int, total: int, rank_by: RankBy) -> str:
+    """How the listed neurons were chosen, in words (`CorpusAttribution.neuron_rule`)."""
     if not chosen:
         return "neurons not scored (candidates = 0)"
+    if rank_by == "dla":
+        return (
+            f"listed: the largest |mean DLA| of all {total} neurons (DLA is exact for every neuron); "
+            f"exact C at every position for the {chosen} with the largest |mean DLA|"
+        )
     return (
         f"exact C at every position for the {chosen} neurons whose first-order estimate "
         f"m_k·⟨∂log p/∂x, w_k⟩ at their own layer (all {total} neurons) has the largest "
@@ -325,10 +345,13 @@ def _neuron_summaries(
     scores: list[SequenceScores],
     chosen: list[tuple[int, int]],
     neuron_c: Tensor,
+    ranking: Tensor,
     top: int,
     promoted: Callable[[int, Tensor], tuple[tuple[str, ...], ...]] | None,
 ) -> tuple[NeuronSummary, ...]:
-    order = neuron_c.mean(0).abs().argsort(descending=True)[:top].tolist()
+    """The `top` of the `chosen` neurons with the largest |mean of `ranking`| (per sequence ×
+    chosen), largest first, each with its exact C (`neuron_c`) and DLA over sequences."""
+    order = ranking.mean(0).abs().argsort(descending=True, stable=True)[:top].tolist()
     words: dict[int, tuple[str, ...]] = {}
     if promoted is not None:
         for layer in sorted({chosen[i][0] for i in order}):

@@ -21,11 +21,43 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from resstream.analysis.names import head_name, neuron_name, sublayer_name
 from resstream.display import Displayable
+from resstream.errors import UsageError
 from resstream.reprs import summary
 from resstream.simulation.intervals import Estimate
+
+#: What `attribute` ranks layers, heads, sources and neurons by: "dla" (the default; the
+#: direct logit attribution, which is exactly minus the zero-ablation direct effect) or "c"
+#: (the log-probability contribution C, an additive log-probability share: the seed paper's
+#: order). docs/causal.md ("Measured faithfulness") measures which predicts ablation better.
+RankBy = Literal["dla", "c"]
+RANKINGS: tuple[RankBy, ...] = ("dla", "c")
+#: The field of a score record that holds each ranking's score.
+SCORE_FIELDS: dict[str, str] = {"dla": "dla", "c": "contribution"}
+#: Each ranking's score as the outputs name it.
+SCORE_NAMES: dict[str, str] = {"dla": "DLA", "c": "C"}
+
+
+def check_rank_by(rank_by: str) -> RankBy:
+    """`rank_by` itself when it is a ranking (`RANKINGS`); UsageError naming the allowed ones."""
+    if rank_by not in RANKINGS:
+        raise UsageError(f"`rank_by` {rank_by!r} is not allowed; allowed: {', '.join(RANKINGS)}")
+    return rank_by
+
+
+def other_ranking(rank_by: RankBy) -> RankBy:
+    """The score shown beside the ranking's: C beside DLA, DLA beside C."""
+    return "c" if rank_by == "dla" else "dla"
+
+
+def ranked_score(entry: Any, rank_by: str, prefix: str = "") -> Any:
+    """The score of `entry` (a head, source, neuron or layer record) that ranking `rank_by`
+    reads; `prefix` "attn_" or "mlp_" picks a layer record's sub-layer."""
+    return getattr(entry, prefix + SCORE_FIELDS[rank_by])
+
 
 #: The columns of `AttributeResult.to_pandas()` (documented there).
 ATTRIBUTE_COLUMNS = (
@@ -129,7 +161,7 @@ class NeuronAttribution:
     @property
     def name(self) -> str:
         """L<layer>.N<neuron>, with the expert's own naming after it (L0.N49 = E1.N24)."""
-        name = f"L{self.layer}.N{self.neuron}"
+        name = neuron_name(self.layer, self.neuron)
         return name if self.expert is None else f"{name} = E{self.expert[0]}.N{self.expert[1]}"
 
 
@@ -150,7 +182,7 @@ class TrajectoryPoint:
 class QueryShare:
     """One lower component's share of an upper neuron's pre-activation."""
 
-    component: str  # e.g. "embed", "L1.H3", "L1.H3<-5", "L0.N712", "L2.attn_bias"
+    component: str  # its name (`analysis.names`): "emb", "L1.H3", "L1.H3.S5", "L0.N712", "L2.attn_bias"
     layer: int | None
     kind: str  # embed | head | source | attn_bias | mlp | neuron | mlp_bias | norm_bias
     share: float
@@ -208,9 +240,9 @@ class AttributeResult(Displayable, renderer="resstream.reporting.attribute.noteb
     mlp; embedding is the embedding's DLA (`embed_dla`), final_bias the final norm's and the
     unembedding's bias term (`bias_dla`): the DLA of embedding, layer and final_bias rows sums
     to the logit (difference) within `check.dla_residual`. sources and neurons are the top N
-    by |C|. layers.csv, heads.csv, sources.csv and neurons.csv are the rows of one level with
-    the columns it uses (docs/attribution.md). In a notebook the result shows the tables and
-    figures of attribute.html.
+    by `rank_by` (|DLA| by default, |C| with "c"). layers.csv, heads.csv, sources.csv and
+    neurons.csv are the rows of one level with the columns it uses (docs/attribution.md). In a
+    notebook the result shows the tables and figures of attribute.html.
     """
 
     model: str
@@ -225,8 +257,8 @@ class AttributeResult(Displayable, renderer="resstream.reporting.attribute.noteb
     rank: int
     layers: tuple[LayerAttribution, ...]
     heads: tuple[HeadAttribution, ...]
-    sources: tuple[SourceAttribution, ...]  # top N by |C|
-    neurons: tuple[NeuronAttribution, ...]  # top N by |C| (experts: flat index e·width + j)
+    sources: tuple[SourceAttribution, ...]  # top N by |DLA| (`rank_by` "c": by |C|)
+    neurons: tuple[NeuronAttribution, ...]  # top N as sources (experts: flat index e·width + j)
     trajectory: tuple[TrajectoryPoint, ...]
     query_contributions: tuple[QueryContribution, ...]
     linearity: LinearityCheck | None
@@ -244,6 +276,7 @@ class AttributeResult(Displayable, renderer="resstream.reporting.attribute.noteb
     tuned_decoding: str | None = None
     # Mixtures of experts (with the neuron level): every routed expert of every layer.
     experts: tuple[ExpertAttribution, ...] = ()
+    rank_by: RankBy = "dla"  # what sources and neurons were chosen and the outputs are led by
 
     def to_dict(self) -> dict[str, Any]:
         """The content of attribute.json."""
@@ -257,7 +290,7 @@ class AttributeResult(Displayable, renderer="resstream.reporting.attribute.noteb
             f"target {self.target!r} (id {self.target_id}) at position {self.position} "
             f"{self.tokens[self.position]!r}{foil}",
             f"p {self.probability:.4g}, log p {self.logprob:.4g}, rank {self.rank}",
-            _largest_by_c(self),
+            _largest_text(self),
             _check_text(self.check),
         )
 
@@ -297,7 +330,7 @@ class NeuronSummary:
     @property
     def name(self) -> str:
         """L<layer>.N<neuron> (flat in a mixture of experts)."""
-        return f"L{self.layer}.N{self.neuron}"
+        return neuron_name(self.layer, self.neuron)
 
 
 @dataclass(frozen=True, repr=False)
@@ -325,12 +358,13 @@ class CorpusAttribution(Displayable, renderer="resstream.reporting.attribute.not
     positions: int  # scored positions in all
     layers: tuple[LayerSummary, ...]
     heads: tuple[HeadSummary, ...]
-    neurons: tuple[NeuronSummary, ...]  # the largest mean |C| first (top N)
+    neurons: tuple[NeuronSummary, ...]  # the largest mean |DLA| first (`rank_by` "c": |C|; top N)
     neuron_rule: str  # how the scored neurons were chosen, in words
     check: AttributionCheck
     notes: tuple[str, ...] = field(default_factory=tuple)
     sample: str | None = None  # how the windows were drawn
     dataset_fingerprint: str | None = None
+    rank_by: RankBy = "dla"  # what the neurons were chosen and the outputs are led by
 
     def to_dict(self) -> dict[str, Any]:
         """The content of attribute.json in corpus mode."""
@@ -341,29 +375,32 @@ class CorpusAttribution(Displayable, renderer="resstream.reporting.attribute.not
             self,
             f"model {self.model!r}, decoder {self.decoder}",
             f"{self.num_seqs} × {self.seq_len} tokens of {self.dataset!r}, {self.positions:,} positions",
-            _largest_by_c(self),
+            _largest_text(self),
             _check_text(self.check),
         )
 
 
-def _largest_by_c(result: AttributeResult | CorpusAttribution) -> str:
-    """ "largest |C|: sub-layer L2 MLP +1.2, head L1.H3 +0.5, neuron L2.N712 +0.3" for a repr
-    (a corpus's means over sequences)."""
-    sub_layers = [(f"L{e.layer} attn", e.attn_contribution) for e in result.layers] + [
-        (f"L{e.layer} MLP", e.mlp_contribution) for e in result.layers
+def _largest_text(result: AttributeResult | CorpusAttribution) -> str:
+    """ "largest |DLA|: sub-layer L2.mlp +1.2, head L1.H3 +0.5, neuron L2.N712 +0.3" for a repr
+    (by |C| with `rank_by` "c"; a corpus's means over sequences)."""
+    rank = result.rank_by
+    sub_layers = [
+        (sublayer_name(e.layer, part), ranked_score(e, rank, f"{part}_"))
+        for part in ("attn", "mlp")
+        for e in result.layers
     ]
-    heads = [(f"L{h.layer}.H{h.head}", h.contribution) for h in result.heads]
-    neurons = [(f"L{n.layer}.N{n.neuron}", n.contribution) for n in result.neurons]
+    heads = [(head_name(h.layer, h.head), ranked_score(h, rank)) for h in result.heads]
+    neurons = [(n.name, ranked_score(n, rank)) for n in result.neurons]
     found = [
         f"{kind} {_top(entries)}"
         for kind, entries in (("sub-layer", sub_layers), ("head", heads), ("neuron", neurons))
         if entries
     ]
-    return "largest |C|: " + (", ".join(found) or "none")
+    return f"largest |{SCORE_NAMES[rank]}|: " + (", ".join(found) or "none")
 
 
 def _top(entries: Sequence[tuple[str, float | Estimate]]) -> str:
-    """The entry with the largest |C| (the first of equals), as "name +0.123"."""
+    """The entry with the largest |score| (the first of equals), as "name +0.123"."""
     name, score = max(entries, key=lambda entry: abs(_value(entry[1])))
     return f"{name} {_value(score):+.3g}"
 
@@ -383,6 +420,9 @@ def _check_text(check: AttributionCheck) -> str:
 __all__ = [
     "ATTRIBUTE_COLUMNS",
     "CORPUS_ATTRIBUTION_COLUMNS",
+    "RANKINGS",
+    "SCORE_FIELDS",
+    "SCORE_NAMES",
     "AttributeResult",
     "AttributionCheck",
     "CorpusAttribution",
@@ -395,6 +435,10 @@ __all__ = [
     "NeuronSummary",
     "QueryContribution",
     "QueryShare",
+    "RankBy",
     "SourceAttribution",
     "TrajectoryPoint",
+    "check_rank_by",
+    "other_ranking",
+    "ranked_score",
 ]

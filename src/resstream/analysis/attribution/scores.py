@@ -41,8 +41,10 @@ from resstream.analysis.attribution.results import (
     NeuronAttribution,
     QueryContribution,
     QueryShare,
+    RankBy,
     SourceAttribution,
     TrajectoryPoint,
+    ranked_score,
 )
 from resstream.analysis.decoding.decoder import Decoder
 from resstream.analysis.norms import norm_form
@@ -53,7 +55,8 @@ from resstream.models.adapters.base import ExpertsView, Internals, ModelView
 class Levels:
     """What `attribute_position` computes beyond layers and heads: `top` items kept per list,
     attention `sources`, all `neurons`, the `linearity` check, and query contributions for
-    the `queries` top neurons."""
+    the `queries` top neurons; `rank_by` which score chooses the listed sources and neurons
+    ("dla": the largest |DLA|, "c": the largest |C|)."""
 
     top: int = 20
     sources: bool = True
@@ -61,6 +64,7 @@ class Levels:
     linearity: bool = True
     queries: int = 3
     linearity_count: int = 100
+    rank_by: RankBy = "dla"
 
 
 def attribute_position(
@@ -91,7 +95,7 @@ def attribute_position(
         if levels.neurons:
             neurons.append(_neuron_scores(p, layer))
             experts += _expert_scores(p, neurons[-1])
-    top_neurons = _top_neurons(neurons, levels.top, promoted)
+    top_neurons = _top_neurons(neurons, levels, promoted)
     result_check = _check(p)
     trajectory = _trajectory(p)
     logit = actual_logits(decoder, points[-1], ids)[0]
@@ -109,7 +113,7 @@ def attribute_position(
         rank=trajectory[-1].rank,
         layers=tuple(layers),
         heads=tuple(heads),
-        sources=tuple(sorted(sources, key=lambda s: -abs(s.contribution))[: levels.top]),
+        sources=tuple(sorted(sources, key=lambda s: -abs(ranked_score(s, levels.rank_by)))[: levels.top]),
         neurons=top_neurons,
         trajectory=trajectory,
         query_contributions=_queries(view, internals, p.pos, top_neurons, levels) if levels.neurons else (),
@@ -127,6 +131,7 @@ def attribute_position(
         notes=view.notes,
         logit_softcap=view.logit_softcap,
         experts=tuple(experts),
+        rank_by=levels.rank_by,
     )
 
 
@@ -294,13 +299,15 @@ def _neuron_scores(p: _Prediction, layer: int) -> _NeuronLayer:
 
 def _top_neurons(
     layers: list[_NeuronLayer],
-    top: int,
+    levels: Levels,
     promoted: Callable[[int, Tensor], tuple[tuple[str, ...], ...]] | None,
 ) -> tuple[NeuronAttribution, ...]:
+    """The `levels.top` neurons of every layer with the largest |score| of `levels.rank_by`
+    (ties: the earlier layer and neuron), largest first."""
     if not layers:
         return ()
-    scores = torch.cat([n.contribution for n in layers])
-    order = scores.abs().argsort(descending=True)[:top].tolist()
+    scores = torch.cat([ranked_score(n, levels.rank_by).double().cpu() for n in layers])
+    order = scores.abs().argsort(descending=True, stable=True)[: levels.top].tolist()
     d_ff = [len(n.contribution) for n in layers]
     starts = [sum(d_ff[:i]) for i in range(len(layers))]
     picked: list[tuple[int, int]] = []

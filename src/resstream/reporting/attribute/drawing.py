@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from matplotlib.axes import Axes
 
-from resstream.analysis.attribution.results import AttributeResult, CorpusAttribution
+from resstream.analysis.attribution.results import AttributeResult, CorpusAttribution, RankBy, other_ranking
 from resstream.reporting.attribute.common import Result
 from resstream.reporting.figures import figure_token
 from resstream.reporting.text import probability_text
@@ -22,14 +22,16 @@ __all__ = [
     "figure_title",
     "literal",
     "mean_prefix",
+    "rankings",
     "score_error",
+    "score_label",
     "token_label",
     "zero_line",
 ]
 
 TOKEN_CHARACTERS = 14  # a token in a figure is cut to this many characters
 MAX_WIDTH = 14.0  # inches: a deep model's bars and points get narrower, not the figure wider
-C_LABEL = "C = Δ log p(target) (nats)"
+C_LABEL = "C: additive log-probability share (nats)"
 
 
 def literal(text: str) -> str:
@@ -84,6 +86,17 @@ def dla_label(result: Result) -> str:
     if isinstance(result, AttributeResult) and result.foil is not None:
         return "DLA (logit difference target − foil)"
     return "DLA (logit of the target)"
+
+
+def rankings(result: Result) -> tuple[RankBy, RankBy]:
+    """The leading score and the one beside it: ("dla", "c") by default, ("c", "dla") for a
+    result ranked by C. Figures draw the leading one first (top, left)."""
+    return result.rank_by, other_ranking(result.rank_by)
+
+
+def score_label(result: Result, rank: RankBy) -> str:
+    """The axis label of score `rank` ("dla" or "c"), "mean " before it for a corpus."""
+    return mean_prefix(result) + (C_LABEL if rank == "c" else dla_label(result))
 
 
 def zero_line(ax: Axes, *, vertical: bool = False) -> None:

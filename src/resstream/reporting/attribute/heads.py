@@ -1,4 +1,5 @@
-"""heads.png: every attention head as two layer × head heatmaps, C (left) and DLA (right),
+"""heads.png: every attention head as two layer × head heatmaps, DLA (left) and C (right; the
+other way round for a result ranked by C),
 each centred at 0 on its own symmetric colour scale (red raises the target, blue lowers it),
 with the cell values written in when the grid is small."""
 
@@ -11,9 +12,9 @@ from matplotlib.axes import Axes
 from matplotlib.axis import Axis
 from matplotlib.figure import Figure
 
-from resstream.analysis.attribution.results import HeadAttribution, HeadSummary
+from resstream.analysis.attribution.results import SCORE_FIELDS, SCORE_NAMES, HeadAttribution, HeadSummary
 from resstream.reporting.attribute.common import Result, score_value
-from resstream.reporting.attribute.drawing import C_LABEL, dla_label, figure_title, mean_prefix
+from resstream.reporting.attribute.drawing import figure_title, mean_prefix, rankings, score_label
 from resstream.reporting.figures import integer_ticks, new_figure
 
 __all__ = ["diverging_heatmap", "heads_figure"]
@@ -77,18 +78,19 @@ def diverging_heatmap(fig: Figure, ax: Axes, matrix: np.ndarray, title: str, lab
 
 
 def heads_figure(result: Result) -> Figure:
-    """Two layer × head heatmaps side by side: C (left) and DLA (right), each with its own
-    symmetric colour scale centred at 0 (red raises the target, blue lowers it)."""
+    """Two layer × head heatmaps side by side: DLA (left) and C (right; C left for a result
+    ranked by C), each with its own symmetric colour scale centred at 0 (red raises the
+    target, blue lowers it)."""
     rows = len(result.layers)
-    contribution = _head_matrix(result.heads, rows, "contribution")
-    dla = _head_matrix(result.heads, rows, "dla")
-    layers, heads = contribution.shape
+    order = rankings(result)
+    matrices = [_head_matrix(result.heads, rows, SCORE_FIELDS[rank]) for rank in order]
+    layers, heads = matrices[0].shape
     per_head = 0.5 if layers * heads <= ANNOTATED_CELLS else 0.2  # room for the values written in cells
     fig = new_figure(2 * min(8.0, max(4.0, 2.2 + per_head * heads)), min(9.0, max(3.4, 1.8 + 0.35 * layers)))
     fig.set_layout_engine("constrained", w_pad=0.15)  # colour bars and titles never overlap
-    left, right = fig.subplots(1, 2)
     mean = mean_prefix(result)
-    diverging_heatmap(fig, left, contribution, f"{mean}C per head", mean + C_LABEL)
-    diverging_heatmap(fig, right, dla, f"{mean}DLA per head", mean + dla_label(result))
+    for ax, rank, matrix in zip(fig.subplots(1, 2), order, matrices, strict=True):
+        title = f"{mean}{SCORE_NAMES[rank]} per head"
+        diverging_heatmap(fig, ax, matrix, title, score_label(result, rank))
     fig.suptitle(figure_title(result), fontsize=9)
     return fig

@@ -1,5 +1,6 @@
-"""layers.png: each block's attention and MLP, their C (top panel) and DLA (bottom panel) as
-grouped bars; a corpus's means get their 95% intervals as error bars."""
+"""layers.png: each block's attention and MLP, their DLA (top panel) and C (bottom panel) as
+grouped bars (C on top for a result ranked by C); a corpus's means get their 95% intervals as
+error bars."""
 
 from __future__ import annotations
 
@@ -9,15 +10,14 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from resstream.analysis.attribution.results import AttributeResult
+from resstream.analysis.attribution.results import AttributeResult, ranked_score
 from resstream.reporting.attribute.common import Result, score_value
 from resstream.reporting.attribute.drawing import (
-    C_LABEL,
     MAX_WIDTH,
-    dla_label,
     figure_title,
-    mean_prefix,
+    rankings,
     score_error,
+    score_label,
     zero_line,
 )
 from resstream.reporting.figures import new_figure
@@ -58,24 +58,22 @@ def _grouped_bars(ax: Axes, layers: Sequence[int], series: Sequence[Series]) -> 
 
 
 def layers_figure(result: Result) -> Figure:
-    """Per block: the attention's and the MLP's C (top panel) and DLA (bottom panel) as
-    grouped bars, with a zero line; corpus means get their 95% intervals as error bars."""
+    """Per block: the attention's and the MLP's DLA (top panel) and C (bottom panel; the other
+    way round for a result ranked by C) as grouped bars, with a zero line; corpus means get
+    their 95% intervals as error bars."""
     layers = [entry.layer for entry in result.layers]
     fig = new_figure(min(MAX_WIDTH, max(6.4, 2.0 + 0.55 * len(layers))), 6.2)
     fig.set_layout_engine("constrained")
-    top, bottom = fig.subplots(2, 1, sharex=True)
-    attn_c = [entry.attn_contribution for entry in result.layers]
-    mlp_c = [entry.mlp_contribution for entry in result.layers]
-    _grouped_bars(top, layers, [("attention", ATTN_COLOUR, attn_c), ("MLP", MLP_COLOUR, mlp_c)])
-    top.set_ylabel(mean_prefix(result) + C_LABEL)
-    top.legend(fontsize=8)
-    attn_d = [entry.attn_dla for entry in result.layers]
-    mlp_d = [entry.mlp_dla for entry in result.layers]
-    _grouped_bars(bottom, layers, [("attention", ATTN_COLOUR, attn_d), ("MLP", MLP_COLOUR, mlp_d)])
-    bottom.set_ylabel(mean_prefix(result) + dla_label(result))
+    panels = fig.subplots(2, 1, sharex=True)
+    for ax, rank in zip(panels, rankings(result), strict=True):
+        attn = [ranked_score(entry, rank, "attn_") for entry in result.layers]
+        mlp = [ranked_score(entry, rank, "mlp_") for entry in result.layers]
+        _grouped_bars(ax, layers, [("attention", ATTN_COLOUR, attn), ("MLP", MLP_COLOUR, mlp)])
+        ax.set_ylabel(score_label(result, rank))
+    panels[0].legend(fontsize=8)
     label = "layer (block)"
     if isinstance(result, AttributeResult):
         label += f"; not drawn: embedding DLA {result.embed_dla:+.3g}, bias term {result.bias_dla:+.3g}"
-    bottom.set_xlabel(label)
+    panels[1].set_xlabel(label)
     fig.suptitle(figure_title(result), fontsize=9)
     return fig

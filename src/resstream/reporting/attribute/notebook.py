@@ -1,8 +1,9 @@
 """`attribute`'s results in a notebook: `to_pandas()` (`attribute_frame`,
 `corpus_attribution_frame`) and the view `_repr_html_()` shows — the tables and figures of
-attribute.html, by the page's own renderers: for one text the prediction, then the check, any
-notes, every CSV's table with its caption, and every figure (`attribute_figures`) with its
-caption; for a corpus the check, notes, tables and figures."""
+attribute.html, by the page's own renderers: the ranking line (`ranking_html`); for one text
+the prediction, then the check, any notes, every CSV's table with its caption, and every
+figure (`attribute_figures`) with its caption; for a corpus the check, notes, tables and
+figures."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from resstream.reporting.attribute.page import (
     check_html,
     notes_html,
     prediction_html,
+    ranking_html,
     table_html,
 )
 from resstream.reporting.attribute.plots import attribute_figures
@@ -24,8 +26,11 @@ __all__ = ["attribute_view"]
 
 
 def _summary_tables(result: Result) -> list[Table]:
-    """The tables above the page's figures: the prediction (one text), the check, the notes."""
-    tables = [Table("prediction", prediction_html(result))] if isinstance(result, AttributeResult) else []
+    """The tables above the page's figures: the ranking, the prediction (one text), the check,
+    the notes."""
+    tables = [Table("ranking", ranking_html(result))]
+    if isinstance(result, AttributeResult):
+        tables.append(Table("prediction", prediction_html(result)))
     tables.append(Table("check", check_html(result.check)))
     if result.notes:
         tables.append(Table("notes", notes_html(result.notes)))

@@ -1,10 +1,11 @@
 """attribute.html: one self-contained page per result. For one text: the text with the scored
 position marked and the prediction; for a corpus: the dataset and sequences; then the check
 residuals, any notes, every figure embedded as a data: URI and every table (`attribute_tables`),
-each with a caption on how to read it (`captions`). The page loads nothing from anywhere;
-tokens show their whitespace (`show_token`), every text from data is escaped. A result's
-notebook view (`notebook`) shows the same tables by the same functions (`table_html`,
-`prediction_html`, `check_html`, `notes_html`)."""
+each with a caption on how to read it (`captions`), and which score leads them
+(`ranking_html`). The page loads nothing from anywhere; tokens show their whitespace
+(`show_token`), every text from data is escaped. A result's notebook view (`notebook`)
+shows the same tables by the same functions (`table_html`, `prediction_html`, `check_html`,
+`notes_html`, `ranking_html`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 
 from resstream.analysis.attribution.results import AttributeResult, AttributionCheck, CorpusAttribution
 from resstream.io import write_text
-from resstream.reporting.attribute.captions import CAPTIONS, CORPUS_CAPTIONS
+from resstream.reporting.attribute.captions import captions_of, ranking_line
 from resstream.reporting.attribute.common import HTML_FILE, Directory, Result, output_path, residual_text
 from resstream.reporting.attribute.tables import Table, attribute_tables
 from resstream.reporting.html import figure_html
@@ -30,6 +31,7 @@ __all__ = [
     "logit_label",
     "notes_html",
     "prediction_html",
+    "ranking_html",
     "table_html",
     "write_attribute_html",
 ]
@@ -163,9 +165,10 @@ def notes_html(notes: Sequence[str]) -> str:
     return "<ul>" + "".join(f"<li>{html.escape(note)}</li>" for note in notes) + "</ul>"
 
 
-def captions_of(result: Result) -> dict[str, str]:
-    """How to read each figure and table of `result`, keyed by file or table name."""
-    return CORPUS_CAPTIONS if isinstance(result, CorpusAttribution) else CAPTIONS
+def ranking_html(result: Result) -> str:
+    """Which score leads the figures and lists, which is beside it, and where their
+    faithfulness is measured (`ranking_line`), as a paragraph."""
+    return f"<p class='ranking'>{html.escape(ranking_line(result))}.</p>"
 
 
 def _html_head(result: Result) -> str:
@@ -179,14 +182,14 @@ def _html_head(result: Result) -> str:
             f"<p>{result.num_seqs} sequences × {result.seq_len} tokens, {result.positions:,} positions "
             f"scored (each position's next token is its target); decoder {decoder}. Means over "
             f"sequences with 95% intervals. Neurons: {html.escape(result.neuron_rule)}.</p>"
-            f"<h2>Check</h2>{check_html(result.check)}"
+            f"{ranking_html(result)}<h2>Check</h2>{check_html(result.check)}"
         )
     return (
         f"<h1>Who wrote ‘{html.escape(show_token(result.target))}’ after position {result.position}: "
         f"{html.escape(result.model)}</h1>"
         f"<p>decoder {html.escape(result.decoder)}; the marked token is the scored position, the green one "
         "the target predicted after it, grey tokens come later (the prediction does not see them).</p>"
-        f"<h2>Text</h2>{_html_text(result)}<h2>Prediction</h2>{prediction_html(result)}"
+        f"{ranking_html(result)}<h2>Text</h2>{_html_text(result)}<h2>Prediction</h2>{prediction_html(result)}"
         f"<h2>Check</h2>{check_html(result.check)}"
     )
 

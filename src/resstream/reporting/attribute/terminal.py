@@ -1,13 +1,23 @@
-"""`attribute`'s terminal summary: a few lines with the prediction (or the corpus), the
-sub-layers, heads and neurons with the largest |C| (a corpus's means with their 95%
-intervals), any notes and the check residuals."""
+"""`attribute`'s terminal summary: a few lines with the prediction (or the corpus), which score
+leads (DLA by default, C with `rank_by="c"`) and where its faithfulness is measured, the
+sub-layers, heads and neurons with the largest |score| (the other score beside each; a
+corpus's means with their 95% intervals), any notes and the check residuals."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 
-from resstream.analysis.attribution.results import AttributeResult, AttributionCheck, CorpusAttribution
+from resstream.analysis.attribution.results import (
+    SCORE_NAMES,
+    AttributeResult,
+    AttributionCheck,
+    CorpusAttribution,
+    other_ranking,
+    ranked_score,
+)
+from resstream.analysis.names import head_name, sublayer_name
+from resstream.reporting.attribute.captions import ranking_line
 from resstream.reporting.attribute.common import Result, residual_text, score_value
 from resstream.reporting.text import probability_text, show_token
 from resstream.simulation.intervals import Estimate
@@ -15,6 +25,8 @@ from resstream.simulation.intervals import Estimate
 __all__ = ["terminal_summary"]
 
 TOP = 5  # entries per line of the terminal summary
+#: One listed entry: its name, the leading score and the score shown beside it.
+Entry = tuple[str, float | Estimate, float | Estimate]
 
 
 def _signed(score: float | Estimate) -> str:
@@ -25,29 +37,40 @@ def _signed(score: float | Estimate) -> str:
     return text
 
 
-def _largest(entries: Sequence[tuple[str, float | Estimate]]) -> str:
-    """The TOP entries with the largest |score|, as "name +0.12, ..." (ties in list order)."""
-    ranked = sorted(entries, key=lambda entry: -abs(score_value(entry[1])))[:TOP]
-    return ", ".join(f"{name} {_signed(score)}" for name, score in ranked) or "none"
-
-
-def _sub_layers(result: Result) -> list[tuple[str, float | Estimate]]:
-    entries: list[tuple[str, float | Estimate]] = []
-    for entry in result.layers:
-        entries += [
-            (f"L{entry.layer} attn", entry.attn_contribution),
-            (f"L{entry.layer} MLP", entry.mlp_contribution),
-        ]
-    return entries
-
-
-def _neuron_entries(result: Result) -> list[tuple[str, float | Estimate, str]]:
-    """The TOP neurons by |C|: name, C and their first three promoted tokens."""
-    entries = []
-    for n in result.neurons:
-        promoted = " ".join(show_token(t) for t in n.promoted[:3])
-        entries.append((n.name, n.contribution, promoted))
+def _ranked(entries: Sequence[Entry]) -> list[Entry]:
+    """The TOP entries with the largest |leading score| (ties in list order)."""
     return sorted(entries, key=lambda entry: -abs(score_value(entry[1])))[:TOP]
+
+
+def _entry_text(entry: Entry, result: Result) -> str:
+    """ "L0.mlp +1.2 (C +3.4)": the name, the leading score, the other one's value beside it."""
+    name, lead, beside = entry
+    return f"{name} {_signed(lead)} ({SCORE_NAMES[other_ranking(result.rank_by)]} {score_value(beside):+.3g})"
+
+
+def _largest(entries: Sequence[Entry], result: Result) -> str:
+    return ", ".join(_entry_text(entry, result) for entry in _ranked(entries)) or "none"
+
+
+def _entry(name: str, record: object, result: Result, prefix: str = "") -> Entry:
+    """`record`'s leading score and the other one, under `name`."""
+    rank = result.rank_by
+    return (name, ranked_score(record, rank, prefix), ranked_score(record, other_ranking(rank), prefix))
+
+
+def _sub_layers(result: Result) -> list[Entry]:
+    return [
+        _entry(sublayer_name(layer.layer, part), layer, result, f"{part}_")
+        for layer in result.layers
+        for part in ("attn", "mlp")
+    ]
+
+
+def _neuron_lines(result: Result) -> list[str]:
+    """The TOP neurons by the leading score, one line each with their first three promoted tokens."""
+    promoted = {n.name: " ".join(show_token(t) for t in n.promoted[:3]) for n in result.neurons}
+    ranked = _ranked([_entry(n.name, n, result) for n in result.neurons])
+    return [f"  {_entry_text(entry, result)} → {promoted[entry[0]]}" for entry in ranked]
 
 
 def _check_line(check: AttributionCheck) -> str:
@@ -77,9 +100,10 @@ def _corpus_line(result: CorpusAttribution) -> str:
 
 
 def terminal_summary(result: Result) -> list[str]:
-    """A few lines for the terminal: the prediction (or the corpus), the 5 sub-layers
-    (attention or MLP of a block) and heads with the largest |C|, then the 5 neurons with the
-    largest |C| one per line with their top promoted tokens, any notes and the check."""
+    """A few lines for the terminal: the prediction (or the corpus), the ranking line, the 5
+    sub-layers (attention or MLP of a block) and heads with the largest |DLA| (|C| with
+    `rank_by="c"`) with the other score beside each, then the 5 neurons so ranked one per
+    line with their top promoted tokens, any notes and the check."""
     if isinstance(result, CorpusAttribution):
         lines = [_corpus_line(result)]
     else:
@@ -89,12 +113,14 @@ def terminal_summary(result: Result) -> list[str]:
                 "" if result.logit_difference is None else f": logit difference {result.logit_difference:.4g}"
             )
             lines.append(f"foil {show_token(result.foil)!r} (id {result.foil_id}){difference}")
-    lines.append(f"top layers by |C|: {_largest(_sub_layers(result))}")
-    heads = [(f"L{h.layer}.H{h.head}", h.contribution) for h in result.heads]
-    lines.append(f"top heads by |C|: {_largest(heads)}")
-    neurons = _neuron_entries(result)
-    lines.append("top neurons by |C| (→ promoted tokens):" + ("" if neurons else " none"))
-    lines += [f"  {name} {_signed(score)} → {promoted}" for name, score, promoted in neurons]
+    by = f"by |{SCORE_NAMES[result.rank_by]}|"
+    lines.append(ranking_line(result))
+    lines.append(f"top layers {by}: {_largest(_sub_layers(result), result)}")
+    heads = [_entry(head_name(h.layer, h.head), h, result) for h in result.heads]
+    lines.append(f"top heads {by}: {_largest(heads, result)}")
+    neurons = _neuron_lines(result)
+    lines.append(f"top neurons {by} (→ promoted tokens):" + ("" if neurons else " none"))
+    lines += neurons
     lines += [f"note: {note}" for note in result.notes]
     lines.append(_check_line(result.check))
     return lines
