@@ -200,10 +200,41 @@ def test_bad_corpora(tmp_path, capsys):
     )
 
 
+def tree(root: Path) -> dict[str, int]:
+    """Every file under `root` with its modification time (ns)."""
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def assert_resume_below_the_checkpoint_is_refused(run: Path, capsys) -> None:
+    """`run` was checkpointed at its final step 3: without its final model (as if stopped after
+    the checkpoint) a resume with --max-steps 2 names both steps in one line, from the CLI and
+    the API, and leaves the run as it was (no final model of step 3's weights recorded as 2
+    steps). The final model is put back."""
+    from resstream.api.train import train
+    from resstream.errors import UsageError
+
+    final = {name: (run / name).read_bytes() for name in (ckpt.MODEL_FILE, "model.json")}
+    for name in final:
+        (run / name).unlink()
+    before = tree(run)
+    code = main(["train", "--resume", "--out", str(run), "--max-steps", "2"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == (
+        f"resstream: error: --max-steps 2 is below step 3 of the checkpoint in --out {str(run)!r}, "
+        "which a resume continues from; give --max-steps 3 or more"
+    ), err
+    with pytest.raises(UsageError, match=r"`max_steps` 2 is below step 3 of the checkpoint in `out_dir`"):
+        train(run, resume=True, max_steps=2)
+    assert tree(run) == before
+    for name, data in final.items():
+        (run / name).write_bytes(data)
+
+
 def test_resume_problems(tmp_path, corpus, capsys):
     _bad(tmp_path, capsys, ["train", "--resume", "--out", str(tmp_path / "run")], "no checkpoint in")
     assert run_train(tmp_path, corpus, "--max-steps", "3") == 0
     capsys.readouterr()
+    assert_resume_below_the_checkpoint_is_refused(tmp_path / "run", capsys)
     assert main(["train", "--resume", "--out", str(tmp_path / "run"), "--n-layer", "3"]) == 2
     assert "model.n_layer: 2 -> 3" in capsys.readouterr().err
     (tmp_path / "run" / "checkpoints" / "step-0000003" / "model.safetensors").write_bytes(b"junk")

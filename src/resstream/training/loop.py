@@ -80,6 +80,7 @@ from resstream.training.preparation import (
 from resstream.training.records import TrainResult
 from resstream.training.resume import (
     check_resume_compatible,
+    check_resume_steps,
     checkpoint_to_resume,
     good_checkpoint_text,
     out_of_space,
@@ -144,6 +145,9 @@ class Trainer:
         self.log = log
         self.resume_hint = resume_hint
         self.checkpoint = checkpoint_to_resume(self.out_dir, resume)
+        check_resume_steps(
+            self.checkpoint.step if self.checkpoint else None, config.run.max_steps, self.out_dir
+        )
         device_kind = resolve_device(config.run.device).type
         self.dist = init_distributed(device_kind)
         self.device = resolve_device(config.run.device, local_rank=self.dist.local_rank)
@@ -324,7 +328,7 @@ class Trainer:
         tokens_per_step = r.batch_size * self.config.model.block_size
         losses: list[float] = []
         val_loss = self.checkpoint.state.get("val_loss", math.nan) if self.checkpoint else math.nan
-        if self.start_step >= r.max_steps:  # resuming a finished run: nothing to train
+        if self.start_step == r.max_steps:  # checkpointed at its last step: nothing to train
             val_loss = self._validation_loss(self.start_step)
         bar = tqdm(
             total=r.max_steps,

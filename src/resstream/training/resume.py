@@ -3,7 +3,8 @@ learning-rate schedule a resumed run keeps, and which checkpoint a stopped run c
 
 A run folder starts a fresh run or resumes from its latest checkpoint (`checkpoint_to_resume`).
 A resume refuses a config whose model, data or tokenizer section differs from the checkpoint's
-(`refuse_identity_changes`), or another tokenizer or corpus text (`check_resume_compatible`);
+(`refuse_identity_changes`), or another tokenizer or corpus text (`check_resume_compatible`),
+or a `max_steps` below the checkpoint's step (`check_resume_steps`);
 it restores the random-number state dropout draws from (`rng_state`), and keeps the schedule of
 the original run (`schedule_steps`). A run stopped by non-finite values or a full disk names
 the checkpoint `resume=True` continues from (`good_checkpoint_text`, `resume_point_text`,
@@ -52,6 +53,16 @@ def checkpoint_to_resume(out_dir: Path, resume: bool) -> ckpt.Checkpoint | None:
             f"it or choose another `out_dir`"
         )
     return None
+
+
+def check_resume_steps(step: int | None, max_steps: int, out_dir: Path) -> None:
+    """Refuse to resume the run in `out_dir` from checkpoint `step` (None: a fresh run) with a
+    `max_steps` below it: the weights are those of `step`, and a run never goes back."""
+    if step is not None and max_steps < step:
+        raise UsageError(
+            f"`max_steps` {max_steps} is below step {step} of the checkpoint in `out_dir` "
+            f"{str(out_dir)!r}, which a resume continues from; give `max_steps` {step} or more"
+        )
 
 
 def refuse_identity_changes(saved: dict[str, Any], config: TrainConfig, extra: Sequence[str] = ()) -> None:
