@@ -132,7 +132,7 @@ def test_sweep_then_compare(setup, capsys):
         "(give --data-dir or set RESSTREAM_DATA) and Hugging Face could not be reached; "
         "comparing validation loss and shakespeare"
     ), err
-    assert err[1:] == ["compare: evaluated now: shakespeare (6 runs: not evaluated before)"], err
+    assert err[1:] == [SWEEPS_CAP, "compare: evaluated now: shakespeare (6 runs: not evaluated before)"], err
     for r in runs:
         after = entries(out / r)
         assert after["shakespeare"]["max_tokens"] == 150 and after["shakespeare"]["num_tokens"] == 149
@@ -142,6 +142,7 @@ def test_sweep_then_compare(setup, capsys):
     assert (cmp / "compare.md").read_text() == captured.out
     saved = json.loads((cmp / "compare.json").read_text())
     assert saved["best_fixed_cut"]["cut_layer"] == 1 and saved["max_eval_tokens"] == 150
+    assert saved["max_eval_tokens_from"] == "sweep"
     assert set(saved["skipped"]) == {"wikitext-2", "lambada", "openwebtext", "fineweb-edu"}
 
     # Named benchmarks whose scores are cached for these weights and token cap are reused,
@@ -157,9 +158,10 @@ def test_sweep_then_compare(setup, capsys):
     )
     assert "| best fixed cut (k=1, α=0.25) | 2 |" in captured.out
     assert captured.err.splitlines() == [
+        SWEEPS_CAP,
         "compare: reused cached scores from the runs' eval.json: openwebtext (6 runs), lambada (6 runs); "
         "same max_tokens (150), same weights and same benchmark data "
-        "(data of openwebtext, lambada not readable here: not compared)"
+        "(data of openwebtext, lambada not readable here: not compared)",
     ]
     assert {r: (out / r / "eval.json").stat().st_mtime_ns for r in runs} == stamps
 
@@ -185,11 +187,12 @@ def test_sweep_then_compare(setup, capsys):
     assert main(["compare", str(out), "--out", str(cmp3), *args]) == 0
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("compare: skipped wikitext-2, fineweb-edu: they are not in the data directory")
-    assert err[1] == (
+    assert err[1] == SWEEPS_CAP
+    assert err[2] == (
         "compare: reused cached scores from the runs' eval.json: lambada (6 runs), shakespeare (6 runs); "
         "same max_tokens (150), same weights and same benchmark data"
     )
-    assert err[2] == "compare: evaluated now: openwebtext (6 runs: cached with max_tokens 100)"
+    assert err[3] == "compare: evaluated now: openwebtext (6 runs: cached with max_tokens 100)"
 
     # New weights (the run trained on): its cached scores are of the old weights.
     baseline = out / "seed-0" / "baseline"
@@ -220,6 +223,13 @@ def test_sweep_then_compare(setup, capsys):
         == 0
     )
     assert "| baseline | 1 |" in (cmp5 / "compare.md").read_text()
+
+
+#: compare's note when it takes the sweep's own --max-eval-tokens (150 in `test_sweep_then_compare`).
+SWEEPS_CAP = (
+    "compare: at most 150 tokens per benchmark, the sweeps' own (their run.json), "
+    "so their cached scores are reused"
+)
 
 
 def entries(run_dir):
@@ -313,6 +323,7 @@ def test_bad_compare_input(tmp_path, capsys, monkeypatch):
         ([str(tmp_path / "unfinished")], ["no finished runs found", "unfinished"]),
         ([str(sweep), "--benchmarks", "lambda"], ["unknown benchmark 'lambda'", "did you mean 'lambada'"]),
         ([str(sweep), "--max-eval-tokens", "0"], ["--max-eval-tokens must be >= 2, got 0"]),
+        ([str(sweep), "--max-eval-tokens", "many"], ["--max-eval-tokens: 'many' is not an integer or 'all'"]),
     ]
     for args, patterns in cases:
         assert_refused(tmp_path, capsys, ["compare", *args, *out], *patterns)

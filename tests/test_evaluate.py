@@ -241,9 +241,11 @@ def test_benchmark_tokens_prefix_and_cache_equal_the_whole_stream(tmp_path):
     tokenizer = load_model(None, device="cpu").tokenizer
     whole = tokenize_documents(corpus.documents, tokenizer)
     ev._STREAMS.clear()
+    ev._PREFIXES.clear()
     prefix = ev.benchmark_tokens(corpus, tokenizer, limit=100)
     assert 100 <= len(prefix) < len(whole) and (prefix == whole[: len(prefix)]).all()
-    assert not ev._STREAMS  # a prefix is not kept
+    assert not ev._STREAMS  # a prefix is not the whole stream
+    assert ev.benchmark_tokens(corpus, tokenizer, limit=50) is prefix  # kept for a cap no larger
     first = ev.benchmark_tokens(corpus, tokenizer)
     assert (first == whole).all() and not first.flags.writeable
     assert ev.benchmark_tokens(corpus, tokenizer) is first

@@ -158,7 +158,15 @@ def test_run_directories(swept):
         "sweep [1/8] seed 0 baseline",
         "sweep [2/8] seed 0 fixed-k0",
     ]
-    assert any(line.startswith("evaluate [8/8] seed 1 learned") for line in lines)
+    # The evaluations' estimate first, then one line per run and benchmark, k of n.
+    first = next(i for i, line in enumerate(lines) if line.startswith("evaluat"))
+    assert (
+        lines[first].startswith("evaluating ")
+        and "(8 runs x 2 benchmarks; cached scores not counted)" in (lines[first])
+    ), lines[first]
+    assert " on cpu (an estimate from timing a few batches of one model, " in lines[first]
+    assert lines[first + 1].startswith("evaluate [1/16] seed 0 baseline: openwebtext (")
+    assert lines[first + 16].startswith("evaluate [16/16] seed 1 learned: lambada (")
     assert [(r.seed, r.name) for r in result.runs][:4] == [
         (0, "baseline"),
         (0, "fixed-k0"),
@@ -317,6 +325,19 @@ def test_find_runs_without_sweep_json(swept, tmp_path):
     assert {r.name: r.val_loss for r in records} == expected
 
 
+def test_a_sweep_whose_interrupted_run_is_past_max_steps_is_refused(tmp_path):
+    """A run checkpointed at step 46 and a sweep planned to 30 steps: refused before any
+    training, naming both steps (a resume would record 30 steps of step 46's weights)."""
+    plan = sw.plan_sweep(tiny_config(tmp_path, max_steps=30), seeds=[0], layers=[0], learned=False)
+    pointer = plan.runs[1].path(tmp_path / "out") / "checkpoints" / "latest.json"
+    pointer.parent.mkdir(parents=True)
+    pointer.write_text(json.dumps({"step": 46, "dir": "step-0000046"}))
+    with pytest.raises(
+        UsageError, match=r"`max_steps` 30 is below step 46 of the checkpoint in `out_dir` '.*fixed-k0'"
+    ):
+        sw.check_existing(plan, tmp_path / "out")
+
+
 def test_run_sweep_refuses_bad_evaluation_settings_before_training(tmp_path):
     plan = sw.plan_sweep(tiny_config(tmp_path), seeds=[0], layers=[0], learned=False)
     out = tmp_path / "out"
@@ -362,3 +383,75 @@ def test_a_cached_score_without_a_cap_does_not_answer_a_capped_request():
     assert sw.stale_reason(entry, max_tokens=4000, model_fingerprint="w1", corpus_fingerprint="c1") == (
         "cached with max_tokens unset"
     )
+
+
+# ------------------------------------------------------------------ compare's token cap
+def sweep_record(root, **config):
+    """A sweep folder whose run.json records `config` (benchmarks, max_eval_tokens)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "run.json").write_text(json.dumps({"config": config}))
+    return root
+
+
+@pytest.mark.parametrize(
+    ("given", "recorded", "expected"),
+    [
+        (None, {"benchmarks": [], "max_eval_tokens": None}, (2000, "default")),  # evaluated nothing
+        (None, {}, (2000, "default")),  # no run.json settings at all
+        (None, {"benchmarks": ["lambada"], "max_eval_tokens": 300}, (300, "sweep")),
+        (None, {"benchmarks": ["lambada"], "max_eval_tokens": None}, (None, "sweep")),  # evaluated in full
+        (None, {"benchmarks": [], "max_eval_tokens": 500}, (500, "sweep")),  # set a cap, evaluated nothing
+        ("all", {"benchmarks": ["lambada"], "max_eval_tokens": 300}, (None, "given")),
+        (40, {"benchmarks": ["lambada"], "max_eval_tokens": 300}, (40, "given")),
+    ],
+)
+def test_compare_takes_the_given_cap_else_the_sweeps_else_its_default(tmp_path, given, recorded, expected):
+    from resstream.api.compare import token_cap
+
+    cap = token_cap(given, [sweep_record(tmp_path / "sweep", **recorded)])
+    assert (cap.tokens, cap.source) == expected
+    assert (cap.line() is None) == (cap.source == "given")
+
+
+@pytest.mark.parametrize("bad", [1, "many", 2.5, True])
+def test_compare_refuses_a_bad_cap_naming_it(tmp_path, bad):
+    from resstream.api.compare import token_cap
+
+    with pytest.raises(UsageError, match="`max_eval_tokens` must be "):
+        token_cap(bad, [tmp_path])
+
+
+def test_compare_of_a_sweep_that_evaluated_nothing_is_capped_and_estimated_first(swept, tmp_path, capsys):
+    """The default cap (stated in the lines, compare.json and run.json), the estimate before the
+    first evaluation, one line per run and benchmark; 'all' scores every token."""
+    from resstream.api.compare import compare
+    from resstream.cli.main import main
+
+    _, _, out, _ = swept
+    sweep = shutil.copytree(out, tmp_path / "sweep", ignore=shutil.ignore_patterns("seed-0"))
+    record = json.loads((sweep / "run.json").read_text())
+    record["config"].update(benchmarks=[], max_eval_tokens=None)  # as the README's quick sweep
+    (sweep / "run.json").write_text(json.dumps(record))
+    data = out.parent / "data"
+    args = ["compare", str(sweep / "seed-1"), "--benchmarks", "openwebtext", "--data-dir", str(data)]
+    assert main([*args, "--out", str(tmp_path / "cmp")]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("compare:")]
+    assert err[0] == (
+        "compare: at most 2,000 tokens per benchmark, the default (the sweeps evaluated no benchmark); "
+        "--max-eval-tokens 'all' scores every token"
+    ), err
+    assert err[1].startswith("compare: evaluating ") and " on cpu (an estimate from timing " in err[1], err
+    assert "(4 runs x 1 benchmark; cached scores not counted): about " in err[1], err
+    assert err[2].startswith("compare: evaluate [1/4] seed 1 baseline: openwebtext (") and err[5].startswith(
+        "compare: evaluate [4/4] seed 1 learned: openwebtext ("
+    ), err
+    saved = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    settings = json.loads((tmp_path / "cmp" / "run.json").read_text())["config"]
+    for where in (saved, settings):
+        assert (where["max_eval_tokens"], where["max_eval_tokens_from"]) == (2000, "default")
+    entries = json.loads((sweep / "seed-1" / "baseline" / "eval.json").read_text())["benchmarks"]
+    assert {e["name"]: e["max_tokens"] for e in entries}["openwebtext"] == 2000
+
+    full = compare(sweep / "seed-1", "openwebtext", max_eval_tokens="all", data_dir=data)
+    assert (full.max_eval_tokens, full.max_eval_tokens_from) == (None, "given")
+    assert full.evaluations.evaluated == {"openwebtext": {"cached with max_tokens 2000": 4}}

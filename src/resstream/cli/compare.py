@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -12,6 +12,16 @@ from resstream.cli.common import check_max_eval_tokens, split_names
 from resstream.cli.flags import cli_message
 from resstream.errors import UsageError
 from resstream.notices import say
+from resstream.training.records import DEFAULT_MAX_EVAL_TOKENS
+
+
+def compare_cap(value: str | None) -> int | Literal["all"] | None:
+    """--max-eval-tokens: 'all', an integer >= 2, or None (the default)."""
+    if value is not None and value.strip().lower() == "all":
+        return "all"
+    if value is not None and not value.strip().lstrip("+-").isdigit():
+        raise UsageError(f"--max-eval-tokens: {value!r} is not an integer or 'all'")
+    return check_max_eval_tokens(value)
 
 
 def compare(
@@ -30,8 +40,9 @@ def compare(
     max_eval_tokens: Annotated[
         str | None,
         typer.Option(
-            metavar="N",
-            help="Tokens per benchmark (default: the sweep's own --max-eval-tokens, else all). "
+            metavar="N|all",
+            help="Tokens per benchmark, or 'all' for the full sets (default: the sweep's own "
+            f"--max-eval-tokens when it evaluated benchmarks or set one, else {DEFAULT_MAX_EVAL_TOKENS:,}). "
             "A score cached in a run's eval.json is reused only if it was made with the same N, "
             "weights and benchmark data.",
         ),
@@ -52,7 +63,7 @@ def compare(
     names = check_benchmarks(split_names(benchmarks), allow_all=True) if benchmarks is not None else None
     if names is not None and not names:
         raise UsageError(f"--benchmarks: {benchmarks!r} names no benchmark")
-    max_tokens = check_max_eval_tokens(max_eval_tokens)
+    max_tokens = compare_cap(max_eval_tokens)
     with output_set(out, "compare") as outputs:
         result = compare_runs(
             inputs,
@@ -72,6 +83,7 @@ def compare(
             "inputs": list(result.inputs),
             "benchmarks": list(result.benchmarks),
             "max_eval_tokens": result.max_eval_tokens,
+            "max_eval_tokens_from": result.max_eval_tokens_from,
             "runs": len(result.runs),
         }
         options.write_run_record(outputs, "compare", settings, result.device)

@@ -502,21 +502,26 @@ def _sweep_root(path: Path) -> Path:
     return path.parent if SEED_DIR.match(path.name) and not (path / SWEEP_FILE).is_file() else path
 
 
-def sweep_max_eval_tokens(paths: Sequence[str | Path]) -> int | None:
-    """The `max_eval_tokens` the sweeps of `paths` evaluated with (their run.json), None when
-    they record none; UsageError when they differ (the caller must choose)."""
-    found = set()
+#: The tokens per benchmark `resstream.compare` scores when neither the call nor the sweeps
+#: chose a cap (`sweep_eval_caps`): a quick sweep's six runs on five benchmarks take seconds
+#: (docs/timings.md); `max_eval_tokens='all'` scores every token.
+DEFAULT_MAX_EVAL_TOKENS = 2_000
+
+
+def sweep_eval_caps(paths: Sequence[str | Path]) -> tuple[int | None, ...]:
+    """The `max_eval_tokens` the sweeps of `paths` chose (their run.json; None: every token),
+    each once. A sweep chose one when it set a cap or evaluated benchmarks (with every token
+    when it set none); a sweep that evaluated no benchmark and set no cap chose none."""
+    found: dict[int | None, None] = {}
     for path in paths:
         record = read_json(_sweep_root(Path(path)) / RUN_FILE)
         settings = record.get("config") if isinstance(record, dict) else None
-        if isinstance(settings, dict) and "max_eval_tokens" in settings:
-            found.add(settings["max_eval_tokens"])
-    if len(found) > 1:
-        values = ", ".join(str(v) for v in sorted(found, key=str))
-        raise UsageError(
-            f"the sweeps were evaluated with different `max_eval_tokens` ({values}); give `max_eval_tokens`"
-        )
-    return found.pop() if found else None
+        if not isinstance(settings, dict) or "max_eval_tokens" not in settings:
+            continue
+        cap = settings["max_eval_tokens"]
+        if cap is not None or settings.get("benchmarks", True):
+            found[cap] = None
+    return tuple(found)
 
 
 def load_runs(paths: Sequence[str | Path]) -> list[RunRecord]:

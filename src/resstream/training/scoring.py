@@ -35,8 +35,9 @@ sequences (end-of-text + context + target, after the cut) hold at most M tokens 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -290,12 +291,9 @@ def lambada_examples(
     """Tokenised passages (see the module docstring); stops before `max_tokens` would be passed."""
     eos = getattr(tokenizer, "eos_token_id", None)
     prefix = [eos] if eos is not None else []
-    pairs = [parts for parts in map(split_passage, passages) if parts is not None]
-    contexts = _encode_all(tokenizer, [context for context, _ in pairs])
-    targets = _encode_all(tokenizer, [target for _, target in pairs])
     examples: list[LambadaExample] = []
     used = 0
-    for context, target in zip(contexts, targets, strict=True):
+    for context, target in _encoded_pairs(tokenizer, passages):
         ids = (prefix + context + target)[-(block_size + 1) :]
         num_target = min(len(target), len(ids) - 1)
         if num_target < 1:
@@ -305,6 +303,20 @@ def lambada_examples(
         used += len(ids)
         examples.append(LambadaExample(tuple(ids), num_target))
     return examples
+
+
+#: Passages encoded per call of the tokenizer by `_encoded_pairs` (a capped LAMBADA needs few).
+_PASSAGE_BATCH = 256
+
+
+def _encoded_pairs(tokenizer: Any, passages: Iterable[str]) -> Iterator[tuple[list[int], list[int]]]:
+    """(context ids, target ids) of each passage that splits (`split_passage`), encoded in
+    batches as they are consumed."""
+    pairs = (parts for parts in map(split_passage, passages) if parts is not None)
+    while batch := list(itertools.islice(pairs, _PASSAGE_BATCH)):
+        contexts = _encode_all(tokenizer, [context for context, _ in batch])
+        targets = _encode_all(tokenizer, [target for _, target in batch])
+        yield from zip(contexts, targets, strict=True)
 
 
 def score_lambada(

@@ -32,6 +32,9 @@ runs, score them, collect them); the scoring step is the part `compare` calls on
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,7 +63,13 @@ from resstream.training.records import (
 )
 
 if TYPE_CHECKING:
-    from resstream.training.evaluate import BenchmarkData, EvalSettings
+    from resstream.training.evaluate import (
+        BenchmarkData,
+        EvalPlan,
+        EvalSettings,
+        PreparedBenchmark,
+        RunsEstimate,
+    )
 
 Log = Callable[[str], None]
 
@@ -163,10 +172,15 @@ def config_diffs(saved: dict[str, Any], planned: TrainConfig) -> list[str]:
 
 
 def check_existing(plan: SweepPlan, out_dir: str | Path) -> None:
-    """Refuse to restart a sweep in `out_dir` whose finished runs were trained with another config."""
+    """Refuse to restart a sweep in `out_dir` whose finished runs were trained with another
+    config, or whose interrupted runs were checkpointed past the planned `max_steps`."""
+    from resstream.training.resume import check_resume_steps
+
     for run in plan.runs:
         meta = read_json(run.path(out_dir) / MODEL_META)
         if meta is None:
+            step = ckpt.latest_checkpoint_step(run.path(out_dir))
+            check_resume_steps(step, run.config.run.max_steps, run.path(out_dir))
             continue
         diffs = config_diffs(meta.get("config", {}), run.config)
         if diffs:
@@ -303,18 +317,30 @@ def summarise_evals(
     return EvalSummary(max_tokens, reused, evaluated, unchecked)
 
 
-def evaluate_task(task: EvalTask, settings: EvalSettings, *, progress: bool) -> Scores:
+def _todo_settings(task: EvalTask, settings: EvalSettings) -> EvalSettings:
+    """`settings` for the benchmarks `task` evaluates."""
+    return dataclasses.replace(settings, benchmarks=tuple(task.todo))
+
+
+#: Called before each benchmark of a run is scored: the run's task, its plan and the benchmark.
+Starting = Callable[[EvalTask, "EvalPlan", "PreparedBenchmark"], None]
+
+
+def evaluate_task(
+    task: EvalTask, settings: EvalSettings, *, progress: bool, starting: Starting | None = None
+) -> Scores:
     """Evaluate a run on its `todo` benchmarks (with the other `settings`), replace their
     entries in its eval.json (other entries are kept) and return the scores of the cached and
-    the new benchmarks."""
+    the new benchmarks. `starting` is told of each benchmark before it is scored."""
     from resstream.training.evaluate import prepare_run, run_plan
 
     run_dir = task.record.path
     assert run_dir is not None, "a run without a folder has nothing to evaluate (`plan_evals`)"
-    todo = dataclasses.replace(settings, benchmarks=tuple(task.todo))
     with locked_directory(run_dir, "eval", param=None):  # not while the run trains or is evaluated
         _, raw = read_eval(run_dir)
-        report = run_plan(prepare_run(run_dir, todo, progress=progress), progress=progress)
+        plan = prepare_run(run_dir, _todo_settings(task, settings), progress=progress)
+        hook = None if starting is None else functools.partial(starting, task, plan)
+        report = run_plan(plan, progress=progress, starting=hook)
         payload = report.to_dict()
         kept = [entry for entry in eval_entries(raw) if entry["name"] not in task.todo]
         payload["benchmarks"] = kept + list(payload["benchmarks"])
@@ -327,15 +353,99 @@ def run_evals(
     tasks: Sequence[EvalTask], settings: EvalSettings, *, progress: bool, log: Log | None
 ) -> list[RunRecord]:
     """Evaluate every task that has something to do; the runs' records with exactly the
-    requested scores (cached or new) as their `evals`."""
+    requested scores (cached or new) as their `evals`. With `log`, an estimate of the
+    evaluations (tokens, runs, benchmarks, about how long, on which device) comes first, then
+    one line per benchmark scored."""
     todo = [task for task in tasks if task.todo]
+    guess = estimate_evals(todo, settings) if log is not None else None
+    if log is not None and guess is not None:
+        log(guess.line(str(settings.device)))
+    starting = None if log is None else _progress_lines(todo, log)
     done: dict[int, Scores] = {}
-    for i, task in enumerate(todo, 1):
-        if log:
-            run = f"seed {task.record.seed} {task.record.name}"
-            log(f"evaluate [{i}/{len(todo)}] {run}: {', '.join(task.todo)}")
-        done[id(task)] = evaluate_task(task, settings, progress=progress)
+    for task in todo:
+        done[id(task)] = evaluate_task(task, settings, progress=progress, starting=starting)
     return [dataclasses.replace(task.record, evals=done.get(id(task), task.cached)) for task in tasks]
+
+
+def _progress_lines(todo: Sequence[EvalTask], log: Log) -> Starting:
+    """One line per (run, benchmark) evaluated, before it is scored: "evaluate [k/n] seed s
+    name: benchmark (N tokens)", k counting every benchmark of every run."""
+    from resstream.training.evaluate import benchmark_size
+
+    total = sum(len(task.todo) for task in todo)
+    counter = itertools.count(1)
+
+    def starting(task: EvalTask, plan: EvalPlan, bench: PreparedBenchmark) -> None:
+        run = f"seed {task.record.seed} {task.record.name}"
+        tokens = benchmark_size(plan, bench).scored
+        log(f"evaluate [{next(counter)}/{total}] {run}: {bench.name} ({tokens:,} tokens)")
+
+    return starting
+
+
+def _shape_key(meta: Mapping[str, Any]) -> str:
+    """What a run's evaluation speed depends on: its model's shape (the gate's settings aside)."""
+    model = dict(meta.get("config", {}).get("model", {}))
+    for name in ("gate", "cut_layer", "alpha", "gate_strength"):
+        model.pop(name, None)
+    return json.dumps(model, sort_keys=True)
+
+
+def _sizes_key(meta: Mapping[str, Any], task: EvalTask) -> str:
+    """What a run's benchmark sizes depend on: its shape, tokenizer and training text (the
+    held-out-tail rule), and the benchmarks it evaluates."""
+    config = meta.get("config", {})
+    parts = [_shape_key(meta), meta.get("tokenizer_fingerprint"), meta.get("corpus_fingerprint")]
+    return json.dumps([*parts, config.get("data"), list(task.todo)], sort_keys=True, default=str)
+
+
+def estimate_evals(tasks: Sequence[EvalTask], settings: EvalSettings) -> RunsEstimate | None:
+    """How long evaluating the `todo` of `tasks` takes (None: nothing to evaluate): each run's
+    sizes from one prepared plan per tokenizer, shape and set of benchmarks, each shape's speed
+    measured once (`resstream.training.evaluate.timing`)."""
+    from resstream.training.evaluate import (
+        EvalEstimate,
+        RunsEstimate,
+        benchmark_size,
+        measure_speed,
+        prepare_run,
+    )
+
+    speeds: dict[str, float] = {}
+    groups: dict[str, EvalEstimate] = {}
+    runs = []
+    for task in (task for task in tasks if task.todo):
+        assert task.record.path is not None, "a run without a folder has nothing to evaluate"
+        meta = read_json(task.record.path / MODEL_META) or {}
+        key = _sizes_key(meta, task)
+        if key not in groups:
+            plan = prepare_run(task.record.path, _todo_settings(task, settings))
+            shape = _shape_key(meta)
+            if shape not in speeds:
+                speeds[shape] = measure_speed(plan)
+            sizes = tuple(benchmark_size(plan, bench) for bench in plan.benchmarks)
+            groups[key] = EvalEstimate(sizes, speeds[shape])
+        runs.append(groups[key])
+    return RunsEstimate(tuple(runs), len(speeds)) if runs else None
+
+
+def check_evals(
+    records: Sequence[RunRecord], settings: EvalSettings, data: BenchmarkData | None = None
+) -> tuple[list[EvalTask], EvalSummary]:
+    """What `fill_evals` will reuse and evaluate (`plan_evals`, `summarise_evals`), nothing
+    evaluated yet; a benchmark some run must be evaluated on is refused when its text cannot be
+    read. `data` is what `find_benchmark_data` found for them, when the caller looked already
+    (each benchmark's text is then read once, not again here)."""
+    from resstream.training.evaluate import find_benchmark_data
+
+    if data is None:
+        data = find_benchmark_data(settings.benchmarks, settings.data_dir)
+    corpora = data.fingerprints
+    tasks = plan_evals(records, settings, corpora)
+    unreadable = [name for name in benchmarks_to_evaluate(tasks) if name in data.unavailable]
+    if unreadable:
+        raise UsageError(data.unavailable[unreadable[0]])
+    return tasks, summarise_evals(tasks, settings.max_tokens, corpora)
 
 
 def fill_evals(
@@ -348,22 +458,9 @@ def fill_evals(
 ) -> tuple[list[RunRecord], EvalSummary]:
     """Give every run scores for the benchmarks of `settings` made with its `max_tokens` on the
     run's current weights: cached ones where they match (`stale_reason`), new ones (evaluated
-    now, with `settings`) otherwise.
-
-    A benchmark some run must be evaluated on is refused first when its text cannot be read.
-    `data` is what `find_benchmark_data` found for them, when the caller looked already (each
-    benchmark's text is then read once, not again here).
+    now, with `settings`) otherwise: `check_evals`, then `run_evals`.
     """
-    from resstream.training.evaluate import find_benchmark_data
-
-    if data is None:
-        data = find_benchmark_data(settings.benchmarks, settings.data_dir)
-    corpora = data.fingerprints
-    tasks = plan_evals(records, settings, corpora)
-    unreadable = [name for name in benchmarks_to_evaluate(tasks) if name in data.unavailable]
-    if unreadable:
-        raise UsageError(data.unavailable[unreadable[0]])
-    summary = summarise_evals(tasks, settings.max_tokens, corpora)
+    tasks, summary = check_evals(records, settings, data)
     return run_evals(tasks, settings, progress=progress, log=log), summary
 
 

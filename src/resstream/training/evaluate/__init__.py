@@ -48,9 +48,11 @@ from resstream.training.evaluate.settings import EvalOptions, EvalSettings, reso
 from resstream.training.evaluate.timing import (
     BenchmarkSize,
     EvalEstimate,
+    RunsEstimate,
     benchmark_size,
     duration_text,
     estimate,
+    measure_speed,
 )
 
 __all__ = [
@@ -64,6 +66,7 @@ __all__ = [
     "EvalReport",
     "EvalSettings",
     "PreparedBenchmark",
+    "RunsEstimate",
     "TrainingText",
     "benchmark_size",
     "check_benchmark_data",
@@ -73,6 +76,7 @@ __all__ = [
     "estimate",
     "evaluate_run",
     "find_benchmark_data",
+    "measure_speed",
     "parse_benchmarks",
     "prepare",
     "prepare_model",

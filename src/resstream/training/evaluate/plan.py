@@ -110,7 +110,20 @@ def _tail_rule(name: str, fingerprint: str, training: TrainingText | None) -> tu
 #: Token streams of whole benchmark corpora, by (tokenizer, corpus) fingerprint: the runs of a
 #: sweep share one tokenizer, so each corpus is tokenised once per process, not once per run.
 _STREAMS: dict[tuple[str, str], np.ndarray] = {}
+#: The longest prefix of a stream tokenised so far (a capped evaluation's), by the same key: the
+#: next run with the same tokenizer and a cap no larger takes it instead of tokenising again.
+_PREFIXES: dict[tuple[str, str], np.ndarray] = {}
 _MAX_STREAMS = 8
+
+
+def _keep(kept: dict[tuple[str, str], np.ndarray], key: tuple[str, str], tokens: np.ndarray) -> np.ndarray:
+    """`tokens`, made read-only and kept under `key` (the oldest entry goes beyond `_MAX_STREAMS`)."""
+    kept.pop(key, None)
+    if len(kept) >= _MAX_STREAMS:
+        kept.pop(next(iter(kept)))
+    tokens.setflags(write=False)  # shared by every model that asks next
+    kept[key] = tokens
+    return tokens
 
 
 def benchmark_tokens(
@@ -118,8 +131,8 @@ def benchmark_tokens(
 ) -> np.ndarray:
     """The corpus's token stream (`resstream.data.tokenize_documents`), or at least its first
     `limit` tokens: a prefix is tokenised only as far as it is needed (the ids of a prefix do not
-    depend on what follows: the stream is cut where the tokens do not change), a whole stream is
-    kept for the next model with the same tokenizer."""
+    depend on what follows: the stream is cut where the tokens do not change). A whole stream,
+    and the longest prefix asked for, are kept for the next model with the same tokenizer."""
     from resstream.data import tokenize_documents
     from resstream.data.tokenizer import tokenizer_fingerprint
 
@@ -127,13 +140,15 @@ def benchmark_tokens(
     if key in _STREAMS:
         return _STREAMS[key]
     if limit is not None:
-        return tokenize_documents(corpus.documents, tokenizer, progress=False, limit=limit)
+        prefix = _PREFIXES.get(key)
+        if prefix is not None and len(prefix) >= limit:
+            return prefix
+        return _keep(
+            _PREFIXES, key, tokenize_documents(corpus.documents, tokenizer, progress=False, limit=limit)
+        )
     tokens = tokenize_documents(corpus.documents, tokenizer, progress=None if progress else False)
-    if len(_STREAMS) >= _MAX_STREAMS:
-        _STREAMS.pop(next(iter(_STREAMS)))
-    tokens.setflags(write=False)  # shared by every model that asks next
-    _STREAMS[key] = tokens
-    return tokens
+    _PREFIXES.pop(key, None)
+    return _keep(_STREAMS, key, tokens)
 
 
 def prepare_benchmark(

@@ -8,7 +8,7 @@ a score kept in eval.json is reused only when they match (`resstream.training.sw
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,14 +141,25 @@ def score_benchmark(
     return sums.result(bench.name, **extra)
 
 
-def run_plan(plan: EvalPlan, *, progress: bool = True, ranks: Distributed = ONE_PROCESS) -> EvalReport:
+def run_plan(
+    plan: EvalPlan,
+    *,
+    progress: bool = True,
+    ranks: Distributed = ONE_PROCESS,
+    starting: Callable[[PreparedBenchmark], None] | None = None,
+) -> EvalReport:
     """Score every benchmark of a prepared plan. `ranks`: the processes of a torchrun job, which
     share every benchmark's batches out and all get the report one process gets (each must call
-    this with the same plan; `resstream.distributed.run_sharded`)."""
-    results = tuple(score_benchmark(plan, bench, progress=progress, ranks=ranks) for bench in plan.benchmarks)
+    this with the same plan; `resstream.distributed.run_sharded`). `starting` is called with
+    each benchmark before it is scored (a progress line)."""
+    results = []
+    for bench in plan.benchmarks:
+        if starting is not None:
+            starting(bench)
+        results.append(score_benchmark(plan, bench, progress=progress, ranks=ranks))
     return EvalReport(
         model=plan.model.name,
-        results=results,
+        results=tuple(results),
         stride=plan.stride,
         block_size=plan.model.block_size,
         batch_size=plan.settings.batch_size,

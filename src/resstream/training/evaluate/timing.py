@@ -3,6 +3,8 @@
 `estimate` times a few full batches on the plan's model and device (`measure_speed`) and counts
 the tokens each benchmark feeds through the model (`benchmark_size`); `EvalEstimate` turns both
 into seconds and, for an evaluation longer than `LONG_EVAL_S`, a `max_tokens` that shortens it.
+`RunsEstimate` adds up the estimates of several runs' evaluations (a comparison's, a sweep's), each
+run's sizes and the speed of its model shape measured once (`resstream.training.sweep.estimate_evals`).
 """
 
 from __future__ import annotations
@@ -74,6 +76,42 @@ class EvalEstimate:
         if fitting:
             return max(fitting)
         return min(shorter) if shorter else None
+
+
+@dataclass(frozen=True)
+class RunsEstimate:
+    """How long evaluating several runs takes: one `EvalEstimate` per run (runs of one model
+    shape share one measured speed, `shapes` counts the speeds measured)."""
+
+    runs: tuple[EvalEstimate, ...]
+    shapes: int
+
+    @property
+    def scored(self) -> int:
+        """Tokens scored over all runs and benchmarks."""
+        return sum(run.scored for run in self.runs)
+
+    @property
+    def benchmarks(self) -> tuple[str, ...]:
+        """The benchmarks some run is scored on, in order."""
+        return tuple(dict.fromkeys(size.name for run in self.runs for size in run.sizes))
+
+    def seconds(self) -> float:
+        """Estimated seconds for all the runs."""
+        return sum(run.seconds() for run in self.runs)
+
+    def line(self, device: str) -> str:
+        """What will be evaluated and about how long it takes, in one line."""
+        runs, benchmarks = len(self.runs), len(self.benchmarks)
+        speeds = sorted({run.tokens_per_s for run in self.runs})
+        speed = " to ".join(f"{s:,.0f}" for s in (speeds[0], speeds[-1])[: min(2, len(speeds))])
+        shapes = "one model" if self.shapes == 1 else f"one model of each of {self.shapes} shapes"
+        return (
+            f"evaluating {self.scored:,} tokens now ({runs} run{'s' * (runs != 1)} x {benchmarks} "
+            f"benchmark{'s' * (benchmarks != 1)}; cached scores not counted): about "
+            f"{duration_text(self.seconds())} on {device} (an estimate from timing a few batches of "
+            f"{shapes}, {speed} tokens/s fed)"
+        )
 
 
 def measure_speed(plan: EvalPlan, *, min_batches: int = 3, min_seconds: float = 0.5) -> float:
