@@ -352,6 +352,28 @@ def test_compare_figure_draws_each_row_with_its_std(sweep_dir):
     assert [t.get_text() for t in ax.get_xticklabels()] == ["baseline", "fixed k=1", "learned"]
 
 
+def test_compare_figure_of_one_seed_claims_no_spread_and_keeps_a_tiny_difference_small():
+    """n = 1: no error bars, a title and caption that claim no std, and a y-range that draws a
+    0.003-nat difference on a 6.43-nat loss as small, not full height."""
+    from resstream.reporting.experiments import compare_caption
+    from resstream.reporting.plots import MIN_RELATIVE_SPAN, compare_figure
+
+    records = [
+        RunRecord(0, "baseline", "none", None, None, 6.4345),
+        RunRecord(0, "fixed-k0", "fixed", 0, 0.5, 6.4315),
+        RunRecord(0, "learned", "learned", None, None, 6.4328),
+    ]
+    table = tables.compare_table(records, [])
+    fig = compare_figure(table)
+    (ax,) = fig.axes
+    assert "std" not in fig.texts[0].get_text() and "one seed" in fig.texts[0].get_text()
+    assert "standard deviation" not in compare_caption(table) and "n = 1" in compare_caption(table)
+    assert not ax.collections  # no error bars
+    low, high = ax.get_ylim()
+    assert high - low >= MIN_RELATIVE_SPAN * 6.43 * 0.999
+    assert (6.4345 - 6.4315) / (high - low) < 0.05
+
+
 def test_footer_names_the_shakespeare_column_only_when_the_table_has_one():
     records = [
         RunRecord(0, "fixed-k0", "fixed", 0, 0.5, 2.0, evals={"shakespeare": {"perplexity": 9.0}}),

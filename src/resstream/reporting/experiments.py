@@ -29,6 +29,7 @@ from resstream.reporting.plots import (
     compare_figure,
     gate_heatmap_figure,
     run_figures,
+    seed_counts,
     sweep_val_loss_figure,
 )
 from resstream.reporting.report.benchmark_table import compare_html
@@ -39,11 +40,25 @@ from resstream.training.records import SweepResult, TrainResult
 if TYPE_CHECKING:
     import pandas
 
-#: What a comparison's figure shows, under it.
+#: What a comparison's figure shows, under it (rows of two seeds or more; `compare_caption`).
 COMPARE_CAPTION = (
     "compare.png: each row's mean over seeds (points) ± the sample standard deviation (error bars), "
     "one panel per metric (lower is better)"
 )
+
+
+def compare_caption(table: CompareTable) -> str:
+    """compare.png's caption, for the seed counts the table has: no spread is claimed for a
+    row of one seed."""
+    counts = seed_counts(table)
+    if counts and max(counts) < 2:
+        return (
+            "compare.png: one seed per row: each point is that run's value (no spread: n = 1), "
+            "one panel per metric (lower is better)"
+        )
+    if 1 in counts:
+        return f"{COMPARE_CAPTION}; a row of one seed has no error bar"
+    return COMPARE_CAPTION
 
 
 def comparison_table(title: str, table: CompareTable) -> Table:
@@ -54,7 +69,9 @@ def comparison_table(title: str, table: CompareTable) -> Table:
 
 def compare_view(table: CompareTable) -> NotebookView:
     """compare.md as a table and compare.png (when the table has rows to draw)."""
-    pictures = [Picture(compare_figure(table), COMPARE_CAPTION)] if table.rows and table.panels() else []
+    pictures = (
+        [Picture(compare_figure(table), compare_caption(table))] if table.rows and table.panels() else []
+    )
     return NotebookView(tables=[comparison_table("compare.md", table)], pictures=pictures)
 
 
@@ -149,6 +166,7 @@ __all__ = [
     "RUN_CAPTIONS",
     "STEP_METRICS",
     "TRAIN_COLUMNS",
+    "compare_caption",
     "compare_view",
     "comparison_table",
     "sweep_view",
