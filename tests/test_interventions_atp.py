@@ -13,6 +13,7 @@ import torch
 
 from resstream.analysis.decoding.decoder import decoder_of
 from resstream.analysis.interventions.atp import (
+    SCREENED_NEURONS,
     AtpEstimates,
     attribution_patching,
     metric_of,
@@ -171,7 +172,7 @@ def test_a_component_both_runs_share_is_estimated_at_its_exact_effect(direction:
     readout = Readout(decoder_of(view), POSITION, TARGET)
     base, source = (clean_run, dirty_run) if direction == "noise" else (dirty_run, clean_run)
     shared = Component(0, "resid", position=0)
-    effects, note = screen_and_confirm(
+    screen = screen_and_confirm(
         base,
         source,
         readout,
@@ -180,6 +181,7 @@ def test_a_component_both_runs_share_is_estimated_at_its_exact_effect(direction:
         among=[shared, Component(1, "head", 0), Component(1, "mlp")],
         confirm=3,
     )
+    effects, note = screen.effects, screen.note
     found = {e.component: e for e in effects}
     assert [e.mode for e in effects] == ["patch"] * 3 and {e.path for e in effects} == {"total"}
     assert found[shared.name].estimate == pytest.approx(found[shared.name].d_logprob, abs=1e-6)
@@ -207,6 +209,14 @@ def test_patch_with_atp_confirms_the_top_components() -> None:
     sizes = [abs(e.estimate or 0.0) for e in result.effects]
     assert sizes == sorted(sizes, reverse=True)
     assert any("attribution patching" in note for note in result.notes)
+    # the estimates kept: every head's and the 100 largest neurons', largest first, the confirmed marked
+    screened = result.screened
+    assert sum(s.kind == "head" for s in screened) == result.n_layers * result.n_heads
+    assert sum(s.kind == "neuron" for s in screened) == SCREENED_NEURONS
+    assert [abs(s.estimate) for s in screened] == sorted((abs(s.estimate) for s in screened), reverse=True)
+    confirmed = {s.component: s.estimate for s in screened if s.confirmed}
+    assert confirmed == {e.component: e.estimate for e in result.effects}
+    assert "attribution patching" in repr(result)
     # the confirmed effects are exact patching: the same as patching those components by name
     plain = patch(text, corrupt=corrupt, components=[e.component for e in result.effects])
     exact = {e.component: e.d_logprob for e in plain.select(path="total")}

@@ -20,9 +20,13 @@ import pytest
 from resstream.analysis.interventions.results import EFFECT_COLUMNS, Effect, InterventionResult
 from resstream.api.interventions import ablate, patch
 from resstream.reporting.interventions import (
+    UNCONFIRMED,
+    caption,
     effects_frame,
     head_heatmap_figure,
     intervention_figures,
+    intervention_html,
+    mode_text,
     neuron_strip_figure,
     residual_grid_figure,
     terminal_summary,
@@ -48,6 +52,11 @@ def ablated() -> InterventionResult:
 @pytest.fixture(scope="module")
 def patched() -> InterventionResult:
     return patch(CLEAN, corrupt=CORRUPT, components=["L*.resid@*"])
+
+
+@pytest.fixture(scope="module")
+def screened() -> InterventionResult:
+    return patch(CLEAN, corrupt=CORRUPT, atp=True, confirm=5)
 
 
 @pytest.fixture(scope="module")
@@ -209,6 +218,45 @@ def test_neuron_strip_sorts_neurons_and_draws_total_beside_direct(ablated) -> No
     assert len(bars) == 4  # total and direct of each neuron
     assert bars[0].get_width() == effect(ablated, labels[0]).d_logprob
     assert bars[2].get_width() == effect(ablated, labels[0], "direct").d_logprob
+
+
+def test_attribution_patching_is_named_so_and_draws_its_estimates_beside_the_exact_effects(
+    screened,
+) -> None:
+    """`patch --atp` said "activation patching" and drew only the confirmed heads, greyed the
+    rest without a legend: its figures put the estimate of every head (and of the neurons with
+    the largest |estimate|) beside the exact effect of those confirmed, and say what grey is."""
+    assert mode_text(screened).startswith("attribution patching, noise") and "top 5 confirmed" in mode_text(
+        screened
+    )
+    estimates = {s.component: s for s in screened.screened}
+    heads = head_heatmap_figure(screened)
+    estimate, exact = shown(heads, 0), shown(heads, 1)
+    assert not np.isnan(estimate).any() and estimate[1, 2] == estimates["L1.H2"].estimate
+    for head in (s for s in screened.screened if s.kind == "head"):
+        value = exact[head.layer, head.index]
+        assert (value == effect(screened, head.component).d_logprob) if head.confirmed else np.isnan(value)
+    titles = [ax.get_title() for ax in heads.axes if ax.images]
+    assert "attribution patching" in titles[0] and "activation patching" in titles[1]
+    assert [t.get_text() for ax in heads.axes if ax.get_legend() for t in ax.get_legend().get_texts()] == [
+        UNCONFIRMED
+    ]
+    neurons = neuron_strip_figure(screened)
+    ax = neurons.axes[0]
+    labels = [tick.get_text() for tick in ax.get_yticklabels()]
+    assert labels == [s.component for s in screened.screened if s.kind == "neuron"][: len(labels)]
+    assert ax.patches[0].get_width() == estimates[labels[0]].estimate
+    grey = {t.get_text() for t in ax.get_yticklabels() if t.get_color() != "black"}
+    assert grey == {name for name in labels if not estimates[name].confirmed} != set()
+    legend = " ".join(t.get_text() for t in neurons.legends[0].get_texts())
+    assert "first-order estimate" in legend and "exact effect" in legend and "not confirmed" in legend
+    assert "Attribution patching" in caption(screened, "heads.png") and "grey" in caption(
+        screened, "heads.png"
+    )
+    assert "<h1>Attribution patching on " in intervention_html(screened, [])
+    text = terminal_summary(screened)
+    assert "estimate: attribution patching's first-order estimate" in text
+    assert "note: attribution patching (plain AtP" in text
 
 
 def test_residual_grid_puts_each_state_at_its_layer_and_position(patched) -> None:

@@ -35,7 +35,7 @@ from resstream.analysis.interventions.effects import Readout, component_effects,
 from resstream.analysis.interventions.engine import DEFAULT_BATCH
 from resstream.analysis.interventions.metrics import Measured
 from resstream.analysis.interventions.paths import parse_receivers, path_effects, sender_pairs
-from resstream.analysis.interventions.results import Effect, InterventionResult
+from resstream.analysis.interventions.results import Effect, InterventionResult, ScreenedComponent
 from resstream.analysis.interventions.runs import (
     Means,
     Run,
@@ -193,8 +193,9 @@ def patch(
         corrupted = setup.readout.of_run(dirty)
         base, source = (setup.run, dirty) if direction == "noise" else (dirty, setup.run)
         notes: tuple[str, ...] = ()
+        screened: tuple[ScreenedComponent, ...] = ()
         if atp:
-            effects, note = screen_and_confirm(
+            screen = screen_and_confirm(
                 base,
                 source,
                 setup.readout,
@@ -206,7 +207,7 @@ def patch(
                 batch_size=batch_size,
                 progress=setup.bar(progress, min(confirm, len(chosen)) if components else confirm),
             )
-            notes = (note,)
+            effects, notes, screened = screen.effects, (screen.note,), screen.screened
         else:
             values = run_values(base, source)
             effects = setup.effects(values, chosen, "patch", clean, batch_size, progress, base, corrupted)
@@ -233,6 +234,7 @@ def patch(
             corrupt=prediction(corrupted),
             corrupt_tokens=tokens,
             notes=notes,
+            screened=screened,
         )
 
 

@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from resstream.analysis.interventions.components import ComponentSpace, parse_component
 from resstream.analysis.interventions.results import EFFECT_COLUMNS, Effect, InterventionResult
@@ -82,9 +84,14 @@ TOP_SHOWN = 20
 TERMINAL_SHOWN = 10
 #: Neurons drawn in neurons.png (the largest |total effect| first; effects.csv has all).
 NEURONS_SHOWN = 30
-#: Colours of the two paths wherever they are drawn side by side.
+#: Colours of the two paths wherever they are drawn side by side, and of attribution
+#: patching's first-order estimates beside the exact effects.
 TOTAL_COLOUR = "#404040"
 DIRECT_COLOUR = "#f4a582"
+ESTIMATE_COLOUR = "#92c5de"
+#: How a name drawn for a component estimated but not confirmed looks, and what it means.
+UNCONFIRMED_COLOUR = "#888888"
+UNCONFIRMED = "grey: not confirmed (estimated only)"
 #: The columns of the table of the largest effects (a slice of `effects_frame`).
 TOP_COLUMNS = ("component", "kind", "mode", "path", "patched", "difference", "fraction", "estimate")
 
@@ -110,12 +117,23 @@ CAPTIONS = {
     "state) at each position, patched alone, the change travelling everywhere downstream. Colour: "
     "{colours}. Position labels read clean / corrupted token where the texts differ.",
 }
+#: The captions of attribution patching's figures (`patch --atp`), where they differ.
+ATP_CAPTIONS = {
+    "heads.png": "Attribution patching: the first-order estimate of every head's patching effect from one "
+    "forward and one backward (left), beside exact activation patching of the heads whose |estimate| was "
+    "among the largest (right; grey: not confirmed, estimated only). Colour: {colours}; each panel has its "
+    "own symmetric scale.",
+    "neurons.png": "The neurons with the largest |estimate|, largest first: attribution patching's "
+    "first-order estimate (light) beside the exact activation-patching effect (dark) of those confirmed; "
+    "grey names: not confirmed (estimated only). The change of the headline metric: {colours}.",
+}
 
 
 def caption(result: InterventionResult, name: str) -> str:
     """How to read figure `name` of `result` (`CAPTIONS`)."""
     colours = _FRACTION_COLOURS if _shows_fraction(result) else _DIFFERENCE_COLOURS
-    return CAPTIONS.get(name, "").format(colours=colours)
+    captions = {**CAPTIONS, **ATP_CAPTIONS} if result.screened else CAPTIONS
+    return captions.get(name, "").format(colours=colours)
 
 
 # ----------------------------------------------------------------------------- the frame
@@ -207,10 +225,17 @@ def _difference_label(result: InterventionResult) -> str:
 
 
 def mode_text(result: InterventionResult) -> str:
-    """What was done: "zero ablation", "activation patching, noise (corrupted → clean run)"..."""
+    """What was done: "zero ablation", "activation patching, noise (corrupted → clean run)",
+    attribution patching with how many estimates were confirmed..."""
     if result.command == "patch":
         runs = "corrupted → clean run" if result.mode == "noise" else "clean → corrupted run"
-        return f"activation patching, {result.mode} ({runs})"
+        if not result.screened:
+            return f"activation patching, {result.mode} ({runs})"
+        confirmed = sum(s.confirmed for s in result.screened)
+        return (
+            f"attribution patching, {result.mode} ({runs}): first-order estimates, the top {confirmed} "
+            "confirmed by exact activation patching"
+        )
     return f"{result.mode} ablation"
 
 
@@ -242,9 +267,9 @@ def _shows_fraction(result: InterventionResult) -> bool:
     difference patched − clean: when denoising with a gap (every difference there holds the
     whole gap; the fraction reads 1 = restored to the clean run, 0 = still the corrupted one).
     Ablation and noising show the difference: a component that matters moves the prediction
-    away from the clean run, and one that does not stays white."""
-    name = f"fraction_{result.metric}"
-    return result.mode == "denoise" and any(getattr(e, name) is not None for e in result.effects)
+    away from the clean run, and one that does not stays white. Attribution patching shows
+    the difference, which its estimates are of."""
+    return _ranks_by_fraction(result) and not result.screened
 
 
 def _shown(effect: Effect, result: InterventionResult) -> float:
@@ -275,46 +300,109 @@ def head_heatmap_figure(result: InterventionResult) -> Figure:
     the total effect and, when measured, a second one for the direct effect; each centred at 0
     on its own symmetric scale (red raises the target, blue lowers it). Activation patching
     shows the fraction of the clean − corrupt gap instead (`_shows_fraction`)."""
-    panels = [("total", _head_matrix(result, "total"))]
-    if _measured(result, "head", "direct"):
-        panels.append(("direct", _head_matrix(result, "direct")))
+    if result.screened:
+        panels = [
+            ("attribution patching: first-order estimate of each head", _estimate_matrix(result)),
+            ("activation patching: exact effect of the confirmed heads", _head_matrix(result, "total")),
+        ]
+    else:
+        panels = [(f"{path} effect of each head", _head_matrix(result, path)) for path in ("total", "direct")]
+        panels = panels if _measured(result, "head", "direct") else panels[:1]
     per_head = 0.5 if result.n_layers * result.n_heads <= 256 else 0.2
     width = min(8.0, max(4.0, 2.2 + per_head * result.n_heads))
     fig = new_figure(len(panels) * width, min(9.0, max(3.4, 2.0 + 0.35 * result.n_layers)))
     fig.set_layout_engine("constrained", w_pad=0.15)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     name, label = _shown_labels(result)
-    for ax, (path, matrix) in zip(axes, panels, strict=True):
-        diverging_heatmap(fig, ax, matrix, f"{path} effect of each head", label)
+    for ax, (what, matrix) in zip(axes, panels, strict=True):
+        diverging_heatmap(fig, ax, matrix, what, label)
+    if result.screened:
+        unconfirmed = Patch(facecolor="#dddddd", edgecolor=UNCONFIRMED_COLOUR, label=UNCONFIRMED)
+        axes[-1].legend(handles=[unconfirmed], loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=8)
     fig.suptitle(f"{_title(result)}\n{name}", fontsize=9)
     return fig
+
+
+def _estimate_matrix(result: InterventionResult) -> np.ndarray:
+    """Layers × heads of attribution patching's estimates; nan where a head has none."""
+    matrix = np.full((result.n_layers, result.n_heads), np.nan)
+    for screened in result.screened:
+        if screened.kind == "head":
+            matrix[screened.layer, screened.index] = screened.estimate
+    return matrix
 
 
 def neuron_strip_figure(result: InterventionResult) -> Figure:
     """neurons.png: each neuron intervened on (at most NEURONS_SHOWN, the largest |total
     effect| at the top) as a pair of horizontal bars, total effect beside direct effect on the
-    headline metric, labelled L<layer>.N<neuron>."""
+    headline metric, labelled L<layer>.N<neuron>. Attribution patching: the neurons with the
+    largest |estimate|, the estimate beside the exact effect of those confirmed
+    (`_screened_neurons`)."""
+    if result.screened:
+        return _screened_neurons(result)
     direct = {effect.component: effect for effect in _measured(result, "neuron", "direct")}
     total = sorted(
         _measured(result, "neuron", "total"), key=lambda e: -abs(np.nan_to_num(_shown(e, result)))
     )[:NEURONS_SHOWN]
-    fig = new_figure(7.2, max(2.6, 1.6 + 0.34 * len(total)))
-    fig.set_layout_engine("constrained")
-    ax = fig.add_subplot()
-    rows = np.arange(len(total))
-    ax.barh(rows - 0.2, [_shown(e, result) for e in total], height=0.4, color=TOTAL_COLOUR, label="total")
+    names = [e.component for e in total]
+    bars = [(TOTAL_COLOUR, "total", [_shown(e, result) for e in total])]
     if direct:
-        values = [_shown(direct[e.component], result) if e.component in direct else np.nan for e in total]
-        ax.barh(rows + 0.2, values, height=0.4, color=DIRECT_COLOUR, label="direct")
-    ax.set_yticks(rows, [e.component for e in total], fontsize=8, family="monospace")
-    ax.set_ylim(len(total) - 0.5, -0.5)
-    zero_line(ax, vertical=True)
-    ax.grid(axis="x", alpha=0.3)
-    ax.set_xlabel(_shown_labels(result)[1])
-    ax.legend(fontsize=8, loc="best")
+        values = [_shown(direct[name], result) if name in direct else np.nan for name in names]
+        bars.append((DIRECT_COLOUR, "direct", values))
+    fig, _ = _bar_pairs(names, bars, _shown_labels(result)[1])
     shown = f"{len(total)} neuron{'s' if len(total) != 1 else ''}, largest |total effect| first"
     fig.suptitle(f"{_title(result)}\n{shown}", fontsize=9)
     return fig
+
+
+def _screened_neurons(result: InterventionResult) -> Figure:
+    """neurons.png of attribution patching: the NEURONS_SHOWN neurons with the largest
+    |estimate|, largest first, attribution patching's estimate beside the exact effect of
+    activation patching where it was confirmed; the names of the others grey."""
+    screened = [s for s in result.screened if s.kind == "neuron"][:NEURONS_SHOWN]
+    exact = {effect.component: effect for effect in _measured(result, "neuron", "total")}
+    names = [s.component for s in screened]
+    bars = [
+        (ESTIMATE_COLOUR, "attribution patching: first-order estimate", [s.estimate for s in screened]),
+        (
+            TOTAL_COLOUR,
+            "activation patching: exact effect (confirmed)",
+            [_shown(exact[name], result) if name in exact else np.nan for name in names],
+        ),
+    ]
+    fig, ax = _bar_pairs(names, bars, _shown_labels(result)[1])
+    for label, s in zip(ax.get_yticklabels(), screened, strict=True):
+        if not s.confirmed:
+            label.set_color(UNCONFIRMED_COLOUR)
+    handles, _ = ax.get_legend_handles_labels()
+    unconfirmed = Patch(facecolor="none", edgecolor="none", label=f"names in {UNCONFIRMED}")
+    ax.get_legend().remove()  # below the axes instead: no bar under it
+    fig.legend(handles=[*handles, unconfirmed], fontsize=8, loc="outside lower center", ncols=2)
+    shown = f"{len(screened)} neuron{'s' if len(screened) != 1 else ''}, largest |estimate| first"
+    fig.suptitle(f"{_title(result)}\n{shown}", fontsize=9)
+    return fig
+
+
+def _bar_pairs(
+    names: Sequence[str], bars: Sequence[tuple[str, str, Sequence[float]]], label: str
+) -> tuple[Figure, Axes]:
+    """A figure of one row per name, each with one horizontal bar per (colour, legend label,
+    values) side by side, the first row at the top; x labelled `label`."""
+    fig = new_figure(7.2, max(2.6, 1.6 + 0.34 * len(names)))
+    fig.set_layout_engine("constrained")
+    ax = fig.add_subplot()
+    rows = np.arange(len(names))
+    height = 0.8 / len(bars)
+    for k, (colour, legend, values) in enumerate(bars):
+        offset = (k - (len(bars) - 1) / 2) * height
+        ax.barh(rows + offset, values, height=height, color=colour, label=legend)
+    ax.set_yticks(rows, names, fontsize=8, family="monospace")
+    ax.set_ylim(len(names) - 0.5, -0.5)
+    zero_line(ax, vertical=True)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_xlabel(label)
+    ax.legend(fontsize=8, loc="best")
+    return fig, ax
 
 
 def _resid_position(effect: Effect, result: InterventionResult) -> int:
@@ -459,7 +547,8 @@ def _figure_html(result: InterventionResult, image: Path) -> str:
 def intervention_html(result: InterventionResult, images: Sequence[Path]) -> str:
     """ablate.html / patch.html: the text (and the corrupted text), the prediction, notes, the
     largest effects and every figure in `images` embedded; loads nothing from anywhere."""
-    what = "Ablation" if result.command == "ablate" else "Activation patching"
+    patching = "Attribution patching" if result.screened else "Activation patching"
+    what = "Ablation" if result.command == "ablate" else patching
     heading = (
         f"<h1>{what} on {html.escape(result.model)}: target ‘{html.escape(show_token(result.target))}’ "
         f"after position {result.position}</h1><p>{html.escape(mode_text(result))}. The marked token is "
@@ -497,8 +586,9 @@ def write_intervention_report(result: InterventionResult, directory: Directory) 
 
 # ----------------------------------------------------------------------------- terminal
 def terminal_summary(result: InterventionResult, count: int = TERMINAL_SHOWN) -> str:
-    """The command's lines: what was done, the clean (and corrupted) prediction and the `count`
-    largest effects on the headline metric (`top_effects_frame`), total and direct."""
+    """The command's lines: what was done, the clean (and corrupted) prediction, the `count`
+    largest effects on the headline metric (`top_effects_frame`), total and direct (with
+    attribution patching, what its two columns are), and the notes."""
     after = show_token(result.tokens[result.position])
     lines = [
         f"{result.command} ({mode_text(result)}) on {result.model}: target {show_token(result.target)!r} "
@@ -522,6 +612,12 @@ def terminal_summary(result: InterventionResult, count: int = TERMINAL_SHOWN) ->
         lines.append(f"  {row.component:<{width}}  {row.path:<8}  {row.difference:>+10.4f}{values}")
     if top.empty:
         lines.append("  (no effects)")
+    if result.screened:
+        lines.append(
+            "  difference: exact activation patching of the confirmed components; estimate: attribution "
+            f"patching's first-order estimate (all {len(result.screened)} kept in {result.command}.json)"
+        )
+    lines += [f"note: {note}" for note in result.notes]
     return "\n".join(lines)
 
 

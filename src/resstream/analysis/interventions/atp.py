@@ -57,7 +57,7 @@ from resstream.analysis.interventions.metrics import (
     log_probabilities,
     pre_cap_scores,
 )
-from resstream.analysis.interventions.results import Effect
+from resstream.analysis.interventions.results import Effect, ScreenedComponent
 from resstream.analysis.interventions.runs import Run, run_values
 from resstream.capture.hooks import first_tensor
 from resstream.errors import UsageError
@@ -65,6 +65,8 @@ from resstream.reprs import summary
 
 #: Components confirmed by exact patching by default.
 DEFAULT_CONFIRM = 20
+#: Neurons whose estimates a result keeps beside every head's (the largest |estimate|).
+SCREENED_NEURONS = 100
 #: The component kinds AtP estimates.
 ESTIMATED_KINDS = ("emb", "resid", "attn", "mlp", "head", "neuron")
 
@@ -117,15 +119,25 @@ class AtpEstimates:
         order = torch.sort(scores, descending=True, stable=True).indices[:count]
         return [pool[int(i)] for i in order]
 
+    def kept(self, neurons: int, confirmed: Sequence[Component]) -> list[Component]:
+        """Every head, the `neurons` neurons with the largest |estimate| and every component
+        `confirmed` (the estimates a result keeps)."""
+        d_ff = self.neurons.shape[1]
+        order = self.neurons.flatten().abs().sort(descending=True, stable=True).indices[:neurons]
+        top = [Component(int(i) // d_ff, "neuron", int(i) % d_ff) for i in order]
+        return list(dict.fromkeys([*self._heads(), *top, *confirmed]))
+
     def units(self) -> list[Component]:
         """Every head and every neuron, layer by layer, heads first (the pool `top` ranks by
         default, in the order of `heads.flatten()` then `neurons.flatten()`)."""
-        n_layers, n_heads = self.heads.shape
-        heads = [Component(layer, "head", h) for layer in range(n_layers) for h in range(n_heads)]
-        neurons = [
-            Component(layer, "neuron", k) for layer in range(n_layers) for k in range(self.neurons.shape[1])
+        n_layers, d_ff = self.neurons.shape
+        return self._heads() + [
+            Component(layer, "neuron", k) for layer in range(n_layers) for k in range(d_ff)
         ]
-        return heads + neurons
+
+    def _heads(self) -> list[Component]:
+        n_layers, n_heads = self.heads.shape
+        return [Component(layer, "head", h) for layer in range(n_layers) for h in range(n_heads)]
 
     def __repr__(self) -> str:
         largest = max(float(self.heads.abs().max()), float(self.neurons.abs().max()))
@@ -290,6 +302,16 @@ def _output_keeper(into: list[Tensor]) -> Callable[..., None]:
     return hook
 
 
+@dataclass(frozen=True)
+class Screen:
+    """What `screen_and_confirm` found: the confirmed `effects` (estimate set), the `note` on
+    how far the estimates were off, and the `screened` estimates kept for the result."""
+
+    effects: list[Effect]
+    note: str
+    screened: tuple[ScreenedComponent, ...]
+
+
 def screen_and_confirm(
     base: Run,
     source: Run,
@@ -302,12 +324,14 @@ def screen_and_confirm(
     positions: Tensor | None = None,
     batch_size: int = DEFAULT_BATCH,
     progress: Callable[[int], None] | None = None,
-) -> tuple[list[Effect], str]:
+) -> Screen:
     """AtP over every head and neuron (or the components `among`), then exact activation
     patching of the `confirm` with the largest |estimate|: their total effects (mode "patch",
-    largest |estimate| first) with `estimate` set, and one line saying how far the estimates
-    were off (`estimate_note`). The estimate is of the effect's `d_` metric, the change from
-    the clean run (with base the corrupted run: its gap to the clean run added)."""
+    largest |estimate| first) with `estimate` set, one line saying how far the estimates were
+    off (`estimate_note`), and the estimates kept (`screened`: every head's and the
+    `SCREENED_NEURONS` neurons' with the largest |estimate|, or every component `among`). The
+    estimate is of the effect's `d_` metric, the change from the clean run (with base the
+    corrupted run: its gap to the clean run added)."""
     if confirm < 1:
         raise UsageError(f"`confirm` {confirm} is not allowed; allowed: 1 or more")
     estimates = attribution_patching(base, source, readout, positions)
@@ -329,8 +353,19 @@ def screen_and_confirm(
     estimated = [
         _with_estimate(effect, offset + estimates.of(c)) for effect, c in zip(effects, chosen, strict=True)
     ]
-    screened = len(among) if among is not None else estimates.heads.numel() + estimates.neurons.numel()
-    return estimated, estimate_note(estimated, estimates.metric, screened)
+    count = len(among) if among is not None else estimates.heads.numel() + estimates.neurons.numel()
+    kept = list(among) if among is not None else estimates.kept(SCREENED_NEURONS, chosen)
+    screened = sorted(
+        (_screened(c, offset + estimates.of(c), c in chosen) for c in kept),
+        key=lambda s: -abs(s.estimate),
+    )
+    return Screen(estimated, estimate_note(estimated, estimates.metric, count), tuple(screened))
+
+
+def _screened(component: Component, estimate: float, confirmed: bool) -> ScreenedComponent:
+    return ScreenedComponent(
+        component.name, component.kind, component.layer, component.index, estimate, confirmed
+    )
 
 
 def _headline(measured: Measured, metric: str) -> float:
@@ -385,8 +420,10 @@ def _centred_ranks(values: Tensor) -> Tensor:
 __all__ = [
     "DEFAULT_CONFIRM",
     "ESTIMATED_KINDS",
+    "SCREENED_NEURONS",
     "AtpEstimates",
     "Gradients",
+    "Screen",
     "attribution_patching",
     "estimate_note",
     "gradients",

@@ -66,6 +66,21 @@ class Effect:
 
 
 @dataclass(frozen=True)
+class ScreenedComponent:
+    """Attribution patching's first-order `estimate` for one component (`component`, `kind`,
+    `layer`, `index` as in `Effect`) of the change of the headline metric from the clean run,
+    and whether exact activation patching `confirmed` it (its `Effect` then carries the same
+    estimate)."""
+
+    component: str
+    kind: str
+    layer: int
+    index: int
+    estimate: float
+    confirmed: bool
+
+
+@dataclass(frozen=True)
 class Prediction:
     """The metrics of one unpatched run: `logprob`, `logit` (before soft-capping), `rank`
     (0-based) and `logit_diff` (with a foil)."""
@@ -83,8 +98,11 @@ class InterventionResult(Displayable, renderer="resstream.reporting.intervention
 
     `clean`: the prediction without intervention; `corrupt`: that of the corrupted text
     (patch mode); `positions`: the positions every component was intervened on (None: all);
-    `effects`: one `Effect` per component, mode and path. `metric` names the quantity the
-    headline figures and estimates use (`logprob`, or `logit_diff` with a foil). `to_pandas()`
+    `effects`: one `Effect` per component, mode and path; `screened` (attribution patching
+    only): the first-order estimates of every head and of the neurons with the largest
+    |estimate| (or of every component named), largest first, those confirmed exactly marked.
+    `metric` names the quantity the headline figures and estimates use (`logprob`, or
+    `logit_diff` with a foil). `to_pandas()`
     gives one row per effect and metric (`EFFECT_COLUMNS`): `clean`/`patched`/`difference` of
     that metric, `fraction` (patch mode) and the first-order `estimate` where made.
     """
@@ -107,6 +125,7 @@ class InterventionResult(Displayable, renderer="resstream.reporting.intervention
     positions: tuple[int, ...] | None = None
     samples: int | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    screened: tuple[ScreenedComponent, ...] = ()
 
     @property
     def metric(self) -> str:
@@ -132,7 +151,7 @@ class InterventionResult(Displayable, renderer="resstream.reporting.intervention
     def __repr__(self) -> str:
         return summary(
             self,
-            f"{self.command} {self.mode}",
+            f"{self.command} {self.mode}" + (" (attribution patching)" if self.screened else ""),
             self.model,
             f"target {self.target!r} at position {self.position}",
             f"clean {self.metric} {getattr(self.clean, self.metric):.3f}",
@@ -152,4 +171,4 @@ class InterventionResult(Displayable, renderer="resstream.reporting.intervention
         return f"largest drop {top[0].component} {getattr(top[0], 'd_' + self.metric):+.3f}" if top else ""
 
 
-__all__ = ["EFFECT_COLUMNS", "Effect", "InterventionResult", "Prediction"]
+__all__ = ["EFFECT_COLUMNS", "Effect", "InterventionResult", "Prediction", "ScreenedComponent"]
