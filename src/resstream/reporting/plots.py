@@ -283,7 +283,7 @@ def compare_figure(table: CompareTable) -> Figure:
 
 def seed_counts(table: CompareTable) -> set[int]:
     """The numbers of seeds the table's cells are over."""
-    return {stat.n for row in table.rows for stat in row.cells.values()}
+    return {stat.n for row in table.rows for stat in row.cells.values() if stat is not None}
 
 
 def compare_title(table: CompareTable) -> str:
