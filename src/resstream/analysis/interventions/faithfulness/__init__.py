@@ -43,11 +43,18 @@ the curve (capped at the neuron count), and the change of log p(target) and of t
 rank 1/(rank + 1) is recorded (patched − clean: a drop is negative). n = 0 changes nothing.
 
 Over a corpus every prediction is measured alike and each statistic is averaged over a
-sequence's predictions, then over sequences with a 95% t-interval (`simulation.intervals`).
+sequence's predictions, then over sequences with a 95% t-interval (`simulation.intervals`);
+over fewer than `USABLE_WINDOWS` windows a note says the intervals are too wide to read.
+
+The parts: `results` (the scores and selections compared, the result and the records it holds:
+`Agreement`, `DirectShare`, `CurvePoint`, `ComponentScore`), `prediction` (one prediction
+measured), `summary` (the statistics, and the result over windows). What the API, the reports and
+the tests use is importable from the package itself.
 """
 
+from __future__ import annotations
+
 from resstream.analysis.interventions.faithfulness.prediction import (
-    AllScores,
     Level,
     PredictionMeasures,
     Settings,
@@ -63,11 +70,8 @@ from resstream.analysis.interventions.faithfulness.prediction import (
     selection_order,
 )
 from resstream.analysis.interventions.faithfulness.results import (
-    AGREEMENT_METRICS,
     CORPUS_CANDIDATES,
-    CURVE_METRICS,
     CURVE_SIZES,
-    EFFECT_METRICS,
     FAITHFULNESS_COLUMNS,
     HEAD_SCORES,
     MAGNITUDE_SCORES,
@@ -75,10 +79,6 @@ from resstream.analysis.interventions.faithfulness.results import (
     SELECTIONS,
     TEXT_CANDIDATES,
     TOP_K,
-    Agreement,
-    ComponentScore,
-    CurvePoint,
-    DirectShare,
     FaithfulnessResult,
     Mean,
     ScoredPrediction,
@@ -96,11 +96,8 @@ from resstream.analysis.interventions.faithfulness.summary import (
 )
 
 __all__ = [
-    "AGREEMENT_METRICS",
     "CORPUS_CANDIDATES",
-    "CURVE_METRICS",
     "CURVE_SIZES",
-    "EFFECT_METRICS",
     "FAITHFULNESS_COLUMNS",
     "HEAD_SCORES",
     "MAGNITUDE_SCORES",
@@ -109,11 +106,6 @@ __all__ = [
     "TEXT_CANDIDATES",
     "TOP_K",
     "USABLE_WINDOWS",
-    "Agreement",
-    "AllScores",
-    "ComponentScore",
-    "CurvePoint",
-    "DirectShare",
     "FaithfulnessResult",
     "Level",
     "Mean",
