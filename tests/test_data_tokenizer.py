@@ -293,6 +293,67 @@ def test_a_trained_bpe_is_kept_per_corpus_and_vocabulary(tmp_path, monkeypatch):
         tk.cached_bpe(stream_corpus(str(corpus_file)), 300, cache)
 
 
+def _break_entry_into_a_file(entry: Path) -> None:
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    entry.write_text("not a folder")
+
+
+def _corrupt_entry(entry: Path) -> None:
+    entry.mkdir(parents=True)
+    (entry / "tokenizer.json").write_text("{ not json")
+
+
+@pytest.mark.parametrize(
+    ("spoil", "unwritable", "notes"),
+    [
+        (_break_entry_into_a_file, False, ["cannot be used (not a folder", "could not be kept"]),
+        (_corrupt_entry, False, ["cannot be used ("]),  # trained again and kept in its place
+        (_corrupt_entry, True, ["cannot be used (", "could not be kept in the cache folder"]),
+    ],
+    ids=["a file", "corrupt json", "corrupt and unwritable"],
+)
+def test_an_unusable_bpe_cache_entry_is_bypassed_with_a_note(tmp_path, monkeypatch, spoil, unwritable, notes):
+    """Never a traceback: the tokenizer is trained (as it would be without the cache) and each
+    problem is one note (`ResstreamNotice`)."""
+    from resstream.data import stream_corpus
+    from resstream.data import tokenizer as tk
+    from resstream.notices import ResstreamNotice
+
+    corpus_file = tmp_path / "corpus.txt"
+    corpus_file.write_text("the quick brown fox jumps over the lazy dog\n" * 50, encoding="utf-8")
+    corpus = stream_corpus(str(corpus_file))
+    entry = tk.bpe_cache_entry(corpus, 300, tmp_path / "cache")
+    spoil(entry)
+    if unwritable:  # (chmod does not stop root)
+
+        def refuse(*args, **kwargs):
+            raise PermissionError(13, "Permission denied", str(entry))
+
+        monkeypatch.setattr(tk, "save_tokenizer", refuse)
+    with pytest.warns(ResstreamNotice) as caught:
+        tokenizer = tk.cached_bpe(corpus, 300, tmp_path / "cache")
+    said = [str(w.message) for w in caught]
+    assert len(said) == len(notes) and all(n in line for n, line in zip(notes, said, strict=True)), said
+    assert str(entry) in said[0]
+    text = "the lazy fox jumps"
+    assert tokenizer.encode(text) == tk.train_bpe(stream_corpus(str(corpus_file)), 300).encode(text)
+
+
+def test_the_bpe_cache_key_covers_the_special_token_and_the_tokenizers_version(tmp_path, monkeypatch):
+    import tokenizers
+
+    from resstream.data import stream_corpus
+    from resstream.data import tokenizer as tk
+
+    corpus_file = tmp_path / "corpus.txt"
+    corpus_file.write_text("some text\n", encoding="utf-8")
+    corpus = stream_corpus(str(corpus_file))
+    entry = tk.bpe_cache_entry(corpus, 300, tmp_path)
+    assert tk.bpe_cache_entry(corpus, 300, tmp_path, eos_token="</s>") != entry
+    monkeypatch.setattr(tokenizers, "__version__", "0.0.1")
+    assert tk.bpe_cache_entry(corpus, 300, tmp_path) != entry
+
+
 # --------------------------------------------------------------------------- custom code (auto_map)
 
 CUSTOM_CLASS = "tokenization_custom.CustomTokenizerFast"

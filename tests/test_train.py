@@ -106,6 +106,29 @@ def test_golden_four_step_loss(corpus, tmp_path):
     assert list(result.train_losses) == pytest.approx(GOLDEN_LOSSES, rel=1e-5)
 
 
+def test_a_second_run_on_the_corpus_loads_the_kept_bpe_instead_of_training_it(corpus, tmp_path, monkeypatch):
+    """Two runs (their set-up: `Trainer`) on one corpus and vocabulary size: the BPE is trained
+    once, and the second run's tokenizer is the first one's."""
+    from resstream.data import tokenizer as tk
+    from resstream.data.tokenizer import tokenizer_fingerprint
+    from resstream.training import preparation
+
+    trained = []
+    real = tk.train_bpe
+    monkeypatch.setattr(tk, "train_bpe", lambda *args, **kwargs: trained.append(1) or real(*args, **kwargs))
+    config = tiny_config(corpus, tmp_path, max_steps=4)
+    first = loop.Trainer(config, tmp_path / "a", progress=False).tokenizer
+    said: list[str] = []
+    monkeypatch.setattr(preparation, "STATUS_DELAY_S", 0)  # every set-up step said at once
+    second = loop.Trainer(config, tmp_path / "b", progress=True, log=said.append).tokenizer
+    assert len(trained) == 1
+    assert any(
+        line.startswith("preparing: loading the 300-token BPE tokenizer of this corpus kept in")
+        for line in said
+    )
+    assert tokenizer_fingerprint(first) == tokenizer_fingerprint(second)
+
+
 def test_run_directory_contents_and_metrics(corpus, tmp_path):
     run = tmp_path / "run"
     train(tiny_config(corpus, tmp_path, gate="learned", max_steps=4), run, progress=False)

@@ -25,7 +25,6 @@ wrapped with ``PreTrainedTokenizerFast(tokenizer_object=...)``.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
@@ -47,7 +46,8 @@ from resstream.data.tokenizer_code import (
 )
 from resstream.errors import UsageError, short_reason
 from resstream.hub import looks_like_path, offline_reason
-from resstream.io import current_umask
+from resstream.io import current_umask, is_real_directory
+from resstream.notices import notify
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -152,28 +152,63 @@ def train_bpe(
 
 
 #: Part of the key of a cached BPE tokenizer: raise it when `train_bpe` changes what it makes.
-BPE_CACHE_VERSION = 1
+BPE_CACHE_VERSION = 2
+
+
+def bpe_cache_entry(
+    corpus: CorpusStream, vocab_size: int, cache_dir: str | os.PathLike[str], *, eos_token: str = EOS_TOKEN
+) -> Path:
+    """The folder ``cache_dir/bpe-<key>/`` that keeps `train_bpe`'s tokenizer of `corpus`; the
+    key covers what decides it: the corpus text (its fingerprint), `vocab_size`, the special
+    token, the `tokenizers` version and `BPE_CACHE_VERSION`."""
+    import tokenizers
+
+    fingerprint = corpus.fingerprint if corpus.fingerprint is not None else corpus.scan()
+    parts = (BPE_CACHE_VERSION, fingerprint, vocab_size, eos_token, tokenizers.__version__)
+    key = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+    return Path(cache_dir) / f"bpe-{key}"
 
 
 def cached_bpe(
     corpus: CorpusStream, vocab_size: int, cache_dir: str | os.PathLike[str]
 ) -> PreTrainedTokenizerFast:
-    """`train_bpe` on `corpus`, once per (corpus content, vocabulary size): the tokenizer is kept in
-    ``cache_dir/bpe-<key>/`` and loaded from there next time (the runs of a sweep share it).
-    `train_bpe` is deterministic, so a kept tokenizer is the one training would give; an entry
-    that cannot be read is trained again, one that cannot be written only costs the time."""
-    fingerprint = corpus.fingerprint if corpus.fingerprint is not None else corpus.scan()
-    key = hashlib.sha256(f"{BPE_CACHE_VERSION}:{fingerprint}:{vocab_size}".encode()).hexdigest()[:16]
-    where = Path(cache_dir) / f"bpe-{key}"
-    if (where / "tokenizer.json").is_file():
-        try:
-            return load_tokenizer(str(where))
-        except UsageError:
-            pass
+    """`train_bpe` on `corpus`, once per `bpe_cache_entry` (corpus content, vocabulary size, special
+    token, tokenizers version): the tokenizer is kept in that folder and loaded from there next
+    time (the runs of a sweep, and every later run on the corpus, share it). `train_bpe` is
+    deterministic, so a kept tokenizer is the one training would give. An entry that cannot be
+    used (not a folder, unreadable, corrupt) is trained again, and one that cannot be written
+    only costs the time; either says so in a note (`resstream.notices.notify`)."""
+    where = bpe_cache_entry(corpus, vocab_size, cache_dir)
+    kept = _kept_bpe(where)
+    if kept is not None:
+        return kept
     tokenizer = train_bpe(corpus, vocab_size)
-    with contextlib.suppress(OSError):
+    try:
         save_tokenizer(tokenizer, where)
+    except OSError as exc:
+        if _kept_bpe(where, quiet=True) is None:  # (not kept by another process meanwhile)
+            notify(
+                f"the BPE tokenizer could not be kept in the cache folder {str(where)!r} "
+                f"({type(exc).__name__}: {short_reason(exc)}); the next run on this corpus trains it again"
+            )
     return tokenizer
+
+
+def _kept_bpe(where: Path, *, quiet: bool = False) -> PreTrainedTokenizerFast | None:
+    """The tokenizer kept in `where`, None when there is none or it cannot be used (said in a
+    note unless `quiet`: what is wrong, and that it is trained again)."""
+    if not os.path.lexists(where):
+        return None
+    try:
+        if not is_real_directory(where) or not (where / "tokenizer.json").is_file():
+            raise UsageError("not a folder holding tokenizer.json")
+        return load_tokenizer(str(where))
+    except (UsageError, OSError, ValueError) as exc:
+        if not quiet:
+            notify(
+                f"the cached BPE tokenizer {str(where)!r} cannot be used ({short_reason(exc)}); trained again"
+            )
+        return None
 
 
 def save_tokenizer(tokenizer: PreTrainedTokenizerFast, directory: str | os.PathLike[str]) -> None:

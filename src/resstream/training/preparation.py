@@ -25,6 +25,7 @@ from resstream.data.shards import (
     store_splits,
     stored_corpus,
 )
+from resstream.data.tokenizer import bpe_cache_entry
 from resstream.data.tokens import TokenSplits, check_cache_dir
 from resstream.errors import UsageError
 from resstream.io import cache_root
@@ -104,12 +105,18 @@ def refuse_bpe_for_a_store(config: TrainConfig, store: Path, stored: StoredCorpu
 
 
 # ------------------------------------------------------------------ the tokenizer
-def tokenizer_task(config: TrainConfig, out_dir: Path, resume: bool) -> str:
+def tokenizer_task(
+    config: TrainConfig, out_dir: Path, resume: bool, corpus: CorpusStream | StoredCorpus
+) -> str:
     """What `prepare_tokenizer` is about to do, in words."""
     if resume and (out_dir / ckpt.TOKENIZER_DIR).is_dir():
         return "loading the run's saved tokenizer"
-    if config.tokenizer.tokenizer == "bpe":
-        return f"training a {config.tokenizer.bpe_vocab_size}-token byte-level BPE tokenizer on the corpus"
+    if config.tokenizer.tokenizer == "bpe" and isinstance(corpus, CorpusStream):
+        size = config.tokenizer.bpe_vocab_size
+        kept = bpe_cache_entry(corpus, size, default_cache_dir(config))
+        if (kept / "tokenizer.json").is_file():
+            return f"loading the {size}-token BPE tokenizer of this corpus kept in {str(kept)!r}"
+        return f"training a {size}-token byte-level BPE tokenizer on the corpus"
     return f"loading the tokenizer {config.tokenizer.tokenizer!r}"
 
 
@@ -130,7 +137,7 @@ def run_tokenizer(
     config: TrainConfig, corpus: CorpusStream | StoredCorpus, out_dir: Path, resume: bool, log: Log | None
 ) -> PreTrainedTokenizerFast:
     """`prepare_tokenizer`, said while it runs; a shard store's ids must be of that tokenizer."""
-    with saying(tokenizer_task(config, out_dir, resume), log):
+    with saying(tokenizer_task(config, out_dir, resume, corpus), log):
         tokenizer = prepare_tokenizer(config, corpus, out_dir, resume)
     if isinstance(corpus, StoredCorpus):
         check_store_tokenizer(store_directory(config), corpus, tokenizer, config.tokenizer.tokenizer)
