@@ -19,6 +19,7 @@ from resstream.analysis.attribution.results import (
     NeuronAttribution,
     NeuronSummary,
     RankBy,
+    other_ranking,
     ranked_score,
 )
 from resstream.reporting.attribute.common import Result, score_value
@@ -84,7 +85,7 @@ def neurons_figure(result: Result) -> Figure:
         np.arange(len(neurons)), [_neuron_label(n) for n in neurons], fontsize=8, family="monospace"
     )
     lead.set_title(f"ranked by {SCORE_NAMES[result.rank_by]}", fontsize=8.5)
-    beside.set_title("beside it", fontsize=8.5)
+    beside.set_title(f"{SCORE_NAMES[other_ranking(result.rank_by)]} beside it", fontsize=8.5)
     side = blended_transform_factory(beside.transAxes, beside.transData)
     beside.text(1.04, -0.9, "promoted tokens", transform=side, fontsize=8, weight="bold", va="bottom")
     for row, neuron in enumerate(neurons):
