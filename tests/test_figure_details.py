@@ -152,7 +152,10 @@ def test_attribute_neurons_figure_counts_what_it_leaves_out_of_a_longer_list() -
 def test_corpus_neurons_figure_explains_the_mean_coefficient() -> None:
     fig = neurons_figure(corpus())
     assert "largest |mean DLA| of all neurons" in fig.get_suptitle()
-    assert "largest |mean C| of those scored exactly" in neurons_figure(replace(corpus(), rank_by="c")).get_suptitle()
+    assert (
+        "largest |mean C| of those scored exactly"
+        in neurons_figure(replace(corpus(), rank_by="c")).get_suptitle()
+    )
     assert fig.get_supxlabel().startswith("mean m = the mean over the scored positions")
 
 

@@ -546,7 +546,9 @@ def test_neuron_bars_are_labelled_by_layer_and_neuron_with_promoted_tokens():
     assert labels[0].startswith("L0.N700") and labels[1].startswith("L1.N701")
     widths = [bar.get_width() for bar in lead.patches]
     assert widths == pytest.approx([n.dla for n in result.neurons])  # DLA leads, C beside it
-    assert [bar.get_width() for bar in beside.patches] == pytest.approx([n.contribution for n in result.neurons])
+    assert [bar.get_width() for bar in beside.patches] == pytest.approx(
+        [n.contribution for n in result.neurons]
+    )
     assert "additive log-probability share" in beside.get_xlabel() and lead.get_title() == "ranked by DLA"
     texts = [t.get_text() for t in beside.texts]
     assert any("‘␣Paris’ ‘␣France’" in t for t in texts)
