@@ -32,6 +32,7 @@ from resstream.distributed import (
 )
 from resstream.errors import ResstreamError, RunError, UsageError
 from tests.cli_support import assert_nothing_written
+from tests.conftest import shared_data_path
 from tests.test_cli_shift import TEXT, write_rows
 from tests.test_models_loading import SENTENCES, _tiny_gpt2
 
@@ -324,16 +325,68 @@ def _resstream(args: list[str], processes: int | None) -> subprocess.CompletedPr
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
-def _same_runs(command: list[str], out: Path, result: str) -> None:
-    """The command run by 2 gloo processes and by one: the same result JSON, byte for byte, and
-    the same run.json apart from the number of processes."""
-    runs = {}
-    for processes in (2, None):
-        where = out / f"processes-{processes or 1}"
-        done = _resstream([*command, "--out", str(where)], processes)
-        assert done.returncode == 0, done.stderr[-3000:]
-        runs[processes] = where
-    two, one = runs[2], runs[None]
+LAUNCHER = Path(__file__).with_name("commands_launcher.py")
+
+
+def _launch_all(commands: list[list[str]], listed: Path, processes: int | None) -> None:
+    """Every command of `commands` run in order by one process (`processes` None) or by each
+    rank of one torchrun job (`tests/commands_launcher.py`; the list is written to `listed`):
+    one launch for all, since a launch's start-up is most of what one command costs here."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    launcher = (
+        []
+        if processes is None
+        else ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
+    )
+    listed.write_text(json.dumps(commands), encoding="utf-8")
+    cmd = [sys.executable, *launcher, str(LAUNCHER), str(listed)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _commands(corpus: Path, model: Path, data: Path | None) -> dict[str, tuple[list[str], str]]:
+    """The corpus analyses checked end to end: name -> (arguments, the result file). `eval`
+    only with the real corpora (`data`)."""
+    sample = ["--model", str(model), "--dataset", str(corpus), "--batch-size", "2"]
+    neurons = ["--layer", "1", "--top", "3", "--contexts", "4"]
+    commands = {
+        # 5 batches of 2 windows: rank 0 measures batches 0, 2, 4 and rank 1 batches 1, 3
+        "shift": (["shift", *sample, "--num-seqs", "9", "--seq-len", "12"], "shift.json"),
+        "recency": (["recency", *sample, "--num-seqs", "7", "--seq-len", "8"], "recency.json"),
+        "neurons": (["neurons", *neurons, *sample, "--num-seqs", "7", "--seq-len", "10"], "neurons.json"),
+        "attribute": (
+            ["attribute", "--candidates", "4", "--top", "3", *sample, "--num-seqs", "5", "--seq-len", "8"],
+            "attribute.json",
+        ),
+    }
+    if data is not None:
+        benchmarks = ["--model", str(model), "--benchmarks", "shakespeare,lambada", "--data-dir", str(data)]
+        windows = ["--block-size", "16", "--stride", "8", "--batch-size", "3", "--max-tokens", "300"]
+        commands["eval"] = (["eval", *benchmarks, *windows], "eval.json")
+    return commands
+
+
+@pytest.fixture(scope="module")
+def parallel_runs(tmp_path_factory, corpus, gpt2_dir) -> dict[str, tuple[Path, Path, str]]:
+    """Every command of `_commands` run by 2 gloo processes (one torchrun job) and by one
+    process: name -> (its 2-process folder, its 1-process folder, its result file)."""
+    data = shared_data_path() if shared_data_path().is_dir() else None
+    commands = _commands(corpus, gpt2_dir, data)
+    root = tmp_path_factory.mktemp("parallel")
+    for processes in (2, 1):
+        argv = [
+            [*args, "--out", str(root / f"{name}-{processes}"), "--device", "cpu", "--quiet"]
+            for name, (args, _) in commands.items()
+        ]
+        _launch_all(argv, root / f"commands-{processes}.json", processes if processes > 1 else None)
+    return {name: (root / f"{name}-2", root / f"{name}-1", result) for name, (_, result) in commands.items()}
+
+
+def _same_runs(two: Path, one: Path, result: str) -> None:
+    """The same result JSON, byte for byte, from 2 processes and from one, and the same run.json
+    apart from the number of processes."""
     assert (two / result).read_bytes() == (one / result).read_bytes()
     record_two, record_one = (json.loads((where / "run.json").read_text()) for where in (two, one))
     assert (record_two.pop("processes"), record_one.pop("processes")) == (2, 1)
@@ -341,41 +394,19 @@ def _same_runs(command: list[str], out: Path, result: str) -> None:
     assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())
 
 
-# Each launches 3 Python processes that import torch and transformers: about 40 s on 2 cores.
+# One torchrun job and one process run them all: about 40 s on 2 cores, where a launch per
+# command and process count (3 Python processes importing torch each) took about 30 s a command.
 
 
 @pytest.mark.slow
-def test_shift_of_two_processes_is_one_process_byte_for_byte(tmp_path, corpus, gpt2_dir):
-    # 5 batches of 2 windows: rank 0 measures batches 0, 2, 4 and rank 1 batches 1, 3
-    command = ["shift", "--model", str(gpt2_dir), "--dataset", str(corpus), "--num-seqs", "9"]
-    _same_runs([*command, "--seq-len", "12", "--batch-size", "2"], tmp_path, "shift.json")
+@pytest.mark.parametrize("name", ["shift", "recency", "neurons", "attribute"])
+def test_a_corpus_analysis_of_two_processes_is_one_process_byte_for_byte(parallel_runs, name):
+    _same_runs(*parallel_runs[name])
 
 
 @pytest.mark.slow
-def test_recency_of_two_processes_is_one_process_byte_for_byte(tmp_path, corpus, gpt2_dir):
-    command = ["recency", "--model", str(gpt2_dir), "--dataset", str(corpus), "--num-seqs", "7"]
-    _same_runs([*command, "--seq-len", "8", "--batch-size", "2"], tmp_path, "recency.json")
-
-
-@pytest.mark.slow
-def test_neurons_of_two_processes_is_one_process_byte_for_byte(tmp_path, corpus, gpt2_dir):
-    command = ["neurons", "--model", str(gpt2_dir), "--layer", "1", "--top", "3", "--contexts", "4"]
-    sample = ["--dataset", str(corpus), "--num-seqs", "7", "--seq-len", "10", "--batch-size", "2"]
-    _same_runs([*command, *sample], tmp_path, "neurons.json")
-
-
-@pytest.mark.slow
-def test_corpus_attribution_of_two_processes_is_one_process_byte_for_byte(tmp_path, corpus, gpt2_dir):
-    command = ["attribute", "--model", str(gpt2_dir), "--candidates", "4", "--top", "3"]
-    sample = ["--dataset", str(corpus), "--num-seqs", "5", "--seq-len", "8", "--batch-size", "2"]
-    _same_runs([*command, *sample], tmp_path, "attribute.json")
-
-
-@pytest.mark.slow
-def test_eval_of_two_processes_is_one_process_byte_for_byte(tmp_path, gpt2_dir, shared_data):
-    command = ["eval", "--model", str(gpt2_dir), "--benchmarks", "shakespeare,lambada"]
-    windows = ["--block-size", "16", "--stride", "8", "--batch-size", "3", "--max-tokens", "300"]
-    _same_runs([*command, *windows, "--data-dir", str(shared_data)], tmp_path, "eval.json")
+def test_eval_of_two_processes_is_one_process_byte_for_byte(parallel_runs, shared_data):
+    _same_runs(*parallel_runs["eval"])
 
 
 def _overflowing_position(model: torch.nn.Module, position: int = 10) -> None:
