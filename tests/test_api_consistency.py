@@ -168,7 +168,7 @@ def test_neurons_lists_a_few_neurons_and_the_largest_coefficient(small_corpus: s
     check_short(text, lines=5)
     assert "… (30 in all)" in text
     strongest = max(result.neurons, key=lambda n: n.max_activation)
-    assert f"largest m {strongest.max_activation:.3g} (neuron {strongest.neuron})" in text
+    assert f"largest m {strongest.max_activation:.3g} (L1.N{strongest.neuron})" in text
 
 
 # --------------------------------------------------------------------------- progress

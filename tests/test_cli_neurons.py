@@ -74,7 +74,7 @@ def test_top_neurons_of_the_reference_model(tmp_path, corpus, capsys) -> None:
     assert printed.splitlines()[0].startswith("reference: layer 2 of 6, 3 of ")
     for n in entries:  # tokens as every output shows them (␣, ↵), not as Python reprs
         promoted = " ".join(show_token(p["token"]) for p in n["promoted"][:5])
-        assert f"  neuron {n['neuron']}: max m {n['max_activation']:.3g}; promotes {promoted};" in printed
+        assert f"  L2.N{n['neuron']}: max m {n['max_activation']:.3g}; promotes {promoted};" in printed
     assert "wrote neurons.json, neurons.csv, neurons.png, neurons.html and run.json" in printed
 
 

@@ -76,7 +76,7 @@ def neurons_run(tmp_path_factory) -> tuple[Path, Any]:
 
 def test_neurons_display_the_pages_tables_and_the_figure(neurons_run) -> None:
     _, result = neurons_run
-    headings = [f"neuron {n.neuron} (max m = {n.max_activation:.4g})" for n in result.neurons]
+    headings = [f"L{result.layer}.N{n.neuron} (max m = {n.max_activation:.4g})" for n in result.neurons]
     fragment = assert_displays(
         result, ["context (activating token marked)", "seq:pos", "promotes", "suppresses", *headings]
     )

@@ -35,5 +35,5 @@ def result() -> NeuronsResult:
 def test_summary_shows_tokens_with_visible_whitespace_not_repr():
     lines = summary_lines(result())
     assert lines[0] == "toy: layer 1 of 2, 1 of 16 neurons (chosen: 7); 8 positions"
-    assert lines[1] == "  neuron 7: max m 2.5; promotes ␣say ↵; suppresses it's"
+    assert lines[1] == "  L1.N7: max m 2.5; promotes ␣say ↵; suppresses it's"
     assert lines[2] == "    top context (2.5): I⟦ say⟧"

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from matplotlib.figure import Figure
 
 from resstream.analysis.circuits.neurons import NEURONS_COLUMNS, Context, NeuronReport, NeuronsResult
+from resstream.analysis.names import neuron_name
 from resstream.io import write_text
 from resstream.reporting.figures import figure_token, new_figure, save_figure
 from resstream.reporting.notebook import (
@@ -135,7 +136,8 @@ def summary_lines(result: NeuronsResult, tokens: int = 5) -> list[str]:
         promoted = _token_list(result, n.promoted[:tokens])
         suppressed = _token_list(result, n.suppressed[:tokens])
         lines.append(
-            f"  neuron {n.neuron}: max m {n.max_activation:.3g}; promotes {promoted}; suppresses {suppressed}"
+            f"  {neuron_name(result.layer, n.neuron)}: max m {n.max_activation:.3g}; "
+            f"promotes {promoted}; suppresses {suppressed}"
         )
         if n.contexts:
             lines.append(
@@ -160,7 +162,7 @@ def _panel(ax, result: NeuronsResult, n: NeuronReport) -> None:
     ax.axvline(0.0, color="black", linewidth=0.6)
     ax.axhline(len(n.promoted) - 0.5, color="#999999", linewidth=0.6, linestyle=":")
     ax.tick_params(axis="x", labelsize=7)
-    ax.set_title(f"neuron {n.neuron} (max m = {n.max_activation:.3g})", fontsize=8.5)
+    ax.set_title(f"{neuron_name(result.layer, n.neuron)} (max m = {n.max_activation:.3g})", fontsize=8.5)
 
 
 def neurons_figure(result: NeuronsResult) -> Figure:
@@ -274,9 +276,9 @@ def neuron_section(result: NeuronsResult, n: NeuronReport) -> str:
     return f"<section>{_contexts_table(result, n)}{_tokens_table(result, n)}</section>"
 
 
-def neuron_heading(n: NeuronReport) -> str:
-    """The heading of one neuron's tables (plain text)."""
-    return f"neuron {n.neuron} (max m = {n.max_activation:.4g})"
+def neuron_heading(result: NeuronsResult, n: NeuronReport) -> str:
+    """The heading of one neuron's tables (plain text): its name, L4.N41, and its largest m."""
+    return f"{neuron_name(result.layer, n.neuron)} (max m = {n.max_activation:.4g})"
 
 
 def page_title(result: NeuronsResult) -> str:
@@ -298,7 +300,8 @@ def write_html(result: NeuronsResult, path: str | Path) -> None:
     """neurons.html: per neuron its top contexts (activating token highlighted, coefficient
     m_k beside it) and the tokens its value vector promotes and suppresses; self-contained."""
     sections = "".join(
-        f"<h2>neuron {n.neuron} <span class='note'>max m = {n.max_activation:.4g}</span></h2>"
+        f"<h2>{neuron_name(result.layer, n.neuron)} "
+        f"<span class='note'>max m = {n.max_activation:.4g}</span></h2>"
         f"{neuron_section(result, n)}"
         for n in result.neurons
     )
@@ -328,7 +331,7 @@ def _neurons_view(result: NeuronsResult) -> NotebookView:
         return f"<div class='{NOTEBOOK_SCOPE}'>{style}{body}</div>"
 
     tables = [Table(page_title(result), scoped(page_note(result)))]
-    tables += [Table(neuron_heading(n), scoped(neuron_section(result, n))) for n in result.neurons]
+    tables += [Table(neuron_heading(result, n), scoped(neuron_section(result, n))) for n in result.neurons]
     caption = (
         "neurons.png: the tokens each neuron's value vector promotes (green) and suppresses (red), "
         "by their value score"

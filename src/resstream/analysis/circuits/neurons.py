@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from resstream.analysis.decoding.decoder import Decoder
+from resstream.analysis.names import neuron_name
 from resstream.analysis.norms import NormForm, norm_form
 from resstream.display import Displayable
 from resstream.errors import RunError
@@ -434,7 +435,11 @@ class NeuronsResult(Displayable, renderer="resstream.reporting.neurons"):
         shown = ", ".join(str(n.neuron) for n in self.neurons[:REPR_NEURONS])
         ids = shown if len(self.neurons) <= REPR_NEURONS else f"{shown}, … ({len(self.neurons)} in all)"
         top = max(self.neurons, key=lambda n: n.max_activation, default=None)
-        largest = "" if top is None else f"largest m {top.max_activation:.3g} (neuron {top.neuron})"
+        largest = (
+            ""
+            if top is None
+            else f"largest m {top.max_activation:.3g} ({neuron_name(self.layer, top.neuron)})"
+        )
         where = f"{self.model}: layer {self.layer}, neurons {ids}"
         return summary(self, where, largest, f"{self.num_positions:,} positions")
 
