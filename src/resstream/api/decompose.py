@@ -39,7 +39,7 @@ DECOMPOSE_COLUMNS = ("component", "kind", "layer", "head", "source", "neuron", "
 
 @dataclass(frozen=True)
 class Component:
-    """One component of a decomposed state: its name (`label`: embed, L1.H3, L1.H3<-5,
+    """One component of a decomposed state: its name (`label`, `analysis.names`: emb, L1.H3, L1.H3.S5,
     L1.attn_bias, L2.mlp, L2.N712, L2.mlp_bias, L2.norm_bias), `kind` (embed, head, source,
     attn, attn_bias, neuron, mlp, mlp_bias, norm_bias), where it is (None where it does not
     apply), its norm ‖v‖ and its `share` ⟨v, h⟩ / ‖h‖² of the state h (the shares of all
@@ -58,7 +58,7 @@ class Component:
 @dataclass(frozen=True, eq=False)
 class DecomposeResult(Displayable):
     """The state at residual point `point` of token `position` as components: `vectors[c]`
-    is component `components[c]` (its label `labels[c]`: embed, L1.H3, L1.H3<-5,
+    is component `components[c]` (its label `labels[c]`: emb, L1.H3, L1.H3.S5,
     L1.attn_bias, L2.mlp, L2.N712, ...); they sum to `state` within `residual` (max |Σ − h|;
     `relative`: over ‖h‖).
 
