@@ -1,7 +1,8 @@
 """`resstream.compare(...)`: baseline / best fixed cut / learned gate of finished sweeps across
 benchmarks, each run evaluated where its cached scores do not answer (`resstream compare`).
 
-Which scores are used, and when a run is evaluated, is `resstream.training.sweep.fill_evals`;
+Which scores are used, and when a run is evaluated, is `resstream.training.sweep.fill_evals`
+(its two halves, `check_evals` then `run_evals`, with compare's notes between them);
 the table is `resstream.reporting.tables.compare_table`. The result, a `Comparison`, holds
 the table and what compare.json records beside it (inputs, benchmarks, token cap and where it
 came from, skipped benchmarks, what was reused or evaluated).
