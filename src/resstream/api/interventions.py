@@ -33,6 +33,7 @@ from resstream.analysis.interventions.atp import DEFAULT_CONFIRM, screen_and_con
 from resstream.analysis.interventions.components import Component, ComponentSpace, parse_components
 from resstream.analysis.interventions.effects import Readout, component_effects, mean_effects, prediction
 from resstream.analysis.interventions.engine import DEFAULT_BATCH
+from resstream.analysis.interventions.faithfulness import neuron_dlas
 from resstream.analysis.interventions.metrics import Measured
 from resstream.analysis.interventions.paths import parse_receivers, path_effects, sender_pairs
 from resstream.analysis.interventions.results import Effect, InterventionResult, ScreenedComponent
@@ -306,11 +307,7 @@ class _Setup:
         read = readouts(
             self.view, self.run.internals, self.readout.decoder, at, torch.tensor([self.readout.target])
         )
-        scores = []
-        for layer, block in enumerate(self.view.blocks):
-            m = self.run.internals.blocks[layer].coefficients[0, self.readout.position].double()
-            W_out = block.read_mlp_weights().W_out.detach().double()
-            scores.append(m * (W_out @ read.mlp[layer][0]))
+        scores = neuron_dlas(self.view, self.run.internals, read, self.readout.position)
         flat = torch.cat(scores).abs()
         top = flat.topk(min(count, len(flat))).indices
         d_ff = scores[0].shape[0]

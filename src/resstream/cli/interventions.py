@@ -9,10 +9,10 @@ Both read one text (`--text`/`--text-file`), the prediction at `--position` of `
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from resstream.analysis.interventions.faithfulness import FaithfulnessResult
     from resstream.analysis.interventions.results import InterventionResult
     from resstream.rundir import OutputSet
+
+R = TypeVar("R")
 
 # The options of one prediction, declared once for both commands.
 TextOption = Annotated[str | None, typer.Option(help="The text whose prediction is intervened on.")]
@@ -130,67 +132,49 @@ def ablate(
     import resstream
     from resstream.rundir import output_set
 
-    at = parse_positions(positions)
-    interventions = {
-        "foil": foil,
-        "component": component or None,
-        "positions": at,
-        "mode": mode,
-        "top_neurons": top_neurons,
-    }
+    one = text_kwargs(loading.model, text_file, position=position, target=target, target_id=target_id)
+    chosen = intervened_kwargs(foil, component, positions, top_neurons)
+    interventions = {**recorded(chosen), "mode": mode, "top_neurons": top_neurons}
     scores = {"top_k": top_k, "candidates": candidates}
     scoring = faithfulness or (sample.dataset is not None and text is None and text_file is None)
     with output_set(output.out, "ablate") as outputs:
         if scoring:
             refuse_given(interventions, f"ablating components of one text, not to {FAITHFULNESS}")
-            scored = resstream.faithfulness(
+            scored = called(
+                resstream.faithfulness,
                 text,
-                text_file=text_file,
+                loading,
+                output,
                 dataset=sample.dataset,
-                model=loading.model,
-                position=position,
-                target=target,
-                target_id=target_id,
+                **one,
                 num_seqs=sample.num_seqs,
                 seq_len=sample.seq_len,
                 data_dir=sample.data_dir,
                 **given(seed=sample.seed, top_k=top_k, candidates=candidates, batch_size=batch_size),
-                **loading.api_kwargs(),
-                progress=output.progress,
             )
             report = faithfulness_report(scored, outputs)
         else:
             refuse_given(scores, f"{FAITHFULNESS}, not to ablating components")
             check_corpus_use(mode, sample)
-            ablated = resstream.ablate(
+            ablated = called(
+                resstream.ablate,
                 text,
-                text_file=text_file,
-                model=loading.model,
-                position=position,
-                target=target,
-                target_id=target_id,
-                foil=foil,
-                components=component or None,
-                positions=at,
+                loading,
+                output,
+                **one,
+                **chosen,
                 **given(
                     mode=mode,
                     dataset=sample.dataset,
                     num_seqs=sample.num_seqs,
                     seed=sample.seed,
                     data_dir=sample.data_dir,
-                    top_neurons=top_neurons,
                     batch_size=batch_size,
                 ),
-                **loading.api_kwargs(),
-                progress=output.progress,
             )
             report = intervention_report(ablated, outputs)
         settings = {
-            "model": loading.model,
-            "text_file": str(text_file) if text_file else None,
-            "position": position,
-            "target": target,
-            "target_id": target_id,
+            **recorded(one),
             **interventions,
             "batch_size": batch_size,
             "faithfulness": scoring,
@@ -259,54 +243,79 @@ def patch(
     import resstream
     from resstream.rundir import output_set
 
-    at = parse_positions(positions)
+    one = text_kwargs(loading.model, text_file, position=position, target=target, target_id=target_id)
+    chosen = intervened_kwargs(foil, component, positions, top_neurons)
+    settings = {
+        **recorded(one),
+        "corrupt": corrupt,
+        "align_end": align_end,
+        "direction": "denoise" if denoise else "noise",
+        **recorded(chosen),
+        "receiver": receiver or None,
+        "atp": atp,
+        "confirm": confirm,
+        "top_neurons": top_neurons,
+        "batch_size": batch_size,
+    }
     with output_set(output.out, "patch") as outputs:
         if not atp:
             refuse_given({"confirm": confirm}, "attribution patching (`atp`)")
-        result = resstream.patch(
+        result = called(
+            resstream.patch,
             text,
+            loading,
+            output,
             corrupt=corrupt,
-            text_file=text_file,
-            model=loading.model,
-            position=position,
-            target=target,
-            target_id=target_id,
-            foil=foil,
-            components=component or None,
-            positions=at,
+            **one,
+            **chosen,
             direction="denoise" if denoise else "noise",
             align_end=align_end,
             **given(
                 receivers=receiver or None,
                 atp=atp or None,
                 confirm=confirm,
-                top_neurons=top_neurons,
                 batch_size=batch_size,
             ),
-            **loading.api_kwargs(),
-            progress=output.progress,
         )
         report = intervention_report(result, outputs)
-        settings = {
-            "model": loading.model,
-            "text_file": str(text_file) if text_file else None,
-            "corrupt": corrupt,
-            "align_end": align_end,
-            "direction": "denoise" if denoise else "noise",
-            "position": position,
-            "target": target,
-            "target_id": target_id,
-            "foil": foil,
-            "component": component or None,
-            "positions": at,
-            "receiver": receiver or None,
-            "atp": atp,
-            "confirm": confirm,
-            "top_neurons": top_neurons,
-            "batch_size": batch_size,
-        }
         options.write_run_record(outputs, "patch", settings, loading)
     report.show(output.out, "patch")
+
+
+def called(
+    function: Callable[..., R],
+    text: str | None,
+    loading: options.Loading,
+    output: options.Output,
+    **kwargs: Any,
+) -> R:
+    """`function(text, **kwargs)` (an API function of one text) with the model-loading keywords
+    and the progress bar as the user asked."""
+    return function(text, **kwargs, **loading.api_kwargs(), progress=output.progress)
+
+
+def text_kwargs(model: str | None, text_file: Path | None, **prediction: Any) -> dict[str, Any]:
+    """The API's keywords of the prediction of one text (the `model`, the text's file,
+    `position`, `target`, `target_id`), the text aside: it is the first positional argument."""
+    return {"model": model, "text_file": text_file, **prediction}
+
+
+def intervened_kwargs(
+    foil: str | None, component: list[str] | None, positions: list[str] | None, top_neurons: int | None
+) -> dict:
+    """The API's keywords of what is intervened on: `foil`, `components` (without them, the
+    `top_neurons` given), the parsed `positions`."""
+    chosen = {"foil": foil, "components": component or None, "positions": parse_positions(positions)}
+    return {**chosen, **given(top_neurons=top_neurons)}
+
+
+def recorded(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What run.json records of `text_kwargs` and `intervened_kwargs`: the flags' values (the text
+    file's path; `components` as --component)."""
+    found = {("component" if name == "components" else name): value for name, value in kwargs.items()}
+    if "text_file" in found:
+        found["text_file"] = str(found["text_file"]) if found["text_file"] else None
+    return found
 
 
 def check_corpus_use(mode: str | None, sample: options.Sample) -> None:

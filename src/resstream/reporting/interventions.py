@@ -370,38 +370,41 @@ def _screened_neurons(result: InterventionResult) -> Figure:
             [_shown(exact[name], result) if name in exact else np.nan for name in names],
         ),
     ]
-    fig, ax = _bar_pairs(names, bars, _shown_labels(result)[1])
+    fig, ax = _bar_pairs(names, bars, _shown_labels(result)[1], legend=False)
     for label, s in zip(ax.get_yticklabels(), screened, strict=True):
         if not s.confirmed:
             label.set_color(UNCONFIRMED_COLOUR)
     handles, _ = ax.get_legend_handles_labels()
     unconfirmed = Patch(facecolor="none", edgecolor="none", label=f"names in {UNCONFIRMED}")
-    ax.get_legend().remove()  # below the axes instead: no bar under it
-    fig.legend(handles=[*handles, unconfirmed], fontsize=8, loc="outside lower center", ncols=2)
+    fig.legend(  # below the axes: no bar under it
+        handles=[*handles, unconfirmed], fontsize=8, loc="outside lower center", ncols=2
+    )
     shown = f"{len(screened)} neuron{'s' if len(screened) != 1 else ''}, largest |estimate| first"
     fig.suptitle(f"{_title(result)}\n{shown}", fontsize=9)
     return fig
 
 
 def _bar_pairs(
-    names: Sequence[str], bars: Sequence[tuple[str, str, Sequence[float]]], label: str
+    names: Sequence[str], bars: Sequence[tuple[str, str, Sequence[float]]], label: str, *, legend: bool = True
 ) -> tuple[Figure, Axes]:
     """A figure of one row per name, each with one horizontal bar per (colour, legend label,
-    values) side by side, the first row at the top; x labelled `label`."""
+    values) side by side, the first row at the top; x labelled `label`; a legend in the axes
+    unless the caller places its own."""
     fig = new_figure(7.2, max(2.6, 1.6 + 0.34 * len(names)))
     fig.set_layout_engine("constrained")
     ax = fig.add_subplot()
     rows = np.arange(len(names))
     height = 0.8 / len(bars)
-    for k, (colour, legend, values) in enumerate(bars):
+    for k, (colour, what, values) in enumerate(bars):
         offset = (k - (len(bars) - 1) / 2) * height
-        ax.barh(rows + offset, values, height=height, color=colour, label=legend)
+        ax.barh(rows + offset, values, height=height, color=colour, label=what)
     ax.set_yticks(rows, names, fontsize=8, family="monospace")
     ax.set_ylim(len(names) - 0.5, -0.5)
     zero_line(ax, vertical=True)
     ax.grid(axis="x", alpha=0.3)
     ax.set_xlabel(label)
-    ax.legend(fontsize=8, loc="best")
+    if legend:
+        ax.legend(fontsize=8, loc="best")
     return fig, ax
 
 

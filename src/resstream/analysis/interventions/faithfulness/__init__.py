@@ -66,6 +66,7 @@ from resstream.analysis.interventions.faithfulness.prediction import (
     exact_effects,
     gradient_times_activation,
     measure_prediction,
+    neuron_dlas,
     reciprocal_rank,
     selection_order,
 )
@@ -125,6 +126,7 @@ __all__ = [
     "few_windows_note",
     "gradient_times_activation",
     "measure_prediction",
+    "neuron_dlas",
     "reciprocal_rank",
     "selection_order",
     "spearman",

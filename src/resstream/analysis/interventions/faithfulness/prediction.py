@@ -18,7 +18,7 @@ from resstream.analysis.attribution.decomposition import (
     residual_points,
     sublayer_writes,
 )
-from resstream.analysis.attribution.readouts import readouts
+from resstream.analysis.attribution.readouts import Readouts, readouts
 from resstream.analysis.decoding.decoder import Decoder
 from resstream.analysis.interventions.atp import gradients as atp_gradients
 from resstream.analysis.interventions.carry import carry, into_stream, raw_write
@@ -34,6 +34,7 @@ from resstream.analysis.interventions.faithfulness.results import (
 )
 from resstream.analysis.interventions.metrics import Measured, measure_direct
 from resstream.analysis.interventions.runs import Run, zero_values
+from resstream.models.adapters.base import Internals, ModelView
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def all_scores(run: Run, decoder: Decoder, lp: LogProbs, target: int) -> AllScor
     at = (0, pos.to(internals.embedding.device))
     r = readouts(view, internals, decoder, pos, ids)
     points = residual_points(view, internals, pos).float()
-    head_c, head_dla, neuron_c, neuron_dla, activation = [], [], [], [], []
+    head_c, head_dla, neuron_c, activation = [], [], [], []
     for layer, (block, rec) in enumerate(zip(view.blocks, internals.blocks, strict=True)):
         writes = sublayer_writes(view, internals, layer, "attn", pos)
         heads = writes.kinds == KINDS.index("head")
@@ -144,10 +145,8 @@ def all_scores(run: Run, decoder: Decoder, lp: LogProbs, target: int) -> AllScor
         effective, values = neuron_terms(block, rec, at)
         state = points[2 * layer + 1]
         neuron_c.append(lp.neurons(state, effective, values, ids.to(state.device))[:, 0].double().cpu())
-        m = rec.coefficients[at][0].double()
-        W_out = block.read_mlp_weights().W_out.detach().double()
-        neuron_dla.append((m * (W_out @ r.mlp[layer][0])).cpu())
-        activation.append(m.abs().cpu())
+        activation.append(rec.coefficients[at][0].double().abs().cpu())
+    neuron_dla = [dla.cpu() for dla in neuron_dlas(view, internals, r, position)]
     head_grad, neuron_grad = gradient_times_activation(run, Readout(decoder, position, target))
     return AllScores(
         heads={"C": torch.stack(head_c), "DLA": torch.stack(head_dla), "grad_x_act": head_grad},
@@ -158,6 +157,18 @@ def all_scores(run: Run, decoder: Decoder, lp: LogProbs, target: int) -> AllScor
             "grad_x_act": neuron_grad,
         },
     )
+
+
+def neuron_dlas(view: ModelView, internals: Internals, read: Readouts, position: int) -> list[Tensor]:
+    """Every neuron's DLA at `position` of sequence 0, m_k · ⟨W_out[k], r⟩ with r the MLP's
+    read-out direction of `read` (computed at that position alone), one (d_ff,) float64 tensor
+    per block."""
+    found = []
+    for layer, block in enumerate(view.blocks):
+        m = internals.blocks[layer].coefficients[0, position].double()
+        W_out = block.read_mlp_weights().W_out.detach().double()
+        found.append(m * (W_out @ read.mlp[layer][0].to(W_out.device)))
+    return found
 
 
 def gradient_times_activation(run: Run, readout: Readout) -> tuple[Tensor, Tensor]:
