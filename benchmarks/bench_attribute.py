@@ -14,35 +14,18 @@ Side by side in one run:
 from __future__ import annotations
 
 import argparse
-import resource
-import time
+import statistics
 from functools import partial
 
 import torch
 
+from harness import peak_growth, random_gpt2, round_ratios, rounds_of, seconds
 from resstream.analysis.attribution.contributions import log_probs_of
 from resstream.analysis.attribution.corpus import attribute_batches
 from resstream.analysis.attribution.scores import Levels, attribute_position
 from resstream.analysis.decoding.decoder import decoder_of
 from resstream.capture import block_internals
 from resstream.models.adapters import view_of
-
-
-def gpt2_small(device: str) -> torch.nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config()).to(device).eval()
-
-
-def timed(fn, device: str) -> float:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
 
 
 def floor_seconds(view, lp, device: str) -> float:
@@ -54,7 +37,7 @@ def floor_seconds(view, lp, device: str) -> float:
             for start in range(0, W_out.shape[0], 512):
                 torch.addmm(lp.offset, W_out[start : start + 512], lp.weighted.T)
 
-    return timed(run, device)
+    return seconds(run, device)
 
 
 def loop_seconds_per_neuron(view, decoder, internals, position: int, target: int, count: int) -> float:
@@ -62,16 +45,13 @@ def loop_seconds_per_neuron(view, decoder, internals, position: int, target: int
     x = rec.block_output[0, position]
     W_out = view.blocks[0].mlp_weights().W_out.detach()
     m = rec.coefficients[0, position]
-    start = time.perf_counter()
-    with torch.no_grad():
-        for k in range(count):
-            decoder.logits(x + m[k] * W_out[k]).log_softmax(-1)[target]
-    return (time.perf_counter() - start) / count
 
+    def loop() -> None:
+        with torch.no_grad():
+            for k in range(count):
+                decoder.logits(x + m[k] * W_out[k]).log_softmax(-1)[target]
 
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
+    return seconds(loop, x.device) / count
 
 
 def main() -> None:
@@ -85,7 +65,7 @@ def main() -> None:
     )
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
-    model = gpt2_small(args.device)
+    model = random_gpt2(args.device)
     view = view_of(model)
     decoder = decoder_of(view)
     lp = log_probs_of(decoder)
@@ -101,47 +81,35 @@ def main() -> None:
         )
         for start in range(0, args.num_seqs, args.batch_size)
     ]
-    before = timed(lambda: [model.transformer(b.to(args.device)) for b in batches], args.device)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    corpus = timed(
-        lambda: attribute_batches(
-            view, decoder, batches, partial(block_internals, view), top=20, candidates=64
-        ),
-        args.device,
+    before = seconds(lambda: [model.transformer(b.to(args.device)) for b in batches], args.device)
+    work = partial(
+        attribute_batches, view, decoder, batches, partial(block_internals, view), top=20, candidates=64
     )
-    extra = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024
-    after = timed(lambda: [model.transformer(b.to(args.device)) for b in batches], args.device)
+    grown, corpus = peak_growth(lambda: seconds(work, args.device))
+    after = seconds(lambda: [model.transformer(b.to(args.device)) for b in batches], args.device)
     forward = (before + after) / 2
     print(
         f"corpus {args.num_seqs} x {args.seq_len}: {corpus:.1f} s vs plain forward {forward:.2f} s "
-        f"(mean of before and after) = {corpus / forward:.0f}x; peak RSS grew by {extra:.0f} MB "
+        f"(mean of before and after) = {corpus / forward:.0f}x; peak RSS grew by {grown / 2**20:.0f} MB "
         f"(over the model and one sequence's internals)"
     )
-    ratios, loops, ones = [], [], []
-    for round_ in range(args.rounds):  # rotate the order so drift in machine load hits both alike
-        runs = {
-            "floor": lambda: floor_seconds(view, lp, args.device),
-            "one": lambda: timed(
-                lambda: attribute_position(view, internals, decoder, position, target, levels=Levels(top=20)),
-                args.device,
-            ),
-            "loop": lambda: (
-                loop_seconds_per_neuron(view, decoder, internals, position, target, args.loop_neurons)
-                * n_neurons
-            ),
-        }
-        names = list(runs)[round_ % 3 :] + list(runs)[: round_ % 3]
-        got = {name: runs[name]() for name in names}
-        ratios.append(got["one"] / got["floor"])
-        loops.append(got["loop"] / got["one"])
-        ones.append(got["one"])
-        print(
-            f"round {round_ + 1}: one position {got['one']:.1f} s, floor {got['floor']:.1f} s, "
-            f"loop (from {args.loop_neurons} neurons) {got['loop']:.0f} s"
-        )
+    one, loop = "one position", f"loop (from {args.loop_neurons} neurons)"
+    measures = {  # each times itself: the loop is scaled from its sample of neurons
+        one: lambda: seconds(
+            lambda: attribute_position(view, internals, decoder, position, target, levels=Levels(top=20)),
+            args.device,
+        ),
+        "floor": lambda: floor_seconds(view, lp, args.device),
+        loop: lambda: (
+            loop_seconds_per_neuron(view, decoder, internals, position, target, args.loop_neurons) * n_neurons
+        ),
+    }
+    times = rounds_of(measures, args.rounds, report=".1f")
     print(
-        f"one position, every level: median {median(ones):.1f} s = {median(ratios):.2f}x the floor "
-        f"(L·d_ff·V·d value-vector projection); {median(loops):.1f}x faster than the loop"
+        f"one position, every level: median {statistics.median(times[one]):.1f} s = "
+        f"{statistics.median(round_ratios(times, one, 'floor')):.2f}x the floor "
+        f"(L·d_ff·V·d value-vector projection); "
+        f"{statistics.median(round_ratios(times, loop, one)):.1f}x faster than the loop"
     )
 
 

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
+from harness import seconds
 from resstream.resources import available_bytes, format_bytes, usable_cpus
 from resstream.simulation import SimulationConfig, simulate
 from resstream.simulation.config import simulation_work
@@ -44,12 +45,10 @@ def bench_simulation(device: str) -> None:
     for tokens, layers, sims in SIMULATIONS:
         config = SimulationConfig(tokens=tokens, layers=layers, simulations=sims, device=device)
         simulate(SimulationConfig(tokens=tokens, layers=layers, simulations=64, device=device))
-        started = time.perf_counter()
-        simulate(config)
-        seconds = time.perf_counter() - started
-        rate = simulation_work(config) / seconds
+        took = seconds(lambda config=config: simulate(config), device)
+        rate = simulation_work(config) / took
         best = max(best, rate)
-        print(f"  simulate n={tokens:4d} L={layers:3d} sims={sims:7d}: {seconds:6.2f} s, {rate:.3g} units/s")
+        print(f"  simulate n={tokens:4d} L={layers:3d} sims={sims:7d}: {took:6.2f} s, {rate:.3g} units/s")
     print(f"  fastest simulation rate on {device}: {best:.3g} units/s")
 
 
@@ -85,15 +84,7 @@ def bench_training(device: str, workdir: Path) -> None:
         trainer = Trainer(config, workdir / f"run-{name}-{device}", progress=False)
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
-        times = []
-        for step in range(8):
-            started = time.perf_counter()
-            trainer.train_step(step)
-            trainer.optimizer.step()
-            trainer.optimizer.zero_grad(set_to_none=True)
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - started)
+        times = [seconds(partial(one_step, trainer, step), device) for step in range(8)]
         step = min(times[2:])
         flops = trainer.model.flops_per_token() * config.run.batch_size * config.model.block_size / step
         estimate = sum(c.amount for c in training_bytes(trainer.config, trainer.device))
@@ -105,6 +96,13 @@ def bench_training(device: str, workdir: Path) -> None:
             line += f"; peak allocated {format_bytes(peak)}, estimated {format_bytes(estimate)}"
         print(line)
         del trainer
+
+
+def one_step(trainer: Trainer, step: int) -> None:
+    """One training step and its optimiser step."""
+    trainer.train_step(step)
+    trainer.optimizer.step()
+    trainer.optimizer.zero_grad(set_to_none=True)
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,16 +30,11 @@ sys.path.insert(0, str(ROOT))
 from tests.readme_commands import ReadmeCommand, readme_commands  # noqa: E402
 from tests.test_readme import _reads, _write_readers_files  # noqa: E402
 
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
+from harness import cpu_name, load_averages, timed  # noqa: E402
 
 
 def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return " ".join(f"{x:.2f}" for x in load_averages())
 
 
 def _runnable(commands: list[ReadmeCommand], skip: list[str]) -> list[ReadmeCommand]:
@@ -70,16 +65,15 @@ def main() -> None:
     import torch
 
     versions = f"torch {torch.__version__}, Python {platform.python_version()}"
-    print(f"machine: {_cpu()}, {os.cpu_count()} cores, {versions}")
+    print(f"machine: {cpu_name()}, {versions}")
     print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; load average before: {_load()}")
     print("\n| command | wall time |\n| --- | --- |")
     with tempfile.TemporaryDirectory() as folder:
         _write_readers_files(Path(folder))
         for command in _runnable(readme_commands(), args.skip):
             argv = [*(command.quick_args() if args.quick else command.args), "--quiet"]
-            started = time.perf_counter()
-            done = subprocess.run(["resstream", *argv], cwd=folder, capture_output=True, text=True)
-            seconds = time.perf_counter() - started
+            run = partial(subprocess.run, ["resstream", *argv], cwd=folder, capture_output=True, text=True)
+            seconds, done = timed(run)
             status = (
                 "" if done.returncode == 0 else f" (exit {done.returncode}: {done.stderr.strip()[-200:]})"
             )

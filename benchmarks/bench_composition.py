@@ -14,20 +14,12 @@ beside it.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
+from harness import random_gpt2, timed
 from resstream.analysis.circuits.composition import composition, random_baseline
 from resstream.models.adapters import view_of
-
-
-def gpt2_small(device: str):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    config = GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=1024, bos_token_id=0, eos_token_id=0)
-    return GPT2LMHeadModel(config).eval().to(device)
 
 
 def naive(view, l1: int, h1: int, l2: int, h2: int) -> list[float]:
@@ -46,34 +38,20 @@ def naive(view, l1: int, h1: int, l2: int, h2: int) -> list[float]:
     ]
 
 
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--naive-pairs", type=int, default=24)
     args = parser.parse_args()
-    view = view_of(gpt2_small(args.device))
+    view = view_of(random_gpt2(args.device, vocab_size=1024, bos_token_id=0, eos_token_id=0))
     with torch.no_grad():
         composition(view, model="warm-up", samples=2)
-        sync(args.device)
-        start = time.perf_counter()
-        result = composition(view, model="gpt2-small-shaped", samples=2)
-        sync(args.device)
-        fast = time.perf_counter() - start
-        start = time.perf_counter()
-        baseline = random_baseline(768, 64, device=args.device)
-        sync(args.device)
-        baseline_seconds = time.perf_counter() - start
+        fast, result = timed(lambda: composition(view, model="gpt2-small-shaped", samples=2), args.device)
+        baseline_seconds, baseline = timed(lambda: random_baseline(768, 64, device=args.device), args.device)
         pairs = result.pairs()
         chosen = pairs[:: max(1, len(pairs) // args.naive_pairs)][: args.naive_pairs]
-        start = time.perf_counter()
-        slow = [naive(view, *pair) for pair in chosen]
-        sync(args.device)
-        per_pair = (time.perf_counter() - start) / len(chosen)
+        took, slow = timed(lambda: [naive(view, *pair) for pair in chosen], args.device)
+        per_pair = took / len(chosen)
     differences = [
         abs(slow[i][j] - float(result.scores(kind)[pair]))
         for i, pair in enumerate(chosen)

@@ -11,11 +11,11 @@ result is cheap next to computing it).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 import resstream
+from harness import timed
 
 TEXT = "The king said that the queen"
 
@@ -32,22 +32,15 @@ ANALYSES: dict[str, Callable[[], Any]] = {
 }
 
 
-def _timed(work: Callable[[], Any]) -> tuple[Any, float]:
-    """`work()` and its wall time in seconds."""
-    started = time.perf_counter()
-    value = work()
-    return value, time.perf_counter() - started
-
-
 def main() -> None:
     """Print one Markdown row per analysis: its time, then display and frame as ratios to it."""
     resstream.shift("reference", num_seqs=1)  # load the model and corpus once, outside the timings
     print("| result | analysis | `_repr_html_` / analysis | `to_pandas` / analysis | HTML size |")
     print("| --- | --- | --- | --- | --- |")
     for name, analysis in ANALYSES.items():
-        result, analysed = _timed(analysis)
-        html, shown = _timed(result._repr_html_)
-        _, framed = _timed(result.to_pandas)
+        analysed, result = timed(analysis)
+        shown, html = timed(result._repr_html_)
+        framed, _ = timed(result.to_pandas)
         print(
             f"| {name} | {analysed:.2f} s | {shown / analysed:.2f} | {framed / analysed:.3f} "
             f"| {len(html) / 1e3:,.0f} kB |"

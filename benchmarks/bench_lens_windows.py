@@ -21,15 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import status_kib
+
 SEQ_LEN = 128
-
-
-def peak_mb() -> float:
-    """This process's peak resident set (VmHWM), MB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def one_way(way: str, corpus: Path, cache: Path, data_dir: Path) -> None:
@@ -61,9 +55,10 @@ def one_way(way: str, corpus: Path, cache: Path, data_dir: Path) -> None:
     chosen = windows.take(order) if hasattr(windows, "take") else [windows[i] for i in order]
     total = sum(int(w[-1]) for w in chosen)  # every window read once, as the steps read them
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    peak = status_kib("VmHWM") / 1024
     print(
         f"{way}: {len(chosen):,} windows of {SEQ_LEN} tokens, {time.perf_counter() - started:.1f} s, "
-        f"peak RSS {peak_mb():,.0f} MB (tokenising workers' peak {children:,.0f} MB) [{total % 7}]"
+        f"peak RSS {peak:,.0f} MB (tokenising workers' peak {children:,.0f} MB) [{total % 7}]"
     )
 
 

@@ -31,17 +31,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
-import platform
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from harness import device_name, interleaved, load_average, medians, random_gpt2, timed, write_record
 from resstream.analysis.decoding.decoder import decoder_of
 from resstream.analysis.interventions.components import Component, ComponentSpace
 from resstream.analysis.interventions.effects import Readout, component_effects
@@ -51,41 +48,6 @@ from resstream.models.adapters import view_of
 SHAPE = {"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab": 50257, "seq": 128}
 #: Largest |log p| difference between the loop and resstream that counts as the same.
 TOLERANCE = 1e-4
-
-
-def gpt2_small(device: str) -> torch.nn.Module:
-    """GPT2LMHeadModel of GPT-2 small's shape, random weights (seed 0), fp32, eval mode."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    config = GPT2Config(n_layer=SHAPE["n_layer"], n_head=SHAPE["n_head"], n_embd=SHAPE["n_embd"])
-    return GPT2LMHeadModel(config).to(device).eval()
-
-
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def timed(fn: Callable[[], Any], device: str) -> tuple[float, Any]:
-    """Seconds of `fn()` (device synchronised on both sides) and what it returned."""
-    sync(device)
-    start = time.perf_counter()
-    out = fn()
-    sync(device)
-    return time.perf_counter() - start, out
-
-
-def load_average() -> float:
-    """The 1-minute load average (0 where the platform has none)."""
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return 0.0
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values)
 
 
 # ---------------------------------------------------------------- heads: resstream and the loop
@@ -162,13 +124,13 @@ def heads_section(args: argparse.Namespace, model: Any, ids: torch.Tensor, targe
         variants[f"resstream b={size}"] = lambda size=size: resstream_heads(model, ids, target, size)
     warm_up = {loop_name: lambda: loop_heads(model, ids, target, looped[:2])}
     load_before = load_average()
-    seconds, results = interleaved(variants, args.repeats, args.device, warm_ups=warm_up, report=True)
+    seconds, results = interleaved(variants, args.repeats, args.device, warm_ups=warm_up, report=".2f")
     load_after = load_average()
     loop_logprobs = results.pop(loop_name)
     seconds["loop"] = [took * scale for took in seconds.pop(loop_name)]
     picked = torch.tensor([heads.index(h) for h in looped])
     diffs = {name: float((found[picked] - loop_logprobs).abs().max()) for name, found in results.items()}
-    rows = {name: median(times) for name, times in seconds.items()}
+    rows = medians(seconds)
     loop = rows["loop"]
     best = min(results, key=lambda name: rows[name])
     n_heads = len(heads) // view.n_layers
@@ -270,7 +232,7 @@ def atp_section(args: argparse.Namespace, model: Any, ids: torch.Tensor, target:
     seconds, _ = interleaved(variants, args.repeats, args.device)
     model.zero_grad(set_to_none=True)
     estimates = attribution_patching(*runs, readout)
-    rows = {name: median(times) for name, times in seconds.items()}
+    rows = medians(seconds)
     yardstick = rows["forward + backward"]
     print(
         f"\nAtP of {estimates.heads.numel()} heads and {estimates.neurons.numel()} neurons (and every block "
@@ -290,32 +252,6 @@ def atp_section(args: argparse.Namespace, model: Any, ids: torch.Tensor, target:
         "ratio_total": ratio,
         "ratio_given_runs": rows["AtP, given both runs"] / yardstick,
     }
-
-
-def interleaved(
-    variants: dict[str, Callable[[], Any]],
-    repeats: int,
-    device: str,
-    *,
-    warm_ups: dict[str, Callable[[], Any]] | None = None,
-    report: bool = False,
-) -> tuple[dict[str, list[float]], dict[str, Any]]:
-    """Seconds of each variant per round, in rotating order, after one warm-up call of each
-    (`warm_ups[name]` in its place where given), and what each returned in its last round;
-    `report` prints each round."""
-    names = list(variants)
-    seconds: dict[str, list[float]] = {name: [] for name in names}
-    results: dict[str, Any] = {}
-    for name in names:
-        (warm_ups or {}).get(name, variants[name])()
-    for round_ in range(repeats):
-        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
-            took, results[name] = timed(variants[name], device)
-            seconds[name].append(took)
-        if report:
-            line = ", ".join(f"{name} {seconds[name][-1]:.2f} s" for name in names)
-            print(f"round {round_ + 1}: {line}", flush=True)
-    return seconds, results
 
 
 def faithfulness_section(args: argparse.Namespace, model: Any) -> dict[str, Any]:
@@ -411,17 +347,6 @@ def profile_prediction(args: argparse.Namespace, model: Any) -> None:
 # ---------------------------------------------------------------- main
 
 
-def cpu_name() -> str:
-    """The CPU's model name (Linux), else what `platform` says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu or cuda (fp32 model either way)")
@@ -452,20 +377,20 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     sections = set(args.sections.split(","))
-    model = gpt2_small(args.device)
+    model = random_gpt2(args.device, n_layer=SHAPE["n_layer"], n_head=SHAPE["n_head"], n_embd=SHAPE["n_embd"])
     ids = torch.randint(0, SHAPE["vocab"], (1, SHAPE["seq"]), generator=torch.Generator().manual_seed(1))
     ids = ids.to(args.device)
     with torch.inference_mode():
         target = int(model(input_ids=ids).logits[0, -1].argmax())
-    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else cpu_name()
+    name = device_name(args.device)
     print(
-        f"device {args.device} ({device_name}), torch {torch.__version__}, "
+        f"device {args.device} ({name}), torch {torch.__version__}, "
         f"threads {torch.get_num_threads()}; "
         f"GPT-2-small shape, random weights, fp32, {SHAPE['seq']} tokens, target {target}"
     )
     record: dict[str, Any] = {
         "device": args.device,
-        "device_name": device_name,
+        "device_name": name,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "repeats": args.repeats,
@@ -480,9 +405,7 @@ def main() -> None:
     if "faithfulness" in sections:
         record["faithfulness"] = faithfulness_section(args, model)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_record(args.json, record)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-import time
+from functools import partial
 
+from harness import rounds_of, seconds
 from resstream.data import split_tokens, stream_corpus, tokenize_documents
 from resstream.data.tokenizer import cached_bpe, train_bpe
 from resstream.training.evaluate import plan as ev
@@ -29,12 +30,6 @@ from resstream.training.evaluate.benchmarks import load_benchmark_corpus
 BENCHMARKS = ("wikitext-2", "lambada", "openwebtext", "fineweb-edu", "shakespeare")
 MAX_TOKENS = 20_000
 ROUNDS = 3
-
-
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -59,12 +54,14 @@ def main() -> None:
     shared_streams()  # the sweep's first run keeps the shakespeare stream
     with tempfile.TemporaryDirectory() as cache:
         cached_bpe(stream_corpus("shakespeare"), 2048, cache)  # the first run trains and keeps it
-        before, after, trained, loaded = [], [], [], []
-        for _ in range(ROUNDS):
-            before.append(timed(whole_streams))
-            after.append(timed(shared_streams))
-            trained.append(timed(lambda: train_bpe(stream_corpus("shakespeare"), 2048)))
-            loaded.append(timed(lambda: cached_bpe(stream_corpus("shakespeare"), 2048, cache)))
+        measures = {
+            "before": partial(seconds, whole_streams),
+            "after": partial(seconds, shared_streams),
+            "trained": partial(seconds, lambda: train_bpe(stream_corpus("shakespeare"), 2048)),
+            "loaded": partial(seconds, lambda: cached_bpe(stream_corpus("shakespeare"), 2048, cache)),
+        }
+        times = rounds_of(measures, ROUNDS)
+    before, after, trained, loaded = (times[name] for name in measures)
     med = statistics.median
     print(
         f"benchmarks prepared per run: whole corpora {med(before):.2f} s, prefix + kept stream "

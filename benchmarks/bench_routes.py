@@ -42,20 +42,29 @@ On CUDA the allocator's own peak (`torch.cuda.max_memory_allocated`) is read in-
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import statistics
 import subprocess
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench_patch import cpu_name, load_average, timed  # sibling scripts, as bench_revisions
-from bench_shift import release_free_memory, status_kib
+from harness import (
+    cuda_peak_growth,
+    device_name,
+    interleaved,
+    load_average,
+    medians,
+    peak_growth,
+    random_gpt2,
+    round_ratios,
+    write_record,
+)
 from resstream.analysis.routes import DEFAULT_MEMORY_BUDGET, DEFAULT_THRESHOLD, flow_importances, route_edges
 from resstream.capture import block_internals
 from resstream.models.adapters import view_of
@@ -72,42 +81,13 @@ MIB = 2**20
 # ---------------------------------------------------------------- setup
 
 
-def gpt2_model(layers: int, device: str) -> Any:
-    """GPT2LMHeadModel of `GPT2Config()` with `layers` layers, random weights (seed 0), fp32, eval."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(n_layer=layers)).to(device).eval()
-
-
 def random_prompt(seq_len: int, vocab: int, device: str) -> torch.Tensor:
     """(1, seq_len) random token ids (seed 1)."""
     ids = torch.randint(0, vocab, (1, seq_len), generator=torch.Generator().manual_seed(1))
     return ids.to(device)
 
 
-def interleaved(variants: dict[str, Callable[[], Any]], rounds: int, device: str) -> dict[str, list[float]]:
-    """Seconds of each variant per round, in rotating order, after one warm-up call of each;
-    each round is printed as it ends."""
-    names = list(variants)
-    seconds: dict[str, list[float]] = {name: [] for name in names}
-    for name in names:
-        variants[name]()
-    for round_ in range(rounds):
-        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
-            seconds[name].append(timed(variants[name], device)[0])
-        line = ", ".join(f"{name} {seconds[name][-1]:.3f} s" for name in names)
-        print(f"round {round_ + 1}: {line}", flush=True)
-    return seconds
-
-
 # ---------------------------------------------------------------- timing
-
-
-def per_round_ratios(seconds: dict[str, list[float]], name: str) -> list[float]:
-    """Each round's time of `name` over that round's forward (both ran within the round, so a
-    change of the machine's load between rounds cancels)."""
-    return [took / forward for took, forward in zip(seconds[name], seconds["forward"], strict=True)]
 
 
 def timing_section(args: argparse.Namespace, model: Any, ids: torch.Tensor) -> dict[str, Any]:
@@ -139,10 +119,10 @@ def timing_section(args: argparse.Namespace, model: Any, ids: torch.Tensor) -> d
         "edges": lambda: route_edges(imp, target, args.threshold),
     }
     load_before = load_average()
-    seconds = interleaved(variants, args.rounds, args.device)
+    seconds, _ = interleaved(variants, args.rounds, args.device, report=".3f")
     load_after = load_average()
-    medians = {name: statistics.median(times) for name, times in seconds.items()}
-    yardstick = medians["forward"]
+    middle = medians(seconds)
+    yardstick = middle["forward"]
     edges = route_edges(imp, target, args.threshold)
     heads = sum(1 for k in range(len(edges)) if edges.kind(k) == "head")
     print(
@@ -150,18 +130,18 @@ def timing_section(args: argparse.Namespace, model: Any, ids: torch.Tensor) -> d
         f"({heads} through heads); medians of {args.rounds} rounds"
     )
     fastest = {name: min(times) for name, times in seconds.items()}
-    per_round = {name: statistics.median(per_round_ratios(seconds, name)) for name in seconds}
+    per_round = {name: statistics.median(round_ratios(seconds, name, "forward")) for name in seconds}
     print(
         f"{'variant':<16} {'s (median)':>11} {'÷ forward':>10} {'per-round ÷':>12} "
         f"{'s (fastest)':>12} {'÷ forward':>10}"
     )
-    for name, value in medians.items():
+    for name, value in middle.items():
         print(
             f"{name:<16} {value:>11.4f} {value / yardstick:>10.2f} {per_round[name]:>12.2f} "
             f"{fastest[name]:>12.4f} {fastest[name] / fastest['forward']:>10.2f}"
         )
-    parts = medians["internals"] + medians["importances"] + medians["edges"]
-    ratio = medians["whole route"] / yardstick
+    parts = middle["internals"] + middle["importances"] + middle["edges"]
+    ratio = middle["whole route"] / yardstick
     verdict = "met" if ratio <= TARGET_RATIO else f"MISSED by {ratio / TARGET_RATIO:.2f}×"
     print(f"sum of the parts {parts:.4f} s = {parts / yardstick:.2f}× the forward (medians)")
     print(
@@ -182,9 +162,9 @@ def timing_section(args: argparse.Namespace, model: Any, ids: torch.Tensor) -> d
         )
     return {
         "seconds": seconds,
-        "median_seconds": medians,
+        "median_seconds": middle,
         "ratio_whole_to_forward": ratio,
-        "ratios_to_forward": {name: value / yardstick for name, value in medians.items()},
+        "ratios_to_forward": {name: value / yardstick for name, value in middle.items()},
         "median_per_round_ratios": per_round,
         "fastest_seconds": fastest,
         "edges": len(edges),
@@ -218,21 +198,11 @@ def result_bytes(layers: int, heads: int, seq_len: int) -> int:
     return (layers * seq_len * heads * seq_len + 4 * layers * seq_len) * 4
 
 
-def peak_growth(fn: Callable[[], Any]) -> tuple[int, Any]:
-    """Bytes the resident set peaked above its level before `fn()` ran, and what it returned."""
-    gc.collect()
-    release_free_memory()
-    Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) reset to the current RSS
-    before = status_kib("VmRSS")
-    out = fn()
-    return (status_kib("VmHWM") - before) * 1024, out
-
-
 def memory_probe(args: argparse.Namespace) -> None:
     """In a fresh process: the calibration and the peak growth of one importance pass; prints
     one JSON line."""
     calibration, _ = peak_growth(lambda: torch.ones(CALIBRATION_BYTES // 4).sum())
-    model = gpt2_model(args.layers, "cpu")
+    model = random_gpt2("cpu", n_layer=args.layers)
     view = view_of(model)
     ids = random_prompt(args.seq_len, model.config.vocab_size, "cpu")
     internals = block_internals(view, ids, attention=True)
@@ -264,17 +234,12 @@ def probe_in_child(args: argparse.Namespace, layers: int, budget: int) -> dict[s
 
 def cuda_peak(args: argparse.Namespace, layers: int, budget: int) -> dict[str, Any]:
     """The CUDA allocator's peak above its level before one importance pass."""
-    model = gpt2_model(layers, args.device)
+    model = random_gpt2(args.device, n_layer=layers)
     view = view_of(model)
     internals = block_internals(
         view, random_prompt(args.seq_len, model.config.vocab_size, args.device), attention=True
     )
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    flow_importances(view, internals, memory_budget=budget)
-    torch.cuda.synchronize()
-    grown = torch.cuda.max_memory_allocated() - before
+    grown, _ = cuda_peak_growth(partial(flow_importances, view, internals, memory_budget=budget), args.device)
     del model, view, internals
     torch.cuda.empty_cache()
     return {"calibration": None, "peak": grown, "layers": layers}
@@ -378,10 +343,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.memory_probe:
         memory_probe(args)
         return
-    model = gpt2_model(args.layers, args.device)
+    model = random_gpt2(args.device, n_layer=args.layers)
     config = model.config
     ids = random_prompt(args.seq_len, config.vocab_size, args.device)
-    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else cpu_name()
+    name = device_name(args.device)
     print(
         f"device {args.device} ({name}), torch {torch.__version__}, threads {torch.get_num_threads()}, "
         f"dtype {next(model.parameters()).dtype}; GPT-2-small shape ({config.n_layer} layers, "
@@ -402,9 +367,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.skip_memory:
         record["memory"] = memory_section(args, config.n_head, config.n_embd)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_record(args.json, record)
 
 
 if __name__ == "__main__":

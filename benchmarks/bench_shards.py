@@ -17,9 +17,10 @@ import argparse
 import os
 import statistics
 import tempfile
-import time
+from functools import partial
 from pathlib import Path
 
+from harness import rounds_of, seconds
 from resstream.data import build_token_cache, load_tokenizer, stream_corpus
 from resstream.data.shards import ShardedTokens, write_shards
 from resstream.training.data import micro_batch
@@ -62,14 +63,15 @@ def bench_tokenising(corpus: Path, tokenizer, workers: list[int], work: Path) ->
 def bench_reading(store: Path, cache_train, rounds: int, steps: int) -> None:
     train, _ = ShardedTokens.open(store).split(0.1)
     assert len(train) == len(cache_train)
-    times: dict[str, list[float]] = {"store": [], "cache": []}
     sources = {"store": train, "cache": cache_train}
-    for r in range(rounds):
-        for name in ["store", "cache"] if r % 2 == 0 else ["cache", "store"]:
-            started = time.perf_counter()
-            for step in range(steps):
-                micro_batch(sources[name], 1024, 16, seed=0, step=r * steps + step, micro=0, grad_accum=1)
-            times[name].append((time.perf_counter() - started) / steps)
+    first_step = dict.fromkeys(sources, 0)  # each source reads the same steps, round by round
+
+    def read(name: str) -> float:
+        first, first_step[name] = first_step[name], first_step[name] + steps
+        batch = partial(micro_batch, sources[name], 1024, 16, seed=0, micro=0, grad_accum=1)
+        return seconds(lambda: [batch(step=s) for s in range(first, first + steps)]) / steps
+
+    times = rounds_of({name: partial(read, name) for name in sources}, rounds)
     store_s, cache_s = statistics.median(times["store"]), statistics.median(times["cache"])
     print(
         f"read a 16 x 1024 batch: store {store_s * 1e3:.2f} ms, cache {cache_s * 1e3:.2f} ms, "

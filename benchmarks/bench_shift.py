@@ -48,31 +48,37 @@ fp32 naive version and TransformerLens; disagreements are re-checked against fp6
 (`exact_ranks`).
 
 One file on purpose, longer than the ~500 lines we aim for: it is run with one command and
-copied alone to a GPU machine; its sections (setup, variants, measuring, memory children,
-agreement, reports) are marked.
+copied to a GPU machine with only `harness.py` (the timing and memory helpers every benchmark
+shares) beside it; its sections (setup, variants, measuring, memory children, agreement,
+reports) are marked.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
-import ctypes
 import json
 import math
-import re
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from harness import (
+    cuda_peak_growth,
+    interleaved,
+    medians,
+    peak_growth,
+    random_gpt2,
+    round_ratios,
+    seconds,
+    sync,
+)
 from resstream.analysis.decoding.decoder import decoder_of
 from resstream.analysis.decoding.ranks import exact_ranks
 from resstream.analysis.shift.alignment import AlignmentAccumulator, AlignmentResult
@@ -121,17 +127,8 @@ class Setup:
 
 def build_setup(device: torch.device, dtype: torch.dtype, batch: int, seq: int) -> Setup:
     """The random-weight GPT-2-small-shaped model and a seeded batch of random token ids."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    config = GPT2Config(
-        n_layer=SHAPE["n_layer"],
-        n_embd=SHAPE["n_embd"],
-        n_head=SHAPE["n_head"],
-        vocab_size=SHAPE["vocab_size"],
-        n_positions=SHAPE["n_positions"],
-    )
-    model = GPT2LMHeadModel(config).eval().to(device=device, dtype=dtype)
+    shape = {key: SHAPE[key] for key in ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions")}
+    model = random_gpt2(device, dtype, **shape)
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(0, SHAPE["vocab_size"], (batch, seq), generator=generator).to(device)
     return Setup(model, view_of(model), ids)
@@ -301,43 +298,7 @@ def profile_variants(variants: dict[str, Variant], device: torch.device) -> None
         print(events.table(sort_by=sort, row_limit=12))
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def measure(
-    variants: dict[str, Variant], *, rounds: int, device: torch.device
-) -> tuple[dict[str, list[float]], dict[str, Any]]:
-    """Seconds of one call of each variant per round, after one warm-up call, interleaved; and
-    each variant's output of its last call."""
-    outputs = {name: run() for name, run in variants.items()}
-    sync(device)
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    names = list(variants)
-    for index in range(rounds):
-        order = names[index % len(names) :] + names[: index % len(names)]  # rotate who goes first
-        for name in order:
-            sync(device)
-            start = time.perf_counter()
-            outputs[name] = variants[name]()
-            sync(device)
-            times[name].append(time.perf_counter() - start)
-    return times, outputs
-
-
-def status_kib(field: str) -> int:
-    """One field of /proc/self/status, in KiB."""
-    match = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
-    if match is None:
-        raise RuntimeError(f"no {field} in /proc/self/status")
-    return int(match.group(1))
-
-
-def release_free_memory() -> None:
-    """glibc's malloc_trim(0): hand freed heap pages back to the OS (no-op elsewhere)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+measure = interleaved  # by this name: bench_revisions' child calls it in every revision's copy
 
 
 def memory_child(name: str, threads: int) -> None:
@@ -348,22 +309,8 @@ def memory_child(name: str, threads: int) -> None:
     if name in skipped:
         print(json.dumps({"variant": name, "skipped": skipped[name]}))
         return
-    run = variants[name]
-    release_free_memory()  # so that the baseline is live memory, not pages malloc kept from the setup
-    Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
-    before = status_kib("VmRSS")
-    run()
-    peak = status_kib("VmHWM")
-    print(
-        json.dumps(
-            {
-                "variant": name,
-                "rss_before_kib": before,
-                "peak_kib": peak,
-                "extra_gb": (peak - before) * 1024 / 1e9,
-            }
-        )
-    )
+    grown, _ = peak_growth(variants[name])
+    print(json.dumps({"variant": name, "extra_gb": grown / 1e9}))
 
 
 def extra_peak_memory(names: list[str], threads: int, repeats: int) -> dict[str, float]:
@@ -514,22 +461,18 @@ def print_flops(batch: int, seq: int) -> None:
 
 
 # ----------------------------------------------------------------------- reports
-def round_ratio(rounds: dict[str, list[float]], num: str, den: str) -> float:
-    """Median over rounds of the ratio num/den within each round."""
-    return statistics.median(a / b for a, b in zip(rounds[num], rounds[den], strict=True))
-
-
 def report(
     rounds: dict[str, list[float]], memory: dict[str, float], skipped: dict[str, str], batch: int, seq: int
 ) -> None:
     """Medians, per-round times, ratios against the targets, the floor, and a Markdown table."""
     f = flops(batch, seq)
-    times = {name: statistics.median(values) for name, values in rounds.items()}
+    times = medians(rounds)
     print("\nper-round seconds (interleaved, rotating order):")
     for name, values in rounds.items():
         print(f"  {name:18s} {' '.join(f'{v:8.2f}' for v in values)}")
     pairs = [("shift", "forward"), ("naive", "shift"), ("transformer_lens", "shift")]
-    within = [f"{a}/{b} {round_ratio(rounds, a, b):.2f}x" for a, b in pairs if a in rounds and b in rounds]
+    present = [(a, b) for a, b in pairs if a in rounds and b in rounds]
+    within = [f"{a}/{b} {statistics.median(round_ratios(rounds, a, b)):.2f}x" for a, b in present]
     if within:
         print(f"median of per-round ratios: {', '.join(within)}")
     print(f"\n{'variant':18s} {'ms':>10s} {'÷ forward':>10s} {'extra peak GB':>14s}")
@@ -586,11 +529,8 @@ def cpu_benchmark(args: argparse.Namespace, names: list[str]) -> None:
     )
     for name, reason in skipped.items():
         print(f"{name}: skipped ({reason})")
-    start = time.perf_counter()
-    new_accumulator(setup.view)
-    print(
-        f"AlignmentAccumulator construction (part of `shift`): {(time.perf_counter() - start) * 1e3:.0f} ms"
-    )
+    took = seconds(lambda: new_accumulator(setup.view))
+    print(f"AlignmentAccumulator construction (part of `shift`): {took * 1e3:.0f} ms")
     rounds, outputs = measure(variants, rounds=args.rounds, device=setup.device)
     agreement(setup, outputs)
     if args.profile:
@@ -608,15 +548,10 @@ def cuda_benchmark(args: argparse.Namespace, names: list[str]) -> None:
     rounds, _ = measure(variants, rounds=args.cuda_rounds, device=device)
     if args.profile:
         profile_variants(variants, device)
-    times = {name: statistics.median(values) for name, values in rounds.items()}
+    times = medians(rounds)
     memory: dict[str, float] = {}
     for name, run in variants.items():
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        run()
-        torch.cuda.synchronize(device)
-        memory[name] = (torch.cuda.max_memory_allocated(device) - before) / 1e9
+        memory[name] = cuda_peak_growth(run, device)[0] / 1e9
     name = torch.cuda.get_device_name(device)
     peak = args.peak_flops or next((v for k, v in PEAK_FLOPS.items() if k in name), None)
     print(f"\n{name}, bf16 model, batch {args.cuda_batch} x {SHAPE['seq']}, {args.cuda_rounds} rounds")

@@ -28,36 +28,18 @@ with a busy core), so compare ratios taken in one run, and rerun with --threads 
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import replace
 
 import torch
 
+from harness import load_average, medians, rounds_of, seconds
 from resstream.simulation import (
     DEFAULT_CHUNK_SIZE,
     SimulationConfig,
     simulate,
     simulate_reference,
 )
-
-
-def seconds(run: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
-
-
-def interleaved_medians(variants: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
-    """Median time of each variant over `rounds` rounds, rotating the order every round."""
-    names = list(variants)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            times[name].append(variants[name]())
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def scaled_loop_seconds(config: SimulationConfig, at_most: int, budget: float) -> float:
@@ -98,7 +80,7 @@ def compare_dimensions(args: argparse.Namespace) -> None:
             layers=args.layers, tokens=args.tokens, dim=dim, simulations=args.simulations
         )
         simulate(replace(config, simulations=2 * DEFAULT_CHUNK_SIZE))  # warm-up
-        t = interleaved_medians(dimension_variants(config, args), args.rounds)
+        t = medians(rounds_of(dimension_variants(config, args), args.rounds))
         extra = f" {t['embeddings']:>11.3f}" if args.with_embeddings else ""
         print(
             f"{dim:>6} {t['chunked']:>9.3f} {t['plain']:>9.3f} {t['loop']:>9.1f}{extra}"
@@ -113,14 +95,14 @@ def compare_chunk_sizes(args: argparse.Namespace) -> None:
     sizes = [512, 1024, 2048, 4096, 8192, 16384, args.simulations]
     simulate(replace(config, simulations=8192))  # warm-up
     variants = {
-        size: (lambda size=size: seconds(lambda: simulate(replace(config, chunk_size=size))))
+        str(size): (lambda size=size: seconds(lambda: simulate(replace(config, chunk_size=size))))
         for size in sizes
     }
-    t = interleaved_medians(variants, args.rounds)
+    t = medians(rounds_of(variants, args.rounds))
     print(f"d = {config.dim}, median of {args.rounds} rounds (seconds)")
     for size in sizes:
         marker = "  <- default" if size == DEFAULT_CHUNK_SIZE else ""
-        print(f"chunk {size:>7}: {t[size]:.3f}{marker}")
+        print(f"chunk {size:>7}: {t[str(size)]:.3f}{marker}")
 
 
 def main() -> None:
@@ -137,14 +119,12 @@ def main() -> None:
     parser.add_argument("--chunks", action="store_true", help="sweep chunk sizes at d = 64")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}"
-    )
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load_average():.2f}")
     if args.chunks:
         compare_chunk_sizes(args)
     else:
         compare_dimensions(args)
-    print(f"load average {os.getloadavg()[0]:.2f}")
+    print(f"load average {load_average():.2f}")
 
 
 if __name__ == "__main__":

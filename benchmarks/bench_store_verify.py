@@ -22,11 +22,12 @@ import multiprocessing
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
+from harness import seconds, timed
 from resstream.data.shards import (
     FORMAT,
     FORMAT_VERSION,
@@ -65,17 +66,10 @@ def synthetic_store(directory: Path, megabytes: int, count: int) -> int:
     return per_shard * 2 * count
 
 
-def seconds(action: Callable[..., object], *args: object, **kwargs: object) -> float:
-    """Wall seconds of `action(*args, **kwargs)`."""
-    started = time.perf_counter()
-    action(*args, **kwargs)
-    return time.perf_counter() - started
-
-
 def sha256_rate(megabytes: int = 256) -> float:
     """sha256 of bytes in memory, bytes/s (the best of 3)."""
     data = np.random.default_rng(1).integers(0, 256, megabytes * 2**20, dtype=np.uint8).tobytes()
-    return len(data) / min(seconds(hashlib.sha256, data) for _ in range(3))
+    return len(data) / min(seconds(partial(hashlib.sha256, data)) for _ in range(3))
 
 
 def _open_as_rank(store: Path, cache: Path, rank: int, ranks: int) -> int:
@@ -98,9 +92,10 @@ def open_by_ranks(store: Path, cache: Path, ranks: int) -> tuple[float, int]:
     context = multiprocessing.get_context("fork")
     with context.Pool(ranks) as pool:
         pool.map(abs, range(ranks))  # the processes started before the clock does
-        started = time.perf_counter()
-        hashed = pool.starmap(_open_as_rank, [(store, cache, rank, ranks) for rank in range(ranks)])
-        return time.perf_counter() - started, sum(hashed)
+        wall, hashed = timed(
+            partial(pool.starmap, _open_as_rank, [(store, cache, rank, ranks) for rank in range(ranks)])
+        )
+        return wall, sum(hashed)
 
 
 def bench(store: Path, size: int, rounds: int, ranks: int, work: Path) -> None:
@@ -108,9 +103,9 @@ def bench(store: Path, size: int, rounds: int, ranks: int, work: Path) -> None:
     hashed_by_ranks = []
     for r in range(rounds):
         cache = work / f"cache-{r}"
-        times["first"].append(seconds(ShardedTokens.open, store, cache_dir=cache))
-        times["cached"].append(seconds(ShardedTokens.open, store, cache_dir=cache))
-        times["sizes only"].append(seconds(ShardedTokens.open, store, verify=False))
+        times["first"].append(seconds(partial(ShardedTokens.open, store, cache_dir=cache)))
+        times["cached"].append(seconds(partial(ShardedTokens.open, store, cache_dir=cache)))
+        times["sizes only"].append(seconds(partial(ShardedTokens.open, store, verify=False)))
         wall, hashed = open_by_ranks(store, work / f"ranks-{r}", ranks)
         times["ranks"].append(wall)
         hashed_by_ranks.append(hashed)

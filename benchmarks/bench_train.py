@@ -22,13 +22,14 @@ import argparse
 import math
 import statistics
 import tempfile
-import time
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from harness import interleaved
 from resstream.training.config import build_config
 from resstream.training.loop import Trainer, peak_flops
 
@@ -122,31 +123,26 @@ def make_trainer(workdir: Path, corpus: Path, overrides: dict) -> Trainer:
     return Trainer(build_config(values), workdir / f"run-{len(list(workdir.iterdir()))}", progress=False)
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def run_steps(runner: PlainRunner | ResstreamRunner, first: int, count: int) -> None:
+    """Steps `first` .. `first + count - 1` of one runner."""
+    for step in range(first, first + count):
+        runner.step(step)
 
 
 def measure(runners: dict, *, warmup: int, steps: int, rounds: int, device: torch.device) -> dict[str, float]:
-    """Median over rounds of the mean step time (s) of each runner, interleaved."""
-    for runner in runners.values():
-        for s in range(warmup):
-            runner.step(s)
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    next_step = warmup
-    names = list(runners)
-    for index in range(rounds):
-        order = names[index % len(names) :] + names[: index % len(names)]  # rotate who goes first
-        for name in order:
-            runner = runners[name]
-            sync(device)
-            start = time.perf_counter()
-            for s in range(steps):
-                runner.step(next_step + s)
-            sync(device)
-            times[name].append((time.perf_counter() - start) / steps)
-        next_step += steps
-    return {name: statistics.median(values) for name, values in times.items()}
+    """Median over rounds of the mean step time (s) of each runner, interleaved: `warmup`
+    untimed steps each, then `steps` steps per runner and round, every runner on the same
+    step numbers."""
+    next_step = dict.fromkeys(runners, warmup)
+
+    def timed_steps(name: str) -> None:
+        run_steps(runners[name], next_step[name], steps)
+        next_step[name] += steps
+
+    variants = {name: partial(timed_steps, name) for name in runners}
+    warm_ups = {name: partial(run_steps, runner, 0, warmup) for name, runner in runners.items()}
+    times, _ = interleaved(variants, rounds, device, warm_ups=warm_ups)
+    return {name: statistics.median(values) / steps for name, values in times.items()}
 
 
 def write_corpus(path: Path) -> Path:

@@ -23,24 +23,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
+from harness import interleaved, random_gpt2, rounds_of, seconds
+
 HERE = Path(__file__).resolve().parent
-
-
-def gpt2_small(device: str):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config()).eval().to(device)
 
 
 def random_tokens(batch: int, seq_len: int, vocab: int) -> torch.Tensor:
@@ -49,15 +44,11 @@ def random_tokens(batch: int, seq_len: int, vocab: int) -> torch.Tensor:
 
 def time_forward(model, tokens: torch.Tensor) -> float:
     with torch.inference_mode():
-        start = time.perf_counter()
-        model(input_ids=tokens)
-        return time.perf_counter() - start
+        return seconds(lambda: model(input_ids=tokens), tokens.device)
 
 
 def time_lens_step(trainer, tokens: torch.Tensor) -> float:
-    start = time.perf_counter()
-    trainer.step(list(tokens))
-    return time.perf_counter() - start
+    return seconds(lambda: trainer.step(list(tokens)), tokens.device)
 
 
 def time_floor(view, tokens: torch.Tensor) -> float:
@@ -67,17 +58,19 @@ def time_floor(view, tokens: torch.Tensor) -> float:
     n, (vocab, d) = tokens.numel(), view.W_U.shape
     W_U = view.W_U.detach().float()
     x, g = torch.randn(n, d), torch.randn(n, vocab)
-    start = time.perf_counter()
-    for _ in range(view.n_layers):
+
+    def products() -> None:
+        for _ in range(view.n_layers):
+            x @ W_U.T
+            g @ W_U
         x @ W_U.T
-        g @ W_U
-    x @ W_U.T
-    return time.perf_counter() - start
+
+    return seconds(products)
 
 
-def time_package(python: str, batch: int, seq_len: int, autocast: bool) -> float | None:
+def time_package(python: str, batch: int, seq_len: int, autocast: bool) -> float:
     """Seconds per optimiser step of the tuned-lens package (one timed step after a warm-up
-    step, in a fresh process; `autocast` False: its bf16 autocast off); None if it failed."""
+    step, in a fresh process; `autocast` False: its bf16 autocast off); nan if it failed."""
     with tempfile.TemporaryDirectory() as tmp:
         summary = Path(tmp) / "summary.json"
         command = [python, str(HERE / "tuned_lens_package.py"), "--batch", str(batch), "--seq", str(seq_len)]
@@ -88,16 +81,14 @@ def time_package(python: str, batch: int, seq_len: int, autocast: bool) -> float
         )
         if done.returncode != 0 or not summary.is_file():
             print(f"tuned-lens package run failed ({done.returncode}): {done.stderr.strip()[-400:]}")
-            return None
+            return math.nan
         return float(json.loads(summary.read_text())["train_seconds_per_step"])
 
 
-def time_shift(model, tokenizer, rows: Path, decoder) -> float:
+def run_shift(model, tokenizer, rows: Path, decoder) -> object:
     import resstream
 
-    start = time.perf_counter()
-    resstream.shift(model, tokenizer=tokenizer, dataset=str(rows), decoder=decoder, progress=False)
-    return time.perf_counter() - start
+    return resstream.shift(model, tokenizer=tokenizer, dataset=str(rows), decoder=decoder, progress=False)
 
 
 def tokenizer_for(vocab: int):
@@ -126,7 +117,7 @@ def main() -> None:
     from resstream.api.tune_lens import LensTrainer
     from resstream.models.adapters import view_of
 
-    model = gpt2_small(args.device)
+    model = random_gpt2(args.device)
     view = view_of(model)
     tokens = random_tokens(args.batch, args.seq_len, view.W_U.shape[0]).to(args.device)
     n_tokens = tokens.numel()
@@ -134,36 +125,33 @@ def main() -> None:
     trainer = LensTrainer(view, lens, LensOptimiser(steps=1000), batch_size=args.batch)
     time_forward(model, tokens)  # warm-up
     time_lens_step(trainer, tokens)
-    forward, ours, floor = [], [], []
-    package: dict[str, list[float]] = {"fp32": [], "bf16 autocast (as shipped)": []}
-    for round_ in range(args.rounds):
-        forward.append(time_forward(model, tokens))
-        ours.append(time_lens_step(trainer, tokens))
-        floor.append(time_floor(view, tokens))
-        line = f"round {round_ + 1}: forward {forward[-1]:.2f} s, resstream step {ours[-1]:.2f} s"
-        line += f", 2L+1 unembedding products {floor[-1]:.2f} s"
-        if args.tuned_lens_python:
-            for mode, times in package.items():
-                seconds = time_package(args.tuned_lens_python, args.batch, args.seq_len, mode != "fp32")
-                if seconds is not None:
-                    times.append(seconds)
-                    line += f", package {mode} {seconds:.2f} s"
-        print(line, flush=True)
-    f, o = statistics.median(forward), statistics.median(ours)
+    measures = {
+        "forward": lambda: time_forward(model, tokens),
+        "resstream step": lambda: time_lens_step(trainer, tokens),
+        "2L+1 unembedding products": lambda: time_floor(view, tokens),
+    }
+    modes = ("fp32", "bf16 autocast (as shipped)") if args.tuned_lens_python else ()
+    for mode in modes:
+        measures[f"package {mode}"] = lambda mode=mode: time_package(
+            args.tuned_lens_python, args.batch, args.seq_len, mode != "fp32"
+        )
+    times = rounds_of(measures, args.rounds, report=".2f")
+    f, o = statistics.median(times["forward"]), statistics.median(times["resstream step"])
     print(
         f"\n{n_tokens:,} tokens per step (batch {args.batch} × {args.seq_len}), "
         f"medians of {args.rounds} rounds"
     )
     print(f"plain forward                 {n_tokens / f:>8,.0f} tokens/s")
     print(f"resstream tune-lens           {n_tokens / o:>8,.0f} tokens/s  ({o / f:.2f}× a forward)")
-    u = statistics.median(floor)
+    u = statistics.median(times["2L+1 unembedding products"])
     print(
         f"2L+1 unembedding products     {n_tokens / u:>8,.0f} tokens/s  "
         f"(resstream step = {o / u:.2f}× this floor)"
     )
-    for mode, times in package.items():
-        if times:
-            p = statistics.median(times)
+    for mode in modes:
+        package = [t for t in times[f"package {mode}"] if not math.isnan(t)]
+        if package:
+            p = statistics.median(package)
             print(
                 f"tuned-lens package, {mode:<10} {n_tokens / p:>8,.0f} tokens/s  ({p / f:.2f}× a forward; "
                 f"resstream {p / o:.2f}× its tokens/s)"
@@ -181,12 +169,12 @@ def shift_ratio(model, view, lens, args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "rows.jsonl"
         path.write_text("".join(json.dumps({"input_ids": row.tolist()}) + "\n" for row in rows))
-        logit, tuned = [], []
-        time_shift(model, tokenizer, path, "logit-lens")
-        for _ in range(args.rounds):
-            logit.append(time_shift(model, tokenizer, path, "logit-lens"))
-            tuned.append(time_shift(model, tokenizer, path, lens))
-    a, b = statistics.median(logit), statistics.median(tuned)
+        variants = {
+            "logit lens": lambda: run_shift(model, tokenizer, path, "logit-lens"),
+            "tuned lens": lambda: run_shift(model, tokenizer, path, lens),
+        }
+        times, _ = interleaved(variants, args.rounds, args.device)
+    a, b = statistics.median(times["logit lens"]), statistics.median(times["tuned lens"])
     print(f"\nshift over {rows.numel():,} tokens: logit lens {a:.2f} s, tuned lens {b:.2f} s ({b / a:.2f}×)")
 
 

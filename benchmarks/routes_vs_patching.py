@@ -32,7 +32,6 @@ the `prompts` column counts those kept), and the pooled ρ over every (prompt, h
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -43,6 +42,7 @@ from typing import Any
 import torch
 
 import resstream
+from harness import write_record
 from resstream.analysis.interventions.atp import spearman
 from resstream.analysis.interventions.faithfulness import top_k_overlap
 from resstream.analysis.routes import DEFAULT_THRESHOLD
@@ -247,7 +247,6 @@ def main(argv: list[str] | None = None) -> None:
     took = time.perf_counter() - start
     print(f"\n{len(prompts)} prompts in {took:.0f} s")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         record: dict[str, Any] = {
             "model": loaded.name,
             "num_prompts": len(prompts),
@@ -259,8 +258,7 @@ def main(argv: list[str] | None = None) -> None:
             "agreement": [asdict(row) for row in rows],
             "seconds": took,
         }
-        args.json.write_text(json.dumps(jsonable(record), indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_record(args.json, jsonable(record))
 
 
 if __name__ == "__main__":
