@@ -4,6 +4,7 @@ completion (`--install-completion [SHELL]`, `--show-completion [SHELL]`), in-pro
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -91,7 +92,11 @@ def test_json_is_listed_after_quiet(capsys, monkeypatch) -> None:
     monkeypatch.setenv("COLUMNS", "200")
     assert main(["shift", "--help"]) == 0
     text = capsys.readouterr().out
-    assert text.index("--out") < text.index("--quiet") < text.index("--json") < text.index("--model")
+    flags = ("--out", "--quiet", "--json", "--model")
+    row = {flag: re.search(rf"^\W*{flag}\b", text, re.MULTILINE) for flag in flags}
+    assert all(row.values()), row  # each option's own row (--out's help names --json)
+    starts = [found.start() for found in row.values() if found]
+    assert starts == sorted(starts), row
 
 
 def test_the_result_file_is_the_one_the_run_record_lists(tmp_path) -> None:
@@ -123,6 +128,36 @@ def test_json_beside_an_option_that_writes_no_result_is_refused_before_anything_
         "resstream: error: --json prints a run's result JSON, and --export writes none; leave one out"
     )
     assert not export.exists() and not (tmp_path / "lens").exists()
+
+
+SIMULATE = ["simulate", "--quiet", "--sims", "200", "--tokens", "4", "--layers", "2"]
+
+
+def test_json_without_out_prints_the_result_and_leaves_no_folder(tmp_path, capsys, monkeypatch) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the run's temporary folder goes
+    assert main([*SIMULATE, "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["label"]  # the result JSON alone
+    wrote = "wrote simulate.json, simulate.npz, simulate.png and run.json to a temporary folder"
+    assert wrote in captured.err
+    assert str(tmp_path) not in captured.err and not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("command", ["simulate", "shift", "verify"])
+def test_without_json_out_is_required_as_before(command, capsys) -> None:
+    assert main([command]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == "resstream: error: Missing option '--out'.\n" and captured.out == ""
+
+
+@pytest.mark.parametrize("command", JSON_COMMANDS)
+def test_the_help_of_out_says_json_does_without_it(command, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "400")
+    assert main([command, "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "Required, except with --json: then the run writes into a temporary folder" in text
 
 
 # Shell completion

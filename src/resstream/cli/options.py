@@ -119,15 +119,29 @@ JsonOption = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
 NO_RESULT_OPTIONS = {"export": "--export"}
 
 
+#: What --out's help adds in a command that takes --json.
+OUT_WITH_JSON_HELP = (
+    "Required, except with --json: then the run writes into a temporary folder, removed once "
+    "the result JSON is printed."
+)
+#: How the messages of a run with --json and no --out name its temporary folder.
+TEMPORARY_OUT = "a temporary folder (removed once the result JSON is printed)"
+
+
 def with_json_option(callback: F) -> F:
     """`callback`, a command that writes its outputs to --out, with --json (listed after --quiet,
     else after --out). With it, whatever the command prints goes to standard error and, once the
     run has finished, its result JSON (`rundir.result_file`) goes to standard output exactly as
-    written, for piping: ``resstream shift ... --json | jq .``. A failed run prints no JSON."""
+    written, for piping: ``resstream shift ... --json | jq .``. A failed run prints no JSON.
+    --out becomes optional with --json: without it the run writes into a temporary folder,
+    removed once the JSON is printed; without --json it is required as before."""
     hints = typing.get_type_hints(callback, include_extras=True)
     params = [
-        param.replace(annotation=hints[param.name], kind=_KEYWORD_ONLY)
-        for param in inspect.signature(callback).parameters.values()
+        _optional_out(param) if param.name == "out" else param
+        for param in (
+            param.replace(annotation=hints[param.name], kind=_KEYWORD_ONLY)
+            for param in inspect.signature(callback).parameters.values()
+        )
     ]
     names = [param.name for param in params]
     where = names.index("quiet" if "quiet" in names else "out") + 1
@@ -136,14 +150,54 @@ def with_json_option(callback: F) -> F:
     @functools.wraps(callback)
     def printing_result(**values: Any) -> None:
         if not values.pop("json"):
+            if values["out"] is None:  # as Typer says it of a required option
+                from resstream.errors import UsageError
+
+                raise UsageError("Missing option '--out'.")
             callback(**values)
             return
         _refuse_runs_without_result(values)
-        with contextlib.redirect_stdout(sys.stderr):
-            callback(**values)
-        print_result(values["out"])
+        with _json_out(values["out"]) as (out, messages):
+            with contextlib.redirect_stdout(messages):
+                callback(**{**values, "out": out})
+            print_result(out)
 
     return typing.cast(F, _with_signature(printing_result, params))
+
+
+def _optional_out(param: inspect.Parameter) -> inspect.Parameter:
+    """--out of a command with --json: optional, its help saying so."""
+    extras = param.annotation.__metadata__
+    info = next(extra for extra in extras if isinstance(extra, typer.models.OptionInfo))
+    option = typer.Option("--out", help=f"{info.help} {OUT_WITH_JSON_HELP}")
+    return param.replace(annotation=Annotated[Path | None, option], default=None)
+
+
+@contextlib.contextmanager
+def _json_out(out: Path | None) -> Iterator[tuple[Path, typing.TextIO]]:
+    """(the folder a run with --json writes into, where its messages go): `out` and standard
+    error; without `out`, a temporary folder, removed after the block, and standard error with
+    that folder's path written as `TEMPORARY_OUT`."""
+    if out is not None:
+        yield out, sys.stderr
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="resstream-json-") as folder:
+        yield Path(folder), typing.cast(typing.TextIO, _Renaming(sys.stderr, folder, TEMPORARY_OUT))
+
+
+class _Renaming:
+    """A text stream that writes to `stream` with every `old` written as `new`."""
+
+    def __init__(self, stream: typing.TextIO, old: str, new: str) -> None:
+        self.stream, self.old, self.new = stream, old, new
+
+    def write(self, text: str) -> int:
+        return self.stream.write(text.replace(self.old, self.new))
+
+    def __getattr__(self, name: str) -> Any:  # flush, isatty, encoding, ...
+        return getattr(self.stream, name)
 
 
 def _refuse_runs_without_result(values: dict[str, Any]) -> None:
