@@ -2,9 +2,13 @@
 
 Pages from outside docs/: README.md is the home page (index.md), CONTRIBUTING.md the page
 contributing.md and every examples/*.ipynb a page at the same path (rendered by mkdocs-jupyter).
-They are read where they live, never copied. Links are written for the repository, so each link
-whose file the site publishes elsewhere is rewritten to the site's path (the README's
-`docs/metrics.md` becomes `metrics.md`, a page's `../examples/shift.ipynb` the notebook's page).
+They are read where they live, never copied; a notebook's page renders the executed copy in
+the folder `RESSTREAM_EXECUTED_NOTEBOOKS` names, when it does (tests/test_examples.py writes
+them there as it runs the notebooks; CI builds the site from them, so each notebook runs once),
+and a copy whose code differs from the notebook's is an error. Links are written for the
+repository, so each link whose file the site publishes elsewhere is rewritten to the site's
+path (the README's `docs/metrics.md` becomes `metrics.md`, a page's `../examples/shift.ipynb`
+the notebook's page).
 A link to a file the site does not publish is left as written: mkdocs reports it, and
 `--strict` fails.
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import html
 import logging
+import os
 import posixpath
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -45,6 +50,8 @@ REPOSITORY_PAGES = {"README.md": "index.md", "CONTRIBUTING.md": "contributing.md
 NOTEBOOKS = "examples/*.ipynb"
 #: Folders of the repository that a link may name, and the page that presents them on the site.
 REPOSITORY_FOLDERS = {"examples": "notebooks.md"}
+#: The environment variable naming a folder of executed copies of the notebooks (NAME.ipynb).
+EXECUTED_NOTEBOOKS = "RESSTREAM_EXECUTED_NOTEBOOKS"
 #: The line of a page that the CLI reference replaces.
 CLI_MARKER = "<!-- cli-reference -->"
 #: The package whose public names must be documented.
@@ -63,6 +70,29 @@ def outside_pages(repository: Path) -> dict[str, str]:
         path = notebook.relative_to(repository).as_posix()
         pages[path] = path
     return pages
+
+
+def _code(path: Path) -> list[str]:
+    """The sources of a notebook's code cells, in order."""
+    import json
+
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return ["".join(cell["source"]) for cell in cells if cell["cell_type"] == "code"]
+
+
+def notebook_source(repository: Path, repository_path: str, executed: str | None) -> Path:
+    """The file a notebook's page is rendered from: its executed copy in the folder `executed`
+    (`EXECUTED_NOTEBOOKS`) when one is named, else the notebook itself. ValueError for a copy
+    that is missing or whose code is not the notebook's (it would show outputs of other code)."""
+    notebook = repository / repository_path
+    if not executed:
+        return notebook
+    copy = Path(executed) / notebook.name
+    if not copy.is_file():
+        raise ValueError(f"{EXECUTED_NOTEBOOKS}={executed!r} holds no executed copy of {repository_path}")
+    if _code(copy) != _code(notebook):
+        raise ValueError(f"the executed copy {copy} of {repository_path} runs other code: run it again")
+    return copy
 
 
 def site_path(repository_path: str, outside: Mapping[str, str]) -> str | None:
@@ -435,6 +465,8 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
     for repository_path, uri in outside_pages(REPOSITORY).items():
         if uri == repository_path:  # a notebook: a plain file (mkdocs-jupyter reads its real path)
             page = File(uri, str(REPOSITORY), config.site_dir, config.use_directory_urls)
+            source = notebook_source(REPOSITORY, repository_path, os.environ.get(EXECUTED_NOTEBOOKS))
+            page.abs_src_path = str(source)
         else:
             page = File.generated(config, uri, abs_src_path=str(REPOSITORY / repository_path))
         files.append(page)

@@ -7,12 +7,14 @@ Skipped where the `docs` extra (mkdocs, mkdocstrings, griffe) is not installed."
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -226,20 +228,48 @@ def test_the_cli_reference_has_every_command_and_option_with_its_default():
     assert "\\[" not in page  # Rich's escaped bracket is shown as a bracket
 
 
+def _notebook(path: Path, code: str, output: str | None = None) -> None:
+    cell = {"cell_type": "code", "source": [code], "metadata": {}, "outputs": [], "execution_count": None}
+    if output is not None:
+        cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": [output]}]
+    path.write_text(json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+
+
+def test_a_notebook_page_renders_its_executed_copy_when_a_folder_of_them_is_named(tmp_path):
+    repository, executed = tmp_path / "repo", tmp_path / "executed"
+    (repository / "examples").mkdir(parents=True)
+    executed.mkdir()
+    notebook = repository / "examples" / "one.ipynb"
+    _notebook(notebook, "print(1)")
+    assert hooks.notebook_source(repository, "examples/one.ipynb", None) == notebook
+    with pytest.raises(ValueError, match=r"holds no executed copy of examples/one\.ipynb"):
+        hooks.notebook_source(repository, "examples/one.ipynb", str(executed))
+    _notebook(executed / "one.ipynb", "print(2)", output="2")
+    with pytest.raises(ValueError, match="runs other code: run it again"):
+        hooks.notebook_source(repository, "examples/one.ipynb", str(executed))
+    _notebook(executed / "one.ipynb", "print(1)", output="1")
+    assert hooks.notebook_source(repository, "examples/one.ipynb", str(executed)) == executed / "one.ipynb"
+
+
 # --------------------------------------------------------------------------------------------
 # The real build (slow)
 
 
+def _without(environ: Mapping[str, str], name: str) -> dict[str, str]:
+    return {key: value for key, value in environ.items() if key != name}
+
+
 def _build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
-    """`mkdocs build --strict`, the notebooks rendered without running them (tests/test_examples.py
-    runs them; CI's own build of the site runs them again for the pages' outputs)."""
+    """`mkdocs build --strict`, the notebooks rendered from the repository without running them
+    (tests/test_examples.py runs them, and CI's own build of the site renders those executed
+    copies)."""
     return subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
         capture_output=True,
         text=True,
         timeout=600,
         cwd=config.parent,
-        env={**os.environ, "RESSTREAM_DOCS_EXECUTE": "false"},
+        env={**_without(os.environ, hooks.EXECUTED_NOTEBOOKS), "RESSTREAM_DOCS_EXECUTE": "false"},
     )
 
 

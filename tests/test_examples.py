@@ -6,11 +6,14 @@ A cell tagged "result" (cell metadata ``tags: ["result"]``) ends with a result o
 display is the fragment `resstream.reporting.notebook.result_html` makes, whose outer element
 has the class ``resstream-result``. A notebook may write only into a temporary directory of its
 own: its working directory and resstream's cache (RESSTREAM_CACHE) must stay empty. Each
-notebook's execution time is printed (`pytest -s`) for docs/timings.md.
+notebook's execution time is printed (`pytest -s`) for docs/timings.md. Where
+RESSTREAM_EXECUTED_NOTEBOOKS names a folder, each executed notebook is written there, for the
+documentation site to render without running the notebooks again (docs/hooks.py, .ci/run).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -131,3 +134,7 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
         assert "<img" in "".join(shown) or "<table" in "".join(shown)
     assert not list(where.iterdir()), "the notebook wrote into its working directory"
     assert not list(cache.iterdir()), "the notebook wrote into resstream's cache (use a temporary directory)"
+    keep = os.environ.get("RESSTREAM_EXECUTED_NOTEBOOKS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        nbformat.write(notebook, Path(keep) / path.name)

@@ -82,7 +82,8 @@ class Hub:
 
         self.server = HTTPServer(("127.0.0.1", 0), Handler)
         self.address = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # a short poll: shutdown() waits up to one poll interval (0.5 s by default) per server
+        threading.Thread(target=self.server.serve_forever, args=(0.01,), daemon=True).start()
 
     def close(self) -> None:
         self.server.shutdown()

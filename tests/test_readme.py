@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -98,9 +99,12 @@ def test_the_readme_runs_top_to_bottom(tmp_path, monkeypatch, capsys):
         if command.skip is not None or (command.needs_data and not has_data):
             continue
         interrupts.reset()
+        begun = time.perf_counter()
         code = main([*command.quick_args(), "--quiet"])
         err = capsys.readouterr().err
         assert code == 0, f"`{command.line}` exited {code}:\n{err}"
+        with capsys.disabled():  # each command's time in the log, for docs/timings.md
+            print(f"{time.perf_counter() - begun:6.1f} s  resstream {' '.join(command.quick_args())}")
         assert (tmp_path / (command.out or "")).is_dir(), command.line
         ran.append(command.line)
     assert len(ran) >= 15, ran
