@@ -50,7 +50,8 @@ REPOSITORY_PAGES = {"README.md": "index.md", "CONTRIBUTING.md": "contributing.md
 NOTEBOOKS = "examples/*.ipynb"
 #: Folders of the repository that a link may name, and the page that presents them on the site.
 REPOSITORY_FOLDERS = {"examples": "notebooks.md"}
-#: The environment variable naming a folder of executed copies of the notebooks (NAME.ipynb).
+#: The environment variable naming a folder of executed copies of the notebooks, each at its
+#: repository path (examples/NAME.ipynb).
 EXECUTED_NOTEBOOKS = "RESSTREAM_EXECUTED_NOTEBOOKS"
 #: The line of a page that the CLI reference replaces.
 CLI_MARKER = "<!-- cli-reference -->"
@@ -80,19 +81,20 @@ def _code(path: Path) -> list[str]:
     return ["".join(cell["source"]) for cell in cells if cell["cell_type"] == "code"]
 
 
-def notebook_source(repository: Path, repository_path: str, executed: str | None) -> Path:
-    """The file a notebook's page is rendered from: its executed copy in the folder `executed`
-    (`EXECUTED_NOTEBOOKS`) when one is named, else the notebook itself. ValueError for a copy
-    that is missing or whose code is not the notebook's (it would show outputs of other code)."""
-    notebook = repository / repository_path
+def notebook_root(repository: Path, repository_path: str, executed: str | None) -> Path:
+    """The folder a notebook's page is read from, the notebook at `repository_path` below it:
+    the folder `executed` of executed copies (`EXECUTED_NOTEBOOKS`) when one is named, else the
+    repository. (mkdocs-jupyter reads the file at src_dir / path, and renders it only where the
+    path matches its `include`.) ValueError for a copy that is missing or whose code is not the
+    notebook's (it would show the outputs of other code)."""
     if not executed:
-        return notebook
-    copy = Path(executed) / notebook.name
+        return repository
+    copy = Path(executed) / repository_path
     if not copy.is_file():
         raise ValueError(f"{EXECUTED_NOTEBOOKS}={executed!r} holds no executed copy of {repository_path}")
-    if _code(copy) != _code(notebook):
+    if _code(copy) != _code(repository / repository_path):
         raise ValueError(f"the executed copy {copy} of {repository_path} runs other code: run it again")
-    return copy
+    return Path(executed)
 
 
 def site_path(repository_path: str, outside: Mapping[str, str]) -> str | None:
@@ -464,9 +466,8 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
     """Add the pages that live outside docs/ (README, CONTRIBUTING, the notebooks)."""
     for repository_path, uri in outside_pages(REPOSITORY).items():
         if uri == repository_path:  # a notebook: a plain file (mkdocs-jupyter reads its real path)
-            page = File(uri, str(REPOSITORY), config.site_dir, config.use_directory_urls)
-            source = notebook_source(REPOSITORY, repository_path, os.environ.get(EXECUTED_NOTEBOOKS))
-            page.abs_src_path = str(source)
+            root = notebook_root(REPOSITORY, repository_path, os.environ.get(EXECUTED_NOTEBOOKS))
+            page = File(uri, str(root), config.site_dir, config.use_directory_urls)
         else:
             page = File.generated(config, uri, abs_src_path=str(REPOSITORY / repository_path))
         files.append(page)

@@ -238,17 +238,16 @@ def _notebook(path: Path, code: str, output: str | None = None) -> None:
 def test_a_notebook_page_renders_its_executed_copy_when_a_folder_of_them_is_named(tmp_path):
     repository, executed = tmp_path / "repo", tmp_path / "executed"
     (repository / "examples").mkdir(parents=True)
-    executed.mkdir()
-    notebook = repository / "examples" / "one.ipynb"
-    _notebook(notebook, "print(1)")
-    assert hooks.notebook_source(repository, "examples/one.ipynb", None) == notebook
+    (executed / "examples").mkdir(parents=True)
+    _notebook(repository / "examples" / "one.ipynb", "print(1)")
+    assert hooks.notebook_root(repository, "examples/one.ipynb", None) == repository
     with pytest.raises(ValueError, match=r"holds no executed copy of examples/one\.ipynb"):
-        hooks.notebook_source(repository, "examples/one.ipynb", str(executed))
-    _notebook(executed / "one.ipynb", "print(2)", output="2")
+        hooks.notebook_root(repository, "examples/one.ipynb", str(executed))
+    _notebook(executed / "examples" / "one.ipynb", "print(2)", output="2")
     with pytest.raises(ValueError, match="runs other code: run it again"):
-        hooks.notebook_source(repository, "examples/one.ipynb", str(executed))
-    _notebook(executed / "one.ipynb", "print(1)", output="1")
-    assert hooks.notebook_source(repository, "examples/one.ipynb", str(executed)) == executed / "one.ipynb"
+        hooks.notebook_root(repository, "examples/one.ipynb", str(executed))
+    _notebook(executed / "examples" / "one.ipynb", "print(1)", output="1")
+    assert hooks.notebook_root(repository, "examples/one.ipynb", str(executed)) == executed
 
 
 # --------------------------------------------------------------------------------------------

@@ -136,5 +136,6 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert not list(cache.iterdir()), "the notebook wrote into resstream's cache (use a temporary directory)"
     keep = os.environ.get("RESSTREAM_EXECUTED_NOTEBOOKS")
     if keep:
-        Path(keep).mkdir(parents=True, exist_ok=True)
-        nbformat.write(notebook, Path(keep) / path.name)
+        copy = Path(keep) / path.relative_to(ROOT)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(notebook, copy)
