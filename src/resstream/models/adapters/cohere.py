@@ -18,31 +18,28 @@ from __future__ import annotations
 from dataclasses import replace
 
 from resstream.models.adapters.base import DynamicModule, InlineScale, ModelView
-from resstream.models.adapters.layout import SHARED_NORM_PARALLEL_NOTE, BlockLayout, hf_model_view
+from resstream.models.adapters.layout import BlockLayout, hf_model_view
 from resstream.models.adapters.llama import BLOCK as LLAMA_BLOCK
-from resstream.models.adapters.llama import qk_norm_note
+from resstream.models.adapters.llama import shared_norm_notes, with_qk_norm
 from resstream.models.adapters.registry import register
 
 
 def cohere_layout(use_qk_norm: bool) -> BlockLayout:
     """Llama's attention and MLP in a parallel block read through one `input_layernorm`; with
     `use_qk_norm`, attention's per-head `q_norm` / `k_norm`."""
-    attention = LLAMA_BLOCK.attention
-    if use_qk_norm:
-        attention = replace(attention, q_norm="q_norm", k_norm="k_norm", qk_norm_span="head")
-    return BlockLayout(attention=attention, mlp=replace(LLAMA_BLOCK.mlp, norm="input_layernorm"))
+    shared_norm = replace(LLAMA_BLOCK.mlp, norm="input_layernorm")
+    layout = BlockLayout(attention=LLAMA_BLOCK.attention, mlp=shared_norm)
+    return with_qk_norm(layout) if use_qk_norm else layout
 
 
 def _notes(logit_scale: float, use_qk_norm: bool) -> tuple[str, ...]:
     """The parallel block, the logit scale and the QK-norm."""
-    notes: tuple[str, ...] = (
-        SHARED_NORM_PARALLEL_NOTE,
+    scale = (
         f"final logits are multiplied by logit_scale = {logit_scale:g}: the view's final norm is "
-        "InlineScale(logit_scale, model.norm)",
+        "InlineScale(logit_scale, model.norm)"
     )
-    if use_qk_norm:
-        notes += (qk_norm_note("head", "layer-normalised (mean-centred, one gain row per key/value head)"),)
-    return notes
+    qk_norm = "layer-normalised (mean-centred, one gain row per key/value head)" if use_qk_norm else None
+    return shared_norm_notes(scale, qk_norm)
 
 
 @register("cohere")

@@ -25,49 +25,26 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from torch import Tensor, nn
+from torch import Tensor
 
-from resstream.models.adapters.base import AttentionWeights, DynamicModule, MLPWeights, ModelView
-from resstream.models.adapters.layout import BlockLayout, Sublayer, hf_model_view
+from resstream.models.adapters.base import DynamicModule, ModelView
+from resstream.models.adapters.layout import BlockLayout, hf_model_view
+from resstream.models.adapters.neox import BLOCK as NEOX_BLOCK
 from resstream.models.adapters.registry import register
-from resstream.models.adapters.weights import (
-    grouped_qkv_columns,
-    grouped_qkv_weights,
-    kv_heads_of,
-    linear_weight,
-    projection_mlp_weights,
-)
+from resstream.models.adapters.weights import FusedQKV, kv_heads_of, linear_weight
 
+#: The fused `query_key_value`, laid out per key/value group as [queries | key | value] of
+#: the attention's `head_dim` (key/value heads repeated for the query heads sharing them).
+QKV = FusedQKV("query_key_value", grouped=True, d_head="head_dim")
 
-def _attention_weights(attention: DynamicModule, n_heads: int) -> AttentionWeights:
-    """Q/K/V per query head from `query_key_value` (grouped layout; key/value heads repeated)."""
-    return grouped_qkv_weights(attention.query_key_value, n_heads, d_head=attention.head_dim)
-
-
-def _qkv_columns(attention: DynamicModule, n_heads: int, which: str, head: int) -> tuple[nn.Module, Tensor]:
-    """Query head h's query columns of `query_key_value`'s output, or those of the key/value
-    head its group reads."""
-    proj = attention.query_key_value
-    return proj, grouped_qkv_columns(
-        linear_weight(proj).shape[1], n_heads, which, head, d_head=attention.head_dim
-    )
-
-
-def _mlp_weights(mlp: DynamicModule) -> MLPWeights:
-    """Falcon's MLP: dense_4h_to_h(act(dense_h_to_4h(x)))."""
-    return projection_mlp_weights(mlp.dense_h_to_4h, mlp.dense_4h_to_h, mlp.act)
-
-
-#: The serial block: `input_layernorm` before attention, `post_attention_layernorm` before the MLP.
-BLOCK = BlockLayout(
-    attention=Sublayer(
-        "self_attention",
-        norm="input_layernorm",
-        out_proj="dense",
-        weights=_attention_weights,
-        columns=_qkv_columns,
+#: The serial block: GPT-NeoX's (`input_layernorm` before attention, `post_attention_layernorm`
+#: before the MLP, `dense`, dense_4h_to_h(act(dense_h_to_4h(x)))), attention `self_attention`
+#: with key/value groups.
+BLOCK = replace(
+    NEOX_BLOCK,
+    attention=replace(
+        NEOX_BLOCK.attention, module="self_attention", weights=QKV.weights, columns=QKV.columns
     ),
-    mlp=Sublayer("mlp", norm="post_attention_layernorm", out_proj="dense_4h_to_h", weights=_mlp_weights),
 )
 
 

@@ -8,28 +8,15 @@ Hugging Face's last `hidden_states` entry is after `ln_f`; h_L here is the last 
 
 from __future__ import annotations
 
-from torch import Tensor, nn
+from torch import Tensor
 
-from resstream.models.adapters.base import AttentionWeights, DynamicModule, MLPWeights, ModelView
+from resstream.models.adapters.base import DynamicModule, MLPWeights, ModelView
 from resstream.models.adapters.layout import BlockLayout, Sublayer, hf_model_view, positions
 from resstream.models.adapters.registry import register
-from resstream.models.adapters.weights import (
-    conv1d_W_O,
-    conv1d_weight,
-    fused_qkv_columns,
-    fused_qkv_weights,
-    projection_mlp_weights,
-)
+from resstream.models.adapters.weights import FusedQKV, conv1d_W_O, conv1d_weight, projection_mlp_weights
 
-
-def _attention_weights(attn: DynamicModule, n_heads: int) -> AttentionWeights:
-    """Q/K/V per head from `c_attn` (a Conv1D: weight (d_model, 3·d_model), columns q | k | v)."""
-    return fused_qkv_weights(attn.c_attn, n_heads, weight=conv1d_weight)
-
-
-def _qkv_columns(attn: DynamicModule, n_heads: int, which: str, head: int) -> tuple[nn.Module, Tensor]:
-    """Head h's query, key or value columns of `c_attn`'s output (q | k | v)."""
-    return attn.c_attn, fused_qkv_columns(conv1d_weight(attn.c_attn).shape[1], n_heads, which, head)
+#: `c_attn`, a Conv1D (weight (d_model, 3·d_model)) whose output is q | k | v.
+QKV = FusedQKV("c_attn", weight=conv1d_weight)
 
 
 def _mlp_weights(mlp: DynamicModule) -> MLPWeights:
@@ -38,9 +25,7 @@ def _mlp_weights(mlp: DynamicModule) -> MLPWeights:
 
 
 BLOCK = BlockLayout(
-    attention=Sublayer(
-        "attn", norm="ln_1", out_proj="c_proj", weights=_attention_weights, columns=_qkv_columns
-    ),
+    attention=Sublayer("attn", norm="ln_1", out_proj="c_proj", weights=QKV.weights, columns=QKV.columns),
     mlp=Sublayer("mlp", norm="ln_2", out_proj="c_proj", weights=_mlp_weights),
     read_W_O=conv1d_W_O,
 )

@@ -22,7 +22,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from resstream.models.adapters.base import AttentionWeights, DynamicModule, MLPWeights, ModelView
-from resstream.models.adapters.layout import BlockLayout, Sublayer, hf_model_view
+from resstream.models.adapters.layout import SHARED_NORM_PARALLEL_NOTE, BlockLayout, Sublayer, hf_model_view
 from resstream.models.adapters.registry import register
 from resstream.models.adapters.weights import (
     bias_of,
@@ -80,11 +80,13 @@ SANDWICH_BLOCK = BlockLayout(
 )
 
 
-def with_qk_norm(layout: BlockLayout, span: str = "head") -> BlockLayout:
-    """`layout` whose attention normalises queries and keys with its own `q_norm` / `k_norm`
-    (after q_proj / k_proj, before rotary) over one head (`span` "head") or over all heads'
-    concatenation ("all")."""
-    attention = replace(layout.attention, q_norm="q_norm", k_norm="k_norm", qk_norm_span=span)
+def with_qk_norm(
+    layout: BlockLayout, span: str = "head", *, q_norm: str = "q_norm", k_norm: str = "k_norm"
+) -> BlockLayout:
+    """`layout` whose attention normalises queries and keys with its own norms `q_norm` /
+    `k_norm` (after q_proj / k_proj, before rotary) over one head (`span` "head") or over all
+    heads' concatenation ("all")."""
+    attention = replace(layout.attention, q_norm=q_norm, k_norm=k_norm, qk_norm_span=span)
     return replace(layout, attention=attention)
 
 
@@ -95,6 +97,23 @@ def qk_norm_note(span: str, how: str = "RMS-normalised") -> str:
         f"queries and keys are {how} {over} before rotary (QK-norm); attention "
         "probabilities are read from the model, composition scores linearise the norm"
     )
+
+
+def shared_norm_notes(note: str, qk_norm: str | None = None) -> tuple[str, ...]:
+    """The notes of a parallel block whose attention and MLP read one shared norm (Phi,
+    Cohere): `SHARED_NORM_PARALLEL_NOTE`, the family's own `note`, then, with `qk_norm` (how
+    its per-head QK-norm normalises), the QK-norm's note."""
+    qk_notes = () if qk_norm is None else (qk_norm_note("head", qk_norm),)
+    return (SHARED_NORM_PARALLEL_NOTE, note, *qk_notes)
+
+
+def layout_notes(layout: BlockLayout, config: Any) -> tuple[str, ...]:
+    """The notes a model with a Llama-like `layout` gets from it and its `config`: the
+    QK-norm's (`qk_norm_note`) where the layout has one, the sliding windows'
+    (`sliding_window_notes`)."""
+    attention = layout.attention
+    qk_notes = () if attention.q_norm is None else (qk_norm_note(attention.qk_norm_span),)
+    return (*qk_notes, *sliding_window_notes(config))
 
 
 def llama_like_view(
@@ -111,14 +130,11 @@ def llama_like_view(
     Gemma, Qwen3 and OLMo-2 share it and pass what they do differently: their block `layout`
     (`SANDWICH_BLOCK`, `with_qk_norm`, ...), their scaled `embed` (default: the plain token
     embedding), their `notes`, and the rarer `ModelView` fields (soft-capping, embedding
-    scale) in `extra`. A layout with QK-norm adds its note (`qk_norm_note`), a config with
-    sliding-window layers its note (`sliding_window_notes`).
+    scale) in `extra`. The layout's and config's notes follow the family's (`layout_notes`:
+    QK-norm, sliding windows).
     """
     config = model.config
     trunk = model.model
-    if layout.attention.q_norm is not None:
-        notes = (*notes, qk_norm_note(layout.attention.qk_norm_span))
-    notes = (*notes, *sliding_window_notes(config))
     return hf_model_view(
         model,
         family=family,
@@ -129,7 +145,7 @@ def llama_like_view(
         final_norm=trunk.norm,
         n_heads=config.num_attention_heads,
         d_model=config.hidden_size,
-        notes=notes,
+        notes=(*notes, *layout_notes(layout, config)),
         **extra,
     )
 

@@ -38,7 +38,7 @@ from torch.nn import functional
 from resstream.errors import UsageError
 from resstream.models.adapters.base import BlockView, DynamicModule, ExpertsView, MLPWeights, ModelView
 from resstream.models.adapters.layout import BlockLayout, hf_model_view
-from resstream.models.adapters.llama import BLOCK, qk_norm_note, sliding_window_notes
+from resstream.models.adapters.llama import BLOCK, layout_notes
 from resstream.models.adapters.qwen3 import QK_NORM_BLOCK
 from resstream.models.adapters.registry import register
 
@@ -211,13 +211,8 @@ def _moe_view(
         final_norm=trunk.norm,
         n_heads=n_heads,
         d_model=config.hidden_size,
-        notes=(routing, *notes, *_qk_norm_notes(layout), *sliding_window_notes(config)),
+        notes=(routing, *notes, *layout_notes(layout, config)),
     )
-
-
-def _qk_norm_notes(layout: BlockLayout) -> tuple[str, ...]:
-    span = layout.attention.qk_norm_span
-    return () if layout.attention.q_norm is None else (qk_norm_note(span),)
 
 
 @register("mixtral")

@@ -11,30 +11,16 @@ transformers 5.x, `embed_out` in 4.x checkpoints' naming) is untied in Pythia; f
 
 from __future__ import annotations
 
-from torch import Tensor, nn
+from torch import Tensor
 
-from resstream.models.adapters.base import AttentionWeights, DynamicModule, MLPWeights, ModelView
+from resstream.models.adapters.base import DynamicModule, MLPWeights, ModelView
 from resstream.models.adapters.layout import BlockLayout, Sublayer, hf_model_view
 from resstream.models.adapters.registry import register
-from resstream.models.adapters.weights import (
-    grouped_qkv_weights,
-    interleaved_qkv_columns,
-    linear_weight,
-    projection_mlp_weights,
-)
+from resstream.models.adapters.weights import FusedQKV, projection_mlp_weights
 
-
-def _attention_weights(attention: DynamicModule, n_heads: int) -> AttentionWeights:
-    """Q/K/V per head from the fused `query_key_value` Linear, whose output is laid out per
-    head as [q_h | k_h | v_h]: the grouped layout with one head per group."""
-    proj = attention.query_key_value
-    return grouped_qkv_weights(proj, n_heads, d_head=linear_weight(proj).shape[1] // (3 * n_heads))
-
-
-def _qkv_columns(attention: DynamicModule, n_heads: int, which: str, head: int) -> tuple[nn.Module, Tensor]:
-    """Head h's query, key or value columns of `query_key_value`'s output ([q_h | k_h | v_h] per head)."""
-    proj = attention.query_key_value
-    return proj, interleaved_qkv_columns(linear_weight(proj).shape[1], n_heads, which, head)
+#: The fused `query_key_value`, laid out per head as [q_h | k_h | v_h]: the grouped layout
+#: with one head per group.
+QKV = FusedQKV("query_key_value", grouped=True)
 
 
 def _mlp_weights(mlp: DynamicModule) -> MLPWeights:
@@ -44,11 +30,7 @@ def _mlp_weights(mlp: DynamicModule) -> MLPWeights:
 
 BLOCK = BlockLayout(
     attention=Sublayer(
-        "attention",
-        norm="input_layernorm",
-        out_proj="dense",
-        weights=_attention_weights,
-        columns=_qkv_columns,
+        "attention", norm="input_layernorm", out_proj="dense", weights=QKV.weights, columns=QKV.columns
     ),
     mlp=Sublayer("mlp", norm="post_attention_layernorm", out_proj="dense_4h_to_h", weights=_mlp_weights),
 )

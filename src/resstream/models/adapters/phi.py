@@ -23,31 +23,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from torch import Tensor, nn
+from torch import Tensor
 
-from resstream.models.adapters.base import AttentionWeights, DynamicModule, MLPWeights, ModelView
-from resstream.models.adapters.layout import SHARED_NORM_PARALLEL_NOTE, BlockLayout, Sublayer, hf_model_view
+from resstream.models.adapters.base import DynamicModule, MLPWeights, ModelView
+from resstream.models.adapters.layout import BlockLayout, Sublayer, hf_model_view
 from resstream.models.adapters.llama import BLOCK as LLAMA_BLOCK
-from resstream.models.adapters.llama import llama_like_view, qk_norm_note
+from resstream.models.adapters.llama import llama_like_view, shared_norm_notes, with_qk_norm
 from resstream.models.adapters.registry import register
-from resstream.models.adapters.weights import (
-    bias_of,
-    fused_qkv_columns,
-    fused_qkv_weights,
-    linear_weight,
-    projection_mlp_weights,
-)
+from resstream.models.adapters.weights import FusedQKV, bias_of, linear_weight, projection_mlp_weights
 
-
-def _phi3_attention_weights(attn: DynamicModule, n_heads: int) -> AttentionWeights:
-    """Q/K/V per query head from the fused `qkv_proj` (q | k | v, grouped-query widths)."""
-    return fused_qkv_weights(attn.qkv_proj, n_heads, d_head=attn.head_dim)
-
-
-def _phi3_qkv_columns(attn: DynamicModule, n_heads: int, which: str, head: int) -> tuple[nn.Module, Tensor]:
-    """Query head h's query columns of `qkv_proj`'s output, or those of the key/value head it reads."""
-    proj = attn.qkv_proj
-    return proj, fused_qkv_columns(linear_weight(proj).shape[1], n_heads, which, head, d_head=attn.head_dim)
+#: Phi-3's fused `qkv_proj`: q | k | v, with the grouped-query widths of the attention's `head_dim`.
+PHI3_QKV = FusedQKV("qkv_proj", d_head="head_dim")
 
 
 def _phi3_mlp_weights(mlp: DynamicModule) -> MLPWeights:
@@ -69,7 +55,7 @@ def _phi3_mlp_weights(mlp: DynamicModule) -> MLPWeights:
 
 #: Phi-3's block: Llama's, with fused q | k | v and gate | up projections.
 PHI3_BLOCK = BlockLayout(
-    attention=replace(LLAMA_BLOCK.attention, weights=_phi3_attention_weights, columns=_phi3_qkv_columns),
+    attention=replace(LLAMA_BLOCK.attention, weights=PHI3_QKV.weights, columns=PHI3_QKV.columns),
     mlp=replace(LLAMA_BLOCK.mlp, weights=_phi3_mlp_weights),
 )
 
@@ -88,27 +74,22 @@ def _phi_mlp_weights(mlp: DynamicModule) -> MLPWeights:
 def phi_layout(qk_layernorm: bool) -> BlockLayout:
     """Phi's parallel block: one `input_layernorm` read by attention (q/k/v_proj, `dense`) and
     MLP (fc1, fc2); with `qk_layernorm`, the per-head `q_layernorm` / `k_layernorm`."""
-    attention = replace(LLAMA_BLOCK.attention, out_proj="dense")
-    if qk_layernorm:
-        attention = replace(attention, q_norm="q_layernorm", k_norm="k_layernorm", qk_norm_span="head")
-    return BlockLayout(
-        attention=attention,
+    layout = BlockLayout(
+        attention=replace(LLAMA_BLOCK.attention, out_proj="dense"),
         mlp=Sublayer("mlp", norm="input_layernorm", out_proj="fc2", weights=_phi_mlp_weights),
     )
+    return with_qk_norm(layout, q_norm="q_layernorm", k_norm="k_layernorm") if qk_layernorm else layout
 
 
 def _phi_notes(model: DynamicModule) -> tuple[str, ...]:
     """What Phi computes beyond a pre-norm block: the parallel block, partial rotary, QK-norm."""
-    config = model.config
     attn = model.model.layers[0].self_attn
-    notes: tuple[str, ...] = (
-        SHARED_NORM_PARALLEL_NOTE,
+    rotary = (
         f"rotary positions rotate only the first {attn.rotary_ndims} of each head's {attn.head_dim} "
-        "dimensions (partial rotary): only attention probabilities depend on it",
+        "dimensions (partial rotary): only attention probabilities depend on it"
     )
-    if config.qk_layernorm:
-        notes += (qk_norm_note("head", "layer-normalised (q_layernorm / k_layernorm)"),)
-    return notes
+    qk_norm = "layer-normalised (q_layernorm / k_layernorm)" if model.config.qk_layernorm else None
+    return shared_norm_notes(rotary, qk_norm)
 
 
 @register("phi")

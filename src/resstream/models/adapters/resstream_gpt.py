@@ -11,27 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import Tensor, nn
+from torch import Tensor
 
-from resstream.models.adapters.base import AttentionWeights, DynamicModule, MLPWeights, ModelView
+from resstream.models.adapters.base import DynamicModule, MLPWeights, ModelView
 from resstream.models.adapters.layout import BlockLayout, Sublayer
 from resstream.models.adapters.registry import register
-from resstream.models.adapters.weights import (
-    fused_qkv_columns,
-    fused_qkv_weights,
-    linear_weight,
-    projection_mlp_weights,
-)
+from resstream.models.adapters.weights import FusedQKV, projection_mlp_weights
 
-
-def _attention_weights(attn: DynamicModule, n_heads: int) -> AttentionWeights:
-    """Q/K/V per head from `c_attn` (a Linear whose output is q | k | v, each d_model wide)."""
-    return fused_qkv_weights(attn.c_attn, n_heads)
-
-
-def _qkv_columns(attn: DynamicModule, n_heads: int, which: str, head: int) -> tuple[nn.Module, Tensor]:
-    """Head h's query, key or value columns of `c_attn`'s output (q | k | v)."""
-    return attn.c_attn, fused_qkv_columns(linear_weight(attn.c_attn).shape[1], n_heads, which, head)
+#: `c_attn`, a Linear whose output is q | k | v, each d_model wide.
+QKV = FusedQKV("c_attn")
 
 
 def _mlp_weights(mlp: DynamicModule) -> MLPWeights:
@@ -47,9 +35,7 @@ def _gate_alpha(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
 FAMILY = "resstream"  # the model_type that resstream's ModelConfig declares
 
 BLOCK = BlockLayout(
-    attention=Sublayer(
-        "attn", norm="ln1", out_proj="c_proj", weights=_attention_weights, columns=_qkv_columns
-    ),
+    attention=Sublayer("attn", norm="ln1", out_proj="c_proj", weights=QKV.weights, columns=QKV.columns),
     mlp=Sublayer("mlp", norm="ln2", out_proj="c_proj", weights=_mlp_weights),
 )
 

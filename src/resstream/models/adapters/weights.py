@@ -12,6 +12,8 @@ no value is changed.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from operator import attrgetter
 from typing import overload
 
 import torch
@@ -147,15 +149,17 @@ def fused_qkv_columns(
 
 
 def grouped_qkv_weights(
-    proj: DynamicModule, n_heads: int, *, d_head: int, weight: WeightReader = linear_weight
+    proj: DynamicModule, n_heads: int, *, d_head: int | None = None, weight: WeightReader = linear_weight
 ) -> AttentionWeights:
     """Q/K/V per query head from one projection whose output is laid out per key/value group
     as [the group's queries | its key | its value], each `d_head` wide (Falcon's
     `query_key_value`: one group for multi-query attention, n_kv groups for the new decoder
     architecture, one per head, [q_h | k_h | v_h], for the original layout, which is
-    GPT-NeoX's); key/value heads are repeated for the query heads sharing them."""
+    GPT-NeoX's and what `d_head` None means); key/value heads are repeated for the query
+    heads sharing them."""
     W = weight(proj)
     d_model, width = W.shape
+    d_head = _group_head_width(width, n_heads, d_head)
     slots = W.reshape(d_model, kv_heads_of(width, n_heads, d_head), -1, d_head)
     W_Q, W_K, W_V = (repeat_heads(part.permute(1, 0, 2), n_heads) for part in _group_parts(slots))
     bias = bias_of(proj)
@@ -172,21 +176,63 @@ def _group_parts(slots: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return slots[..., :-2, :].flatten(-3, -2), slots[..., -2, :], slots[..., -1, :]
 
 
-def grouped_qkv_columns(width: int, n_heads: int, which: str, head: int, *, d_head: int) -> Tensor:
+def grouped_qkv_columns(
+    width: int, n_heads: int, which: str, head: int, *, d_head: int | None = None
+) -> Tensor:
     """The output columns of query head `head`'s query, or of the key or value (`which`) it
     reads, in a projection `width` wide laid out per key/value group as [queries | key |
-    value] (`grouped_qkv_weights`)."""
+    value] (`grouped_qkv_weights`; `d_head` None: one head per group)."""
+    d_head = _group_head_width(width, n_heads, d_head)
     served = n_heads // kv_heads_of(width, n_heads, d_head)
     group, member = divmod(head, served)
     slot = member if which == "q" else served + QKV.index(which) - 1
     return torch.arange(d_head) + (group * (served + 2) + slot) * d_head
 
 
-def interleaved_qkv_columns(width: int, n_heads: int, which: str, head: int) -> Tensor:
-    """The output columns of head `head`'s query, key or value in a projection `width` wide
-    whose output is laid out per head as [q_h | k_h | v_h] (GPT-NeoX's `query_key_value`:
-    `grouped_qkv_columns` with one head per group)."""
-    return grouped_qkv_columns(width, n_heads, which, head, d_head=width // (3 * n_heads))
+def _group_head_width(width: int, n_heads: int, d_head: int | None) -> int:
+    """The head width of a grouped q/k/v layout `width` wide: `d_head`, or without it that of
+    one head per group ([q_h | k_h | v_h] per head)."""
+    return d_head if d_head is not None else width // (3 * n_heads)
+
+
+@dataclass(frozen=True)
+class FusedQKV:
+    """Where an attention module keeps its one query/key/value projection and how that
+    projection's output is laid out, as a family declares it.
+
+    `proj` is the projection's attribute path in the attention module; `grouped` says the
+    layout: False for q | k | v (`fused_qkv_weights`: GPT-2, resstream, Phi-3), True for
+    [queries | key | value] per key/value group (`grouped_qkv_weights`: Falcon, and GPT-NeoX
+    with one head per group); `d_head` the attention module's attribute that holds the head
+    width (None: equal thirds, or one head per group); `weight` reads the projection's (in,
+    out) matrix. `weights` and `columns` are the attention `Sublayer`'s readers.
+    """
+
+    proj: str
+    grouped: bool = False
+    d_head: str | None = None
+    weight: WeightReader = linear_weight
+
+    def weights(self, attention: DynamicModule, n_heads: int) -> AttentionWeights:
+        """Q/K/V per query head of `attention` (key/value heads repeated for the query heads
+        sharing them)."""
+        proj, d_head = self._parts(attention)
+        split = grouped_qkv_weights if self.grouped else fused_qkv_weights
+        return split(proj, n_heads, d_head=d_head, weight=self.weight)
+
+    def columns(
+        self, attention: DynamicModule, n_heads: int, which: str, head: int
+    ) -> tuple[DynamicModule, Tensor]:
+        """The projection and its output columns of query head `head`'s query, or of the key
+        or value (`which`) it reads (`BlockView.qkv_columns`)."""
+        proj, d_head = self._parts(attention)
+        find = grouped_qkv_columns if self.grouped else fused_qkv_columns
+        return proj, find(self.weight(proj).shape[1], n_heads, which, head, d_head=d_head)
+
+    def _parts(self, attention: DynamicModule) -> tuple[DynamicModule, int | None]:
+        """The projection module and the declared head width (None when not declared)."""
+        d_head = None if self.d_head is None else int(getattr(attention, self.d_head))
+        return attrgetter(self.proj)(attention), d_head
 
 
 def grouped_head_columns(width: int, d_head: int, n_heads: int, head: int) -> Tensor:
@@ -221,6 +267,7 @@ def projection_mlp_weights(
 
 __all__ = [
     "QKV",
+    "FusedQKV",
     "WeightReader",
     "bias_of",
     "conv1d_W_O",
@@ -230,7 +277,6 @@ __all__ = [
     "grouped_head_columns",
     "grouped_qkv_columns",
     "grouped_qkv_weights",
-    "interleaved_qkv_columns",
     "kv_heads_of",
     "linear_W_O",
     "linear_weight",
