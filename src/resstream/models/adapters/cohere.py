@@ -51,12 +51,7 @@ def cohere_view(model: DynamicModule) -> ModelView:
     return hf_model_view(
         model,
         family="cohere",
-        trunk=trunk,
         blocks=cohere_layout(use_qk_norm).views(trunk.layers, config.num_attention_heads, parallel=True),
-        embed=trunk.embed_tokens,
-        input_embedding=trunk.embed_tokens.weight,
         final_norm=InlineScale(model.logit_scale, trunk.norm),
-        n_heads=config.num_attention_heads,
-        d_model=config.hidden_size,
         notes=_notes(model.logit_scale, use_qk_norm),
     )

@@ -156,13 +156,8 @@ def falcon_view(model: DynamicModule) -> ModelView:
     return hf_model_view(
         model,
         family="falcon",
-        trunk=trunk,
         blocks=layout.views(trunk.h, config.num_attention_heads, parallel=parallel),
-        embed=trunk.word_embeddings,
-        input_embedding=trunk.word_embeddings.weight,
         final_norm=trunk.ln_f,
-        n_heads=config.num_attention_heads,
-        d_model=config.hidden_size,
         notes=_notes(config, parallel, layout, kv_heads),
         attention=_attention_probs(trunk),
     )

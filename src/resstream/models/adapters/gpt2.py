@@ -44,11 +44,7 @@ def gpt2_view(model: DynamicModule) -> ModelView:
     return hf_model_view(
         model,
         family="gpt2",
-        trunk=trunk,
         blocks=BLOCK.views(trunk.h, config.n_head),
         embed=embed,
-        input_embedding=trunk.wte.weight,
         final_norm=trunk.ln_f,
-        n_heads=config.n_head,
-        d_model=config.n_embd,
     )

@@ -146,41 +146,42 @@ def hf_model_view(
     model: DynamicModule,
     *,
     family: str,
-    trunk: DynamicModule,
     blocks: tuple[BlockView, ...],
-    embed: Callable[[Tensor], Tensor],
-    input_embedding: Tensor,
     final_norm: DynamicModule,
-    n_heads: int,
-    d_model: int,
+    embed: Callable[[Tensor], Tensor] | None = None,
     notes: tuple[str, ...] = (),
     **extra: Any,
 ) -> ModelView:
-    """The `ModelView` of a Hugging Face causal LM from the pieces its family adapter found.
+    """The `ModelView` of a Hugging Face causal LM from the pieces its family adapter found:
+    its `blocks`, its `final_norm` and how it embeds (`embed`; default: its input embedding
+    module).
 
-    What every Hugging Face family shares is done here: W_U and its bias from the model's LM
-    head, whether W_U is the input embedding (and the note an untied model gets, before the
-    family's own `notes`), the context its config states (`context_of`), and the trunk
-    forward that skips the LM head. `extra` holds the rarer `ModelView` fields (soft-capping,
-    embedding scale).
+    What every Hugging Face family shares is done here, from what the model states itself:
+    W_E (`get_input_embeddings`), W_U and its bias from its LM head, whether W_U is W_E (and
+    the note an untied model gets, before the family's own `notes`), the heads and width its
+    config states (`num_attention_heads`, `hidden_size`: every config answers to those names,
+    GPT-2's through its attribute map), its context (`context_of`), and the forward of its
+    trunk (`base_model`) that skips the LM head. `extra` holds the rarer `ModelView` fields
+    (soft-capping, embedding scale).
     """
+    config, embedding = model.config, model.get_input_embeddings()
     W_U, b_U = unembedding(model)
-    tied = same_tensor(W_U, input_embedding)
+    tied = same_tensor(W_U, embedding.weight)
     return ModelView(
         family=family,
         model=model,
-        embed=embed,
+        embed=embed if embed is not None else embedding,
         blocks=blocks,
         final_norm=final_norm,
         W_U=W_U,
-        W_E=input_embedding,
+        W_E=embedding.weight,
         tied=tied,
-        n_heads=n_heads,
-        d_model=d_model,
-        max_positions=context_of(model.config),
+        n_heads=config.num_attention_heads,
+        d_model=config.hidden_size,
+        max_positions=context_of(config),
         b_U=b_U,
         notes=(*tie_notes(tied, model), *notes),
-        forward=trunk_forward(trunk),
+        forward=trunk_forward(model.base_model),
         **extra,
     )
 

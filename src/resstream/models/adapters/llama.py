@@ -138,13 +138,9 @@ def llama_like_view(
     return hf_model_view(
         model,
         family=family,
-        trunk=trunk,
         blocks=layout.views(trunk.layers, config.num_attention_heads),
-        embed=embed or trunk.embed_tokens,
-        input_embedding=trunk.embed_tokens.weight,
+        embed=embed,
         final_norm=trunk.norm,
-        n_heads=config.num_attention_heads,
-        d_model=config.hidden_size,
         notes=(*notes, *layout_notes(layout, config)),
         **extra,
     )

@@ -204,13 +204,8 @@ def _moe_view(
     return hf_model_view(
         model,
         family=family,
-        trunk=trunk,
         blocks=tuple(view_of_block(layer) for layer in trunk.layers),
-        embed=trunk.embed_tokens,
-        input_embedding=trunk.embed_tokens.weight,
         final_norm=trunk.norm,
-        n_heads=n_heads,
-        d_model=config.hidden_size,
         notes=(routing, *notes, *layout_notes(layout, config)),
     )
 

@@ -50,12 +50,8 @@ def neox_view(model: DynamicModule) -> ModelView:
     return hf_model_view(
         model,
         family="gpt_neox",
-        trunk=trunk,
         blocks=BLOCK.views(trunk.layers, config.num_attention_heads, parallel=parallel),
         embed=embed,
-        input_embedding=trunk.embed_in.weight,
         final_norm=trunk.final_layer_norm,
-        n_heads=config.num_attention_heads,
-        d_model=config.hidden_size,
         notes=notes,
     )

@@ -105,12 +105,8 @@ def phi_view(model: DynamicModule) -> ModelView:
     return hf_model_view(
         model,
         family="phi",
-        trunk=trunk,
         blocks=layout.views(trunk.layers, config.num_attention_heads, parallel=True),
         embed=embed,
-        input_embedding=trunk.embed_tokens.weight,
         final_norm=trunk.final_layernorm,
-        n_heads=config.num_attention_heads,
-        d_model=config.hidden_size,
         notes=_phi_notes(model),
     )
