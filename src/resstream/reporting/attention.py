@@ -45,8 +45,7 @@ from resstream.reporting.notebook import (
     Table,
     frame_html,
     long_frame,
-    notebook_view,
-    tidy_frame,
+    register_result,
 )
 from resstream.simulation import LayerAttention
 from resstream.simulation.intervals import Estimate
@@ -535,41 +534,23 @@ def _recency_view(results: Sequence[RecencyResult]) -> NotebookView:
     return NotebookView(tables=[_trend_view_table(table)], pictures=[grid, *distances])
 
 
-@tidy_frame.register(SimulationResult)
-def _simulation_result_frame(result: SimulationResult) -> pandas.DataFrame:
-    return simulation_frame([(configuration_label(result.config), result)])
+def _simulations(result: SimulationResult | SimulationRun) -> Sequence[tuple[str, SimulationResult]]:
+    """The (label, result) pairs of a run, or of one result labelled by its configuration."""
+    if isinstance(result, SimulationRun):
+        return result.results
+    return [(configuration_label(result.config), result)]
 
 
-@tidy_frame.register(SimulationRun)
-def _simulation_run_frame(run: SimulationRun) -> pandas.DataFrame:
-    return simulation_frame(run.results)
+def _recency_results(result: RecencyResult | RecencyReport) -> Sequence[RecencyResult]:
+    """The models' results of a report, or the one result."""
+    return result.results if isinstance(result, RecencyReport) else [result]
 
 
-@tidy_frame.register(RecencyResult)
-def _recency_result_frame(result: RecencyResult) -> pandas.DataFrame:
-    return recency_frame([result])
-
-
-@tidy_frame.register(RecencyReport)
-def _recency_report_frame(report: RecencyReport) -> pandas.DataFrame:
-    return recency_frame(report.results)
-
-
-@notebook_view.register(SimulationResult)
-def _simulation_result_view(result: SimulationResult) -> NotebookView:
-    return _simulation_view([(configuration_label(result.config), result)])
-
-
-@notebook_view.register(SimulationRun)
-def _simulation_run_view(run: SimulationRun) -> NotebookView:
-    return _simulation_view(run.results)
-
-
-@notebook_view.register(RecencyResult)
-def _recency_result_view(result: RecencyResult) -> NotebookView:
-    return _recency_view([result])
-
-
-@notebook_view.register(RecencyReport)
-def _recency_report_view(report: RecencyReport) -> NotebookView:
-    return _recency_view(report.results)
+for _simulated in (SimulationResult, SimulationRun):
+    register_result(
+        _simulated, lambda r: simulation_frame(_simulations(r)), lambda r: _simulation_view(_simulations(r))
+    )
+for _measured in (RecencyResult, RecencyReport):
+    register_result(
+        _measured, lambda r: recency_frame(_recency_results(r)), lambda r: _recency_view(_recency_results(r))
+    )

@@ -38,8 +38,7 @@ from resstream.reporting.notebook import (
     frame_csv,
     frame_table,
     long_frame,
-    notebook_view,
-    tidy_frame,
+    register_result,
 )
 
 if TYPE_CHECKING:
@@ -227,12 +226,6 @@ def top_lines(result: CompositionResult, n: int) -> list[str]:
 # --------------------------------------------------------------------------- notebook
 
 
-@tidy_frame.register(CompositionResult)
-def _composition_frame(result: CompositionResult) -> pandas.DataFrame:
-    return composition_frame(result)
-
-
-@notebook_view.register(CompositionResult)
 def _composition_view(result: CompositionResult) -> NotebookView:
     """The scores by kind, the strongest pairs of each kind, and the three heatmaps."""
     baseline = result.baseline
@@ -256,6 +249,8 @@ def _composition_view(result: CompositionResult) -> NotebookView:
     ]
     return NotebookView(tables=tables, pictures=pictures)
 
+
+register_result(CompositionResult, composition_frame, _composition_view)
 
 __all__ = [
     "CSV_COLUMNS",

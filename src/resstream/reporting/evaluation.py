@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from resstream.reporting.notebook import NotebookView, frame_csv, frame_table, notebook_view, tidy_frame
+from resstream.reporting.notebook import NotebookView, frame_csv, frame_table, register_result
 from resstream.reporting.tables import score_rows, typed_frame
 from resstream.training.evaluate.report import EvalReport
 
@@ -38,9 +38,7 @@ def eval_view(report: EvalReport) -> NotebookView:
     return NotebookView(tables=[frame_table("eval.csv", eval_frame(report))])
 
 
-# Registered by class (a decorator would evaluate the return annotation, pandas, at import).
-tidy_frame.register(EvalReport, eval_frame)
-notebook_view.register(EvalReport, eval_view)
+register_result(EvalReport, eval_frame, eval_view)
 
 
 __all__ = ["EVAL_COLUMNS", "eval_csv", "eval_frame", "eval_view"]

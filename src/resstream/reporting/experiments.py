@@ -21,8 +21,7 @@ from resstream.reporting.notebook import (
     Table,
     frame_table,
     long_frame,
-    notebook_view,
-    tidy_frame,
+    register_result,
 )
 from resstream.reporting.plots import (
     RUN_FIGURES,
@@ -151,13 +150,9 @@ def train_view(result: TrainResult) -> NotebookView:
     return NotebookView(tables=[table], pictures=pictures)
 
 
-# Registered by class (a decorator would evaluate the return annotation, pandas, at import).
-tidy_frame.register(TrainResult, train_frame)
-notebook_view.register(TrainResult, train_view)
-tidy_frame.register(CompareTable, compare_frame)
-notebook_view.register(CompareTable, compare_view)
-tidy_frame.register(SweepResult, sweep_frame)
-notebook_view.register(SweepResult, sweep_view)
+register_result(TrainResult, train_frame, train_view)
+register_result(CompareTable, compare_frame, compare_view)
+register_result(SweepResult, sweep_frame, sweep_view)
 
 
 __all__ = [

@@ -25,7 +25,7 @@ from matplotlib.patches import Rectangle
 from resstream.analysis.shift.lens import LENS_COLUMNS, LensResult, PositionTrajectory
 from resstream.io import write_text
 from resstream.reporting.figures import INPUT_TOKEN, NEXT_TOKEN, figure_token, new_figure, save_figure
-from resstream.reporting.notebook import NotebookView, Picture, Table, long_frame, notebook_view, tidy_frame
+from resstream.reporting.notebook import NotebookView, Picture, Table, long_frame, register_result
 from resstream.reporting.text import probability_text, show_token
 
 if TYPE_CHECKING:
@@ -291,11 +291,4 @@ def lens_view(result: LensResult) -> NotebookView:
     return NotebookView(tables=[table], pictures=pictures)
 
 
-@tidy_frame.register(LensResult)
-def _lens_frame(result: LensResult) -> pandas.DataFrame:
-    return lens_frame(result)
-
-
-@notebook_view.register(LensResult)
-def _lens_view(result: LensResult) -> NotebookView:
-    return lens_view(result)
+register_result(LensResult, lens_frame, lens_view)

@@ -30,8 +30,7 @@ from resstream.reporting.notebook import (
     Table,
     frame_csv,
     long_frame,
-    notebook_view,
-    tidy_frame,
+    register_result,
 )
 from resstream.reporting.text import show_token
 
@@ -316,12 +315,6 @@ def write_html(result: NeuronsResult, path: str | Path) -> None:
 # --------------------------------------------------------------------------- notebook
 
 
-@tidy_frame.register(NeuronsResult)
-def _neurons_frame(result: NeuronsResult) -> pandas.DataFrame:
-    return neurons_frame(result)
-
-
-@notebook_view.register(NeuronsResult)
 def _neurons_view(result: NeuronsResult) -> NotebookView:
     """neurons.html's note and per-neuron tables (styled inside their own element), then
     neurons.png."""
@@ -338,6 +331,8 @@ def _neurons_view(result: NeuronsResult) -> NotebookView:
     )
     return NotebookView(tables=tables, pictures=[Picture(neurons_figure(result), caption)])
 
+
+register_result(NeuronsResult, neurons_frame, _neurons_view)
 
 __all__ = [
     "COEFFICIENT_NOTE",

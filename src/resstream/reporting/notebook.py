@@ -1,12 +1,12 @@
 """Result objects in a notebook: the registries behind `Displayable._repr_html_` and
 `Displayable.to_pandas`, and the HTML fragment a notebook shows.
 
-Each result class registers two functions, beside the renderers of its command's files:
-`tidy_frame.register(Class, frame_function)` (the long-format DataFrame; the command's CSV is
-written from the same frame with `frame_csv`) and `notebook_view.register(Class, view_function)`
-(the tables and figures to show, made by the command's own table and figure functions). The
-class is named in the call: `singledispatch` would otherwise evaluate the return annotation,
-and pandas is imported only where a frame is made. A class of the analysis, training or
+Each result class registers two functions, beside the renderers of its command's files, with
+`register_result(Class, frame_function, view_function)`: the long-format DataFrame
+(`tidy_frame`; the command's CSV is written from the same frame with `frame_csv`) and the
+tables and figures to show (`notebook_view`, made by the command's own table and figure
+functions). The class is named in the call: `singledispatch` would otherwise evaluate the
+return annotation, and pandas is imported only where a frame is made. A class of the analysis, training or
 simulation layers names its registering `resstream.reporting` module in its class statement
 (`Displayable`'s `renderer=`); a class of `resstream.api` registers in its own module.
 """
@@ -14,7 +14,7 @@ simulation layers names its registering `resstream.reporting` module in its clas
 from __future__ import annotations
 
 import html
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import singledispatch
 from typing import TYPE_CHECKING, Any
@@ -68,6 +68,15 @@ def notebook_view(result: object) -> NotebookView:
 def tidy_frame(result: object) -> pandas.DataFrame:
     """`result` as a long-format DataFrame (registered per class)."""
     raise TypeError(f"{type(result).__name__} has no DataFrame registered")
+
+
+def register_result(
+    cls: type, frame: Callable[[Any], pandas.DataFrame], view: Callable[[Any], NotebookView]
+) -> None:
+    """Register how instances of `cls` show: `frame` makes their `to_pandas()` (`tidy_frame`),
+    `view` the tables and figures of their `_repr_html_()` (`notebook_view`)."""
+    tidy_frame.register(cls, frame)
+    notebook_view.register(cls, view)
 
 
 def result_html(result: object) -> str:
@@ -156,6 +165,7 @@ __all__ = [
     "frame_table",
     "long_frame",
     "notebook_view",
+    "register_result",
     "result_html",
     "tidy_frame",
 ]

@@ -26,8 +26,7 @@ from resstream.reporting.notebook import (
     frame_csv,
     frame_table,
     long_frame,
-    notebook_view,
-    tidy_frame,
+    register_result,
 )
 
 if TYPE_CHECKING:
@@ -85,14 +84,7 @@ def evaluation_view(evaluation: LensEvaluation, history: Sequence[float] = ()) -
     return NotebookView(tables=[frame_table(title, layer_values(evaluation), shown=60)], pictures=pictures)
 
 
-@tidy_frame.register(LensEvaluation)
-def _evaluation_frame(evaluation: LensEvaluation) -> pandas.DataFrame:
-    return evaluation_frame(evaluation)
-
-
-@notebook_view.register(LensEvaluation)
-def _evaluation_view(evaluation: LensEvaluation) -> NotebookView:
-    return evaluation_view(evaluation)
+register_result(LensEvaluation, evaluation_frame, evaluation_view)
 
 
 def plot_bits_per_layer(evaluation: LensEvaluation, path: str | Path) -> Path:

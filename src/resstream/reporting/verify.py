@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from resstream.analysis.verification import Check, VerifyResult
-from resstream.reporting.notebook import NotebookView, frame_table, long_frame, notebook_view, tidy_frame
+from resstream.reporting.notebook import NotebookView, frame_table, long_frame, register_result
 
 if TYPE_CHECKING:
     import pandas
@@ -35,7 +35,6 @@ CHECK_COLUMNS = ("check", "result", "figure", "tolerance", "compared")
 AGREEMENTS = ("lens", "router")
 
 
-@tidy_frame.register(VerifyResult)
 def verify_frame(result: VerifyResult) -> pandas.DataFrame:
     """`VerifyResult.to_pandas()`: one row per layer (`VERIFY_COLUMNS`)."""
     routed = {block.block + 1: block.agreement for block in result.router}
@@ -121,7 +120,6 @@ def aligned(rows: Sequence[Sequence[str]]) -> list[str]:
     ]
 
 
-@notebook_view.register(VerifyResult)
 def verify_view(result: VerifyResult) -> NotebookView:
     """The table of checks and the figures per layer."""
     return NotebookView(
@@ -131,6 +129,8 @@ def verify_view(result: VerifyResult) -> NotebookView:
         ]
     )
 
+
+register_result(VerifyResult, verify_frame, verify_view)
 
 __all__ = [
     "AGREEMENTS",

@@ -20,7 +20,7 @@ from resstream.reporting.attribute.page import (
 )
 from resstream.reporting.attribute.plots import attribute_figures
 from resstream.reporting.attribute.tables import attribute_tables
-from resstream.reporting.notebook import NotebookView, Picture, Table, notebook_view, tidy_frame
+from resstream.reporting.notebook import NotebookView, Picture, Table, register_result
 
 __all__ = ["attribute_view"]
 
@@ -51,7 +51,5 @@ def attribute_view(result: Result) -> NotebookView:
     return NotebookView(tables=tables, pictures=pictures)
 
 
-tidy_frame.register(AttributeResult, attribute_frame)
-tidy_frame.register(CorpusAttribution, corpus_attribution_frame)
-notebook_view.register(AttributeResult, attribute_view)
-notebook_view.register(CorpusAttribution, attribute_view)
+register_result(AttributeResult, attribute_frame, attribute_view)
+register_result(CorpusAttribution, corpus_attribution_frame, attribute_view)

@@ -6,7 +6,7 @@ where head edges read from, the heads and MLPs on the route and the corpus figur
 from __future__ import annotations
 
 from resstream.analysis.routes.results import CorpusRoutes, RoutesResult
-from resstream.reporting.notebook import NotebookView, Picture, Table, frame_table, notebook_view, tidy_frame
+from resstream.reporting.notebook import NotebookView, Picture, Table, frame_table, register_result
 from resstream.reporting.routes.common import PNG_FILE, TABLE_SHOWN, interval_note
 from resstream.reporting.routes.corpus import corpus_routes_figure
 from resstream.reporting.routes.figure import route_figure
@@ -41,7 +41,5 @@ def corpus_routes_view(result: CorpusRoutes) -> NotebookView:
     return NotebookView(tables=tables, pictures=[Picture(corpus_routes_figure(result), caption)])
 
 
-tidy_frame.register(RoutesResult, routes_frame)
-tidy_frame.register(CorpusRoutes, corpus_frame)
-notebook_view.register(RoutesResult, routes_view)
-notebook_view.register(CorpusRoutes, corpus_routes_view)
+register_result(RoutesResult, routes_frame, routes_view)
+register_result(CorpusRoutes, corpus_frame, corpus_routes_view)
