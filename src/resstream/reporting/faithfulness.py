@@ -36,18 +36,18 @@ from resstream.analysis.interventions.faithfulness import (
 )
 from resstream.io import write_json, write_text
 from resstream.reporting.attribute.common import Directory, output_path
-from resstream.reporting.attribute.page import PAGE_STYLE, notes_html
+from resstream.reporting.attribute.page import PAGE_STYLE, notes_html, notes_section
 from resstream.reporting.figures import new_figure, save_figure
-from resstream.reporting.html import figure_html
+from resstream.reporting.html import file_figure_html
 from resstream.reporting.notebook import (
     NotebookView,
     Picture,
     Table,
     frame_csv,
     frame_html,
+    frame_table,
     long_frame,
-    notebook_view,
-    tidy_frame,
+    register_result,
 )
 from resstream.reporting.text import show_token
 
@@ -382,21 +382,15 @@ def _rules_html(result: FaithfulnessResult) -> str:
     return f"<ul>{items}</ul>" if items else ""
 
 
-def _figure_html(image: Path) -> str:
-    text = f"<strong>{html.escape(image.name)}</strong>: {html.escape(CAPTIONS.get(image.name, ''))}"
-    return figure_html(image.read_bytes(), image.name, text)
-
-
 def faithfulness_html(result: FaithfulnessResult, images: Sequence[Path]) -> str:
     """ablate.html: what was measured, the agreement and curves tables, the predictions and
     every figure in `images` embedded; loads nothing from anywhere."""
-    notes = f"<h2>Notes</h2>{notes_html(result.notes)}" if result.notes else ""
-    figures = "".join(_figure_html(Path(image)) for image in images)
+    figures = "".join(file_figure_html(image, CAPTIONS.get(Path(image).name, "")) for image in images)
     return (
         "<!doctype html><html lang='en'><meta charset='utf-8'>"
         f"<title>resstream ablate (faithfulness): {html.escape(result.model)}</title>"
         f"<style>{PAGE_STYLE}</style>{_heading(result)}"
-        f"<h2>How it was measured</h2>{_rules_html(result)}{notes}"
+        f"<h2>How it was measured</h2>{_rules_html(result)}{notes_section(result.notes)}"
         "<h2>Agreement with the exact effect</h2>"
         f"<p class='caption'>{html.escape(CAPTIONS['agreement.csv'])}</p>"
         f"{frame_html(agreement_table(result), 40)}"
@@ -452,15 +446,15 @@ def faithfulness_view(result: FaithfulnessResult) -> NotebookView:
     caption."""
     tables = [Table("notes", notes_html(result.notes))] if result.notes else []
     tables += [
-        Table("agreement with the exact effect", frame_html(agreement_table(result), 40)),
-        Table(
+        frame_table("agreement with the exact effect", agreement_table(result), 40),
+        frame_table(
             "ablation curves: Δ log p(target) (patched − clean), the top-n neurons of each method ablated",
-            frame_html(curves_table(result), 40),
+            curves_table(result),
+            40,
         ),
     ]
     pictures = [Picture(figure, f"{name}: {CAPTIONS[name]}") for name, figure in _drawings(result)]
     return NotebookView(tables=tables, pictures=pictures)
 
 
-tidy_frame.register(FaithfulnessResult, faithfulness_frame)
-notebook_view.register(FaithfulnessResult, faithfulness_view)
+register_result(FaithfulnessResult, faithfulness_frame, faithfulness_view)

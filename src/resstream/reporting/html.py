@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import html
+from pathlib import Path
 
 
 def png_data_uri(png: bytes) -> str:
@@ -19,3 +20,11 @@ def figure_html(png: bytes, alt: str, caption: str) -> str:
         f"<figure><img alt='{html.escape(alt, quote=True)}' src='{png_data_uri(png)}'>"
         f"<figcaption>{caption}</figcaption></figure>"
     )
+
+
+def file_figure_html(path: str | Path, caption: str) -> str:
+    """The PNG a command wrote at `path`, embedded, with its file name (bold) and `caption`
+    (plain text, escaped here) below it."""
+    path = Path(path)
+    text = f"<strong>{html.escape(path.name)}</strong>: {html.escape(caption)}"
+    return figure_html(path.read_bytes(), path.name, text)

@@ -33,9 +33,9 @@ from resstream.io import write_json, write_text
 from resstream.reporting.attribute.common import Directory, output_path
 from resstream.reporting.attribute.drawing import literal, token_label, zero_line
 from resstream.reporting.attribute.heads import diverging_heatmap
-from resstream.reporting.attribute.page import PAGE_STYLE, key_values_html, notes_html
+from resstream.reporting.attribute.page import PAGE_STYLE, key_values_html, notes_html, notes_section
 from resstream.reporting.figures import figure_token, new_figure, save_figure
-from resstream.reporting.html import figure_html
+from resstream.reporting.html import file_figure_html
 from resstream.reporting.notebook import (
     NotebookView,
     Picture,
@@ -43,8 +43,7 @@ from resstream.reporting.notebook import (
     frame_csv,
     frame_html,
     long_frame,
-    notebook_view,
-    tidy_frame,
+    register_result,
 )
 from resstream.reporting.text import show_token
 
@@ -541,12 +540,6 @@ def top_effects_html(result: InterventionResult, count: int = TOP_SHOWN) -> str:
 _STYLE = PAGE_STYLE + ".text .changed{background:#fbb4ae;border-color:#c33}"
 
 
-def _figure_html(result: InterventionResult, image: Path) -> str:
-    """A written PNG embedded, with its name and caption below it."""
-    text = f"<strong>{html.escape(image.name)}</strong>: {html.escape(caption(result, image.name))}"
-    return figure_html(image.read_bytes(), image.name, text)
-
-
 def intervention_html(result: InterventionResult, images: Sequence[Path]) -> str:
     """ablate.html / patch.html: the text (and the corrupted text), the prediction, notes, the
     largest effects and every figure in `images` embedded; loads nothing from anywhere."""
@@ -561,8 +554,8 @@ def intervention_html(result: InterventionResult, images: Sequence[Path]) -> str
     if result.corrupt_tokens is not None:
         corrupted = _text_html(result.corrupt_tokens, result.position, None, result.tokens)
         text += f"<h3>Corrupted text (tokens that differ marked red)</h3>{corrupted}"
-    notes = f"<h2>Notes</h2>{notes_html(result.notes)}" if result.notes else ""
-    figures = "".join(_figure_html(result, Path(image)) for image in images)
+    notes = notes_section(result.notes)
+    figures = "".join(file_figure_html(image, caption(result, Path(image).name)) for image in images)
     return (
         f"<!doctype html><html lang='en'><meta charset='utf-8'>"
         f"<title>resstream {html.escape(result.command)}: {html.escape(result.model)}</title>"
@@ -643,5 +636,4 @@ def intervention_view(result: InterventionResult) -> NotebookView:
     return NotebookView(tables=tables, pictures=pictures)
 
 
-tidy_frame.register(InterventionResult, effects_frame)
-notebook_view.register(InterventionResult, intervention_view)
+register_result(InterventionResult, effects_frame, intervention_view)

@@ -20,7 +20,7 @@ from resstream.io import write_text
 from resstream.reporting.attribute.captions import captions_of, ranking_line
 from resstream.reporting.attribute.common import HTML_FILE, Directory, Result, output_path, residual_text
 from resstream.reporting.attribute.tables import Table, attribute_tables
-from resstream.reporting.html import figure_html
+from resstream.reporting.html import file_figure_html
 from resstream.reporting.text import probability_text, show_token
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "key_values_html",
     "logit_label",
     "notes_html",
+    "notes_section",
     "prediction_html",
     "ranking_html",
     "table_html",
@@ -93,11 +94,6 @@ def table_html(table: Table, caption: str) -> str:
 
 def _html_table(table: Table, caption: str) -> str:
     return f"<h3>{table.name}.csv</h3>{table_html(table, caption)}"
-
-
-def _html_figure(path: Path, caption: str) -> str:
-    text = f"<strong>{html.escape(path.name)}</strong>: {html.escape(caption)}"
-    return figure_html(path.read_bytes(), path.name, text)
 
 
 def _html_text(result: AttributeResult) -> str:
@@ -165,6 +161,11 @@ def notes_html(notes: Sequence[str]) -> str:
     return "<ul>" + "".join(f"<li>{html.escape(note)}</li>" for note in notes) + "</ul>"
 
 
+def notes_section(notes: Sequence[str]) -> str:
+    """A page's "Notes" heading and list ("" when there are none)."""
+    return f"<h2>Notes</h2>{notes_html(notes)}" if notes else ""
+
+
 def ranking_html(result: Result) -> str:
     """Which score leads the figures and lists, which is beside it, and where their
     faithfulness is measured (`ranking_line`), as a paragraph."""
@@ -200,8 +201,8 @@ def write_attribute_html(result: Result, directory: Directory, images: Sequence[
     embedded as a data: URI and every table, each with a caption on how to read it. The page
     loads nothing from anywhere; returns its path."""
     captions = captions_of(result)
-    notes = f"<h2>Notes</h2>{notes_html(result.notes)}" if result.notes else ""
-    figures = "".join(_html_figure(Path(image), captions.get(Path(image).name, "")) for image in images)
+    notes = notes_section(result.notes)
+    figures = "".join(file_figure_html(image, captions.get(Path(image).name, "")) for image in images)
     tables = "".join(_html_table(t, captions.get(t.name, "")) for t in attribute_tables(result))
     page = (
         f"<!doctype html><html lang='en'><meta charset='utf-8'>"
