@@ -148,38 +148,34 @@ def _single_rows(result: AttributeResult) -> list[dict[str, Any]]:
                 ("mlp", entry.mlp_contribution, entry.mlp_dla, entry.mlp_bias_dla),
             )
         ]
+    rows += [_component_row("head", "attn", h, head=h.head) for h in result.heads]
     rows += [
-        {"level": "head", "layer": h.layer, "part": "attn", "head": h.head, "C": h.contribution, "DLA": h.dla}
-        for h in result.heads
-    ]
-    rows += [
-        {
-            "level": "source",
-            "layer": s.layer,
-            "part": "attn",
-            "head": s.head,
-            "source": s.source_position,
-            "source_token": s.source_token,
-            "C": s.contribution,
-            "DLA": s.dla,
-        }
+        _component_row(
+            "source", "attn", s, head=s.head, source=s.source_position, source_token=s.source_token
+        )
         for s in result.sources
     ]
     rows += [
-        {
-            "level": "neuron",
-            "layer": n.layer,
-            "part": "mlp",
-            "neuron": n.neuron,
-            "C": n.contribution,
-            "DLA": n.dla,
-            "coefficient": n.coefficient,
-            "promoted": promoted_text(n.promoted),
-        }
+        _component_row(
+            "neuron", "mlp", n, neuron=n.neuron, coefficient=n.coefficient, promoted=promoted_text(n.promoted)
+        )
         for n in result.neurons
     ]
     rows.append({"level": "final_bias", "DLA": result.bias_dla})
     return rows
+
+
+def _component_row(level: str, part: str, component: Any, **cells: Any) -> dict[str, Any]:
+    """The row of one head, source or neuron (`component`): its level, block and part, its C and
+    DLA, and the `cells` that place it within the block."""
+    return {
+        "level": level,
+        "layer": component.layer,
+        "part": part,
+        "C": component.contribution,
+        "DLA": component.dla,
+        **cells,
+    }
 
 
 def attribute_frame(result: AttributeResult) -> pandas.DataFrame:
