@@ -17,8 +17,7 @@ from resstream.reporting.notebook import (
     frame_html,
     frame_table,
     long_frame,
-    notebook_view,
-    tidy_frame,
+    register_result,
 )
 from tests.notebook_support import assert_displays, assert_frame_columns, fetched
 
@@ -46,8 +45,7 @@ def _toy_view(toy: Toy) -> NotebookView:
     return NotebookView(tables=[table], pictures=[Picture(fig, "a & b")])
 
 
-tidy_frame.register(Toy, _toy_frame)
-notebook_view.register(Toy, _toy_view)
+register_result(Toy, _toy_frame, _toy_view)
 
 
 def test_the_fragment_holds_summary_tables_and_an_embedded_figure() -> None:
