@@ -101,6 +101,68 @@ def test_the_api_shows_its_loading_keywords_with_their_defaults() -> None:
         assert all(parameters[name].kind is inspect.Parameter.KEYWORD_ONLY for name in LOAD_KEYWORDS)
 
 
+#: Each one-text function and the keyword group it takes (`resstream.api.prediction`).
+ONE_TEXT_GROUPS = {
+    "lens": "TextArgs",
+    "routes": "PositionArgs",
+    "decompose": "PositionArgs",
+    "faithfulness": "TargetArgs",
+    "attribute": "PredictionArgs",
+    "ablate": "PredictionArgs",
+    "patch": "PredictionArgs",
+}
+
+
+@pytest.mark.parametrize(("name", "group"), ONE_TEXT_GROUPS.items())
+def test_a_one_text_function_shows_its_group_of_text_keywords_and_no_other(name: str, group: str) -> None:
+    from resstream.api import prediction
+
+    parameters = inspect.signature(getattr(resstream, name)).parameters
+    own = [key for key in getattr(prediction, group).__annotations__ if key not in LOAD_KEYWORDS]
+    assert {key: parameters[key].default for key in own} == dict.fromkeys(own)
+    assert all(parameters[key].kind is inspect.Parameter.KEYWORD_ONLY for key in own)
+    assert set(prediction.TEXT_KEYWORDS).difference(own).isdisjoint(parameters)
+    assert {name: parameters[name].default for name in LOAD_KEYWORDS} == LOAD_KEYWORDS
+
+
+def test_a_text_keyword_a_function_does_not_take_is_pythons_type_error() -> None:
+    with pytest.raises(TypeError, match=r"^routes\(\) got an unexpected keyword argument 'target'"):
+        resstream.routes("some text", target=" the")
+
+
+#: A package shaped as ours: a keyword group in one module adding to another group, and a
+#: function in another module that takes it as ``**given``.
+GROUPED_PACKAGE = {
+    "__init__.py": "",
+    "loading.py": "from typing import TypedDict\nclass LoadArgs(TypedDict, total=False):\n    dtype: str\n",
+    "groups.py": (
+        "from pkg.loading import LoadArgs\n"
+        "class TextArgs(LoadArgs, total=False):\n    text_file: str | None\n"
+        "class PositionArgs(TextArgs, total=False):\n    position: int | None\n"
+    ),
+    "api.py": (
+        "from typing import Unpack\nfrom pkg.groups import PositionArgs\n"
+        "def routes(text=None, *, top_k=1, **given: Unpack[PositionArgs]) -> None:\n    'Doc.'\n"
+    ),
+}
+
+
+def test_the_api_reference_lists_the_keywords_of_a_keyword_group() -> None:
+    """mkdocs.yml's griffe extensions expand ``**given: Unpack[PositionArgs]`` into its keywords,
+    inherited ones too, as `help()` lists them (the real site: tests/test_docs_site.py)."""
+    griffe = pytest.importorskip("griffe")
+    import yaml
+
+    config = yaml.load((Path(__file__).parents[1] / "mkdocs.yml").read_text(), Loader=yaml.BaseLoader)
+    (plugin,) = (p["mkdocstrings"] for p in config["plugins"] if isinstance(p, dict) and "mkdocstrings" in p)
+    extensions = griffe.load_extensions(*plugin["handlers"]["python"]["options"]["extensions"])
+    with griffe.temporary_visited_package(
+        "pkg", GROUPED_PACKAGE, extensions=extensions, resolve_aliases=True
+    ) as package:
+        shown = [p.name for p in package["api.routes"].parameters]
+    assert shown == ["text", "top_k", "dtype", "text_file", "position"]
+
+
 def test_an_unknown_keyword_is_pythons_type_error_naming_the_function() -> None:
     with pytest.raises(TypeError, match=r"^lens\(\) got an unexpected keyword argument 'dtyp'"):
         resstream.lens("some text", dtyp="float32")

@@ -123,3 +123,12 @@ def test_json_outputs_are_strict_json_even_with_non_finite_values(tmp_path):
     }
     write_json(tmp_path / "a.json", value)
     assert strict_json(tmp_path / "a.json") == {"loss": None, "rates": [1.0, None], "t": [None, 2.0], "x": 1}
+
+
+def test_prediction_batches_refuse_a_sequence_without_a_next_token_and_group_by_length() -> None:
+    from resstream.api.inputs import check_next_tokens, prediction_batches
+
+    rows = [torch.tensor([1, 2, 3]), torch.tensor([4, 5]), torch.tensor([6, 7, 8])]
+    assert [tuple(b.shape) for b in prediction_batches(rows, 4)] == [(2, 3), (1, 2)]
+    with pytest.raises(UsageError, match=r"^every sequence needs at least 2 tokens"):
+        check_next_tokens([[1, 2], [3]])

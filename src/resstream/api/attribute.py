@@ -27,16 +27,15 @@ from resstream.api.inputs import (
     CorpusRequest,
     LoadOptions,
     check_batch_size,
-    each_batch,
-    encode_text,
     one_model,
+    prediction_batches,
     sampled_models,
     takes_load_args,
-    text_of,
 )
+from resstream.api.prediction import PredictionArgs, TextRequest
 from resstream.api.state_memory import check_corpus_fits, check_text_fits
 from resstream.api.tokenizers import tokenizer_of
-from resstream.capture import Internals, block_internals
+from resstream.capture import block_internals
 from resstream.data.tokenizer import token_text
 from resstream.distributed import joined, map_sharded, my_batches
 from resstream.errors import UsageError
@@ -65,33 +64,29 @@ ONLY_THE_LOGIT_LENS = "attribute decodes through the logit lens; `decoder` may a
 def attribute(
     text: str | None = None,
     *,
-    text_file: str | os.PathLike[str] | None = None,
     model: ModelLike = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
-    position: int | None = None,
-    target: str | None = None,
-    target_id: int | None = None,
-    foil: str | None = None,
     top: int = 20,
     sources: bool = True,
     neurons: bool = True,
     decoder: DecoderLike = "logit-lens",
     rank_by: RankBy = "dla",
     progress: bool = False,
-    **load: Unpack[LoadArgs],
+    **given: Unpack[PredictionArgs],
 ) -> AttributeResult:
     """Attribute the prediction at one position of one text (`text` or `text_file`).
 
     `position` (default the last token; negative counts from the end), `target` a string that
     must be exactly one token (or `target_id`; default: the model's top prediction at the
-    position), `foil` an optional second token for a target − foil logit difference; `top`
-    items kept per list; `sources`/`neurons` switch the attention-source and neuron levels off
-    (both on by default). `rank_by` chooses the listed sources and neurons and leads every
-    output: "dla" (default; the direct logit attribution, exactly minus the zero-ablation
-    direct effect) or "c" (the log-probability contribution C, the seed paper's order); both
-    scores are in the result either way. Every score decodes through the logit lens; `decoder` "tuned:DIR"
-    (or a loaded lens) adds `tuned_trajectory`, the target at each block boundary through that
-    tuned lens. Every next token of a corpus sample: `resstream.attribute_corpus`.
+    position), `foil` an optional second token for a target − foil logit difference (the
+    keywords of `resstream.api.prediction.PredictionArgs`); `top` items kept per list;
+    `sources`/`neurons` switch the attention-source and neuron levels off (both on by default).
+    `rank_by` chooses the listed sources and neurons and leads every output: "dla" (default;
+    the direct logit attribution, exactly minus the zero-ablation direct effect) or "c" (the
+    log-probability contribution C, the seed paper's order); both scores are in the result
+    either way. Every score decodes through the logit lens; `decoder` "tuned:DIR" (or a loaded
+    lens) adds `tuned_trajectory`, the target at each block boundary through that tuned lens.
+    Every next token of a corpus sample: `resstream.attribute_corpus`.
 
     `model` is a spec or a loaded model with its `tokenizer`, as for `resstream.lens`.
     """
@@ -100,18 +95,18 @@ def attribute(
     spec = decoder_spec(decoder)
     if spec.kind == "embedding":
         raise UsageError(ONLY_THE_LOGIT_LENS)
-    text = text_of(text, text_file)
-    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress, reads_blocks=True)
+    asked = TextRequest.of(text, given)
+    options = LoadOptions.of(given, tokenizer=tokenizer, progress=progress, reads_blocks=True)
     with one_model(model, options) as loaded:
-        view, tokenizer = loaded.view, tokenizer_of(loaded)
+        view = loaded.view
         spec.check(view)
         logit_lens = decoder_of(view)
-        ids = encode_text(tokenizer, text, view)
-        where = position_in(position, ids.shape[1])
+        encoded = asked.encoded(loaded)
+        ids, where, tokenizer = encoded.ids, encoded.position, encoded.tokenizer
         check_text_fits(view, ids.shape[1], 1 if sources else 0)
         internals = block_internals(view, ids, attention=[where] if sources else False)
-        chosen = target_of(tokenizer, view, logit_lens, internals, where, target, target_id)
-        foil_id = foil_of(tokenizer, foil, chosen)
+        chosen = encoded.target(logit_lens, internals)
+        foil_id = encoded.foil(chosen)
 
         def name(token: int) -> str:
             return token_text(tokenizer, token)
@@ -189,9 +184,7 @@ def attribute_corpus(
         for loaded, sample, fingerprint in each:
             view, tokenizer = loaded.view, tokenizer_of(loaded)
             decoder = decoder_of(view)
-            batches = list(each_batch(sample.sequences, batch_size, "", progress=False))
-            if any(b.shape[1] < 2 for b in batches):
-                raise UsageError("every sequence needs at least 2 tokens (a target after a position)")
+            batches = prediction_batches(sample.sequences, batch_size)
             check_corpus_fits(view, batches, len(sample.sequences))
             passes = 2 if neurons else 1
             info = joined(view.W_E.device)  # under torchrun: the batches shared out among the ranks
@@ -233,66 +226,6 @@ def _bar(total: int, desc: str, show: bool) -> tqdm | None:
 def _advance(bar: tqdm, count: int) -> None:
     """Move `bar` on by `count` sequences (tqdm's `update` also returns whether it redrew)."""
     bar.update(count)
-
-
-def position_in(position: int | None, length: int) -> int:
-    """The position whose prediction is analysed (default the last); UsageError outside the
-    text or for a text shorter than 2 tokens."""
-    if length < 2:
-        raise UsageError(f"the text is {length} token long; at least 2 tokens are needed (a context)")
-    if position is None:
-        return length - 1
-    where = position + length if position < 0 else position
-    if not 0 <= where < length:
-        raise UsageError(
-            f"`position` {position} is outside the text's {length} tokens; allowed: 0..{length - 1} "
-            f"(or -{length}..-1 from the end)"
-        )
-    return where
-
-
-def _single_token(tokenizer: PreTrainedTokenizerBase, text: str, what: str) -> int:
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if len(ids) != 1:
-        pieces = " + ".join(repr(tokenizer.decode([i])) for i in ids) or "no tokens"
-        alternative = f" (e.g. with its leading space) or `{what}_id`" if what == "target" else ""
-        raise UsageError(
-            f"`{what}` {text!r} is {len(ids)} tokens ({pieces}); give text that is one token{alternative}"
-        )
-    return int(ids[0])
-
-
-def target_of(
-    tokenizer: PreTrainedTokenizerBase,
-    view: ModelView,
-    decoder: Decoder,
-    internals: Internals,
-    position: int,
-    target: str | None,
-    target_id: int | None,
-) -> int:
-    """The target token: given as text, as an id, or the model's top prediction."""
-    if target is not None and target_id is not None:
-        raise UsageError("give `target` or `target_id`, not both")
-    vocab = decoder.vocab_size
-    if target_id is not None:
-        if not 0 <= target_id < vocab:
-            raise UsageError(f"`target_id` {target_id} is outside the vocabulary; allowed: 0..{vocab - 1}")
-        return target_id
-    if target is not None:
-        return _single_token(tokenizer, target, "target")
-    final = internals.blocks[-1].block_output[0, position]
-    with torch.no_grad():
-        return int(decoder.logits(final).argmax())
-
-
-def foil_of(tokenizer: PreTrainedTokenizerBase, foil: str | None, target: int) -> int | None:
-    if foil is None:
-        return None
-    foil_id = _single_token(tokenizer, foil, "foil")
-    if foil_id == target:
-        raise UsageError(f"`foil` {foil!r} is the target token itself; give a different token")
-    return foil_id
 
 
 def _promoted(

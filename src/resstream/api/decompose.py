@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Unpack
 
@@ -10,15 +9,13 @@ from torch import Tensor
 
 from resstream.analysis.attribution.decomposition import Decomposition, point_count, point_name
 from resstream.analysis.attribution.decomposition import decompose as decompose_state
-from resstream.api.attribute import position_in
-from resstream.api.inputs import LoadOptions, encode_text, one_model, takes_load_args, text_of
+from resstream.api.inputs import LoadOptions, one_model, takes_load_args
+from resstream.api.prediction import PositionArgs, TextRequest
 from resstream.api.state_memory import check_text_fits
-from resstream.api.tokenizers import tokenizer_of
 from resstream.capture import block_internals
-from resstream.data.tokenizer import token_text
 from resstream.display import Displayable
 from resstream.errors import UsageError
-from resstream.models import LoadArgs, ModelLike
+from resstream.models import ModelLike
 from resstream.reporting.notebook import (
     SHOWN_ROWS,
     NotebookView,
@@ -166,27 +163,24 @@ def components_of(parts: Decomposition, state: Tensor) -> tuple[Component, ...]:
 def decompose(
     text: str | None = None,
     *,
-    text_file: str | os.PathLike[str] | None = None,
     model: ModelLike = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
-    position: int | None = None,
     point: int | str | None = None,
     sources: bool = False,
     neurons: bool = False,
     progress: bool = False,
-    **load: Unpack[LoadArgs],
+    **given: Unpack[PositionArgs],
 ) -> DecomposeResult:
     """The residual state of token `position` (default the last; negative from the end) of a
     text at residual `point` — an index 0..2L or a name L_in_0, L_res_<l>, L_out_<l> (default:
     the last block's output) — as the embedding, every head (with `sources`, every head's
     attention source) and every MLP (with `neurons`, every neuron and the MLP bias). `model`
     as for `resstream.lens`."""
-    text = text_of(text, text_file)
-    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress, reads_blocks=True)
+    asked = TextRequest.of(text, given)
+    options = LoadOptions.of(given, tokenizer=tokenizer, progress=progress, reads_blocks=True)
     with one_model(model, options) as loaded:
-        view, tokenizer = loaded.view, tokenizer_of(loaded)
-        ids = encode_text(tokenizer, text, view)
-        where = position_in(position, ids.shape[1])
+        view, encoded = loaded.view, asked.encoded(loaded)
+        ids, where = encoded.ids, encoded.position
         chosen = _point(point, view.n_layers)
         check_text_fits(view, ids.shape[1], 1 if sources else 0)
         internals = block_internals(view, ids, attention=[where] if sources else False)
@@ -194,7 +188,7 @@ def decompose(
         absolute, relative = parts.residual()
         return DecomposeResult(
             model=loaded.name,
-            tokens=tuple(token_text(tokenizer, int(t)) for t in ids[0].tolist()),
+            tokens=encoded.tokens(),
             position=where,
             point=point_name(chosen),
             components=components_of(parts, parts.state[0].detach()),

@@ -42,22 +42,21 @@ from resstream.analysis.interventions.faithfulness import (
     summarise,
 )
 from resstream.analysis.interventions.runs import capture_run
-from resstream.api.attribute import position_in, target_of
 from resstream.api.inputs import (
     CorpusRequest,
     LoadOptions,
-    encode_text,
+    check_next_tokens,
     one_model,
     refuse_device_map,
     sampled_models,
     takes_load_args,
-    text_of,
 )
+from resstream.api.prediction import TargetArgs, TextRequest, text_keywords
 from resstream.api.tokenizers import tokenizer_of
 from resstream.data.sampling import SequenceSample
 from resstream.data.tokenizer import token_text
 from resstream.errors import UsageError, refuse_set
-from resstream.models import LoadArgs, LoadedModel, ModelLike
+from resstream.models import LoadedModel, ModelLike
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -72,13 +71,9 @@ POSITIONS_PER_SEQ = 4
 def faithfulness(
     text: str | None = None,
     *,
-    text_file: str | os.PathLike[str] | None = None,
     dataset: str | None = None,
     model: ModelLike = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
-    position: int | None = None,
-    target: str | None = None,
-    target_id: int | None = None,
     num_seqs: int | None = None,
     seq_len: int | None = None,
     positions_per_seq: int | None = None,
@@ -89,7 +84,7 @@ def faithfulness(
     curve_sizes: Sequence[int] | None = None,
     batch_size: int = DEFAULT_BATCH,
     progress: bool = False,
-    **load: Unpack[LoadArgs],
+    **given: Unpack[TargetArgs],
 ) -> FaithfulnessResult:
     """How well C, DLA, activation magnitude and gradient × activation predict the exact
     zero-ablation effect of every head and of candidate neurons, and the ablation curves of
@@ -102,7 +97,7 @@ def faithfulness(
     the neuron count); `batch_size` interventions run together. `model` is a spec or a loaded
     model with its `tokenizer`, as for `resstream.lens`.
     """
-    refuse_device_map(load, "faithfulness", "interventions restart blocks on one device")
+    refuse_device_map(given, "faithfulness", "interventions restart blocks on one device")
     settings = _settings(dataset, top_k, candidates, curve_sizes, batch_size, seed)
     if dataset is None:
         corpus_options = {
@@ -112,16 +107,11 @@ def faithfulness(
             "data_dir": data_dir,
         }
         refuse_set(corpus_options, "is for a corpus (`dataset`); without one, give only a text")
-        options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
+        asked = TextRequest.of(text, given)
+        options = LoadOptions.of(given, tokenizer=tokenizer, progress=progress)
         with one_model(model, options) as loaded:
-            return _one_text(loaded, text_of(text, text_file), position, target, target_id, settings)
-    text_options = {
-        "text": text,
-        "text_file": text_file,
-        "position": position,
-        "target": target,
-        "target_id": target_id,
-    }
+            return _one_text(loaded, asked, settings)
+    text_options = {"text": text, **text_keywords(given)}
     refuse_set(text_options, "is for one text; with `dataset` every position's next token is the target")
     per_seq = POSITIONS_PER_SEQ if positions_per_seq is None else positions_per_seq
     if per_seq < 1:
@@ -135,7 +125,7 @@ def faithfulness(
         default_seq_len=DEFAULT_SEQ_LEN,
     )
     with sampled_models(
-        [model], request, load, tokenizer=tokenizer, progress=progress, batch_size=batch_size
+        [model], request, given, tokenizer=tokenizer, progress=progress, batch_size=batch_size
     ) as each:
         for loaded, sample, fingerprint in each:
             return _corpus(loaded, sample, fingerprint, dataset, per_seq, settings, progress)
@@ -165,35 +155,27 @@ def _settings(
     return Settings(candidates=count, top_k=top_k, curve_sizes=sizes, batch_size=batch_size, seed=seed)
 
 
-def _one_text(
-    loaded: LoadedModel,
-    text: str,
-    position: int | None,
-    target: str | None,
-    target_id: int | None,
-    settings: Settings,
-) -> FaithfulnessResult:
-    """The prediction at `position` of the text, from a run of the text up to it."""
-    view, tokenizer = loaded.view, tokenizer_of(loaded)
-    ids = encode_text(tokenizer, text, view)
-    where = position_in(position, ids.shape[1])
+def _one_text(loaded: LoadedModel, asked: TextRequest, settings: Settings) -> FaithfulnessResult:
+    """The prediction asked for in the text, from a run of the text up to its position."""
+    view, encoded = loaded.view, asked.encoded(loaded)
+    ids, where = encoded.ids, encoded.position
     run = capture_run(view, ids[:, : where + 1], attention=False)
     decoder = decoder_of(view)
-    chosen = target_of(tokenizer, view, decoder, run.internals, where, target, target_id)
+    chosen = encoded.target(decoder, run.internals)
     measured = measure_prediction(
         run,
         decoder,
         log_probs_of(decoder),
         chosen,
         settings,
-        token_text=partial(token_text, tokenizer),
+        token_text=partial(token_text, encoded.tokenizer),
         generator=torch.Generator().manual_seed(settings.seed),
     )
     return summarise(
         [[measured]],
         _model_fields(loaded, settings),
         SampleFields(
-            tokens=tuple(token_text(tokenizer, int(t)) for t in ids[0]),
+            tokens=encoded.tokens(),
             seq_len=int(ids.shape[1]),
             rules=_rules(settings, None),
         ),
@@ -213,9 +195,8 @@ def _corpus(
     view, tokenizer = loaded.view, tokenizer_of(loaded)
     decoder = decoder_of(view)
     lp = log_probs_of(decoder)
+    check_next_tokens(sample.sequences)
     sequences = [torch.as_tensor(s, dtype=torch.long) for s in sample.sequences]
-    if any(len(s) < 2 for s in sequences):
-        raise UsageError("every sequence needs at least 2 tokens (a target after a position)")
     generator = torch.Generator().manual_seed(settings.seed)
     chosen = [chosen_positions(len(s), per_seq, generator) for s in sequences]
     bar = tqdm(total=sum(map(len, chosen)), desc="faithfulness", unit="prediction", disable=not progress)

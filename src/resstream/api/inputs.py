@@ -30,7 +30,8 @@ import torch
 from tqdm.auto import tqdm
 
 from resstream.api.tokenizers import fast_tokenizer_of
-from resstream.data.files import read_text, tokenizer_pieces
+from resstream.checks import check_batch_size
+from resstream.data.files import tokenizer_pieces
 from resstream.data.sampling import SequenceSample, check_sample_request, check_vocabulary
 from resstream.data.store_windows import TokenWindows
 from resstream.distributed import joined, launched, launched_rank, run_sharded
@@ -112,7 +113,8 @@ class LoadOptions:
         needs_tokenizer: bool = True,
         reads_blocks: bool = False,
     ) -> LoadOptions:
-        """The options of an API call: its `load` keywords, `tokenizer` and `progress`;
+        """The options of an API call: its `load` keywords (of a group that adds to them, e.g.
+        `resstream.api.prediction.PredictionArgs`, the loading ones), `tokenizer` and `progress`;
         `reads_blocks` for an analysis that reads every block's weights (`resident_blocks`).
         Under torchrun a `device_map` is refused: each process holds its own copy of the model
         on its own GPU there, while a map spreads one copy over every GPU it sees."""
@@ -121,8 +123,13 @@ class LoadOptions:
                 "`device_map` spreads one model over the GPUs, and under torchrun every process "
                 "loads its own copy on its own GPU: use one or the other (`device` under torchrun)"
             )
+        loading = typing.cast(LoadArgs, {k: v for k, v in load.items() if k in LoadArgs.__annotations__})
         return cls(
-            tokenizer, progress=progress, needs_tokenizer=needs_tokenizer, reads_blocks=reads_blocks, **load
+            tokenizer,
+            progress=progress,
+            needs_tokenizer=needs_tokenizer,
+            reads_blocks=reads_blocks,
+            **loading,
         )
 
 
@@ -137,29 +144,35 @@ P = TypeVar("P")
 
 
 def takes_load_args(func: F) -> F:
-    """`func`, whose ``**load: Unpack[LoadArgs]`` are shown as the keyword parameters they are
-    (with `LoadOptions`' defaults) by `help`, `inspect.signature` and a notebook's completion,
-    and checked as such: an unknown keyword is Python's own TypeError."""
-    return _with_keywords(func, tuple(LoadArgs.__annotations__))
+    """`func`, whose ``**`` keywords (``**load: Unpack[LoadArgs]``, or a group that adds to the
+    loading keywords, e.g. ``**given: Unpack[PredictionArgs]``: `resstream.api.prediction`)
+    are shown as the keyword parameters they are (with `LoadOptions`' defaults; None for the
+    others) by `help`, `inspect.signature` and a notebook's completion, and checked as such:
+    an unknown keyword is Python's own TypeError."""
+    return _with_keywords(func)
 
 
 def takes_load_args_on_one_device(func: F) -> F:
     """`takes_load_args` for a function that reads its model on one device: it has no
     `device_map` (given one, it is an unknown keyword)."""
-    return _with_keywords(func, tuple(name for name in LoadArgs.__annotations__ if name != "device_map"))
+    return _with_keywords(func, leave_out=("device_map",))
 
 
-def _with_keywords(func: F, names: tuple[str, ...]) -> F:
-    """`func` with the `LoadArgs` keywords `names` in its signature, checked on every call."""
+def _with_keywords(func: F, leave_out: tuple[str, ...] = ()) -> F:
+    """`func` with the keywords of its ``**`` group (but `leave_out`) in its signature, in the
+    group's order (the loading keywords first, as the API reference shows them), checked on
+    every call."""
     signature = inspect.signature(func)
     kept = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    types = typing.get_type_hints(LoadArgs)
+    types = typing.get_type_hints(_keyword_group(func, signature))
     defaults = {f.name: f.default for f in dataclasses.fields(LoadOptions)}
     keyword = inspect.Parameter.KEYWORD_ONLY
-    load = [
-        inspect.Parameter(name, keyword, annotation=types[name], default=defaults[name]) for name in names
+    added = [
+        inspect.Parameter(name, keyword, annotation=types[name], default=defaults.get(name))
+        for name in types
+        if name not in leave_out
     ]
-    expanded = signature.replace(parameters=[*kept, *load])
+    expanded = signature.replace(parameters=[*kept, *added])
 
     @functools.wraps(func)
     def checked(*args: Any, **kwargs: Any) -> Any:
@@ -171,6 +184,15 @@ def _with_keywords(func: F, names: tuple[str, ...]) -> F:
 
     checked.__signature__ = expanded  # type: ignore[attr-defined]
     return typing.cast(F, checked)
+
+
+def _keyword_group(func: Callable[..., Any], signature: inspect.Signature) -> type:
+    """The TypedDict of `func`'s ``**`` parameter, ``Unpack[Group]`` (with postponed
+    annotations, `Group` is a name that `func`'s module imports)."""
+    (annotation,) = (p.annotation for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD)
+    if not isinstance(annotation, str):
+        return typing.get_args(annotation)[0]
+    return func.__globals__[annotation.removeprefix("Unpack[").removesuffix("]")]
 
 
 def refuse_device_map(load: LoadArgs, function: str, why: str = "") -> None:
@@ -202,12 +224,6 @@ def check_top_k(top_k: int, vocab: int, name: str = "top_k") -> None:
     """`top_k` must lie in [1, vocab]; `name` is the parameter that gave it."""
     if not 1 <= top_k <= vocab:
         raise UsageError(f"`{name}` {top_k} is outside [1, {vocab}] (the model's vocabulary)")
-
-
-def check_batch_size(batch_size: int) -> None:
-    """`batch_size` must be >= 1."""
-    if batch_size < 1:
-        raise UsageError(f"`batch_size` {batch_size} must be >= 1")
 
 
 def checked_models(models: ModelLike | Sequence[ModelLike], options: LoadOptions) -> list[CheckedModel]:
@@ -535,6 +551,19 @@ def each_batch(
                 bar.update(len(batch))
 
 
+def prediction_batches(sequences: Sequence[torch.Tensor], batch_size: int) -> list[torch.Tensor]:
+    """The sequences of an analysis of every next-token prediction, in batches (`each_batch`,
+    without a bar); UsageError for a sequence with no next token (`check_next_tokens`)."""
+    check_next_tokens(sequences)
+    return list(each_batch(sequences, batch_size, "", progress=False))
+
+
+def check_next_tokens(sequences: Sequence[Sequence[int] | torch.Tensor]) -> None:
+    """UsageError unless every sequence has a position with a next token (2 tokens or more)."""
+    if any(len(s) < 2 for s in sequences):
+        raise UsageError("every sequence needs at least 2 tokens (a target after a position)")
+
+
 def measure_batches(
     sequences: Sequence[torch.Tensor],
     batch_size: int,
@@ -568,18 +597,3 @@ def encode_text(tokenizer: PreTrainedTokenizerBase, text: str, view: ModelView) 
     ids = tokenizer(text, add_special_tokens=True, return_tensors="pt")["input_ids"]
     check_length(ids.shape[1], view, "the text ({n} tokens)")
     return ids
-
-
-def text_of(text: str | None, text_file: str | os.PathLike[str] | None) -> str:
-    """The text to analyse: `text`, or the content of `text_file`; UsageError unless exactly one
-    is given and it holds text."""
-    if text is not None and text_file is None:
-        if not text.strip():
-            raise UsageError("`text` is empty")
-        return text
-    if text is not None or text_file is None:
-        raise UsageError("give exactly one of `text` or `text_file`")
-    content = read_text(Path(text_file), "`text_file`", alternative=" or `text`")
-    if not content.strip():
-        raise UsageError(f"`text_file` {str(text_file)!r} holds no text; give a file with text")
-    return content

@@ -47,7 +47,6 @@ from resstream.analysis.interventions.runs import (
     run_values,
     zero_values,
 )
-from resstream.api.attribute import foil_of, position_in, target_of
 from resstream.api.inputs import (
     CorpusRequest,
     LoadOptions,
@@ -57,13 +56,12 @@ from resstream.api.inputs import (
     refuse_device_map,
     sample_corpus,
     takes_load_args,
-    text_of,
 )
-from resstream.api.tokenizers import tokenizer_of
+from resstream.api.prediction import EncodedText, PredictionArgs, TextRequest
 from resstream.data.tokenizer import token_text
 from resstream.errors import UsageError, check_choice
 from resstream.io import atomic_path, cache_root
-from resstream.models import LoadArgs, LoadedModel, ModelLike, ModelView
+from resstream.models import LoadedModel, ModelLike, ModelView
 from resstream.models.evaluation import directory_fingerprint, model_fingerprint
 
 if TYPE_CHECKING:
@@ -84,13 +82,8 @@ RESAMPLE_WINDOWS = 8
 def ablate(
     text: str | None = None,
     *,
-    text_file: str | os.PathLike[str] | None = None,
     model: ModelLike = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
-    position: int | None = None,
-    target: str | None = None,
-    target_id: int | None = None,
-    foil: str | None = None,
     components: Sequence[str] | None = None,
     positions: Sequence[int] | None = None,
     mode: str = "zero",
@@ -101,19 +94,20 @@ def ablate(
     top_neurons: int = TOP_NEURONS,
     batch_size: int = DEFAULT_BATCH,
     progress: bool = False,
-    **load: Unpack[LoadArgs],
+    **given: Unpack[PredictionArgs],
 ) -> InterventionResult:
     """Ablate components and measure the prediction (module docstring). `mode` zero, mean or
     resample; mean and resample read `num_seqs` windows (default 16 and 8) of `dataset` sampled
     with `seed`, as long as the text. `model` is a spec or a loaded model with its
     `tokenizer`, as for `resstream.attribute`."""
     check_choice("mode", mode, ABLATIONS)
-    refuse_device_map(load, "ablate", "interventions restart blocks on one device")
+    refuse_device_map(given, "ablate", "interventions restart blocks on one device")
     _check_counts(top_neurons, batch_size)
     corpus = None if mode == "zero" else _Corpus.found(mode, dataset, num_seqs, seed, data_dir)
-    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
+    asked = TextRequest.of(text, given)
+    options = LoadOptions.of(given, tokenizer=tokenizer, progress=progress)
     with one_model(model, options) as loaded:
-        setup = _Setup.of(loaded, text_of(text, text_file), position, target, target_id, foil, positions)
+        setup = _Setup.of(loaded, asked, positions)
         chosen = setup.components(components, top_neurons)
         if mode == "mean":
             for component in chosen:
@@ -138,13 +132,8 @@ def patch(
     text: str | None = None,
     *,
     corrupt: str,
-    text_file: str | os.PathLike[str] | None = None,
     model: ModelLike = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
-    position: int | None = None,
-    target: str | None = None,
-    target_id: int | None = None,
-    foil: str | None = None,
     components: Sequence[str] | None = None,
     positions: Sequence[int] | None = None,
     direction: str = "noise",
@@ -155,7 +144,7 @@ def patch(
     top_neurons: int = TOP_NEURONS,
     batch_size: int = DEFAULT_BATCH,
     progress: bool = False,
-    **load: Unpack[LoadArgs],
+    **given: Unpack[PredictionArgs],
 ) -> InterventionResult:
     """Activation patching between `text` and `corrupt` (module docstring): each component
     alone takes its value from the other run; `fraction_*` of every effect is (patched −
@@ -174,15 +163,16 @@ def patch(
     and one backward; exact patching then confirms the `confirm` with the largest |estimate|,
     their effects carrying the `estimate`, and a note says how far the estimates were off."""
     check_choice("direction", direction, DIRECTIONS)
-    refuse_device_map(load, "patch", "interventions restart blocks on one device")
+    refuse_device_map(given, "patch", "interventions restart blocks on one device")
     _check_counts(top_neurons, batch_size)
     if not corrupt.strip():
         raise UsageError("`corrupt` is empty; give the corrupted text to patch from")
     if atp and receivers:
         raise UsageError("`receivers` cannot be combined with `atp`; path patching is exact patching only")
-    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
+    asked = TextRequest.of(text, given)
+    options = LoadOptions.of(given, tokenizer=tokenizer, progress=progress)
     with one_model(model, options) as loaded:
-        setup = _Setup.of(loaded, text_of(text, text_file), position, target, target_id, foil, positions)
+        setup = _Setup.of(loaded, asked, positions)
         corrupt_ids = _aligned(encode_text(setup.tokenizer, corrupt, setup.view), setup.ids, align_end)
         chosen = setup.components(components, top_neurons)
         received = parse_receivers(list(receivers), setup.space) if receivers else []
@@ -245,34 +235,23 @@ class _Setup:
     def __init__(
         self,
         loaded: LoadedModel,
-        ids: torch.Tensor,
+        text: EncodedText,
         run: Run,
         readout: Readout,
         positions: torch.Tensor | None,
     ) -> None:
-        self.loaded, self.ids, self.run, self.readout, self.positions = loaded, ids, run, readout, positions
+        self.loaded, self.text, self.run, self.readout, self.positions = loaded, text, run, readout, positions
         self.view: ModelView = loaded.view
-        self.tokenizer = tokenizer_of(loaded)
+        self.ids, self.tokenizer = text.ids, text.tokenizer
 
     @classmethod
-    def of(
-        cls,
-        loaded: LoadedModel,
-        text: str,
-        position: int | None,
-        target: str | None,
-        target_id: int | None,
-        foil: str | None,
-        positions: Sequence[int] | None,
-    ) -> _Setup:
-        view, tokenizer = loaded.view, tokenizer_of(loaded)
-        ids = encode_text(tokenizer, text, view)
-        where = position_in(position, ids.shape[1])
-        run = capture_run(view, ids, attention=False)
-        decoder = decoder_of(view)
-        chosen = target_of(tokenizer, view, decoder, run.internals, where, target, target_id)
-        readout = Readout(decoder, where, chosen, foil_of(tokenizer, foil, chosen))
-        return cls(loaded, ids, run, readout, _positions(positions, ids.shape[1]))
+    def of(cls, loaded: LoadedModel, asked: TextRequest, positions: Sequence[int] | None) -> _Setup:
+        text = asked.encoded(loaded)
+        run = capture_run(loaded.view, text.ids, attention=False)
+        decoder = decoder_of(loaded.view)
+        chosen = text.target(decoder, run.internals)
+        readout = Readout(decoder, text.position, chosen, text.foil(chosen))
+        return cls(loaded, text, run, readout, _positions(positions, text.ids.shape[1]))
 
     @property
     def space(self) -> ComponentSpace:
@@ -353,7 +332,7 @@ class _Setup:
             command=command,
             mode=mode,
             model=self.loaded.name,
-            tokens=tuple(token_text(tokenizer, int(t)) for t in self.ids[0]),
+            tokens=self.text.tokens(),
             position=readout.position,
             target_id=readout.target,
             target=token_text(tokenizer, readout.target),

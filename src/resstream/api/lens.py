@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Unpack
 
 from resstream.analysis.shift.lens import LensResult, trajectories
 from resstream.api.decoders import DecoderLike, decoder_spec
-from resstream.api.inputs import LoadOptions, check_top_k, encode_text, one_model, takes_load_args, text_of
+from resstream.api.inputs import LoadOptions, check_top_k, encode_text, one_model, takes_load_args
+from resstream.api.prediction import TextArgs, TextRequest
 from resstream.api.tokenizers import tokenizer_of
 from resstream.capture import residual_states
 from resstream.data.tokenizer import token_text
 from resstream.errors import UsageError
-from resstream.models import LoadArgs, ModelLike
+from resstream.models import ModelLike
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -22,14 +22,13 @@ if TYPE_CHECKING:
 def lens(
     text: str | None = None,
     *,
-    text_file: str | os.PathLike[str] | None = None,
     model: ModelLike = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
     positions: range | slice | None = None,
     top_k: int = 1,
     decoder: DecoderLike = "logit-lens",
     progress: bool = False,
-    **load: Unpack[LoadArgs],
+    **given: Unpack[TextArgs],
 ) -> LensResult:
     """What every layer's residual state decodes to, position by position, in `text` (or in
     the UTF-8 file `text_file`: exactly one of the two).
@@ -47,12 +46,12 @@ def lens(
     `token_text(id)` gives the text of every token it mentions; `to_dict()` the content of
     lens.json.
     """
-    text = text_of(text, text_file)
+    asked = TextRequest.of(text, given)
     spec = decoder_spec(decoder)
-    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
+    options = LoadOptions.of(given, tokenizer=tokenizer, progress=progress)
     with one_model(model, options) as loaded:
         view, tokenizer = loaded.view, tokenizer_of(loaded)
-        ids = encode_text(tokenizer, text, view)
+        ids = encode_text(tokenizer, asked.text, view)
         check_top_k(top_k, view.W_U.shape[0])
         chosen = _position_range(positions, ids.shape[1])
         states = residual_states(view, ids.to(view.W_E.device))[:, 0]

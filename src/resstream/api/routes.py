@@ -36,20 +36,17 @@ from resstream.analysis.routes import (
     route_edges,
     sequence_counts,
 )
-from resstream.api.attribute import position_in
 from resstream.api.inputs import (
     CorpusRequest,
     LoadOptions,
     check_batch_size,
-    each_batch,
-    encode_text,
     one_model,
+    prediction_batches,
     refuse_device_map,
     sampled_models,
     takes_load_args,
-    text_of,
 )
-from resstream.api.tokenizers import tokenizer_of
+from resstream.api.prediction import PositionArgs, TextRequest
 from resstream.capture import Internals, block_internals
 from resstream.data.tokenizer import token_text
 from resstream.errors import UsageError
@@ -72,13 +69,11 @@ CORPUS_BATCH_SIZE = 4
 def routes(
     text: str | None = None,
     *,
-    text_file: str | os.PathLike[str] | None = None,
     model: ModelLike = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
-    position: int | None = None,
     threshold: float = DEFAULT_THRESHOLD,
     progress: bool = False,
-    **load: Unpack[LoadArgs],
+    **given: Unpack[PositionArgs],
 ) -> RoutesResult:
     """The information-flow route of the prediction at `position` (default the last token;
     negative counts from the end) of one text (`text` or `text_file`): the edges whose
@@ -90,14 +85,13 @@ def routes(
     UsageError for a threshold outside (0, 1), a position outside the text or an empty text.
     """
     _checked_threshold(threshold)
-    refuse_device_map(load, "routes", "its read-outs assume one device")
-    text = text_of(text, text_file)
-    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
+    refuse_device_map(given, "routes", "its read-outs assume one device")
+    asked = TextRequest.of(text, given)
+    options = LoadOptions.of(given, tokenizer=tokenizer, progress=progress)
     with one_model(model, options) as loaded:
-        view, tokenizer = loaded.view, tokenizer_of(loaded)
-        ids = encode_text(tokenizer, text, view)
-        where = position_in(position, ids.shape[1])
-        internals = block_internals(view, ids, attention=True)
+        view, encoded = loaded.view, asked.encoded(loaded)
+        tokenizer, where = encoded.tokenizer, encoded.position
+        internals = block_internals(view, encoded.ids, attention=True)
         imp = flow_importances(view, internals)
         decoder = decoder_of(view)
 
@@ -272,9 +266,7 @@ def routes_corpus(
     ) as each:
         for loaded, sample, fingerprint in each:
             view = loaded.view
-            batches = list(each_batch(sample.sequences, batch_size, "", progress=False))
-            if any(b.shape[1] < 2 for b in batches):
-                raise UsageError("every sequence needs at least 2 tokens (a target after a position)")
+            batches = prediction_batches(sample.sequences, batch_size)
             tally = CorpusTally()
             bar = tqdm(
                 total=len(sample.sequences),

@@ -1,0 +1,202 @@
+"""One text and the prediction read in it: the keywords every one-text function shares, and
+what they resolve to.
+
+A function that reads one text takes `text` as its first parameter and the rest as one typed
+keyword group beside the loading keywords (``**given: Unpack[PredictionArgs]``, shown in
+`help()` and the API reference as the keywords they are: `api.inputs.takes_load_args`). The
+groups nest, each the one before and one more question: `TextArgs` (``text_file``),
+`PositionArgs` (+ ``position``), `TargetArgs` (+ ``target``, ``target_id``), `PredictionArgs`
+(+ ``foil``). `TextRequest.of` reads them once, before any model is loaded (the text itself,
+from `text_file` when given); `TextRequest.encoded` reads the text with the loaded model's
+tokenizer (`EncodedText`: its ids and the prediction's position), which resolves the target
+and the foil. Each refusal names its keyword.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from resstream.api.inputs import encode_text
+from resstream.api.tokenizers import tokenizer_of
+from resstream.data.files import read_text
+from resstream.data.tokenizer import token_text
+from resstream.errors import UsageError
+from resstream.models import LoadArgs, LoadedModel
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from resstream.analysis.decoding.decoder import Decoder
+    from resstream.capture import Internals
+
+
+class TextArgs(LoadArgs, total=False):
+    """One text's keywords (with the loading ones, `LoadArgs`): ``text_file``, a UTF-8 file
+    read instead of `text` (exactly one of the two)."""
+
+    text_file: str | os.PathLike[str] | None
+
+
+class PositionArgs(TextArgs, total=False):
+    """`TextArgs` and the prediction's ``position``: default the last token, negative counts
+    from the end."""
+
+    position: int | None
+
+
+class TargetArgs(PositionArgs, total=False):
+    """`PositionArgs` and the predicted token: ``target``, text that is exactly one token, or
+    ``target_id``; default the model's own top prediction at the position."""
+
+    target: str | None
+    target_id: int | None
+
+
+class PredictionArgs(TargetArgs, total=False):
+    """`TargetArgs` and an optional ``foil``, a second token (one token of text) for a
+    target − foil logit difference."""
+
+    foil: str | None
+
+
+#: The keywords of the one-text groups that are not loading keywords, in the order above.
+TEXT_KEYWORDS = tuple(name for name in PredictionArgs.__annotations__ if name not in LoadArgs.__annotations__)
+
+
+@dataclass(frozen=True)
+class TextRequest:
+    """The text a call analyses (read) and its prediction as asked (`PredictionArgs`), before
+    any model is loaded; `encoded` reads it with a loaded model."""
+
+    text: str
+    position: int | None = None
+    target: str | None = None
+    target_id: int | None = None
+    foil: str | None = None
+
+    @classmethod
+    def of(cls, text: str | None, given: Mapping[str, Any]) -> TextRequest:
+        """`text`, or the content of `given`'s ``text_file``, and the prediction `given` asks for."""
+        return cls(
+            _text_of(text, given.get("text_file")),
+            given.get("position"),
+            given.get("target"),
+            given.get("target_id"),
+            given.get("foil"),
+        )
+
+    def encoded(self, loaded: LoadedModel) -> EncodedText:
+        """The text as `loaded`'s tokenizer reads it (refused when it does not fit the model's
+        context), with the prediction's position."""
+        tokenizer = tokenizer_of(loaded)
+        ids = encode_text(tokenizer, self.text, loaded.view)
+        return EncodedText(self, tokenizer, ids, self._position_in(int(ids.shape[1])))
+
+    def _position_in(self, length: int) -> int:
+        """The position whose prediction is analysed in a text of `length` tokens (default the
+        last); UsageError outside the text or for a text shorter than 2 tokens."""
+        if length < 2:
+            raise UsageError(f"the text is {length} token long; at least 2 tokens are needed (a context)")
+        position = self.position
+        if position is None:
+            return length - 1
+        where = position + length if position < 0 else position
+        if not 0 <= where < length:
+            raise UsageError(
+                f"`position` {position} is outside the text's {length} tokens; allowed: 0..{length - 1} "
+                f"(or -{length}..-1 from the end)"
+            )
+        return where
+
+
+@dataclass(frozen=True)
+class EncodedText:
+    """A `TextRequest` read by one model's `tokenizer`: the text's `ids` (1 × T, with the
+    tokenizer's special tokens) and the prediction's `position` (0..T−1)."""
+
+    request: TextRequest
+    tokenizer: PreTrainedTokenizerBase
+    ids: torch.Tensor
+    position: int
+
+    def tokens(self) -> tuple[str, ...]:
+        """The text's tokens as strings."""
+        return tuple(token_text(self.tokenizer, int(t)) for t in self.ids[0])
+
+    def target(self, decoder: Decoder, internals: Internals) -> int:
+        """The target token: given as text (`target`), as an id (`target_id`), or the model's
+        top prediction at the position (the last block's output through `decoder`)."""
+        asked = self.request
+        if asked.target is not None and asked.target_id is not None:
+            raise UsageError("give `target` or `target_id`, not both")
+        vocab = decoder.vocab_size
+        if asked.target_id is not None:
+            if not 0 <= asked.target_id < vocab:
+                raise UsageError(
+                    f"`target_id` {asked.target_id} is outside the vocabulary; allowed: 0..{vocab - 1}"
+                )
+            return asked.target_id
+        if asked.target is not None:
+            return _single_token(self.tokenizer, asked.target, "target")
+        final = internals.blocks[-1].block_output[0, self.position]
+        with torch.no_grad():
+            return int(decoder.logits(final).argmax())
+
+    def foil(self, target: int) -> int | None:
+        """The foil's token id (None without a `foil`); refused when it is the `target`."""
+        foil = self.request.foil
+        if foil is None:
+            return None
+        foil_id = _single_token(self.tokenizer, foil, "foil")
+        if foil_id == target:
+            raise UsageError(f"`foil` {foil!r} is the target token itself; give a different token")
+        return foil_id
+
+
+def text_keywords(given: Mapping[str, Any]) -> dict[str, Any]:
+    """The one-text keywords among `given` (a call's keywords), in `TEXT_KEYWORDS` order."""
+    return {name: given[name] for name in TEXT_KEYWORDS if name in given}
+
+
+def _text_of(text: str | None, text_file: str | os.PathLike[str] | None) -> str:
+    """The text to analyse: `text`, or the content of `text_file`; UsageError unless exactly one
+    is given and it holds text."""
+    if text is not None and text_file is None:
+        if not text.strip():
+            raise UsageError("`text` is empty")
+        return text
+    if text is not None or text_file is None:
+        raise UsageError("give exactly one of `text` or `text_file`")
+    content = read_text(Path(text_file), "`text_file`", alternative=" or `text`")
+    if not content.strip():
+        raise UsageError(f"`text_file` {str(text_file)!r} holds no text; give a file with text")
+    return content
+
+
+def _single_token(tokenizer: PreTrainedTokenizerBase, text: str, what: str) -> int:
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        pieces = " + ".join(repr(tokenizer.decode([i])) for i in ids) or "no tokens"
+        alternative = f" (e.g. with its leading space) or `{what}_id`" if what == "target" else ""
+        raise UsageError(
+            f"`{what}` {text!r} is {len(ids)} tokens ({pieces}); give text that is one token{alternative}"
+        )
+    return int(ids[0])
+
+
+__all__ = [
+    "TEXT_KEYWORDS",
+    "EncodedText",
+    "PositionArgs",
+    "PredictionArgs",
+    "TargetArgs",
+    "TextArgs",
+    "TextRequest",
+    "text_keywords",
+]
