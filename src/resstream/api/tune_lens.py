@@ -182,7 +182,8 @@ def tune_lens(
         one_outcome(info.place),
         _checkpoints(checkpoint_dir, checkpoint_every, resume, requested, info) as checkpoints,
     ):
-        each = _each_split(model, dataset, seq_len, seed, data_dir, options, budget, eval_seqs)
+        held_out = CorpusRequest(dataset, eval_seqs, seq_len, seed, data_dir, DEFAULT_SEQ_LEN)
+        each = _each_split(model, held_out, options, budget)
         with closing(each):
             for loaded, split in each:
                 view = loaded.view
@@ -391,7 +392,13 @@ def evaluate_lens(
         with (
             one_outcome(ranks(options.device).place),  # under torchrun: a failure is every rank's
             closing(
-                _each_sample(model, dataset, length, seed, data_dir, options, sizes, check=lens.check_model)
+                _each_sample(
+                    model,
+                    CorpusRequest(dataset, sum(sizes), length, seed, data_dir, DEFAULT_SEQ_LEN),
+                    sizes[1],
+                    options,
+                    check=lens.check_model,
+                )
             ) as each,
         ):
             for loaded, split in each:
@@ -472,26 +479,17 @@ class Split:
 
 
 def _each_split(
-    model: ModelLike,
-    dataset: str,
-    seq_len: int | None,
-    seed: int,
-    data_dir: Any,
-    options: LoadOptions,
-    budget: LensBudget,
-    eval_seqs: int,
+    model: ModelLike, held_out: CorpusRequest, options: LoadOptions, budget: LensBudget
 ) -> Generator[tuple[LoadedModel, Split], None, None]:
-    """The model and its split for the budget's tokens in its steps (the window length settled
-    first, so a model with a shorter context still gets the tokens); the budget's notices are
-    said once the windows are drawn."""
-    tokens, steps = budget.tokens, budget.steps
-    request = CorpusRequest(dataset, 1, seq_len, seed, data_dir, DEFAULT_SEQ_LEN)
-    length = seq_len = settled_seq_len(request, checked_models(model, options))
+    """The model and its split for the budget's tokens in its steps besides the `held_out`
+    windows (the window length settled first, so a model with a shorter context still gets
+    the tokens); the budget's notices are said once the windows are drawn."""
+    tokens, steps, eval_seqs = budget.tokens, budget.steps, held_out.num_seqs
+    length = settled_seq_len(held_out, checked_models(model, options))
     per_step = max(1, math.ceil(tokens / (steps * length)))
+    corpus = replace(held_out, num_seqs=steps * per_step + eval_seqs, seq_len=length)
     try:
-        for loaded, split in _each_sample(
-            model, dataset, seq_len, seed, data_dir, options, (steps * per_step, eval_seqs)
-        ):
+        for loaded, split in _each_sample(model, corpus, eval_seqs, options):
             if budget.note is not None:
                 notify(budget.note)
             if steps * per_step * length != tokens:
@@ -501,7 +499,7 @@ def _each_split(
                 )
             yield loaded, split
     except CorpusTooSmall as exc:
-        needed = steps * per_step + eval_seqs
+        needed, dataset = corpus.num_seqs, corpus.dataset
         raise UsageError(
             f"{dataset!r} is too small for `tokens` {tokens:,} in {steps} steps: that needs {needed:,} "
             f"sequences of {length} tokens ({steps} × {per_step} for training + {eval_seqs} held out), "
@@ -511,30 +509,25 @@ def _each_split(
 
 def _each_sample(
     model: ModelLike,
-    dataset: str,
-    seq_len: int | None,
-    seed: int,
-    data_dir: Any,
+    corpus: CorpusRequest,
+    eval_seqs: int,
     options: LoadOptions,
-    sizes: tuple[int, int],
     check: Callable[[ModelView], None] | None = None,
 ) -> Generator[tuple[LoadedModel, Split], None, None]:
-    """Load the model (passing `check`), draw train + held-out windows and split them."""
-    train_seqs, eval_seqs = sizes
-    corpus = CorpusRequest(dataset, train_seqs + eval_seqs, seq_len, seed, data_dir, DEFAULT_SEQ_LEN)
+    """Load the model (passing `check`), draw the `corpus`'s windows and split them: the last
+    `eval_seqs` of its count are held out."""
+    dataset = corpus.dataset
     if corpus.pinned and Path(dataset).is_file() and load_token_rows(dataset) is not None:
         raise UsageError(
             f"{dataset!r} holds token rows (input_ids); tune-lens samples windows of a text corpus"
         )
-    sampler = store_sampler(ranks(options.device), data_dir, options.progress)
+    sampler = store_sampler(ranks(options.device), corpus.data_dir, options.progress)
     with closing(each_model(model, corpus, options, check=check, sampler=sampler)) as each:
         for loaded, sample, fingerprint in each:
-            yield loaded, _split(sample, train_seqs, eval_seqs, dataset, seed, fingerprint)
+            yield loaded, _split(sample, eval_seqs, dataset, corpus.seed, fingerprint)
 
 
-def _split(
-    sample: SequenceSample, train_seqs: int, eval_seqs: int, dataset: str, seed: int, fingerprint: str | None
-) -> Split:
+def _split(sample: SequenceSample, eval_seqs: int, dataset: str, seed: int, fingerprint: str | None) -> Split:
     """Permute the windows with `seed`: the first `eval_seqs` are held out, the rest train."""
     order = torch.randperm(len(sample.sequences), generator=torch.Generator().manual_seed(seed)).tolist()
     windows = sample.sequences
