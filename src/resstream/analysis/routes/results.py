@@ -195,25 +195,8 @@ class CorpusRoutes(Displayable, renderer="resstream.reporting.routes"):
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """Every figure (routes.json in corpus mode)."""
-        return {
-            "model": self.model,
-            "family": self.family,
-            "dataset": self.dataset,
-            "dataset_fingerprint": self.dataset_fingerprint,
-            "num_seqs": self.num_seqs,
-            "seq_len": self.seq_len,
-            "positions": self.positions,
-            "threshold": self.threshold,
-            "n_layers": self.n_layers,
-            "n_heads": self.n_heads,
-            "head_on_route": [[asdict(rate) for rate in row] for row in self.head_on_route],
-            "mlp_on_route": [asdict(rate) for rate in self.mlp_on_route],
-            "attention_on_route": [asdict(rate) for rate in self.attention_on_route],
-            "edge_shares": {name: asdict(rate) for name, rate in self.edge_shares.items()},
-            "head_flow": [list(row) for row in self.head_flow],
-            "mlp_flow": list(self.mlp_flow),
-        }
+        """Every figure (routes.json in corpus mode): the fields, each `Rate` as a dict."""
+        return asdict(self)
 
 
 def _largest_heads(
