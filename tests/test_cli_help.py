@@ -148,3 +148,48 @@ def test_command_summary_is_the_first_sentence_on_one_line():
     assert command_summary(text) == "Train a model; writes weights and loss_curve.png into --out."
     assert command_summary("Uses e.g. a preset.") == "Uses e.g. a preset."
     assert command_summary("One line without a stop") == "One line without a stop"
+
+
+#: Bad values that need no model and no data, one per shared option and a few commands' own:
+#: each is refused (exit 2) before torch, transformers or matplotlib is imported.
+REFUSED_AT_ONCE = [
+    ["shift", "--num-seqs", "-1"],
+    ["recency", "--batch-size", "0"],
+    ["neurons", "--layer", "0", "--seq-len", "1"],
+    ["lens", "--text", "a", "--dtype", "float64"],
+    ["lens", "--text", "a", "--positions", "x"],
+    ["routes", "--text", "a", "--device", "tpu"],
+    ["attribute", "--text", "a", "--device-map", "everywhere"],
+    ["tune-lens", "--seq-len", "1"],
+    ["verify", "--device", "tpu"],
+]
+REFUSE_AND_LIST_IMPORTS = """
+import json, sys
+from resstream.cli.main import main
+codes = [main([*args, "--out", sys.argv[1]]) for args in json.loads(sys.argv[2])]
+heavy = sorted(name for name in ("torch", "transformers", "matplotlib") if name in sys.modules)
+print(json.dumps({"codes": codes, "heavy": heavy}))
+"""
+
+
+def test_bad_values_are_refused_before_torch_is_imported(tmp_path):
+    """Issue 38: `shift --num-seqs -1` took 3 s to refuse, most of it importing torch. One fresh
+    interpreter runs every refusal of `REFUSED_AT_ONCE` in-process, then lists what it imported."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-c", REFUSE_AND_LIST_IMPORTS, str(out), json.dumps(REFUSED_AT_ONCE)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.splitlines()[-1])
+    lines = done.stderr.strip().splitlines()
+    assert found["codes"] == [2] * len(REFUSED_AT_ONCE), lines
+    assert len(lines) == len(REFUSED_AT_ONCE) and all(line.startswith("resstream: error:") for line in lines)
+    assert found["heavy"] == [], lines
+    assert not out.exists()

@@ -24,7 +24,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "resstream"
 
 BOTTOM = {"errors", "io", "devices", "hub", "assets", "interrupts", "notices", "rundir", "resources", "reprs"}
-BOTTOM |= {"display"}
+BOTTOM |= {"display", "checks"}
 ALLOWED: dict[str, set[str]] = {
     "cli": {
         "api",
@@ -83,7 +83,8 @@ ALLOWED: dict[str, set[str]] = {
     "rundir": {"errors", "io", "interrupts", "resources"},
     # torchrun's process group and the data-parallel steps of the analyses (never `analysis`)
     "distributed": {"errors", "rundir", "devices"},
-    "devices": {"errors"},
+    "devices": {"errors", "checks"},
+    "checks": {"errors"},
     "hub": {"errors"},
     "assets": {"errors"},
     "resources": {"errors"},

@@ -83,9 +83,9 @@ def test_resstream_run_directory_and_reference_model() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"dtype": "float64"}, r"unknown dtype 'float64'.*allowed: auto, float32, bfloat16, float16"),
+        ({"dtype": "float64"}, r"unknown `dtype` 'float64'.*allowed: auto, float32, bfloat16, float16"),
         ({"device": "tpu"}, r"unknown `device` 'tpu'; allowed: auto, cpu, cuda"),
-        ({"device_map": "everywhere"}, r"unknown device_map 'everywhere'.*allowed: auto"),
+        ({"device_map": "everywhere"}, r"unknown `device_map` 'everywhere'.*allowed: auto"),
     ],
 )
 def test_bad_options(kwargs: dict, message: str) -> None:

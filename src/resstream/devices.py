@@ -6,9 +6,8 @@ import os
 
 import torch
 
+from resstream.checks import check_device_name
 from resstream.errors import UsageError
-
-ALLOWED = "auto, cpu, cuda, cuda:N, mps"
 
 
 def resolve_device(name: str | torch.device, *, local_rank: int | None = None) -> torch.device:
@@ -19,21 +18,14 @@ def resolve_device(name: str | torch.device, *, local_rank: int | None = None) -
     is ``cuda:<local_rank>`` (the GPU of this process under torchrun: `local_rank` None reads
     torchrun's LOCAL_RANK, 0 when run directly); ``cuda:N`` must exist; ``mps`` must be available.
     """
-    text = str(name).strip()
+    text = check_device_name(str(name))
     if text == "auto":
         text = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(text)
-    except (RuntimeError, ValueError):
-        raise UsageError(f"unknown `device` {text!r}; allowed: {ALLOWED}") from None
+    device = torch.device(text)
     if device.type == "cuda":
         return _cuda(device, text, int(os.environ.get("LOCAL_RANK", 0)) if local_rank is None else local_rank)
-    if device.type == "mps":
-        if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-            raise UsageError(f"`device` {text!r} is not available on this machine; allowed here: auto, cpu")
-        return device
-    if device.type != "cpu":
-        raise UsageError(f"unsupported `device` {text!r}; allowed: {ALLOWED}")
+    if device.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise UsageError(f"`device` {text!r} is not available on this machine; allowed here: auto, cpu")
     return device
 
 

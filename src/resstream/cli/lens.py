@@ -71,6 +71,7 @@ def lens(
     ] = False,
 ) -> None:
     """Decode every layer's hidden state of a text: which layers hold the input token, which the next."""
+    span = parse_positions(positions)  # refused before the imports below
     import resstream
     from resstream.io import write_json
     from resstream.reporting.lens import plot_lens, terminal_lines, write_html
@@ -81,7 +82,7 @@ def lens(
             text,
             text_file=text_file,
             model=loading.model,
-            positions=parse_positions(positions),
+            positions=span,
             top_k=top_k,
             decoder=decoder,
             **loading.api_kwargs(),

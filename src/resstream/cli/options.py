@@ -68,6 +68,16 @@ class OptionGroup(Generic[T]):
     build: Callable[..., T]
     params: Mapping[str, tuple[Any, Any]]
 
+    def checked(self, values: dict[str, Any]) -> T:
+        """The group's object, of its options' values (taken out of `values`), checked by its
+        `check()` where it has one: the refusals that need no model and no data, made before the
+        command imports torch, so that a bad value is refused at once."""
+        made = self.build(**{option: values.pop(option) for option in self.params})
+        check = getattr(made, "check", None)
+        if check is not None:
+            check()
+        return made
+
     def parameters(self) -> list[inspect.Parameter]:
         """The group's options as keyword-only parameters of a signature."""
         return [
@@ -93,7 +103,7 @@ def command(func: F) -> F:
     @functools.wraps(func)
     def expanded(**values: Any) -> None:
         for name, group in groups.items():
-            values[name] = group.build(**{option: values.pop(option) for option in group.params})
+            values[name] = group.checked(values)
         func(**values)
 
     return typing.cast(F, _with_signature(expanded, params))
@@ -231,6 +241,14 @@ class Loading:
     device_map: str | None = None
     trust_remote_code: bool = False
     takes_device_map: bool = field(default=True, repr=False)
+    named_dtypes: bool = field(default=True, repr=False)  # --dtype is one of `checks.DTYPE_NAMES`
+
+    def check(self) -> None:
+        """Refuse a --dtype, --device or --device-map that names nothing a model loads with
+        (`checks.check_load_names`; --dtype left to the command when not `named_dtypes`)."""
+        from resstream.checks import check_load_names
+
+        check_load_names(self.dtype if self.named_dtypes else None, self.device, self.device_map)
 
     @property
     def model(self) -> str | None:
@@ -264,9 +282,12 @@ class Loading:
         )
 
 
-def model_options(*, several: bool = False, device_map: bool = True) -> OptionGroup[Loading]:
+def model_options(
+    *, several: bool = False, device_map: bool = True, named_dtypes: bool = True
+) -> OptionGroup[Loading]:
     """--model (repeatable when `several`), --dtype, --device, --device-map (unless not
-    `device_map`) and --trust-remote-code."""
+    `device_map`) and --trust-remote-code; `named_dtypes=False` for a command whose --dtype
+    takes fewer names than a model loads with (its own check refuses the others)."""
     model: tuple[Any, Any] = (
         (Annotated[list[str] | None, typer.Option("--model", help=MODELS_HELP)], None)
         if several
@@ -282,7 +303,7 @@ def model_options(*, several: bool = False, device_map: bool = True) -> OptionGr
     params["trust_remote_code"] = (TrustRemoteCodeOption, False)
 
     def build(model: list[str] | str | None, **values: Any) -> Loading:
-        return Loading(model_specs(model), takes_device_map=device_map, **values)
+        return Loading(model_specs(model), takes_device_map=device_map, named_dtypes=named_dtypes, **values)
 
     return OptionGroup(build, params)
 
@@ -305,6 +326,14 @@ class Sample:
     batch_size: int | None = None
     seed: int | None = None
     data_dir: Path | None = None
+
+    def check(self) -> None:
+        """Refuse a --num-seqs, --seq-len or --batch-size no corpus can give (`resstream.checks`)."""
+        from resstream.checks import check_batch_size, check_sample_request
+
+        check_sample_request(self.num_seqs, self.seq_len)
+        if self.batch_size is not None:
+            check_batch_size(self.batch_size)
 
     def api_kwargs(self) -> dict[str, Any]:
         """The API's sampling arguments."""

@@ -11,7 +11,7 @@ from resstream.cli import options
 #: The files one run writes (besides run.json).
 FILES = ("verify.json",)
 
-_MODEL = options.model_options(device_map=False)
+_MODEL = options.model_options(device_map=False, named_dtypes=False)  # verify checks its own dtypes
 #: --model, --dtype (float32 or bfloat16, float32 by default: the tolerances are per dtype),
 #: --device and --trust-remote-code.
 VerifyModelArg = Annotated[

@@ -28,6 +28,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
+from resstream.checks import check_sample_request
 from resstream.data.files import tokenizer_pieces
 from resstream.errors import UsageError
 
@@ -193,15 +194,6 @@ def sample_token_rows(rows: list[list[int]], *, source: str, vocab_size: int) ->
         False,
         None,
     )
-
-
-def check_sample_request(num_seqs: int, seq_len: int) -> None:
-    """UsageError for a sample no corpus can give: fewer than one sequence, or sequences
-    shorter than two tokens (one input and the next). Cheap: call it before loading models."""
-    if num_seqs < 1:
-        raise UsageError(f"`num_seqs` {num_seqs} must be >= 1")
-    if seq_len < 2:
-        raise UsageError(f"`seq_len` {seq_len} is too short: at least 2 tokens are needed")
 
 
 def check_vocabulary(token: int, vocab_size: int, where: str) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeGuard
 import torch
 from torch import nn
 
+from resstream.checks import DTYPE_NAMES
 from resstream.errors import UsageError
 from resstream.models.adapters.base import ModelView
 from resstream.models.adapters.registry import view_of
@@ -23,12 +24,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 #: The `dtype` choices of `load_model`: "auto" (None) picks per device (see `loading`).
-DTYPES: dict[str, torch.dtype | None] = {
-    "auto": None,
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+DTYPES: dict[str, torch.dtype | None] = dict(
+    zip(DTYPE_NAMES, (None, torch.float32, torch.bfloat16, torch.float16), strict=True)
+)
 
 
 @dataclass(frozen=True)

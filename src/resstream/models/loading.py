@@ -35,8 +35,9 @@ from pathlib import Path
 
 import torch
 
+from resstream.checks import DEVICE_MAPS, check_load_names
 from resstream.devices import device_label
-from resstream.errors import UsageError, check_choice
+from resstream.errors import UsageError
 from resstream.hub import looks_like_path
 from resstream.models.adapters.layout import context_of
 from resstream.models.adapters.registry import view_of
@@ -53,7 +54,6 @@ from resstream.models.loaded import DTYPES, LoadedModel, ModelLike, ModelSpec, a
 from resstream.training.budget import check_model_fits
 from resstream.training.records import MODEL_META
 
-DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 REFERENCE_NAME = "reference"  # `--model reference`: the built-in model (as does no --model)
 
 
@@ -73,10 +73,8 @@ def load_model(
     that reads no text) loads a Hugging Face model without its tokenizer, and accepts a folder
     that has none; a resstream run loads its own either way.
     """
-    check_choice("dtype", dtype, DTYPES)
+    check_load_names(dtype, device, device_map)
     device = device_label(device)
-    if device_map is not None:
-        check_choice("device_map", device_map, DEVICE_MAPS)
     where, name, source = _locate(spec)
     if source in ("reference", "resstream"):
         return _load_resstream(Path(where), name, source, dtype, device)
@@ -101,7 +99,7 @@ def check_model(
     others: path, config (its sizes, and whether the weights they imply fit in memory with
     `dtype` on `device`), family, causal-LM head and tokenizer files are checked.
     """
-    check_choice("dtype", dtype, DTYPES)
+    check_load_names(dtype, device, device_map)
     device = device_label(device)
     where, name, source = _locate(spec)
     if source in ("local", "hub"):
