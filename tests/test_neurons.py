@@ -336,3 +336,10 @@ def test_added_values_point_where_the_write_reaches_the_final_norm(case: str) ->
         cos = torch.nn.functional.cosine_similarity(written, expected, dim=1)
         big = m.abs() > 1e-3
         assert bool((cos[big] > 1 - 1e-5).all()), cos[big].min()
+
+
+def test_a_list_of_models_is_refused_not_cut_to_its_first() -> None:
+    """`neurons` analyses one model: a list (which `shift` takes) is refused before anything
+    loads, as `attribute_corpus` refuses it (it analysed the first model and ignored the rest)."""
+    with pytest.raises(UsageError, match=r"holds a list; allowed: a model spec"):
+        resstream.neurons(["reference", "reference"], layer=0, top=2)

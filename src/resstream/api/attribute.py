@@ -28,8 +28,8 @@ from resstream.api.inputs import (
     LoadOptions,
     check_batch_size,
     one_model,
+    one_sampled_model,
     prediction_batches,
-    sampled_models,
     takes_load_args,
 )
 from resstream.api.prediction import PredictionArgs, TextRequest
@@ -172,44 +172,42 @@ def attribute_corpus(
         raise UsageError(f"`candidates` {candidates} is not allowed; allowed: 1 or more")
     num_seqs = DEFAULT_NUM_SEQS if num_seqs is None else num_seqs
     request = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir, default_seq_len=DEFAULT_SEQ_LEN)
-    with sampled_models(
-        [model],
+    with one_sampled_model(
+        model,
         request,
         load,
         tokenizer=tokenizer,
         progress=progress,
         batch_size=batch_size,
         reads_blocks=True,
-    ) as each:
-        for loaded, sample, fingerprint in each:
-            view, tokenizer = loaded.view, tokenizer_of(loaded)
-            decoder = decoder_of(view)
-            batches = prediction_batches(sample.sequences, batch_size)
-            check_corpus_fits(view, batches, len(sample.sequences))
-            passes = 2 if neurons else 1
-            info = joined(view.W_E.device)  # under torchrun: the batches shared out among the ranks
-            mine = sum(len(b) for _, b in my_batches(batches, info))
-            bar = _bar(passes * mine, f"attribute {loaded.name}", progress and info.is_main)
-            try:
-                result = attribute_batches(
-                    view,
-                    decoder,
-                    batches,
-                    partial(block_internals, view),
-                    top=top,
-                    candidates=candidates if neurons else 0,
-                    promoted=_promoted(view, decoder, partial(token_text, tokenizer)),
-                    model=loaded.name,
-                    dataset=dataset,
-                    progress=None if bar is None else partial(_advance, bar),
-                    map_batches=partial(map_sharded, info=info),
-                    rank_by=rank_by,
-                )
-            finally:
-                if bar is not None:
-                    bar.close()
-            return replace(result, sample=sample.rule, dataset_fingerprint=fingerprint)
-    raise UsageError("no model to attribute")  # pragma: no cover - each_model yields one
+    ) as (loaded, sample, fingerprint):
+        view, tokenizer = loaded.view, tokenizer_of(loaded)
+        decoder = decoder_of(view)
+        batches = prediction_batches(sample.sequences, batch_size)
+        check_corpus_fits(view, batches, len(sample.sequences))
+        passes = 2 if neurons else 1
+        info = joined(view.W_E.device)  # under torchrun: the batches shared out among the ranks
+        mine = sum(len(b) for _, b in my_batches(batches, info))
+        bar = _bar(passes * mine, f"attribute {loaded.name}", progress and info.is_main)
+        try:
+            result = attribute_batches(
+                view,
+                decoder,
+                batches,
+                partial(block_internals, view),
+                top=top,
+                candidates=candidates if neurons else 0,
+                promoted=_promoted(view, decoder, partial(token_text, tokenizer)),
+                model=loaded.name,
+                dataset=dataset,
+                progress=None if bar is None else partial(_advance, bar),
+                map_batches=partial(map_sharded, info=info),
+                rank_by=rank_by,
+            )
+        finally:
+            if bar is not None:
+                bar.close()
+        return replace(result, sample=sample.rule, dataset_fingerprint=fingerprint)
 
 
 def _check_top(top: int) -> None:

@@ -47,8 +47,8 @@ from resstream.api.inputs import (
     LoadOptions,
     check_next_tokens,
     one_model,
+    one_sampled_model,
     refuse_device_map,
-    sampled_models,
     takes_load_args,
 )
 from resstream.api.prediction import TargetArgs, TextRequest, text_keywords
@@ -124,12 +124,10 @@ def faithfulness(
         data_dir,
         default_seq_len=DEFAULT_SEQ_LEN,
     )
-    with sampled_models(
-        [model], request, given, tokenizer=tokenizer, progress=progress, batch_size=batch_size
-    ) as each:
-        for loaded, sample, fingerprint in each:
-            return _corpus(loaded, sample, fingerprint, dataset, per_seq, settings, progress)
-    raise UsageError("no model to measure")  # pragma: no cover - each_model yields one
+    with one_sampled_model(
+        model, request, given, tokenizer=tokenizer, progress=progress, batch_size=batch_size
+    ) as (loaded, sample, fingerprint):
+        return _corpus(loaded, sample, fingerprint, dataset, per_seq, settings, progress)
 
 
 def _settings(

@@ -462,6 +462,17 @@ def sampled_models(
         yield each
 
 
+@contextmanager
+def one_sampled_model(
+    model: ModelLike, corpus: CorpusRequest, load: LoadArgs, **options: Any
+) -> Iterator[tuple[LoadedModel, SequenceSample, str | None]]:
+    """`sampled_models` for an analysis of one model (a list of models is refused as one):
+    the model, its sample and the sample's fingerprint for the duration of the block
+    (`options`: `sampled_models`' keywords)."""
+    with sampled_models([model], corpus, load, **options) as each:
+        yield next(each)
+
+
 def corpus_stream(corpus: CorpusRequest) -> CorpusStream | None:
     """The corpus, found (a bad name or path refused) before any model is loaded; None for a
     pinned `.jsonl` file, which is read once a tokenizer is known."""

@@ -26,7 +26,7 @@ from resstream.api.inputs import (
     check_top_k,
     each_batch,
     measure_batches,
-    sampled_models,
+    one_sampled_model,
     takes_load_args,
 )
 from resstream.api.state_memory import block_devices, check_batches_fit, neuron_count
@@ -84,7 +84,7 @@ def neurons(
         check_layer_and_neurons(view, layer, chosen, top)
         check_top_k(value_tokens, view.W_U.shape[0], "value_tokens")
 
-    with sampled_models(
+    with one_sampled_model(
         model,
         corpus,
         load,
@@ -93,8 +93,7 @@ def neurons(
         batch_size=batch_size,
         check=check,
         reads_blocks=True,
-    ) as each:
-        loaded, sample, fingerprint = next(each)
+    ) as (loaded, sample, fingerprint):
         view = loaded.view
         length = max(len(seq) for seq in sample.sequences)
         rows = min(batch_size, len(sample.sequences))

@@ -41,9 +41,9 @@ from resstream.api.inputs import (
     LoadOptions,
     check_batch_size,
     one_model,
+    one_sampled_model,
     prediction_batches,
     refuse_device_map,
-    sampled_models,
     takes_load_args,
 )
 from resstream.api.prediction import PositionArgs, TextRequest
@@ -261,44 +261,42 @@ def routes_corpus(
     check_batch_size(batch_size)
     num_seqs = DEFAULT_NUM_SEQS if num_seqs is None else num_seqs
     request = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir, default_seq_len=DEFAULT_SEQ_LEN)
-    with sampled_models(
-        [model], request, load, tokenizer=tokenizer, progress=progress, batch_size=batch_size
-    ) as each:
-        for loaded, sample, fingerprint in each:
-            view = loaded.view
-            batches = prediction_batches(sample.sequences, batch_size)
-            tally = CorpusTally()
-            bar = tqdm(
-                total=len(sample.sequences),
-                desc=f"routes {loaded.name}",
-                unit="seq",
-                leave=False,
-                disable=not progress,
-            )
-            try:
-                for batch in batches:
-                    internals = block_internals(view, batch, attention=True)
-                    for sequence in range(batch.shape[0]):
-                        tally.add(
-                            sequence_counts(flow_importances(view, internals, sequence=sequence), threshold)
-                        )
-                        bar.update(1)
-            finally:
-                bar.close()
-            return CorpusRoutes(
-                model=loaded.name,
-                family=view.family,
-                dataset=dataset,
-                dataset_fingerprint=fingerprint,
-                num_seqs=len(sample.sequences),
-                seq_len=int(batches[0].shape[1]),
-                positions=tally.positions,
-                threshold=threshold,
-                n_layers=view.n_layers,
-                n_heads=view.n_heads,
-                **tally.rates(),  # type: ignore[arg-type]
-            )
-    raise UsageError("no model to trace")  # pragma: no cover - each_model yields one
+    with one_sampled_model(
+        model, request, load, tokenizer=tokenizer, progress=progress, batch_size=batch_size
+    ) as (loaded, sample, fingerprint):
+        view = loaded.view
+        batches = prediction_batches(sample.sequences, batch_size)
+        tally = CorpusTally()
+        bar = tqdm(
+            total=len(sample.sequences),
+            desc=f"routes {loaded.name}",
+            unit="seq",
+            leave=False,
+            disable=not progress,
+        )
+        try:
+            for batch in batches:
+                internals = block_internals(view, batch, attention=True)
+                for sequence in range(batch.shape[0]):
+                    tally.add(
+                        sequence_counts(flow_importances(view, internals, sequence=sequence), threshold)
+                    )
+                    bar.update(1)
+        finally:
+            bar.close()
+        return CorpusRoutes(
+            model=loaded.name,
+            family=view.family,
+            dataset=dataset,
+            dataset_fingerprint=fingerprint,
+            num_seqs=len(sample.sequences),
+            seq_len=int(batches[0].shape[1]),
+            positions=tally.positions,
+            threshold=threshold,
+            n_layers=view.n_layers,
+            n_heads=view.n_heads,
+            **tally.rates(),  # type: ignore[arg-type]
+        )
 
 
 def _checked_threshold(threshold: float) -> float:
