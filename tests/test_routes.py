@@ -749,3 +749,13 @@ def test_memory_budget_must_be_positive(budget: int) -> None:
     view, internals, _ = _recorded("gpt2")
     with pytest.raises(ValueError, match="memory_budget must be positive"):
         flow_importances(view, internals, memory_budget=budget)
+
+
+def test_a_corpus_rate_is_the_packages_one_interval_type() -> None:
+    """`Rate` (routes_corpus's shares) is `Estimate`, as faithfulness's and the simulations'
+    intervals are: one value-with-interval type, one `to_dict`."""
+    from resstream.analysis.routes import Rate
+    from resstream.simulation.intervals import Estimate
+
+    assert Rate is Estimate
+    assert Rate(0.5, 0.25, 0.75).to_dict() == {"value": 0.5, "low": 0.25, "high": 0.75}

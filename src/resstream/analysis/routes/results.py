@@ -17,6 +17,7 @@ from resstream.analysis.attribution.decomposition import point_name
 from resstream.analysis.names import head_name, source_name, sublayer_name
 from resstream.display import Displayable
 from resstream.reprs import summary
+from resstream.simulation.intervals import Estimate
 
 T = TypeVar("T")
 
@@ -138,13 +139,9 @@ class RoutesResult(Displayable, renderer="resstream.reporting.routes"):
         }
 
 
-@dataclass(frozen=True)
-class Rate:
-    """A share over the corpus with its 95% interval over sequences (nan when fewer than two)."""
-
-    value: float
-    low: float
-    high: float
+#: A share over the corpus with its 95% interval over sequences (nan bounds when fewer than
+#: two): an `Estimate`, as every interval of the package is.
+Rate = Estimate
 
 
 @dataclass(frozen=True, eq=False, repr=False)
