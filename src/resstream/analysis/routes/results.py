@@ -139,9 +139,9 @@ class RoutesResult(Displayable, renderer="resstream.reporting.routes"):
         }
 
 
-#: A share over the corpus with its 95% interval over sequences (nan bounds when fewer than
-#: two): an `Estimate`, as every interval of the package is.
 Rate = Estimate
+"""A share over the corpus with its 95% interval over sequences (nan bounds when fewer than
+two): an `Estimate` (value, low, high), as every interval of the package is."""
 
 
 @dataclass(frozen=True, eq=False, repr=False)
