@@ -161,6 +161,8 @@ REFUSED_AT_ONCE = [
     ["routes", "--text", "a", "--device", "tpu"],
     ["attribute", "--text", "a", "--device-map", "everywhere"],
     ["tune-lens", "--seq-len", "1"],
+    ["tune-lens", "--steps", "0"],
+    ["tune-lens", "--lr", "-1"],
     ["verify", "--device", "tpu"],
 ]
 REFUSE_AND_LIST_IMPORTS = """

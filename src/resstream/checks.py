@@ -5,13 +5,15 @@ torch (`resstream.cli.options`), so that a bad value is refused in a fraction of
 module imports nothing but `resstream.errors`: keep it that way.
 
 * `check_sample_request`: the number of sequences and their length;
-* `check_batch_size`: sequences per forward pass;
+* `check_batch_size`: sequences per forward pass; `check_positive` a count, `check_learning_rate`
+  a learning rate;
 * `check_load_names`: the names a model is loaded with (`dtype`, `device`, `device_map`);
   `check_device_name` the device's alone (whether it exists is `resstream.devices`' question).
 """
 
 from __future__ import annotations
 
+import math
 import re
 
 from resstream.errors import UsageError, check_choice
@@ -38,6 +40,23 @@ def check_batch_size(batch_size: int) -> None:
     """`batch_size` must be >= 1."""
     if batch_size < 1:
         raise UsageError(f"`batch_size` {batch_size} must be >= 1")
+
+
+def check_positive(name: str, value: int) -> None:
+    """UsageError unless `value` (of parameter `name`) is an integer ≥ 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"`{name}` {value!r} is not allowed; allowed: an integer >= 1")
+
+
+def check_learning_rate(name: str, value: float) -> None:
+    """UsageError unless `value` (of parameter `name`) is a finite number > 0."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise UsageError(f"`{name}` {value!r} is not allowed; allowed: a finite number > 0")
 
 
 def check_device_name(name: str) -> str:

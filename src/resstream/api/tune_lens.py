@@ -63,6 +63,7 @@ from resstream.api.lens_trainer import (
     training_record,
 )
 from resstream.api.state_memory import check_batches_fit, host_if_meta
+from resstream.checks import check_learning_rate, check_positive
 from resstream.data.files import load_token_rows
 from resstream.data.sampling import CorpusTooSmall, SequenceSample
 from resstream.data.store_windows import TokenWindows
@@ -174,7 +175,7 @@ def tune_lens(
     check_positive("checkpoint_every", checkpoint_every)
     check_batch_size(batch_size)
     optimiser = replace(optimiser or LensOptimiser(), steps=budget.steps)
-    check_learning_rate(optimiser.lr)
+    check_learning_rate("lr", optimiser.lr)
     options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
     requested = _requested_settings(dataset, seed, seq_len, budget, eval_seqs, batch_size, optimiser)
     info = ranks(options.device)
@@ -443,23 +444,6 @@ def _check_unchanged(dataset: str, found: str | None, recorded: str | None) -> N
             f"{dataset!r} has changed since the lens was trained (fingerprint {found}, the lens recorded "
             f"{recorded}): its held-out windows cannot be rebuilt; give another `dataset`, or train again"
         )
-
-
-def check_positive(name: str, value: int) -> None:
-    """UsageError unless `value` is an integer ≥ 1."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(f"`{name}` {value!r} is not allowed; allowed: an integer >= 1")
-
-
-def check_learning_rate(value: float) -> None:
-    """UsageError unless `value` is a finite number > 0."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise UsageError(f"`lr` {value!r} is not allowed; allowed: a finite number > 0")
 
 
 # --------------------------------------------------------------------------- data

@@ -9,6 +9,10 @@ where the group stands) and hands the command one frozen object built from their
 - `corpus_options` -> `Sample`: --dataset, --num-seqs, --seq-len, --batch-size, --seed, --data-dir;
 - `output_options` -> `Output`: --out, --quiet.
 
+Each object's `check()` refuses, before the command runs (so before it imports torch), the values
+that need no model and no data to judge (`resstream.checks`); an option of the command's own
+does the same with `Checked` metadata (``Annotated[int, typer.Option(...), Checked(check_positive)]``).
+
 Each object turns itself into the API's keyword arguments (`api_kwargs`) and into its part of
 run.json (`record`); `write_run_record` writes run.json for every command from those parts.
 
@@ -91,11 +95,15 @@ def command(func: F) -> F:
     docstring); Typer sees the expanded signature, `func` gets one object per group."""
     hints = typing.get_type_hints(func, include_extras=True)
     groups: dict[str, OptionGroup[Any]] = {}
+    early: dict[str, Checked] = {}
     params: list[inspect.Parameter] = []
     for param in inspect.signature(func).parameters.values():
-        group = _group_of(hints[param.name])
+        group = _carried(hints[param.name], OptionGroup)
         if group is None:
             params.append(param.replace(annotation=hints[param.name], kind=inspect.Parameter.KEYWORD_ONLY))
+            checked = _carried(hints[param.name], Checked)
+            if checked is not None:
+                early[param.name] = checked
             continue
         groups[param.name] = group
         params.extend(group.parameters())
@@ -104,6 +112,8 @@ def command(func: F) -> F:
     def expanded(**values: Any) -> None:
         for name, group in groups.items():
             values[name] = group.checked(values)
+        for name, checked in early.items():
+            checked(name, values[name])
         func(**values)
 
     return typing.cast(F, _with_signature(expanded, params))
@@ -117,10 +127,25 @@ def _with_signature(wrapper: Callable[..., None], params: list[inspect.Parameter
     return wrapper
 
 
-def _group_of(annotation: Any) -> OptionGroup[Any] | None:
-    """The group an `Annotated[...]` annotation carries, if any."""
+def _carried(annotation: Any, kind: type[T]) -> T | None:
+    """The `kind` (an `OptionGroup`, a `Checked`) an `Annotated[...]` annotation carries, if any."""
     extras = getattr(annotation, "__metadata__", ())
-    return next((extra for extra in extras if isinstance(extra, OptionGroup)), None)
+    return next((extra for extra in extras if isinstance(extra, kind)), None)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """`Annotated` metadata of a command's own option: `check(name, value)`, a function of
+    `resstream.checks` (the library calls it too), refuses a bad value before the command
+    imports torch, as the groups' checks do; a value left to its default None is not checked.
+    `name`: the library parameter, where the option is named otherwise."""
+
+    check: Callable[[str, Any], None]
+    name: str | None = None
+
+    def __call__(self, option: str, value: Any) -> None:
+        if value is not None:
+            self.check(self.name or option, value)
 
 
 JSON_HELP = "Print the result JSON to standard output (messages go to standard error)."
@@ -177,9 +202,8 @@ def with_json_option(callback: F) -> F:
 
 def _optional_out(param: inspect.Parameter) -> inspect.Parameter:
     """--out of a command with --json: optional, its help saying so."""
-    extras = param.annotation.__metadata__
-    info = next(extra for extra in extras if isinstance(extra, typer.models.OptionInfo))
-    option = typer.Option("--out", help=f"{info.help} {OUT_WITH_JSON_HELP}")
+    info = _carried(param.annotation, typer.models.OptionInfo)
+    option = typer.Option("--out", help=f"{info.help if info else ''} {OUT_WITH_JSON_HELP}".strip())
     return param.replace(annotation=Annotated[Path | None, option], default=None)
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from resstream.checks import check_learning_rate, check_positive
 from resstream.cli import options
 
 if TYPE_CHECKING:
@@ -23,6 +24,8 @@ DEFAULT_EVAL_SEQS = 32
 DEFAULT_CHECKPOINT_EVERY = 25
 #: The layouts `--export` writes.
 EXPORT_FORMATS = ("tuned-lens",)
+#: A count option refused below 1 before anything heavy is imported.
+POSITIVE = options.Checked(check_positive)
 
 
 #: The corpus options' help where tune-lens reads them differently from the analyses.
@@ -46,6 +49,7 @@ def tune_lens(
             help="Training tokens in all, spread over the steps "
             f"\\[default: {DEFAULT_TOKENS_PER_STEP:,} a step, {DEFAULT_TOKENS:,} in {DEFAULT_STEPS} steps]."
         ),
+        POSITIVE,
     ] = None,
     steps: Annotated[
         int | None,
@@ -53,15 +57,19 @@ def tune_lens(
             help=f"Optimiser steps (SGD, Nesterov momentum, linear decay) \\[default: {DEFAULT_STEPS}]; "
             f"alone, each keeps the default {DEFAULT_TOKENS_PER_STEP:,} tokens, so fewer steps train less."
         ),
+        POSITIVE,
     ] = None,
     eval_seqs: Annotated[
         int | None,
         typer.Option(
             help="Held-out sequences for the evaluation \\[default: 32; with --eval: all the lens held out]."
         ),
+        POSITIVE,
     ] = None,
     lr: Annotated[
-        float, typer.Option(help="Peak learning rate (SGD; the tuned-lens recipe's 1.0 × (1 − 0.9)).")
+        float,
+        typer.Option(help="Peak learning rate (SGD; the tuned-lens recipe's 1.0 × (1 − 0.9))."),
+        options.Checked(check_learning_rate),
     ] = 0.1,
     resume: Annotated[
         bool,
@@ -76,6 +84,7 @@ def tune_lens(
             help="Save a checkpoint in --out every N steps (also after the last, and on Ctrl-C); "
             "removed once the lens is written."
         ),
+        POSITIVE,
     ] = DEFAULT_CHECKPOINT_EVERY,
     sample: Annotated[
         options.Sample,
