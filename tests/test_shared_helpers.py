@@ -132,3 +132,15 @@ def test_prediction_batches_refuse_a_sequence_without_a_next_token_and_group_by_
     assert [tuple(b.shape) for b in prediction_batches(rows, 4)] == [(2, 3), (1, 2)]
     with pytest.raises(UsageError, match=r"^every sequence needs at least 2 tokens"):
         check_next_tokens([[1, 2], [3]])
+
+
+def test_the_corpus_modes_draw_one_default_sample() -> None:
+    """attribute_corpus, routes_corpus and faithfulness(dataset=...) read `prediction_corpus`:
+    16 windows of 64 tokens unless told, the seq_len left to be clipped to the models."""
+    from resstream.api import faithfulness
+    from resstream.api.prediction import prediction_corpus
+
+    request = prediction_corpus("shakespeare", None, None, 3, None)
+    assert (request.num_seqs, request.seq_len, request.default_seq_len, request.seed) == (16, None, 64, 3)
+    assert prediction_corpus("shakespeare", 5, 32, 0, None).num_seqs == 5
+    assert (faithfulness.DEFAULT_NUM_SEQS, faithfulness.DEFAULT_SEQ_LEN) == (16, 64)

@@ -24,7 +24,6 @@ from resstream.analysis.circuits.neurons import added_values, promoted_tokens
 from resstream.analysis.decoding.decoder import Decoder, decoder_of
 from resstream.api.decoders import DecoderLike, decoder_spec
 from resstream.api.inputs import (
-    CorpusRequest,
     LoadOptions,
     check_batch_size,
     one_model,
@@ -32,7 +31,7 @@ from resstream.api.inputs import (
     prediction_batches,
     takes_load_args,
 )
-from resstream.api.prediction import PredictionArgs, TextRequest
+from resstream.api.prediction import PredictionArgs, TextRequest, prediction_corpus
 from resstream.api.state_memory import check_corpus_fits, check_text_fits
 from resstream.api.tokenizers import tokenizer_of
 from resstream.capture import block_internals
@@ -48,10 +47,8 @@ if TYPE_CHECKING:
 
 #: Promoted tokens listed per neuron.
 PROMOTED_TOKENS = 5
-#: Corpus mode's defaults: tokens per window when `seq_len` is not given, windows, neurons
-#: scored exactly, sequences per forward.
-DEFAULT_SEQ_LEN = 64
-DEFAULT_NUM_SEQS = 16
+#: Corpus mode's defaults (its sample: `api.prediction.prediction_corpus`): neurons scored
+#: exactly, sequences per forward.
 DEFAULT_CANDIDATES = 64
 CORPUS_BATCH_SIZE = 8
 
@@ -170,8 +167,7 @@ def attribute_corpus(
     candidates = DEFAULT_CANDIDATES if candidates is None else candidates
     if candidates < 1:
         raise UsageError(f"`candidates` {candidates} is not allowed; allowed: 1 or more")
-    num_seqs = DEFAULT_NUM_SEQS if num_seqs is None else num_seqs
-    request = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir, default_seq_len=DEFAULT_SEQ_LEN)
+    request = prediction_corpus(dataset, num_seqs, seq_len, seed, data_dir)
     with one_sampled_model(
         model,
         request,

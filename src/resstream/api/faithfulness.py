@@ -43,7 +43,6 @@ from resstream.analysis.interventions.faithfulness import (
 )
 from resstream.analysis.interventions.runs import capture_run
 from resstream.api.inputs import (
-    CorpusRequest,
     LoadOptions,
     check_next_tokens,
     one_model,
@@ -51,7 +50,14 @@ from resstream.api.inputs import (
     refuse_device_map,
     takes_load_args,
 )
-from resstream.api.prediction import TargetArgs, TextRequest, text_keywords
+from resstream.api.prediction import (
+    DEFAULT_NUM_SEQS,
+    DEFAULT_SEQ_LEN,
+    TargetArgs,
+    TextRequest,
+    prediction_corpus,
+    text_keywords,
+)
 from resstream.api.tokenizers import tokenizer_of
 from resstream.data.sampling import SequenceSample
 from resstream.data.tokenizer import token_text
@@ -61,9 +67,7 @@ from resstream.models import LoadedModel, ModelLike
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-#: Corpus mode's defaults: windows, tokens per window, positions measured per window.
-DEFAULT_NUM_SEQS = 16
-DEFAULT_SEQ_LEN = 64
+#: Corpus mode's positions measured per window (its sample: `api.prediction.prediction_corpus`).
 POSITIONS_PER_SEQ = 4
 
 
@@ -116,14 +120,7 @@ def faithfulness(
     per_seq = POSITIONS_PER_SEQ if positions_per_seq is None else positions_per_seq
     if per_seq < 1:
         raise UsageError(f"`positions_per_seq` {per_seq} is not allowed; allowed: 1 or more")
-    request = CorpusRequest(
-        dataset,
-        DEFAULT_NUM_SEQS if num_seqs is None else num_seqs,
-        seq_len,
-        seed,
-        data_dir,
-        default_seq_len=DEFAULT_SEQ_LEN,
-    )
+    request = prediction_corpus(dataset, num_seqs, seq_len, seed, data_dir)
     with one_sampled_model(
         model, request, given, tokenizer=tokenizer, progress=progress, batch_size=batch_size
     ) as (loaded, sample, fingerprint):
@@ -277,4 +274,5 @@ def _rules(settings: Settings, per_seq: int | None) -> tuple[str, ...]:
     return tuple(rules)
 
 
-__all__ = ["chosen_positions", "faithfulness"]
+#: The corpus mode's default sample is `prediction_corpus`'s, also read from here.
+__all__ = ["DEFAULT_NUM_SEQS", "DEFAULT_SEQ_LEN", "chosen_positions", "faithfulness"]

@@ -10,6 +10,9 @@ groups nest, each the one before and one more question: `TextArgs` (``text_file`
 from `text_file` when given); `TextRequest.encoded` reads the text with the loaded model's
 tokenizer (`EncodedText`: its ids and the prediction's position), which resolves the target
 and the foil. Each refusal names its keyword.
+
+The corpus modes, which take every next token of a corpus sample as a target (`attribute_corpus`,
+`routes_corpus`, `faithfulness` with a `dataset`), share one default sample: `prediction_corpus`.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from resstream.api.inputs import encode_text
+from resstream.api.inputs import CorpusRequest, encode_text
 from resstream.api.tokenizers import tokenizer_of
 from resstream.data.files import read_text
 from resstream.data.tokenizer import token_text
@@ -64,6 +67,12 @@ class PredictionArgs(TargetArgs, total=False):
 
     foil: str | None
 
+
+#: The sample of a corpus mode when `num_seqs` or `seq_len` is not given: windows, and tokens
+#: per window (clipped to the shortest context among the models). Every position of a window
+#: is a prediction, each analysed on its own, so fewer and shorter windows than `shift`'s.
+DEFAULT_NUM_SEQS = 16
+DEFAULT_SEQ_LEN = 64
 
 #: The keywords of the one-text groups that are not loading keywords, in the order above.
 TEXT_KEYWORDS = tuple(name for name in PredictionArgs.__annotations__ if name not in LoadArgs.__annotations__)
@@ -159,6 +168,19 @@ class EncodedText:
         return foil_id
 
 
+def prediction_corpus(
+    dataset: str,
+    num_seqs: int | None,
+    seq_len: int | None,
+    seed: int,
+    data_dir: str | os.PathLike[str] | None,
+) -> CorpusRequest:
+    """The sample of a corpus mode: `num_seqs` windows (default 16) of `seq_len` tokens (default
+    64, clipped to the shortest context) of `dataset` sampled with `seed` (`CorpusRequest`)."""
+    count = DEFAULT_NUM_SEQS if num_seqs is None else num_seqs
+    return CorpusRequest(dataset, count, seq_len, seed, data_dir, default_seq_len=DEFAULT_SEQ_LEN)
+
+
 def text_keywords(given: Mapping[str, Any]) -> dict[str, Any]:
     """The one-text keywords among `given` (a call's keywords), in `TEXT_KEYWORDS` order."""
     return {name: given[name] for name in TEXT_KEYWORDS if name in given}
@@ -191,6 +213,8 @@ def _single_token(tokenizer: PreTrainedTokenizerBase, text: str, what: str) -> i
 
 
 __all__ = [
+    "DEFAULT_NUM_SEQS",
+    "DEFAULT_SEQ_LEN",
     "TEXT_KEYWORDS",
     "EncodedText",
     "PositionArgs",
@@ -198,5 +222,6 @@ __all__ = [
     "TargetArgs",
     "TextArgs",
     "TextRequest",
+    "prediction_corpus",
     "text_keywords",
 ]

@@ -37,7 +37,6 @@ from resstream.analysis.routes import (
     sequence_counts,
 )
 from resstream.api.inputs import (
-    CorpusRequest,
     LoadOptions,
     check_batch_size,
     one_model,
@@ -46,7 +45,7 @@ from resstream.api.inputs import (
     refuse_device_map,
     takes_load_args,
 )
-from resstream.api.prediction import PositionArgs, TextRequest
+from resstream.api.prediction import PositionArgs, TextRequest, prediction_corpus
 from resstream.capture import Internals, block_internals
 from resstream.data.tokenizer import token_text
 from resstream.errors import UsageError
@@ -59,9 +58,7 @@ if TYPE_CHECKING:
 
 #: Tokens, terms and neurons listed per node.
 NODE_TOP = 5
-#: Corpus mode's defaults: windows, tokens per window, sequences per forward.
-DEFAULT_NUM_SEQS = 16
-DEFAULT_SEQ_LEN = 64
+#: Corpus mode's sequences per forward (its sample: `api.prediction.prediction_corpus`).
 CORPUS_BATCH_SIZE = 4
 
 
@@ -259,8 +256,7 @@ def routes_corpus(
     refuse_device_map(load, "routes", "its read-outs assume one device")
     batch_size = CORPUS_BATCH_SIZE if batch_size is None else batch_size
     check_batch_size(batch_size)
-    num_seqs = DEFAULT_NUM_SEQS if num_seqs is None else num_seqs
-    request = CorpusRequest(dataset, num_seqs, seq_len, seed, data_dir, default_seq_len=DEFAULT_SEQ_LEN)
+    request = prediction_corpus(dataset, num_seqs, seq_len, seed, data_dir)
     with one_sampled_model(
         model, request, load, tokenizer=tokenizer, progress=progress, batch_size=batch_size
     ) as (loaded, sample, fingerprint):
