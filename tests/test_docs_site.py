@@ -224,7 +224,10 @@ def test_the_cli_reference_has_every_command_and_option_with_its_default():
                 assert f">{', '.join(param.opts)}" in page, (name, param.opts)
     shift = page.split("\n## resstream shift\n")[1].split("\n## ")[0]
     assert "--top-k</code></td><td><code>int</code></td><td><code>5</code></td>" in shift
-    assert "--out</code></td><td><code>path</code></td><td><code>required</code></td>" in shift
+    assert "--out</code></td><td><code>path</code></td><td></td><td>Output directory" in shift  # --json
+    assert "Required, except with --json" in shift
+    train = page.split("\n## resstream train\n")[1].split("\n## ")[0]
+    assert "--out</code></td><td><code>path</code></td><td><code>required</code></td>" in train
     assert "\\[" not in page  # Rich's escaped bracket is shown as a bracket
 
 
