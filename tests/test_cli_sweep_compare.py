@@ -286,7 +286,7 @@ def assert_refused(tmp_path, capsys, args, *patterns, out_name="out"):
         (["--seed", "3"], ["--seed is set by the sweep", "--seeds"]),
         (["--benchmarks", "wikitxt-2"], ["unknown benchmark 'wikitxt-2'", "did you mean 'wikitext-2'"]),
         (["--benchmarks", "wikitext-2"], ["benchmark 'wikitext-2' is not available"]),
-        (["--benchmarks", "lambada", "--max-eval-tokens", "1"], ["--max-eval-tokens must be >= 2, got 1"]),
+        (["--benchmarks", "lambada", "--max-eval-tokens", "1"], ["--max-eval-tokens must be >= 2", "got 1"]),
         (["--max-eval-tokens", "many"], ["--max-eval-tokens: 'many' is not an integer"]),
         (["--alpha", "half"], ["--alpha: 'half' is not a valid float"]),
     ],
@@ -322,7 +322,7 @@ def test_bad_compare_input(tmp_path, capsys, monkeypatch):
         ([str(sweep), str(tmp_path / "plain")], ["'" + str(tmp_path / "plain") + "' is not a sweep"]),
         ([str(tmp_path / "unfinished")], ["no finished runs found", "unfinished"]),
         ([str(sweep), "--benchmarks", "lambda"], ["unknown benchmark 'lambda'", "did you mean 'lambada'"]),
-        ([str(sweep), "--max-eval-tokens", "0"], ["--max-eval-tokens must be >= 2, got 0"]),
+        ([str(sweep), "--max-eval-tokens", "0"], ["--max-eval-tokens must be >= 2", "got 0"]),
         ([str(sweep), "--max-eval-tokens", "many"], ["--max-eval-tokens: 'many' is not an integer or 'all'"]),
     ]
     for args, patterns in cases:

@@ -39,7 +39,9 @@ def test_sweep_owned_flags_refused():
 
 def test_max_eval_tokens():
     assert check_max_eval_tokens(None) is None and check_max_eval_tokens("2") == 2
-    with pytest.raises(UsageError, match="--max-eval-tokens must be >= 2, got 1"):
+    with pytest.raises(
+        UsageError, match=r"^`max_tokens` must be >= 2 \(one token of context, one scored\), got 1"
+    ):
         check_max_eval_tokens("1")
     with pytest.raises(UsageError, match="--max-eval-tokens: 'many' is not an integer"):
         check_max_eval_tokens("many")

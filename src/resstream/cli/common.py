@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+from resstream.checks import check_max_tokens
 from resstream.errors import UsageError
 
 
 def check_max_eval_tokens(value: str | None) -> int | None:
-    """--max-eval-tokens (sweep, compare) as an integer that allows one context and one scored token."""
+    """--max-eval-tokens (sweep, compare: the evaluator's `max_tokens`) as an integer that allows
+    one context and one scored token (`checks.check_max_tokens`)."""
     if value is None:
         return None
     try:
         tokens = int(value)
     except ValueError:
         raise UsageError(f"--max-eval-tokens: {value!r} is not an integer") from None
-    if tokens < 2:
-        raise UsageError(f"--max-eval-tokens must be >= 2, got {tokens}")
+    check_max_tokens(tokens)
     return tokens
 
 

@@ -12,6 +12,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from resstream.checks import check_integer, check_positive
 from resstream.devices import resolve_device
 from resstream.errors import UsageError, check_choice
 from resstream.resources import (
@@ -78,17 +79,6 @@ def _require(ok: bool, name: str, value: object, allowed: str) -> None:
         raise UsageError(f"`{name}` {value!r} is not allowed; allowed: {allowed}")
 
 
-def _require_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
-    in_range = (
-        isinstance(value, int)
-        and not isinstance(value, bool)
-        and value >= minimum
-        and (maximum is None or value < maximum)
-    )
-    allowed = f"an integer >= {minimum}" if maximum is None else f"{minimum} <= {name} < {maximum}"
-    _require(in_range, name, value, allowed)
-
-
 def _require_real(name: str, value: object, ok: bool, allowed: str) -> None:
     finite = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     _require(finite and ok, name, value, allowed)
@@ -134,11 +124,11 @@ class SimulationConfig:
     memory_limit_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        _require_int("layers", self.layers, 1)
-        _require_int("tokens", self.tokens, 2)
-        _require_int("dim", self.dim, 2)
-        _require_int("simulations", self.simulations, 1)
-        _require_int("seed", self.seed, 0, _MAX_SEED)
+        check_positive("layers", self.layers)
+        check_integer("tokens", self.tokens, 2)
+        check_integer("dim", self.dim, 2)
+        check_positive("simulations", self.simulations)
+        check_integer("seed", self.seed, 0, _MAX_SEED)
         _require_real("sigma", self.sigma, self.sigma > 0, "a number > 0")
         _require_real("gamma", self.gamma, 0 <= self.gamma < 1, "0 <= gamma < 1")
         _require_real("residual_scale", self.residual_scale, self.residual_scale > 0, "a number > 0")
@@ -146,9 +136,9 @@ class SimulationConfig:
         _require(isinstance(self.layernorm, bool), "layernorm", self.layernorm, "True, False")
         _require(isinstance(self.residual, bool), "residual", self.residual, "True, False")
         if self.chunk_size is not None:
-            _require_int("chunk_size", self.chunk_size, 1)
+            check_positive("chunk_size", self.chunk_size)
         if self.memory_limit_bytes is not None:
-            _require_int("memory_limit_bytes", self.memory_limit_bytes, 1)
+            check_positive("memory_limit_bytes", self.memory_limit_bytes)
         check_choice("sampling", self.sampling, SAMPLINGS)
         _check_device(self.device)
         self._check_memory()

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypedDict, Unpack
 
+from resstream.checks import check_batch_size, check_max_tokens
 from resstream.errors import UsageError
 from resstream.training.evaluate.benchmarks import (
     BENCHMARKS,
@@ -59,12 +60,9 @@ class EvalSettings:
             )
         if self.stride is not None and self.stride < 1:
             raise UsageError(f"`stride` must be >= 1, got {self.stride}")
-        if self.batch_size < 1:
-            raise UsageError(f"`batch_size` must be >= 1, got {self.batch_size}")
-        if self.max_tokens is not None and self.max_tokens < 2:
-            raise UsageError(
-                f"`max_tokens` must be >= 2 (one token of context, one scored), got {self.max_tokens}"
-            )
+        check_batch_size(self.batch_size)
+        if self.max_tokens is not None:
+            check_max_tokens(self.max_tokens)
         check_data_dir(self.data_dir)
 
     @classmethod
