@@ -54,6 +54,7 @@ def compare(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False,
 ) -> None:
     """Compare baseline, best fixed cut and learned gate; writes compare.md/.csv/.json/.png and run.json."""
+    max_tokens = compare_cap(max_eval_tokens)  # refused before the imports below
     from resstream.api.compare import compare as compare_runs
     from resstream.io import write_json, write_text
     from resstream.reporting.plots import plot_compare
@@ -63,7 +64,6 @@ def compare(
     names = check_benchmarks(split_names(benchmarks), allow_all=True) if benchmarks is not None else None
     if names is not None and not names:
         raise UsageError(f"--benchmarks: {benchmarks!r} names no benchmark")
-    max_tokens = compare_cap(max_eval_tokens)
     with output_set(out, "compare") as outputs:
         result = compare_runs(
             inputs,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from resstream.checks import check_batch_size
 from resstream.cli import options
 from resstream.cli.options import DtypeOption
 from resstream.notices import say
@@ -131,12 +132,14 @@ def eval_command(
     A run is scored on only the held-out tail of its own training corpus; for any other model
     shakespeare is the tail a run holds out by default (val_fraction 0.1), the rest is scored whole.
     """
+    check_batch_size(batch_size)  # refused before the imports below (`EvalSettings` checks it too)
     from resstream.distributed import joined
     from resstream.models.evaluation import prepare_eval
     from resstream.training.evaluate import BENCHMARKS, EvalSettings, estimate, run_plan
 
     chosen = benchmarks if benchmarks is not None else ",".join(BENCHMARKS)
     with options.analysis_outputs(out, "eval", device) as outputs:
+        # `resstream.evaluate_model` step by step: the estimate of its time is printed before scoring
         eval_settings = EvalSettings.of(
             chosen,
             data_dir=data_dir,

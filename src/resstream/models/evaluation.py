@@ -18,6 +18,7 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Unpack
 
 import torch
 
@@ -29,6 +30,7 @@ from resstream.models.loading import HF_CONFIG, TOKENIZER_FILES, LoadedModel, Mo
 from resstream.training.evaluate import (
     BENCHMARKS,
     EvalModel,
+    EvalOptions,
     EvalPlan,
     EvalReport,
     EvalSettings,
@@ -37,7 +39,6 @@ from resstream.training.evaluate import (
     run_eval_model,
     run_plan,
 )
-from resstream.training.scoring import DEFAULT_BATCH_SIZE
 
 #: Files of a Hugging Face model directory that decide what an evaluation scores: its config,
 #: its tokenizer and its weights (with their shard index), by name or by suffix.
@@ -163,14 +164,9 @@ def evaluate_model(
     model: ModelSpec = None,
     benchmarks: str | Iterable[str] = BENCHMARKS,
     *,
-    data_dir: str | os.PathLike[str] | None = None,
-    stride: int | None = None,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    device: str = "cpu",
-    max_tokens: int | None = None,
-    progress: bool = False,
-    block_size: int | None = None,
     dtype: str = "auto",
+    progress: bool = False,
+    **options: Unpack[EvalOptions],
 ) -> EvalReport:
     """Loss, perplexity, top-1 accuracy (and LAMBADA last-word accuracy) of any model on
     `benchmarks`.
@@ -179,20 +175,13 @@ def evaluate_model(
     a resstream run directory, a local Hugging Face directory or a hub name. Windows are
     `block_size` tokens (default: the model's context; a resstream run's block_size, a Hugging
     Face config's n_positions / max_position_embeddings), advancing by `stride` (default
-    block_size // 2); `max_tokens` caps each benchmark; `dtype` as `load_model` (auto: float32
-    on the CPU). The rules are those of `resstream.training.evaluate` (the settings are one
+    block_size // 2), `batch_size` windows a forward pass (default 16) on `device` (default
+    cpu); `max_tokens` caps each benchmark; `dtype` as `load_model` (auto: float32 on the CPU).
+    The rules are those of `resstream.training.evaluate` (the settings are one
     `EvalSettings`); bad input is a one-line UsageError before anything is scored.
     """
-    settings = EvalSettings.of(
-        benchmarks,
-        data_dir=data_dir,
-        block_size=block_size,
-        stride=stride,
-        batch_size=batch_size,
-        max_tokens=max_tokens,
-        device=device,
-    )
-    return run_plan(prepare_eval(model, settings, dtype=dtype, progress=progress), progress=progress)
+    plan = prepare_eval(model, EvalSettings.of(benchmarks, **options), dtype=dtype, progress=progress)
+    return run_plan(plan, progress=progress)
 
 
 __all__ = [
