@@ -218,23 +218,34 @@ def test_the_simulate_command_keeps_its_bar(tmp_path: Path, capsys) -> None:
     assert "simulate LayerNorm" not in capsys.readouterr().err
 
 
+def _gives_progress(value: ast.AST) -> bool:
+    """Whether `value` is a dict literal with a "progress" key, or `options.api_kwargs(...)` of
+    the command's `output` group (whose keywords are `progress`)."""
+    if isinstance(value, ast.Dict):
+        return "progress" in {key.value for key in value.keys if isinstance(key, ast.Constant)}
+    return (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Attribute)
+        and value.func.attr == "api_kwargs"
+        and any(isinstance(arg, ast.Name) and arg.id == "output" for arg in value.args)
+    )
+
+
 def _progress_given(call: ast.Call, function: ast.AST) -> bool:
-    """Whether `call` passes `progress=`, itself or in a `**name` whose dict literal (assigned in
-    `function`) has a "progress" key."""
+    """Whether `call` passes `progress=`: itself, in a ``**`` of `_gives_progress`, or in a
+    `**name` assigned one in `function`."""
     if any(keyword.arg == "progress" for keyword in call.keywords):
         return True
-    splats = {
-        keyword.value.id
-        for keyword in call.keywords
-        if keyword.arg is None and isinstance(keyword.value, ast.Name)
-    }
-    for node in ast.walk(function):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
-            names = {target.id for target in node.targets if isinstance(target, ast.Name)}
-            keys = {key.value for key in node.value.keys if isinstance(key, ast.Constant)}
-            if names & splats and "progress" in keys:
-                return True
-    return False
+    splats = [keyword.value for keyword in call.keywords if keyword.arg is None]
+    if any(_gives_progress(splat) for splat in splats):
+        return True
+    names = {splat.id for splat in splats if isinstance(splat, ast.Name)}
+    return any(
+        isinstance(node, ast.Assign)
+        and _gives_progress(node.value)
+        and bool(names & {target.id for target in node.targets if isinstance(target, ast.Name)})
+        for node in ast.walk(function)
+    )
 
 
 def test_every_command_passes_progress_to_the_api() -> None:

@@ -89,7 +89,7 @@ def test_attribute_defaults_to_the_top_prediction_at_the_last_position(tmp_path:
         (["--text", TEXT, "--position", "-7"], ("--position -7",)),
         (["--text", "The"], ("1 token", "at least 2")),
         (["--text", TEXT, "--target", ",", "--foil", ","], ("--foil", "target token itself")),
-        (["--text", TEXT, "--top", "0"], ("--top 0", "1 or more")),
+        (["--text", TEXT, "--top", "0"], ("--top 0", "an integer >= 1")),
         (["--text", TEXT, "--rank-by", "abs"], ("--rank-by 'abs'", "dla, c")),
         (["--text", TEXT, "--target", ",", "--target-id", "3"], ("--target", "--target-id", "not both")),
         (["--text", TEXT, "--target-id", "999999"], ("--target-id 999999", "vocabulary")),

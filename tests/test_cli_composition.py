@@ -110,8 +110,8 @@ def test_a_one_layer_model_has_no_pairs(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("args", "patterns"),
     [
-        (["--top", "0"], ["--top 0 must be >= 1"]),
-        (["--top", "-2"], ["--top -2 must be >= 1"]),
+        (["--top", "0"], ["--top 0 is not allowed; allowed: an integer >= 1"]),
+        (["--top", "-2"], ["--top -2 is not allowed; allowed: an integer >= 1"]),
         (["--samples", "1"], ["--samples 1 must be >= 2"]),
     ],
 )

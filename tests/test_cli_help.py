@@ -150,20 +150,39 @@ def test_command_summary_is_the_first_sentence_on_one_line():
     assert command_summary("One line without a stop") == "One line without a stop"
 
 
-#: Bad values that need no model and no data, one per shared option and a few commands' own:
-#: each is refused (exit 2) before torch, transformers or matplotlib is imported.
+#: Bad values that need no model and no data, one per shared option and a few commands' own,
+#: each with the flag its one line names: each is refused (exit 2) before torch, transformers
+#: or matplotlib is imported.
 REFUSED_AT_ONCE = [
-    ["shift", "--num-seqs", "-1"],
-    ["recency", "--batch-size", "0"],
-    ["neurons", "--layer", "0", "--seq-len", "1"],
-    ["lens", "--text", "a", "--dtype", "float64"],
-    ["lens", "--text", "a", "--positions", "x"],
-    ["routes", "--text", "a", "--device", "tpu"],
-    ["attribute", "--text", "a", "--device-map", "everywhere"],
-    ["tune-lens", "--seq-len", "1"],
-    ["tune-lens", "--steps", "0"],
-    ["tune-lens", "--lr", "-1"],
-    ["verify", "--device", "tpu"],
+    (["shift", "--num-seqs", "-1"], "--num-seqs"),
+    (["recency", "--batch-size", "0"], "--batch-size"),
+    (["neurons", "--layer", "0", "--seq-len", "1"], "--seq-len"),
+    (["lens", "--text", "a", "--dtype", "float64"], "--dtype"),
+    (["lens", "--text", "a", "--positions", "x"], "--positions"),
+    (["routes", "--text", "a", "--device", "tpu"], "--device"),
+    (["attribute", "--text", "a", "--device-map", "everywhere"], "--device-map"),
+    (["tune-lens", "--seq-len", "1"], "--seq-len"),
+    (["tune-lens", "--steps", "0"], "--steps"),
+    (["tune-lens", "--lr", "-1"], "--lr"),
+    (["verify", "--device", "tpu"], "--device"),
+    (["simulate", "--layers", "0"], "--layers"),
+    (["simulate", "--sims", "0"], "--simulations"),
+    (["simulate", "--tokens", "1"], "--tokens"),
+    (["eval", "--batch-size", "0"], "--batch-size"),
+    (["compare", "some-sweep", "--max-eval-tokens", "1"], "--max-eval-tokens"),
+    (["attribute", "--text", "a", "--top", "0"], "--top"),
+    (["composition", "--top", "0"], "--top"),
+    (["routes", "--text", "a", "--threshold", "1.5"], "--threshold"),
+    (["verify", "--dtype", "float16"], "--dtype"),
+    (["shift", "--decoder", "bogus"], "decoder 'bogus'"),
+    (["lens", "--text", "a", "--decoder", "tuned"], "decoder 'tuned'"),
+    (["lens"], "--text"),
+    (["attribute"], "--text"),
+    (["attribute", "--dataset", "shakespeare", "--text", "a"], "--text"),
+    (["routes"], "--text"),
+    (["ablate"], "--text"),
+    (["patch", "--corrupt", "b"], "--text"),
+    (["patch", "--corrupt", "b", "--text", " "], "--text"),
 ]
 REFUSE_AND_LIST_IMPORTS = """
 import json, sys
@@ -182,8 +201,9 @@ def test_bad_values_are_refused_before_torch_is_imported(tmp_path):
     import sys
 
     out = tmp_path / "out"
+    refusals = [args for args, _ in REFUSED_AT_ONCE]
     done = subprocess.run(
-        [sys.executable, "-c", REFUSE_AND_LIST_IMPORTS, str(out), json.dumps(REFUSED_AT_ONCE)],
+        [sys.executable, "-c", REFUSE_AND_LIST_IMPORTS, str(out), json.dumps(refusals)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -193,5 +213,6 @@ def test_bad_values_are_refused_before_torch_is_imported(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert found["codes"] == [2] * len(REFUSED_AT_ONCE), lines
     assert len(lines) == len(REFUSED_AT_ONCE) and all(line.startswith("resstream: error:") for line in lines)
+    assert [line for line, (_, flag) in zip(lines, REFUSED_AT_ONCE, strict=True) if flag not in line] == []
     assert found["heavy"] == [], lines
     assert not out.exists()

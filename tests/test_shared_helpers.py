@@ -5,10 +5,22 @@ from __future__ import annotations
 import pytest
 import torch
 
+from resstream.api.decoders import decoder_spec
+from resstream.api.prediction import TextRequest
+from resstream.checks import (
+    check_batch_size,
+    check_integer,
+    check_max_tokens,
+    check_one_text,
+    check_positive,
+    decoder_kind,
+)
 from resstream.cli.flags import cli_message, flag
 from resstream.devices import device_label, resolve_device
 from resstream.errors import UsageError, short_reason
 from resstream.hub import looks_like_path
+from resstream.simulation import SimulationConfig
+from resstream.training.evaluate import EvalSettings
 
 
 @pytest.mark.parametrize(
@@ -144,3 +156,42 @@ def test_the_corpus_modes_draw_one_default_sample() -> None:
     assert (request.num_seqs, request.seq_len, request.default_seq_len, request.seed) == (16, None, 64, 3)
     assert prediction_corpus("shakespeare", 5, 32, 0, None).num_seqs == 5
     assert (faithfulness.DEFAULT_NUM_SEQS, faithfulness.DEFAULT_SEQ_LEN) == (16, 64)
+
+
+def _refusal(call) -> str:
+    with pytest.raises(UsageError) as raised:
+        call()
+    return str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("library", "early"),
+    [
+        (lambda: SimulationConfig(layers=0), lambda: check_positive("layers", 0)),
+        (lambda: SimulationConfig(tokens=1), lambda: check_integer("tokens", 1, 2)),
+        (lambda: EvalSettings(batch_size=0), lambda: check_batch_size(0)),
+        (lambda: EvalSettings(max_tokens=1), lambda: check_max_tokens(1)),
+        (lambda: decoder_spec("bogus"), lambda: decoder_kind("bogus")),
+        (lambda: decoder_spec("tuned:"), lambda: decoder_kind("tuned:")),
+        (lambda: TextRequest.of(None, {}), lambda: check_one_text(None, None)),
+        (lambda: TextRequest.of(" ", {}), lambda: check_one_text(" ", None)),
+        (lambda: TextRequest.of("a", {"text_file": "a.txt"}), lambda: check_one_text("a", "a.txt")),
+    ],
+)
+def test_the_library_refuses_as_the_command_line_does_before_torch(library, early) -> None:
+    """The command line refuses these values before it imports torch (`resstream.checks`), the
+    library when it is called: one message (issue 38, item 8)."""
+    assert _refusal(library) == _refusal(early)
+
+
+def test_the_corpus_modes_help_states_the_apis_default_sample() -> None:
+    from resstream.api.prediction import DEFAULT_NUM_SEQS, DEFAULT_SEQ_LEN
+    from resstream.cli.options import corpus_mode_options
+
+    helps = {
+        name: annotation.__metadata__[0].help
+        for name, (annotation, _) in corpus_mode_options("every next token.", batch_size=8).params.items()
+        if name != "data_dir"
+    }
+    assert f"[default: {DEFAULT_NUM_SEQS}]" in helps["num_seqs"].replace("\\", "")
+    assert f"[default: {DEFAULT_SEQ_LEN}]" in helps["seq_len"].replace("\\", "")

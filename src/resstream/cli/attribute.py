@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from resstream.checks import decoder_kind
 from resstream.cli import options
 from resstream.errors import UsageError, refuse_set
-
-#: The corpus options' help: each applies to corpus mode only, and says its default there.
-CORPUS_HELP = {
-    "dataset": "Corpus mode: a named corpus or .txt/.jsonl path; every next token is a target.",
-    "num_seqs": "Corpus mode: sequences sampled \\[default: 16].",
-    "seq_len": "Corpus mode: tokens per sequence \\[default: 64].",
-    "batch_size": "Corpus mode: sequences per forward pass \\[default: 8].",
-}
 
 
 @options.command
@@ -25,22 +17,18 @@ def attribute(
     *,
     output: options.OutputArg,
     loading: options.ModelArg,
-    text: Annotated[str | None, typer.Option(help="The text whose prediction is attributed.")] = None,
-    text_file: Annotated[Path | None, typer.Option(help="A UTF-8 file holding the text.")] = None,
-    position: Annotated[
-        int | None,
-        typer.Option(help="Token position to attribute (default: the last; negative: from the end)."),
-    ] = None,
-    target: Annotated[
-        str | None,
-        typer.Option(help="Target token as text, one token (default: the model's top prediction)."),
-    ] = None,
-    target_id: Annotated[int | None, typer.Option(help="Target token id (instead of --target).")] = None,
-    foil: Annotated[
-        str | None, typer.Option(help="A second token: attribute the target − foil logit difference.")
-    ] = None,
+    one: Annotated[
+        options.OneText,
+        options.text_options(
+            "The text whose prediction is attributed.",
+            keywords=options.PREDICTION_OPTIONS,
+            required=False,
+            help={"foil": "A second token: attribute the target − foil logit difference."},
+        ),
+    ],
     top: Annotated[
-        int, typer.Option(help="Sources, neurons and query shares listed (the largest |score| first).")
+        options.Count,
+        typer.Option(help="Sources, neurons and query shares listed (the largest |score| first)."),
     ] = 20,
     no_sources: Annotated[
         bool, typer.Option("--no-sources", help="Skip splitting heads into source positions.")
@@ -67,30 +55,25 @@ def attribute(
         ),
     ] = None,
     sample: Annotated[
-        options.Sample,
-        options.corpus_options(dataset=None, num_seqs=None, seq_len=None, batch_size=None, help=CORPUS_HELP),
+        options.Sample, options.corpus_mode_options("every next token is a target.", batch_size=8)
     ],
 ) -> None:
     """Attribute a prediction to layers, heads, attention sources and FFN neurons.
 
     With --dataset: every next token of a corpus sample, averaged over sequences.
     """
+    in_corpus = sample.dataset is not None
+    if not in_corpus:
+        corpus = {"num_seqs": sample.num_seqs, "seq_len": sample.seq_len, "candidates": candidates}
+        refuse_given({**corpus, "batch_size": sample.batch_size}, "corpus mode (`dataset`), not to one text")
+    check_mode(one, in_corpus, decoder)
     import resstream
     from resstream.analysis.attribution.results import AttributeResult, CorpusAttribution, check_rank_by
     from resstream.distributed import launched_world
     from resstream.io import write_json
     from resstream.reporting.attribute import terminal_summary, write_attribute_report
 
-    one_text = {"position": position, "target": target, "target_id": target_id, "foil": foil}
-    corpus = {"num_seqs": sample.num_seqs, "seq_len": sample.seq_len, "candidates": candidates}
-    in_corpus = sample.dataset is not None
     with options.analysis_outputs(output.out, "attribute", loading.device) as outputs:
-        if in_corpus:
-            check_mode(text, text_file, decoder, one_text)
-        else:
-            refuse_given(
-                {**corpus, "batch_size": sample.batch_size}, "corpus mode (`dataset`), not to one text"
-            )
         result: AttributeResult | CorpusAttribution
         if in_corpus:
             result = resstream.attribute_corpus(
@@ -99,26 +82,18 @@ def attribute(
                 neurons=not no_neurons,
                 candidates=candidates,
                 rank_by=check_rank_by(rank_by),
-                **sample.api_kwargs(),
-                **loading.api_kwargs(),
-                progress=output.progress,
+                **options.api_kwargs(sample, loading, output),
             )
         else:
             result = resstream.attribute(
-                text,
-                text_file=text_file,
+                one.text,
                 model=loading.model,
-                position=position,
-                target=target,
-                target_id=target_id,
-                foil=foil,
                 top=top,
                 sources=not no_sources,
                 neurons=not no_neurons,
                 decoder=decoder,
                 rank_by=check_rank_by(rank_by),
-                **loading.api_kwargs(),
-                progress=output.progress,
+                **options.api_kwargs(one, loading, output),
             )
         if outputs is None:  # another rank of a torchrun job: rank 0 writes
             return
@@ -127,8 +102,7 @@ def attribute(
         corpus_result = result if isinstance(result, CorpusAttribution) else None
         settings = {
             "model": loading.model,
-            "text_file": str(text_file) if text_file else None,
-            **one_text,
+            **one.record(),
             "top": top,
             "sources": None if in_corpus else not no_sources,
             "neurons": not no_neurons,
@@ -151,21 +125,17 @@ def attribute(
     typer.echo(f"wrote attribute.json, {names} and run.json to {output.out}")
 
 
-def check_mode(
-    text: str | None, text_file: Path | None, decoder: str, one_text: Mapping[str, object]
-) -> None:
-    """Corpus mode (--dataset) takes no text, no tuned lens and no option of one text."""
-    from resstream.api.attribute import ONLY_THE_LOGIT_LENS
-    from resstream.api.decoders import decoder_spec
+def check_mode(one: options.OneText, in_corpus: bool, decoder: str) -> None:
+    """A known --decoder and a text; corpus mode (--dataset) takes no text, no tuned lens and
+    no option of one text (`OneText.check_corpus_mode`)."""
+    kind = decoder_kind(decoder)
+    if in_corpus and kind == "embedding":
+        from resstream.api.attribute import ONLY_THE_LOGIT_LENS
 
-    kind = decoder_spec(decoder).kind
-    if kind == "embedding":
         raise UsageError(ONLY_THE_LOGIT_LENS)
-    if kind == "tuned":
+    if in_corpus and kind == "tuned":
         raise UsageError("`decoder` tuned:DIR applies to one text, not to corpus mode (`dataset`)")
-    if text is not None or text_file is not None:
-        raise UsageError("give a text (`text`/`text_file`) or a `dataset`, not both")
-    refuse_given(one_text, "one text, not to corpus mode (`dataset`)")
+    one.check_corpus_mode(in_corpus)
 
 
 def refuse_given(given: Mapping[str, object], applies_to: str) -> None:

@@ -18,7 +18,7 @@ def composition(
     output: options.OutputArg,
     loading: options.ModelArg,
     top: Annotated[
-        int, typer.Option(help="Strongest pairs printed and listed in composition.json, per kind.")
+        options.Count, typer.Option(help="Strongest pairs printed and listed in composition.json, per kind.")
     ] = 10,
     convention: Annotated[
         Literal["resstream", "transformer-lens"],
@@ -32,20 +32,18 @@ def composition(
 ) -> None:
     """How much each later head's query, key and value read what earlier heads write (from the weights)."""
     import resstream
-    from resstream.analysis.circuits.composition import KINDS, check_top
+    from resstream.analysis.circuits.composition import KINDS
     from resstream.io import write_json, write_text
     from resstream.reporting.composition import composition_csv, plot_composition, top_lines
     from resstream.rundir import output_set
 
-    check_top(top)
     with output_set(output.out, "composition") as outputs:
         result = resstream.composition(
             loading.model,
             convention=convention,
             samples=samples,
             seed=seed,
-            **loading.api_kwargs(),
-            progress=output.progress,
+            **options.api_kwargs(loading, output),
         )
         write_json(outputs / "composition.json", result.to_dict(top=top))
         write_text(outputs / "composition.csv", composition_csv(result))

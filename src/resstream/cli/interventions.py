@@ -9,10 +9,10 @@ Both read one text (`--text`/`--text-file`), the prediction at `--position` of `
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -27,21 +27,16 @@ if TYPE_CHECKING:
     from resstream.analysis.interventions.results import InterventionResult
     from resstream.rundir import OutputSet
 
-R = TypeVar("R")
-
-# The options of one prediction, declared once for both commands.
-TextOption = Annotated[str | None, typer.Option(help="The text whose prediction is intervened on.")]
-TextFileOption = Annotated[Path | None, typer.Option(help="A UTF-8 file holding the text.")]
-PositionOption = Annotated[
-    int | None,
-    typer.Option(help="Token position of the prediction (default: the last; negative: from the end)."),
+# The options of one text and its prediction (`options.text_options`), declared once for both
+# commands: ablate reads a corpus instead without a text (faithfulness over it).
+TEXT_HELP = "The text whose prediction is intervened on."
+FOIL_HELP = {"foil": "A second token: measure the target − foil logit difference too."}
+AblateText = Annotated[
+    options.OneText,
+    options.text_options(TEXT_HELP, keywords=options.PREDICTION_OPTIONS, required=False, help=FOIL_HELP),
 ]
-TargetOption = Annotated[
-    str | None, typer.Option(help="Target token as text, one token (default: the model's top prediction).")
-]
-TargetIdOption = Annotated[int | None, typer.Option(help="Target token id (instead of --target).")]
-FoilOption = Annotated[
-    str | None, typer.Option(help="A second token: measure the target − foil logit difference too.")
+PatchText = Annotated[
+    options.OneText, options.text_options(TEXT_HELP, keywords=options.PREDICTION_OPTIONS, help=FOIL_HELP)
 ]
 ComponentOption = Annotated[
     list[str] | None,
@@ -85,12 +80,7 @@ def ablate(
     *,
     output: options.OutputArg,
     loading: Annotated[options.Loading, options.model_options(device_map=False)],
-    text: TextOption = None,
-    text_file: TextFileOption = None,
-    position: PositionOption = None,
-    target: TargetOption = None,
-    target_id: TargetIdOption = None,
-    foil: FoilOption = None,
+    one: AblateText,
     component: ComponentOption = None,
     positions: PositionsOption = None,
     mode: Annotated[
@@ -129,52 +119,46 @@ def ablate(
     With --dataset and no text, or with --faithfulness: how well the additive scores predict
     the exact effects of ablation.
     """
+    if sample.dataset is None:  # every mode reads a text then
+        one.require()
     import resstream
     from resstream.rundir import output_set
 
-    one = text_kwargs(loading.model, text_file, position=position, target=target, target_id=target_id)
-    chosen = intervened_kwargs(foil, component, positions, top_neurons)
-    interventions = {**recorded(chosen), "mode": mode, "top_neurons": top_neurons}
+    chosen = intervened_kwargs(component, positions, top_neurons)
+    interventions = {
+        "foil": one.prediction["foil"],
+        **recorded(chosen),
+        "mode": mode,
+        "top_neurons": top_neurons,
+    }
     scores = {"top_k": top_k, "candidates": candidates}
-    scoring = faithfulness or (sample.dataset is not None and text is None and text_file is None)
+    scoring = faithfulness or (sample.dataset is not None and not one.given)
+    # The API's defaults stand for what is not given: the corpus options and the prediction's.
+    corpus = {**sample.api_kwargs(), "batch_size": batch_size}
     with output_set(output.out, "ablate") as outputs:
         if scoring:
             refuse_given(interventions, f"ablating components of one text, not to {FAITHFULNESS}")
-            scored = called(
-                resstream.faithfulness,
-                text,
-                loading,
-                output,
-                dataset=sample.dataset,
-                **one,
-                num_seqs=sample.num_seqs,
-                seq_len=sample.seq_len,
-                data_dir=sample.data_dir,
-                **given(seed=sample.seed, top_k=top_k, candidates=candidates, batch_size=batch_size),
+            scored = resstream.faithfulness(
+                one.text,
+                model=loading.model,
+                **given(**one.api_kwargs(), **corpus, top_k=top_k, candidates=candidates),
+                **options.api_kwargs(loading, output),
             )
             report = faithfulness_report(scored, outputs)
         else:
             refuse_given(scores, f"{FAITHFULNESS}, not to ablating components")
             check_corpus_use(mode, sample)
-            ablated = called(
-                resstream.ablate,
-                text,
-                loading,
-                output,
-                **one,
+            ablated = resstream.ablate(
+                one.text,
+                model=loading.model,
                 **chosen,
-                **given(
-                    mode=mode,
-                    dataset=sample.dataset,
-                    num_seqs=sample.num_seqs,
-                    seed=sample.seed,
-                    data_dir=sample.data_dir,
-                    batch_size=batch_size,
-                ),
+                **given(**one.api_kwargs(), **corpus, mode=mode),
+                **options.api_kwargs(loading, output),
             )
             report = intervention_report(ablated, outputs)
         settings = {
-            **recorded(one),
+            "model": loading.model,
+            **one.record(),
             **interventions,
             "batch_size": batch_size,
             "faithfulness": scoring,
@@ -195,8 +179,7 @@ def patch(
     corrupt: Annotated[
         str, typer.Option(help="The corrupted text: its activations are patched into the clean run.")
     ],
-    text: TextOption = None,
-    text_file: TextFileOption = None,
+    one: PatchText,
     align_end: Annotated[
         bool,
         typer.Option(
@@ -207,10 +190,6 @@ def patch(
         bool,
         typer.Option("--denoise", help="Patch the clean run's activations into the corrupted run instead."),
     ] = False,
-    position: PositionOption = None,
-    target: TargetOption = None,
-    target_id: TargetIdOption = None,
-    foil: FoilOption = None,
     component: ComponentOption = None,
     positions: PositionsOption = None,
     receiver: Annotated[
@@ -243,10 +222,10 @@ def patch(
     import resstream
     from resstream.rundir import output_set
 
-    one = text_kwargs(loading.model, text_file, position=position, target=target, target_id=target_id)
-    chosen = intervened_kwargs(foil, component, positions, top_neurons)
+    chosen = intervened_kwargs(component, positions, top_neurons)
     settings = {
-        **recorded(one),
+        "model": loading.model,
+        **one.record(),
         "corrupt": corrupt,
         "align_end": align_end,
         "direction": "denoise" if denoise else "noise",
@@ -260,62 +239,34 @@ def patch(
     with output_set(output.out, "patch") as outputs:
         if not atp:
             refuse_given({"confirm": confirm}, "attribution patching (`atp`)")
-        result = called(
-            resstream.patch,
-            text,
-            loading,
-            output,
+        result = resstream.patch(
+            one.text,
             corrupt=corrupt,
-            **one,
+            model=loading.model,
+            **one.api_kwargs(),
             **chosen,
             direction="denoise" if denoise else "noise",
             align_end=align_end,
-            **given(
-                receivers=receiver or None,
-                atp=atp or None,
-                confirm=confirm,
-                batch_size=batch_size,
-            ),
+            **given(receivers=receiver or None, atp=atp or None, confirm=confirm, batch_size=batch_size),
+            **options.api_kwargs(loading, output),
         )
         report = intervention_report(result, outputs)
         options.write_run_record(outputs, "patch", settings, loading)
     report.show(output.out, "patch")
 
 
-def called(
-    function: Callable[..., R],
-    text: str | None,
-    loading: options.Loading,
-    output: options.Output,
-    **kwargs: Any,
-) -> R:
-    """`function(text, **kwargs)` (an API function of one text) with the model-loading keywords
-    and the progress bar as the user asked."""
-    return function(text, **kwargs, **loading.api_kwargs(), progress=output.progress)
-
-
-def text_kwargs(model: str | None, text_file: Path | None, **prediction: Any) -> dict[str, Any]:
-    """The API's keywords of the prediction of one text (the `model`, the text's file,
-    `position`, `target`, `target_id`), the text aside: it is the first positional argument."""
-    return {"model": model, "text_file": text_file, **prediction}
-
-
 def intervened_kwargs(
-    foil: str | None, component: list[str] | None, positions: list[str] | None, top_neurons: int | None
+    component: list[str] | None, positions: list[str] | None, top_neurons: int | None
 ) -> dict:
-    """The API's keywords of what is intervened on: `foil`, `components` (without them, the
-    `top_neurons` given), the parsed `positions`."""
-    chosen = {"foil": foil, "components": component or None, "positions": parse_positions(positions)}
+    """The API's keywords of what is intervened on: `components` (without them, the
+    `top_neurons` given) and the parsed `positions`."""
+    chosen = {"components": component or None, "positions": parse_positions(positions)}
     return {**chosen, **given(top_neurons=top_neurons)}
 
 
 def recorded(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """What run.json records of `text_kwargs` and `intervened_kwargs`: the flags' values (the text
-    file's path; `components` as --component)."""
-    found = {("component" if name == "components" else name): value for name, value in kwargs.items()}
-    if "text_file" in found:
-        found["text_file"] = str(found["text_file"]) if found["text_file"] else None
-    return found
+    """What run.json records of `intervened_kwargs`: the flags' values (`components` as --component)."""
+    return {("component" if name == "components" else name): value for name, value in kwargs.items()}
 
 
 def check_corpus_use(mode: str | None, sample: options.Sample) -> None:

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from resstream.checks import decoder_kind
 from resstream.cli import options
 from resstream.errors import UsageError
 
@@ -53,8 +54,7 @@ def lens(
     *,
     output: options.OutputArg,
     loading: options.ModelArg,
-    text: Annotated[str | None, typer.Option(help="The text to decode.")] = None,
-    text_file: Annotated[Path | None, typer.Option(help="A UTF-8 file holding the text.")] = None,
+    one: Annotated[options.OneText, options.text_options("The text to decode.")],
     positions: Annotated[str | None, typer.Option(help="Token positions A:B (default: all).")] = None,
     top_k: Annotated[int, typer.Option(help="Decodings kept per cell (lens.json); tables show top-1.")] = 1,
     decoder: Annotated[
@@ -72,6 +72,7 @@ def lens(
 ) -> None:
     """Decode every layer's hidden state of a text: which layers hold the input token, which the next."""
     span = parse_positions(positions)  # refused before the imports below
+    decoder_kind(decoder)
     import resstream
     from resstream.io import write_json
     from resstream.reporting.lens import plot_lens, terminal_lines, write_html
@@ -79,14 +80,12 @@ def lens(
 
     with output_set(output.out, "lens") as outputs:
         result = resstream.lens(
-            text,
-            text_file=text_file,
+            one.text,
             model=loading.model,
             positions=span,
             top_k=top_k,
             decoder=decoder,
-            **loading.api_kwargs(),
-            progress=output.progress,
+            **options.api_kwargs(one, loading, output),
         )
         write_json(outputs / "lens.json", result.to_dict())
         write_html(result, outputs / "lens.html")
@@ -96,7 +95,7 @@ def lens(
             "positions": positions,
             "top_k": top_k,
             "decoder": decoder,
-            "text_file": str(text_file) if text_file else None,
+            **one.record(),
         }
         options.write_run_record(outputs, "lens", settings, loading, None)
     colour = use_colour(no_colour)

@@ -44,9 +44,7 @@ def neurons(
             contexts=contexts,
             value_tokens=value_tokens,
             window=window,
-            **sample.api_kwargs(),
-            **loading.api_kwargs(),
-            progress=output.progress,
+            **options.api_kwargs(sample, loading, output),
         )
         if outputs is None:  # another rank of a torchrun job: rank 0 writes
             return

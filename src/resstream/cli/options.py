@@ -7,14 +7,17 @@ where the group stands) and hands the command one frozen object built from their
 
 - `model_options` -> `Loading`: --model, --dtype, --device, --device-map, --trust-remote-code;
 - `corpus_options` -> `Sample`: --dataset, --num-seqs, --seq-len, --batch-size, --seed, --data-dir;
+- `text_options` -> `OneText`: --text, --text-file and the prediction's --position, --target,
+  --target-id, --foil (those the command names);
 - `output_options` -> `Output`: --out, --quiet.
 
 Each object's `check()` refuses, before the command runs (so before it imports torch), the values
 that need no model and no data to judge (`resstream.checks`); an option of the command's own
 does the same with `Checked` metadata (``Annotated[int, typer.Option(...), Checked(check_positive)]``).
 
-Each object turns itself into the API's keyword arguments (`api_kwargs`) and into its part of
-run.json (`record`); `write_run_record` writes run.json for every command from those parts.
+Each object turns itself into the API's keyword arguments (`api_kwargs`; `api_kwargs(*groups)`
+merges several) and into its part of run.json (`record`); `write_run_record` writes run.json for
+every command from those parts.
 
 `with_json_option` gives a command that writes a result JSON the --json option (stdout: the
 JSON alone, messages on stderr); `cli/main.py` applies it to the commands it names.
@@ -28,11 +31,22 @@ import inspect
 import sys
 import typing
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar
 
 import typer
+
+from resstream.checks import (
+    check_batch_size,
+    check_dtype_name,
+    check_fraction,
+    check_load_names,
+    check_one_text,
+    check_positive,
+    check_sample_request,
+)
+from resstream.errors import UsageError, refuse_set
 
 if TYPE_CHECKING:
     from resstream.rundir import OutputSet
@@ -148,6 +162,12 @@ class Checked:
             self.check(self.name or option, value)
 
 
+#: An integer option that must be >= 1, or a number strictly between 0 and 1, refused before
+#: torch is imported: ``top: Annotated[options.Count, typer.Option(help=...)] = 10``.
+Count = Annotated[int, Checked(check_positive)]
+Fraction = Annotated[float, Checked(check_fraction)]
+
+
 JSON_HELP = "Print the result JSON to standard output (messages go to standard error)."
 JsonOption = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
 #: Options with which a command writes no result JSON (parameter → flag): --json is refused then.
@@ -186,8 +206,6 @@ def with_json_option(callback: F) -> F:
     def printing_result(**values: Any) -> None:
         if not values.pop("json"):
             if values["out"] is None:  # as Typer says it of a required option
-                from resstream.errors import UsageError
-
                 raise UsageError("Missing option '--out'.")
             callback(**values)
             return
@@ -237,8 +255,6 @@ class _Renaming:
 def _refuse_runs_without_result(values: dict[str, Any]) -> None:
     """Refuse --json beside an option that makes the command write no result JSON (before
     anything is written)."""
-    from resstream.errors import UsageError
-
     for param, flag in NO_RESULT_OPTIONS.items():
         if values.get(param) is not None:
             raise UsageError(f"--json prints a run's result JSON, and {flag} writes none; leave one out")
@@ -265,14 +281,14 @@ class Loading:
     device_map: str | None = None
     trust_remote_code: bool = False
     takes_device_map: bool = field(default=True, repr=False)
-    named_dtypes: bool = field(default=True, repr=False)  # --dtype is one of `checks.DTYPE_NAMES`
+    #: What refuses a --dtype: by default one no model loads in (`checks.DTYPE_NAMES`).
+    dtype_check: Callable[[str], object] = field(default=check_dtype_name, repr=False)
 
     def check(self) -> None:
-        """Refuse a --dtype, --device or --device-map that names nothing a model loads with
-        (`checks.check_load_names`; --dtype left to the command when not `named_dtypes`)."""
-        from resstream.checks import check_load_names
-
-        check_load_names(self.dtype if self.named_dtypes else None, self.device, self.device_map)
+        """Refuse a --dtype (`dtype_check`), --device or --device-map that names nothing the
+        command loads a model with (`checks.check_load_names`)."""
+        self.dtype_check(self.dtype)
+        check_load_names(None, self.device, self.device_map)
 
     @property
     def model(self) -> str | None:
@@ -307,11 +323,14 @@ class Loading:
 
 
 def model_options(
-    *, several: bool = False, device_map: bool = True, named_dtypes: bool = True
+    *,
+    several: bool = False,
+    device_map: bool = True,
+    dtype_check: Callable[[str], object] = check_dtype_name,
 ) -> OptionGroup[Loading]:
     """--model (repeatable when `several`), --dtype, --device, --device-map (unless not
-    `device_map`) and --trust-remote-code; `named_dtypes=False` for a command whose --dtype
-    takes fewer names than a model loads with (its own check refuses the others)."""
+    `device_map`) and --trust-remote-code; `dtype_check` for a command whose --dtype takes
+    fewer names than a model loads with (a function of `resstream.checks` that refuses the others)."""
     model: tuple[Any, Any] = (
         (Annotated[list[str] | None, typer.Option("--model", help=MODELS_HELP)], None)
         if several
@@ -327,7 +346,7 @@ def model_options(
     params["trust_remote_code"] = (TrustRemoteCodeOption, False)
 
     def build(model: list[str] | str | None, **values: Any) -> Loading:
-        return Loading(model_specs(model), takes_device_map=device_map, named_dtypes=named_dtypes, **values)
+        return Loading(model_specs(model), takes_device_map=device_map, dtype_check=dtype_check, **values)
 
     return OptionGroup(build, params)
 
@@ -353,33 +372,19 @@ class Sample:
 
     def check(self) -> None:
         """Refuse a --num-seqs, --seq-len or --batch-size no corpus can give (`resstream.checks`)."""
-        from resstream.checks import check_batch_size, check_sample_request
-
         check_sample_request(self.num_seqs, self.seq_len)
         if self.batch_size is not None:
             check_batch_size(self.batch_size)
 
     def api_kwargs(self) -> dict[str, Any]:
-        """The API's sampling arguments."""
-        return {
-            "dataset": self.dataset,
-            "num_seqs": self.num_seqs,
-            "seq_len": self.seq_len,
-            "batch_size": self.batch_size,
-            "seed": self.seed,
-            "data_dir": self.data_dir,
-        }
+        """The API's sampling arguments: its fields, by name."""
+        return {item.name: getattr(self, item.name) for item in fields(self)}
 
     def record(self, *, seq_len: int | None) -> dict[str, Any]:
         """Its part of run.json's config, with the `seq_len` the run settled on (the seed is
         run.json's own field)."""
-        return {
-            "dataset": self.dataset,
-            "num_seqs": self.num_seqs,
-            "seq_len": seq_len,
-            "batch_size": self.batch_size,
-            "data_dir": str(self.data_dir) if self.data_dir else None,
-        }
+        recorded = {name: value for name, value in self.api_kwargs().items() if name != "seed"}
+        return {**recorded, "seq_len": seq_len, "data_dir": str(self.data_dir) if self.data_dir else None}
 
 
 def corpus_options(
@@ -420,6 +425,106 @@ def corpus_options(
     return OptionGroup(Sample, params)
 
 
+#: The prediction's options of `text_options`, in the order the API's keyword groups add them
+#: (`resstream.api.prediction`: PositionArgs, TargetArgs, PredictionArgs).
+PREDICTION_OPTIONS = ("position", "target", "target_id", "foil")
+
+
+@dataclass(frozen=True)
+class OneText:
+    """The text a command reads (--text or --text-file) and the prediction in it, as far as
+    the command's options name it (`prediction`: those of `PREDICTION_OPTIONS` it declares,
+    parameter -> value)."""
+
+    text: str | None = None
+    text_file: Path | None = None
+    prediction: Mapping[str, Any] = field(default_factory=dict)
+    required: bool = field(default=True, repr=False)  # False: the command has a corpus mode
+
+    def check(self) -> None:
+        """Refuse no text, two, or an empty --text, where the command always reads a text
+        (`require`; a command with a corpus mode calls it, or `check_corpus_mode`, itself)."""
+        if self.required:
+            self.require()
+
+    @property
+    def given(self) -> bool:
+        """Whether a text was given (--text or --text-file)."""
+        return self.text is not None or self.text_file is not None
+
+    def require(self) -> None:
+        """Refuse no text, two, or an empty --text (`checks.check_one_text`)."""
+        check_one_text(self.text, self.text_file)
+
+    def check_corpus_mode(self, in_corpus: bool) -> None:
+        """A text, unless `in_corpus` (--dataset): then neither a text nor an option of the
+        prediction in one."""
+        if not in_corpus:
+            self.require()
+            return
+        if self.given:
+            raise UsageError("give a text (`text`/`text_file`) or a `dataset`, not both")
+        refuse_set(self.prediction, "applies to one text, not to corpus mode (`dataset`)")
+
+    def api_kwargs(self) -> dict[str, Any]:
+        """The API's one-text keywords, the text aside (the API takes it first)."""
+        return {"text_file": self.text_file, **self.prediction}
+
+    def record(self) -> dict[str, Any]:
+        """Its part of run.json's config (the text itself is not recorded, its file's path is)."""
+        return {"text_file": str(self.text_file) if self.text_file else None, **self.prediction}
+
+
+def text_options(
+    text_help: str,
+    *,
+    keywords: Collection[str] = (),
+    required: bool = True,
+    help: Mapping[str, str] | None = None,
+) -> OptionGroup[OneText]:
+    """--text (`text_help`), --text-file and the prediction's options among `keywords` (of
+    `PREDICTION_OPTIONS`, listed in that order); `help` replaces the help of those it names.
+    `required=False` for a command that reads a corpus instead when given --dataset."""
+    texts = {
+        "text": text_help,
+        "text_file": "A UTF-8 file holding the text.",
+        "position": "Token position of the prediction (default: the last; negative: from the end).",
+        "target": "Target token as text, one token (default: the model's top prediction).",
+        "target_id": "Target token id (instead of --target).",
+        "foil": "A second token: the target − foil logit difference too.",
+        **(help or {}),
+    }
+    kinds = {"text": str, "text_file": Path, "position": int, "target": str, "target_id": int, "foil": str}
+    chosen = tuple(name for name in PREDICTION_OPTIONS if name in keywords)
+    params: dict[str, tuple[Any, Any]] = {
+        name: (Annotated[kinds[name] | None, typer.Option(help=texts[name])], None)
+        for name in ("text", "text_file", *chosen)
+    }
+
+    def build(text: str | None, text_file: Path | None, **prediction: Any) -> OneText:
+        return OneText(text, text_file, prediction, required=required)
+
+    return OptionGroup(build, params)
+
+
+def corpus_mode_options(dataset_help: str, *, batch_size: int) -> OptionGroup[Sample]:
+    """The corpus options of a one-text command's corpus mode (--dataset instead of a text:
+    every next token of a sample of 16 windows of 64 tokens, `api.prediction.prediction_corpus`),
+    each saying that it applies there and its default there (--batch-size: `batch_size`)."""
+    return corpus_options(
+        dataset=None,
+        num_seqs=None,
+        seq_len=None,
+        batch_size=None,
+        help={
+            "dataset": f"Corpus mode: a named corpus or .txt/.jsonl path; {dataset_help}",
+            "num_seqs": "Corpus mode: sequences sampled \\[default: 16].",
+            "seq_len": "Corpus mode: tokens per sequence \\[default: 64].",
+            "batch_size": f"Corpus mode: sequences per forward pass \\[default: {batch_size}].",
+        },
+    )
+
+
 @dataclass(frozen=True)
 class Output:
     """Where the command writes, and whether it shows progress."""
@@ -431,6 +536,15 @@ class Output:
     def progress(self) -> bool:
         """Progress bars on (not --quiet)."""
         return not self.quiet
+
+    def api_kwargs(self) -> dict[str, Any]:
+        """The API's progress keyword."""
+        return {"progress": self.progress}
+
+
+def api_kwargs(*groups: Loading | Sample | OneText | Output) -> dict[str, Any]:
+    """The API's keyword arguments of the command's `groups`, together."""
+    return {name: value for group in groups for name, value in group.api_kwargs().items()}
 
 
 def output_options(*, quiet_help: str = "No progress bars.") -> OptionGroup[Output]:

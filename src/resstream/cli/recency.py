@@ -43,9 +43,7 @@ def recency(
         report = resstream.recency(
             list(loading.models),
             threshold=threshold,
-            **sample.api_kwargs(),
-            **loading.api_kwargs(),
-            progress=output.progress,
+            **options.api_kwargs(sample, loading, output),
         )
         if outputs is None:  # another rank of a torchrun job: rank 0 writes
             return

@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from resstream.cli import options
 from resstream.cli.attribute import refuse_given
-from resstream.errors import UsageError
-
-#: The corpus options' help: each applies to corpus mode only, and says its default there.
-CORPUS_HELP = {
-    "dataset": "Corpus mode: a named corpus or .txt/.jsonl path; every next-token prediction is traced.",
-    "num_seqs": "Corpus mode: sequences sampled \\[default: 16].",
-    "seq_len": "Corpus mode: tokens per sequence \\[default: 64].",
-    "batch_size": "Corpus mode: sequences per forward pass \\[default: 4].",
-}
 
 
 @options.command
@@ -25,21 +15,20 @@ def routes(
     *,
     output: options.OutputArg,
     loading: Annotated[options.Loading, options.model_options(device_map=False)],
-    text: Annotated[str | None, typer.Option(help="The text whose prediction is traced.")] = None,
-    text_file: Annotated[Path | None, typer.Option(help="A UTF-8 file holding the text.")] = None,
-    position: Annotated[
-        int | None,
-        typer.Option(
-            help="Token position whose prediction is traced (default: the last; negative: from the end)."
+    one: Annotated[
+        options.OneText,
+        options.text_options(
+            "The text whose prediction is traced.",
+            keywords=("position",),
+            required=False,
         ),
-    ] = None,
+    ],
     threshold: Annotated[
-        float,
+        options.Fraction,
         typer.Option(help="Keep edges whose importance is at least this, in (0, 1) (the paper's 0.04)."),
     ] = 0.04,
     sample: Annotated[
-        options.Sample,
-        options.corpus_options(dataset=None, num_seqs=None, seq_len=None, batch_size=None, help=CORPUS_HELP),
+        options.Sample, options.corpus_mode_options("every next-token prediction is traced.", batch_size=4)
     ],
 ) -> None:
     """Trace the route of a prediction across layers and positions (information-flow graph).
@@ -49,6 +38,11 @@ def routes(
     routes.csv, routes.png and an interactive routes.html. With --dataset: how often each head
     and MLP lies on the route of the next-token prediction, over a corpus sample.
     """
+    in_corpus = sample.dataset is not None
+    if not in_corpus:
+        corpus = {"num_seqs": sample.num_seqs, "seq_len": sample.seq_len, "batch_size": sample.batch_size}
+        refuse_given(corpus, "corpus mode (`dataset`), not to one text")
+    one.check_corpus_mode(in_corpus)
     import resstream
     from resstream.analysis.routes import CorpusRoutes, RoutesResult
     from resstream.api.routes import CORPUS_BATCH_SIZE
@@ -56,40 +50,22 @@ def routes(
     from resstream.reporting.routes import routes_lines, write_routes_report
     from resstream.rundir import output_set
 
-    in_corpus = sample.dataset is not None
-    if in_corpus:
-        if text is not None or text_file is not None:
-            raise UsageError("give a text (`text`/`text_file`) or a `dataset`, not both")
-        refuse_given({"position": position}, "one text, not to corpus mode (`dataset`)")
-    else:
-        corpus = {"num_seqs": sample.num_seqs, "seq_len": sample.seq_len, "batch_size": sample.batch_size}
-        refuse_given(corpus, "corpus mode (`dataset`), not to one text")
     with output_set(output.out, "routes") as outputs:
         result: RoutesResult | CorpusRoutes
         if in_corpus:
             result = resstream.routes_corpus(
-                loading.model,
-                threshold=threshold,
-                **sample.api_kwargs(),
-                **loading.api_kwargs(),
-                progress=output.progress,
+                loading.model, threshold=threshold, **options.api_kwargs(sample, loading, output)
             )
         else:
             result = resstream.routes(
-                text,
-                text_file=text_file,
-                model=loading.model,
-                position=position,
-                threshold=threshold,
-                **loading.api_kwargs(),
-                progress=output.progress,
+                one.text, model=loading.model, threshold=threshold, **options.api_kwargs(one, loading, output)
             )
         write_json(outputs / "routes.json", result.to_dict())
         written = write_routes_report(result, outputs.staging)
         corpus_result = result if isinstance(result, CorpusRoutes) else None
         settings = {
             "model": loading.model,
-            "text_file": str(text_file) if text_file else None,
+            **one.record(),
             "position": None if in_corpus else result.position,  # type: ignore[union-attr]
             "threshold": threshold,
             "dataset": sample.dataset,

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from resstream.checks import decoder_kind
 from resstream.cli import options
 
 
@@ -25,6 +26,9 @@ def shift(
     sample: Annotated[options.Sample, options.corpus_options(seq_len=128)],
 ) -> None:
     """Per layer: top-k match with the input and the next token, cosines, projection, shift depth."""
+    decoders = list(decoder) if decoder else ["logit-lens"]
+    for spec in decoders:  # refused before the imports below
+        decoder_kind(spec)
     import resstream
     from resstream.distributed import launched_world
     from resstream.io import write_json, write_text
@@ -40,16 +44,13 @@ def shift(
         shift_csv,
     )
 
-    decoders = list(decoder) if decoder else ["logit-lens"]
     several = len(decoders) > 1
     with options.analysis_outputs(output.out, "shift", loading.device) as outputs:
         report = resstream.shift(
             list(loading.models),
             top_k=top_k,
             decoder=decoders,
-            **sample.api_kwargs(),
-            **loading.api_kwargs(),
-            progress=output.progress,
+            **options.api_kwargs(sample, loading, output),
         )
         if outputs is None:  # another rank of a torchrun job: rank 0 writes
             return

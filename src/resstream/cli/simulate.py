@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from resstream.checks import check_integer
 from resstream.cli import options
 from resstream.cli.flags import cli_message
 
@@ -14,13 +16,20 @@ if TYPE_CHECKING:
     from resstream.simulation import SimulationRun
 
 
+#: An integer option that must be >= 2 (a sequence of tokens, an embedding's width), refused
+#: before anything heavy is imported, as `options.Count` is (`SimulationConfig` checks both too).
+AtLeast2 = Annotated[int, options.Checked(partial(check_integer, minimum=2))]
+
+
+@options.command
 def simulate(
     out: options.OutOption,
-    layers: Annotated[int, typer.Option(help="Attention layers.")] = 6,
-    tokens: Annotated[int, typer.Option(help="Tokens n per simulated sequence.")] = 10,
-    dim: Annotated[int, typer.Option(help="Width d of the embeddings.")] = 64,
+    layers: Annotated[options.Count, typer.Option(help="Attention layers.")] = 6,
+    tokens: Annotated[AtLeast2, typer.Option(help="Tokens n per simulated sequence.")] = 10,
+    dim: Annotated[AtLeast2, typer.Option(help="Width d of the embeddings.")] = 64,
     simulations: Annotated[
-        int, typer.Option("--simulations", "--sims", help="Number of simulations (--sims: the same).")
+        options.Count,
+        typer.Option("--simulations", "--sims", help="Number of simulations (--sims: the same)."),
     ] = 100_000,
     gamma: Annotated[
         float, typer.Option(help="Anisotropy γ in [0, 1): expected cosine between two tokens.")

@@ -117,7 +117,7 @@ def tune_lens(
         return
     if evaluate and resume:
         raise UsageError("--resume continues an interrupted training run; it cannot be combined with --eval")
-    loads = {**loading.api_kwargs(), "progress": output.progress}
+    loads = options.api_kwargs(loading, output)
     batch_size = _batch_size(sample)
     settings: dict[str, Any]
     if evaluate:

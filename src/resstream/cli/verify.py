@@ -6,12 +6,13 @@ from typing import Annotated
 
 import typer
 
+from resstream.checks import verify_dtype
 from resstream.cli import options
 
 #: The files one run writes (besides run.json).
 FILES = ("verify.json",)
 
-_MODEL = options.model_options(device_map=False, named_dtypes=False)  # verify checks its own dtypes
+_MODEL = options.model_options(device_map=False, dtype_check=verify_dtype)
 #: --model, --dtype (float32 or bfloat16, float32 by default: the tolerances are per dtype),
 #: --device and --trust-remote-code.
 VerifyModelArg = Annotated[
@@ -50,7 +51,7 @@ def verify(
     from resstream.rundir import output_set
 
     with output_set(output.out, "verify") as outputs:
-        result = resstream.verify(loading.model, text=text, **loading.api_kwargs(), progress=output.progress)
+        result = resstream.verify(loading.model, text=text, **options.api_kwargs(loading, output))
         write_json(outputs / "verify.json", result.to_dict())
         settings = {"model": loading.model, "text": result.text}
         options.write_run_record(outputs, "verify", settings, loading, None)
