@@ -183,7 +183,7 @@ def test_top_ranks_pairs_and_refuses_zero():
         assert best.layer_a < best.layer_b
         assert best.score == float(result.scores(kind)[best.layer_a, best.head_a, best.layer_b, best.head_b])
         assert len(result.top(kind, 2)) == 2
-    with pytest.raises(UsageError, match=r"`top` 0 must be >= 1"):
+    with pytest.raises(UsageError, match=r"`top` 0 is not allowed; allowed: an integer >= 1"):
         result.top("q", 0)
 
 

@@ -33,6 +33,7 @@ from resstream.analysis.routes import (
     sequence_counts,
 )
 from resstream.capture import block_internals
+from resstream.errors import UsageError
 from resstream.models.adapters import ModelView, view_of
 from resstream.models.adapters.base import Internals
 from tests.test_models_adapters import ALL_CASES, SEQ, tiny_ids, tiny_model
@@ -640,7 +641,7 @@ def test_graph_of_random_importances_matches_brute_force(seed: int, threshold: f
 
 @pytest.mark.parametrize("threshold", [0.0, 1.0, -0.1, 1.5, math.nan])
 def test_check_threshold_refuses_outside_the_open_interval(threshold: float) -> None:
-    with pytest.raises(ValueError, match=r"threshold must lie in \(0, 1\)"):
+    with pytest.raises(UsageError, match="strictly between 0 and 1"):
         check_threshold(threshold)
 
 

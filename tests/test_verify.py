@@ -22,6 +22,7 @@ from resstream.analysis.verification import (
 )
 from resstream.api.verify import DEFAULT_TEXT, own_forward
 from resstream.capture import block_internals, residual_states
+from resstream.checks import VERIFY_DTYPES
 from resstream.errors import UsageError
 from resstream.models.adapters import view_of
 from resstream.models.adapters.base import InlineScale
@@ -202,7 +203,7 @@ def test_a_point_too_large_for_neurons_is_decomposed_into_heads_and_mlps(chars, 
 
 
 def test_tolerances_are_one_table_written_with_the_result(chars) -> None:
-    assert set(TOLERANCES) == {"float32", "bfloat16"}
+    assert set(TOLERANCES) == {"float32", "bfloat16"} == set(VERIFY_DTYPES)  # what the CLI allows early
     assert TOLERANCES["float32"].logits <= 1e-5 and TOLERANCES["float32"].decomposition <= 1e-5
     with pytest.raises(UsageError, match=r"unknown `dtype` 'float16'.*; allowed: float32, bfloat16"):
         tolerances_for("float16")

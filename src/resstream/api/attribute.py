@@ -35,6 +35,7 @@ from resstream.api.prediction import PredictionArgs, TextRequest, prediction_cor
 from resstream.api.state_memory import check_corpus_fits, check_text_fits
 from resstream.api.tokenizers import tokenizer_of
 from resstream.capture import block_internals
+from resstream.checks import check_positive
 from resstream.data.tokenizer import token_text
 from resstream.distributed import joined, map_sharded, my_batches
 from resstream.errors import UsageError
@@ -87,7 +88,7 @@ def attribute(
 
     `model` is a spec or a loaded model with its `tokenizer`, as for `resstream.lens`.
     """
-    _check_top(top)
+    check_positive("top", top)
     rank_by = check_rank_by(rank_by)
     spec = decoder_spec(decoder)
     if spec.kind == "embedding":
@@ -160,7 +161,7 @@ def attribute_corpus(
 
     `model` is a spec or a loaded model with its `tokenizer`, as for `resstream.lens`.
     """
-    _check_top(top)
+    check_positive("top", top)
     rank_by = check_rank_by(rank_by)
     batch_size = CORPUS_BATCH_SIZE if batch_size is None else batch_size
     check_batch_size(batch_size)  # before `candidates`, as the request reads
@@ -204,11 +205,6 @@ def attribute_corpus(
             if bar is not None:
                 bar.close()
         return replace(result, sample=sample.rule, dataset_fingerprint=fingerprint)
-
-
-def _check_top(top: int) -> None:
-    if top < 1:
-        raise UsageError(f"`top` {top} is not allowed; allowed: 1 or more")
 
 
 def _bar(total: int, desc: str, show: bool) -> tqdm | None:

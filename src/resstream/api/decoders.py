@@ -13,18 +13,18 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Unpack
+from typing import Unpack, cast
 
 from resstream.analysis.decoding import tuned_lens
 from resstream.analysis.decoding.decoder import Decoder, DecoderKind, decoder_of
 from resstream.analysis.decoding.tuned_lens import TunedLens
 from resstream.api.inputs import LoadOptions, one_model, takes_load_args
-from resstream.errors import UsageError, closest
+from resstream.checks import DECODER_SPELLINGS, TUNED_PREFIX, decoder_kind
+from resstream.errors import UsageError
 from resstream.models import LoadArgs, ModelLike, ModelView
 
-#: The spellings a user may give (shown in messages and `--help`).
-SPELLINGS = ("logit-lens", "embedding", "tuned:DIR")
-TUNED_PREFIX = "tuned:"
+#: The spellings a user may give (shown in messages and `--help`): resstream.checks's.
+SPELLINGS = DECODER_SPELLINGS
 
 DecoderLike = str | TunedLens
 
@@ -59,19 +59,11 @@ def decoder_spec(spec: DecoderLike) -> DecoderSpec:
         return DecoderSpec("tuned", f"(lens of {spec.model})", spec)
     if not isinstance(spec, str):
         raise UsageError(f"decoder {spec!r}; allowed: {', '.join(SPELLINGS)} or a TunedLens")
-    if spec == "logit-lens":
-        return DecoderSpec("logit-lens", spec)
-    if spec == "embedding":
-        return DecoderSpec("embedding", spec)
-    if spec.startswith(TUNED_PREFIX) and spec[len(TUNED_PREFIX) :]:
+    kind = decoder_kind(spec)  # the name checked as the command line checks it, before torch
+    if kind == "tuned":
         directory = spec[len(TUNED_PREFIX) :]
         return DecoderSpec("tuned", directory, tuned_lens.load_lens(directory))
-    if spec in ("tuned", TUNED_PREFIX):
-        raise UsageError(
-            "decoder 'tuned' needs its lens directory: tuned:DIR (from `resstream tune-lens`); "
-            f"allowed: {', '.join(SPELLINGS)}"
-        )
-    raise UsageError(f"unknown decoder {spec!r}{closest(spec, SPELLINGS)}; allowed: {', '.join(SPELLINGS)}")
+    return DecoderSpec(cast(DecoderKind, kind), spec)
 
 
 def decoder_specs(specs: DecoderLike | Sequence[DecoderLike]) -> tuple[DecoderSpec, ...]:

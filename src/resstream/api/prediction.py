@@ -27,6 +27,7 @@ import torch
 
 from resstream.api.inputs import CorpusRequest, encode_text
 from resstream.api.tokenizers import tokenizer_of
+from resstream.checks import check_one_text
 from resstream.data.files import read_text
 from resstream.data.tokenizer import token_text
 from resstream.errors import UsageError
@@ -188,13 +189,11 @@ def text_keywords(given: Mapping[str, Any]) -> dict[str, Any]:
 
 def _text_of(text: str | None, text_file: str | os.PathLike[str] | None) -> str:
     """The text to analyse: `text`, or the content of `text_file`; UsageError unless exactly one
-    is given and it holds text."""
-    if text is not None and text_file is None:
-        if not text.strip():
-            raise UsageError("`text` is empty")
+    is given and it holds text (`check_one_text`, as the command line checks it)."""
+    check_one_text(text, text_file)
+    if text is not None:
         return text
-    if text is not None or text_file is None:
-        raise UsageError("give exactly one of `text` or `text_file`")
+    assert text_file is not None  # check_one_text: exactly one is given
     content = read_text(Path(text_file), "`text_file`", alternative=" or `text`")
     if not content.strip():
         raise UsageError(f"`text_file` {str(text_file)!r} holds no text; give a file with text")

@@ -48,7 +48,6 @@ from resstream.api.inputs import (
 from resstream.api.prediction import PositionArgs, TextRequest, prediction_corpus
 from resstream.capture import Internals, block_internals
 from resstream.data.tokenizer import token_text
-from resstream.errors import UsageError
 from resstream.models import LoadArgs, ModelLike, ModelView
 
 if TYPE_CHECKING:
@@ -81,7 +80,7 @@ def routes(
     `model` is a spec or a loaded model with its `tokenizer`, as for `resstream.lens`.
     UsageError for a threshold outside (0, 1), a position outside the text or an empty text.
     """
-    _checked_threshold(threshold)
+    check_threshold(threshold)
     refuse_device_map(given, "routes", "its read-outs assume one device")
     asked = TextRequest.of(text, given)
     options = LoadOptions.of(given, tokenizer=tokenizer, progress=progress)
@@ -252,7 +251,7 @@ def routes_corpus(
     context) of `dataset` sampled with `seed`, as for `resstream.shift`; `batch_size`
     sequences (default 4) share one recorded forward.
     """
-    _checked_threshold(threshold)
+    check_threshold(threshold)
     refuse_device_map(load, "routes", "its read-outs assume one device")
     batch_size = CORPUS_BATCH_SIZE if batch_size is None else batch_size
     check_batch_size(batch_size)
@@ -293,16 +292,6 @@ def routes_corpus(
             n_heads=view.n_heads,
             **tally.rates(),  # type: ignore[arg-type]
         )
-
-
-def _checked_threshold(threshold: float) -> float:
-    """`threshold` in (0, 1), else UsageError naming it."""
-    try:
-        return check_threshold(threshold)
-    except ValueError:
-        raise UsageError(
-            f"`threshold` {threshold} is not allowed; allowed: strictly between 0 and 1"
-        ) from None
 
 
 __all__ = ["routes", "routes_corpus"]

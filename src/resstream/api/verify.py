@@ -12,7 +12,8 @@ from resstream.analysis.verification import TOLERANCES, Projected, Reference, Ve
 from resstream.api.inputs import LoadOptions, encode_text, one_model, takes_load_args_on_one_device
 from resstream.api.tokenizers import tokenizer_of
 from resstream.capture import block_internals, record, residual_states, run_forward
-from resstream.errors import UsageError, check_choice
+from resstream.checks import verify_dtype
+from resstream.errors import UsageError
 from resstream.models import LoadArgs, ModelLike, ModelView, is_spec
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ def _float32_by_default(model: ModelLike, load: LoadArgs) -> LoadArgs:
     if not is_spec(model):
         return load
     dtype = load.get("dtype", "auto")
-    return {**load, "dtype": "float32" if dtype == "auto" else check_choice("`dtype`", dtype, TOLERANCES)}
+    return {**load, "dtype": verify_dtype(dtype)}
 
 
 def _check_dtype(dtype: str) -> None:

@@ -74,6 +74,7 @@ from torch import Tensor
 
 from resstream.analysis.names import head_name, pair_name
 from resstream.analysis.norms import FrozenNorm, NormForm, head_norm, norm_form
+from resstream.checks import check_positive
 from resstream.display import Displayable
 from resstream.errors import UsageError
 from resstream.models.adapters import BlockView, ModelView
@@ -280,9 +281,8 @@ class CompositionResult(Displayable, renderer="resstream.reporting.composition")
 
 
 def check_top(n: int) -> None:
-    """`top` must be >= 1."""
-    if n < 1:
-        raise UsageError(f"`top` {n} must be >= 1")
+    """`top` must be >= 1 (`resstream.checks.check_positive`, as the command line checks it)."""
+    check_positive("top", n)
 
 
 def check_samples(samples: int) -> None:

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from resstream.analysis.routes.importance import FlowImportances
+from resstream.checks import check_fraction
 
 #: The paper's threshold τ for the graphs it shows.
 DEFAULT_THRESHOLD = 0.04
@@ -36,9 +37,9 @@ EDGE_KINDS: tuple[str, ...] = ("residual", "head", "mlp")
 
 
 def check_threshold(threshold: float) -> float:
-    """`threshold` when it lies in (0, 1); ValueError otherwise."""
-    if not 0.0 < threshold < 1.0:
-        raise ValueError(f"threshold must lie in (0, 1), got {threshold}")
+    """`threshold` when it lies in (0, 1); UsageError naming it otherwise (as the command line
+    refuses it, before torch: `resstream.checks.check_fraction`)."""
+    check_fraction("threshold", threshold)
     return threshold
 
 
