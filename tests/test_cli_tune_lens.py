@@ -392,13 +392,3 @@ def test_eval_of_a_corrupt_lens_or_another_models(trained, other_lens, tmp_path,
     expect_refused_in_place(
         ["tune-lens", *FAST, "--eval"], path, capsys, f"expects fingerprint {other_lens.fingerprint}"
     )
-
-
-def test_the_cli_defaults_are_the_apis() -> None:
-    # cli/tune_lens.py repeats them so that `--help` needs no torch import
-    from resstream.api import tune_lens as api
-    from resstream.cli import tune_lens as cli
-
-    names = ("DEFAULT_STEPS", "DEFAULT_TOKENS_PER_STEP", "DEFAULT_TOKENS", "DEFAULT_EVAL_SEQS")
-    names += ("DEFAULT_CHECKPOINT_EVERY",)
-    assert [getattr(cli, name) for name in names] == [getattr(api, name) for name in names]

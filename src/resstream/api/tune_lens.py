@@ -54,6 +54,14 @@ from resstream.api.inputs import (
     takes_load_args,
 )
 from resstream.api.lens_data import Ranks, ranks, store_sampler
+from resstream.api.lens_recipe import (
+    DEFAULT_CHECKPOINT_EVERY,
+    DEFAULT_EVAL_SEQS,
+    DEFAULT_SEQ_LEN,
+    DEFAULT_STEPS,
+    DEFAULT_TOKENS,
+    DEFAULT_TOKENS_PER_STEP,
+)
 from resstream.api.lens_trainer import (
     CheckpointPlan,
     LensTrainer,
@@ -80,15 +88,6 @@ if TYPE_CHECKING:
     import pandas
     from transformers import PreTrainedTokenizerBase
 
-#: Defaults: the tuned-lens paper's 250 steps of tokens sized for a laptop (2 × 8 × 128 a step).
-DEFAULT_STEPS = 250
-DEFAULT_TOKENS_PER_STEP = 2 * 8 * 128
-DEFAULT_TOKENS = DEFAULT_STEPS * DEFAULT_TOKENS_PER_STEP
-DEFAULT_EVAL_SEQS = 32
-DEFAULT_SEQ_LEN = 128
-#: Steps between periodic checkpoints: a default run saves 10 times (the reference model's
-#: checkpoint is under 1 MB, GPT-2 small's 57 MB: a fraction of one step's time).
-DEFAULT_CHECKPOINT_EVERY = 25
 #: Tokens per step further than this factor from the recipe's are worth a notice.
 FAR_FROM_RECIPE = 2.0
 

@@ -8,6 +8,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from resstream.api.lens_recipe import (
+    DEFAULT_CHECKPOINT_EVERY,
+    DEFAULT_EVAL_SEQS,
+    DEFAULT_STEPS,
+    DEFAULT_TOKENS,
+    DEFAULT_TOKENS_PER_STEP,
+)
 from resstream.checks import check_learning_rate, check_positive
 from resstream.cli import options
 
@@ -16,12 +23,6 @@ if TYPE_CHECKING:
     from resstream.analysis.decoding.tuned_lens import TunedLens
     from resstream.rundir import OutputSet
 
-#: The API's defaults (`resstream.api.tune_lens`; a test checks they agree).
-DEFAULT_STEPS = 250
-DEFAULT_TOKENS_PER_STEP = 2 * 8 * 128
-DEFAULT_TOKENS = DEFAULT_STEPS * DEFAULT_TOKENS_PER_STEP
-DEFAULT_EVAL_SEQS = 32
-DEFAULT_CHECKPOINT_EVERY = 25
 #: The layouts `--export` writes.
 EXPORT_FORMATS = ("tuned-lens",)
 #: A count option refused below 1 before anything heavy is imported.
