@@ -59,6 +59,15 @@ def _rate_with_band(
     _band(ax, layers, ci, colour)
 
 
+def _layer_axes(ax: Axes, ylabel: str, title: str) -> None:
+    """The axes of a per-layer figure: layers on x (whole numbers), `ylabel`, `title`, a grid."""
+    ax.set_xlabel("layer (0 = embedding)")
+    integer_ticks(ax.xaxis)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+
+
 def plot_match_rates(result: AlignmentResult, path: str | Path) -> None:
     """in_match and out_match (top-k) against depth, with 95% CI bands and the shift layer."""
     save_figure(match_rates_figure(result), path)
@@ -92,12 +101,8 @@ def match_rates_figure(result: AlignmentResult) -> Figure:
         ax.axvline(
             result.shift_layer, color="grey", linestyle=":", label=f"shift layer {result.shift_layer:.2f}"
         )
-    ax.set_xlabel("layer (0 = embedding)")
-    integer_ticks(ax.xaxis)
-    ax.set_ylabel("match rate")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title(f"{result.model}: {result.decoder} decoding, {result.num_tokens:,} tokens", fontsize=10)
-    ax.grid(alpha=0.3)
+    _layer_axes(ax, "match rate", f"{result.model}: {result.decoder} decoding, {result.num_tokens:,} tokens")
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -123,11 +128,7 @@ def similarity_figure(result: AlignmentResult) -> Figure:
         label="projection on input→output (0 = input, 1 = output)",
     )
     ax.axhline(0, color="black", linewidth=0.6)
-    ax.set_xlabel("layer (0 = embedding)")
-    integer_ticks(ax.xaxis)
-    ax.set_ylabel("mean over positions")
-    ax.set_title(f"{result.model}: similarity to input and output tokens", fontsize=10)
-    ax.grid(alpha=0.3)
+    _layer_axes(ax, "mean over positions", f"{result.model}: similarity to input and output tokens")
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -200,13 +201,10 @@ def decoders_figure(results: Sequence[AlignmentResult]) -> Figure:
         if result.shift_layer is not None:
             label = f"shift layer {result.shift_layer:.2f} ({result.decoder})"
             ax.axvline(result.shift_layer, color="grey", linestyle=style, label=label)
-    ax.set_xlabel("layer (0 = embedding)")
-    integer_ticks(ax.xaxis)
-    ax.set_ylabel("match rate (95% CI bands over sequences)")
     ax.set_ylim(-0.02, 1.02)
     first = results[0]
-    ax.set_title(f"{first.model}: the shift through each decoder, {first.num_tokens:,} tokens", fontsize=10)
-    ax.grid(alpha=0.3)
+    title = f"{first.model}: the shift through each decoder, {first.num_tokens:,} tokens"
+    _layer_axes(ax, "match rate (95% CI bands over sequences)", title)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=len(results))
     fig.tight_layout()
     return fig
