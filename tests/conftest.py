@@ -6,6 +6,13 @@
 `no_data_dir`: no ``RESSTREAM_DATA`` in the environment.
 `default_signal_handlers`: Python's own SIGINT handler, and no remembered interrupt, around a
 test that sends itself signals.
+
+The suite runs in one worker process per core (pytest-xdist, `-n auto` in pyproject.toml's
+addopts; at most `MAX_WORKERS`), files kept whole so that module fixtures are built once; each
+worker takes its share of the cores as torch threads (one each on two cores), since two
+processes of two threads on two cores stall each other's small forward passes. `-n 0` runs
+the suite in this one process with OMP_NUM_THREADS threads: the way to check it passes with
+1 and with 2 BLAS threads.
 """
 
 from __future__ import annotations
@@ -15,6 +22,29 @@ import signal
 from pathlib import Path
 
 import pytest
+
+
+#: The most worker processes `-n auto` starts: each imports torch and builds its own session
+#: fixtures, which stops paying beyond a few.
+MAX_WORKERS = 8
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: one worker per core this process may use, at most `MAX_WORKERS`."""
+    return max(1, min(MAX_WORKERS, _cores()))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In a pytest-xdist worker: its share of the cores as torch's intra-op threads."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        import torch
+
+        torch.set_num_threads(max(1, _cores() // int(workers)))
 
 
 def shared_data_path() -> Path:

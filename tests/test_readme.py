@@ -103,7 +103,7 @@ def test_the_readme_runs_top_to_bottom(tmp_path, monkeypatch, capsys):
         code = main([*command.quick_args(), "--quiet"])
         err = capsys.readouterr().err
         assert code == 0, f"`{command.line}` exited {code}:\n{err}"
-        with capsys.disabled():  # each command's time in the log, for docs/timings.md
+        with capsys.disabled():  # each command's time, for docs/timings.md (shown with -n 0)
             print(f"{time.perf_counter() - begun:6.1f} s  resstream {' '.join(command.quick_args())}")
         assert (tmp_path / (command.out or "")).is_dir(), command.line
         ran.append(command.line)
