@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -173,19 +175,83 @@ ALLOCATING = (
 ADDRESS_SPACE_LIMIT = 4_000_000_000
 
 
-#: One row per command in the default suite (each a process that imports torch, ~5 s on two
-#: cores), the rest in the slow one.
-ALLOCATING_BY_DEFAULT = {
+#: One row per command in the default suite, the rest in the slow one. Each set runs in one
+#: child process under the cap (`_refusals_under_the_cap`): a process importing torch is ~3 s
+#: on two cores, most of what a case costs.
+ALLOCATING_BY_DEFAULT = (
     "train-n-layer-1e9",
     "sweep-n-layer-1e9",
     "simulate-tokens-1e9",
     "shift-config-json-vocab-size-1e12",
     "eval-model-json-n-layer-1e9",
-}
+)
 ALLOCATING_CASES = [
     name if name in ALLOCATING_BY_DEFAULT else pytest.param(name, marks=pytest.mark.slow)
     for name in ALLOCATING
 ]
+
+#: The child: each command of argv[1] (a JSON list of argument lists) run in this process as
+#: `resstream` runs it, its exit code and what it wrote on stderr printed as JSON.
+REFUSING_CHILD = r"""
+import contextlib, io, json, sys
+
+from resstream.cli.main import main
+
+outcomes = []
+for args in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(args)
+    outcomes.append({"code": code, "stderr": err.getvalue()})
+print(json.dumps(outcomes))
+"""
+
+
+def _refusals_under_the_cap(names: Sequence[str], root: Path) -> dict[str, dict]:
+    """Each case of `names` (`BUDGET_CASES`) run, one after another, by one child process
+    whose address space is capped at `ADDRESS_SPACE_LIMIT`; name -> its exit code, stderr and
+    folder."""
+    from tests.test_hostile_inputs import BUDGET_CASES, fill
+    from tests.test_train import corpus_text
+
+    commands, folders = [], {}
+    for name in names:
+        case = next(case for case in BUDGET_CASES if case.name == name)
+        folders[name] = folder = root / name
+        folder.mkdir()
+        (folder / "corpus.txt").write_text(corpus_text(), encoding="utf-8")
+        if case.setup is not None:
+            case.setup(folder)
+        commands.append(fill(case.command, folder))
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_LIMIT, ADDRESS_SPACE_LIMIT))
+
+    # The cap is for what the commands allocate, not for the libraries' start-up: OpenBLAS's
+    # per-thread buffers on a many-core machine alone can exceed it.
+    quiet_start = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", REFUSING_CHILD, json.dumps(commands)],
+        preexec_fn=cap,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **quiet_start},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]  # a case that exhausted the cap, say
+    outcomes = json.loads(done.stdout.strip().splitlines()[-1])
+    return {name: {**outcome, "folder": folders[name]} for name, outcome in zip(names, outcomes, strict=True)}
+
+
+@pytest.fixture(scope="module")
+def default_refusals(tmp_path_factory) -> dict[str, dict]:
+    return _refusals_under_the_cap(ALLOCATING_BY_DEFAULT, tmp_path_factory.mktemp("refusals"))
+
+
+@pytest.fixture(scope="module")
+def slow_refusals(tmp_path_factory) -> dict[str, dict]:
+    names = [name for name in ALLOCATING if name not in ALLOCATING_BY_DEFAULT]
+    return _refusals_under_the_cap(names, tmp_path_factory.mktemp("refusals"))
 
 
 @pytest.mark.skipif(
@@ -193,30 +259,14 @@ ALLOCATING_CASES = [
     reason="the CUDA driver cannot initialise under a 4 GB address-space cap (it warns on stderr)",
 )
 @pytest.mark.parametrize("name", ALLOCATING_CASES)
-def test_absurd_sizes_are_refused_under_a_memory_limit(name, tmp_path):
-    from tests.test_hostile_inputs import BUDGET_CASES, fill
-    from tests.test_train import corpus_text
+def test_absurd_sizes_are_refused_under_a_memory_limit(name, request):
+    from tests.test_hostile_inputs import BUDGET_CASES
 
     case = next(case for case in BUDGET_CASES if case.name == name)
-    (tmp_path / "corpus.txt").write_text(corpus_text(), encoding="utf-8")
-    if case.setup is not None:
-        case.setup(tmp_path)
-
-    def cap() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_LIMIT, ADDRESS_SPACE_LIMIT))
-
-    # The cap is for what the command allocates, not for the libraries' start-up: OpenBLAS's
-    # per-thread buffers on a many-core machine alone can exceed it.
-    quiet_start = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "resstream", *fill(case.command, tmp_path)],
-        preexec_fn=cap,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **quiet_start},
-    )
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("resstream: error:"), done.stderr
-    assert all(pattern in done.stderr for pattern in case.patterns), done.stderr
-    assert not (tmp_path / "out").exists()
+    group = "default_refusals" if name in ALLOCATING_BY_DEFAULT else "slow_refusals"
+    done = request.getfixturevalue(group)[name]
+    assert done["code"] == 2, done["stderr"][-2000:]
+    err = done["stderr"]
+    assert len(err.splitlines()) == 1 and err.startswith("resstream: error:"), err
+    assert all(pattern in err for pattern in case.patterns), err
+    assert not (done["folder"] / "out").exists()
