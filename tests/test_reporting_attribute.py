@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
@@ -395,21 +396,37 @@ def single_without_linearity() -> AttributeResult:
 
 
 # ---------------------------------------------------------------------------------- files
-@pytest.mark.parametrize(
-    ("make", "names"),
-    [
-        (single, SINGLE_FILES),
-        (corpus, CORPUS_FILES),
-        (lambda: single(layers=1, heads=1), SINGLE_FILES),
-        (lambda: corpus(layers=1, num_seqs=1), CORPUS_FILES),
-        (lambda: single(layers=32, heads=32), SINGLE_FILES),
-    ],
-    ids=["single", "corpus", "one-layer", "one-sequence", "deep"],
-)
-def test_every_file_is_written_and_not_empty(tmp_path, make, names):
-    paths = write_attribute_report(make(), tmp_path)
+#: The results whose written report the file and page tests read (each written once).
+REPORTS = {
+    "single": (single, SINGLE_FILES),
+    "corpus": (corpus, CORPUS_FILES),
+    "one-layer": (lambda: single(layers=1, heads=1), SINGLE_FILES),
+    "one-sequence": (lambda: corpus(layers=1, num_seqs=1), CORPUS_FILES),
+    "deep": (lambda: single(layers=32, heads=32), SINGLE_FILES),
+}
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> Callable[[str], tuple[list[Path], Path]]:
+    """The report of `REPORTS[name]` written into a folder of its own, once per module: the
+    paths `write_attribute_report` returned and the folder."""
+    done: dict[str, tuple[list[Path], Path]] = {}
+
+    def report(name: str) -> tuple[list[Path], Path]:
+        if name not in done:
+            folder = tmp_path_factory.mktemp(name)
+            done[name] = (write_attribute_report(REPORTS[name][0](), folder), folder)
+        return done[name]
+
+    return report
+
+
+@pytest.mark.parametrize("name", list(REPORTS))
+def test_every_file_is_written_and_not_empty(written, name):
+    paths, folder = written(name)
+    names = REPORTS[name][1]
     assert sorted(p.name for p in paths) == sorted(names)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names)  # nothing else, no temporaries
+    assert sorted(p.name for p in folder.iterdir()) == sorted(names)  # nothing else, no temporaries
     for path in paths:
         assert path.stat().st_size > 0, path
         if path.suffix == ".png":
@@ -579,32 +596,37 @@ class Page(HTMLParser):
         self.text += data
 
 
-def page_of(result, tmp_path) -> tuple[str, Page]:
-    paths = write_attribute_report(result, tmp_path)
-    page_path = tmp_path / "attribute.html"
-    assert page_path in paths
-    page = page_path.read_text(encoding="utf-8")
+def parsed_page(folder: Path) -> tuple[str, Page]:
+    """attribute.html of a written report, as text and parsed."""
+    page = (folder / "attribute.html").read_text(encoding="utf-8")
     parsed = Page()
     parsed.feed(page)
     return page, parsed
 
 
-@pytest.mark.parametrize("make", [single, corpus], ids=["single", "corpus"])
-def test_html_is_self_contained_and_embeds_every_image(tmp_path, make):
-    page, parsed = page_of(make(), tmp_path)
+def page_of(result, tmp_path) -> tuple[str, Page]:
+    paths = write_attribute_report(result, tmp_path)
+    assert tmp_path / "attribute.html" in paths
+    return parsed_page(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["single", "corpus"])
+def test_html_is_self_contained_and_embeds_every_image(written, name):
+    _, folder = written(name)
+    page, parsed = parsed_page(folder)
     assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, re.IGNORECASE)
     assert "@import" not in page and "url(" not in page
     images = [attrs for tag, attrs in parsed.tags if tag == "img"]
-    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    pngs = sorted(p.name for p in folder.glob("*.png"))
     assert sorted(a["alt"] for a in images) == pngs
     assert all(a["src"].startswith("data:image/png;base64,") for a in images)
     for name in pngs:  # the embedded bytes are the written file
         import base64
 
         src = next(a["src"] for a in images if a["alt"] == name)
-        assert base64.b64decode(src.split(",", 1)[1]) == (tmp_path / name).read_bytes()
+        assert base64.b64decode(src.split(",", 1)[1]) == (folder / name).read_bytes()
     tables = [attrs for tag, attrs in parsed.tags if tag == "table"]
-    assert len(tables) >= len(list(tmp_path.glob("*.csv")))
+    assert len(tables) >= len(list(folder.glob("*.csv")))
     assert len([tag for tag, _ in parsed.tags if tag == "figcaption"]) == len(pngs)
 
 
@@ -619,15 +641,15 @@ def test_html_escapes_token_text_and_shows_the_prediction(tmp_path):
     assert "2.5e-06" in text and "3e-06" in text  # the check residuals
 
 
-def test_html_marks_the_target_position(tmp_path):
-    page, parsed = page_of(single(), tmp_path)
+def test_html_marks_the_target_position(written):
+    page, parsed = parsed_page(written("single")[1])
     marked = [attrs for tag, attrs in parsed.tags if attrs.get("class") == "position"]
     assert len(marked) == 1
     assert re.search(r'class="position"[^>]*>␣is<', page)
 
 
-def test_corpus_html_names_the_dataset_and_sequences(tmp_path):
-    _, parsed = page_of(corpus(), tmp_path)
+def test_corpus_html_names_the_dataset_and_sequences(written):
+    _, parsed = parsed_page(written("corpus")[1])
     assert "shakespeare" in parsed.text and "16 sequences" in parsed.text
 
 
