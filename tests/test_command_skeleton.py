@@ -130,6 +130,43 @@ def test_a_text_keyword_a_function_does_not_take_is_pythons_type_error() -> None
         resstream.routes("some text", target=" the")
 
 
+#: The corpus modes' sample keywords (`resstream.api.prediction.CorpusModeArgs`) as their
+#: signatures show them: the defaults they had as keywords spelled out one by one.
+CORPUS_MODE_KEYWORDS = {
+    "dataset": "shakespeare",
+    "num_seqs": None,
+    "seq_len": None,
+    "seed": 0,
+    "batch_size": None,
+    "data_dir": None,
+}
+
+
+@pytest.mark.parametrize("name", ["attribute_corpus", "routes_corpus"])
+def test_a_corpus_mode_shows_its_sample_keywords_with_their_defaults(name: str) -> None:
+    parameters = inspect.signature(getattr(resstream, name)).parameters
+    assert {key: parameters[key].default for key in CORPUS_MODE_KEYWORDS} == CORPUS_MODE_KEYWORDS
+    assert all(parameters[key].kind is inspect.Parameter.KEYWORD_ONLY for key in CORPUS_MODE_KEYWORDS)
+    assert {key: parameters[key].default for key in LOAD_KEYWORDS} == LOAD_KEYWORDS
+    with pytest.raises(TypeError, match=rf"^{name}\(\) got an unexpected keyword argument 'num_seq'"):
+        getattr(resstream, name)(num_seq=2)
+
+
+def test_a_keyword_group_declares_its_defaults_once_for_signature_and_call() -> None:
+    """What the signature shows is what the function reads (`with_defaults`); a default for a
+    keyword the group lacks is refused where it is declared."""
+    from resstream.api.inputs import keyword_defaults, with_defaults
+    from resstream.api.prediction import CorpusModeArgs, corpus_mode_request
+
+    filled = with_defaults(CorpusModeArgs, {"seed": 3})
+    assert {key: filled[key] for key in CORPUS_MODE_KEYWORDS} == {**CORPUS_MODE_KEYWORDS, "seed": 3}
+    assert filled["dtype"] == "auto"
+    request = corpus_mode_request({"num_seqs": 2})
+    assert (request.dataset, request.num_seqs, request.seq_len, request.seed) == ("shakespeare", 2, None, 0)
+    with pytest.raises(TypeError, match="CorpusModeArgs has no keyword 'num_seq'"):
+        keyword_defaults(CorpusModeArgs, num_seq=2)
+
+
 #: A package shaped as ours: a keyword group in one module adding to another group, and a
 #: function in another module that takes it as ``**given``.
 GROUPED_PACKAGE = {

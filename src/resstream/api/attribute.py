@@ -9,7 +9,6 @@ every position's next token of a corpus sample is the target, means over sequenc
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Unpack
@@ -31,7 +30,7 @@ from resstream.api.inputs import (
     prediction_batches,
     takes_load_args,
 )
-from resstream.api.prediction import PredictionArgs, TextRequest, prediction_corpus
+from resstream.api.prediction import CorpusModeArgs, PredictionArgs, TextRequest, corpus_mode_request
 from resstream.api.state_memory import check_corpus_fits, check_text_fits
 from resstream.api.tokenizers import tokenizer_of
 from resstream.capture import block_internals
@@ -39,7 +38,7 @@ from resstream.checks import check_positive
 from resstream.data.tokenizer import token_text
 from resstream.distributed import joined, map_sharded, my_batches
 from resstream.errors import UsageError
-from resstream.models import LoadArgs, ModelLike, ModelView
+from resstream.models import ModelLike, ModelView
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -135,23 +134,18 @@ def attribute_corpus(
     model: ModelLike = None,
     *,
     tokenizer: PreTrainedTokenizerBase | None = None,
-    dataset: str = "shakespeare",
-    num_seqs: int | None = None,
-    seq_len: int | None = None,
-    seed: int = 0,
     top: int = 20,
     candidates: int | None = None,
     neurons: bool = True,
-    batch_size: int | None = None,
-    data_dir: str | os.PathLike[str] | None = None,
     rank_by: RankBy = "dla",
     progress: bool = False,
-    **load: Unpack[LoadArgs],
+    **given: Unpack[CorpusModeArgs],
 ) -> CorpusAttribution:
     """Attribute every next token of a corpus sample, averaged over sequences.
 
     `num_seqs` windows (default 16) of `seq_len` tokens (default 64, clipped to the model's
-    context) of `dataset` sampled with `seed`, as for `resstream.shift`; every position's next
+    context) of `dataset` (default "shakespeare") sampled with `seed`, as for `resstream.shift`
+    (the keywords of `resstream.api.prediction.CorpusModeArgs`); every position's next
     token is its target. `rank_by` "dla" (default) lists the `top` neurons with the largest
     |mean DLA| and computes the exact C of the `candidates` (default 64) with the largest;
     "c" computes it for the `candidates` with the largest first-order estimate of C and lists
@@ -163,16 +157,17 @@ def attribute_corpus(
     """
     check_positive("top", top)
     rank_by = check_rank_by(rank_by)
+    batch_size = given.get("batch_size")
     batch_size = CORPUS_BATCH_SIZE if batch_size is None else batch_size
     check_batch_size(batch_size)  # before `candidates`, as the request reads
     candidates = DEFAULT_CANDIDATES if candidates is None else candidates
     if candidates < 1:
         raise UsageError(f"`candidates` {candidates} is not allowed; allowed: 1 or more")
-    request = prediction_corpus(dataset, num_seqs, seq_len, seed, data_dir)
+    request = corpus_mode_request(given)
     with one_sampled_model(
         model,
         request,
-        load,
+        given,
         tokenizer=tokenizer,
         progress=progress,
         batch_size=batch_size,
@@ -196,7 +191,7 @@ def attribute_corpus(
                 candidates=candidates if neurons else 0,
                 promoted=_promoted(view, decoder, partial(token_text, tokenizer)),
                 model=loaded.name,
-                dataset=dataset,
+                dataset=request.dataset,
                 progress=None if bar is None else partial(_advance, bar),
                 map_batches=partial(map_sharded, info=info),
                 rank_by=rank_by,

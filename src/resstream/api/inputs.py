@@ -20,10 +20,11 @@ import hashlib
 import inspect
 import os
 import typing
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -141,14 +142,44 @@ Sampler = Callable[
     tuple[SequenceSample, str | None],
 ]
 P = TypeVar("P")
+G = TypeVar("G", bound=Mapping[str, Any])
+
+
+#: The defaults of the keyword groups that declare some (`keyword_defaults`), by group.
+_GROUP_DEFAULTS: dict[type, Mapping[str, Any]] = {}
+
+
+def keyword_defaults(group: type, **defaults: Any) -> Mapping[str, Any]:
+    """Declare the defaults of keyword `group` (a TypedDict that adds to `LoadArgs`), once: the
+    signature of a function that takes the group shows them (`takes_load_args`) and
+    `with_defaults` fills them in. A keyword not named defaults to `LoadOptions`' default (a
+    loading keyword) or None. Returns them, read-only; TypeError for a name not in `group`."""
+    unknown = sorted(set(defaults).difference(group.__annotations__))
+    if unknown:
+        raise TypeError(f"{group.__name__} has no keyword {', '.join(map(repr, unknown))}")
+    _GROUP_DEFAULTS[group] = MappingProxyType(dict(defaults))
+    return _GROUP_DEFAULTS[group]
+
+
+def group_defaults(group: type) -> dict[str, Any]:
+    """Every keyword of `group` with its default, in the group's order (`keyword_defaults`)."""
+    loading = {f.name: f.default for f in dataclasses.fields(LoadOptions)}
+    declared = _GROUP_DEFAULTS.get(group, {})
+    return {name: declared.get(name, loading.get(name)) for name in group.__annotations__}
+
+
+def with_defaults(group: type[G], given: Mapping[str, Any]) -> G:
+    """`given`, a call's keywords of `group`, with the group's defaults for those not given
+    (`group_defaults`): the values the function's signature shows."""
+    return typing.cast(G, {**group_defaults(group), **given})
 
 
 def takes_load_args(func: F) -> F:
     """`func`, whose ``**`` keywords (``**load: Unpack[LoadArgs]``, or a group that adds to the
     loading keywords, e.g. ``**given: Unpack[PredictionArgs]``: `resstream.api.prediction`)
-    are shown as the keyword parameters they are (with `LoadOptions`' defaults; None for the
-    others) by `help`, `inspect.signature` and a notebook's completion, and checked as such:
-    an unknown keyword is Python's own TypeError."""
+    are shown as the keyword parameters they are (with the group's defaults: `group_defaults`)
+    by `help`, `inspect.signature` and a notebook's completion, and checked as such: an
+    unknown keyword is Python's own TypeError."""
     return _with_keywords(func)
 
 
@@ -164,12 +195,12 @@ def _with_keywords(func: F, leave_out: tuple[str, ...] = ()) -> F:
     every call."""
     signature = inspect.signature(func)
     kept = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    types = typing.get_type_hints(_keyword_group(func, signature))
-    defaults = {f.name: f.default for f in dataclasses.fields(LoadOptions)}
+    group = _keyword_group(func, signature)
+    types = typing.get_type_hints(group)
     keyword = inspect.Parameter.KEYWORD_ONLY
     added = [
-        inspect.Parameter(name, keyword, annotation=types[name], default=defaults.get(name))
-        for name in types
+        inspect.Parameter(name, keyword, annotation=types[name], default=default)
+        for name, default in group_defaults(group).items()
         if name not in leave_out
     ]
     expanded = signature.replace(parameters=[*kept, *added])

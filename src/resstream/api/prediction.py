@@ -13,6 +13,9 @@ and the foil. Each refusal names its keyword.
 
 The corpus modes, which take every next token of a corpus sample as a target (`attribute_corpus`,
 `routes_corpus`, `faithfulness` with a `dataset`), share one default sample: `prediction_corpus`.
+`attribute_corpus` and `routes_corpus` take its keywords as one group too, `CorpusModeArgs`
+(``**given: Unpack[CorpusModeArgs]``), whose defaults are declared once (`CORPUS_MODE_DEFAULTS`)
+and shown in their signatures; `corpus_mode_request` reads them.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from resstream.api.inputs import CorpusRequest, encode_text
+from resstream.api.inputs import CorpusRequest, encode_text, keyword_defaults, with_defaults
 from resstream.api.tokenizers import tokenizer_of
 from resstream.checks import check_one_text
 from resstream.data.files import read_text
@@ -74,6 +77,24 @@ class PredictionArgs(TargetArgs, total=False):
 #: is a prediction, each analysed on its own, so fewer and shorter windows than `shift`'s.
 DEFAULT_NUM_SEQS = 16
 DEFAULT_SEQ_LEN = 64
+
+
+class CorpusModeArgs(LoadArgs, total=False):
+    """A corpus mode's sample (with the loading keywords, `LoadArgs`): ``num_seqs`` windows
+    (None: 16) of ``seq_len`` tokens (None: 64, clipped to the model's context) of ``dataset``
+    (default "shakespeare") sampled with ``seed`` (default 0), from ``data_dir`` where given
+    (`prediction_corpus`); ``batch_size`` sequences a forward (None: the function's default)."""
+
+    dataset: str
+    num_seqs: int | None
+    seq_len: int | None
+    seed: int
+    batch_size: int | None
+    data_dir: str | os.PathLike[str] | None
+
+
+#: `CorpusModeArgs`' defaults other than None, shown in the signatures that take the group.
+CORPUS_MODE_DEFAULTS = keyword_defaults(CorpusModeArgs, dataset="shakespeare", seed=0)
 
 #: The keywords of the one-text groups that are not loading keywords, in the order above.
 TEXT_KEYWORDS = tuple(name for name in PredictionArgs.__annotations__ if name not in LoadArgs.__annotations__)
@@ -182,6 +203,15 @@ def prediction_corpus(
     return CorpusRequest(dataset, count, seq_len, seed, data_dir, default_seq_len=DEFAULT_SEQ_LEN)
 
 
+def corpus_mode_request(given: Mapping[str, Any]) -> CorpusRequest:
+    """The sample that `given`, a call's `CorpusModeArgs`, asks for (`prediction_corpus`), with
+    the group's defaults for the keywords not given."""
+    asked = with_defaults(CorpusModeArgs, given)
+    return prediction_corpus(
+        asked["dataset"], asked["num_seqs"], asked["seq_len"], asked["seed"], asked["data_dir"]
+    )
+
+
 def text_keywords(given: Mapping[str, Any]) -> dict[str, Any]:
     """The one-text keywords among `given` (a call's keywords), in `TEXT_KEYWORDS` order."""
     return {name: given[name] for name in TEXT_KEYWORDS if name in given}
@@ -212,15 +242,18 @@ def _single_token(tokenizer: PreTrainedTokenizerBase, text: str, what: str) -> i
 
 
 __all__ = [
+    "CORPUS_MODE_DEFAULTS",
     "DEFAULT_NUM_SEQS",
     "DEFAULT_SEQ_LEN",
     "TEXT_KEYWORDS",
+    "CorpusModeArgs",
     "EncodedText",
     "PositionArgs",
     "PredictionArgs",
     "TargetArgs",
     "TextArgs",
     "TextRequest",
+    "corpus_mode_request",
     "prediction_corpus",
     "text_keywords",
 ]

@@ -9,7 +9,6 @@ next-token prediction of a corpus sample, counted (`analysis.routes.corpus`).
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Unpack
 
 import torch
@@ -45,10 +44,10 @@ from resstream.api.inputs import (
     refuse_device_map,
     takes_load_args,
 )
-from resstream.api.prediction import PositionArgs, TextRequest, prediction_corpus
+from resstream.api.prediction import CorpusModeArgs, PositionArgs, TextRequest, corpus_mode_request
 from resstream.capture import Internals, block_internals
 from resstream.data.tokenizer import token_text
-from resstream.models import LoadArgs, ModelLike, ModelView
+from resstream.models import ModelLike, ModelView
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -233,31 +232,27 @@ def routes_corpus(
     model: ModelLike = None,
     *,
     tokenizer: PreTrainedTokenizerBase | None = None,
-    dataset: str = "shakespeare",
-    num_seqs: int | None = None,
-    seq_len: int | None = None,
-    seed: int = 0,
     threshold: float = DEFAULT_THRESHOLD,
-    batch_size: int | None = None,
-    data_dir: str | os.PathLike[str] | None = None,
     progress: bool = False,
-    **load: Unpack[LoadArgs],
+    **given: Unpack[CorpusModeArgs],
 ) -> CorpusRoutes:
     """The routes of every next-token prediction of a corpus sample: how often each head and
     MLP lies on them, which positions their head edges come from, a per-layer profile, each
     rate with a 95% interval over sequences (`CorpusRoutes`).
 
     `num_seqs` windows (default 16) of `seq_len` tokens (default 64, clipped to the model's
-    context) of `dataset` sampled with `seed`, as for `resstream.shift`; `batch_size`
-    sequences (default 4) share one recorded forward.
+    context) of `dataset` (default "shakespeare") sampled with `seed`, as for `resstream.shift`
+    (the keywords of `resstream.api.prediction.CorpusModeArgs`); `batch_size` sequences
+    (default 4) share one recorded forward.
     """
     check_threshold(threshold)
-    refuse_device_map(load, "routes", "its read-outs assume one device")
+    refuse_device_map(given, "routes", "its read-outs assume one device")
+    batch_size = given.get("batch_size")
     batch_size = CORPUS_BATCH_SIZE if batch_size is None else batch_size
     check_batch_size(batch_size)
-    request = prediction_corpus(dataset, num_seqs, seq_len, seed, data_dir)
+    request = corpus_mode_request(given)
     with one_sampled_model(
-        model, request, load, tokenizer=tokenizer, progress=progress, batch_size=batch_size
+        model, request, given, tokenizer=tokenizer, progress=progress, batch_size=batch_size
     ) as (loaded, sample, fingerprint):
         view = loaded.view
         batches = prediction_batches(sample.sequences, batch_size)
@@ -282,7 +277,7 @@ def routes_corpus(
         return CorpusRoutes(
             model=loaded.name,
             family=view.family,
-            dataset=dataset,
+            dataset=request.dataset,
             dataset_fingerprint=fingerprint,
             num_seqs=len(sample.sequences),
             seq_len=int(batches[0].shape[1]),
