@@ -153,6 +153,18 @@ def test_an_output_set_replaces_the_previous_set_whole(tmp_path):
     assert record["files"] == ["match_rates.png", "shift.json", "run.json"]
 
 
+def test_a_corpus_analysis_records_its_process_count_whatever_the_command_records(tmp_path):
+    """`analysis_outputs` (the commands that may run under torchrun) puts `processes` in the
+    run.json it stages: 1 run directly (2 under torchrun: tests/test_data_parallel.py)."""
+    from resstream.cli.options import analysis_outputs, write_run_record
+
+    with analysis_outputs(tmp_path / "out", "shift", "cpu") as outputs:
+        assert outputs is not None
+        write_run_record(outputs, "shift", {"top_k": 5}, "cpu", 0, "abc")
+    record = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert record["processes"] == 1 and record["config"]["top_k"] == 5 and record["files"] == ["run.json"]
+
+
 def test_a_run_that_does_not_list_its_files_is_not_mixed_with_a_new_set(tmp_path):
     out = tmp_path / "out"
     out.mkdir()

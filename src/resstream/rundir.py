@@ -37,7 +37,7 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -382,11 +382,13 @@ def refuse_another_commands_run(directory: Path, command: str, param: str | None
 
 
 class OutputSet:
-    """The outputs of one run, staged and then moved into place together (see `output_set`)."""
+    """The outputs of one run, staged and then moved into place together (see `output_set`);
+    `recorded`: fields its run.json holds whatever the command records (`write_record`)."""
 
-    def __init__(self, directory: Path, staging: Path) -> None:
+    def __init__(self, directory: Path, staging: Path, recorded: Mapping[str, Any] | None = None) -> None:
         self.directory = directory
         self.staging = staging
+        self.recorded = dict(recorded or {})
 
     def __truediv__(self, name: str) -> Path:
         """The staging path of output `name` (a file name, no folders)."""
@@ -399,8 +401,9 @@ class OutputSet:
         return sorted(p.name for p in self.staging.iterdir() if not is_temporary_name(p.name))
 
     def write_record(self, record: dict[str, Any]) -> None:
-        """Stage `run.json`: `record` plus the list of the set's files (written last)."""
-        write_json(self.staging / RUN_FILE, {**record, "files": [*self.staged(), RUN_FILE]})
+        """Stage `run.json`: `record` and the set's `recorded` fields, plus the list of the
+        set's files (written last)."""
+        write_json(self.staging / RUN_FILE, {**record, **self.recorded, "files": [*self.staged(), RUN_FILE]})
 
     def commit(self) -> None:
         """Move the staged set into place (run.json last) and drop the previous set's other
@@ -446,8 +449,10 @@ def output_set(
     *,
     param: str | None = "out",
     need_bytes: int = DEFAULT_OUTPUT_BYTES,
+    recorded: Mapping[str, Any] | None = None,
 ) -> Iterator[OutputSet]:
-    """Lock `path` for `command` and stage its outputs; they appear only if the block succeeds.
+    """Lock `path` for `command` and stage its outputs; they appear only if the block succeeds
+    (`recorded`: fields of its run.json, `OutputSet`).
 
     Refused before the block runs: a directory that holds another command's run (its run.json
     would be overwritten) and one without `need_bytes` free. A write that fails for lack of
@@ -460,7 +465,7 @@ def output_set(
         staging = directory / f"{STAGING_PREFIX}{os.getpid()}"  # under the lock: one per directory
         try:
             staging.mkdir()
-            outputs = OutputSet(directory, staging)
+            outputs = OutputSet(directory, staging, recorded)
             yield outputs
             outputs.commit()
         except OSError as exc:

@@ -69,7 +69,6 @@ def attribute(
     check_mode(one, in_corpus, decoder)
     import resstream
     from resstream.analysis.attribution.results import AttributeResult, CorpusAttribution, check_rank_by
-    from resstream.distributed import launched_world
     from resstream.io import write_json
     from resstream.reporting.attribute import terminal_summary, write_attribute_report
 
@@ -108,17 +107,10 @@ def attribute(
             "neurons": not no_neurons,
             "decoder": decoder,
             "rank_by": rank_by,
-            "dataset": sample.dataset,
-            "num_seqs": corpus_result.num_seqs if corpus_result else None,
-            "seq_len": corpus_result.seq_len if corpus_result else None,
             "candidates": candidates,
             "batch_size": sample.batch_size,
         }
-        seed = sample.seed if in_corpus else None
-        fingerprint = corpus_result.dataset_fingerprint if corpus_result else None
-        options.write_run_record(
-            outputs, "attribute", settings, loading, seed, fingerprint, processes=launched_world()
-        )
+        options.write_corpus_mode_record(outputs, "attribute", settings, loading, sample, corpus_result)
     for line in terminal_summary(result):
         typer.echo(line)
     names = ", ".join(sorted(p.name for p in written))

@@ -63,7 +63,6 @@ def estimate_lines(guess: EvalEstimate, plan: EvalPlan) -> list[str]:
 
 def write_outputs(outputs: OutputSet, report: EvalReport, plan: EvalPlan, settings: dict[str, Any]) -> None:
     """Stage eval.json, eval.csv and run.json in the command's output set."""
-    from resstream.distributed import launched_world
     from resstream.io import write_json, write_text
     from resstream.reporting.evaluation import eval_csv
     from resstream.training.evaluate import datasets_fingerprint
@@ -81,7 +80,6 @@ def write_outputs(outputs: OutputSet, report: EvalReport, plan: EvalPlan, settin
         None,
         fingerprint,
         datasets=datasets,
-        processes=launched_world(),
     )
 
 

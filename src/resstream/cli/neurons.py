@@ -31,7 +31,6 @@ def neurons(
     """FFN neurons as key -> value memories: the tokens a neuron's value vector promotes and
     suppresses, and the corpus contexts that switch it on most."""
     import resstream
-    from resstream.distributed import launched_world
     from resstream.io import write_json, write_text
     from resstream.reporting.neurons import neurons_csv, plot_neurons, summary_lines, write_html
 
@@ -64,13 +63,7 @@ def neurons(
             "sample": result.sample,
         }
         options.write_run_record(
-            outputs,
-            "neurons",
-            settings,
-            loading,
-            sample.seed,
-            result.dataset_fingerprint,
-            processes=launched_world(),
+            outputs, "neurons", settings, loading, sample.seed, result.dataset_fingerprint
         )
     for line in summary_lines(result):
         typer.echo(line)

@@ -33,7 +33,7 @@ import typing
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Protocol, TypeVar
 
 import typer
 
@@ -574,6 +574,37 @@ def write_run_record(
     outputs.write_record({**record, **fields})
 
 
+class CorpusSampleResult(Protocol):
+    """What a corpus mode's result says of the sample it drew (`write_corpus_mode_record`)."""
+
+    @property
+    def num_seqs(self) -> int: ...
+    @property
+    def seq_len(self) -> int: ...
+    @property
+    def dataset_fingerprint(self) -> str | None: ...
+
+
+def write_corpus_mode_record(
+    outputs: OutputSet,
+    command_name: str,
+    settings: Mapping[str, Any],
+    loading: Loading,
+    sample: Sample,
+    corpus: CorpusSampleResult | None,
+) -> None:
+    """run.json of a command with a corpus mode (`corpus_mode_options`): `settings`, then the
+    `dataset`, and the `num_seqs` and `seq_len` its `corpus` result drew (None for one text);
+    in corpus mode, the sample's seed and the data's fingerprint too (`write_run_record`)."""
+    drawn = {
+        "dataset": sample.dataset,
+        "num_seqs": corpus.num_seqs if corpus else None,
+        "seq_len": corpus.seq_len if corpus else None,
+    }
+    seed, fingerprint = (sample.seed, corpus.dataset_fingerprint) if corpus else (None, None)
+    write_run_record(outputs, command_name, {**settings, **drawn}, loading, seed, fingerprint)
+
+
 @contextlib.contextmanager
 def analysis_outputs(out: Path, command_name: str, device: str) -> Iterator[OutputSet | None]:
     """The outputs of a corpus analysis that may run under torchrun, data-parallel
@@ -582,7 +613,7 @@ def analysis_outputs(out: Path, command_name: str, device: str) -> Iterator[Outp
     None, share the analysis and write nothing. The block ends the same way on every rank
     (`distributed.one_outcome`): a failure on any rank, before, during or after the analysis,
     is every rank's one line and exit code, and nothing is written. Run directly: `output_set`.
-    Record `processes` (`launched_world`) in run.json: the one thing N ranks change."""
+    run.json records `processes`, the one thing N ranks change (1 run directly)."""
     from resstream.distributed import joined, one_outcome
     from resstream.rundir import output_set
 
@@ -591,7 +622,7 @@ def analysis_outputs(out: Path, command_name: str, device: str) -> Iterator[Outp
         if not info.is_main:
             yield None
             return
-        with output_set(out, command_name) as outputs:
+        with output_set(out, command_name, recorded={"processes": info.world}) as outputs:
             yield outputs
 
 

@@ -26,7 +26,6 @@ def recency(
     """Mean attention by query and key position (and distance), per layer and head, over a corpus,
     with its trend with key position (95% intervals over the sequences) and the strict verdict."""
     import resstream
-    from resstream.distributed import launched_world
     from resstream.io import write_json
     from resstream.reporting.attention import (
         LEGEND,
@@ -67,13 +66,7 @@ def recency(
             "threshold": threshold,
         }
         options.write_run_record(
-            outputs,
-            "recency",
-            settings,
-            loading,
-            sample.seed,
-            report.dataset_fingerprint,
-            processes=launched_world(),
+            outputs, "recency", settings, loading, sample.seed, report.dataset_fingerprint
         )
     for result in report.results:
         sequences = f"{result.num_sequences} sequence{'s' if result.num_sequences != 1 else ''}"

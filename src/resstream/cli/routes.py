@@ -68,14 +68,9 @@ def routes(
             **one.record(),
             "position": None if in_corpus else result.position,  # type: ignore[union-attr]
             "threshold": threshold,
-            "dataset": sample.dataset,
-            "num_seqs": corpus_result.num_seqs if corpus_result else None,
-            "seq_len": corpus_result.seq_len if corpus_result else None,
             "batch_size": (sample.batch_size or CORPUS_BATCH_SIZE) if in_corpus else None,
         }
-        seed = sample.seed if in_corpus else None
-        fingerprint = corpus_result.dataset_fingerprint if corpus_result else None
-        options.write_run_record(outputs, "routes", settings, loading, seed, fingerprint)
+        options.write_corpus_mode_record(outputs, "routes", settings, loading, sample, corpus_result)
     for line in routes_lines(result):
         typer.echo(line)
     names = ", ".join(sorted(p.name for p in written))

@@ -30,7 +30,6 @@ def shift(
     for spec in decoders:  # refused before the imports below
         decoder_kind(spec)
     import resstream
-    from resstream.distributed import launched_world
     from resstream.io import write_json, write_text
     from resstream.reporting.figures import model_file_stems
     from resstream.reporting.shift import (
@@ -73,15 +72,7 @@ def shift(
             "decoder": decoders if several else decoders[0],
             "sample": report.sample_rule,
         }
-        options.write_run_record(
-            outputs,
-            "shift",
-            settings,
-            loading,
-            sample.seed,
-            report.dataset_fingerprint,
-            processes=launched_world(),
-        )
+        options.write_run_record(outputs, "shift", settings, loading, sample.seed, report.dataset_fingerprint)
     for result in report.results:
         typer.echo(
             f"{result_label(result, several)}: {result.shift_text} "

@@ -177,7 +177,6 @@ def tune_lens(
                 loading,
                 evaluation.seed,
                 evaluation.dataset_fingerprint,
-                processes=place.world,
             )
         if not evaluate:  # the lens is in place: its run's checkpoint has served
             remove_checkpoint(output.out)
