@@ -40,7 +40,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 import torch
@@ -607,17 +607,22 @@ def mean_tokens_per_s(records: tuple[dict[str, Any], ...]) -> float:
     return float(np.median(rates)) if rates else math.nan
 
 
+class TrainerOptions(TypedDict, total=False):
+    """How a `Trainer` runs, the keywords `train` hands it: ``resume`` (default False),
+    ``progress`` (default True), ``log`` (default stderr) and ``resume_hint``, as the `Trainer`
+    documents them."""
+
+    resume: bool
+    progress: bool
+    log: Log
+    resume_hint: str
+
+
 def train(
-    config: TrainConfig,
-    out_dir: str | os.PathLike[str],
-    *,
-    resume: bool = False,
-    progress: bool = True,
-    log: Log = say,
-    resume_hint: str = RESUME_HINT,
+    config: TrainConfig, out_dir: str | os.PathLike[str], **options: Unpack[TrainerOptions]
 ) -> TrainResult:
     """Train a resstream GPT as `config` says, writing the run into `out_dir`; `resume` the run
-    there from its latest checkpoint, show `progress`.
+    there from its latest checkpoint, show `progress` (the `Trainer`'s keywords: `TrainerOptions`).
 
     Ctrl-C (SIGINT) or SIGTERM lets the current step finish, saves a checkpoint of it and raises
     `KeyboardInterrupt` after one line on `log` that ends with `resume_hint` (how to continue);
@@ -633,13 +638,10 @@ def train(
     """
     with run_lock(out_dir, param="out_dir"):
         try:
-            done = completed_run(config, out_dir) if resume else None
+            done = completed_run(config, out_dir) if options.get("resume") else None
             if done is not None:
                 return done
-            trainer = Trainer(
-                config, out_dir, resume=resume, progress=progress, log=log, resume_hint=resume_hint
-            )
-            return trainer.run()
+            return Trainer(config, out_dir, **options).run()
         except OSError as exc:  # a full disk or lost permission while writing the run's files
             failure = write_failure(exc, Path(out_dir), "out_dir", kept="its complete checkpoints are kept")
             if failure is None:
