@@ -31,12 +31,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Unpack
 
 import torch
 from torch import Tensor
 
-from resstream.analysis.decoding.ranks import LowPrecision, NonFiniteCall, RankScreen, SyncFree, check_matrix
+from resstream.analysis.decoding.ranks import NonFiniteCall, RankScreen, ScreenOptions, check_matrix
 from resstream.errors import RunError, check_choice
 from resstream.models.adapters.base import ModelView
 
@@ -123,28 +123,15 @@ class Decoder:
             scores = torch.tanh(scores / self.softcap) * self.softcap
         return scores
 
-    def exact(
-        self,
-        *,
-        low_precision: LowPrecision = "auto",
-        chunk_bytes: int | None = None,
-        sync_free: SyncFree = "auto",
-    ) -> ExactScorer:
+    def exact(self, **screen: Unpack[ScreenOptions]) -> ExactScorer:
         """The exact evaluation of this decoder (build once, query many batches).
 
-        `low_precision` is the screening precision of the rank engine (bf16, None = fp32,
-        "auto": bf16 on CUDA, fp32 on the CPU), `chunk_bytes` its score-block size (None: by
-        device) and `sync_free` whether it avoids host synchronisations ("auto": on CUDA); the
-        answers depend on none of them.
+        `screen` are the rank engine's settings (`ScreenOptions`): `low_precision` its
+        screening precision (bf16, None = fp32, "auto": bf16 on CUDA, fp32 on the CPU),
+        `chunk_bytes` its score-block size (None: by device) and `sync_free` whether it avoids
+        host synchronisations ("auto": on CUDA); the answers depend on none of them.
         """
-        engine = RankScreen(
-            self.matrix.detach(),
-            _detached(self.bias),
-            low_precision=low_precision,
-            chunk_bytes=chunk_bytes,
-            sync_free=sync_free,
-        )
-        return ExactScorer(self, engine)
+        return ExactScorer(self, RankScreen(self.matrix.detach(), _detached(self.bias), **screen))
 
 
 @dataclass(frozen=True, eq=False)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypedDict, Unpack
 
 import torch
 from torch import Tensor
@@ -58,6 +58,7 @@ __all__ = [
     "LowPrecision",
     "NonFiniteCall",
     "RankScreen",
+    "ScreenOptions",
     "ScreenStats",
     "SyncFree",
     "check_ids",
@@ -105,6 +106,17 @@ class _Pending:
     ranks: Tensor
     unsure: Tensor | None  # None: the selecting scheme answered every row already
     finite: Tensor
+
+
+class ScreenOptions(TypedDict, total=False):
+    """How the rank engine computes (`RankScreen`'s keywords, its defaults there): the
+    screening dtype ``low_precision``, the score-block size ``chunk_bytes`` and the
+    ``sync_free`` scheme. The answers depend on none of them; a function that builds a
+    `RankScreen` for its caller takes them as ``**screen: Unpack[ScreenOptions]``."""
+
+    low_precision: LowPrecision
+    chunk_bytes: int | None
+    sync_free: SyncFree
 
 
 class RankScreen(Screen):
@@ -236,17 +248,13 @@ def fast_ranks(
     token_ids: Tensor,
     *,
     limit: int | None = None,
-    low_precision: LowPrecision = "auto",
-    chunk_bytes: int | None = None,
-    sync_free: SyncFree = "auto",
+    **screen: Unpack[ScreenOptions],
 ) -> Tensor:
-    """The ranks of `exact_ranks`, computed by the screened scheme (module docstring).
+    """The ranks of `exact_ranks`, computed by the screened scheme (module docstring; `screen`:
+    the engine's settings, `ScreenOptions`).
 
     With `limit` = k returns min(rank, k) (exact below k: what top-k membership needs), which
     is much cheaper than full ranks. For repeated calls on one matrix build a `RankScreen`.
     """
     check_rank_inputs(x, matrix, bias, token_ids)
-    screen = RankScreen(
-        matrix, bias, low_precision=low_precision, chunk_bytes=chunk_bytes, sync_free=sync_free
-    )
-    return screen.ranks(x, token_ids[:, None], limit)[0][:, 0]
+    return RankScreen(matrix, bias, **screen).ranks(x, token_ids[:, None], limit)[0][:, 0]

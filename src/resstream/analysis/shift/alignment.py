@@ -30,13 +30,13 @@ import contextlib
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 from torch import Tensor
 
 from resstream.analysis.decoding.decoder import Decoder, NonFiniteInputs
-from resstream.analysis.decoding.ranks import LowPrecision, SyncFree, check_ids, check_matrix
+from resstream.analysis.decoding.ranks import ScreenOptions, check_ids, check_matrix
 from resstream.analysis.stats import cluster_ratio, cluster_ratio_ci
 from resstream.display import Displayable
 from resstream.io import jsonable
@@ -196,8 +196,8 @@ class AlignmentAccumulator:
     and tokens (B, T); positions 0..T−2 are scored. Batches may have different B and T.
     `W_E` and `W_U` give the input / output token vectors of the cosine and projection
     metrics; `decoder` gives the scores of the match rates, evaluated exactly
-    (`Decoder.exact`; `low_precision`, `chunk_bytes` and `sync_free` tune that evaluation and
-    change no result).
+    (`Decoder.exact`; `screen`, the rank engine's `low_precision`, `chunk_bytes` and
+    `sync_free` (`ScreenOptions`), tune that evaluation and change no result).
     """
 
     def __init__(
@@ -208,9 +208,7 @@ class AlignmentAccumulator:
         decoder: Decoder,
         W_E: Tensor,
         W_U: Tensor,
-        low_precision: LowPrecision = "auto",
-        chunk_bytes: int | None = None,
-        sync_free: SyncFree = "auto",
+        **screen: Unpack[ScreenOptions],
     ) -> None:
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 0:
             raise ValueError(f"num_layers = {num_layers!r}; allowed: an integer >= 0")
@@ -231,7 +229,7 @@ class AlignmentAccumulator:
         self.decoder = decoder
         self.vocab, self.d_model = vocab, d
         self.W_E, self.W_U = W_E, W_U
-        self.scorer = decoder.exact(low_precision=low_precision, chunk_bytes=chunk_bytes, sync_free=sync_free)
+        self.scorer = decoder.exact(**screen)
         self._batches: list[_SequenceStats] = []
         self._depth_counts = torch.zeros(num_layers + 2, dtype=torch.int64)  # last slot: never
 
