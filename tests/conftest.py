@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 
-
 #: The most worker processes `-n auto` starts: each imports torch and builds its own session
 #: fixtures, which stops paying beyond a few.
 MAX_WORKERS = 8
