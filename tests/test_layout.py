@@ -202,3 +202,15 @@ def test_no_import_circle() -> None:
         graphlib.TopologicalSorter(graph).prepare()
     except graphlib.CycleError as circle:
         pytest.fail(f"import circle: {' -> '.join(circle.args[1])}")
+
+
+#: The longest a module of the package may be: past it, a module holds more than one idea.
+MAX_MODULE_LINES = 650
+
+
+def test_no_module_is_longer_than_the_limit() -> None:
+    lengths = {
+        str(path.relative_to(SRC)): len(path.read_text(encoding="utf-8").splitlines())
+        for path in SRC.rglob("*.py")
+    }
+    assert {name: n for name, n in lengths.items() if n > MAX_MODULE_LINES} == {}
