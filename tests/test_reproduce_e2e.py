@@ -82,11 +82,11 @@ def test_the_sweep_stage_under_torchrun_matches_one_process(reproduction, tmp_pa
     out = tmp_path / "ddp"
     args = ["reproduce", "--scale", "tiny", "--seeds", "0", "--only", "sweep", "--nproc-per-node", "2"]
     assert main([*args, "--device", "cpu", "--quiet", "--out", str(out)]) == 0
-    # 20 steps (test_ddp.py checks 3): every weight but the key bias agrees to ~1e-7
+    # 20 steps (test_ddp.py checks 3): all but a few noise-driven elements agree to ~1e-7
     for variant in VARIANTS:
         a = ckpt.load_run(out / "sweep" / "seed-0" / variant)
         b = ckpt.load_run(reproduction / "sweep" / "seed-0" / variant)
-        assert_same_training(a, b, rtol=1e-5, atol=1e-5)
+        assert_same_training(a, b, rtol=1e-5, atol=1e-5, noise_share=0.01)
     assert '"world_size": 2' in (out / "sweep" / "seed-0" / "baseline" / "run.json").read_text()
 
 
