@@ -6,14 +6,21 @@ things go wrong with that in a command that imports large libraries and writes a
 * an interrupt that arrives while a library is being imported can be swallowed by the
   library's own ``except BaseException`` (or turned into another exception), and the command
   then runs to completion or crashes later with an unrelated traceback;
+* an interrupt that arrives while a library is being imported by C++ code (torch's
+  ``_autograd_init``, ``_c10d_init`` and the like import Python modules from C++ functions that
+  cannot pass an exception on) aborts the process: ``terminate called after throwing an
+  instance of 'python_error'`` and exit status 134 instead of 130;
 * an interrupt that arrives while a set of outputs is being moved into place leaves a set
   that is neither the old one nor the new one.
 
 `remember_interrupts()` (installed first thing by the command-line entry point) replaces the
 SIGINT handler with one that records the interrupt before raising `KeyboardInterrupt`, so
 `was_interrupted()` stays true even when the exception itself was swallowed, and
-`raise_if_interrupted()` re-raises it at the next safe point. `deferred_interrupts()` holds an
-interrupt back until a short critical section has finished.
+`raise_if_interrupted()` re-raises it at the next safe point. It also makes every import of the
+main thread whole (`_whole_import`): an interrupt that arrives while a module is being imported
+is held back until the outermost import has finished, then raised at that import statement (the
+user waits at most one import, torch's being the longest, a second or two).
+`deferred_interrupts()` holds an interrupt back until a short critical section has finished.
 
 A long loop whose progress is worth keeping (training a model or a tuned lens) runs under
 `stop_requests()`: the first SIGINT or SIGTERM only asks it to stop (`StopRequests.requested`
@@ -24,11 +31,13 @@ SIGINT, for a user who will not wait, interrupts at once.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import Any
 
 _state = {
     "stopping": False,
@@ -37,23 +46,53 @@ _state = {
     "interrupted": False,
     "deferring": False,
     "pending": False,
+    "importing": False,
 }
 
 
 def _on_sigint(_signum: int, _frame: FrameType | None) -> None:
     if _state["remembering"]:  # a command-line process: one command, so the flag stays set
         _state["interrupted"] = True
-    if _state["deferring"]:
+    if _state["deferring"] or _state["importing"]:
         _state["pending"] = True
         return
     raise KeyboardInterrupt
 
 
 def remember_interrupts() -> None:
-    """Install the remembering SIGINT handler (main thread only; elsewhere a no-op)."""
+    """Install the remembering SIGINT handler and make the main thread's imports whole
+    (main thread only; elsewhere a no-op)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _on_sigint)
         _state["remembering"] = True
+        if builtins.__import__ is not _whole_import:
+            _imports["original"] = builtins.__import__
+            builtins.__import__ = _whole_import
+
+
+#: The import function `_whole_import` wraps (`builtins.__import__` before `remember_interrupts`).
+_imports: dict[str, Callable[..., Any]] = {"original": builtins.__import__}
+_MAIN_THREAD = threading.main_thread().ident
+
+
+def _whole_import(name: str, *args: Any, **kwargs: Any) -> Any:
+    """`builtins.__import__`, with an interrupt that arrives during the main thread's outermost
+    import held back until that import has finished, then raised where it was asked for.
+
+    Both an ``import`` statement and C code's ``PyImport_Import`` (what pybind11 and torch's
+    initialisers call) go through `builtins.__import__`, so a C++ caller that cannot pass a
+    `KeyboardInterrupt` on never sees one. Imports of other threads, and those nested in an
+    import already under way, are handed on as they are."""
+    if _state["importing"] or threading.get_ident() != _MAIN_THREAD:
+        return _imports["original"](name, *args, **kwargs)
+    _state["importing"] = True
+    try:
+        return _imports["original"](name, *args, **kwargs)
+    finally:
+        _state["importing"] = False
+        if _state["pending"] and not _state["deferring"]:
+            _state["pending"] = False
+            raise KeyboardInterrupt  # the interrupt held back: the outcome of the import statement
 
 
 def was_interrupted() -> bool:

@@ -1,0 +1,95 @@
+"""A Ctrl-C during an import waits for the outermost import to finish (`interrupts._whole_import`).
+
+torch's C++ initialisers (``_autograd_init``, ``_c10d_init``, ...) import Python modules from
+functions that cannot pass an exception on: a `KeyboardInterrupt` raised in one of those
+imports aborted the command (``terminate called after throwing an instance of
+'python_error'``, exit status 134), which a loaded CI machine hit once in a hundred runs of
+`test_ctrl_c_at_any_moment`. These tests deliver the interrupt at exactly such a moment, so
+that they fail without the whole imports on every run, not by chance.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from resstream import interrupts
+
+#: A child that sends itself SIGINT inside the first Python function that the C function
+#: CALLER calls, then runs `python -m resstream ARGS`; it writes FLAG just before it sends it.
+INJECT = textwrap.dedent(
+    """
+    import os, runpy, signal, sys
+    caller, flag = sys.argv[1], sys.argv[2]
+    calling = []
+
+    def profile(frame, event, arg):
+        if event == "c_call":
+            calling.append(getattr(arg, "__name__", ""))
+        elif event in ("c_return", "c_exception"):
+            if calling:
+                calling.pop()
+        elif event == "call" and calling and calling[-1] == caller:
+            sys.setprofile(None)
+            open(flag, "w").close()
+            os.kill(os.getpid(), signal.SIGINT)
+
+    sys.argv = ["resstream", *sys.argv[3:]]
+    sys.setprofile(profile)
+    runpy.run_module("resstream", run_name="__main__")
+    """
+)
+
+SIMULATE = ["simulate", "--layers", "2", "--tokens", "5", "--dim", "4", "--sims", "20", "--quiet"]
+
+
+def _child(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120, env=env, cwd=cwd)
+
+
+@pytest.mark.parametrize("initialiser", ["_autograd_init", "_c10d_init"])
+def test_ctrl_c_inside_an_import_by_torchs_cpp_initialisers_exits_130(tmp_path, initialiser):
+    flag, out = tmp_path / "sent", tmp_path / "out"
+    done = _child("-c", INJECT, initialiser, str(flag), *SIMULATE, "--out", str(out))
+    if not flag.exists():
+        pytest.skip(f"torch {initialiser} imports no Python module in this version: nothing to interrupt")
+    assert (done.returncode, done.stderr.strip()) == (130, "resstream: error: interrupted; nothing half-written was kept")
+    assert not out.exists()
+
+
+def test_an_interrupt_during_an_import_is_raised_at_the_import_statement_after_it(tmp_path):
+    (tmp_path / "slow_module.py").write_text(
+        "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nfor _ in range(10_000):\n    pass\nFINISHED = True\n"
+    )
+    script = textwrap.dedent(
+        """
+        import sys
+        from resstream.interrupts import remember_interrupts
+        remember_interrupts()
+        try:
+            import slow_module
+        except KeyboardInterrupt:
+            module = sys.modules.get("slow_module")
+            print("raised at the import;", "whole" if getattr(module, "FINISHED", False) else "half")
+        """
+    )
+    done = _child("-c", script, cwd=tmp_path)
+    assert done.stdout.strip() == "raised at the import; whole", done.stderr
+    # Before remember_interrupts, Python's own handler raises inside the module body.
+    done = _child("-c", script.replace("remember_interrupts()\n", "", 1), cwd=tmp_path)
+    assert done.stdout.strip() == "raised at the import; half", done.stderr
+
+
+@pytest.mark.usefixtures("default_signal_handlers")
+def test_a_failed_import_leaves_no_import_under_way():
+    with pytest.raises(ModuleNotFoundError):
+        interrupts._whole_import("resstream_no_such_module")
+    assert interrupts._state["importing"] is False
+    assert interrupts._whole_import("json").__name__ == "json"
+    assert interrupts._state["importing"] is False
