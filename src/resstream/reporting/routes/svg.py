@@ -66,33 +66,39 @@ def _attribute(value: str) -> str:
 
 
 def _svg_edges(result: RoutesResult, canvas: _Canvas) -> list[str]:
+    """The edges in `draw_order` (residual, MLP, then head edges; a wide one below a narrow one)."""
     curves = edge_curves(result.edges)
-    parts = []
-    for index in draw_order(result.edges):
-        edge = result.edges[index]
-        path = _svg_path(canvas, curves[index])
-        width = 1.3 * edge_width(edge.importance)  # points to pixels
-        parts.append(
-            f'<g class="edge {edge.kind}" data-edge="{index}" data-label="{_attribute(edge.label)}">'
-            f'<path class="hit" d="{path}" stroke-width="{max(9.0, width + 6):.1f}"/>'
-            f'<path class="line" d="{path}" stroke="{edge_colour(edge, result.n_layers)}" '
-            f'stroke-width="{width:.2f}"/></g>'
-        )
-    return parts
+    return [_svg_edge(result, index, _svg_path(canvas, curves[index])) for index in draw_order(result.edges)]
+
+
+def _svg_edge(result: RoutesResult, index: int, path: str) -> str:
+    """Edge `index` along `path`: a wide transparent stroke to hover and the visible line."""
+    edge = result.edges[index]
+    width = 1.3 * edge_width(edge.importance)  # points to pixels
+    return (
+        f'<g class="edge {edge.kind}" data-edge="{index}" data-label="{_attribute(edge.label)}">'
+        f'<path class="hit" d="{path}" stroke-width="{max(9.0, width + 6):.1f}"/>'
+        f'<path class="line" d="{path}" stroke="{edge_colour(edge, result.n_layers)}" '
+        f'stroke-width="{width:.2f}"/></g>'
+    )
 
 
 def _svg_nodes(result: RoutesResult, canvas: _Canvas) -> list[str]:
-    parts = []
-    for index, node in enumerate(result.nodes):
-        x, y = canvas.xy((node.position, node.point))
-        predicted = node.point == 2 * result.n_layers and node.position == result.position
-        name = f"{node.name} at position {node.position} ‘{show_token(result.tokens[node.position])}’"
-        parts.append(
-            f'<circle class="node{" prediction" if predicted else ""}" data-node="{index}" '
-            f'cx="{x:.1f}" cy="{y:.1f}" r="{7 if predicted else 3.5}" tabindex="0" role="button" '
-            f'aria-label="{_attribute(name)}"/>'
-        )
-    return parts
+    """The nodes, the predicted one larger."""
+    return [_svg_node(result, index, canvas) for index in range(len(result.nodes))]
+
+
+def _svg_node(result: RoutesResult, index: int, canvas: _Canvas) -> str:
+    """Node `index`, focusable, named for screen readers."""
+    node = result.nodes[index]
+    x, y = canvas.xy((node.position, node.point))
+    predicted = node.point == 2 * result.n_layers and node.position == result.position
+    name = f"{node.name} at position {node.position} ‘{show_token(result.tokens[node.position])}’"
+    return (
+        f'<circle class="node{" prediction" if predicted else ""}" data-node="{index}" '
+        f'cx="{x:.1f}" cy="{y:.1f}" r="{7 if predicted else 3.5}" tabindex="0" role="button" '
+        f'aria-label="{_attribute(name)}"/>'
+    )
 
 
 def _svg_frame(result: RoutesResult, canvas: _Canvas) -> list[str]:
