@@ -45,12 +45,15 @@ INJECT = textwrap.dedent(
     """
 )
 
+INTERRUPTED = "resstream: error: interrupted; nothing half-written was kept"
 SIMULATE = ["simulate", "--layers", "2", "--tokens", "5", "--dim", "4", "--sims", "20", "--quiet"]
 
 
 def _child(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120, env=env, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=120, env=env, cwd=cwd
+    )
 
 
 @pytest.mark.parametrize("initialiser", ["_autograd_init", "_c10d_init"])
@@ -59,14 +62,13 @@ def test_ctrl_c_inside_an_import_by_torchs_cpp_initialisers_exits_130(tmp_path, 
     done = _child("-c", INJECT, initialiser, str(flag), *SIMULATE, "--out", str(out))
     if not flag.exists():
         pytest.skip(f"torch {initialiser} imports no Python module in this version: nothing to interrupt")
-    assert (done.returncode, done.stderr.strip()) == (130, "resstream: error: interrupted; nothing half-written was kept")
+    assert (done.returncode, done.stderr.strip()) == (130, INTERRUPTED)
     assert not out.exists()
 
 
 def test_an_interrupt_during_an_import_is_raised_at_the_import_statement_after_it(tmp_path):
-    (tmp_path / "slow_module.py").write_text(
-        "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nfor _ in range(10_000):\n    pass\nFINISHED = True\n"
-    )
+    body = "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nfor _ in range(10_000):\n    pass\n"
+    (tmp_path / "slow_module.py").write_text(body + "FINISHED = True\n")
     script = textwrap.dedent(
         """
         import sys
