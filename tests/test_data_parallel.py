@@ -311,16 +311,20 @@ def gpt2_dir(tmp_path_factory) -> Path:
     return _saved_gpt2(tmp_path_factory.mktemp("models") / "tiny-gpt2")
 
 
-def _resstream(args: list[str], processes: int | None) -> subprocess.CompletedProcess[str]:
-    """`python -m resstream ARGS` run directly (`processes` None) or under torchrun."""
+def _launch(processes: int | None) -> tuple[dict[str, str], list[str]]:
+    """The environment of a launch (one BLAS thread, offline, no inherited rank) and the
+    interpreter arguments before the program: none for one process, torchrun's for `processes`."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    launcher = (
-        []
-        if processes is None
-        else ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
-    )
+    if processes is None:
+        return env, []
+    return env, ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
+
+
+def _resstream(args: list[str], processes: int | None) -> subprocess.CompletedProcess[str]:
+    """`python -m resstream ARGS` run directly (`processes` None) or under torchrun."""
+    env, launcher = _launch(processes)
     cmd = [sys.executable, *launcher, "-m", "resstream", *args, "--device", "cpu", "--quiet"]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
@@ -332,14 +336,7 @@ def _launch_all(commands: list[list[str]], listed: Path, processes: int | None) 
     """Every command of `commands` run in order by one process (`processes` None) or by each
     rank of one torchrun job (`tests/commands_launcher.py`; the list is written to `listed`):
     one launch for all, since a launch's start-up is most of what one command costs here."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    launcher = (
-        []
-        if processes is None
-        else ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
-    )
+    env, launcher = _launch(processes)
     listed.write_text(json.dumps(commands), encoding="utf-8")
     cmd = [sys.executable, *launcher, str(LAUNCHER), str(listed)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
