@@ -19,7 +19,8 @@ SIGINT handler with one that records the interrupt before raising `KeyboardInter
 `raise_if_interrupted()` re-raises it at the next safe point. It also makes every import of the
 main thread whole (`_whole_import`): an interrupt that arrives while a module is being imported
 is held back until the outermost import has finished, then raised at that import statement (the
-user waits at most one import, torch's being the longest, a second or two).
+user waits at most one import, torch's being the longest, a second or two). The wrapper adds
+about 0.4 µs to an import statement: some 10 ms over the 28,000 of a `shift` command.
 `deferred_interrupts()` holds an interrupt back until a short critical section has finished.
 
 A long loop whose progress is worth keeping (training a model or a tuned lens) runs under
