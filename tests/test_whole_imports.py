@@ -1,8 +1,8 @@
 """A Ctrl-C during an import waits for the outermost import to finish (`interrupts._whole_import`).
 
-torch's C++ initialisers (``_autograd_init``, ``_c10d_init``, ...) import Python modules from
-functions that cannot pass an exception on: a `KeyboardInterrupt` raised in one of those
-imports aborted the command (``terminate called after throwing an instance of
+torch's C++ initialisers (``_c10d_init``, ``_multiprocessing_init``, ``_dist_autograd_init``)
+import Python modules from functions that cannot pass an exception on: a `KeyboardInterrupt`
+raised in one of those imports aborted the command (``terminate called after throwing an instance of
 'python_error'``, exit status 134), which a loaded CI machine hit once in a hundred runs of
 `test_ctrl_c_at_any_moment`. These tests deliver the interrupt at exactly such a moment, so
 that they fail without the whole imports on every run, not by chance.
@@ -20,13 +20,14 @@ import pytest
 
 from resstream import interrupts
 
-#: A child that sends itself SIGINT inside the first Python function that the C function
-#: CALLER calls, then runs `python -m resstream ARGS`; it writes FLAG just before it sends it.
+#: A child that runs `python -m resstream ARGS` and sends itself SIGINT in the K-th Python
+#: function called while the C function CALLER runs (an importlib step of one of its imports);
+#: it writes FLAG just before it sends it.
 INJECT = textwrap.dedent(
     """
     import os, runpy, signal, sys
-    caller, flag = sys.argv[1], sys.argv[2]
-    calling = []
+    caller, k, flag = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    calling, calls = [], [0]
 
     def profile(frame, event, arg):
         if event == "c_call":
@@ -34,12 +35,14 @@ INJECT = textwrap.dedent(
         elif event in ("c_return", "c_exception"):
             if calling:
                 calling.pop()
-        elif event == "call" and calling and calling[-1] == caller:
-            sys.setprofile(None)
-            open(flag, "w").close()
-            os.kill(os.getpid(), signal.SIGINT)
+        elif event == "call" and caller in calling:
+            calls[0] += 1
+            if calls[0] == k:
+                sys.setprofile(None)
+                open(flag, "w").close()
+                os.kill(os.getpid(), signal.SIGINT)
 
-    sys.argv = ["resstream", *sys.argv[3:]]
+    sys.argv = ["resstream", *sys.argv[4:]]
     sys.setprofile(profile)
     runpy.run_module("resstream", run_name="__main__")
     """
@@ -56,10 +59,11 @@ def _child(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[s
     )
 
 
-@pytest.mark.parametrize("initialiser", ["_autograd_init", "_c10d_init"])
-def test_ctrl_c_inside_an_import_by_torchs_cpp_initialisers_exits_130(tmp_path, initialiser):
+@pytest.mark.parametrize(("initialiser", "call"), [("_c10d_init", 3), ("_multiprocessing_init", 1)])
+def test_ctrl_c_inside_an_import_by_torchs_cpp_initialisers_exits_130(tmp_path, initialiser, call):
+    """Exit status 134 (abort) before imports were whole, at every call tried (1 to 10)."""
     flag, out = tmp_path / "sent", tmp_path / "out"
-    done = _child("-c", INJECT, initialiser, str(flag), *SIMULATE, "--out", str(out))
+    done = _child("-c", INJECT, initialiser, str(call), str(flag), *SIMULATE, "--out", str(out))
     if not flag.exists():
         pytest.skip(f"torch {initialiser} imports no Python module in this version: nothing to interrupt")
     assert (done.returncode, done.stderr.strip()) == (130, INTERRUPTED)
@@ -86,6 +90,36 @@ def test_an_interrupt_during_an_import_is_raised_at_the_import_statement_after_i
     # Before remember_interrupts, Python's own handler raises inside the module body.
     done = _child("-c", script.replace("remember_interrupts()\n", "", 1), cwd=tmp_path)
     assert done.stdout.strip() == "raised at the import; half", done.stderr
+
+
+def test_a_second_interrupt_during_an_import_interrupts_at_once(tmp_path):
+    """For an import that hangs: the second Ctrl-C does not wait for it."""
+    kill = "os.kill(os.getpid(), signal.SIGINT)\n"
+    body = "import os, signal\n" + kill + "for _ in range(10_000):\n    pass\n" + kill
+    (tmp_path / "hung_module.py").write_text(body + "for _ in range(10_000):\n    pass\nFINISHED = True\n")
+    script = textwrap.dedent(
+        """
+        import sys
+        from resstream.interrupts import remember_interrupts
+        remember_interrupts()
+        try:
+            import hung_module
+        except KeyboardInterrupt:
+            print("whole" if getattr(sys.modules.get("hung_module"), "FINISHED", False) else "half")
+        """
+    )
+    assert _child("-c", script, cwd=tmp_path).stdout.strip() == "half"
+
+
+def test_a_child_forked_during_an_import_is_not_inside_it(tmp_path):
+    (tmp_path / "forking_module.py").write_text(
+        "import os\nfrom resstream import interrupts\npid = os.fork()\n"
+        "if pid == 0:\n    os._exit(3 if interrupts._state['importing'] else 0)\n"
+        "CHILD = os.waitpid(pid, 0)[1] >> 8\n"
+    )
+    script = "from resstream.interrupts import remember_interrupts\nremember_interrupts()\n"
+    done = _child("-c", script + "import forking_module\nprint(forking_module.CHILD)\n", cwd=tmp_path)
+    assert done.stdout.strip() == "0", done.stderr
 
 
 @pytest.mark.usefixtures("default_signal_handlers")

@@ -19,8 +19,9 @@ SIGINT handler with one that records the interrupt before raising `KeyboardInter
 `raise_if_interrupted()` re-raises it at the next safe point. It also makes every import of the
 main thread whole (`_whole_import`): an interrupt that arrives while a module is being imported
 is held back until the outermost import has finished, then raised at that import statement (the
-user waits at most one import, torch's being the longest, a second or two). The wrapper adds
-about 0.4 µs to an import statement: some 10 ms over the 28,000 of a `shift` command.
+user waits for one import, torch's being the longest of a command, a second or two); a second
+Ctrl-C during that import interrupts at once, for an import that hangs. The wrapper adds about
+0.4 µs to an import statement: some 10 ms over the 28,000 of a `shift` command.
 `deferred_interrupts()` holds an interrupt back until a short critical section has finished.
 
 A long loop whose progress is worth keeping (training a model or a tuned lens) runs under
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -48,15 +50,20 @@ _state = {
     "deferring": False,
     "pending": False,
     "importing": False,
+    "whole_imports": False,
 }
 
 
 def _on_sigint(_signum: int, _frame: FrameType | None) -> None:
     if _state["remembering"]:  # a command-line process: one command, so the flag stays set
         _state["interrupted"] = True
+    if _state["importing"] and _state["pending"] and not _state["deferring"]:
+        _state["pending"] = False  # asked twice during one import: the user will not wait
+        raise KeyboardInterrupt
     if _state["deferring"] or _state["importing"]:
         _state["pending"] = True
         return
+    _state["pending"] = False  # delivered now: nothing is left held back
     raise KeyboardInterrupt
 
 
@@ -66,7 +73,8 @@ def remember_interrupts() -> None:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _on_sigint)
         _state["remembering"] = True
-        if builtins.__import__ is not _whole_import:
+        if not _state["whole_imports"]:  # once: a hook installed after it stays outside it
+            _state["whole_imports"] = True
             _imports["original"] = builtins.__import__
             builtins.__import__ = _whole_import
 
@@ -81,9 +89,12 @@ def _whole_import(name: str, *args: Any, **kwargs: Any) -> Any:
     import held back until that import has finished, then raised where it was asked for.
 
     Both an ``import`` statement and C code's ``PyImport_Import`` (what pybind11 and torch's
-    initialisers call) go through `builtins.__import__`, so a C++ caller that cannot pass a
-    `KeyboardInterrupt` on never sees one. Imports of other threads, and those nested in an
-    import already under way, are handed on as they are."""
+    initialisers call) go through `builtins.__import__`, so the imports nested in an outermost
+    one, among them those a C++ initialiser makes while a module is imported, never see a
+    first Ctrl-C. An outermost import asked for by C code at run time (numpy's and torch's
+    lazy imports) gets the interrupt when it returns, as any call into Python from C would.
+    Imports of other threads, and those nested in an import already under way, are handed on
+    as they are."""
     if _state["importing"] or threading.get_ident() != _MAIN_THREAD:
         return _imports["original"](name, *args, **kwargs)
     _state["importing"] = True
@@ -94,6 +105,14 @@ def _whole_import(name: str, *args: Any, **kwargs: Any) -> Any:
         if _state["pending"] and not _state["deferring"]:
             _state["pending"] = False
             raise KeyboardInterrupt  # the interrupt held back: the outcome of the import statement
+
+
+def _forget_imports_in_child() -> None:
+    """A child forked during an import is not inside it, nor owes its parent's interrupt."""
+    _state.update(importing=False, pending=False)
+
+
+os.register_at_fork(after_in_child=_forget_imports_in_child)
 
 
 def was_interrupted() -> bool:
@@ -109,7 +128,7 @@ def raise_if_interrupted() -> None:
 
 def reset() -> None:
     """Forget a remembered interrupt (for a process that runs several commands, like tests)."""
-    _state.update(interrupted=False, deferring=False, pending=False, stop_requested=False)
+    _state.update(interrupted=False, deferring=False, pending=False, stop_requested=False, importing=False)
 
 
 @contextlib.contextmanager
