@@ -23,18 +23,16 @@ from pathlib import Path
 
 import pytest
 
+from resstream.resources import usable_cpus
+
 #: The most worker processes `-n auto` starts: each imports torch and builds its own session
 #: fixtures, which stops paying beyond a few.
 MAX_WORKERS = 8
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: one worker per core this process may use, at most `MAX_WORKERS`."""
-    return max(1, min(MAX_WORKERS, _cores()))
+    return max(1, min(MAX_WORKERS, usable_cpus()))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -43,7 +41,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if workers:
         import torch
 
-        torch.set_num_threads(max(1, _cores() // int(workers)))
+        torch.set_num_threads(max(1, usable_cpus() // int(workers)))
 
 
 def shared_data_path() -> Path:

@@ -68,6 +68,7 @@ from resstream.data.tokens import (
 )
 from resstream.errors import UsageError
 from resstream.io import atomic_path, write_json
+from resstream.resources import usable_cpus
 from resstream.rundir import locked_directory
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ _IN_FLIGHT_PER_WORKER = 3
 
 def default_workers() -> int:
     """min(8, the CPUs this process may use)."""
-    return min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    return min(8, usable_cpus())
 
 
 @dataclass(frozen=True)
