@@ -70,45 +70,41 @@ def test_ctrl_c_inside_an_import_by_torchs_cpp_initialisers_exits_130(tmp_path, 
     assert not out.exists()
 
 
-def test_an_interrupt_during_an_import_is_raised_at_the_import_statement_after_it(tmp_path):
-    body = "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nfor _ in range(10_000):\n    pass\n"
-    (tmp_path / "slow_module.py").write_text(body + "FINISHED = True\n")
-    script = textwrap.dedent(
-        """
-        import sys
-        from resstream.interrupts import remember_interrupts
+#: A child that imports `interrupted_module` (the remembering handler installed unless told
+#: not to) and says whether the `KeyboardInterrupt` came after its body ran to the end.
+IMPORT_INTERRUPTED = textwrap.dedent(
+    """
+    import sys
+    from resstream.interrupts import remember_interrupts
+    if sys.argv[1] == "remember":
         remember_interrupts()
-        try:
-            import slow_module
-        except KeyboardInterrupt:
-            module = sys.modules.get("slow_module")
-            print("raised at the import;", "whole" if getattr(module, "FINISHED", False) else "half")
-        """
-    )
-    done = _child("-c", script, cwd=tmp_path)
-    assert done.stdout.strip() == "raised at the import; whole", done.stderr
+    try:
+        import interrupted_module
+    except KeyboardInterrupt:
+        module = sys.modules.get("interrupted_module")
+        print("whole" if getattr(module, "FINISHED", False) else "half")
+    """
+)
+SIGINT_SELF = "os.kill(os.getpid(), signal.SIGINT)\n"
+SPIN = "for _ in range(10_000):\n    pass\n"
+
+
+def _interrupted_import(tmp_path: Path, body: str, handler: str = "remember") -> str:
+    """ "whole" or "half": where the interrupts that `body` sends itself while imported land."""
+    (tmp_path / "interrupted_module.py").write_text("import os, signal\n" + body + "FINISHED = True\n")
+    done = _child("-c", IMPORT_INTERRUPTED, handler, cwd=tmp_path)
+    return done.stdout.strip() or done.stderr
+
+
+def test_an_interrupt_during_an_import_is_raised_at_the_import_statement_after_it(tmp_path):
+    assert _interrupted_import(tmp_path, SIGINT_SELF + SPIN) == "whole"
     # Before remember_interrupts, Python's own handler raises inside the module body.
-    done = _child("-c", script.replace("remember_interrupts()\n", "", 1), cwd=tmp_path)
-    assert done.stdout.strip() == "raised at the import; half", done.stderr
+    assert _interrupted_import(tmp_path, SIGINT_SELF + SPIN, handler="python") == "half"
 
 
 def test_a_second_interrupt_during_an_import_interrupts_at_once(tmp_path):
     """For an import that hangs: the second Ctrl-C does not wait for it."""
-    kill = "os.kill(os.getpid(), signal.SIGINT)\n"
-    body = "import os, signal\n" + kill + "for _ in range(10_000):\n    pass\n" + kill
-    (tmp_path / "hung_module.py").write_text(body + "for _ in range(10_000):\n    pass\nFINISHED = True\n")
-    script = textwrap.dedent(
-        """
-        import sys
-        from resstream.interrupts import remember_interrupts
-        remember_interrupts()
-        try:
-            import hung_module
-        except KeyboardInterrupt:
-            print("whole" if getattr(sys.modules.get("hung_module"), "FINISHED", False) else "half")
-        """
-    )
-    assert _child("-c", script, cwd=tmp_path).stdout.strip() == "half"
+    assert _interrupted_import(tmp_path, SIGINT_SELF + SPIN + SIGINT_SELF + SPIN) == "half"
 
 
 def test_a_child_forked_during_an_import_is_not_inside_it(tmp_path):
