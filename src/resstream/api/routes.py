@@ -37,7 +37,6 @@ from resstream.analysis.routes import (
 )
 from resstream.api.inputs import (
     LoadOptions,
-    check_batch_size,
     one_model,
     one_sampled_model,
     prediction_batches,
@@ -249,7 +248,6 @@ def routes_corpus(
     refuse_device_map(given, "routes", "its read-outs assume one device")
     batch_size = given.get("batch_size")
     batch_size = CORPUS_BATCH_SIZE if batch_size is None else batch_size
-    check_batch_size(batch_size)
     request = corpus_mode_request(given)
     with one_sampled_model(
         model, request, given, tokenizer=tokenizer, progress=progress, batch_size=batch_size
