@@ -8,8 +8,8 @@ things go wrong with that in a command that imports large libraries and writes a
   then runs to completion or crashes later with an unrelated traceback;
 * an interrupt that arrives while a library is being imported by C++ code (torch's
   ``_c10d_init``, ``_multiprocessing_init`` and ``_dist_autograd_init`` import Python modules
-  from C++ functions that cannot pass an exception on) aborts the process: ``terminate called after throwing an
-  instance of 'python_error'`` and exit status 134 instead of 130;
+  from C++ functions that cannot pass an exception on) aborts the process: ``terminate called
+  after throwing an instance of 'python_error'`` and exit status 134 instead of 130;
 * an interrupt that arrives while a set of outputs is being moved into place leaves a set
   that is neither the old one nor the new one.
 
