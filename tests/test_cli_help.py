@@ -179,6 +179,7 @@ REFUSED_AT_ONCE = [
     (["lens"], "--text"),
     (["attribute"], "--text"),
     (["attribute", "--dataset", "shakespeare", "--text", "a"], "--text"),
+    (["attribute", "--dataset", "shakespeare", "--decoder", "embedding"], "logit lens"),
     (["routes"], "--text"),
     (["ablate"], "--text"),
     (["patch", "--corrupt", "b"], "--text"),

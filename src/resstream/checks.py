@@ -33,6 +33,8 @@ _DEVICE_NAME = re.compile(r"auto|(?:cpu|cuda|mps)(?::\d+)?")
 #: The decoder names a user may give (shown in messages and `--help`), and the tuned lens's prefix.
 DECODER_SPELLINGS = ("logit-lens", "embedding", "tuned:DIR")
 TUNED_PREFIX = "tuned:"
+#: Why `attribute` refuses a decoder other than the logit lens (and a tuned lens beside it).
+ONLY_THE_LOGIT_LENS = "attribute decodes through the logit lens; `decoder` may add a tuned lens (tuned:DIR)"
 
 
 def check_sample_request(num_seqs: int | None, seq_len: int | None) -> None:

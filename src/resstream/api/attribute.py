@@ -34,7 +34,7 @@ from resstream.api.prediction import CorpusModeArgs, PredictionArgs, TextRequest
 from resstream.api.state_memory import check_corpus_fits, check_text_fits
 from resstream.api.tokenizers import tokenizer_of
 from resstream.capture import block_internals
-from resstream.checks import check_positive
+from resstream.checks import ONLY_THE_LOGIT_LENS, check_positive
 from resstream.data.tokenizer import token_text
 from resstream.distributed import joined, map_sharded, my_batches
 from resstream.errors import UsageError
@@ -51,10 +51,6 @@ PROMOTED_TOKENS = 5
 #: exactly, sequences per forward.
 DEFAULT_CANDIDATES = 64
 CORPUS_BATCH_SIZE = 8
-
-
-#: Why a decoder other than the logit lens (and a tuned lens beside it) is refused.
-ONLY_THE_LOGIT_LENS = "attribute decodes through the logit lens; `decoder` may add a tuned lens (tuned:DIR)"
 
 
 @takes_load_args

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from resstream.checks import decoder_kind
+from resstream.checks import ONLY_THE_LOGIT_LENS, decoder_kind
 from resstream.cli import options
 from resstream.errors import UsageError, refuse_set
 
@@ -122,8 +122,6 @@ def check_mode(one: options.OneText, in_corpus: bool, decoder: str) -> None:
     no option of one text (`OneText.check_corpus_mode`)."""
     kind = decoder_kind(decoder)
     if in_corpus and kind == "embedding":
-        from resstream.api.attribute import ONLY_THE_LOGIT_LENS
-
         raise UsageError(ONLY_THE_LOGIT_LENS)
     if in_corpus and kind == "tuned":
         raise UsageError("`decoder` tuned:DIR applies to one text, not to corpus mode (`dataset`)")
