@@ -82,11 +82,6 @@ def launched_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def launched_world() -> int:
-    """The number of processes of this torchrun job (1 when run directly)."""
-    return int(os.environ["WORLD_SIZE"]) if launched() else 1
-
-
 def joined(device: str | torch.device = "auto") -> Distributed:
     """This process's place, the process group joined when torchrun launched it: NCCL when the
     analysis runs on CUDA (`device` "auto" with a GPU visible, or a CUDA device), else gloo."""
@@ -300,7 +295,6 @@ __all__ = [
     "joined",
     "launched",
     "launched_rank",
-    "launched_world",
     "map_sharded",
     "my_batches",
     "on_main_first",

@@ -151,15 +151,13 @@ def _carried(annotation: Any, kind: type[T]) -> T | None:
 class Checked:
     """`Annotated` metadata of a command's own option: `check(name, value)`, a function of
     `resstream.checks` (the library calls it too), refuses a bad value before the command
-    imports torch, as the groups' checks do; a value left to its default None is not checked.
-    `name`: the library parameter, where the option is named otherwise."""
+    imports torch, as the groups' checks do; a value left to its default None is not checked."""
 
     check: Callable[[str, Any], None]
-    name: str | None = None
 
     def __call__(self, option: str, value: Any) -> None:
         if value is not None:
-            self.check(self.name or option, value)
+            self.check(option, value)
 
 
 #: An integer option that must be >= 1, or a number strictly between 0 and 1, refused before
