@@ -534,23 +534,14 @@ def _recency_view(results: Sequence[RecencyResult]) -> NotebookView:
     return NotebookView(tables=[_trend_view_table(table)], pictures=[grid, *distances])
 
 
-def _simulations(result: SimulationResult | SimulationRun) -> Sequence[tuple[str, SimulationResult]]:
-    """The (label, result) pairs of a run, or of one result labelled by its configuration."""
-    if isinstance(result, SimulationRun):
-        return result.results
+def _labelled(result: SimulationResult) -> list[tuple[str, SimulationResult]]:
+    """One simulation result as a run's (label, result) pairs, labelled by its configuration."""
     return [(configuration_label(result.config), result)]
 
 
-def _recency_results(result: RecencyResult | RecencyReport) -> Sequence[RecencyResult]:
-    """The models' results of a report, or the one result."""
-    return result.results if isinstance(result, RecencyReport) else [result]
-
-
-for _simulated in (SimulationResult, SimulationRun):
-    register_result(
-        _simulated, lambda r: simulation_frame(_simulations(r)), lambda r: _simulation_view(_simulations(r))
-    )
-for _measured in (RecencyResult, RecencyReport):
-    register_result(
-        _measured, lambda r: recency_frame(_recency_results(r)), lambda r: _recency_view(_recency_results(r))
-    )
+register_result(SimulationRun, lambda r: simulation_frame(r.results), lambda r: _simulation_view(r.results))
+register_result(
+    SimulationResult, lambda r: simulation_frame(_labelled(r)), lambda r: _simulation_view(_labelled(r))
+)
+register_result(RecencyReport, lambda r: recency_frame(r.results), lambda r: _recency_view(r.results))
+register_result(RecencyResult, lambda r: recency_frame([r]), lambda r: _recency_view([r]))
