@@ -62,10 +62,7 @@ def attribute(
 
     With --dataset: every next token of a corpus sample, averaged over sequences.
     """
-    in_corpus = sample.dataset is not None
-    if not in_corpus:
-        corpus = {"num_seqs": sample.num_seqs, "seq_len": sample.seq_len, "candidates": candidates}
-        refuse_given({**corpus, "batch_size": sample.batch_size}, "corpus mode (`dataset`), not to one text")
+    in_corpus = sample.corpus_mode(candidates=candidates)
     check_mode(one, in_corpus, decoder)
     import resstream
     from resstream.analysis.attribution.results import AttributeResult, CorpusAttribution, check_rank_by

@@ -374,6 +374,15 @@ class Sample:
         if self.batch_size is not None:
             check_batch_size(self.batch_size)
 
+    def corpus_mode(self, **also: object) -> bool:
+        """Whether --dataset asks for a one-text command's corpus mode; without it, no other
+        corpus option (--num-seqs, --seq-len, then `also`, then --batch-size) may be given."""
+        if self.dataset is not None:
+            return True
+        given = {"num_seqs": self.num_seqs, "seq_len": self.seq_len, **also, "batch_size": self.batch_size}
+        refuse_set(given, "applies to corpus mode (`dataset`), not to one text")
+        return False
+
     def api_kwargs(self) -> dict[str, Any]:
         """The API's sampling arguments: its fields, by name."""
         return {item.name: getattr(self, item.name) for item in fields(self)}

@@ -7,7 +7,6 @@ from typing import Annotated
 import typer
 
 from resstream.cli import options
-from resstream.cli.attribute import refuse_given
 
 
 @options.command
@@ -38,10 +37,7 @@ def routes(
     routes.csv, routes.png and an interactive routes.html. With --dataset: how often each head
     and MLP lies on the route of the next-token prediction, over a corpus sample.
     """
-    in_corpus = sample.dataset is not None
-    if not in_corpus:
-        corpus = {"num_seqs": sample.num_seqs, "seq_len": sample.seq_len, "batch_size": sample.batch_size}
-        refuse_given(corpus, "corpus mode (`dataset`), not to one text")
+    in_corpus = sample.corpus_mode()
     one.check_corpus_mode(in_corpus)
     import resstream
     from resstream.analysis.routes import CorpusRoutes, RoutesResult
