@@ -55,7 +55,7 @@ def test_ablate_writes_its_json_page_and_run_record(tmp_path: Path, capsys) -> N
     out = tmp_path / "ablate"
     text_file = tmp_path / "text.txt"
     text_file.write_text(TEXT, encoding="utf-8")
-    args = ["--text-file", str(text_file), *FEW, "--positions", "3,5"]
+    args = ["--text-file", str(text_file), *FEW, "--positions", "3,5", "--batch-size", "3"]
     printed, _ = run(["ablate", *FAST, *args], out, capsys)
     report = check_written(out, "ablate", {"L0.H1", "L3.mlp", "L2.resid@3"})
     assert report["command"] == "ablate" and report["mode"] == "zero" and report["positions"] == [3, 5]
@@ -64,6 +64,7 @@ def test_ablate_writes_its_json_page_and_run_record(tmp_path: Path, capsys) -> N
     assert record["config"]["component"] == ["L0.H1", "L3.mlp", "L2.resid@3"]
     assert record["config"]["positions"] == [3, 5] and record["seed"] is None
     assert record["config"]["text_file"] == str(text_file)
+    assert record["config"]["batch_size"] == 3  # once lost: the corpus options' None wrote over it
     assert "wrote ablate.json, " in printed and str(out) in printed
 
 

@@ -160,10 +160,10 @@ def ablate(
             "model": loading.model,
             **one.record(),
             **interventions,
-            "batch_size": batch_size,
             "faithfulness": scoring,
             **scores,
             **sample.record(seq_len=report.seq_len),
+            "batch_size": batch_size,  # ablate's own option: the corpus options have none
             "num_seqs": report.num_seqs or sample.num_seqs,
         }
         seed = sample.seed if scoring or mode in ("mean", "resample") else None
