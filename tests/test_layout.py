@@ -36,7 +36,7 @@ ALLOWED: dict[str, set[str]] = {
         "simulation",
         "models",
     }
-    | {"models.adapters", "capture", "data", "study", "cli", "(root)", "distributed"}
+    | {"models.adapters", "capture", "data", "study", "cli", "(root)", "distributed", "stream"}
     | BOTTOM,
     "study": {"reporting", "training.records", "models", "data"} | BOTTOM,
     "api": {
@@ -49,7 +49,11 @@ ALLOWED: dict[str, set[str]] = {
         "data",
         "reporting",
     }
-    | {"training", "training.records", "distributed"}
+    | {"training", "training.records", "distributed", "stream"}
+    | BOTTOM,
+    # the open API over a user's model: the engine's operations and hook points, the capture
+    # layer, loading a model by spec, and the reporting of its result (tables, notebook view)
+    "stream": {"analysis", "analysis.interventions", "capture", "models", "models.adapters", "reporting"}
     | BOTTOM,
     "reporting": {
         "analysis",
@@ -88,7 +92,7 @@ ALLOWED: dict[str, set[str]] = {
     "hub": {"errors"},
     "assets": {"errors"},
     "resources": {"errors"},
-    "(root)": {"api"},
+    "(root)": {"api", "stream"},
     "__main__": {"cli"},
 }
 

@@ -8,6 +8,10 @@ the Python API (each in the module of its name under `resstream.api`; `attribute
 `attribute`, `routes_corpus` beside `routes`, `evaluate_lens` beside `tune_lens`,
 `evaluate_model` in `api.evaluate`, `load_lens` in `api.decoders`, `ablate` and `patch` in
 `api.interventions`), imported on first use (torch is heavy).
+
+The open stream (`resstream.stream`): `.trace` reads any named activation of your own model,
+`.edited` runs it under edits — `.Set`, `.Add`, `.Scale`, `.Project`, `.Clamp`, `.Apply` —
+as a context manager.
 """
 
 import importlib as _importlib
@@ -34,14 +38,24 @@ if _TYPE_CHECKING:
     from resstream.api.train import train
     from resstream.api.tune_lens import evaluate_lens, tune_lens
     from resstream.api.verify import verify
+    from resstream.stream.edited import edited
+    from resstream.stream.edits import Add, Apply, Clamp, Project, Scale, Set
+    from resstream.stream.trace import trace
 
 __all__ = [
+    "Add",
+    "Apply",
+    "Clamp",
+    "Project",
+    "Scale",
+    "Set",
     "ablate",
     "attribute",
     "attribute_corpus",
     "compare",
     "composition",
     "decompose",
+    "edited",
     "evaluate_lens",
     "evaluate_model",
     "faithfulness",
@@ -55,6 +69,7 @@ __all__ = [
     "shift",
     "simulate",
     "sweep",
+    "trace",
     "train",
     "tune_lens",
     "verify",
@@ -68,6 +83,9 @@ _MODULE_OF = {
     "evaluate_lens": "tune_lens",
     "evaluate_model": "evaluate",
     "load_lens": "decoders",
+    **dict.fromkeys(("Add", "Apply", "Clamp", "Project", "Scale", "Set"), "resstream.stream.edits"),
+    "edited": "resstream.stream.edited",
+    "trace": "resstream.stream.trace",
 }
 
 
@@ -75,7 +93,8 @@ def __getattr__(name: str):
     """The API functions, imported on first use."""
     if name in __all__:
         module = _MODULE_OF.get(name, name)
-        return getattr(_importlib.import_module(f"resstream.api.{module}"), name)
+        path = module if module.startswith("resstream.") else f"resstream.api.{module}"
+        return getattr(_importlib.import_module(path), name)
     raise AttributeError(f"module 'resstream' has no attribute {name!r}")
 
 

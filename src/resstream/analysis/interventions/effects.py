@@ -101,9 +101,8 @@ def direct_measured(base: Run, readout: Readout, interventions: Sequence[Interve
             hit = (edit.positions == readout.position).nonzero()
             if len(hit) == 0:
                 continue
-            c, value = edit.component, edit.value[int(hit[0])].unsqueeze(0)
-            change = value if c.kind == "source" else value - base.activation(c, where)
-            total = total + final_change(base, c, change, where)[0].cpu()
+            change = edit.change(base)[int(hit[0])].unsqueeze(0)
+            total = total + final_change(base, edit.component, change, where)[0].cpu()
         changes.append(total)
     state = base.block_input(base.view.n_layers)[readout.position]
     stacked = torch.stack(changes).to(state.device)

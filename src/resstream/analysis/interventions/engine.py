@@ -5,14 +5,17 @@ component: "set this component to these values at these positions"). `run_interv
 sorts interventions by the first block they change, and runs each group as one batch: the
 batch starts from that block's recorded input in the base run (`runs.Run`), each batch row
 carrying its own edits, and calls the remaining blocks with the arguments the model called
-them with. Edits are applied by hooks on the modules that produce or read each component:
+them with. Edits are applied by hooks on the modules that produce or read each component
+(`points`):
 
 * a head (and an attention source): the output projection's input z, its head's slice;
 * a neuron: the MLP output projection's input m, its coefficient;
 * an attention or MLP block: the module's output (before any post-norm);
 * a residual state (and the embedding): the block input itself.
 
-Everything downstream — post-norms included — is the model's own computation. The final
+An edit is an operation on its component's activation (`operations`: set, shift, add,
+scale, project, a user's function), applied where `points` hooks each kind. Everything
+downstream — post-norms included — is the model's own computation. The final
 state at the prediction's position is returned (`final_states`); `metrics` turns it into
 log-probabilities and logits.
 """
@@ -26,9 +29,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from resstream.analysis.interventions.components import Component
+from resstream.analysis.interventions.operations import Operation, Replace, Shift, write
+from resstream.analysis.interventions.points import hook_point, point_of
 from resstream.analysis.interventions.runs import Run, Values, neuron_columns
 from resstream.capture.hooks import first_tensor
 
@@ -38,12 +43,17 @@ DEFAULT_BATCH = 32
 
 @dataclass(frozen=True, eq=False)
 class Edit:
-    """Set `component` to `value` at `positions` (P,): `value` (P, ...) in the component's
-    activation shape (`runs` module docstring), for an attention source the change of z_h."""
+    """`operation` on `component`'s activation at `positions` (P,) (`operations`; the shapes:
+    `runs` module docstring). An attention source is edited through its head's z_h."""
 
     component: Component
     positions: Tensor
-    value: Tensor
+    operation: Operation
+
+    def change(self, run: Run) -> Tensor:
+        """What the edit adds to the component's activation (P, ...) in the base `run` (for
+        an attention source, to its head's z_h)."""
+        return self.operation.change(lambda: run.activation(self.component, self.positions), self.positions)
 
 
 Intervention = tuple[Edit, ...]
@@ -52,7 +62,14 @@ Intervention = tuple[Edit, ...]
 def edits(components: Sequence[Component], values: Values, positions: Tensor) -> Intervention:
     """One intervention setting every component in `components` from `values`, at `positions`
     (a residual state at its own position only)."""
-    return tuple(Edit(c, _where(c, positions), values(c, _where(c, positions))) for c in components)
+    return tuple(_set(c, _where(c, positions), values(c, _where(c, positions))) for c in components)
+
+
+def _set(component: Component, positions: Tensor, value: Tensor) -> Edit:
+    """The edit giving `component` `value` at `positions`: a source's value is the change of
+    its head's z_h, added to it."""
+    operation = Shift(value) if component.kind == "source" else Replace(value)
+    return Edit(component, positions, operation)
 
 
 def _where(component: Component, positions: Tensor) -> Tensor:
@@ -119,107 +136,62 @@ def _run_batch(run: Run, batch: list[Intervention], position: int) -> Tensor:
 
 
 class _EditTable:
-    """A batch's edits, by the module hook that applies them (module docstring)."""
+    """A batch's edits, by the hook point that applies them (`points`)."""
 
     def __init__(self, view: Any, batch: list[Intervention]) -> None:
         self.view = view
-        self.by_kind: dict[tuple[str, int], list[tuple[int, Edit]]] = defaultdict(list)
+        self.by_point: dict[tuple[str, int], list[tuple[int, Edit]]] = defaultdict(list)
         for row, intervention in enumerate(batch):
             for edit in intervention:
-                c = edit.component
-                key = ("state", c.start) if c.kind in ("emb", "resid") else (_HOOKED[c.kind], c.layer)
-                self.by_kind[key].append((row, edit))
+                self.by_point[point_of(edit.component)].append((row, edit))
 
     def set_states(self, layer: int, h: Tensor) -> Tensor:
         """h with the residual-state edits of block input `layer` applied."""
-        found = self.by_kind.get(("state", layer))
+        found = self.by_point.get(("state", layer))
         if not found:
             return h
         h = h.clone()
         for row, edit in found:
-            h[row, edit.positions.to(h.device)] = edit.value.to(h.device, h.dtype)
+            write(h, (row, edit.positions.to(h.device)), edit.operation, edit.positions)
         return h
 
     @contextmanager
     def hooks(self) -> Iterator[None]:
         handles = []
         try:
-            for (where, layer), found in self.by_kind.items():
-                if where == "state":
-                    continue
-                block = self.view.blocks[layer]
-                if where == "z":
-                    hook = _input_hook(_set_heads(found, block.W_O.shape[0]))
-                    handles.append(block.out_proj.register_forward_pre_hook(hook))
-                elif where == "m":
-                    handles += block.hook_coefficients(_set_neurons(found, self.view))
-                else:
-                    module = block.attn if where == "attn" else block.mlp
-                    handles.append(module.register_forward_hook(_output_hook(_set_rows(found))))
+            for (where, layer), found in self.by_point.items():
+                if where != "state":  # residual states: `set_states`, between the block calls
+                    handles += hook_point(self.view, where, layer, _rewrite(where, layer, found, self.view))
             yield
         finally:
             for handle in handles:
                 handle.remove()
 
 
-#: Which hook applies each kind of edit: z (the output projection's input), m (the MLP output
-#: projection's input), or a module's output.
-_HOOKED = {"head": "z", "source": "z", "neuron": "m", "expert": "m", "attn": "attn", "mlp": "mlp"}
+def _rewrite(where: str, layer: int, found: list[tuple[int, Edit]], view: Any) -> Callable[[Tensor], Tensor]:
+    """The rewrite of a hooked tensor (batch, seq, ...) applying each row's edits there."""
+    columns = [_column(where, edit, view) for _, edit in found]
+    n_heads = view.blocks[layer].W_O.shape[0]
 
-
-def _set_heads(found: list[tuple[int, Edit]], n_heads: int) -> Callable[[Tensor], Tensor]:
-    def apply(z: Tensor) -> Tensor:
-        split = z.clone().unflatten(-1, (n_heads, -1))
-        for row, edit in found:
-            pos, head = edit.positions.to(z.device), edit.component.index
-            value = edit.value.to(z.device, z.dtype)
-            if edit.component.kind == "source":
-                split[row, pos, head] += value
-            else:
-                split[row, pos, head] = value
-        return split.flatten(-2)
-
-    return apply
-
-
-def _set_neurons(found: list[tuple[int, Edit]], view: Any) -> Callable[[Tensor], Tensor]:
-    columns = [neuron_columns(view, edit.component) for _, edit in found]
-
-    def apply(m: Tensor) -> Tensor:
-        m = m.clone()
+    def apply(x: Tensor) -> Tensor:
+        out = x.clone()
+        target = out.unflatten(-1, (n_heads, -1)) if where == "z" else out
         for (row, edit), column in zip(found, columns, strict=True):
-            m[row, edit.positions.to(m.device), column] = edit.value.to(m.device, m.dtype)
-        return m
-
-    return apply
-
-
-def _set_rows(found: list[tuple[int, Edit]]) -> Callable[[Tensor], Tensor]:
-    def apply(out: Tensor) -> Tensor:
-        out = out.clone()
-        for row, edit in found:
-            out[row, edit.positions.to(out.device)] = edit.value.to(out.device, out.dtype)
+            index = (row, edit.positions.to(x.device), *(() if column is None else (column,)))
+            write(target, index, edit.operation, edit.positions)
         return out
 
     return apply
 
 
-def _input_hook(apply: Callable[[Tensor], Tensor]) -> Callable[..., tuple[Any, ...]]:
-    def hook(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        return (apply(args[0]), *args[1:])
-
-    return hook
-
-
-def _output_hook(apply: Callable[[Tensor], Tensor]) -> Callable[..., Any]:
-    def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
-        if isinstance(output, Tensor):
-            return apply(output)
-        if isinstance(output, tuple):
-            return (apply(output[0]), *output[1:])
-        raise TypeError(f"cannot edit a {type(output).__name__} module output")
-
-    return hook
+def _column(where: str, edit: Edit, view: Any) -> int | slice | None:
+    """The trailing index of an edit's component in its hook point's tensor: a head, a
+    neuron's (or an expert's) columns, or none (the whole module output)."""
+    if where == "z":
+        return edit.component.index
+    if where == "m":
+        return neuron_columns(view, edit.component)
+    return None
 
 
 __all__ = ["DEFAULT_BATCH", "Edit", "Intervention", "edits", "run_interventions", "start_of"]

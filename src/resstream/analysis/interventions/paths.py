@@ -195,8 +195,7 @@ def received_changes(run: Run, sent: Sequence[Edit], receiver: Receiver) -> Tens
     out = torch.zeros(len(sent), run.seq_len, run.view.d_model, dtype=torch.float64)
     for row, edit in enumerate(sent):
         c = edit.component
-        change = edit.value if c.kind == "source" else edit.value - run.activation(c, edit.positions)
-        point, delta = into_stream(run, c, raw_write(run, c, change), edit.positions)
+        point, delta = into_stream(run, c, raw_write(run, c, edit.change(run)), edit.positions)
         out[row, edit.positions] = carry(run, delta, edit.positions, point, stop).cpu()
     return out
 

@@ -1,0 +1,360 @@
+"""`trace(model, texts, names)`: the activations you name, from the model's own forward.
+
+    trace = resstream.trace(model, ["The cat sat", "A dog ran"], names=["L3.resid", "L3.H2",
+                            "L3.H2.pattern", "L5.N*", "L4.mlp", "logits"], tokenizer=tokenizer)
+    trace["L3.resid"]        # (texts, positions, d_model): h_3 at every position
+
+Only the sites named are recorded (`stream.sites`: one hook each, at the point the
+intervention engine edits); the texts run in batches of `batch_size`, padded on the right
+(a causal model's states at the real positions do not see the padding), and every tensor is
+(texts, positions, *width) with the padding's rows zero (`lengths` says how many are real),
+or (texts, *width) for a name with ``@p``. A pattern is (texts, [heads,] query, key), read
+from the eager attention, which runs while one is asked. `edits=[...]` reads them under
+edits (`stream.edited`). Before the first forward, the records' size is checked against the
+memory of the model's device (one line naming what to lower).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase
+
+from resstream.analysis.interventions.points import hook_point, point_of
+from resstream.analysis.interventions.runs import neuron_columns
+from resstream.capture.attention import eager_attention
+from resstream.capture.hooks import check_input_ids, run_forward
+from resstream.errors import UsageError
+from resstream.models.adapters.base import ModelView
+from resstream.models.loaded import LoadedModel
+from resstream.resources import check_fits
+from resstream.stream.edited import edited
+from resstream.stream.edits import StreamEdit, site_width
+from resstream.stream.sites import Site, parse_sites, space_of
+
+#: Texts run together in one forward, at most.
+DEFAULT_BATCH = 8
+#: `Trace.to_pandas` refuses more values than this (one row each).
+MAX_ROWS = 2_000_000
+
+Texts = str | Sequence[str] | Tensor | Sequence[Sequence[int]]
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """The activations `trace` recorded (module docstring): `activations` by name, each text's
+    token ids (`input_ids`, (texts, positions) padded with 0), `lengths` (real positions per
+    text) and `tokens` (each text's tokens as strings, when a tokenizer was given)."""
+
+    activations: dict[str, Tensor]
+    input_ids: Tensor
+    lengths: tuple[int, ...]
+    tokens: tuple[tuple[str, ...], ...] | None = None
+    sites: tuple[Site, ...] = field(default=(), repr=False)
+
+    def __getitem__(self, name: str) -> Tensor:
+        if name not in self.activations:
+            raise KeyError(f"{name!r} was not traced; traced: {', '.join(self.activations)}")
+        return self.activations[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.activations
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.activations)
+
+    def __len__(self) -> int:
+        return len(self.activations)
+
+    @property
+    def names(self) -> list[str]:
+        """The names traced, in the order asked."""
+        return list(self.activations)
+
+    def to_pandas(self, names: Sequence[str] | None = None) -> Any:
+        """One row per recorded value of `names` (default: all) at a real position: text,
+        position (the query for a pattern), token, name, index (flat index into the site's
+        width, −1 for a number) and value; UsageError beyond `MAX_ROWS` rows (trace fewer
+        names, or one position with ``@p``)."""
+        from resstream.reporting.stream import trace_frame
+
+        return trace_frame(self, list(names) if names is not None else self.names, MAX_ROWS)
+
+    def _repr_html_(self) -> str:
+        from resstream.reporting.stream import trace_html
+
+        return trace_html(self)
+
+
+def trace(
+    model: Any,
+    texts: Texts,
+    names: str | Sequence[str],
+    *,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    edits: StreamEdit | Sequence[StreamEdit] = (),
+    batch_size: int = DEFAULT_BATCH,
+) -> Trace:
+    """The activations `names` of `texts` (module docstring).
+
+    `model`: a Hugging Face causal LM or resstream GPT object (with its `tokenizer` to read
+    text; token ids need none), a loaded model, or a spec string (run directory, Hugging Face
+    directory or hub name; None: the built-in reference model). `texts`: a string, strings,
+    or token ids ((texts, positions) tensor or lists of ids)."""
+    loaded = _loaded(model, tokenizer)
+    view = loaded.view
+    sites = parse_sites(list(names) if not isinstance(names, str) else names, space_of(view))
+    ids, lengths = _encoded(texts, loaded.tokenizer, view)
+    _check_positions(sites, lengths)
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise UsageError(f"`batch_size` {batch_size!r}; allowed: an int >= 1")
+    _check_memory(view, sites, ids.shape[0], ids.shape[1], ids.device)
+    records: dict[str, list[Tensor]] = defaultdict(list)
+    with torch.no_grad(), edited(view, edits):
+        for start in range(0, ids.shape[0], batch_size):
+            rows = slice(start, start + batch_size)
+            _record_batch(view, sites, ids[rows], lengths[rows], records)
+    activations = {site.name: _joined(records[site.name], site, ids.shape[1]) for site in sites}
+    tokens = None
+    if loaded.tokenizer is not None:
+        tokens = tuple(
+            tuple(loaded.tokenizer.convert_ids_to_tokens(row[:n].tolist()))
+            for row, n in zip(ids, lengths, strict=True)
+        )
+    return Trace(activations, ids.cpu(), tuple(lengths), tokens, tuple(sites))
+
+
+def _loaded(model: Any, tokenizer: PreTrainedTokenizerBase | None) -> LoadedModel:
+    from resstream.models.loaded import as_loaded
+
+    if model is None or isinstance(model, (str,)) or hasattr(model, "__fspath__"):
+        from resstream.models.loading import load_model
+
+        loaded = load_model(model, progress=False)
+        return (
+            loaded if tokenizer is None else LoadedModel(loaded.view, tokenizer, loaded.name, loaded.source)
+        )
+    return as_loaded(model, tokenizer, needs_tokenizer=False)
+
+
+def _encoded(
+    texts: Texts, tokenizer: PreTrainedTokenizerBase | None, view: ModelView
+) -> tuple[Tensor, list[int]]:
+    """(texts, longest) ids padded on the right with 0, and each text's length."""
+    if isinstance(texts, str):
+        texts = [texts]
+    if isinstance(texts, Tensor):
+        if texts.ndim == 1:
+            texts = texts.unsqueeze(0)
+        if texts.ndim != 2 or texts.dtype not in (torch.int32, torch.int64):
+            raise UsageError(
+                f"`texts` as ids must be an integer tensor (texts, positions), got {tuple(texts.shape)}"
+            )
+        rows = [row.tolist() for row in texts]
+    else:
+        listed = list(texts)
+        if not listed:
+            raise UsageError("`texts` is empty; allowed: a string, strings, or token ids")
+        if all(isinstance(t, str) for t in listed):
+            if tokenizer is None:
+                raise UsageError("`texts` are strings: pass the model's `tokenizer` (or token ids)")
+            rows = [tokenizer(t, add_special_tokens=True)["input_ids"] for t in listed]
+        elif all(isinstance(t, Sequence) and all(isinstance(i, int) for i in t) for t in listed):
+            rows = [list(t) for t in listed]
+        else:
+            raise UsageError("`texts` mixes strings and ids; allowed: strings, or token ids")
+    lengths = [len(row) for row in rows]
+    if min(lengths) == 0:
+        raise UsageError("`texts` holds an empty text (no tokens)")
+    ids = torch.zeros((len(rows), max(lengths)), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+    vocab = int(view.W_E.shape[0])
+    if int(ids.max()) >= vocab or int(ids.min()) < 0:
+        raise UsageError(
+            f"`texts` holds token id {int(ids.max())}; allowed: 0..{vocab - 1} (the model's vocabulary)"
+        )
+    check_input_ids(view, ids)
+    return ids.to(view.W_E.device if view.W_E.device.type != "meta" else "cpu"), lengths
+
+
+def _check_positions(sites: list[Site], lengths: list[int]) -> None:
+    shortest = min(lengths)
+    for site in sites:
+        if site.position is not None and site.position >= shortest:
+            raise UsageError(
+                f"`names` {site.name}: position {site.position} is past the shortest text "
+                f"({shortest} tokens); allowed: 0..{shortest - 1}"
+            )
+
+
+def _values_per_token(view: ModelView, site: Site, positions: int) -> int:
+    """Numbers a site records per text and position (a pattern: per query position)."""
+    if site.kind == "pattern":
+        assert site.component is not None
+        heads = view.n_heads if site.component.index < 0 else 1
+        return heads * positions
+    width = site_width(view, site)
+    count = 1
+    for each in width:
+        count *= each
+    return count
+
+
+def _check_memory(
+    view: ModelView, sites: list[Site], texts: int, positions: int, device: torch.device
+) -> None:
+    """UsageError when the records would not fit the memory of the model's device."""
+    size = view.W_U.element_size()
+    values = sum(
+        _values_per_token(view, s, positions) * (1 if s.position is not None else positions) for s in sites
+    )
+    need = texts * values * size
+    check_fits(
+        f"`names` ({len(sites)}) of {texts:,} text{'s' * (texts != 1)} × {positions:,} positions",
+        need,
+        device,
+        purpose="for the traced activations",
+        remedy="trace fewer names, one position (@p), or fewer or shorter texts",
+    )
+
+
+def _record_batch(
+    view: ModelView, sites: list[Site], ids: Tensor, lengths: list[int], records: dict[str, list[Tensor]]
+) -> None:
+    """One forward of a batch with a reader at every site."""
+    padded = any(n != ids.shape[1] for n in lengths)
+    mask = None
+    if padded and view.family != "resstream":  # resstream's GPT takes no mask: causal, padded on the right
+        mask = (
+            torch.arange(ids.shape[1], device=ids.device) < torch.tensor(lengths, device=ids.device)[:, None]
+        ).long()
+    patterns = [s for s in sites if s.kind == "pattern"]
+    with ExitStack() as stack:
+        for site in sites:
+            if site.kind == "activation":
+                stack.enter_context(_reading(view, site, records[site.name]))
+        found = stack.enter_context(_patterns(view, patterns, ids)) if patterns else None
+        logits = _forward(view, ids, mask, any(s.kind == "logits" for s in sites))
+    for site in sites:
+        if site.kind == "logits" and logits is not None:
+            records[site.name].append(_at(logits, site))
+    if found is not None:  # after the readers are gone: a view's own `attention` runs a forward
+        for site, probs in zip(patterns, found(), strict=True):
+            records[site.name].append(probs)
+
+
+@contextmanager
+def _reading(view: ModelView, site: Site, into: list[Tensor]) -> Iterator[None]:
+    """A reader at a site's hook point, keeping its slice of every forward."""
+    component = site.component
+    assert component is not None
+    where, layer = point_of(component)
+    column: Any = None
+    if where == "m" and component.index >= 0:
+        column = neuron_columns(view, component)
+    n_heads = view.n_heads
+
+    def read(x: Tensor) -> None:
+        if where == "z":
+            x = x.unflatten(-1, (n_heads, -1))
+            if component.index >= 0:
+                x = x[:, :, component.index]
+        elif column is not None:
+            x = x[..., column]
+        into.append(_at(x, site).detach().clone())
+
+    handles = hook_point(view, where, layer, read)
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _at(x: Tensor, site: Site) -> Tensor:
+    """A (batch, seq, ...) record at the site's one position, or all of it."""
+    return x if site.position is None else x[:, site.position]
+
+
+@contextmanager
+def _patterns(view: ModelView, sites: list[Site], ids: Tensor) -> Iterator[Callable[[], list[Tensor]]]:
+    """The attention probabilities of the heads `sites` name, from the eager attention of the
+    forward that runs inside (a view with its own `attention` computes them after it)."""
+    layers = sorted({s.component.layer for s in sites if s.component is not None})
+    found: dict[int, Tensor] = {}
+
+    def hook_for(layer: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+            if weights is None:
+                raise RuntimeError(f"{view.family}: attention module {layer} returned no weights")
+            found[layer] = weights.detach()
+
+        return hook
+
+    def cut() -> list[Tensor]:
+        if view.attention is not None:
+            every = view.attention(ids)
+            found.update({layer: every[layer] for layer in layers})
+        return [_pattern(found[s.component.layer], s) for s in sites if s.component is not None]
+
+    if view.attention is not None:
+        yield cut
+        return
+    handles = [view.blocks[layer].attn.register_forward_hook(hook_for(layer)) for layer in layers]
+    try:
+        with eager_attention(view.model):
+            yield cut
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _pattern(probs: Tensor, site: Site) -> Tensor:
+    """(batch, heads, query, key) cut to the site's head and query position."""
+    assert site.component is not None
+    if site.component.index >= 0:
+        probs = probs[:, site.component.index]
+        return probs if site.position is None else probs[:, site.position]
+    return probs if site.position is None else probs[:, :, site.position]
+
+
+def _forward(view: ModelView, ids: Tensor, mask: Tensor | None, logits: bool) -> Tensor | None:
+    """Run the model once: its trunk, or the whole model when its logits are asked."""
+    if not logits:
+        run_forward(view, ids, mask)
+        return None
+    out = view.model(ids) if view.family == "resstream" else view.model(input_ids=ids, attention_mask=mask)
+    return (out[0] if isinstance(out, tuple) else out.logits).detach()
+
+
+def _joined(parts: list[Tensor], site: Site, longest: int) -> Tensor:
+    """The batches' records as one tensor, the position axis padded with zeros to `longest`."""
+    if site.position is not None and site.kind != "pattern":
+        return torch.cat(parts)
+    padded = []
+    for part in parts:
+        if site.kind == "pattern":
+            part = _pad_pattern(part, longest, site)
+        else:
+            part = torch.nn.functional.pad(part, (*[0, 0] * (part.ndim - 2), 0, longest - part.shape[1]))
+        padded.append(part)
+    return torch.cat(padded)
+
+
+def _pad_pattern(part: Tensor, longest: int, site: Site) -> Tensor:
+    """A pattern's key axis (and query axis, without @p) padded with zeros to `longest`."""
+    key = longest - part.shape[-1]
+    if site.position is not None:
+        return torch.nn.functional.pad(part, (0, key))
+    return torch.nn.functional.pad(part, (0, key, 0, key))
+
+
+__all__ = ["DEFAULT_BATCH", "MAX_ROWS", "Trace", "trace"]
