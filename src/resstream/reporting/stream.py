@@ -6,6 +6,7 @@ import html
 from typing import Any
 
 from resstream.errors import UsageError
+from resstream.reporting.notebook import NotebookView, Table
 
 #: A `resstream.stream.trace.Trace` (not imported: the stream layer sits above reporting).
 Trace = Any
@@ -66,19 +67,16 @@ def _frame(trace: Trace, site: Any) -> Any:
     return pd.concat(pieces, ignore_index=True)
 
 
-def trace_html(trace: Trace) -> str:
-    """A notebook table: every name with its shape and dtype, and the texts' lengths."""
+def trace_view(trace: Trace) -> NotebookView:
+    """The notebook's view: every name with its shape and dtype, and the texts' lengths."""
     rows = "".join(
         f"<tr><td><code>{html.escape(name)}</code></td><td>{tuple(t.shape)}</td>"
         f"<td>{str(t.dtype).replace('torch.', '')}</td></tr>"
         for name, t in trace.activations.items()
     )
-    texts = len(trace.lengths)
-    return (
-        f"<div><b>resstream trace</b>: {texts} text{'s' * (texts != 1)}, "
-        f"{', '.join(map(str, trace.lengths))} tokens"
-        f"<table><tr><th>name</th><th>shape</th><th>dtype</th></tr>{rows}</table></div>"
-    )
+    table = f"<table><tr><th>name</th><th>shape</th><th>dtype</th></tr>{rows}</table>"
+    lengths = ", ".join(map(str, trace.lengths))
+    return NotebookView(tables=[Table(f"Traced activations (texts of {lengths} tokens)", table)])
 
 
-__all__ = ["trace_frame", "trace_html"]
+__all__ = ["trace_frame", "trace_view"]

@@ -77,10 +77,11 @@ def install(view: ModelView, resolved: list[Resolved]) -> list[RemovableHandle]:
     handles = [clock.hook(view)]
     try:
         by_point: dict[tuple[str, int], list[Resolved]] = defaultdict(list)
+        identity_paths: dict[int, dict[str, Tensor]] = defaultdict(dict)  # shared by a block's Scales
         for each in resolved:
             assert each.site.component is not None
             if _attenuates(view, each):
-                handles += _identity_attenuation(view, each, clock)
+                handles += _identity_attenuation(view, each, clock, identity_paths[each.site.component.start])
             else:
                 by_point[point_of(each.site.component)].append(each)
         for (where, layer), found in by_point.items():
@@ -145,15 +146,19 @@ def _column(view: ModelView, where: str, each: Resolved) -> Any:
     return None
 
 
-def _identity_attenuation(view: ModelView, each: Resolved, clock: Clock) -> list[RemovableHandle]:
-    """Block l's identity path scaled by α at the edit's positions (module docstring)."""
+def _identity_attenuation(
+    view: ModelView, each: Resolved, clock: Clock, seen: dict[str, Tensor]
+) -> list[RemovableHandle]:
+    """Block l's identity path scaled by α at the edit's positions (module docstring); `seen`
+    holds what the path carries (shared by the block's Scales, so that they multiply)."""
     assert each.site.component is not None and isinstance(each.operation, ScaleBy)
     layer, alpha = each.site.component.start, each.operation.alpha
     block = view.blocks[layer]
-    seen: dict[str, Tensor] = {}
 
     def on_block(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        seen["x"] = _block_input(args, kwargs)
+        x = _block_input(args, kwargs)
+        gate = block.identity_scale(args, kwargs) if block.identity_scale is not None else None
+        seen["x"] = x if gate is None else gate * x  # a gated block's identity path is already α_g·x
 
     norm = block.post_attn_norm
     factor = norm.factor if isinstance(norm, InlineScale) else 1.0
@@ -167,6 +172,9 @@ def _identity_attenuation(view: ModelView, each: Resolved, clock: Clock) -> list
         out = added.clone()
         x = seen["x"][:, within].to(added.dtype)
         out[:, within] = out[:, within] - ((1.0 - alpha) / factor) * x
+        left = seen["x"].clone()  # what the path carries now, for a later Scale of this block
+        left[:, within] = left[:, within] * alpha
+        seen["x"] = left
         return out
 
     handles = [block.module.register_forward_pre_hook(on_block, with_kwargs=True)]

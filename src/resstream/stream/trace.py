@@ -30,9 +30,13 @@ from resstream.analysis.interventions.points import hook_point, point_of
 from resstream.analysis.interventions.runs import neuron_columns
 from resstream.capture.attention import eager_attention
 from resstream.capture.hooks import check_input_ids, run_forward
+from resstream.display import Displayable
 from resstream.errors import UsageError
 from resstream.models.adapters.base import ModelView
 from resstream.models.loaded import LoadedModel
+from resstream.reporting.notebook import register_result
+from resstream.reporting.stream import trace_frame, trace_view
+from resstream.reprs import summary
 from resstream.resources import check_fits
 from resstream.stream.edited import edited
 from resstream.stream.edits import StreamEdit, site_width
@@ -47,7 +51,7 @@ Texts = str | Sequence[str] | Tensor | Sequence[Sequence[int]]
 
 
 @dataclass(frozen=True, eq=False)
-class Trace:
+class Trace(Displayable):
     """The activations `trace` recorded (module docstring): `activations` by name, each text's
     token ids (`input_ids`, (texts, positions) padded with 0), `lengths` (real positions per
     text) and `tokens` (each text's tokens as strings, when a tokenizer was given)."""
@@ -82,14 +86,12 @@ class Trace:
         position (the query for a pattern), token, name, index (flat index into the site's
         width, −1 for a number) and value; UsageError beyond `MAX_ROWS` rows (trace fewer
         names, or one position with ``@p``)."""
-        from resstream.reporting.stream import trace_frame
-
         return trace_frame(self, list(names) if names is not None else self.names, MAX_ROWS)
 
-    def _repr_html_(self) -> str:
-        from resstream.reporting.stream import trace_html
-
-        return trace_html(self)
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{name} {tuple(t.shape)}" for name, t in self.activations.items())
+        texts = len(self.lengths)
+        return summary(self, f"{texts} text{'s' * (texts != 1)}", shapes)
 
 
 def trace(
@@ -120,7 +122,10 @@ def trace(
         for start in range(0, ids.shape[0], batch_size):
             rows = slice(start, start + batch_size)
             _record_batch(view, sites, ids[rows], lengths[rows], records)
-    activations = {site.name: _joined(records[site.name], site, ids.shape[1]) for site in sites}
+    activations = {
+        site.name: _zero_padding(_joined(records[site.name], site, ids.shape[1]), site, lengths)
+        for site in sites
+    }
     tokens = None
     if loaded.tokenizer is not None:
         tokens = tuple(
@@ -349,6 +354,20 @@ def _joined(parts: list[Tensor], site: Site, longest: int) -> Tensor:
     return torch.cat(padded)
 
 
+def _zero_padding(tensor: Tensor, site: Site, lengths: list[int]) -> Tensor:
+    """`tensor` with the padding's rows zero, in place: the positions past each text's length
+    (a pattern's query rows and key columns; a name with @p is at a real position)."""
+    if site.position is not None:
+        return tensor
+    for text, length in enumerate(lengths):
+        if site.kind == "pattern":
+            tensor[text, ..., length:, :] = 0
+            tensor[text, ..., length:] = 0
+        else:
+            tensor[text, length:] = 0
+    return tensor
+
+
 def _pad_pattern(part: Tensor, longest: int, site: Site) -> Tensor:
     """A pattern's key axis (and query axis, without @p) padded with zeros to `longest`."""
     key = longest - part.shape[-1]
@@ -356,5 +375,7 @@ def _pad_pattern(part: Tensor, longest: int, site: Site) -> Tensor:
         return torch.nn.functional.pad(part, (0, key))
     return torch.nn.functional.pad(part, (0, key, 0, key))
 
+
+register_result(Trace, lambda t: trace_frame(t, t.names, MAX_ROWS), trace_view)
 
 __all__ = ["DEFAULT_BATCH", "MAX_ROWS", "Trace", "trace"]
