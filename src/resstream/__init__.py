@@ -1,9 +1,9 @@
 """resstream: the residual stream of causal Transformer language models.
 
-`resstream.shift`, `.lens`, `.attribute`, `.attribute_corpus`, `.decompose`, `.neurons`,
+`resstream.shift`, `.lens`, `.attribute`, `.attribute_corpus`, `.decompose`, `.directions`, `.neurons`,
 `.compare`, `.composition`, `.recency`, `.simulate`, `.tune_lens`, `.evaluate_lens`,
 `.evaluate_model`, `.load_lens`, `.ablate`, `.patch`, `.faithfulness`, `.routes`,
-`.routes_corpus`, `.train`, `.sweep` and `.verify` are
+`.routes_corpus`, `.train`, `.sweep`, `.verify` and `.generate` are
 the Python API (each in the module of its name under `resstream.api`; `attribute_corpus` beside
 `attribute`, `routes_corpus` beside `routes`, `evaluate_lens` beside `tune_lens`,
 `evaluate_model` in `api.evaluate`, `load_lens` in `api.decoders`, `ablate` and `patch` in
@@ -25,8 +25,10 @@ if _TYPE_CHECKING:
     from resstream.api.composition import composition
     from resstream.api.decoders import load_lens
     from resstream.api.decompose import decompose
+    from resstream.api.directions import directions
     from resstream.api.evaluate import evaluate_model
     from resstream.api.faithfulness import faithfulness
+    from resstream.api.generate import generate
     from resstream.api.interventions import ablate, patch
     from resstream.api.lens import lens
     from resstream.api.neurons import neurons
@@ -34,6 +36,7 @@ if _TYPE_CHECKING:
     from resstream.api.routes import routes, routes_corpus
     from resstream.api.shift import shift
     from resstream.api.simulate import simulate
+    from resstream.api.steer import attenuation, steer
     from resstream.api.sweep import sweep
     from resstream.api.train import train
     from resstream.api.tune_lens import evaluate_lens, tune_lens
@@ -50,15 +53,18 @@ __all__ = [
     "Scale",
     "Set",
     "ablate",
+    "attenuation",
     "attribute",
     "attribute_corpus",
     "compare",
     "composition",
     "decompose",
+    "directions",
     "edited",
     "evaluate_lens",
     "evaluate_model",
     "faithfulness",
+    "generate",
     "lens",
     "load_lens",
     "neurons",
@@ -68,6 +74,7 @@ __all__ = [
     "routes_corpus",
     "shift",
     "simulate",
+    "steer",
     "sweep",
     "trace",
     "train",
@@ -83,6 +90,7 @@ _MODULE_OF = {
     "evaluate_lens": "tune_lens",
     "evaluate_model": "evaluate",
     "load_lens": "decoders",
+    "attenuation": "steer",
     **dict.fromkeys(("Add", "Apply", "Clamp", "Project", "Scale", "Set"), "resstream.stream.edits"),
     "edited": "resstream.stream.edited",
     "trace": "resstream.stream.trace",

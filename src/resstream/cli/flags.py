@@ -19,13 +19,27 @@ FLAGS: dict[str, str] = {
 #: Per command, parameters whose flag there differs from `FLAGS` (sweep and compare hand
 #: their `--max-eval-tokens` to the evaluator's `max_tokens`; sweep sets each run's `seed`
 #: from `--seeds`; `neurons` takes its `neurons` one `--neuron` at a time, `ablate` and `patch`
-#: their `components` one `--component` and `receivers` one `--receiver` at a time).
+#: their `components` one `--component` and `receivers` one `--receiver` at a time; `directions`
+#: its `tokens` one `--token` at a time; `generate` and `steer` their `prompts` one `--prompt`,
+#: `edits` one `--edit`, `coefs`, `alphas`, `layers` and `runs` one `--coef`, `--alpha`,
+#: `--layer` and `--run` at a time).
 COMMAND_FLAGS: dict[str, dict[str, str]] = {
     "sweep": {"max_tokens": "--max-eval-tokens", "seed": "--seeds"},
     "compare": {"max_tokens": "--max-eval-tokens"},
     "neurons": {"neurons": "--neuron"},
     "ablate": {"components": "--component"},
     "patch": {"components": "--component", "receivers": "--receiver"},
+    "directions": {"tokens": "--token"},
+    "generate": {"prompts": "--prompt", "edits": "--edit", "use_cache": "--no-cache"},
+    "steer": {
+        "prompts": "--prompt",
+        "directions": "--direction",
+        "coefs": "--coef",
+        "concept_tokens": "--concept-token",
+        "alphas": "--alpha",
+        "layers": "--layer",
+        "runs": "--run",
+    },
 }
 
 #: Parameters whose False is a flag of its own.

@@ -25,7 +25,9 @@ from typer.core import TyperCommand
 from resstream.cli import attribute as attribute_cmd
 from resstream.cli import compare as compare_cmd
 from resstream.cli import composition as composition_cmd
+from resstream.cli import directions as directions_cmd
 from resstream.cli import eval as eval_cmd
+from resstream.cli import generate as generate_cmd
 from resstream.cli import interventions as interventions_cmd
 from resstream.cli import lens as lens_cmd
 from resstream.cli import neurons as neurons_cmd
@@ -35,6 +37,7 @@ from resstream.cli import reproduce as reproduce_cmd
 from resstream.cli import routes as routes_cmd
 from resstream.cli import shift as shift_cmd
 from resstream.cli import simulate as simulate_cmd
+from resstream.cli import steer as steer_cmd
 from resstream.cli import sweep as sweep_cmd
 from resstream.cli import tokenize as tokenize_cmd
 from resstream.cli import train as train_cmd
@@ -70,6 +73,7 @@ JSON_COMMANDS = (
     "attribute",
     "neurons",
     "composition",
+    "directions",
     "recency",
     "simulate",
     "eval",
@@ -78,6 +82,8 @@ JSON_COMMANDS = (
     "patch",
     "routes",
     "verify",
+    "generate",
+    "steer",
 )
 for module in (
     tokenize_cmd,
@@ -92,9 +98,12 @@ for module in (
     interventions_cmd,
     neurons_cmd,
     composition_cmd,
+    directions_cmd,
     simulate_cmd,
     recency_cmd,
     routes_cmd,
+    generate_cmd,
+    steer_cmd,
     verify_cmd,
     reproduce_cmd,
     report_cmd,

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from resstream.analysis.interventions.points import hook_point, point_of
@@ -102,13 +103,15 @@ def trace(
     tokenizer: PreTrainedTokenizerBase | None = None,
     edits: StreamEdit | Sequence[StreamEdit] = (),
     batch_size: int = DEFAULT_BATCH,
+    progress: bool = False,
 ) -> Trace:
     """The activations `names` of `texts` (module docstring).
 
     `model`: a Hugging Face causal LM or resstream GPT object (with its `tokenizer` to read
     text; token ids need none), a loaded model, or a spec string (run directory, Hugging Face
     directory or hub name; None: the built-in reference model). `texts`: a string, strings,
-    or token ids ((texts, positions) tensor or lists of ids)."""
+    or token ids ((texts, positions) tensor or lists of ids). `progress`: a bar over the
+    texts."""
     loaded = _loaded(model, tokenizer)
     view = loaded.view
     sites = parse_sites(list(names) if not isinstance(names, str) else names, space_of(view))
@@ -118,10 +121,12 @@ def trace(
         raise UsageError(f"`batch_size` {batch_size!r}; allowed: an int >= 1")
     _check_memory(view, sites, ids.shape[0], ids.shape[1], ids.device)
     records: dict[str, list[Tensor]] = defaultdict(list)
-    with torch.no_grad(), edited(view, edits):
+    bar = tqdm(total=ids.shape[0], desc="trace", unit="text", disable=not progress)
+    with bar, torch.no_grad(), edited(view, edits):
         for start in range(0, ids.shape[0], batch_size):
             rows = slice(start, start + batch_size)
             _record_batch(view, sites, ids[rows], lengths[rows], records)
+            bar.update(len(lengths[rows]))
     activations = {
         site.name: _zero_padding(_joined(records[site.name], site, ids.shape[1]), site, lengths)
         for site in sites
