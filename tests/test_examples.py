@@ -47,7 +47,7 @@ def result_cells(notebook: Any) -> list[Any]:
     return [cell for cell in code_cells(notebook) if "result" in cell.metadata.get("tags", [])]
 
 
-def test_there_are_six_examples():
+def test_there_are_seven_examples():
     assert [path.name for path in NOTEBOOKS] == [
         "01_causal_shift.ipynb",
         "02_who_wrote_it.ipynb",
@@ -55,6 +55,7 @@ def test_there_are_six_examples():
         "04_residual_attenuation.ipynb",
         "05_recency_simulation.ipynb",
         "06_does_it_matter.ipynb",
+        "08_open_stream.ipynb",
     ]
 
 

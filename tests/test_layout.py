@@ -52,8 +52,16 @@ ALLOWED: dict[str, set[str]] = {
     | {"training", "training.records", "distributed", "stream"}
     | BOTTOM,
     # the open API over a user's model: the engine's operations and hook points, the capture
-    # layer, loading a model by spec, and the reporting of its result (tables, notebook view)
-    "stream": {"analysis", "analysis.interventions", "capture", "models", "models.adapters", "reporting"}
+    # layer, loading a model by spec, tokens as text (data), and the reporting of its result
+    "stream": {
+        "analysis",
+        "analysis.interventions",
+        "capture",
+        "models",
+        "models.adapters",
+        "reporting",
+        "data",
+    }
     | BOTTOM,
     "reporting": {
         "analysis",

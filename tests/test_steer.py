@@ -145,3 +145,26 @@ def test_attenuation_refuses_factors_and_blocks_out_of_range(tmp_path) -> None:
         resstream.attenuation(tiny_model("resstream"), alphas=[1.5], **args)
     with pytest.raises(UsageError, match=r"allowed: blocks 0\.\.1"):
         resstream.attenuation(tiny_model("resstream"), layers=[2], **args)
+
+
+def test_a_run_trained_with_the_gate_sits_beside_its_cell_of_the_map(tmp_path) -> None:
+    """`runs`: a run with a fixed gate (α 0.5 at block 1) and the baseline's weights is scored
+    on the same windows, and its loss is the map's at (block 1, α 0.5)."""
+    import json as json_
+
+    from tests.test_evaluate import make_run
+
+    baseline = make_run(tmp_path / "baseline")
+    gated = make_run(tmp_path / "gated")
+    meta = json_.loads((gated / "model.json").read_text())
+    meta["config"]["model"] |= {"gate": "fixed", "alpha": 0.5, "cut_layer": 1}
+    (gated / "model.json").write_text(json_.dumps(meta))
+    windows = tmp_path / "windows.jsonl"
+    rows = torch.randint(3, 60, (3, 12), generator=torch.Generator().manual_seed(4)).tolist()
+    windows.write_text("".join(f'{{"input_ids": {row}}}\n' for row in rows), encoding="utf-8")
+    result = resstream.attenuation(str(baseline), dataset=str(windows), alphas=[1.0, 0.5], runs=[str(gated)])
+    (trained,) = result.trained
+    assert (trained.gate, trained.layer, trained.alpha) == ("fixed", 1, 0.5)
+    cell = next(p for p in result.points if (p.layer, p.alpha) == (1, 0.5))
+    assert trained.loss == pytest.approx(cell.loss, abs=1e-5)
+    assert list(result.to_pandas()["kind"]) == ["inference"] * 4 + ["trained"]

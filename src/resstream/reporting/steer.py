@@ -54,13 +54,15 @@ def steer_figure(result: SteerResult) -> Figure:
             "KL from unsteered on neutral text (nats/token)",
         ),
         ("concept_logprob", "kl", "log p(concept tokens)", "KL from unsteered on neutral text (nats/token)"),
-        ("perplexity", "coef", "continuation perplexity (unsteered model)", "coefficient"),
+        ("perplexity", "coef", "continuation perplexity (unsteered model, log)", "coefficient"),
     )
     for ax, (y, x, ylabel, xlabel) in zip(axes, panels, strict=True):
         _draw_curves(ax, result, x, y)
         ax.set_xlabel(xlabel, fontsize=9)
         ax.set_ylabel(ylabel, fontsize=9)
         ax.grid(alpha=0.3)
+        if y == "perplexity":
+            ax.set_yscale("log")  # a steer that breaks the text costs orders of magnitude
     fig.suptitle(f"Steering {result.model}: what each coefficient buys and costs", fontsize=11)
     fig.tight_layout()
     return fig
@@ -133,6 +135,12 @@ PAGE_STYLE = (
 )
 
 
+def _full_table(result: SteerResult) -> str:
+    """Every point's scores (the page shows them all; a notebook cuts long tables)."""
+    frame = steer_frame(result).drop(columns="example")
+    return frame_html(frame, shown=len(frame))
+
+
 def write_steer_html(result: SteerResult, path: str | os.PathLike[str]) -> None:
     """steer.html: the curves, the table and each point's example continuation; self-contained."""
     settings = result.settings
@@ -144,7 +152,7 @@ def write_steer_html(result: SteerResult, path: str | os.PathLike[str]) -> None:
         f"{html.escape(', '.join(map(repr, settings.get('concept_tokens', []))) or 'none')}; probe at "
         f"{html.escape(str(settings.get('probe_site')))}.</p>"
         f"{figure_html(figure_png(steer_figure(result)), 'steering curves', STEER_CAPTION)}"
-        f"{frame_html(steer_frame(result).drop(columns='example'))}{_examples_table(result.points)}"
+        f"{_full_table(result)}{_examples_table(result.points)}"
     )
     write_text(path, page)
 

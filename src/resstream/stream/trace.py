@@ -31,6 +31,7 @@ from resstream.analysis.interventions.points import hook_point, point_of
 from resstream.analysis.interventions.runs import neuron_columns
 from resstream.capture.attention import eager_attention
 from resstream.capture.hooks import check_input_ids, run_forward
+from resstream.data.tokenizer import token_text
 from resstream.display import Displayable
 from resstream.errors import UsageError
 from resstream.models.adapters.base import ModelView
@@ -55,7 +56,8 @@ Texts = str | Sequence[str] | Tensor | Sequence[Sequence[int]]
 class Trace(Displayable):
     """The activations `trace` recorded (module docstring): `activations` by name, each text's
     token ids (`input_ids`, (texts, positions) padded with 0), `lengths` (real positions per
-    text) and `tokens` (each text's tokens as strings, when a tokenizer was given)."""
+    text) and `tokens` (each text's tokens as text, `data.tokenizer.token_text`, when a tokenizer
+    was given)."""
 
     activations: dict[str, Tensor]
     input_ids: Tensor
@@ -133,8 +135,9 @@ def trace(
     }
     tokens = None
     if loaded.tokenizer is not None:
+        reader = loaded.tokenizer
         tokens = tuple(
-            tuple(loaded.tokenizer.convert_ids_to_tokens(row[:n].tolist()))
+            tuple(token_text(reader, i) for i in row[:n].tolist())
             for row, n in zip(ids, lengths, strict=True)
         )
     return Trace(activations, ids.cpu(), tuple(lengths), tokens, tuple(sites))

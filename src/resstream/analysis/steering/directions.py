@@ -378,6 +378,12 @@ class DirectionsResult(Displayable, renderer="resstream.reporting.steering"):
         vectors = self.raw if raw else self.unit
         return vectors[self.method_index(method), self.layer_index(layer)]
 
+    def probe(self, layer: int) -> tuple[str, Tensor, float]:
+        """(site, weight, bias) of the probe at h_`layer` as a classifier: σ(weight·h + bias)
+        is the probability that a state h there is a positive's (`resstream.steer`'s judge)."""
+        column = self.layer_index(layer)
+        return site_name(layer), self.probe_weight[column], float(self.probe_bias[column])
+
     def best(self, method: str | None = None) -> tuple[Method, int, float]:
         """(method, layer, held-out AUC) of the highest held-out AUC (of `method` alone, if
         given); the earliest layer and first method among equals."""
