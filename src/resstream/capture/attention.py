@@ -12,7 +12,7 @@ records them during a forward another caller runs (`capture.internals`: one forw
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -56,12 +56,13 @@ def row_cut(rows: Tensor | None, device: torch.device) -> Callable[[Tensor], Ten
 
 @contextmanager
 def hooked_attention(
-    view: ModelView, rows: Tensor | None, device: torch.device
+    view: ModelView, rows: Tensor | None, device: torch.device, layers: Sequence[int] | None = None
 ) -> Iterator[Callable[[], tuple[Tensor, ...]]]:
     """While open, a Hugging Face model runs its eager attention with a hook on every attention
-    module keeping its weights (its output's second element), cut to `rows` as they come;
-    yields a function returning them per layer once a forward has run (any other forward
-    hooks — `capture.internals` — record the same forward)."""
+    module (or those of `layers`) keeping its weights (its output's second element), cut to
+    `rows` as they come; yields a function returning them per layer once a forward has run, in
+    the order of `layers` (any other forward hooks — `capture.internals`, `stream.trace` —
+    record the same forward)."""
     cut = row_cut(rows, device)
     found: dict[int, Tensor] = {}
 
@@ -74,10 +75,17 @@ def hooked_attention(
 
         return hook
 
-    handles = [block.attn.register_forward_hook(hook_for(i)) for i, block in enumerate(view.blocks)]
+    hooked = range(view.n_layers) if layers is None else layers
+    handles = [view.blocks[i].attn.register_forward_hook(hook_for(i)) for i in hooked]
+
+    def per_layer() -> tuple[Tensor, ...]:
+        if layers is None:
+            return _checked(view, [found[i] for i in sorted(found)])
+        return tuple(found[i] for i in layers)
+
     try:
         with eager_attention(view.model):
-            yield lambda: _checked(view, [found[i] for i in sorted(found)])
+            yield per_layer
     finally:
         for handle in handles:
             handle.remove()

@@ -20,9 +20,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
 
 from resstream.errors import UsageError
+
+#: --direction and --method, as generate and steer take them.
+DirectionOption = Annotated[
+    Path | None,
+    typer.Option("--direction", help="A directions file (directions.safetensors of `resstream directions`)."),
+]
+MethodOption = Annotated[
+    str,
+    typer.Option(help="Which of the --direction file's directions an edit reads: diffmean, pca, probe."),
+]
 
 #: The operations, and whether each takes a number.
 OPERATIONS = {"add": True, "project": False, "keep": False, "scale": True, "set": True, "clamp": True}

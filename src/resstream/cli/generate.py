@@ -8,11 +8,17 @@ from typing import Annotated, Any, Literal
 import typer
 
 from resstream.cli import options
-from resstream.cli.edits import EDIT_HELP, EditSpec, check_edit_specs, stream_edits
+from resstream.cli.edits import (
+    EDIT_HELP,
+    DirectionOption,
+    EditSpec,
+    MethodOption,
+    check_edit_specs,
+    stream_edits,
+)
 from resstream.errors import UsageError
 
 FILES = "generations.jsonl, generate.json, generations.html and run.json"
-METHOD_HELP = "Which of the --direction file's directions an add/project edit reads: diffmean, pca, probe."
 
 
 def read_prompts(prompt: list[str] | None, prompts_file: Path | None) -> list[str]:
@@ -37,11 +43,8 @@ def generate(
     ] = None,
     prompts_file: Annotated[Path | None, typer.Option(help="Prompts, one a line.")] = None,
     edit: Annotated[list[str] | None, typer.Option("--edit", help=EDIT_HELP)] = None,
-    direction: Annotated[
-        Path | None,
-        typer.Option(help="A directions file (directions.safetensors of `resstream directions`)."),
-    ] = None,
-    method: Annotated[str, typer.Option(help=METHOD_HELP)] = "diffmean",
+    direction: DirectionOption = None,
+    method: MethodOption = "diffmean",
     where: Annotated[
         Literal["all", "prompt", "new"],
         typer.Option(help="Where edits without a position act: all, prompt (its tokens) or new (generated)."),

@@ -8,7 +8,8 @@ from typing import Annotated, Any, Literal
 import typer
 
 from resstream.cli import options
-from resstream.cli.generate import METHOD_HELP, read_prompts
+from resstream.cli.edits import DirectionOption, MethodOption
+from resstream.cli.generate import read_prompts
 from resstream.errors import UsageError, refuse_set
 
 STEER_FILES = "steer.json, steer.csv, steer.png, steer.html and run.json"
@@ -30,11 +31,8 @@ def steer(
     *,
     output: options.OutputArg,
     loading: options.ModelArg,
-    direction: Annotated[
-        Path | None,
-        typer.Option(help="A directions file (directions.safetensors of `resstream directions`)."),
-    ] = None,
-    method: Annotated[str, typer.Option(help=METHOD_HELP)] = "diffmean",
+    direction: DirectionOption = None,
+    method: MethodOption = "diffmean",
     site: Annotated[
         list[str] | None,
         typer.Option(

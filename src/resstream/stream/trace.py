@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from resstream.analysis.interventions.points import hook_point, point_of
 from resstream.analysis.interventions.runs import neuron_columns
-from resstream.capture.attention import eager_attention
+from resstream.capture.attention import hooked_attention
 from resstream.capture.hooks import check_input_ids, run_forward
 from resstream.data.tokenizer import token_text
 from resstream.display import Displayable
@@ -298,36 +298,26 @@ def _at(x: Tensor, site: Site) -> Tensor:
 
 @contextmanager
 def _patterns(view: ModelView, sites: list[Site], ids: Tensor) -> Iterator[Callable[[], list[Tensor]]]:
-    """The attention probabilities of the heads `sites` name, from the eager attention of the
-    forward that runs inside (a view with its own `attention` computes them after it)."""
+    """The attention probabilities (fp32) of the heads `sites` name, from the eager attention
+    of the forward that runs inside (`capture.attention.hooked_attention`; a view with its own
+    `attention` computes them after it)."""
     layers = sorted({s.component.layer for s in sites if s.component is not None})
-    found: dict[int, Tensor] = {}
 
-    def hook_for(layer: int) -> Callable[..., None]:
-        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-            if weights is None:
-                raise RuntimeError(f"{view.family}: attention module {layer} returned no weights")
-            found[layer] = weights.detach()
+    def cut(found: Sequence[Tensor]) -> list[Tensor]:
+        by_layer = dict(zip(layers, found, strict=True))
+        return [_pattern(by_layer[s.component.layer], s) for s in sites if s.component is not None]
 
-        return hook
+    own = view.attention
+    if own is not None:
 
-    def cut() -> list[Tensor]:
-        if view.attention is not None:
-            every = view.attention(ids)
-            found.update({layer: every[layer] for layer in layers})
-        return [_pattern(found[s.component.layer], s) for s in sites if s.component is not None]
+        def recomputed() -> list[Tensor]:
+            every = own(ids)  # one forward gives every layer's
+            return cut([every[layer].float() for layer in layers])
 
-    if view.attention is not None:
-        yield cut
+        yield recomputed
         return
-    handles = [view.blocks[layer].attn.register_forward_hook(hook_for(layer)) for layer in layers]
-    try:
-        with eager_attention(view.model):
-            yield cut
-    finally:
-        for handle in handles:
-            handle.remove()
+    with hooked_attention(view, None, ids.device, layers) as found:
+        yield lambda: cut(found())
 
 
 def _pattern(probs: Tensor, site: Site) -> Tensor:
