@@ -28,6 +28,7 @@ every bad input is a one-line UsageError naming the edit.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,15 +54,15 @@ Positions = int | Sequence[int] | None
 
 
 @dataclass(frozen=True, eq=False)
-class StreamEdit:
+class StreamEdit(ABC):
     """What every edit has: the site's `name` and the `positions` it acts at."""
 
     name: str
 
+    @abstractmethod
     def operation(self, site: Site, width: tuple[int, ...]) -> Operation:
         """The engine's operation for an activation of trailing shape `width`, every input
         checked (UsageError naming the edit)."""
-        raise NotImplementedError(type(self).__name__)
 
     def label(self) -> str:
         """How messages name the edit: ``Add('L6.resid')``."""
@@ -121,6 +122,7 @@ class Set(StreamEdit):
     positions: Positions = None
 
     def operation(self, site: Site, width: tuple[int, ...]) -> Operation:
+        """`Replace` by the value, checked against the site's width."""
         return Replace(self._shaped(self.value, "value", width, scalar=True))
 
 
@@ -133,6 +135,7 @@ class Add(StreamEdit):
     positions: Positions = None
 
     def operation(self, site: Site, width: tuple[int, ...]) -> Operation:
+        """`AddVector` of coef · vector, both checked (a vector of the site's width, a finite coef)."""
         if self.vector is None:
             raise UsageError(f"{self.label()}: give the `vector` to add")
         vector = self._shaped(self.vector, "vector", width, scalar=width == ())
@@ -147,6 +150,8 @@ class Scale(StreamEdit):
     positions: Positions = None
 
     def operation(self, site: Site, width: tuple[int, ...]) -> Operation:
+        """`ScaleBy` α (a finite number); on a residual state `stream.hooks` makes it the
+        identity-path attenuation."""
         return ScaleBy(self._number(self.alpha, "alpha"))
 
 
@@ -160,6 +165,7 @@ class Project(StreamEdit):
     positions: Positions = None
 
     def operation(self, site: Site, width: tuple[int, ...]) -> Operation:
+        """`ProjectOut` of the orthonormal basis of the direction(s), checked against the site's width."""
         if width == ():
             raise UsageError(
                 f"{self.label()}: a single neuron's coefficient has no direction; use Set or Clamp"
@@ -188,6 +194,7 @@ class Clamp(StreamEdit):
     positions: Positions = None
 
     def operation(self, site: Site, width: tuple[int, ...]) -> Operation:
+        """`Replace` of a neuron's coefficient(s) by the value; refused on a site that is not neurons."""
         if site.component is None or site.component.kind not in ("neuron", "expert"):
             raise UsageError(
                 f"{self.label()}: Clamp acts on neurons (L<l>.N<k>, L<l>.N*, L<l>.E<e>); use Set"
@@ -204,6 +211,7 @@ class Apply(StreamEdit):
     positions: Positions = None
 
     def operation(self, site: Site, width: tuple[int, ...]) -> Operation:
+        """`UserFunction` of `fn` (its result's shape is checked at every forward)."""
         if not callable(self.fn):
             raise UsageError(f"{self.label()}: `fn` must be a function of (activation, positions)")
         return UserFunction(self.fn, name=f"{self.label()}'s fn")
