@@ -6,7 +6,8 @@
   tensor the model's modules compute (bit for bit; experts' coefficients, which the view
   computes from the routing, to 1e-6 against `experts_by_hand`), and patterns are the eager
   attention's probabilities (to 1e-6; logits traced beside them, under eager, to 1e-5);
-* one name asked installs one reader (and the edit clock) and records only that name;
+* one name asked installs one reader (and, where later blocks are not needed, the hook that
+  stops the forward) and records only that name; the blocks after the last one read never run;
 * texts of different lengths, padded on the right and run in batches, give at the real
   positions what each text gives alone (1e-5), zeros at the padding, and their `lengths`;
 * `edits=` reads under the edits (downstream by the propagated amount, the edited site itself
@@ -239,13 +240,14 @@ def registrations(monkeypatch: pytest.MonkeyPatch) -> list[tuple[nn.Module, str]
 def test_one_name_installs_one_reader_and_records_only_it(
     case: str, registrations: list[tuple[nn.Module, str]]
 ) -> None:
-    """Besides the clock (a pre-hook on block 0 that `edited` always installs), a name is read by
-    one hook at its point (an expert's coefficients: three, `ExpertsView.hooks`), and a pattern
-    of a Hugging Face model by one on its attention module; logits need none."""
+    """Without edits nothing but the readers is installed: a name is read by one hook at its
+    point (an expert's coefficients: three, `ExpertsView.hooks`), a pattern of a Hugging Face
+    model by one on its attention module, logits by none; a name that block 1 (the last) does
+    not compute adds the hook that stops the forward after block 0."""
     model = tiny_model(case)
     view = view_of(model)
     b0, b1 = view.blocks
-    clock = (b0.module, "pre")
+    stop = [(b0.module, "post")]  # registered last: the forward ends after block 0
     coefficient = [(b0.mlp_out_proj, "pre")]
     if b0.experts is not None:
         coefficient = [(b0.mlp, "pre"), (b0.experts.module, "pre"), (b0.experts.module, "post")]
@@ -253,10 +255,10 @@ def test_one_name_installs_one_reader_and_records_only_it(
     # the view's own `attention`, which recomputes it after the forward from every block's input
     pattern = [(b0.attn, "pre"), (b1.attn, "pre")] if case == "resstream" else [(b1.attn, "post")]
     expected = {
-        "L1.resid": [(b0.module, "post")],
-        "emb": [(b0.module, "pre")],
+        "L1.resid": [(b0.module, "post"), *stop],
+        "emb": [(b0.module, "pre"), *stop],
         "L1.H1": [(b1.out_proj, "pre")],
-        "L0.N5": coefficient,
+        "L0.N5": [*coefficient, *stop],
         "L1.attn": [(b1.attn, "post")],
         "L1.H0.pattern": pattern,
         "logits": [],
@@ -266,9 +268,27 @@ def test_one_name_installs_one_reader_and_records_only_it(
         traced = resstream.trace(model, tiny_ids(1), [name])
         assert traced.names == [name] and list(traced.activations) == [name]
         got = [(id(m), kind) for m, kind in registrations]
-        want = [(id(m), kind) for m, kind in [clock, *readers]]
+        want = [(id(m), kind) for m, kind in readers]
         named = [(type(m).__name__, kind) for m, kind in registrations]
         assert got == want, f"{case} {name}: {named}"
+
+
+@pytest.mark.parametrize("case", ["gpt2", "llama", "mixtral", "resstream"])
+def test_the_forward_stops_after_the_last_block_read(case: str) -> None:
+    """`L1.resid` is block 0's output: block 1 never runs, and the value is the full forward's;
+    asking for the logits runs every block."""
+    model = tiny_model(case)
+    view = view_of(model)
+    calls: list[int] = []
+    handle = view.blocks[1].module.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        early = resstream.trace(model, tiny_ids(2), ["L1.resid", "L0.N2"])
+        assert calls == []
+        full = resstream.trace(model, tiny_ids(2), ["L1.resid", "L0.N2", "logits"])
+        assert calls == [1]
+    finally:
+        handle.remove()
+    assert torch.equal(early["L1.resid"], full["L1.resid"]) and torch.equal(early["L0.N2"], full["L0.N2"])
 
 
 # --- padding, batches, edits ----------------------------------------------------------------

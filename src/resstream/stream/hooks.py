@@ -73,6 +73,8 @@ def _cache_length(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
 def install(view: ModelView, resolved: list[Resolved]) -> list[RemovableHandle]:
     """Hooks applying every resolved edit (module docstring), the clock's first; removed by
     the caller. A hook fails half-way: the ones installed are removed."""
+    if not resolved:  # nothing to edit: not even the clock, so the forward runs unhooked
+        return []
     clock = Clock()
     handles = [clock.hook(view)]
     try:

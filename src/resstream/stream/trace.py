@@ -5,7 +5,8 @@
     trace["L3.resid"]        # (texts, positions, d_model): h_3 at every position
 
 Only the sites named are recorded (`stream.sites`: one hook each, at the point the
-intervention engine edits); the texts run in batches of `batch_size`, padded on the right
+intervention engine edits), and the forward stops after the last block they need (unless the
+logits are asked); the texts run in batches of `batch_size`, padded on the right
 (a causal model's states at the real positions do not see the padding), and every tensor is
 (texts, positions, *width) with the padding's rows zero (`lengths` says how many are real),
 or (texts, *width) for a name with ``@p``. A pattern is (texts, [heads,] query, key), read
@@ -16,6 +17,7 @@ memory of the model's device (one line naming what to lower).
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
@@ -249,18 +251,55 @@ def _record_batch(
             torch.arange(ids.shape[1], device=ids.device) < torch.tensor(lengths, device=ids.device)[:, None]
         ).long()
     patterns = [s for s in sites if s.kind == "pattern"]
+    logits = None
     with ExitStack() as stack:
         for site in sites:
             if site.kind == "activation":
                 stack.enter_context(_reading(view, site, records[site.name]))
         found = stack.enter_context(_patterns(view, patterns, ids)) if patterns else None
-        logits = _forward(view, ids, mask, any(s.kind == "logits" for s in sites))
+        last = last_block(view, sites)
+        if last is not None:  # hooked last, so every reader of that block has run first
+            stack.enter_context(_stopping_after(view, last))
+        with contextlib.suppress(_Enough):
+            logits = _forward(view, ids, mask, any(s.kind == "logits" for s in sites))
     for site in sites:
         if site.kind == "logits" and logits is not None:
             records[site.name].append(_at(logits, site))
     if found is not None:  # after the readers are gone: a view's own `attention` runs a forward
         for site, probs in zip(patterns, found(), strict=True):
             records[site.name].append(probs)
+
+
+class _Enough(Exception):
+    """Raised by the hook after the last block a trace reads: the rest of the forward would
+    compute nothing it records."""
+
+
+def last_block(view: ModelView, sites: list[Site]) -> int | None:
+    """The last block whose computation a trace reads, when the forward may stop after it;
+    None when it must run to the end (logits, or a site in the last block)."""
+    if any(site.kind == "logits" for site in sites):
+        return None
+    deepest = 0
+    for site in sites:
+        assert site.component is not None
+        where, layer = point_of(site.component)
+        deepest = max(deepest, max(layer - 1, 0) if where == "state" else layer)
+    return deepest if deepest < view.n_layers - 1 else None
+
+
+@contextmanager
+def _stopping_after(view: ModelView, layer: int) -> Iterator[None]:
+    """A hook on block `layer`'s output that ends the forward there (`_Enough`)."""
+
+    def stop(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        raise _Enough
+
+    handle = view.blocks[layer].module.register_forward_hook(stop)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @contextmanager
