@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from resstream.analysis.interventions.components import Component
 from resstream.analysis.interventions.operations import (
     AddVector,
     Operation,
@@ -226,6 +227,12 @@ class Resolved:
     site: Site
     positions: tuple[int, ...] | None
     operation: Operation
+
+    @property
+    def component(self) -> Component:
+        """The component the edit acts on (every writable site has one)."""
+        assert self.site.component is not None
+        return self.site.component
 
 
 def resolve(edits: StreamEdit | Sequence[StreamEdit], view: ModelView) -> list[Resolved]:

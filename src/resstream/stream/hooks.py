@@ -25,8 +25,13 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from resstream.analysis.interventions.operations import ScaleBy, write
-from resstream.analysis.interventions.points import hook_point, output_hook, point_of
-from resstream.analysis.interventions.runs import neuron_columns
+from resstream.analysis.interventions.points import (
+    hook_point,
+    output_hook,
+    point_of,
+    split_heads,
+    trailing_index,
+)
 from resstream.capture.hooks import _block_input
 from resstream.errors import UsageError
 from resstream.models.adapters.base import InlineScale, ModelView
@@ -81,11 +86,10 @@ def install(view: ModelView, resolved: list[Resolved]) -> list[RemovableHandle]:
         by_point: dict[tuple[str, int], list[Resolved]] = defaultdict(list)
         identity_paths: dict[int, dict[str, Tensor]] = defaultdict(dict)  # shared by a block's Scales
         for each in resolved:
-            assert each.site.component is not None
             if _attenuates(view, each):
-                handles += _identity_attenuation(view, each, clock, identity_paths[each.site.component.start])
+                handles += _identity_attenuation(view, each, clock, identity_paths[each.component.start])
             else:
-                by_point[point_of(each.site.component)].append(each)
+                by_point[point_of(each.component)].append(each)
         for (where, layer), found in by_point.items():
             handles += hook_point(view, where, layer, _rewrite(view, where, layer, found, clock))
     except BaseException:
@@ -97,8 +101,8 @@ def install(view: ModelView, resolved: list[Resolved]) -> list[RemovableHandle]:
 
 def _attenuates(view: ModelView, each: Resolved) -> bool:
     """Whether an edit is a scaled residual state read by a block (module docstring)."""
-    component = each.site.component
-    if not isinstance(each.operation, ScaleBy) or component is None or component.kind not in ("emb", "resid"):
+    component = each.component
+    if not isinstance(each.operation, ScaleBy) or component.kind not in ("emb", "resid"):
         return False
     if component.start >= view.n_layers:
         raise UsageError(
@@ -112,8 +116,7 @@ def _rewrite(
     view: ModelView, where: str, layer: int, found: list[Resolved], clock: Clock
 ) -> Callable[[Tensor], Tensor | None]:
     """The rewrite of a hooked tensor (batch, seq, ...) applying `found` in order."""
-    columns = [_column(view, where, each) for each in found]
-    n_heads = view.blocks[min(layer, view.n_layers - 1)].W_O.shape[0]
+    columns = [trailing_index(view, each.component) for each in found]
 
     def apply(x: Tensor) -> Tensor | None:
         out: Tensor | None = None
@@ -124,28 +127,11 @@ def _rewrite(
             within, absolute = chosen
             if out is None:
                 out = x.clone()
-            target = out.unflatten(-1, (n_heads, -1)) if where == "z" else out
-            write(
-                target,
-                (slice(None), within, *(() if column is None else (column,))),
-                each.operation,
-                absolute,
-            )
+            index = (slice(None), within, *(() if column is None else (column,)))
+            write(split_heads(view, where, layer, out), index, each.operation, absolute)
         return out
 
     return apply
-
-
-def _column(view: ModelView, where: str, each: Resolved) -> Any:
-    """A site's trailing index in its hook point's tensor: a head, a neuron's (or an
-    expert's) columns, or none (every head, every neuron, the whole state)."""
-    component = each.site.component
-    assert component is not None
-    if where == "z" and component.index >= 0:
-        return component.index
-    if where == "m" and component.index >= 0:
-        return neuron_columns(view, component)
-    return None
 
 
 def _identity_attenuation(
@@ -153,8 +139,8 @@ def _identity_attenuation(
 ) -> list[RemovableHandle]:
     """Block l's identity path scaled by α at the edit's positions (module docstring); `seen`
     holds what the path carries (shared by the block's Scales, so that they multiply)."""
-    assert each.site.component is not None and isinstance(each.operation, ScaleBy)
-    layer, alpha = each.site.component.start, each.operation.alpha
+    assert isinstance(each.operation, ScaleBy)
+    layer, alpha = each.component.start, each.operation.alpha
     block = view.blocks[layer]
 
     def on_block(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

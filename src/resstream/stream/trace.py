@@ -29,8 +29,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from resstream.analysis.interventions.points import hook_point, point_of
-from resstream.analysis.interventions.runs import neuron_columns
+from resstream.analysis.interventions.points import hook_point, point_of, split_heads, trailing_index
 from resstream.capture.attention import hooked_attention
 from resstream.capture.hooks import check_input_ids, run_forward
 from resstream.data.tokenizer import token_text
@@ -308,18 +307,12 @@ def _reading(view: ModelView, site: Site, into: list[Tensor]) -> Iterator[None]:
     component = site.component
     assert component is not None
     where, layer = point_of(component)
-    column: Any = None
-    if where == "m" and component.index >= 0:
-        column = neuron_columns(view, component)
-    n_heads = view.n_heads
+    column = trailing_index(view, component)
 
     def read(x: Tensor) -> None:
-        if where == "z":
-            x = x.unflatten(-1, (n_heads, -1))
-            if component.index >= 0:
-                x = x[:, :, component.index]
-        elif column is not None:
-            x = x[..., column]
+        x = split_heads(view, where, layer, x)
+        if column is not None:
+            x = x[:, :, column]
         into.append(_at(x, site).detach().clone())
 
     handles = hook_point(view, where, layer, read)

@@ -33,8 +33,8 @@ from torch import Tensor
 
 from resstream.analysis.interventions.components import Component
 from resstream.analysis.interventions.operations import Operation, Replace, Shift, write
-from resstream.analysis.interventions.points import hook_point, point_of
-from resstream.analysis.interventions.runs import Run, Values, neuron_columns
+from resstream.analysis.interventions.points import hook_point, point_of, split_heads, trailing_index
+from resstream.analysis.interventions.runs import Run, Values
 from resstream.capture.hooks import first_tensor
 
 #: Interventions run together in one batch, at most.
@@ -170,28 +170,17 @@ class _EditTable:
 
 def _rewrite(where: str, layer: int, found: list[tuple[int, Edit]], view: Any) -> Callable[[Tensor], Tensor]:
     """The rewrite of a hooked tensor (batch, seq, ...) applying each row's edits there."""
-    columns = [_column(where, edit, view) for _, edit in found]
-    n_heads = view.blocks[layer].W_O.shape[0]
+    columns = [trailing_index(view, edit.component) for _, edit in found]
 
     def apply(x: Tensor) -> Tensor:
         out = x.clone()
-        target = out.unflatten(-1, (n_heads, -1)) if where == "z" else out
+        target = split_heads(view, where, layer, out)
         for (row, edit), column in zip(found, columns, strict=True):
             index = (row, edit.positions.to(x.device), *(() if column is None else (column,)))
             write(target, index, edit.operation, edit.positions)
         return out
 
     return apply
-
-
-def _column(where: str, edit: Edit, view: Any) -> int | slice | None:
-    """The trailing index of an edit's component in its hook point's tensor: a head, a
-    neuron's (or an expert's) columns, or none (the whole module output)."""
-    if where == "z":
-        return edit.component.index
-    if where == "m":
-        return neuron_columns(view, edit.component)
-    return None
 
 
 __all__ = ["DEFAULT_BATCH", "Edit", "Intervention", "edits", "run_interventions", "start_of"]

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from resstream.analysis.interventions.components import Component
+from resstream.analysis.interventions.runs import neuron_columns
 from resstream.models.adapters.base import ModelView
 
 #: A hook's function: the tensor at the point -> its replacement, or None to leave it.
@@ -48,6 +49,23 @@ def point_of(component: Component) -> tuple[str, int]:
     """(where, layer) of a component's hook point; a residual state's layer is its h index."""
     where = POINT_OF[component.kind]
     return where, (component.start if where == "state" else component.layer)
+
+
+def split_heads(view: ModelView, where: str, layer: int, x: Tensor) -> Tensor:
+    """The tensor at a hook point as its components index it: z as (batch, seq, heads,
+    d_head) — a view of `x`, so writing into it writes `x` —, any other point as it is."""
+    return x.unflatten(-1, (view.blocks[layer].W_O.shape[0], -1)) if where == "z" else x
+
+
+def trailing_index(view: ModelView, component: Component) -> int | slice | None:
+    """Where a component sits in its hook point's tensor (`split_heads`), past (batch, seq):
+    a head, a neuron's column or an expert's columns; None for all of it (a block output, a
+    residual state, every head or every neuron of a block: index −1)."""
+    if component.index < 0 or POINT_OF[component.kind] not in ("z", "m"):
+        return None
+    if POINT_OF[component.kind] == "z":
+        return component.index
+    return neuron_columns(view, component)
 
 
 def hook_point(view: ModelView, where: str, layer: int, rewrite: Rewrite) -> list[RemovableHandle]:
@@ -107,4 +125,4 @@ def output_hook(rewrite: Rewrite) -> Callable[..., Any]:
     return hook
 
 
-__all__ = ["POINT_OF", "Rewrite", "hook_point", "output_hook", "point_of"]
+__all__ = ["POINT_OF", "Rewrite", "hook_point", "output_hook", "point_of", "split_heads", "trailing_index"]
