@@ -36,7 +36,7 @@ from resstream.analysis.steering.directions import (
 )
 from resstream.analysis.steering.files import SavedDirections, load_directions
 from resstream.api.inputs import LoadOptions, one_model, takes_load_args
-from resstream.api.tokenizers import tokenizer_of
+from resstream.api.tokenizers import LEADING_SPACE, single_token, tokenizer_of
 from resstream.capture import residual_states
 from resstream.checks import check_batch_size, check_fraction
 from resstream.data.concepts import ContrastTexts, concept_texts, read_pairs, read_text_set
@@ -111,7 +111,7 @@ def directions(
     options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
     with one_model(model, options) as loaded:
         tok = tokenizer_of(loaded)
-        token_ids = [_one_token(tok, word) for word in words]
+        token_ids = [single_token(tok, word, "`tokens`:", LEADING_SPACE) for word in words]
         encoded = _encoded(tok, texts, loaded.view)
         states = text_states(loaded.view, encoded, position, batch_size, progress=progress, pad=_pad_id(tok))
         count = len(texts.positive)
@@ -207,18 +207,6 @@ def _checked_tokens(tokens: Sequence[str]) -> tuple[str, ...]:
         if not isinstance(word, str) or not word:
             raise UsageError(f"`tokens` holds {word!r}; allowed: texts of one token each")
     return words
-
-
-def _one_token(tokenizer: PreTrainedTokenizerBase, word: str) -> int:
-    """The id of `word`, which must be exactly one token (without special tokens)."""
-    ids = tokenizer(word, add_special_tokens=False)["input_ids"]
-    if len(ids) != 1:
-        pieces = " + ".join(repr(tokenizer.decode([i])) for i in ids) or "no tokens"
-        raise UsageError(
-            f"`tokens`: {word!r} is {len(ids)} tokens ({pieces}); give text that is one token "
-            f"(e.g. with its leading space)"
-        )
-    return int(ids[0])
 
 
 def _pad_id(tokenizer: PreTrainedTokenizerBase) -> int:

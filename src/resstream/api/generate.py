@@ -168,9 +168,8 @@ def _continuation(
     prompt: str, ids: Tensor, found: tuple[Tensor, Tensor | None], reader: Any, eos: int | None
 ) -> Continuation:
     steered, plain = found
-    cut = _new_tokens(len(ids), eos)
-    steered_ids = cut(steered)
-    plain_ids = None if plain is None else cut(plain)
+    steered_ids = new_tokens(steered, len(ids), eos)
+    plain_ids = None if plain is None else new_tokens(plain, len(ids), eos)
     return Continuation(
         prompt=prompt,
         prompt_ids=tuple(ids.tolist()),
@@ -181,16 +180,11 @@ def _continuation(
     )
 
 
-def _new_tokens(prompt: int, eos: int | None) -> Callable[[Tensor], tuple[int, ...]]:
-    """The new tokens of a generated row, up to and with the first end-of-text token."""
-
-    def cut(row: Tensor) -> tuple[int, ...]:
-        new = row[prompt:].tolist()
-        if eos is not None and eos in new:
-            new = new[: new.index(eos) + 1]
-        return tuple(int(t) for t in new)
-
-    return cut
+def new_tokens(row: Tensor, prompt: int, eos: int | None) -> tuple[int, ...]:
+    """The new tokens of a generated row after its `prompt` tokens, up to and with the first
+    end-of-text token."""
+    new = [int(t) for t in row[prompt:].tolist()]
+    return tuple(new[: new.index(eos) + 1] if eos is not None and eos in new else new)
 
 
 def edit_record(edit: StreamEdit) -> dict[str, Any]:
@@ -210,4 +204,13 @@ def edit_record(edit: StreamEdit) -> dict[str, Any]:
     return record
 
 
-__all__ = ["DEFAULT_BATCH", "WHERES", "edit_record", "end_of_text", "generate", "generate_all", "placed"]
+__all__ = [
+    "DEFAULT_BATCH",
+    "WHERES",
+    "edit_record",
+    "end_of_text",
+    "generate",
+    "generate_all",
+    "new_tokens",
+    "placed",
+]

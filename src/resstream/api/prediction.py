@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from resstream.api.inputs import CorpusRequest, encode_text, keyword_defaults, with_defaults
-from resstream.api.tokenizers import tokenizer_of
+from resstream.api.tokenizers import single_token, tokenizer_of
 from resstream.checks import check_one_text
 from resstream.data.files import read_text
 from resstream.data.tokenizer import token_text
@@ -174,7 +174,9 @@ class EncodedText:
                 )
             return asked.target_id
         if asked.target is not None:
-            return _single_token(self.tokenizer, asked.target, "target")
+            return single_token(
+                self.tokenizer, asked.target, "`target`", " (e.g. with its leading space) or `target_id`"
+            )
         final = internals.blocks[-1].block_output[0, self.position]
         with torch.no_grad():
             return int(decoder.logits(final).argmax())
@@ -184,7 +186,7 @@ class EncodedText:
         foil = self.request.foil
         if foil is None:
             return None
-        foil_id = _single_token(self.tokenizer, foil, "foil")
+        foil_id = single_token(self.tokenizer, foil, "`foil`")
         if foil_id == target:
             raise UsageError(f"`foil` {foil!r} is the target token itself; give a different token")
         return foil_id
@@ -228,17 +230,6 @@ def _text_of(text: str | None, text_file: str | os.PathLike[str] | None) -> str:
     if not content.strip():
         raise UsageError(f"`text_file` {str(text_file)!r} holds no text; give a file with text")
     return content
-
-
-def _single_token(tokenizer: PreTrainedTokenizerBase, text: str, what: str) -> int:
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if len(ids) != 1:
-        pieces = " + ".join(repr(tokenizer.decode([i])) for i in ids) or "no tokens"
-        alternative = f" (e.g. with its leading space) or `{what}_id`" if what == "target" else ""
-        raise UsageError(
-            f"`{what}` {text!r} is {len(ids)} tokens ({pieces}); give text that is one token{alternative}"
-        )
-    return int(ids[0])
 
 
 __all__ = [

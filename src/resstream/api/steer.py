@@ -40,7 +40,7 @@ from resstream.analysis.steering.sweep import (
     mean_or_none,
     probe_probability,
 )
-from resstream.api.generate import WHERES, Where, end_of_text, generate_all
+from resstream.api.generate import DEFAULT_BATCH, WHERES, Where, end_of_text, generate_all, new_tokens
 from resstream.api.inputs import (
     CorpusRequest,
     LoadOptions,
@@ -49,7 +49,7 @@ from resstream.api.inputs import (
     one_sampled_model,
     takes_load_args,
 )
-from resstream.api.tokenizers import tokenizer_of
+from resstream.api.tokenizers import LEADING_SPACE, single_token, tokenizer_of
 from resstream.errors import UsageError
 from resstream.models import LoadArgs, ModelLike, ModelView
 from resstream.stream.edited import edited
@@ -156,17 +156,9 @@ def _unit(site: str, vector: Tensor) -> Tensor:
 
 
 def _concept_ids(reader: Any, tokens: Sequence[str]) -> Tensor | None:
-    """Each concept token's id; UsageError for one the tokenizer splits into several."""
-    ids = []
-    for token in tokens:
-        found = reader(token, add_special_tokens=False)["input_ids"]
-        if len(found) != 1:
-            raise UsageError(
-                f"`concept_tokens`: {token!r} is {len(found)} tokens of this tokenizer; allowed: "
-                f"single tokens (try a leading space, e.g. {' ' + token.strip()!r})"
-            )
-        ids.append(found[0])
-    return torch.tensor(sorted(set(ids)), dtype=torch.long) if ids else None
+    """Each concept token's id (`single_token`: each must be one token), None for none."""
+    ids = {single_token(reader, token, "`concept_tokens`:", LEADING_SPACE) for token in tokens}
+    return torch.tensor(sorted(ids), dtype=torch.long) if ids else None
 
 
 class _Scorer:
@@ -187,14 +179,11 @@ class _Scorer:
 
     def generate(self, edits: list[StreamEdit], sampling: Sampling, where: Where) -> list[list[int]]:
         """Each prompt with its continuation under `edits`, cut after an end-of-text token."""
-        found = generate_all(self.view, self.prompts, edits, where, sampling, False, 8, self.eos)
-        rows = []
-        for index, prompt in enumerate(self.prompts):
-            new = found[index][0][len(prompt) :].tolist()
-            if self.eos is not None and self.eos in new:
-                new = new[: new.index(self.eos) + 1]
-            rows.append(prompt.tolist() + new)
-        return rows
+        found = generate_all(self.view, self.prompts, edits, where, sampling, False, DEFAULT_BATCH, self.eos)
+        return [
+            prompt.tolist() + list(new_tokens(found[index][0], len(prompt), self.eos))
+            for index, prompt in enumerate(self.prompts)
+        ]
 
     def point(
         self,
