@@ -38,8 +38,10 @@ from resstream.analysis.steering.files import SavedDirections, load_directions
 from resstream.api.inputs import LoadOptions, one_model, takes_load_args
 from resstream.api.tokenizers import LEADING_SPACE, single_token, tokenizer_of
 from resstream.capture import residual_states
+from resstream.capture.hooks import right_padding_mask
 from resstream.checks import check_batch_size, check_fraction
 from resstream.data.concepts import ContrastTexts, concept_texts, read_pairs, read_text_set
+from resstream.data.sampling import prepends_bos
 from resstream.errors import UsageError, check_choice
 from resstream.models import LoadArgs, LoadedModel, ModelLike, ModelView
 
@@ -220,11 +222,11 @@ def _encoded(
 ) -> list[tuple[Tensor, int]]:
     """(ids, first position the mean reads) of every text, positives first; UsageError naming
     a text longer than the model's context. The first position is 1 when the tokenizer puts a
-    BOS token before a text (`_adds_bos`), else 0."""
+    BOS token before a text (`data.sampling.prepends_bos`), else 0."""
     every = [*texts.positive, *texts.negative]
     if not every:
         return []
-    first = 1 if _adds_bos(tokenizer) else 0
+    first = 1 if prepends_bos(tokenizer, "auto") else 0
     found = []
     for index, ids in enumerate(tokenizer(every, add_special_tokens=True)["input_ids"]):
         what, number = (
@@ -244,17 +246,6 @@ def _encoded(
     return found
 
 
-def _adds_bos(tokenizer: PreTrainedTokenizerBase) -> bool:
-    """Whether the tokenizer puts its BOS token before every text it encodes with its special
-    tokens (told from one probe text, encoded with them and without)."""
-    bos = tokenizer.bos_token_id
-    if bos is None:
-        return False
-    with_special = tokenizer("a", add_special_tokens=True)["input_ids"]
-    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
-    return len(with_special) > len(plain) and with_special[0] == bos and (not plain or plain[0] != bos)
-
-
 def text_states(
     view: ModelView,
     encoded: Sequence[tuple[Tensor, int]],
@@ -268,7 +259,6 @@ def text_states(
     docstring says from `encoded` ((ids, first position the mean reads) per text)."""
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][0]))
     out = torch.empty((len(encoded), view.n_layers + 1, view.d_model), dtype=torch.float32)
-    masked = view.family != "resstream"  # resstream's GPT refuses a mask (and needs none here)
     with tqdm(total=len(encoded), desc="directions", unit="text", disable=not progress) as bar:
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
@@ -279,8 +269,8 @@ def text_states(
                 text, first = encoded[i]
                 ids[row, : len(text)] = text
                 weights[row, first : len(text)] = 1.0 / (len(text) - first)
-            real = (torch.arange(ids.shape[1]) < lengths[:, None]).long()
-            states = residual_states(view, ids, real if masked else None)  # (L+1, batch, T, d)
+            mask = right_padding_mask(view, lengths.tolist(), ids.shape[1], ids.device)
+            states = residual_states(view, ids, mask)  # (L+1, batch, T, d)
             if position == "last":
                 rows = torch.arange(len(chunk), device=states.device)
                 reduced = states[:, rows, (lengths - 1).to(states.device)].float()

@@ -13,7 +13,7 @@ Hooks are always removed, also when the forward raises.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -58,6 +58,17 @@ def run_forward(view: ModelView, input_ids: Tensor, attention_mask: Tensor | Non
     if view.forward is not None:
         return view.forward(input_ids, attention_mask)
     return view.model(input_ids=input_ids, attention_mask=attention_mask)
+
+
+def right_padding_mask(
+    view: ModelView, lengths: Sequence[int], width: int, device: torch.device | str
+) -> Tensor | None:
+    """The attention mask of a batch of texts of `lengths` padded on the right to `width`;
+    None when no text is padded, and for resstream's GPT, which takes no mask (a causal
+    model's states at the real positions never see the padding after them)."""
+    if all(n == width for n in lengths) or view.family == "resstream":
+        return None
+    return (torch.arange(width, device=device) < torch.tensor(list(lengths), device=device)[:, None]).long()
 
 
 def check_input_ids(view: ModelView, input_ids: Tensor) -> None:
@@ -160,4 +171,4 @@ def record(
         yield recorded
 
 
-__all__ = ["first_tensor", "record", "residual_states", "run_forward"]
+__all__ = ["first_tensor", "record", "residual_states", "right_padding_mask", "run_forward"]

@@ -18,6 +18,7 @@ memory of the model's device (one line naming what to lower).
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -31,7 +32,7 @@ from transformers import PreTrainedTokenizerBase
 
 from resstream.analysis.interventions.points import hook_point, point_of, split_heads, trailing_index
 from resstream.capture.attention import hooked_attention
-from resstream.capture.hooks import check_input_ids, run_forward
+from resstream.capture.hooks import check_input_ids, right_padding_mask, run_forward
 from resstream.data.tokenizer import token_text
 from resstream.display import Displayable
 from resstream.errors import UsageError
@@ -160,42 +161,55 @@ def _loaded(model: Any, tokenizer: PreTrainedTokenizerBase | None) -> LoadedMode
 def _encoded(
     texts: Texts, tokenizer: PreTrainedTokenizerBase | None, view: ModelView
 ) -> tuple[Tensor, list[int]]:
-    """(texts, longest) ids padded on the right with 0, and each text's length."""
-    if isinstance(texts, str):
-        texts = [texts]
-    if isinstance(texts, Tensor):
-        if texts.ndim == 1:
-            texts = texts.unsqueeze(0)
-        if texts.ndim != 2 or texts.dtype not in (torch.int32, torch.int64):
-            raise UsageError(
-                f"`texts` as ids must be an integer tensor (texts, positions), got {tuple(texts.shape)}"
-            )
-        rows = [row.tolist() for row in texts]
-    else:
-        listed = list(texts)
-        if not listed:
-            raise UsageError("`texts` is empty; allowed: a string, strings, or token ids")
-        if all(isinstance(t, str) for t in listed):
-            if tokenizer is None:
-                raise UsageError("`texts` are strings: pass the model's `tokenizer` (or token ids)")
-            rows = [tokenizer(t, add_special_tokens=True)["input_ids"] for t in listed]
-        elif all(isinstance(t, Sequence) and all(isinstance(i, int) for i in t) for t in listed):
-            rows = [list(t) for t in listed]
-        else:
-            raise UsageError("`texts` mixes strings and ids; allowed: strings, or token ids")
-    lengths = [len(row) for row in rows]
+    """(texts, longest) ids padded on the right with 0, and each text's length; a tensor of
+    ids is used as it is (every row a whole text)."""
+    ids, lengths = _id_tensor(texts) if isinstance(texts, Tensor) else _padded(_rows(texts, tokenizer))
+    if not lengths:
+        raise UsageError("`texts` is empty; allowed: a string, strings, or token ids")
     if min(lengths) == 0:
         raise UsageError("`texts` holds an empty text (no tokens)")
+    vocab = int(view.W_E.shape[0])
+    low, high = int(ids.min()), int(ids.max())
+    if high >= vocab or low < 0:
+        bad = high if high >= vocab else low
+        raise UsageError(f"`texts` holds token id {bad}; allowed: 0..{vocab - 1} (the model's vocabulary)")
+    check_input_ids(view, ids)
+    return ids.to(view.W_E.device if view.W_E.device.type != "meta" else "cpu"), lengths
+
+
+def _id_tensor(texts: Tensor) -> tuple[Tensor, list[int]]:
+    """Token ids given as a tensor (positions,) or (texts, positions), each row one text."""
+    ids = texts.unsqueeze(0) if texts.ndim == 1 else texts
+    if ids.ndim != 2 or ids.dtype not in (torch.int32, torch.int64):
+        raise UsageError(
+            f"`texts` as ids must be an integer tensor (texts, positions), got {tuple(texts.shape)}"
+        )
+    return ids.long(), [int(ids.shape[1])] * int(ids.shape[0])
+
+
+def _rows(
+    texts: str | Sequence[str] | Sequence[Sequence[int]], tokenizer: PreTrainedTokenizerBase | None
+) -> list[list[int]]:
+    """The ids of each text given as a string (read by `tokenizer`) or a list of ids."""
+    listed = [texts] if isinstance(texts, str) else list(texts)
+    if not listed:
+        raise UsageError("`texts` is empty; allowed: a string, strings, or token ids")
+    if all(isinstance(t, str) for t in listed):
+        if tokenizer is None:
+            raise UsageError("`texts` are strings: pass the model's `tokenizer` (or token ids)")
+        return [tokenizer(t, add_special_tokens=True)["input_ids"] for t in listed]
+    if all(isinstance(t, Sequence) and all(isinstance(i, int) for i in t) for t in listed):
+        return [list(t) for t in listed]  # type: ignore[arg-type]
+    raise UsageError("`texts` mixes strings and ids; allowed: strings, or token ids")
+
+
+def _padded(rows: list[list[int]]) -> tuple[Tensor, list[int]]:
+    """The rows as one tensor padded on the right with 0, and their lengths."""
+    lengths = [len(row) for row in rows]
     ids = torch.zeros((len(rows), max(lengths)), dtype=torch.long)
     for i, row in enumerate(rows):
         ids[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
-    vocab = int(view.W_E.shape[0])
-    if int(ids.max()) >= vocab or int(ids.min()) < 0:
-        raise UsageError(
-            f"`texts` holds token id {int(ids.max())}; allowed: 0..{vocab - 1} (the model's vocabulary)"
-        )
-    check_input_ids(view, ids)
-    return ids.to(view.W_E.device if view.W_E.device.type != "meta" else "cpu"), lengths
+    return ids, lengths
 
 
 def _check_positions(sites: list[Site], lengths: list[int]) -> None:
@@ -214,11 +228,7 @@ def _values_per_token(view: ModelView, site: Site, positions: int) -> int:
         assert site.component is not None
         heads = view.n_heads if site.component.index < 0 else 1
         return heads * positions
-    width = site_width(view, site)
-    count = 1
-    for each in width:
-        count *= each
-    return count
+    return math.prod(site_width(view, site))
 
 
 def _check_memory(
@@ -243,12 +253,7 @@ def _record_batch(
     view: ModelView, sites: list[Site], ids: Tensor, lengths: list[int], records: dict[str, list[Tensor]]
 ) -> None:
     """One forward of a batch with a reader at every site."""
-    padded = any(n != ids.shape[1] for n in lengths)
-    mask = None
-    if padded and view.family != "resstream":  # resstream's GPT takes no mask: causal, padded on the right
-        mask = (
-            torch.arange(ids.shape[1], device=ids.device) < torch.tensor(lengths, device=ids.device)[:, None]
-        ).long()
+    mask = right_padding_mask(view, lengths, ids.shape[1], ids.device)
     patterns = [s for s in sites if s.kind == "pattern"]
     logits = None
     with ExitStack() as stack:
