@@ -14,6 +14,17 @@ from pathlib import Path
 
 from resstream.cli.main import main
 
+
+def saved_tiny_model(path: Path, case: str = "gpt2") -> Path:
+    """A tiny random model of `case` (`tests.test_models_adapters.tiny_model`) saved at `path`
+    with the one-character tokenizer: a local Hugging Face directory, as a user's."""
+    from tests.test_models_adapters import char_tokenizer, tiny_model
+
+    tiny_model(case).save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
+    return path
+
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PNG_END = b"IEND\xaeB`\x82"
 

@@ -15,19 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from resstream.cli import directions as directions_command
 from resstream.cli.main import main
-from tests.cli_support import assert_complete_files, expect_usage_error, strict_json
-from tests.test_models_adapters import char_tokenizer, tiny_model
+from tests.cli_support import assert_complete_files, expect_usage_error, saved_tiny_model, strict_json
 
 FAST = ["--device", "cpu", "--quiet"]
-FILES = (
-    "directions.json",
-    "directions.csv",
-    "directions_auc.png",
-    "directions.safetensors",
-    "directions.gguf",
-    "run.json",
-)
+FILES = (*directions_command.FILES, "run.json")
 
 pytestmark = pytest.mark.usefixtures("hf_offline", "one_torch_thread")
 
@@ -35,10 +28,7 @@ pytestmark = pytest.mark.usefixtures("hf_offline", "one_torch_thread")
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random GPT-2 (2 blocks, width 32) saved with its one-character tokenizer."""
-    path = tmp_path_factory.mktemp("models") / "gpt2"
-    tiny_model("gpt2").save_pretrained(path)
-    char_tokenizer().save_pretrained(path)
-    return path
+    return saved_tiny_model(tmp_path_factory.mktemp("models") / "gpt2")
 
 
 @pytest.fixture(scope="module")

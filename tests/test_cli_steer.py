@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from resstream.cli.main import main
-from tests.cli_support import assert_complete_files, expect_usage_error, strict_json
-from tests.test_models_adapters import char_tokenizer, tiny_model
+from tests.cli_support import assert_complete_files, expect_usage_error, saved_tiny_model, strict_json
 
 FAST = ["--device", "cpu", "--quiet"]
 
@@ -21,10 +20,7 @@ pytestmark = pytest.mark.usefixtures("hf_offline", "one_torch_thread")
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random GPT-2 (2 blocks, width 32, context 16) saved with its one-character tokenizer."""
-    path = tmp_path_factory.mktemp("models") / "gpt2"
-    tiny_model("gpt2").save_pretrained(path)
-    char_tokenizer().save_pretrained(path)
-    return path
+    return saved_tiny_model(tmp_path_factory.mktemp("models") / "gpt2")
 
 
 @pytest.fixture(scope="module")
@@ -145,9 +141,7 @@ def test_bad_input_is_one_line(model_dir, tmp_path, capsys, args, patterns):
 
 
 def test_a_direction_of_another_model_is_refused(model_dir, direction_file, tmp_path, capsys):
-    other = tmp_path / "llama"
-    tiny_model("llama").save_pretrained(other)
-    char_tokenizer().save_pretrained(other)
+    other = saved_tiny_model(tmp_path / "llama", "llama")
     args = ["generate", *FAST, "--model", str(other), "--prompt", "Hi", "--edit", "add:L1.resid:4"]
     expect_usage_error(
         [*args, "--direction", str(direction_file)], tmp_path / "out", capsys, "was read from model"
