@@ -21,10 +21,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
+from resstream.cli.options import Count
 from resstream.errors import UsageError
 
 #: --direction and --method, as generate and steer take them.
@@ -32,6 +33,12 @@ DirectionOption = Annotated[
     Path | None,
     typer.Option("--direction", help="A directions file (directions.safetensors of `resstream directions`)."),
 ]
+#: --where and --max-new-tokens, as generate and steer take them.
+WhereOption = Annotated[
+    Literal["all", "prompt", "new"],
+    typer.Option(help="Where an edit without a position acts: all, prompt (its tokens) or new (generated)."),
+]
+NewTokensOption = Annotated[Count, typer.Option(help="New tokens per continuation.")]
 MethodOption = Annotated[
     str,
     typer.Option(help="Which of the --direction file's directions an edit reads: diffmean, pca, probe."),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import typer
 
@@ -13,6 +13,8 @@ from resstream.cli.edits import (
     DirectionOption,
     EditSpec,
     MethodOption,
+    NewTokensOption,
+    WhereOption,
     check_edit_specs,
     stream_edits,
 )
@@ -45,11 +47,8 @@ def generate(
     edit: Annotated[list[str] | None, typer.Option("--edit", help=EDIT_HELP)] = None,
     direction: DirectionOption = None,
     method: MethodOption = "diffmean",
-    where: Annotated[
-        Literal["all", "prompt", "new"],
-        typer.Option(help="Where edits without a position act: all, prompt (its tokens) or new (generated)."),
-    ] = "all",
-    max_new_tokens: Annotated[options.Count, typer.Option(help="New tokens per continuation.")] = 32,
+    where: WhereOption = "all",
+    max_new_tokens: NewTokensOption = 32,
     temperature: Annotated[float, typer.Option(help="0: greedy; else sampling at this temperature.")] = 0.0,
     top_p: Annotated[
         float, typer.Option(help="Sampling: keep the most probable tokens up to this mass.")

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import typer
 
 from resstream.cli import options
-from resstream.cli.edits import DirectionOption, MethodOption
+from resstream.cli.edits import DirectionOption, MethodOption, NewTokensOption, WhereOption
 from resstream.cli.generate import read_prompts
 from resstream.errors import UsageError, refuse_set
 
@@ -56,11 +56,8 @@ def steer(
         bool,
         typer.Option("--probe/--no-probe", help="Score continuations with the file's probe at the site."),
     ] = True,
-    max_new_tokens: Annotated[options.Count, typer.Option(help="New tokens per continuation.")] = 24,
-    where: Annotated[
-        Literal["all", "prompt", "new"],
-        typer.Option(help="Where the direction is added: all, prompt or new."),
-    ] = "all",
+    max_new_tokens: NewTokensOption = 24,
+    where: WhereOption = "all",
     scale: Annotated[
         bool,
         typer.Option("--scale", help="Instead: the loss and shift layer under inference-time attenuation."),
