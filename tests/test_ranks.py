@@ -316,8 +316,8 @@ def test_a_target_never_counts_against_itself(monkeypatch, low_precision):
     ref = exact_ranks(x, W, None, ids)
     original = RankScreen._pair_scores
 
-    def one_ulp_higher(self, x64, rows, cols):
-        out = original(self, x64, rows, cols)
+    def one_ulp_higher(self, x64, rows, cols, **how):
+        out = original(self, x64, rows, cols, **how)
         return torch.nextafter(out, torch.full_like(out, math.inf))
 
     def exact(self, x64, targets):
@@ -330,3 +330,62 @@ def test_a_target_never_counts_against_itself(monkeypatch, low_precision):
     for limit in (5, None):
         got = RankScreen(W, None, low_precision=low_precision).ranks(x, ids[:, None], limit)[0][:, 0]
         assert torch.equal(got, ref if limit is None else ref.clamp_max(limit))
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_decode_equals_the_separate_queries_with_ties(with_bias):
+    """`RankScreen.decode` (one screen for lists, ranks and the normaliser) gives the exact
+    top-k lists and ranks of the reference, and the softmax probabilities of an fp64 softmax."""
+    g = torch.Generator().manual_seed(7)
+    for trial in range(10):
+        vocab, d = 30 + 29 * trial, 4 + 3 * trial
+        W = torch.randn(vocab, d, generator=g)
+        W[1] = W[0]
+        W[3] = W[2] * (1 + 2.0**-23)
+        W[7:10] = W[5]
+        b = torch.randn(vocab, generator=g) if with_bias else None
+        x = torch.randn(13, d, generator=g)
+        x[4] = 0.0  # the whole vocabulary ties
+        x[5] = W[2] / W[2].norm()  # near-tied targets at the top
+        ids = torch.randint(0, vocab, (13, 2), generator=g)
+        ids[5] = torch.tensor([2, 3])
+        k = 1 + trial % 5
+        decoded = RankScreen(W, b, low_precision=None, chunk_bytes=4 * vocab * (1 + trial % 3)).decode(
+            x, ids, k
+        )
+        assert torch.equal(decoded.top_ids, brute_top_k(x, W, b, k)), trial
+        for c in range(2):
+            assert torch.equal(decoded.ranks[:, c], exact_ranks(x, W, b, ids[:, c])), trial
+        scores = x.double() @ W.double().T + (0 if b is None else b.double())
+        softmax = torch.softmax(scores, -1)
+        expected = torch.cat([softmax.gather(1, decoded.top_ids), softmax.gather(1, ids)], 1)
+        assert torch.allclose(decoded.probabilities().double(), expected, rtol=1e-5, atol=1e-12)
+
+
+def test_decode_applies_soft_capping_to_probabilities_only():
+    g = torch.Generator().manual_seed(8)
+    W, x = torch.randn(200, 16, generator=g) * 3, torch.randn(9, 16, generator=g)
+    ids = torch.randint(0, 200, (9, 2), generator=g)
+    plain = RankScreen(W, None, low_precision=None).decode(x, ids, 3)
+    capped = RankScreen(W, None, low_precision=None).decode(x, ids, 3, softcap=5.0)
+    assert torch.equal(plain.top_ids, capped.top_ids) and torch.equal(plain.ranks, capped.ranks)
+    scores = 5.0 * torch.tanh((x.double() @ W.double().T) / 5.0)
+    expected = torch.softmax(scores, -1).gather(1, ids)
+    assert torch.allclose(capped.probabilities()[:, 3:].double(), expected, rtol=1e-5)
+
+
+def test_decode_at_gpt2_scale(gpt2_case):
+    x, W, ids, ref = gpt2_case
+    decoded = RankScreen(W, None, low_precision=None).decode(x[:64], ids[:64, None], 5)
+    assert torch.equal(decoded.ranks[:, 0], ref[:64])
+    assert torch.equal(decoded.top_ids, (x[:64].double() @ W.double().T).topk(5).indices)
+
+
+def test_decode_refuses_a_bf16_screen_and_bad_ids():
+    W = torch.randn(10, 4)
+    with pytest.raises(ValueError, match="fp32 screen"):
+        RankScreen(W, None, low_precision=torch.bfloat16).decode(
+            torch.randn(2, 4), torch.zeros(2, 1).long(), 1
+        )
+    with pytest.raises(ValueError, match="must be"):
+        RankScreen(W, None, low_precision=None).decode(torch.randn(2, 4), torch.zeros(2).long(), 1)

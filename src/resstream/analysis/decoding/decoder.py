@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Literal, Unpack
 import torch
 from torch import Tensor
 
-from resstream.analysis.decoding.ranks import NonFiniteCall, RankScreen, ScreenOptions, check_matrix
+from resstream.analysis.decoding.ranks import Decoded, NonFiniteCall, RankScreen, ScreenOptions, check_matrix
 from resstream.errors import RunError, check_choice
 from resstream.models.adapters.base import ModelView
 
@@ -172,6 +172,14 @@ class ExactScorer:
         """Exact fp64 scores (n, m) of tokens `ids` (n, m) for states h (n, d_model)."""
         x64 = self.finite_inputs(h).to(self.engine.device, torch.float64)
         return self.engine.exact_scores(x64, ids.to(self.engine.device))
+
+    def decode(self, h: Tensor, ids: Tensor, k: int, *, probabilities: bool = True) -> Decoded:
+        """Everything a lens reads of states h (n, d_model) from one fp32 screen per block:
+        the exact top-`k` lists, the exact ranks of tokens `ids` (n, m) and the softmax
+        normaliser of the decoder's scores (`RankScreen.decode`; soft-capping applied to the
+        probabilities only). The scorer must be built with ``low_precision=None``."""
+        softcap = self.decoder.softcap
+        return self.engine.decode(self.finite_inputs(h), ids, k, softcap=softcap, probabilities=probabilities)
 
     def top_k(self, h: Tensor, k: int) -> tuple[Tensor, Tensor]:
         """The `k` best token ids (n, k) of states h (n, d_model) and their exact scores,

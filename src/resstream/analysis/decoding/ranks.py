@@ -18,6 +18,7 @@ parts are modules of their own:
   on CUDA by default, where it pays); `RankScreen.deferred` settles what it leaves unsure once
   for a whole batch of calls, by the selecting scheme.
 * `ranks_top_k`: exact top-k lists from the same screen.
+* `ranks_decode`: top-k lists, ranks and the softmax's normaliser from one fp32 screen (a lens).
 
 `RankScreen` prepares a matrix once for many queries; `fast_ranks` is one query. Every public
 name of those modules that callers use is importable from here.
@@ -33,6 +34,7 @@ from typing import Literal, TypedDict, Unpack
 import torch
 from torch import Tensor
 
+from resstream.analysis.decoding.ranks_decode import Decoded, decode_states
 from resstream.analysis.decoding.ranks_exact import (
     DEFAULT_CHUNK_BYTES,
     check_ids,
@@ -55,6 +57,7 @@ from resstream.analysis.decoding.ranks_top_k import top_k_lists
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "TOPK_MAX",
+    "Decoded",
     "LowPrecision",
     "NonFiniteCall",
     "RankScreen",
@@ -182,6 +185,16 @@ class RankScreen(Screen):
         exact score descending, ties by the lower token id (`ranks_top_k`), so the list agrees
         with `ranks` (the token at list position p has rank <= p, equality without ties)."""
         return top_k_lists(self, x, k)
+
+    def decode(
+        self, x: Tensor, ids: Tensor, k: int, *, softcap: float | None = None, probabilities: bool = True
+    ) -> Decoded:
+        """The top-`k` lists, the ranks of `ids` (n, m) and the log-normaliser of decoder
+        inputs `x` (n, d), from one fp32 screen per block (`ranks_decode`); needs a screen
+        built with ``low_precision=None``. `softcap`: the logit soft-capping constant the
+        probabilities apply (the ranks and lists ignore it: it is monotone); `probabilities`
+        False skips the normaliser."""
+        return decode_states(self, x, ids, k, softcap, probabilities)
 
     @contextlib.contextmanager
     def deferred(self) -> Iterator[None]:

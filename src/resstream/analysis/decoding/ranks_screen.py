@@ -46,6 +46,7 @@ UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24, torch.float64
 _DEVICE_CHUNK_FRACTION = 16  # on a GPU: up to this fraction of the free memory per block
 _DEVICE_CHUNK_MAX = 2**30
 _PAIR_BLOCK_BYTES = 32 * 2**20  # memory for one block of gathered fp64 rows
+_PER_ROW_PAIRS = 16  # pairs per position from which they are scored one position at a time
 
 
 def gamma(n: int, u: float) -> float:
@@ -102,7 +103,8 @@ class ScreenStats:
 class ScreenedBlock:
     """One block of n positions screened against the whole vocabulary for m targets each
     (`Screen.screened`): `z` (n, V) screen scores, `x64` (n, d) the fp64 inputs, `ids` (n, m)
-    the targets, `s_t` (n, m) their exact scores, `hi` / `lo` (n, m) their thresholds."""
+    the targets, `s_t` (n, m) their exact scores, `hi` / `lo` (n, m) their thresholds, `eps`
+    (n,) the bound E of each position (`Screen._bound`)."""
 
     z: Tensor
     x64: Tensor
@@ -110,6 +112,11 @@ class ScreenedBlock:
     s_t: Tensor
     hi: Tensor
     lo: Tensor
+    eps: Tensor
+
+    def rows(self, part: slice) -> ScreenedBlock:
+        """The same block restricted to the positions `part` (views, no copies)."""
+        return ScreenedBlock(*(getattr(self, name)[part] for name in self.__dataclass_fields__))
 
 
 @contextlib.contextmanager
@@ -183,6 +190,7 @@ class Screen:
         self._screen_w, self._screen_b = self._screen_matrix(bias)
         self.w_max, self._dw_max = self._row_norm_maxima(bias)
         self._buffer: Tensor | None = None
+        self._scratch: Tensor | None = None
         self._inf = torch.tensor(math.inf, device=self.device)  # made once: no copy per call
 
     # ----------------------------------------------------------------- preparation
@@ -238,8 +246,16 @@ class Screen:
         rows = torch.arange(r, device=self.device).repeat_interleave(c)
         return self._pair_scores(x64, rows, cols.reshape(-1)).reshape(r, c)
 
-    def _pair_scores(self, x64: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
-        """Exact scores of (position, vocabulary entry) pairs by gathered fp64 dot products."""
+    def _pair_scores(
+        self, x64: Tensor, rows: Tensor, cols: Tensor, *, rows_ascending: bool = False
+    ) -> Tensor:
+        """Exact scores of (position, vocabulary entry) pairs by gathered fp64 dot products.
+        With many pairs per position (a band) and `rows_ascending` (the caller's promise):
+        one position at a time, its input broadcast instead of gathered per pair (the same
+        products and sums, bit for bit; a host synchronisation, which callers of the
+        sync-free scheme avoid by not promising)."""
+        if rows_ascending and rows.numel() >= _PER_ROW_PAIRS * x64.shape[0]:
+            return self._pair_scores_by_row(x64, rows, cols)
         block = max(1, _PAIR_BLOCK_BYTES // (16 * self.d_model))
         out = torch.empty(rows.numel(), dtype=torch.float64, device=self.device)
         for start in range(0, rows.numel(), block):
@@ -247,6 +263,16 @@ class Screen:
             dots = (x64[r] * self.matrix[c].to(torch.float64)).sum(-1)
             out[start : start + block] = dots + self.bias64[c] if self.bias64 is not None else dots
         return out
+
+    def _pair_scores_by_row(self, x64: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
+        counts = torch.bincount(rows, minlength=x64.shape[0]).tolist()
+        block = max(1, _PAIR_BLOCK_BYTES // (16 * self.d_model))
+        out = []
+        for row, of_row in enumerate(torch.split(cols, counts)):
+            for picked in torch.split(of_row, block) if of_row.numel() else ():
+                dots = (self.matrix[picked].to(torch.float64) * x64[row]).sum(-1)
+                out.append(dots + self.bias64[picked] if self.bias64 is not None else dots)
+        return torch.cat(out)
 
     def input_norms(self, x64: Tensor) -> Tensor:
         """‖x'‖ per position: the input's norm with the bias column's 1 (class doc)."""
@@ -303,6 +329,12 @@ class Screen:
             z += self._screen_b
         return z
 
+    def scratch(self, n: int) -> Tensor:
+        """A reused fp32 (n, vocab) work block, apart from the screen scores' buffer."""
+        if self._scratch is None or self._scratch.shape[0] < n:
+            self._scratch = torch.empty(n, self.vocab, dtype=torch.float32, device=self.device)
+        return self._scratch[:n]
+
     def chunk_rows(self) -> int:
         """Positions per screening block, so that the (positions × vocab) block fits chunk_bytes."""
         return max(1, self.chunk_bytes // (self.vocab * _itemsize(self.dtype)))
@@ -319,5 +351,6 @@ class Screen:
         s_t = self.exact_scores(x64, ids)
         self.stats.rows += ids.numel()
         xs = self._screen_inputs(x)
-        hi, lo = self._thresholds(s_t, self._bound(x64, xs))
-        return ScreenedBlock(self._screen_scores(xs), x64, ids, s_t, hi, lo)
+        eps = self._bound(x64, xs)
+        hi, lo = self._thresholds(s_t, eps)
+        return ScreenedBlock(self._screen_scores(xs), x64, ids, s_t, hi, lo, eps)

@@ -35,10 +35,39 @@ def selecting_ranks(screen: Screen, block: ScreenedBlock, limit: int | None, top
     if top_k_path:
         assert limit is not None
         return _limited_ranks(screen, block, limit)
-    every = torch.arange(block.z.shape[0], device=screen.device)
-    columns = [_counted_ranks(screen, block, every, c) for c in range(block.ids.shape[1])]
-    ranks = torch.stack(columns, dim=1)
+    ranks = _full_ranks(screen, block)
     return ranks if limit is None else ranks.clamp_max(limit)
+
+
+def _full_ranks(screen: Screen, block: ScreenedBlock) -> Tensor:
+    """Exact ranks (n, m) of every target of every row in few passes over the screen scores:
+    per target the entries above `hi` are counted; the bands (`lo`, `hi`] of all targets are
+    found by one selection and re-scored exactly (a target never counts against itself); a
+    row whose band is wider than vocab / `HEAVY_FRACTION` is ranked by `_heavy_ranks`."""
+    n, m = block.ids.shape
+    ranks = torch.empty(n, m, dtype=torch.int64, device=screen.device)
+    bands = torch.zeros(block.z.shape, dtype=torch.bool, device=screen.device)
+    for c in range(m):
+        above = block.z > block.hi[:, c, None]
+        ranks[:, c] = above.sum(1, dtype=torch.int32)
+        bands |= torch.gt(block.z, block.lo[:, c, None]).logical_xor_(above)  # hi > lo
+    r, j = torch.nonzero(bands, as_tuple=True)
+    z = block.z[r, j]
+    every = torch.arange(n, device=screen.device)
+    for c in range(m):
+        inside = (z > block.lo[r, c]) & (z <= block.hi[r, c])
+        rc, jc = r[inside], j[inside]
+        width = torch.bincount(rc, minlength=n)
+        screen.stats.band_entries += rc.numel()
+        heavy = width > max(1, screen.vocab // HEAVY_FRACTION)
+        if bool(heavy.any()):
+            keep = ~heavy[rc]
+            rc, jc = rc[keep], jc[keep]
+            rows = torch.nonzero(heavy).flatten()
+            ranks[rows, c] = _heavy_ranks(screen, block.x64[rows], block.s_t[rows, c], block.ids[rows, c])
+        ranks[:, c] += _count_greater(screen, block.x64, every, rc, jc, block.s_t[:, c], block.ids[:, c])
+        screen.stats.rescored_rows += int((width > 1).sum())
+    return ranks
 
 
 def _limited_ranks(screen: Screen, block: ScreenedBlock, limit: int) -> Tensor:
@@ -111,7 +140,7 @@ def _count_greater(
     screen.stats.rescored_entries += r.numel()
     if r.numel() == 0:
         return torch.zeros(rows.numel(), dtype=torch.int64, device=screen.device)
-    scores = screen._pair_scores(x64, rows[r], cols)
+    scores = screen._pair_scores(x64, rows[r], cols, rows_ascending=True)  # rows and r ascend
     hit = (scores > s_t[r]) & (cols != own[r])
     return torch.bincount(r[hit], minlength=rows.numel())
 

@@ -19,7 +19,7 @@ from torch import Tensor
 from resstream.analysis.decoding.ranks_exact import check_limit
 from resstream.analysis.decoding.ranks_screen import HEAVY_FRACTION, Screen
 
-__all__ = ["top_k_lists"]
+__all__ = ["top_k_lists", "top_of_screened"]
 
 
 def top_k_lists(screen: Screen, x: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -40,22 +40,34 @@ def _top_block(screen: Screen, x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     x64 = x.to(torch.float64)
     xs = screen._screen_inputs(x)
     eps = screen._bound(x64, xs)
-    z = screen._screen_scores(xs)
-    kth = torch.topk(z, k, dim=1).values.amin(1).to(torch.float64)
+    return top_of_screened(screen, screen._screen_scores(xs), x64, eps, k)
+
+
+def top_of_screened(screen: Screen, z: Tensor, x64: Tensor, eps: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The exact top-k lists (ids, fp64 scores) of one block whose screen scores `z` (n, V),
+    fp64 inputs `x64` and bounds `eps` (n,) are computed already (module docstring). A row
+    whose only candidates are its k top screen entries (the usual case) is answered from them
+    without forming the candidate set."""
+    vals, top = torch.topk(z, k, dim=1)
+    kth = vals[:, -1].to(torch.float64)
     floor = kth - screen.output_rounding() * kth.abs() - eps  # no exact score of the k top entries is lower
     floor = floor - (kth.abs() + eps) * 2.0**-50 - 2.0**-1000  # rounding of this fp64 line
     _, lo = screen._thresholds(floor[:, None], eps)
-    candidates = z > lo
-    counts = candidates.sum(1)
-    screen.stats.rows += x.shape[0]
-    heavy = counts > max(k, screen.vocab // HEAVY_FRACTION)
-    ids = torch.empty(x.shape[0], k, dtype=torch.int64, device=screen.device)
-    scores = torch.empty(x.shape[0], k, dtype=torch.float64, device=screen.device)
-    light = torch.nonzero(~heavy).flatten()
-    if bool((counts[light] < k).any()):  # the k top screen entries are always candidates
+    counts = (z > lo).sum(1, dtype=torch.int32)
+    screen.stats.rows += z.shape[0]
+    if bool((counts < k).any()):  # the k top screen entries are always candidates
         raise RuntimeError("top_k: fewer than k candidates in a row; the screen bound is broken")
+    heavy = counts > max(k, screen.vocab // HEAVY_FRACTION)
+    ids = torch.empty(z.shape[0], k, dtype=torch.int64, device=screen.device)
+    scores = torch.empty(z.shape[0], k, dtype=torch.float64, device=screen.device)
+    exactly_k = torch.nonzero(counts == k).flatten()
+    if exactly_k.numel():
+        cols = top[exactly_k].sort(1).values  # ascending ids: ties keep the lower id first
+        r = torch.arange(exactly_k.numel(), device=screen.device).repeat_interleave(k)
+        ids[exactly_k], scores[exactly_k] = _best_of(screen, x64, exactly_k, r, cols.flatten(), k)
+    light = torch.nonzero(~heavy & (counts > k)).flatten()
     if light.numel():
-        r, j = torch.nonzero(candidates[light], as_tuple=True)
+        r, j = torch.nonzero(z[light] > lo[light], as_tuple=True)
         ids[light], scores[light] = _best_of(screen, x64, light, r, j, k)
     every = torch.arange(screen.vocab, device=screen.device)
     for row in torch.nonzero(heavy).flatten().tolist():
@@ -72,7 +84,7 @@ def _best_of(
     """The k best (row r → rows[r], column) pairs of each row by canonical exact score,
     ties by the lower column; `r` ascending and, within a row, `cols` ascending."""
     screen.stats.rescored_entries += r.numel()
-    pair = screen._pair_scores(x64, rows[r], cols)
+    pair = screen._pair_scores(x64, rows[r], cols, rows_ascending=True)  # rows and r ascend
     order = torch.sort(-pair, stable=True).indices  # score descending; ties keep column order
     order = order[torch.sort(r[order], stable=True).indices]  # back into rows, order kept
     per_row = torch.bincount(r, minlength=rows.numel())
