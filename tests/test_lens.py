@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from resstream.analysis.decoding.decoder import Decoder
-from resstream.analysis.shift.lens import LayerRange, merge_ranges, token_probabilities, trajectories
+from resstream.analysis.shift.lens import LayerRange, LensResult, merge_ranges, trajectories
 from tests.rank_schemes import rank_scheme  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("rank_scheme")
@@ -118,8 +118,8 @@ def test_probabilities_follow_norm_bias_and_soft_capping():
     )
     p = softmax([2 * math.tanh(0.5), 2 * math.tanh(0.5), 2 * math.tanh(0.25)])
     h = torch.tensor([[0.5, 0.25]])
-    got = token_probabilities(decoder, h, torch.tensor([[0, 1, 2]]))
-    assert got[0].tolist() == pytest.approx(p, rel=1e-6)
+    got = decoder.exact(low_precision=None).decode(h, torch.tensor([[0, 1, 2]]), 1).probabilities()
+    assert got[0, 1:].tolist() == pytest.approx(p, rel=1e-6)
     states = h.reshape(1, 1, 2).expand(2, 1, 2)  # two depths of one position
     result = trajectories(states, torch.tensor([2]), decoder.exact(), top_k=3)
     assert result.trajectories[0].top_probs[1] == pytest.approx((p[0], p[1], p[2]), rel=1e-6)
@@ -130,11 +130,16 @@ def test_probabilities_do_not_depend_on_the_block_size():
     decoder = Decoder("embedding", torch.randn(50, 8))
     h = torch.randn(7, 8)
     ids = torch.randint(0, 50, (7, 3))
-    whole = token_probabilities(decoder, h, ids)
-    expected = torch.softmax(h.double() @ decoder.matrix.double().T, -1).gather(1, ids)
-    assert torch.allclose(whole.double(), expected, rtol=1e-5)
-    one_row_at_a_time = token_probabilities(decoder, h, ids, chunk_bytes=1)
-    assert torch.allclose(one_row_at_a_time, whole, rtol=1e-5)  # float32 scores: BLAS may round apart
+    whole = decoder.exact(low_precision=None).decode(h, ids, 2)
+    expected = torch.softmax(h.double() @ decoder.matrix.double().T, -1)
+    got = whole.probabilities().double()
+    assert torch.allclose(got[:, 2:], expected.gather(1, ids), rtol=1e-5)
+    assert torch.allclose(got[:, :2], expected.gather(1, whole.top_ids), rtol=1e-5)
+    one_row_at_a_time = decoder.exact(low_precision=None, chunk_bytes=1).decode(h, ids, 2)
+    assert torch.equal(one_row_at_a_time.top_ids, whole.top_ids)
+    assert torch.equal(one_row_at_a_time.ranks, whole.ranks)
+    # float32 scores: BLAS may round apart between block shapes
+    assert torch.allclose(one_row_at_a_time.probabilities(), whole.probabilities(), rtol=1e-5)
 
 
 def test_repr_is_a_short_summary_with_the_last_layers_hits():
@@ -184,3 +189,21 @@ def test_the_api_docstring_names_only_what_a_user_can_reach():
     reachable |= {f"resstream.{name}" for name in resstream.__all__}
     named = {re.sub(r"\(.*\)$", "", name) for name in re.findall(r"`([^`]+)`", resstream.lens.__doc__)}
     assert named <= reachable, named - reachable
+
+
+def test_ranks_and_probabilities_can_be_left_out():
+    """Without ranks or probabilities the top-k lists are the same and the rest is empty, as
+    in an old lens.json (which the renderers read)."""
+    torch.manual_seed(3)
+    decoder = Decoder("embedding", torch.randn(40, 6))
+    states, tokens = torch.randn(4, 5, 6), torch.randint(0, 40, (5,))
+    full = trajectories(states, tokens, decoder.exact(), top_k=3)
+    bare = trajectories(states, tokens, decoder.exact(), top_k=3, ranks=False, probabilities=False)
+    no_ranks = trajectories(states, tokens, decoder.exact(), top_k=3, ranks=False)
+    for f, b, r in zip(full.trajectories, bare.trajectories, no_ranks.trajectories, strict=True):
+        assert f.top_ids == b.top_ids == r.top_ids
+        assert b.input_ranks == () and b.next_ranks is None and b.top_probs == () and b.input_probs == ()
+        assert sum(r.top_probs, ()) == pytest.approx(sum(f.top_probs, ())) and r.input_probs == ()
+    frame = bare.to_pandas()
+    assert frame["input_rank"].isna().all() and frame["probability"].isna().all()
+    assert LensResult.from_dict(bare.to_dict()).trajectories[0].top_ids == full.trajectories[0].top_ids

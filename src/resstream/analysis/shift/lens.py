@@ -21,8 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from resstream.analysis.decoding.decoder import Decoder, ExactScorer, NonFiniteInputs
-from resstream.analysis.decoding.ranks import DEFAULT_CHUNK_BYTES
+from resstream.analysis.decoding.decoder import ExactScorer, NonFiniteInputs
 from resstream.display import Displayable
 from resstream.reprs import summary
 
@@ -246,12 +245,18 @@ def trajectories(
     positions: range | None = None,
     model: str = "model",
     token_text: Callable[[int], str] | None = None,
+    ranks: bool = True,
+    probabilities: bool = True,
 ) -> LensResult:
     """Exact top-k decodings and input/next-token ranks of every layer at each position.
 
     states: (L+1, T, d) residual states of one sequence; token_ids: (T,); `scorer` the exact
-    evaluation of the decoder (`Decoder.exact()`); `token_text` decodes one token id (the
-    result keeps the text of every token it mentions).
+    evaluation of the decoder (`Decoder.exact()`; one with a bf16 screen is rebuilt in fp32,
+    whose scores are the logits the probabilities need); `token_text` decodes one token id
+    (the result keeps the text of every token it mentions). Each layer screens the vocabulary
+    once for its top-k lists, ranks and probabilities (`ExactScorer.decode`); `ranks` and
+    `probabilities` False leave those out of the result (empty, as in an old lens.json) and
+    out of the work: with both off a layer costs one matmul and a top-k.
     """
     if states.dim() != 3 or states.shape[1] != token_ids.shape[0]:
         raise ValueError(
@@ -264,28 +269,23 @@ def trajectories(
     vocab = scorer.decoder.vocab_size
     if not 1 <= top_k <= vocab:
         raise ValueError(f"top_k {top_k} is outside [1, {vocab}]")
+    if scorer.engine.dtype != torch.float32:  # the probabilities read the screen's scores
+        scorer = scorer.decoder.exact(low_precision=None)
     ids = token_ids.tolist()
     depth = states.shape[0]
     _check_finite(states)
     index = torch.tensor(list(chosen), dtype=torch.long)
-    targets = _targets(ids, chosen)
+    targets = _targets(ids, chosen) if ranks else torch.zeros(len(chosen), 0, dtype=torch.long)
     with torch.inference_mode():
         per_layer = [
-            _decode_layer(scorer.at(layer), states[layer, index], targets, top_k) for layer in range(depth)
+            scorer.at(layer).decode(states[layer, index], targets, top_k, probabilities=probabilities)
+            for layer in range(depth)
         ]
-    top, ranks, probs = (torch.stack([found[i] for found in per_layer]).cpu() for i in range(3))
+    top = torch.stack([found.top_ids for found in per_layer]).cpu()
+    found_ranks = torch.stack([found.ranks for found in per_layer]).cpu()
+    probs = torch.stack([found.probabilities() for found in per_layer]).cpu() if probabilities else None
     result = tuple(
-        PositionTrajectory(
-            position=pos,
-            input_id=ids[pos],
-            next_id=ids[pos + 1] if pos + 1 < length else None,
-            top_ids=tuple(tuple(top[layer, j].tolist()) for layer in range(depth)),
-            input_ranks=tuple(ranks[:, j, 0].tolist()),
-            next_ranks=tuple(ranks[:, j, 1].tolist()) if pos + 1 < length else None,
-            top_probs=tuple(tuple(probs[layer, j, :top_k].tolist()) for layer in range(depth)),
-            input_probs=tuple(probs[:, j, top_k].tolist()),
-            next_probs=tuple(probs[:, j, top_k + 1].tolist()) if pos + 1 < length else None,
-        )
+        _trajectory(ids, pos, j, top, found_ranks if ranks else None, probs, top_k)
         for j, pos in enumerate(chosen)
     )
     texts = _texts(result, token_text)
@@ -293,16 +293,28 @@ def trajectories(
     return LensResult(model, decoder.kind, top_k, depth - 1, result, decoder.description, texts)
 
 
-def _decode_layer(
-    scorer: ExactScorer, h: Tensor, targets: Tensor, top_k: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Top-k ids (P, k), input/next ranks (P, 2) and the probabilities of both (P, k + 2) of
-    one layer's states h (P, d)."""
-    top, _ = scorer.top_k(h, top_k)
-    targets = targets.to(top.device)
-    ranks, _ = scorer.ranks(h, targets)
-    probs = token_probabilities(scorer.decoder, h, torch.cat([top, targets], 1))
-    return top, ranks, probs
+def _trajectory(
+    ids: list[int], pos: int, j: int, top: Tensor, ranks: Tensor | None, probs: Tensor | None, top_k: int
+) -> PositionTrajectory:
+    """Position `pos` (column j of the per-layer tensors: top (L+1, P, k), ranks (L+1, P, 2),
+    probs (L+1, P, k + 2), or None where not computed) as a `PositionTrajectory`."""
+    has_next = pos + 1 < len(ids)
+    depth = top.shape[0]
+    return PositionTrajectory(
+        position=pos,
+        input_id=ids[pos],
+        next_id=ids[pos + 1] if has_next else None,
+        top_ids=tuple(tuple(top[layer, j].tolist()) for layer in range(depth)),
+        input_ranks=() if ranks is None else tuple(ranks[:, j, 0].tolist()),
+        next_ranks=tuple(ranks[:, j, 1].tolist()) if ranks is not None and has_next else None,
+        top_probs=()
+        if probs is None
+        else tuple(tuple(probs[layer, j, :top_k].tolist()) for layer in range(depth)),
+        input_probs=tuple(probs[:, j, top_k].tolist()) if probs is not None and ranks is not None else (),
+        next_probs=tuple(probs[:, j, top_k + 1].tolist())
+        if probs is not None and ranks is not None and has_next
+        else None,
+    )
 
 
 def _check_finite(states: Tensor) -> None:
@@ -320,23 +332,6 @@ def _targets(ids: list[int], chosen: range) -> Tensor:
     text has no next token: its input token stands in, and is ignored)."""
     pairs = [(ids[p], ids[p + 1] if p + 1 < len(ids) else ids[p]) for p in chosen]
     return torch.tensor(pairs, dtype=torch.long)
-
-
-def token_probabilities(
-    decoder: Decoder, h: Tensor, ids: Tensor, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES
-) -> Tensor:
-    """Probabilities (n, m) of tokens `ids` (n, m) under the softmax of the decoder's scores of
-    states h (n, d_model): exp(s[id] − logsumexp(s)) with s = `decoder.logits(h)` (float32
-    scores, soft-capping applied; the normaliser summed in float64). The states are scored a
-    block of rows at a time, `chunk_bytes` of scores per block, so a large vocabulary times
-    many positions never needs one (n, vocab) matrix."""
-    rows = max(1, chunk_bytes // (4 * decoder.vocab_size))
-    blocks = []
-    for start in range(0, h.shape[0], rows):
-        scores = decoder.logits(h[start : start + rows]).double()
-        picked = scores.gather(1, ids[start : start + rows].to(scores.device))
-        blocks.append(torch.exp(picked - torch.logsumexp(scores, dim=1, keepdim=True)))
-    return torch.cat(blocks).float() if blocks else torch.zeros(ids.shape)
 
 
 def _texts(
