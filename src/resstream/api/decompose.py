@@ -9,9 +9,10 @@ from torch import Tensor
 
 from resstream.analysis.attribution.decomposition import Decomposition, point_count, point_name
 from resstream.analysis.attribution.decomposition import decompose as decompose_state
-from resstream.api.inputs import LoadOptions, one_model, takes_load_args
+from resstream.api.inputs import one_model, takes_load_args
 from resstream.api.prediction import PositionArgs, TextRequest
 from resstream.api.state_memory import check_text_fits
+from resstream.api.texts import TextLike
 from resstream.capture import block_internals
 from resstream.display import Displayable
 from resstream.errors import UsageError
@@ -161,7 +162,7 @@ def components_of(parts: Decomposition, state: Tensor) -> tuple[Component, ...]:
 
 @takes_load_args
 def decompose(
-    text: str | None = None,
+    text: TextLike | None = None,
     *,
     model: ModelLike = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
@@ -174,10 +175,11 @@ def decompose(
     """The residual state of token `position` (default the last; negative from the end) of a
     text at residual `point` — an index 0..2L or a name L_in_0, L_res_<l>, L_out_<l> (default:
     the last block's output) — as the embedding, every head (with `sources`, every head's
-    attention source) and every MLP (with `neurons`, every neuron and the MLP bias). `model`
-    as for `resstream.lens`."""
+    attention source) and every MLP (with `neurons`, every neuron and the MLP bias). `text`: a
+    string, or token ids (a 1-D integer tensor, a (1, T) tensor or a list of ints, used exactly
+    as given; a model object then needs no `tokenizer`). `model` as for `resstream.lens`."""
     asked = TextRequest.of(text, given)
-    options = LoadOptions.of(given, tokenizer=tokenizer, progress=progress, reads_blocks=True)
+    options = asked.load_options(given, tokenizer=tokenizer, progress=progress, reads_blocks=True)
     with one_model(model, options) as loaded:
         view, encoded = loaded.view, asked.encoded(loaded)
         ids, where = encoded.ids, encoded.position

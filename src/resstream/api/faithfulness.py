@@ -43,7 +43,6 @@ from resstream.analysis.interventions.faithfulness import (
 )
 from resstream.analysis.interventions.runs import capture_run
 from resstream.api.inputs import (
-    LoadOptions,
     check_next_tokens,
     one_model,
     one_sampled_model,
@@ -58,6 +57,7 @@ from resstream.api.prediction import (
     prediction_corpus,
     text_keywords,
 )
+from resstream.api.texts import TextLike
 from resstream.api.tokenizers import tokenizer_of
 from resstream.data.sampling import SequenceSample
 from resstream.data.tokenizer import token_text
@@ -73,7 +73,7 @@ POSITIONS_PER_SEQ = 4
 
 @takes_load_args
 def faithfulness(
-    text: str | None = None,
+    text: TextLike | None = None,
     *,
     dataset: str | None = None,
     model: ModelLike = None,
@@ -94,7 +94,9 @@ def faithfulness(
     zero-ablation effect of every head and of candidate neurons, and the ablation curves of
     the top-n neurons by each (module docstring), for one text or over `dataset`.
 
-    One text: `position`, `target`/`target_id` as for `resstream.attribute`. A corpus:
+    One text: `text` a string, or token ids (a 1-D integer tensor, a (1, T) tensor or a list of
+    ints, used exactly as given; a model object then needs no `tokenizer`), `position`,
+    `target`/`target_id` as for `resstream.attribute`. A corpus:
     `num_seqs`, `seq_len`, `positions_per_seq`, `seed`, `data_dir` (the single-text keywords are
     refused). `top_k` is k of the top-k overlap; `candidates` the neurons ablated one by one per
     prediction; `curve_sizes` the n of the ablation curves (default 1, 2, 5, ..., 300, capped at
@@ -112,7 +114,7 @@ def faithfulness(
         }
         refuse_set(corpus_options, "is for a corpus (`dataset`); without one, give only a text")
         asked = TextRequest.of(text, given)
-        options = LoadOptions.of(given, tokenizer=tokenizer, progress=progress)
+        options = asked.load_options(given, tokenizer=tokenizer, progress=progress)
         with one_model(model, options) as loaded:
             return _one_text(loaded, asked, settings)
     text_options = {"text": text, **text_keywords(given)}

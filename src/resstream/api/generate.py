@@ -21,8 +21,9 @@ from tqdm.auto import tqdm
 
 from resstream.analysis.steering.continuations import Continuation, GenerationResult
 from resstream.analysis.steering.generation import Sampling, check_room, generate_ids
-from resstream.api.inputs import LoadOptions, encode_text, one_model, takes_load_args
-from resstream.api.tokenizers import tokenizer_of
+from resstream.api.inputs import LoadOptions, one_model, takes_load_args
+from resstream.api.texts import TextsLike, text_ids, text_list
+from resstream.data.tokenizer import decoded_text
 from resstream.errors import UsageError
 from resstream.models import LoadArgs, ModelLike, ModelView
 from resstream.stream.edited import edited
@@ -40,7 +41,7 @@ DEFAULT_BATCH = 8
 @takes_load_args
 def generate(
     model: ModelLike = None,
-    prompts: str | Sequence[str] = "",
+    prompts: TextsLike = "",
     *,
     edits: StreamEdit | Sequence[StreamEdit] = (),
     where: Where = "all",
@@ -58,8 +59,12 @@ def generate(
     """Continue every prompt under `edits` (and, with `compare`, without them) (module docstring).
 
     `model`: a spec (loaded with `dtype`, `device`, …; None: the built-in reference model) or
-    a model in memory with its `tokenizer`. `edits`: `resstream.Add`, `Scale`, `Set`, `Clamp`,
-    `Project`, `Apply` on the component grammar. Sampling: greedy with `temperature` 0,
+    a model in memory with its `tokenizer`. `prompts`: one prompt or a list of them, each a
+    string or token ids (a 1-D integer tensor, a (1, T) tensor or a list of ints, used exactly
+    as given; a (N, T) tensor is N prompts); with ids only, a model object needs no
+    `tokenizer` (a continuation's text then reads "<1234>" per token). `edits`:
+    `resstream.Add`, `Scale`, `Set`, `Clamp`, `Project`, `Apply` on the component grammar.
+    Sampling: greedy with `temperature` 0,
     else softmax(logits / temperature) cut to `top_p`, seeded by `seed`; `use_cache`: Hugging
     Face models generate with their KV cache. `progress`: a bar over the prompts (and while a
     spec loads). UsageError, before anything runs, for an edit the
@@ -67,16 +72,20 @@ def generate(
     and `max_new_tokens` over the context, or a bad setting."""
     sampling = Sampling(max_new_tokens, temperature, top_p, seed, use_cache)
     sampling.check()
-    listed = _prompts(prompts)
+    listed = text_list(prompts, "prompts", "`prompts`: give one or more non-empty prompts")
     if where not in WHERES:
         raise UsageError(f"`where` {where!r}; allowed: {', '.join(WHERES)}")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise UsageError(f"`batch_size` {batch_size!r}; allowed: an int >= 1")
-    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
+    ids_only = not any(isinstance(prompt, str) for prompt in listed)
+    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress, reads_ids=ids_only)
     with one_model(model, options) as loaded:
-        view, reader = loaded.view, tokenizer_of(loaded)
+        view, reader = loaded.view, loaded.tokenizer
         resolved = resolve(edits, view)  # every edit checked before anything runs
-        encoded = [encode_text(reader, prompt, view)[0] for prompt in listed]
+        encoded = [
+            text_ids(prompt, reader, view, f"`prompts` item {number}")[0]
+            for number, prompt in enumerate(listed)
+        ]
         check_room(view, max(len(ids) for ids in encoded), sampling)
         eos = end_of_text(view, reader)
         with tqdm(total=len(encoded), desc="generate", unit="prompt", disable=not progress) as bar:
@@ -84,7 +93,9 @@ def generate(
                 view, encoded, list(_listed(edits)), where, sampling, compare, batch_size, eos, bar.update
             )
         continuations = tuple(
-            _continuation(prompt, ids, found[i], reader, eos)
+            _continuation(
+                prompt if isinstance(prompt, str) else decoded_text(reader, ids), ids, found[i], reader, eos
+            )
             for i, (prompt, ids) in enumerate(zip(listed, encoded, strict=True))
         )
         return GenerationResult(
@@ -97,22 +108,16 @@ def generate(
 
 
 def end_of_text(view: ModelView, reader: Any) -> int | None:
-    """The token that ends a continuation: the tokenizer's end-of-text token, else the first
-    of the model's generation config (None: nothing stops a continuation early)."""
-    if isinstance(reader.eos_token_id, int):
+    """The token that ends a continuation: the tokenizer's end-of-text token, else (also
+    without a tokenizer, None) the first of the model's generation config (None: nothing
+    stops a continuation early)."""
+    if isinstance(getattr(reader, "eos_token_id", None), int):
         return int(reader.eos_token_id)
     config = getattr(view.model, "generation_config", None)
     eos = getattr(config, "eos_token_id", None)
     if isinstance(eos, (list, tuple)):
         eos = eos[0] if eos else None
     return int(eos) if isinstance(eos, int) else None
-
-
-def _prompts(prompts: str | Sequence[str]) -> list[str]:
-    listed = [prompts] if isinstance(prompts, str) else list(prompts)
-    if not listed or not all(isinstance(p, str) and p for p in listed):
-        raise UsageError("`prompts`: give one or more non-empty prompts")
-    return listed
 
 
 def _listed(edits: StreamEdit | Sequence[StreamEdit]) -> Sequence[StreamEdit]:
@@ -173,9 +178,9 @@ def _continuation(
     return Continuation(
         prompt=prompt,
         prompt_ids=tuple(ids.tolist()),
-        steered=reader.decode(list(steered_ids)),
+        steered=decoded_text(reader, steered_ids),
         steered_ids=steered_ids,
-        unsteered=None if plain_ids is None else reader.decode(list(plain_ids)),
+        unsteered=None if plain_ids is None else decoded_text(reader, plain_ids),
         unsteered_ids=plain_ids,
     )
 

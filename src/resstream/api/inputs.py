@@ -32,7 +32,6 @@ from tqdm.auto import tqdm
 
 from resstream.api.tokenizers import fast_tokenizer_of
 from resstream.checks import check_batch_size
-from resstream.data.files import tokenizer_pieces
 from resstream.data.sampling import SequenceSample, check_sample_request, check_vocabulary
 from resstream.data.store_windows import TokenWindows
 from resstream.distributed import joined, launched, launched_rank, run_sharded
@@ -103,6 +102,7 @@ class LoadOptions:
     progress: bool = False
     needs_tokenizer: bool = True
     reads_blocks: bool = False
+    reads_ids: bool = False
 
     @classmethod
     def of(
@@ -113,10 +113,13 @@ class LoadOptions:
         progress: bool = False,
         needs_tokenizer: bool = True,
         reads_blocks: bool = False,
+        reads_ids: bool = False,
     ) -> LoadOptions:
         """The options of an API call: its `load` keywords (of a group that adds to them, e.g.
         `resstream.api.prediction.PredictionArgs`, the loading ones), `tokenizer` and `progress`;
-        `reads_blocks` for an analysis that reads every block's weights (`resident_blocks`).
+        `reads_blocks` for an analysis that reads every block's weights (`resident_blocks`);
+        `reads_ids` when the text comes as token ids: a model object may then come without its
+        tokenizer (a spec still loads its own, which names the tokens in the results).
         Under torchrun a `device_map` is refused: each process holds its own copy of the model
         on its own GPU there, while a map spreads one copy over every GPU it sees."""
         if load.get("device_map") is not None and launched():
@@ -130,6 +133,7 @@ class LoadOptions:
             progress=progress,
             needs_tokenizer=needs_tokenizer,
             reads_blocks=reads_blocks,
+            reads_ids=reads_ids,
             **loading,
         )
 
@@ -276,7 +280,8 @@ def checked_models(models: ModelLike | Sequence[ModelLike], options: LoadOptions
             )
             checked.append(CheckedModel(model, "reference" if model is None else str(model), context))
         else:
-            loaded = as_loaded(model, options.tokenizer, needs_tokenizer=options.needs_tokenizer)
+            needs = options.needs_tokenizer and not options.reads_ids
+            loaded = as_loaded(model, options.tokenizer, needs_tokenizer=needs)
             checked.append(CheckedModel(loaded, loaded.name, loaded.view.max_positions))
     return checked
 
@@ -624,18 +629,3 @@ def measure_batches(
     info = joined(device)
     batches = each_batch(sequences, batch_size, desc, progress and info.is_main)
     run_sharded(batches, measure, add, info)
-
-
-def encode_text(tokenizer: PreTrainedTokenizerBase, text: str, view: ModelView) -> torch.Tensor:
-    """The text's ids (1 x T, with the tokenizer's special tokens); UsageError when they do not
-    fit the model's context. A long text is counted piece by piece first and refused once it
-    overflows, so a huge file costs the memory of one piece, not of all its tokens."""
-    if view.max_positions is not None:
-        count = 0
-        for piece in tokenizer_pieces(text):
-            count += len(tokenizer(piece, add_special_tokens=False)["input_ids"])
-            if count > view.max_positions:
-                check_length(count, view, "the text (at least {n} tokens)")
-    ids = tokenizer(text, add_special_tokens=True, return_tensors="pt")["input_ids"]
-    check_length(ids.shape[1], view, "the text ({n} tokens)")
-    return ids

@@ -7,9 +7,12 @@ keyword group beside the loading keywords (``**given: Unpack[PredictionArgs]``, 
 groups nest, each the one before and one more question: `TextArgs` (``text_file``),
 `PositionArgs` (+ ``position``), `TargetArgs` (+ ``target``, ``target_id``), `PredictionArgs`
 (+ ``foil``). `TextRequest.of` reads them once, before any model is loaded (the text itself,
-from `text_file` when given); `TextRequest.encoded` reads the text with the loaded model's
-tokenizer (`EncodedText`: its ids and the prediction's position), which resolves the target
-and the foil. Each refusal names its keyword.
+from `text_file` when given, or its token ids: `api.texts.TextLike`); `TextRequest.encoded`
+reads the text with the loaded model's tokenizer, or checks the ids against the model
+(`EncodedText`: its ids and the prediction's position), which resolves the target and the
+foil. Token ids need no tokenizer: a model object may come without one
+(`TextRequest.load_options`), its tokens then read "<1234>" in the results. Each refusal
+names its keyword.
 
 The corpus modes, which take every next token of a corpus sample as a target (`attribute_corpus`,
 `routes_corpus`, `faithfulness` with a `dataset`), share one default sample: `prediction_corpus`.
@@ -28,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from resstream.api.inputs import CorpusRequest, encode_text, keyword_defaults, with_defaults
-from resstream.api.tokenizers import single_token, tokenizer_of
+from resstream.api.inputs import CorpusRequest, LoadOptions, keyword_defaults, with_defaults
+from resstream.api.texts import TextLike, given_ids, text_ids
+from resstream.api.tokenizers import single_token
 from resstream.checks import check_one_text
 from resstream.data.files import read_text
 from resstream.data.tokenizer import token_text
@@ -100,34 +104,52 @@ CORPUS_MODE_DEFAULTS = keyword_defaults(CorpusModeArgs, dataset="shakespeare", s
 TEXT_KEYWORDS = tuple(name for name in PredictionArgs.__annotations__ if name not in LoadArgs.__annotations__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TextRequest:
-    """The text a call analyses (read) and its prediction as asked (`PredictionArgs`), before
-    any model is loaded; `encoded` reads it with a loaded model."""
+    """The text a call analyses (read, or its token `ids` (1 × T) as given, checked in form)
+    and its prediction as asked (`PredictionArgs`), before any model is loaded; `encoded`
+    reads it with a loaded model. `text` is None when ids were given."""
 
-    text: str
+    text: str | None
     position: int | None = None
     target: str | None = None
     target_id: int | None = None
     foil: str | None = None
+    ids: torch.Tensor | None = None
 
     @classmethod
-    def of(cls, text: str | None, given: Mapping[str, Any]) -> TextRequest:
-        """`text`, or the content of `given`'s ``text_file``, and the prediction `given` asks for."""
-        return cls(
-            _text_of(text, given.get("text_file")),
-            given.get("position"),
-            given.get("target"),
-            given.get("target_id"),
-            given.get("foil"),
-        )
+    def of(cls, text: TextLike | None, given: Mapping[str, Any]) -> TextRequest:
+        """`text` (a string, or token ids: `api.texts.given_ids`), or the content of `given`'s
+        ``text_file``, and the prediction `given` asks for."""
+        asked = (given.get("position"), given.get("target"), given.get("target_id"), given.get("foil"))
+        if text is None or isinstance(text, str):
+            return cls(_text_of(text, given.get("text_file")), *asked)
+        if given.get("text_file") is not None:
+            raise UsageError("give exactly one of `text` or `text_file`")
+        return cls(None, *asked, ids=given_ids(text))
+
+    @property
+    def reads_ids(self) -> bool:
+        """Whether the text was given as token ids (no tokenizer is needed to read it)."""
+        return self.ids is not None
+
+    def load_options(self, load: LoadArgs, **options: Any) -> LoadOptions:
+        """The call's `LoadOptions` (`LoadOptions.of` with `options`): with token ids, a model
+        object may come without its tokenizer."""
+        return LoadOptions.of(load, reads_ids=self.reads_ids, **options)
+
+    def token_ids(self, loaded: LoadedModel) -> torch.Tensor:
+        """The text's ids (1 × T) for `loaded` (`api.texts.text_ids`): read by its tokenizer,
+        or the ids given, checked against its vocabulary and context."""
+        given = self.text if self.ids is None else self.ids
+        assert given is not None  # `of`: a text, or its ids
+        return text_ids(given, loaded.tokenizer, loaded.view)
 
     def encoded(self, loaded: LoadedModel) -> EncodedText:
-        """The text as `loaded`'s tokenizer reads it (refused when it does not fit the model's
+        """The text as `loaded` reads it (`token_ids`: refused when it does not fit the model's
         context), with the prediction's position."""
-        tokenizer = tokenizer_of(loaded)
-        ids = encode_text(tokenizer, self.text, loaded.view)
-        return EncodedText(self, tokenizer, ids, self._position_in(int(ids.shape[1])))
+        ids = self.token_ids(loaded)
+        return EncodedText(self, loaded.tokenizer, ids, self._position_in(int(ids.shape[1])))
 
     def _position_in(self, length: int) -> int:
         """The position whose prediction is analysed in a text of `length` tokens (default the
@@ -146,18 +168,19 @@ class TextRequest:
         return where
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class EncodedText:
-    """A `TextRequest` read by one model's `tokenizer`: the text's `ids` (1 × T, with the
-    tokenizer's special tokens) and the prediction's `position` (0..T−1)."""
+    """A `TextRequest` read by one model: the text's `ids` (1 × T; a string's with the
+    tokenizer's special tokens, given ids as they are), the model's `tokenizer` (None: a model
+    given ids without one) and the prediction's `position` (0..T−1)."""
 
     request: TextRequest
-    tokenizer: PreTrainedTokenizerBase
+    tokenizer: PreTrainedTokenizerBase | None
     ids: torch.Tensor
     position: int
 
     def tokens(self) -> tuple[str, ...]:
-        """The text's tokens as strings."""
+        """The text's tokens as strings ("<1234>" without a tokenizer: `token_text`)."""
         return tuple(token_text(self.tokenizer, int(t)) for t in self.ids[0])
 
     def target(self, decoder: Decoder, internals: Internals) -> int:
@@ -175,7 +198,10 @@ class EncodedText:
             return asked.target_id
         if asked.target is not None:
             return single_token(
-                self.tokenizer, asked.target, "`target`", " (e.g. with its leading space) or `target_id`"
+                self._reader("`target`", asked.target, " `target_id`, or"),
+                asked.target,
+                "`target`",
+                " (e.g. with its leading space) or `target_id`",
             )
         final = internals.blocks[-1].block_output[0, self.position]
         with torch.no_grad():
@@ -186,10 +212,20 @@ class EncodedText:
         foil = self.request.foil
         if foil is None:
             return None
-        foil_id = single_token(self.tokenizer, foil, "`foil`")
+        foil_id = single_token(self._reader("`foil`", foil), foil, "`foil`")
         if foil_id == target:
             raise UsageError(f"`foil` {foil!r} is the target token itself; give a different token")
         return foil_id
+
+    def _reader(self, label: str, value: str, instead: str = "") -> PreTrainedTokenizerBase:
+        """The tokenizer that reads `value`, a token given as text; UsageError without one (a
+        model given token ids and no tokenizer), naming `instead`, what else is accepted."""
+        if self.tokenizer is None:
+            raise UsageError(
+                f"{label} {value!r} is text and the model has no tokenizer to read it; give{instead} "
+                f"the model's `tokenizer`"
+            )
+        return self.tokenizer
 
 
 def prediction_corpus(

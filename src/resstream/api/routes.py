@@ -36,7 +36,6 @@ from resstream.analysis.routes import (
     sequence_counts,
 )
 from resstream.api.inputs import (
-    LoadOptions,
     one_model,
     one_sampled_model,
     prediction_batches,
@@ -44,6 +43,7 @@ from resstream.api.inputs import (
     takes_load_args,
 )
 from resstream.api.prediction import CorpusModeArgs, PositionArgs, TextRequest, corpus_mode_request
+from resstream.api.texts import TextLike
 from resstream.capture import Internals, block_internals
 from resstream.data.tokenizer import token_text
 from resstream.models import ModelLike, ModelView
@@ -61,7 +61,7 @@ CORPUS_BATCH_SIZE = 4
 
 @takes_load_args
 def routes(
-    text: str | None = None,
+    text: TextLike | None = None,
     *,
     model: ModelLike = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
@@ -75,13 +75,15 @@ def routes(
     from the prediction's node down to the embeddings, with what each node on the route holds
     and every head's flow (`RoutesResult`).
 
+    `text`: a string, or token ids (a 1-D integer tensor, a (1, T) tensor or a list of ints,
+    used exactly as given; a model object then needs no `tokenizer`: `resstream.lens`).
     `model` is a spec or a loaded model with its `tokenizer`, as for `resstream.lens`.
     UsageError for a threshold outside (0, 1), a position outside the text or an empty text.
     """
     check_threshold(threshold)
     refuse_device_map(given, "routes", "its read-outs assume one device")
     asked = TextRequest.of(text, given)
-    options = LoadOptions.of(given, tokenizer=tokenizer, progress=progress)
+    options = asked.load_options(given, tokenizer=tokenizer, progress=progress)
     with one_model(model, options) as loaded:
         view, encoded = loaded.view, asked.encoded(loaded)
         tokenizer, where = encoded.tokenizer, encoded.position

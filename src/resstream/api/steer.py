@@ -41,15 +41,10 @@ from resstream.analysis.steering.sweep import (
     probe_probability,
 )
 from resstream.api.generate import DEFAULT_BATCH, WHERES, Where, end_of_text, generate_all, new_tokens
-from resstream.api.inputs import (
-    CorpusRequest,
-    LoadOptions,
-    encode_text,
-    one_model,
-    one_sampled_model,
-    takes_load_args,
-)
+from resstream.api.inputs import CorpusRequest, LoadOptions, one_model, one_sampled_model, takes_load_args
+from resstream.api.texts import TextsLike, text_ids, text_list
 from resstream.api.tokenizers import LEADING_SPACE, single_token, tokenizer_of
+from resstream.data.tokenizer import decoded_text
 from resstream.errors import UsageError
 from resstream.models import LoadArgs, ModelLike, ModelView
 from resstream.stream.edited import edited
@@ -73,9 +68,9 @@ def steer(
     model: ModelLike = None,
     *,
     directions: Mapping[str, Tensor],
-    prompts: Sequence[str],
+    prompts: TextsLike,
     coefs: Sequence[float] = DEFAULT_COEFS,
-    neutral: Sequence[str] | None = None,
+    neutral: TextsLike | None = None,
     concept_tokens: Sequence[str] = (),
     probe: Probe | None = None,
     max_new_tokens: int = 24,
@@ -90,7 +85,9 @@ def steer(
     length: a coefficient is the length added); `prompts` are continued at every point,
     `neutral` texts (default: the prompts) measure the KL; `concept_tokens` (each one token of
     the model's tokenizer) and `probe` (site, weight, bias) score the concept — either may be
-    left out, and its score is then None. UsageError, before anything runs, for a site or a
+    left out, and its score is then None. `prompts` and `neutral` may be token ids, as for
+    `resstream.generate` (with ids only and no `concept_tokens`, a model object needs no
+    `tokenizer`). UsageError, before anything runs, for a site or a
     direction the model does not have, a coefficient that is not finite, or a concept token
     that is not one token."""
     checked = _checked_coefs(coefs)
@@ -100,17 +97,25 @@ def steer(
         raise UsageError("`directions` is empty: give a site and its direction, e.g. {'L6.resid': vector}")
     sampling = Sampling(max_new_tokens=max_new_tokens)
     sampling.check()
-    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress)
+    listed = text_list(prompts, "prompts", "`prompts`: give one or more non-empty texts")
+    neutral_listed = listed  # no `neutral` (or an empty list): the prompts
+    if neutral is not None and not (isinstance(neutral, (list, tuple)) and not neutral):
+        neutral_listed = text_list(neutral, "neutral", "`neutral`: give one or more non-empty texts")
+    every = [*listed, *neutral_listed]
+    ids_only = not concept_tokens and not any(isinstance(t, str) for t in every)
+    options = LoadOptions.of(load, tokenizer=tokenizer, progress=progress, reads_ids=ids_only)
     with one_model(model, options) as loaded:
-        view, reader = loaded.view, tokenizer_of(loaded)
+        view, reader = loaded.view, loaded.tokenizer
         units = {site: _unit(site, vector) for site, vector in directions.items()}
         resolve([Add(site, unit) for site, unit in units.items()], view)
         if probe is not None:
             resolve([Add(probe[0], probe[1])], view)  # the probe's site and width, checked alike
-        concept = _concept_ids(reader, concept_tokens)
-        encoded = [encode_text(reader, p, view)[0] for p in _texts(prompts, "prompts")]
+        concept = _concept_ids(tokenizer_of(loaded), concept_tokens) if concept_tokens else None
+        encoded = [text_ids(p, reader, view, f"`prompts` item {i}")[0] for i, p in enumerate(listed)]
         check_room(view, max(len(ids) for ids in encoded), sampling)
-        neutral_ids = [encode_text(reader, t, view)[0] for t in _texts(neutral or prompts, "neutral")]
+        neutral_ids = [
+            text_ids(t, reader, view, f"`neutral` item {i}")[0] for i, t in enumerate(neutral_listed)
+        ]
         scorer = _Scorer(view, encoded, neutral_ids, concept, probe, end_of_text(view, reader))
         plain = scorer.generate([], sampling, where)
         points = []
@@ -122,8 +127,8 @@ def steer(
                     points.append(scorer.point(site, coef, edits, found, plain, reader))
                     bar.update()
         settings = {
-            "prompts": list(prompts),
-            "neutral": list(neutral or prompts),
+            "prompts": [_recorded(p) for p in listed],
+            "neutral": [_recorded(t) for t in neutral_listed],
             "concept_tokens": list(concept_tokens),
             "probe_site": None if probe is None else probe[0],
             "max_new_tokens": max_new_tokens,
@@ -140,11 +145,9 @@ def _checked_coefs(coefs: Sequence[float]) -> list[float]:
     return sorted(set(listed))
 
 
-def _texts(texts: Sequence[str], what: str) -> list[str]:
-    listed = list(texts)
-    if not listed or not all(isinstance(t, str) and t for t in listed):
-        raise UsageError(f"`{what}`: give one or more non-empty texts")
-    return listed
+def _recorded(text: str | Tensor) -> str | list[int]:
+    """A prompt as the settings record it: its text, or its ids as a list."""
+    return text if isinstance(text, str) else [int(t) for t in text[0]]
 
 
 def _unit(site: str, vector: Tensor) -> Tensor:
@@ -213,7 +216,7 @@ class _Scorer:
         with edited(self.view, edits):
             kl = self._neutral_kl()
         changed = sum(a != b for a, b in zip(found, plain, strict=True)) / len(found)
-        example = reader.decode(found[0][len(self.prompts[0]) :])
+        example = decoded_text(reader, found[0][len(self.prompts[0]) :])
         return SteerPoint(
             site=site,
             coef=coef,

@@ -9,10 +9,11 @@ import torch
 from torch import Tensor
 
 from resstream.analysis.verification import TOLERANCES, Projected, Reference, VerifyResult, verification
-from resstream.api.inputs import LoadOptions, encode_text, one_model, takes_load_args_on_one_device
-from resstream.api.tokenizers import tokenizer_of
+from resstream.api.inputs import LoadOptions, one_model, takes_load_args_on_one_device
+from resstream.api.texts import TextLike, given_ids, text_ids
 from resstream.capture import block_internals, record, residual_states, run_forward
 from resstream.checks import verify_dtype
+from resstream.data.tokenizer import token_text
 from resstream.errors import UsageError
 from resstream.models import LoadArgs, ModelLike, ModelView, is_spec
 
@@ -33,7 +34,7 @@ def verify(
     model: ModelLike = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
     *,
-    text: str | None = None,
+    text: TextLike | None = None,
     progress: bool = False,
     **load: Unpack[LoadArgs],
 ) -> VerifyResult:
@@ -48,17 +49,29 @@ def verify(
     model is compared with its own forward (`output_hidden_states`, its output layer,
     `output_router_logits`); resstream's own GPT with its `forward` and `hidden_states`.
 
+    `text` may also be token ids (a 1-D integer tensor, a (1, T) tensor or a list of ints,
+    used exactly as given; a model object then needs no `tokenizer`); the result's `text` is
+    then their tokens' texts joined ("<1234>" for each token without a tokenizer).
+
     Returns a `VerifyResult`: every figure, the tolerances of the dtype, a verdict per check
     and `passed`. UsageError for an empty text, another dtype or an unsupported model.
     """
-    if text is not None and not text.strip():
+    if isinstance(text, str) and not text.strip():
         raise UsageError("`text` is empty")
-    options = LoadOptions.of(_float32_by_default(model, load), tokenizer=tokenizer, progress=progress)
+    given = None if text is None or isinstance(text, str) else given_ids(text)
+    options = LoadOptions.of(
+        _float32_by_default(model, load), tokenizer=tokenizer, progress=progress, reads_ids=given is not None
+    )
     with one_model(model, options) as loaded:
         _check_dtype(loaded.dtype)
         view = loaded.view
-        chosen = DEFAULT_TEXT if text is None else text
-        ids = encode_text(tokenizer_of(loaded), chosen, view).to(view.W_E.device)
+        if given is None:
+            chosen = text if isinstance(text, str) else DEFAULT_TEXT
+            ids = text_ids(chosen, loaded.tokenizer, view)
+        else:
+            ids = text_ids(given, loaded.tokenizer, view)
+            chosen = "".join(token_text(loaded.tokenizer, int(t)) for t in ids[0])
+        ids = ids.to(view.W_E.device)
         states = residual_states(view, ids)[:, 0]
         internals = block_internals(view, ids)
         return verification(

@@ -260,7 +260,11 @@ def token_text(tokenizer: Any, token_id: int) -> str:
     which hides which bytes it is. A byte-level BPE token (GPT-2, NeoX, Llama-3, resstream's)
     is then shown as its text with the incomplete bytes in hex, "⟨e2⟩⟨80⟩" or " ⟨e2⟩"; another
     tokenizer's token as its vocabulary entry (SentencePiece's byte tokens read "<0xE2>").
+    Without a tokenizer (None: a model given token ids and no tokenizer) a token reads as its
+    id in angle brackets, "<1234>".
     """
+    if tokenizer is None:
+        return f"<{int(token_id)}>"
     text = tokenizer.decode([token_id])
     if "\ufffd" not in text:
         return text
@@ -271,6 +275,15 @@ def token_text(tokenizer: Any, token_id: int) -> str:
     if not piece or any(ch not in alphabet for ch in piece):
         return piece
     return _with_hex_bytes(bytes(alphabet[ch] for ch in piece))
+
+
+def decoded_text(tokenizer: Any, token_ids: Iterable[int]) -> str:
+    """The text of a sequence of tokens (`tokenizer.decode`); without a tokenizer each token as
+    `token_text` reads it then, "<1234>"."""
+    ids = [int(t) for t in token_ids]
+    if tokenizer is None:
+        return "".join(token_text(None, t) for t in ids)
+    return str(tokenizer.decode(ids))
 
 
 def _with_hex_bytes(data: bytes) -> str:
