@@ -77,7 +77,7 @@ def test_ablate_defaults_to_every_head_every_mlp_and_the_top_neurons() -> None:
     assert kinds.count("head") == result.n_layers * result.n_heads
     assert kinds.count("mlp") == kinds.count("attn") == result.n_layers
     assert kinds.count("neuron") == 20
-    assert len(result.select(path="direct")) == len(totals)
+    assert result.select(path="direct") == [] and not result.direct  # the direct path when asked
     assert result.position == len(result.tokens) - 1
     for effect in totals:
         assert effect.d_logprob == pytest.approx(effect.logprob - result.clean.logprob, abs=1e-9)
@@ -88,7 +88,7 @@ def test_zero_ablation_of_the_final_state_removes_everything() -> None:
     """Setting h_L to zero at the position leaves only the final norm's bias and b_U: the
     direct and total effects agree exactly (nothing lies downstream)."""
     last = len(resstream.ablate(TEXT, components=["emb"]).tokens) - 1
-    result = resstream.ablate(TEXT, components=[f"L6.resid@{last}"])
+    result = resstream.ablate(TEXT, components=[f"L6.resid@{last}"], direct=True)
     total, direct = result.effects
     assert total.path == "total" and direct.path == "direct"
     assert total.logprob == pytest.approx(direct.logprob, abs=1e-5)
@@ -196,6 +196,14 @@ def test_patch_aligns_texts_of_different_lengths_only_when_asked() -> None:
             lambda: resstream.ablate(TEXT, mode="mean", components=["L0.H0.S1"]),
             "mean ablation of an attention",
         ),
+        (
+            lambda: resstream.patch(CLEAN, corrupt=CORRUPT, atp=True, direct=True),
+            "`direct` cannot be combined with `atp`",
+        ),
+        (
+            lambda: resstream.patch(CLEAN, corrupt=CORRUPT, atp=True, confirm=-1),
+            r"`confirm` -1 is not allowed; allowed: 0 \(estimates only\) or more",
+        ),
     ],
 )
 def test_bad_inputs_are_one_line_usage_errors(call, message: str) -> None:
@@ -213,12 +221,30 @@ def test_a_source_wildcard_stands_for_the_sources_the_prediction_can_read() -> N
 
 def test_an_attention_source_and_its_head_restrict_to_the_given_positions() -> None:
     """Zero-ablating every source of a head at the position equals zero-ablating the head there."""
-    result = resstream.ablate(TEXT, components=["L2.H1"], positions=[-1])
+    result = resstream.ablate(TEXT, components=["L2.H1"], positions=[-1], direct=True)
     last = result.position
     head = result.select(path="total")[0]
     sources = [f"L2.H1.S{j}" for j in range(last + 1)]
-    joint = resstream.ablate(TEXT, components=sources, positions=[-1])
+    joint = resstream.ablate(TEXT, components=sources, positions=[-1], direct=True)
     # each source alone; their direct effects add up to the head's direct effect
     direct = sum(e.d_logit for e in joint.select(path="direct"))
     assert direct == pytest.approx(result.select(path="direct")[0].d_logit, abs=1e-4)
     assert head.component == "L2.H1"
+
+
+def test_the_direct_path_is_measured_only_when_asked() -> None:
+    """Without `direct` each component has its total effect alone, the same as beside its direct
+    effect; path patching adds its receivers' effects either way."""
+    components = ["L0.H1", "L3.mlp", "L2.N5"]
+    total = resstream.ablate(TEXT, components=components)
+    both = resstream.ablate(TEXT, components=components, direct=True)
+    assert {e.path for e in total.effects} == {"total"} and not total.direct
+    assert both.direct and both.select(path="total") == list(total.effects)
+    assert [e.component for e in both.select(path="direct")] == components
+    asked = {"corrupt": CORRUPT, "components": ["L0.H1"], "receivers": ["L2.H0.q"]}
+    assert [e.path for e in resstream.patch(CLEAN, **asked).effects] == ["total", "L2.H0.q"]
+    assert [e.path for e in resstream.patch(CLEAN, **asked, direct=True).effects] == [
+        "total",
+        "direct",
+        "L2.H0.q",
+    ]

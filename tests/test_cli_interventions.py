@@ -30,9 +30,10 @@ def run(args: list[str], out: Path, capsys) -> tuple[str, str]:
     return captured.out, captured.err
 
 
-def check_written(out: Path, command: str, components: set[str]) -> dict:
-    """The run's files are complete: `<command>.json` with one total and one direct effect per
-    component, its page, and run.json listing them; returns the result JSON."""
+def check_written(out: Path, command: str, components: set[str], paths: tuple[str, ...] = ("total",)) -> dict:
+    """The run's files are complete: `<command>.json` with one effect per component along each
+    of `paths` (the direct path only with --direct), its page, and run.json listing them;
+    returns the result JSON."""
     assert_complete_files(out)
     names = {p.name for p in out.iterdir()}
     assert {f"{command}.json", f"{command}.html", "run.json"} <= names, names
@@ -43,7 +44,8 @@ def check_written(out: Path, command: str, components: set[str]) -> dict:
     assert isinstance(report["clean"]["logprob"], float) and report["clean"]["logprob"] < 0
     effects = report["effects"]
     assert {e["component"] for e in effects} == components
-    for path in ("total", "direct"):
+    assert {e["path"] for e in effects} == set(paths) and report["direct"] == ("direct" in paths)
+    for path in paths:
         assert {e["component"] for e in effects if e["path"] == path} == components
     for effect in effects:
         assert {"component", "mode", "path", "logprob", "d_logprob", "kl", "rank"} <= set(effect)
@@ -55,9 +57,9 @@ def test_ablate_writes_its_json_page_and_run_record(tmp_path: Path, capsys) -> N
     out = tmp_path / "ablate"
     text_file = tmp_path / "text.txt"
     text_file.write_text(TEXT, encoding="utf-8")
-    args = ["--text-file", str(text_file), *FEW, "--positions", "3,5", "--batch-size", "3"]
+    args = ["--text-file", str(text_file), *FEW, "--positions", "3,5", "--batch-size", "3", "--direct"]
     printed, _ = run(["ablate", *FAST, *args], out, capsys)
-    report = check_written(out, "ablate", {"L0.H1", "L3.mlp", "L2.resid@3"})
+    report = check_written(out, "ablate", {"L0.H1", "L3.mlp", "L2.resid@3"}, ("total", "direct"))
     assert report["command"] == "ablate" and report["mode"] == "zero" and report["positions"] == [3, 5]
     assert {e["mode"] for e in report["effects"]} == {"zero"}
     record = json.loads((out / "run.json").read_text())
@@ -65,7 +67,10 @@ def test_ablate_writes_its_json_page_and_run_record(tmp_path: Path, capsys) -> N
     assert record["config"]["positions"] == [3, 5] and record["seed"] is None
     assert record["config"]["text_file"] == str(text_file)
     assert record["config"]["batch_size"] == 3  # once lost: the corpus options' None wrote over it
-    assert "wrote ablate.json, " in printed and str(out) in printed
+    assert record["config"]["direct"] is True
+    assert (
+        "wrote ablate.json, " in printed and str(out) in printed and "direct path not computed" not in printed
+    )
 
 
 def test_patch_writes_its_json_page_and_run_record(tmp_path: Path, capsys) -> None:
@@ -75,7 +80,22 @@ def test_patch_writes_its_json_page_and_run_record(tmp_path: Path, capsys) -> No
     assert report["command"] == "patch" and report["mode"] == "noise" and report["foil"] == "."
     assert report["corrupt"]["logprob"] < 0 and len(report["corrupt_tokens"]) == 6
     assert all(e["d_logit_diff"] is not None for e in report["effects"])
-    assert "wrote patch.json, " in printed
+    assert "wrote patch.json, " in printed and "screen.csv" not in printed
+    assert json.loads((out / "run.json").read_text())["config"]["direct"] is False
+    # the summary says the direct path was not computed, and names the flag that asks for it
+    assert "direct path not computed (total path only): --direct measures it too" in printed
+
+
+@pytest.mark.parametrize("command", ["ablate", "patch"])
+def test_direct_adds_the_direct_path(tmp_path: Path, capsys, command: str) -> None:
+    out = tmp_path / "out"
+    corrupt = ["--corrupt", CORRUPT] if command == "patch" else []
+    printed, _ = run(
+        [command, *FAST, "--text", TEXT, *corrupt, "--component", "L1.H0", "--direct"], out, capsys
+    )
+    check_written(out, command, {"L1.H0"}, ("total", "direct"))
+    assert json.loads((out / "run.json").read_text())["config"]["direct"] is True
+    assert "direct path not computed" not in printed
 
 
 @pytest.mark.parametrize(
@@ -243,11 +263,48 @@ def test_atp_screens_and_confirms_the_top_components(tmp_path: Path, capsys) -> 
     assert 0 < len({e["component"] for e in confirmed}) <= 3 and report["notes"]
     assert all(e["mode"] == "patch" and e["estimate"] is not None for e in confirmed)
     assert json.loads((out / "run.json").read_text())["config"]["confirm"] == 3
+    screen = [line.split(",") for line in (out / "screen.csv").read_text(encoding="utf-8").splitlines()[1:]]
+    assert {r[0] for r in screen if r[5] == "True"} == {e["component"] for e in confirmed}
 
 
-def test_atp_confirming_none_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
+def test_atp_confirming_none_writes_the_whole_screen_alone(tmp_path: Path, capsys) -> None:
+    """--confirm 0: no exact patching; screen.csv holds every head's and neuron's estimate (as it
+    does beside confirmed ones), and the terminal lists the largest."""
+    out = tmp_path / "out"
     args = ["--text", TEXT, "--corrupt", CORRUPT, "--atp", "--confirm", "0"]
-    expect_usage_error(["patch", *FAST, *args], tmp_path / "out", capsys, "--confirm 0", "1 or more")
+    printed, _ = run(["patch", *FAST, *args], out, capsys)
+    report = json.loads((out / "patch.json").read_text())
+    assert report["effects"] == [] and "none confirmed" in report["notes"][0]
+    assert len((out / "effects.csv").read_text(encoding="utf-8").splitlines()) == 1  # its header alone
+    screen = (out / "screen.csv").read_text(encoding="utf-8").splitlines()
+    assert screen[0] == "component,kind,layer,index,estimate,confirmed"
+    layers, heads = report["n_layers"], report["n_heads"]
+    rows = [line.split(",") for line in screen[1:]]
+    assert [r[0] for r in rows[:2]] == ["L0.H0", "L0.H1"] and rows[layers * heads][0] == "L0.N0"
+    assert {r[1] for r in rows} == {"head", "neuron"} and {r[5] for r in rows} == {"False"}
+    assert len(rows) == layers * heads + layers * len([r for r in rows if r[1] == "neuron" and r[2] == "0"])
+    assert "screen.csv" in json.loads((out / "run.json").read_text())["files"]
+    assert "the largest first-order estimates of d_logprob" in printed and "screen.csv" in printed
+
+
+@pytest.mark.parametrize(
+    ("args", "patterns"),
+    [
+        (["--atp", "--confirm", "-1"], ("--confirm -1", "0 (estimates only) or more")),
+        (["--atp", "--direct"], ("--direct cannot be combined with --atp",)),
+        (["--confirm", "2"], ("--confirm", "--atp")),
+    ],
+)
+def test_bad_attribution_patching_is_one_line_exit_2(
+    tmp_path: Path, capsys, args: list[str], patterns: tuple[str, ...]
+) -> None:
+    base = ["--text", TEXT, "--corrupt", CORRUPT]
+    expect_usage_error(["patch", *FAST, *base, *args], tmp_path / "out", capsys, *patterns)
+
+
+def test_direct_is_refused_for_faithfulness(tmp_path: Path, capsys) -> None:
+    args = ["--text", TEXT, "--faithfulness", "--direct"]
+    expect_usage_error(["ablate", *FAST, *args], tmp_path / "out", capsys, "--direct", "faithfulness")
 
 
 def test_faithfulness_of_one_text_writes_its_report(tmp_path: Path, capsys) -> None:

@@ -191,11 +191,35 @@ def test_a_component_both_runs_share_is_estimated_at_its_exact_effect(direction:
     assert "median |estimate − exact|" in note and "Spearman" in note
 
 
-def test_confirm_must_be_positive() -> None:
+def test_confirm_may_be_zero_but_not_negative() -> None:
     base, source = _runs("gpt2")
     readout = Readout(decoder_of(base.view), POSITION, TARGET)
-    with pytest.raises(UsageError, match="`confirm` 0"):
-        screen_and_confirm(base, source, readout, clean=readout.of_run(base), confirm=0)
+    with pytest.raises(UsageError, match=r"`confirm` -1 is not allowed; allowed: 0 \(estimates only\)"):
+        screen_and_confirm(base, source, readout, clean=readout.of_run(base), confirm=-1)
+
+
+def test_the_whole_screen_holds_every_head_and_neuron_and_confirm_zero_patches_nothing() -> None:
+    """With `confirm` 0 nothing is patched exactly and the note says so; the screen holds the
+    estimate of every head and every neuron (with the base run's gap to the clean run added,
+    as the kept estimates have it), the same whatever is confirmed."""
+    base, source = _runs("gpt2")
+    readout = Readout(decoder_of(base.view), POSITION, TARGET)
+    clean = readout.of_run(source)  # base ≠ clean: the estimates carry the gap
+    estimates = attribution_patching(base, source, readout)
+    alone = screen_and_confirm(base, source, readout, clean=clean, confirm=0)
+    confirmed = screen_and_confirm(base, source, readout, clean=clean, confirm=3)
+    assert alone.effects == [] and "none confirmed by exact patching" in alone.note
+    assert alone.screen.confirmed == () and len(confirmed.screen.confirmed) == 3
+    assert confirmed.screen.confirmed == tuple(e.component for e in confirmed.effects)
+    gap = float(readout.of_run(base).logprob[0] - clean.logprob[0])
+    for screen in (alone.screen, confirmed.screen):
+        assert screen.metric == "logprob"
+        assert screen.heads.shape == estimates.heads.shape and screen.neurons.shape == estimates.neurons.shape
+        assert torch.equal(screen.heads, estimates.heads + gap)
+        assert torch.equal(screen.neurons, estimates.neurons + gap)
+    kept = {s.component: s.estimate for s in alone.screened}
+    assert kept["L1.H0"] == float(alone.screen.heads[1, 0])
+    assert all(not s.confirmed for s in alone.screened)
 
 
 def test_patch_with_atp_confirms_the_top_components() -> None:
@@ -217,6 +241,12 @@ def test_patch_with_atp_confirms_the_top_components() -> None:
     confirmed = {s.component: s.estimate for s in screened if s.confirmed}
     assert confirmed == {e.component: e.estimate for e in result.effects}
     assert "attribution patching" in repr(result)
+    # the whole screen: every head's and neuron's estimate, the confirmed marked
+    frame = result.screen.to_pandas()
+    assert len(frame) == result.n_layers * (result.n_heads + result.screen.neurons.shape[1])
+    assert set(frame.loc[frame.confirmed, "component"]) == set(confirmed)
+    by_name = frame.set_index("component")["estimate"]
+    assert all(by_name[s.component] == s.estimate for s in screened if s.kind in ("head", "neuron"))
     # the confirmed effects are exact patching: the same as patching those components by name
     plain = patch(text, corrupt=corrupt, components=[e.component for e in result.effects])
     exact = {e.component: e.d_logprob for e in plain.select(path="total")}

@@ -17,10 +17,14 @@ import numpy as np
 import pandas
 import pytest
 
-from resstream.analysis.interventions.results import EFFECT_COLUMNS, Effect, InterventionResult
+from resstream.analysis.interventions.results import (
+    EFFECT_COLUMNS,
+    SCREEN_COLUMNS,
+    Effect,
+    InterventionResult,
+)
 from resstream.api.interventions import ablate, patch
 from resstream.reporting.interventions import (
-    UNCONFIRMED,
     caption,
     effects_frame,
     head_heatmap_figure,
@@ -35,6 +39,7 @@ from resstream.reporting.interventions import (
     write_intervention_report,
 )
 from resstream.reporting.notebook import frame_csv
+from resstream.reporting.screen import UNCONFIRMED
 from tests.notebook_support import assert_displays, assert_frame_columns, fetched
 
 TEXT = "To be, or not to be, that is the question"
@@ -46,7 +51,7 @@ pytestmark = pytest.mark.usefixtures("hf_offline", "one_torch_thread")
 
 @pytest.fixture(scope="module")
 def ablated() -> InterventionResult:
-    return ablate(TEXT, components=["L*.H*", "L*.mlp", "L2.N5", "L4.N7"])
+    return ablate(TEXT, components=["L*.H*", "L*.mlp", "L2.N5", "L4.N7"], direct=True)
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +62,12 @@ def patched() -> InterventionResult:
 @pytest.fixture(scope="module")
 def screened() -> InterventionResult:
     return patch(CLEAN, corrupt=CORRUPT, atp=True, confirm=5)
+
+
+@pytest.fixture(scope="module")
+def estimated() -> InterventionResult:
+    """Attribution patching's estimates alone (`confirm` 0)."""
+    return patch(CLEAN, corrupt=CORRUPT, atp=True, confirm=0)
 
 
 @pytest.fixture(scope="module")
@@ -257,6 +268,57 @@ def test_attribution_patching_is_named_so_and_draws_its_estimates_beside_the_exa
     text = terminal_summary(screened)
     assert "estimate: attribution patching's first-order estimate" in text
     assert "note: attribution patching (plain AtP" in text
+
+
+def test_estimates_alone_are_drawn_listed_and_written_whole(estimated, screened, tmp_path: Path) -> None:
+    """`confirm` 0: nothing patched exactly, and the figures, the terminal and screen.csv show the
+    estimates (the heat map without its exact panel); screen.csv is the whole screen, the same
+    frame as `screen.to_pandas()`."""
+    assert estimated.effects == () and estimated.screen is not None
+    assert "first-order estimates only, none confirmed" in mode_text(estimated)
+    assert [name for name, _ in intervention_figures(estimated)] == ["heads.png", "neurons.png"]
+    heads = head_heatmap_figure(estimated)
+    assert len([ax for ax in heads.axes if ax.images]) == 1
+    assert shown(heads)[1, 2] == {s.component: s.estimate for s in estimated.screened}["L1.H2"]
+    lines = terminal_summary(estimated).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("the largest first-order estimates"))
+    assert [line.split()[0] for line in lines[start + 2 : start + 12]] == [
+        s.component for s in estimated.screened[:10]
+    ]
+    assert "every head and neuron in screen.csv" in terminal_summary(estimated)
+    names = [p.name for p in write_intervention_report(estimated, tmp_path)]
+    assert names == ["patch.json", "effects.csv", "screen.csv", "heads.png", "neurons.png", "patch.html"]
+    frame = pandas.read_csv(tmp_path / "screen.csv")
+    assert list(frame.columns) == list(SCREEN_COLUMNS)
+    assert (tmp_path / "screen.csv").read_text(encoding="utf-8") == frame_csv(estimated.screen.to_pandas())
+    layers, d_ff = estimated.screen.neurons.shape
+    assert len(frame) == layers * estimated.n_heads + layers * d_ff
+    assert list(frame.kind.unique()) == ["head", "neuron"] and not frame.confirmed.any()
+    assert frame.component[estimated.n_heads + 1] == "L1.H1"
+    assert frame.estimate[layers * estimated.n_heads + d_ff + 7] == float(estimated.screen.neurons[1, 7])
+    assert "screen" not in json.loads((tmp_path / "patch.json").read_text())
+    whole = screened.screen.to_pandas()
+    assert sorted(whole.loc[whole.confirmed, "component"]) == sorted(e.component for e in screened.effects)
+    assert_displays(screened.screen, ["largest first-order estimates", "confirmed"], figure=False)
+
+
+def test_a_result_without_the_direct_path_says_how_to_ask_for_it(ablated, patched, tmp_path: Path) -> None:
+    assert terminal_summary(patched).splitlines()[-1].strip() == (
+        "direct path not computed (total path only): `direct=True` measures it too"
+    )
+    assert "direct path not computed" not in terminal_summary(ablated)
+    write_intervention_report(patched, tmp_path)
+    parsed = Page()
+    parsed.feed((tmp_path / "patch.html").read_text(encoding="utf-8"))
+    assert "the direct path was not computed (ask for it with direct=True, --direct on the command line)" in (
+        parsed.text
+    )
+    assert "total and direct" in intervention_html(ablated, [])
+    assert json.loads((tmp_path / "patch.json").read_text())["direct"] is False
+    head = replace(patched, effects=tuple(e for e in ablated.effects if e.component == "L1.H2"))
+    total = replace(head, effects=head.effects[:1])
+    assert len([ax for ax in head_heatmap_figure(head).axes if ax.images]) == 2  # ablated's direct=True
+    assert len([ax for ax in head_heatmap_figure(total).axes if ax.images]) == 1
 
 
 def test_residual_grid_puts_each_state_at_its_layer_and_position(patched) -> None:

@@ -1,11 +1,15 @@
 """`resstream.ablate(...)` and `resstream.patch(...)`: does a component matter for a prediction?
 
-Both take one text (`text` or `text_file`), the prediction at `position` (default the last) of
+Both take one text (`text` or `text_file`; `text` a string, or token ids: a 1-D integer
+tensor, a (1, T) tensor or a list of ints, used exactly as given, and a model object then
+needs no tokenizer), the prediction at `position` (default the last) of
 `target` (default the model's own top prediction there), an optional `foil`, and the
 components to intervene on (`components`: names in the grammar of
 `analysis.interventions.components`, `*` wildcards allowed; default: every head, every MLP
 and the `top_neurons` neurons with the largest |DLA|). Every component is intervened on alone
-at `positions` (default every position), and measured along the total and the direct path.
+at `positions` (default every position), and measured along the total path (everything
+downstream recomputes) and, with `direct`, the direct path too (only through the residual
+stream; it costs one more pass per component).
 
 * `ablate`: `mode` zero (default), mean (each component's mean over `num_seqs` windows of
   `dataset`, cached per model and corpus) or resample (its activation in `num_seqs` other
@@ -31,12 +35,18 @@ from resstream.analysis.attribution.readouts import readouts
 from resstream.analysis.decoding.decoder import decoder_of
 from resstream.analysis.interventions.atp import DEFAULT_CONFIRM, screen_and_confirm
 from resstream.analysis.interventions.components import Component, ComponentSpace, parse_components
-from resstream.analysis.interventions.effects import Readout, component_effects, mean_effects, prediction
+from resstream.analysis.interventions.effects import (
+    PATHS,
+    Readout,
+    component_effects,
+    mean_effects,
+    prediction,
+)
 from resstream.analysis.interventions.engine import DEFAULT_BATCH
 from resstream.analysis.interventions.faithfulness import neuron_dlas
 from resstream.analysis.interventions.metrics import Measured
 from resstream.analysis.interventions.paths import parse_receivers, path_effects, sender_pairs
-from resstream.analysis.interventions.results import Effect, InterventionResult, ScreenedComponent
+from resstream.analysis.interventions.results import AtpScreen, Effect, InterventionResult, ScreenedComponent
 from resstream.analysis.interventions.runs import (
     Means,
     Run,
@@ -51,13 +61,14 @@ from resstream.api.inputs import (
     CorpusRequest,
     LoadOptions,
     corpus_stream,
-    encode_text,
     one_model,
     refuse_device_map,
     sample_corpus,
     takes_load_args,
 )
 from resstream.api.prediction import EncodedText, PredictionArgs, TextRequest
+from resstream.api.texts import TextLike, given_ids, text_ids
+from resstream.api.tokenizers import tokenizer_of
 from resstream.data.tokenizer import token_text
 from resstream.errors import UsageError, check_choice
 from resstream.io import atomic_path, cache_root
@@ -80,13 +91,14 @@ RESAMPLE_WINDOWS = 8
 
 @takes_load_args
 def ablate(
-    text: str | None = None,
+    text: TextLike | None = None,
     *,
     model: ModelLike = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
     components: Sequence[str] | None = None,
     positions: Sequence[int] | None = None,
     mode: str = "zero",
+    direct: bool = False,
     dataset: str = "shakespeare",
     num_seqs: int | None = None,
     seed: int = 0,
@@ -96,18 +108,20 @@ def ablate(
     progress: bool = False,
     **given: Unpack[PredictionArgs],
 ) -> InterventionResult:
-    """Ablate components and measure the prediction (module docstring). `mode` zero, mean or
-    resample; mean and resample read `num_seqs` windows (default 16 and 8) of `dataset` sampled
-    with `seed`, as long as the text. `model` is a spec or a loaded model with its
-    `tokenizer`, as for `resstream.attribute`."""
+    """Ablate components and measure the prediction (module docstring). `text`: a string, or
+    token ids (a 1-D integer tensor, a (1, T) tensor or a list of ints, used exactly as given;
+    a model object then needs no `tokenizer`). `mode` zero, mean or resample; mean and
+    resample read `num_seqs` windows (default 16 and 8) of `dataset` sampled with `seed`, as
+    long as the text. `direct`: measure the direct path too (default: the total path only).
+    `model` is a spec or a loaded model with its `tokenizer`, as for `resstream.attribute`."""
     check_choice("mode", mode, ABLATIONS)
     refuse_device_map(given, "ablate", "interventions restart blocks on one device")
     _check_counts(top_neurons, batch_size)
     corpus = None if mode == "zero" else _Corpus.found(mode, dataset, num_seqs, seed, data_dir)
     asked = TextRequest.of(text, given)
-    options = LoadOptions.of(given, tokenizer=tokenizer, progress=progress)
+    options = asked.load_options(given, tokenizer=tokenizer, progress=progress)
     with one_model(model, options) as loaded:
-        setup = _Setup.of(loaded, asked, positions)
+        setup = _Setup.of(loaded, asked, positions, direct)
         chosen = setup.components(components, top_neurons)
         if mode == "mean":
             for component in chosen:
@@ -129,15 +143,16 @@ def ablate(
 
 @takes_load_args
 def patch(
-    text: str | None = None,
+    text: TextLike | None = None,
     *,
-    corrupt: str,
+    corrupt: TextLike,
     model: ModelLike = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
     components: Sequence[str] | None = None,
     positions: Sequence[int] | None = None,
     direction: str = "noise",
     align_end: bool = False,
+    direct: bool = False,
     receivers: Sequence[str] | None = None,
     atp: bool = False,
     confirm: int = DEFAULT_CONFIRM,
@@ -148,8 +163,11 @@ def patch(
 ) -> InterventionResult:
     """Activation patching between `text` and `corrupt` (module docstring): each component
     alone takes its value from the other run; `fraction_*` of every effect is (patched −
-    corrupt) / (clean − corrupt). Texts of different lengths are refused unless `align_end`
+    corrupt) / (clean − corrupt). Either text may be a string or token ids (a 1-D integer
+    tensor, a (1, T) tensor or a list of ints, used exactly as given; with both as ids a model
+    object needs no `tokenizer`). Texts of different lengths are refused unless `align_end`
     (then the texts are aligned at their last tokens and only the shared tail is patched).
+    `direct`: measure the direct path too (default: the total path only).
 
     With `receivers` (``L5.H3.q``, ``L5.H3.k``, ``L5.H3.v``, ``L5.mlp``; `*` wildcards allowed),
     path patching adds one effect per component and receiver, its `path` the receiver's name:
@@ -161,19 +179,30 @@ def patch(
     With `atp`, attribution patching (`analysis.interventions.atp`) first estimates to first
     order the effect of every head and neuron (or of the `components` named) from one forward
     and one backward; exact patching then confirms the `confirm` with the largest |estimate|,
-    their effects carrying the `estimate`, and a note says how far the estimates were off."""
+    their effects carrying the `estimate`, and a note says how far the estimates were off.
+    `confirm` 0 patches nothing exactly: the estimates alone. Either way the result's
+    `screen` holds every head's and every neuron's estimate (`AtpScreen`, its `to_pandas()`
+    one row per head and neuron; the command's screen.csv), `screened` those of every head
+    and of the neurons with the largest |estimate| (or of the `components` named)."""
     check_choice("direction", direction, DIRECTIONS)
     refuse_device_map(given, "patch", "interventions restart blocks on one device")
     _check_counts(top_neurons, batch_size)
-    if not corrupt.strip():
+    if isinstance(corrupt, str) and not corrupt.strip():
         raise UsageError("`corrupt` is empty; give the corrupted text to patch from")
+    corrupt_given = corrupt if isinstance(corrupt, str) else given_ids(corrupt, "`corrupt`")
     if atp and receivers:
         raise UsageError("`receivers` cannot be combined with `atp`; path patching is exact patching only")
+    if atp and direct:
+        raise UsageError(
+            "`direct` cannot be combined with `atp`; attribution patching confirms the total effect only"
+        )
     asked = TextRequest.of(text, given)
-    options = LoadOptions.of(given, tokenizer=tokenizer, progress=progress)
+    both_ids = asked.reads_ids and not isinstance(corrupt_given, str)  # then no tokenizer is needed
+    options = LoadOptions.of(given, tokenizer=tokenizer, progress=progress, reads_ids=both_ids)
     with one_model(model, options) as loaded:
-        setup = _Setup.of(loaded, asked, positions)
-        corrupt_ids = _aligned(encode_text(setup.tokenizer, corrupt, setup.view), setup.ids, align_end)
+        setup = _Setup.of(loaded, asked, positions, direct)
+        read = text_ids(corrupt_given, setup.tokenizer, setup.view, "`corrupt`")
+        corrupt_ids = _aligned(read, setup.ids, align_end)
         chosen = setup.components(components, top_neurons)
         received = parse_receivers(list(receivers), setup.space) if receivers else []
         named = bool(components) and not any("*" in name for name in components or ())
@@ -185,7 +214,9 @@ def patch(
         base, source = (setup.run, dirty) if direction == "noise" else (dirty, setup.run)
         notes: tuple[str, ...] = ()
         screened: tuple[ScreenedComponent, ...] = ()
+        whole: AtpScreen | None = None
         if atp:
+            confirmed = min(confirm, len(chosen)) if components else confirm  # runs
             screen = screen_and_confirm(
                 base,
                 source,
@@ -196,9 +227,9 @@ def patch(
                 confirm=confirm,
                 positions=setup.positions,
                 batch_size=batch_size,
-                progress=setup.bar(progress, min(confirm, len(chosen)) if components else confirm),
+                progress=setup.bar(progress and confirm > 0, confirmed),
             )
-            effects, notes, screened = screen.effects, (screen.note,), screen.screened
+            effects, notes, screened, whole = screen.effects, (screen.note,), screen.screened, screen.screen
         else:
             values = run_values(base, source)
             effects = setup.effects(values, chosen, "patch", clean, batch_size, progress, base, corrupted)
@@ -226,6 +257,7 @@ def patch(
             corrupt_tokens=tokens,
             notes=notes,
             screened=screened,
+            screen=whole,
         )
 
 
@@ -239,19 +271,23 @@ class _Setup:
         run: Run,
         readout: Readout,
         positions: torch.Tensor | None,
+        direct: bool,
     ) -> None:
         self.loaded, self.text, self.run, self.readout, self.positions = loaded, text, run, readout, positions
         self.view: ModelView = loaded.view
         self.ids, self.tokenizer = text.ids, text.tokenizer
+        self.direct = direct
 
     @classmethod
-    def of(cls, loaded: LoadedModel, asked: TextRequest, positions: Sequence[int] | None) -> _Setup:
+    def of(
+        cls, loaded: LoadedModel, asked: TextRequest, positions: Sequence[int] | None, direct: bool
+    ) -> _Setup:
         text = asked.encoded(loaded)
         run = capture_run(loaded.view, text.ids, attention=False)
         decoder = decoder_of(loaded.view)
         chosen = text.target(decoder, run.internals)
         readout = Readout(decoder, text.position, chosen, text.foil(chosen))
-        return cls(loaded, text, run, readout, _positions(positions, text.ids.shape[1]))
+        return cls(loaded, text, run, readout, _positions(positions, text.ids.shape[1]), direct)
 
     @property
     def space(self) -> ComponentSpace:
@@ -312,7 +348,8 @@ class _Setup:
         corrupt: Measured | None = None,
     ) -> list[Effect]:
         """Each chosen component alone set from `values` in `base` (default the text's own
-        run), total and direct effects; `corrupt` is the corrupted run's prediction."""
+        run), total effects (and direct ones, with `direct`); `corrupt` is the corrupted run's
+        prediction."""
         return component_effects(
             self.run if base is None else base,
             self.readout,
@@ -322,6 +359,7 @@ class _Setup:
             positions=self.positions,
             clean=clean,
             corrupt=corrupt,
+            paths=PATHS if self.direct else ("total",),
             batch_size=batch_size,
             progress=self.bar(progress, len(chosen)),
         )
@@ -343,6 +381,7 @@ class _Setup:
             n_layers=self.view.n_layers,
             n_heads=self.view.n_heads,
             positions=None if self.positions is None else tuple(int(p) for p in self.positions),
+            direct=self.direct,
             **extra,
         )
 
@@ -431,7 +470,8 @@ class _Corpus:
         cut to the text's length (a shorter row refused)."""
         length = int(setup.ids.shape[1])
         request = replace(self.request, seq_len=length)
-        sample, _ = sample_corpus(request, setup.tokenizer, setup.readout.decoder.vocab_size, self.stream)
+        tokenizer = tokenizer_of(setup.loaded)  # a model given ids without one: refused here
+        sample, _ = sample_corpus(request, tokenizer, setup.readout.decoder.vocab_size, self.stream)
         for number, row in enumerate(sample.sequences, start=1):
             if len(row) < length:
                 raise UsageError(

@@ -60,6 +60,14 @@ TopNeuronsOption = Annotated[
 BatchSizeOption = Annotated[
     int | None, typer.Option(help="Interventions run together in one forward pass \\[default: 32].")
 ]
+DirectOption = Annotated[
+    bool,
+    typer.Option(
+        "--direct",
+        help="Measure the direct path too (only through the residual stream to the logits) beside the "
+        "total effect.",
+    ),
+]
 
 #: Where the faithfulness options apply, for messages.
 FAITHFULNESS = "faithfulness (`faithfulness`, or `dataset` without a text)"
@@ -89,6 +97,7 @@ def ablate(
     ] = None,
     top_neurons: TopNeuronsOption = None,
     batch_size: BatchSizeOption = None,
+    direct: DirectOption = False,
     faithfulness: Annotated[
         bool,
         typer.Option(
@@ -130,6 +139,7 @@ def ablate(
         **recorded(chosen),
         "mode": mode,
         "top_neurons": top_neurons,
+        "direct": direct or None,
     }
     scores = {"top_k": top_k, "candidates": candidates}
     scoring = faithfulness or (sample.dataset is not None and not one.given)
@@ -152,7 +162,7 @@ def ablate(
                 one.text,
                 model=loading.model,
                 **chosen,
-                **given(**one.api_kwargs(), **corpus, mode=mode),
+                **given(**one.api_kwargs(), **corpus, mode=mode, direct=direct or None),
                 **options.api_kwargs(loading, output),
             )
             report = intervention_report(ablated, outputs)
@@ -160,6 +170,7 @@ def ablate(
             "model": loading.model,
             **one.record(),
             **interventions,
+            "direct": direct,
             "faithfulness": scoring,
             **scores,
             **sample.record(seq_len=report.seq_len),
@@ -190,6 +201,7 @@ def patch(
         bool,
         typer.Option("--denoise", help="Patch the clean run's activations into the corrupted run instead."),
     ] = False,
+    direct: DirectOption = False,
     component: ComponentOption = None,
     positions: PositionsOption = None,
     receiver: Annotated[
@@ -208,7 +220,11 @@ def patch(
         ),
     ] = False,
     confirm: Annotated[
-        int | None, typer.Option(help="With --atp: components confirmed by exact patching \\[default: 20].")
+        int | None,
+        typer.Option(
+            help="With --atp: components confirmed by exact patching; 0: the estimates alone (every head's "
+            "and neuron's estimate is in screen.csv either way) \\[default: 20]."
+        ),
     ] = None,
     top_neurons: TopNeuronsOption = None,
     batch_size: BatchSizeOption = None,
@@ -217,7 +233,7 @@ def patch(
 
     Each component alone takes its value from the other run (--receiver: only through a later
     component's input; --atp: a first-order estimate of every head and neuron, the top ones
-    confirmed exactly).
+    confirmed exactly, every estimate in screen.csv).
     """
     import resstream
     from resstream.rundir import output_set
@@ -229,6 +245,7 @@ def patch(
         "corrupt": corrupt,
         "align_end": align_end,
         "direction": "denoise" if denoise else "noise",
+        "direct": direct,
         **recorded(chosen),
         "receiver": receiver or None,
         "atp": atp,
@@ -247,7 +264,13 @@ def patch(
             **chosen,
             direction="denoise" if denoise else "noise",
             align_end=align_end,
-            **given(receivers=receiver or None, atp=atp or None, confirm=confirm, batch_size=batch_size),
+            **given(
+                receivers=receiver or None,
+                atp=atp or None,
+                confirm=confirm,
+                batch_size=batch_size,
+                direct=direct or None,
+            ),
             **options.api_kwargs(loading, output),
         )
         report = intervention_report(result, outputs)

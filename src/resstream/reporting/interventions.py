@@ -10,7 +10,8 @@
   (`residual_grid_figure`, layer × position, the classic activation-patching picture).
 * `write_intervention_report`: ablate.json / patch.json (`to_dict()`), effects.csv, the PNGs and
   ablate.html / patch.html, a page that loads nothing from anywhere (figures as data: URIs,
-  every text from data escaped, no script).
+  every text from data escaped, no script); `--atp` also screen.csv (`reporting.screen`). Where
+  the direct path was not measured, the page and the terminal say so and how to ask for it.
 * `terminal_summary` (the command's lines) and the notebook view (the page's tables and figures).
 """
 
@@ -30,6 +31,7 @@ from matplotlib.patches import Patch
 from resstream.analysis.interventions.components import ComponentSpace, parse_component
 from resstream.analysis.interventions.results import EFFECT_COLUMNS, Effect, InterventionResult
 from resstream.io import write_json, write_text
+from resstream.reporting import screen as atp
 from resstream.reporting.attribute.common import Directory, output_path
 from resstream.reporting.attribute.drawing import literal, token_label, zero_line
 from resstream.reporting.attribute.heads import diverging_heatmap
@@ -67,6 +69,7 @@ __all__ = [
     "metric_label",
     "mode_text",
     "neuron_strip_figure",
+    "paths_text",
     "prediction_html",
     "ranking_text",
     "residual_grid_figure",
@@ -88,9 +91,6 @@ NEURONS_SHOWN = 30
 TOTAL_COLOUR = "#404040"
 DIRECT_COLOUR = "#f4a582"
 ESTIMATE_COLOUR = "#92c5de"
-#: How a name drawn for a component estimated but not confirmed looks, and what it means.
-UNCONFIRMED_COLOUR = "#888888"
-UNCONFIRMED = "grey: not confirmed (estimated only)"
 #: The columns of the table of the largest effects (a slice of `effects_frame`).
 TOP_COLUMNS = ("component", "kind", "mode", "path", "patched", "difference", "fraction", "estimate")
 
@@ -116,22 +116,12 @@ CAPTIONS = {
     "state) at each position, patched alone, the change travelling everywhere downstream. Colour: "
     "{colours}. Position labels read clean / corrupted token where the texts differ.",
 }
-#: The captions of attribution patching's figures (`patch --atp`), where they differ.
-ATP_CAPTIONS = {
-    "heads.png": "Attribution patching: the first-order estimate of every head's patching effect from one "
-    "forward and one backward (left), beside exact activation patching of the heads whose |estimate| was "
-    "among the largest (right; grey: not confirmed, estimated only). Colour: {colours}; each panel has its "
-    "own symmetric scale.",
-    "neurons.png": "The neurons with the largest |estimate|, largest first: attribution patching's "
-    "first-order estimate (light) beside the exact activation-patching effect (dark) of those confirmed; "
-    "grey names: not confirmed (estimated only). The change of the headline metric: {colours}.",
-}
 
 
 def caption(result: InterventionResult, name: str) -> str:
     """How to read figure `name` of `result` (`CAPTIONS`)."""
     colours = _FRACTION_COLOURS if _shows_fraction(result) else _DIFFERENCE_COLOURS
-    captions = {**CAPTIONS, **ATP_CAPTIONS} if result.screened else CAPTIONS
+    captions = {**CAPTIONS, **atp.ATP_CAPTIONS} if result.screened else CAPTIONS
     return captions.get(name, "").format(colours=colours)
 
 
@@ -231,11 +221,20 @@ def mode_text(result: InterventionResult) -> str:
         if not result.screened:
             return f"activation patching, {result.mode} ({runs})"
         confirmed = sum(s.confirmed for s in result.screened)
+        if not confirmed:
+            return f"attribution patching, {result.mode} ({runs}): first-order estimates only, none confirmed"
         return (
             f"attribution patching, {result.mode} ({runs}): first-order estimates, the top {confirmed} "
             "confirmed by exact activation patching"
         )
     return f"{result.mode} ablation"
+
+
+def paths_text(result: InterventionResult) -> str | None:
+    """That the direct path was not measured, and how to ask for it (None: it was, or AtP)."""
+    if result.direct or result.screened:
+        return None
+    return "direct path not computed (total path only): `direct=True` measures it too"
 
 
 def _title(result: InterventionResult) -> str:
@@ -301,9 +300,10 @@ def head_heatmap_figure(result: InterventionResult) -> Figure:
     shows the fraction of the clean − corrupt gap instead (`_shows_fraction`)."""
     if result.screened:
         panels = [
-            ("attribution patching: first-order estimate of each head", _estimate_matrix(result)),
+            ("attribution patching: first-order estimate of each head", atp.estimate_matrix(result)),
             ("activation patching: exact effect of the confirmed heads", _head_matrix(result, "total")),
         ]
+        panels = panels if result.effects else panels[:1]  # `confirm` 0: the estimates alone
     else:
         panels = [(f"{path} effect of each head", _head_matrix(result, path)) for path in ("total", "direct")]
         panels = panels if _measured(result, "head", "direct") else panels[:1]
@@ -315,20 +315,11 @@ def head_heatmap_figure(result: InterventionResult) -> Figure:
     name, label = _shown_labels(result)
     for ax, (what, matrix) in zip(axes, panels, strict=True):
         diverging_heatmap(fig, ax, matrix, what, label)
-    if result.screened:
-        unconfirmed = Patch(facecolor="#dddddd", edgecolor=UNCONFIRMED_COLOUR, label=UNCONFIRMED)
+    if result.screened and result.effects:
+        unconfirmed = Patch(facecolor="#dddddd", edgecolor=atp.UNCONFIRMED_COLOUR, label=atp.UNCONFIRMED)
         axes[-1].legend(handles=[unconfirmed], loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=8)
     fig.suptitle(f"{_title(result)}\n{name}", fontsize=9)
     return fig
-
-
-def _estimate_matrix(result: InterventionResult) -> np.ndarray:
-    """Layers × heads of attribution patching's estimates; nan where a head has none."""
-    matrix = np.full((result.n_layers, result.n_heads), np.nan)
-    for screened in result.screened:
-        if screened.kind == "head":
-            matrix[screened.layer, screened.index] = screened.estimate
-    return matrix
 
 
 def neuron_strip_figure(result: InterventionResult) -> Figure:
@@ -372,9 +363,9 @@ def _screened_neurons(result: InterventionResult) -> Figure:
     fig, ax = _bar_pairs(names, bars, _shown_labels(result)[1], legend=False)
     for label, s in zip(ax.get_yticklabels(), screened, strict=True):
         if not s.confirmed:
-            label.set_color(UNCONFIRMED_COLOUR)
+            label.set_color(atp.UNCONFIRMED_COLOUR)
     handles, _ = ax.get_legend_handles_labels()
-    unconfirmed = Patch(facecolor="none", edgecolor="none", label=f"names in {UNCONFIRMED}")
+    unconfirmed = Patch(facecolor="none", edgecolor="none", label=f"names in {atp.UNCONFIRMED}")
     fig.legend(  # below the axes: no bar under it
         handles=[*handles, unconfirmed], fontsize=8, loc="outside lower center", ncols=2
     )
@@ -467,9 +458,10 @@ def intervention_figures(result: InterventionResult) -> list[Drawing]:
     heads were intervened on, neurons.png when neurons were, residual.png when residual states
     were."""
     figures: list[Drawing] = []
-    if _measured(result, "head", "total") or _measured(result, "head", "direct"):
+    estimated = {s.kind for s in result.screened}  # attribution patching: drawn from its estimates too
+    if _measured(result, "head", "total") or _measured(result, "head", "direct") or "head" in estimated:
         figures.append(("heads.png", lambda: head_heatmap_figure(result)))
-    if _measured(result, "neuron", "total"):
+    if _measured(result, "neuron", "total") or "neuron" in estimated:
         figures.append(("neurons.png", lambda: neuron_strip_figure(result)))
     if _measured(result, "resid", "total"):
         figures.append(("residual.png", lambda: residual_grid_figure(result)))
@@ -507,6 +499,9 @@ def prediction_html(result: InterventionResult) -> str:
     pairs.append(("position", f"{result.position} ({show_token(result.tokens[result.position])})"))
     shown = "every position" if result.positions is None else ", ".join(map(str, result.positions))
     pairs.append(("intervened at", shown))
+    if not result.screened:
+        measured = "total and direct" if result.direct else _DIRECT_NOT_COMPUTED
+        pairs.append(("paths measured", measured))
     if result.samples is not None:
         pairs.append(("resampled windows", str(result.samples)))
     runs = [("clean", result.clean)] + ([("corrupted", result.corrupt)] if result.corrupt is not None else [])
@@ -526,12 +521,22 @@ def top_effects_title(result: InterventionResult, count: int = TOP_SHOWN) -> str
     return f"the {count} largest effects on {metric_label(result)}"
 
 
+#: The page's words for a result without the direct path (`paths_text`: the terminal's).
+_DIRECT_NOT_COMPUTED = (
+    "total only; the direct path was not computed (ask for it with direct=True, --direct on the command line)"
+)
+
+
 def top_effects_html(result: InterventionResult, count: int = TOP_SHOWN) -> str:
     """The table of the largest effects (`top_effects_frame`) with how to read it."""
+    direct = (
+        "direct: through the residual stream to the logits only."
+        if result.direct or result.screened
+        else f"{_DIRECT_NOT_COMPUTED}."
+    )
     caption = (
         f"The rows of {CSV_FILE} of metric {result.metric} with {ranking_text(result)}, of "
-        f"{len(result.effects)} effects; path total: everything downstream "
-        "recomputes, direct: through the residual stream to the logits only."
+        f"{len(result.effects)} effects; path total: everything downstream recomputes, {direct}"
     )
     table = frame_html(top_effects_frame(result, count), count)
     return f"<p class='caption'>{html.escape(caption)}</p>{table}"
@@ -567,17 +572,19 @@ def intervention_html(result: InterventionResult, images: Sequence[Path]) -> str
 
 def write_intervention_report(result: InterventionResult, directory: Directory) -> list[Path]:
     """Every file of `resstream ablate` / `resstream patch` in `directory` (a folder or an
-    output set): `{command}.json` (`result.to_dict()`), effects.csv (`effects_frame`), the
-    PNGs of `intervention_figures` and the page `{command}.html`; returns the paths written."""
+    output set): `{command}.json` (`result.to_dict()`), effects.csv (`effects_frame`), AtP's
+    screen.csv, the PNGs of `intervention_figures` and the page `{command}.html`; returns the
+    paths written."""
     json_path = output_path(directory, f"{result.command}.json")
     write_json(json_path, result.to_dict())
     csv_path = output_path(directory, CSV_FILE)
     write_text(csv_path, frame_csv(effects_frame(result)))
+    screen = atp.write_screen(result, directory)
     drawings = intervention_figures(result)
     images = [save_figure(draw(), output_path(directory, name)) for name, draw in drawings]
     page = output_path(directory, f"{result.command}.html")
     write_text(page, intervention_html(result, images))
-    return [json_path, csv_path, *images, page]
+    return [json_path, csv_path, *screen, *images, page]
 
 
 # ----------------------------------------------------------------------------- terminal
@@ -608,11 +615,15 @@ def terminal_summary(result: InterventionResult, count: int = TERMINAL_SHOWN) ->
         lines.append(f"  {row.component:<{width}}  {row.path:<8}  {row.difference:>+10.4f}{values}")
     if top.empty:
         lines.append("  (no effects)")
+    if result.screened and not result.effects:
+        lines += atp.largest_estimates(result, count)
     if result.screened:
         lines.append(
             "  difference: exact activation patching of the confirmed components; estimate: attribution "
-            f"patching's first-order estimate (all {len(result.screened)} kept in {result.command}.json)"
+            f"patching's first-order estimate ({len(result.screened)} kept in {result.command}.json, "
+            f"every head and neuron in {atp.SCREEN_FILE})"
         )
+    lines += [f"  {paths}" for paths in [paths_text(result)] if paths is not None]
     lines += [f"note: {note}" for note in result.notes]
     return "\n".join(lines)
 

@@ -20,8 +20,9 @@ in the model's dtype, the products in it (at least float32), the sums over posit
 `AtpEstimates.top` picks the components to confirm: heads and neurons pooled, ranked by
 |estimate| (both estimate the same quantity, ΔM of patching one unit, so one ranking compares
 them; block outputs and residual states are sums of those units and are confirmed only when
-named). `screen_and_confirm` then patches the chosen components exactly (`effects`) and reports
-how far the estimates were off (`estimate_note`).
+named). `screen_and_confirm` then patches the chosen components exactly (`effects`; none with
+`confirm` 0: the estimates alone) and reports how far the estimates were off
+(`estimate_note`); its `screen` keeps every head's and every neuron's estimate (`AtpScreen`).
 
 Where the first-order estimate fails (Kramár et al. 2024, "AtP*"):
 
@@ -57,7 +58,7 @@ from resstream.analysis.interventions.metrics import (
     log_probabilities,
     pre_cap_scores,
 )
-from resstream.analysis.interventions.results import Effect, ScreenedComponent
+from resstream.analysis.interventions.results import AtpScreen, Effect, ScreenedComponent
 from resstream.analysis.interventions.runs import Run, run_values
 from resstream.capture.hooks import first_tensor
 from resstream.errors import UsageError
@@ -305,11 +306,13 @@ def _output_keeper(into: list[Tensor]) -> Callable[..., None]:
 @dataclass(frozen=True)
 class Screen:
     """What `screen_and_confirm` found: the confirmed `effects` (estimate set), the `note` on
-    how far the estimates were off, and the `screened` estimates kept for the result."""
+    how far the estimates were off, the `screened` estimates kept for the result and the
+    whole `screen` (every head's and neuron's estimate)."""
 
     effects: list[Effect]
     note: str
     screened: tuple[ScreenedComponent, ...]
+    screen: AtpScreen
 
 
 def screen_and_confirm(
@@ -326,28 +329,33 @@ def screen_and_confirm(
     progress: Callable[[int], None] | None = None,
 ) -> Screen:
     """AtP over every head and neuron (or the components `among`), then exact activation
-    patching of the `confirm` with the largest |estimate|: their total effects (mode "patch",
-    largest |estimate| first) with `estimate` set, one line saying how far the estimates were
-    off (`estimate_note`), and the estimates kept (`screened`: every head's and the
-    `SCREENED_NEURONS` neurons' with the largest |estimate|, or every component `among`). The
-    estimate is of the effect's `d_` metric, the change from the clean run (with base the
-    corrupted run: its gap to the clean run added)."""
-    if confirm < 1:
-        raise UsageError(f"`confirm` {confirm} is not allowed; allowed: 1 or more")
+    patching of the `confirm` with the largest |estimate| (0: none, the estimates alone):
+    their total effects (mode "patch", largest |estimate| first) with `estimate` set, one line
+    saying how far the estimates were off (`estimate_note`), the estimates kept (`screened`:
+    every head's and the `SCREENED_NEURONS` neurons' with the largest |estimate|, or every
+    component `among`) and the whole screen (`AtpScreen`: every head's and every neuron's,
+    `among` or not). The estimate is of the effect's `d_` metric, the change from the clean
+    run (with base the corrupted run: its gap to the clean run added)."""
+    if confirm < 0:
+        raise UsageError(f"`confirm` {confirm} is not allowed; allowed: 0 (estimates only) or more")
     estimates = attribution_patching(base, source, readout, positions)
-    chosen = estimates.top(confirm, among)
-    effects = component_effects(
-        base,
-        readout,
-        run_values(base, source),
-        [[c] for c in chosen],
-        mode="patch",
-        positions=positions,
-        clean=clean,
-        corrupt=corrupt,
-        paths=("total",),
-        batch_size=batch_size,
-        progress=progress,
+    chosen = estimates.top(confirm, among) if confirm > 0 else []
+    effects = (
+        component_effects(
+            base,
+            readout,
+            run_values(base, source),
+            [[c] for c in chosen],
+            mode="patch",
+            positions=positions,
+            clean=clean,
+            corrupt=corrupt,
+            paths=("total",),
+            batch_size=batch_size,
+            progress=progress,
+        )
+        if chosen
+        else []
     )
     offset = _headline(readout.of_run(base), estimates.metric) - _headline(clean, estimates.metric)
     estimated = [
@@ -359,7 +367,13 @@ def screen_and_confirm(
         (_screened(c, offset + estimates.of(c), c in chosen) for c in kept),
         key=lambda s: -abs(s.estimate),
     )
-    return Screen(estimated, estimate_note(estimated, estimates.metric, count), tuple(screened))
+    whole = AtpScreen(
+        estimates.metric,
+        estimates.heads + offset,
+        estimates.neurons + offset,
+        tuple(c.name for c in chosen),
+    )
+    return Screen(estimated, estimate_note(estimated, estimates.metric, count), tuple(screened), whole)
 
 
 def _screened(component: Component, estimate: float, confirmed: bool) -> ScreenedComponent:
@@ -379,7 +393,13 @@ def _with_estimate(effect: Effect, estimate: float) -> Effect:
 
 def estimate_note(effects: Sequence[Effect], metric: str, screened: int) -> str:
     """One line: how far the AtP estimates of `effects` were from their exact `d_<metric>`
-    (median and largest |estimate − exact|, Spearman's ρ), of `screened` components."""
+    (median and largest |estimate − exact|, Spearman's ρ), of `screened` components; with no
+    effects (`confirm` 0), that none was confirmed."""
+    if not effects:
+        return (
+            f"attribution patching (plain AtP, first order) screened {screened} components; none "
+            f"confirmed by exact patching (`confirm` 0: the estimates alone)"
+        )
     exact = [float(getattr(e, "d_" + metric) or 0.0) for e in effects]
     guessed = [float(e.estimate or 0.0) for e in effects]
     misses = [abs(g - x) for g, x in zip(guessed, exact, strict=True)]

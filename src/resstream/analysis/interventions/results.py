@@ -9,12 +9,16 @@ stream, every later component and the final norm's scale held at the base run) o
 the fraction of the clean − corrupt gap the patched run sits at.
 
 `to_dict()` gives the content of ablate.json / patch.json (schema in docs/causal.md).
+Attribution patching's whole screen, every head's and every neuron's estimate, is an
+`AtpScreen` (`InterventionResult.screen`; screen.csv), kept out of the JSON.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+from torch import Tensor
 
 from resstream.display import Displayable
 from resstream.reprs import summary
@@ -34,6 +38,8 @@ EFFECT_COLUMNS = (
     "fraction",
     "estimate",
 )
+#: The columns of `AtpScreen.to_pandas()` and screen.csv (documented there).
+SCREEN_COLUMNS = ("component", "kind", "layer", "index", "estimate", "confirmed")
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,32 @@ class ScreenedComponent:
     confirmed: bool
 
 
+@dataclass(frozen=True, eq=False)
+class AtpScreen(Displayable, renderer="resstream.reporting.screen"):
+    """Attribution patching's whole screen: the first-order estimate of the change of the
+    headline `metric` from the clean run (as `ScreenedComponent.estimate`) when each head
+    (`heads`, layers × heads) or each neuron (`neurons`, layers × neurons) alone is patched,
+    float64 on the CPU; `confirmed` the names of the components exact patching confirmed.
+    `to_pandas()` (screen.csv): one row per head, then per neuron, layer by layer, in
+    `SCREEN_COLUMNS`: `component` (L3.H2, L5.N1031), `kind` ("head" or "neuron"), `layer`,
+    `index` (the head or neuron), `estimate` and `confirmed`."""
+
+    metric: str
+    heads: Tensor
+    neurons: Tensor
+    confirmed: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        largest = max(float(self.heads.abs().max()), float(self.neurons.abs().max()))
+        return summary(
+            self,
+            f"first-order estimates of d_{self.metric}",
+            f"{self.heads.numel()} heads, {self.neurons.numel()} neurons",
+            f"largest |estimate| {largest:.3g}",
+            f"{len(self.confirmed)} confirmed",
+        )
+
+
 @dataclass(frozen=True)
 class Prediction:
     """The metrics of one unpatched run: `logprob`, `logit` (before soft-capping), `rank`
@@ -98,9 +130,12 @@ class InterventionResult(Displayable, renderer="resstream.reporting.intervention
 
     `clean`: the prediction without intervention; `corrupt`: that of the corrupted text
     (patch mode); `positions`: the positions every component was intervened on (None: all);
-    `effects`: one `Effect` per component, mode and path; `screened` (attribution patching
-    only): the first-order estimates of every head and of the neurons with the largest
-    |estimate| (or of every component named), largest first, those confirmed exactly marked.
+    `effects`: one `Effect` per component, mode and path (the direct path only where `direct`
+    says it was measured: `direct=True`); `screened` (attribution patching only): the
+    first-order estimates of every head and of the neurons with the largest |estimate| (or of
+    every component named), largest first, those confirmed exactly marked; `screen` (likewise):
+    the whole screen, every head's and every neuron's estimate (`AtpScreen`, with its own
+    `to_pandas()`; not in `to_dict()`, which stays small: screen.csv holds it).
     `metric` names the quantity the headline figures and estimates use (`logprob`, or
     `logit_diff` with a foil). `to_pandas()`
     gives one row per effect and metric (`EFFECT_COLUMNS`): `clean`/`patched`/`difference` of
@@ -126,6 +161,8 @@ class InterventionResult(Displayable, renderer="resstream.reporting.intervention
     samples: int | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
     screened: tuple[ScreenedComponent, ...] = ()
+    direct: bool = False
+    screen: AtpScreen | None = None
 
     @property
     def metric(self) -> str:
@@ -145,13 +182,15 @@ class InterventionResult(Displayable, renderer="resstream.reporting.intervention
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        """The content of ablate.json / patch.json."""
-        return asdict(self) | {"metric": self.metric}
+        """The content of ablate.json / patch.json (every field but the whole `screen`)."""
+        content = asdict(replace(self, screen=None))
+        del content["screen"]
+        return content | {"metric": self.metric}
 
     def __repr__(self) -> str:
         return summary(
             self,
-            f"{self.command} {self.mode}" + (" (attribution patching)" if self.screened else ""),
+            f"{self.command} {self.mode}" + (" (attribution patching)" if self.screen is not None else ""),
             self.model,
             f"target {self.target!r} at position {self.position}",
             f"clean {self.metric} {getattr(self.clean, self.metric):.3f}",
@@ -171,4 +210,12 @@ class InterventionResult(Displayable, renderer="resstream.reporting.intervention
         return f"largest drop {top[0].component} {getattr(top[0], 'd_' + self.metric):+.3f}" if top else ""
 
 
-__all__ = ["EFFECT_COLUMNS", "Effect", "InterventionResult", "Prediction", "ScreenedComponent"]
+__all__ = [
+    "EFFECT_COLUMNS",
+    "SCREEN_COLUMNS",
+    "AtpScreen",
+    "Effect",
+    "InterventionResult",
+    "Prediction",
+    "ScreenedComponent",
+]
