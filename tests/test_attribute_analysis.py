@@ -3,6 +3,7 @@ corpus mode equals the mean of per-position runs."""
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import pytest
@@ -30,7 +31,7 @@ def _run(case: str, **levels):
     view = view_of(tiny_model(case))
     rec = block_internals(view, tiny_ids(batch=1), attention=True)
     result = attribute_position(
-        view, rec, decoder_of(view), POSITION, TARGET, levels=Levels(top=500, **levels)
+        view, rec, decoder_of(view), POSITION, TARGET, levels=Levels(**{"top": 500, **levels})
     )
     return view, rec, result
 
@@ -256,5 +257,67 @@ def test_one_text_lists_the_sources_and_neurons_with_the_largest_score_of_its_ra
     field = "dla" if rank_by == "dla" else "contribution"
     for listed, full in ((result.neurons, every.neurons), (result.sources, every.sources)):
         largest = sorted(full, key=lambda entry: -abs(getattr(entry, field)))[:5]
-        assert [getattr(e, field) for e in listed] == pytest.approx([getattr(e, field) for e in largest])
+        # C of the listed entries is computed on its own under "dla": fp32 rounding apart
+        expected = [getattr(e, field) for e in largest]
+        assert [getattr(e, field) for e in listed] == pytest.approx(expected, rel=1e-4, abs=1e-6)
     assert result.rank_by == rank_by
+
+
+@pytest.mark.parametrize("case", ["gpt2", "llama"])
+def test_lazily_computed_c_equals_every_c(case: str) -> None:
+    """Under "dla" the C of each listed source and neuron (and of the linearity check's) is
+    computed for those alone; it equals the C that "c" computes for every one of them."""
+    _, _, lazy = _run(case, queries=0)
+    _, _, every = _run(case, queries=0, rank_by="c")
+    every_c = {(n.layer, n.neuron): n.contribution for n in every.neurons}
+    every_c.update({(s.layer, s.head, s.source_position): s.contribution for s in every.sources})
+    for n in lazy.neurons:
+        assert n.contribution == pytest.approx(every_c[(n.layer, n.neuron)], rel=1e-4, abs=1e-6)
+    for src in lazy.sources:
+        assert src.contribution == pytest.approx(
+            every_c[(src.layer, src.head, src.source_position)], rel=1e-4, abs=1e-6
+        )
+    assert lazy.linearity is not None and lazy.linearity.correlation > 0.9
+    assert "C of every layer and head, and of the 500 listed sources and neurons" in lazy.computed
+    assert "C of every layer, head, source and neuron" in every.computed
+
+
+def test_without_contributions_only_the_dla_is_computed() -> None:
+    _, _, dla_only = _run("gpt2", contributions=False)
+    _, _, both = _run("gpt2")
+    assert all(math.isnan(h.contribution) for h in dla_only.heads)
+    assert all(math.isnan(n.contribution) for n in dla_only.neurons)
+    assert all(math.isnan(s.contribution) for s in dla_only.sources)
+    assert dla_only.linearity is None and "no C beyond the layers'" in dla_only.computed
+    assert [h.dla for h in dla_only.heads] == [h.dla for h in both.heads]
+    assert [x.attn_contribution for x in dla_only.layers] == [x.attn_contribution for x in both.layers]
+    with pytest.raises(ValueError, match="needs contributions"):
+        Levels(rank_by="c", contributions=False)
+
+
+def test_the_cost_follows_the_levels(monkeypatch) -> None:
+    """Rows of full-vocabulary scores: "dla" scores the heads, the listed entries and the
+    linearity check's, far fewer than "c" (every neuron and source); none per component
+    without contributions."""
+    from resstream.analysis.attribution.contributions import LogProbs
+
+    def rows_scored(**levels) -> int:
+        counted = [0]
+        real = LogProbs._scores
+
+        def counting(self, rows, reader):
+            counted[0] += rows.shape[0]
+            return real(self, rows, reader)
+
+        with monkeypatch.context() as patched:
+            patched.setattr(LogProbs, "_scores", counting)
+            _run("gpt2", queries=0, **levels)
+        return counted[0]
+
+    view = view_of(tiny_model("gpt2"))
+    neurons = view.n_layers * view.blocks[0].read_mlp_weights().W_out.shape[0]
+    every, lazy = rows_scored(rank_by="c", linearity=False), rows_scored(top=5, linearity=False)
+    none = rows_scored(contributions=False)
+    assert every >= neurons
+    assert lazy < every / 2
+    assert none <= 2 * view.n_layers + 1 + 2  # the residual points only

@@ -81,9 +81,26 @@ def test_attribute_defaults_to_the_top_prediction_at_the_last_position(tmp_path:
     assert not (out / "neurons.png").exists()
 
 
+def test_attribute_without_contributions_says_what_it_computed(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "attr"
+    assert main(["attribute", *FAST, "--text", TEXT, "--no-contributions", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "computed: DLA of every layer, head, source and neuron; no C beyond the layers'" in printed
+    assert "fewer: --no-sources, --no-neurons; more: --rank-by c" in printed
+    report = json.loads((out / "attribute.json").read_text())
+    assert all(head["contribution"] is None for head in report["heads"])  # NaN: not computed
+    assert report["linearity"] is None and "no C" in report["computed"]
+    assert json.loads((out / "run.json").read_text())["config"]["contributions"] is False
+    assert main(["attribute", *FAST, "--text", TEXT, "--out", str(tmp_path / "default")]) == 0
+    assert (
+        "fewer: --no-sources, --no-neurons, --no-contributions; more: --rank-by c" in capsys.readouterr().out
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "patterns"),
     [
+        (["--text", TEXT, "--rank-by", "c", "--no-contributions"], ("--rank-by", "--no-contributions")),
         (["--text", TEXT, "--target", " queen said"], ("--target", "2 tokens", "one token")),
         (["--text", TEXT, "--position", "6"], ("--position 6", "0..5")),
         (["--text", TEXT, "--position", "-7"], ("--position -7",)),

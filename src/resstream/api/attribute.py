@@ -23,7 +23,6 @@ from resstream.analysis.circuits.neurons import added_values, promoted_tokens
 from resstream.analysis.decoding.decoder import Decoder, decoder_of
 from resstream.api.decoders import DecoderLike, decoder_spec
 from resstream.api.inputs import (
-    LoadOptions,
     check_batch_size,
     one_model,
     one_sampled_model,
@@ -32,6 +31,7 @@ from resstream.api.inputs import (
 )
 from resstream.api.prediction import CorpusModeArgs, PredictionArgs, TextRequest, corpus_mode_request
 from resstream.api.state_memory import check_corpus_fits, check_text_fits
+from resstream.api.texts import TextLike
 from resstream.api.tokenizers import tokenizer_of
 from resstream.capture import block_internals
 from resstream.checks import ONLY_THE_LOGIT_LENS, check_positive
@@ -55,19 +55,21 @@ CORPUS_BATCH_SIZE = 8
 
 @takes_load_args
 def attribute(
-    text: str | None = None,
+    text: TextLike | None = None,
     *,
     model: ModelLike = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
     top: int = 20,
     sources: bool = True,
     neurons: bool = True,
+    contributions: bool = True,
     decoder: DecoderLike = "logit-lens",
     rank_by: RankBy = "dla",
     progress: bool = False,
     **given: Unpack[PredictionArgs],
 ) -> AttributeResult:
-    """Attribute the prediction at one position of one text (`text` or `text_file`).
+    """Attribute the prediction at one position of one text (`text` or `text_file`; `text`
+    a string, or token ids: a 1-D or (1, T) integer tensor or a list of ints, used as given).
 
     `position` (default the last token; negative counts from the end), `target` a string that
     must be exactly one token (or `target_id`; default: the model's top prediction at the
@@ -76,8 +78,13 @@ def attribute(
     `sources`/`neurons` switch the attention-source and neuron levels off (both on by default).
     `rank_by` chooses the listed sources and neurons and leads every output: "dla" (default;
     the direct logit attribution, exactly minus the zero-ablation direct effect) or "c" (the
-    log-probability contribution C, the seed paper's order); both scores are in the result
-    either way. Every score decodes through the logit lens; `decoder` "tuned:DIR" (or a loaded
+    log-probability contribution C, the seed paper's order). The cost follows the levels
+    (`analysis.attribution.scores.Levels`): DLA is one dot product per component, C a score
+    of the whole vocabulary per component, so C is computed for every layer and head and,
+    with "dla", for the listed sources and neurons (and the linearity check's); "c" computes
+    every source's and neuron's C to rank them. `contributions=False` computes no C beyond
+    the layers' (NaN in the result; DLA only: one forward plus the head projections). Every
+    score decodes through the logit lens; `decoder` "tuned:DIR" (or a loaded
     lens) adds `tuned_trajectory`, the target at each block boundary through that tuned lens.
     Every next token of a corpus sample: `resstream.attribute_corpus`.
 
@@ -85,11 +92,15 @@ def attribute(
     """
     check_positive("top", top)
     rank_by = check_rank_by(rank_by)
+    if rank_by == "c" and not contributions:
+        raise UsageError(
+            "`rank_by` 'c' ranks by the contributions C: it cannot be combined with `contributions=False`"
+        )
     spec = decoder_spec(decoder)
     if spec.kind == "embedding":
         raise UsageError(ONLY_THE_LOGIT_LENS)
     asked = TextRequest.of(text, given)
-    options = LoadOptions.of(given, tokenizer=tokenizer, progress=progress, reads_blocks=True)
+    options = asked.load_options(given, tokenizer=tokenizer, progress=progress, reads_blocks=True)
     with one_model(model, options) as loaded:
         view = loaded.view
         spec.check(view)
@@ -111,7 +122,9 @@ def attribute(
             where,
             chosen,
             foil=foil_id,
-            levels=Levels(top=top, sources=sources, neurons=neurons, rank_by=rank_by),
+            levels=Levels(
+                top=top, sources=sources, neurons=neurons, rank_by=rank_by, contributions=contributions
+            ),
             token_text=name,
             promoted=_promoted(view, logit_lens, name),
             model=loaded.name,

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from resstream.checks import ONLY_THE_LOGIT_LENS, decoder_kind
 from resstream.cli import options
 from resstream.errors import UsageError, refuse_set
+
+if TYPE_CHECKING:
+    from resstream.analysis.attribution.results import AttributeResult
 
 
 @options.command
@@ -34,6 +38,14 @@ def attribute(
         bool, typer.Option("--no-sources", help="Skip splitting heads into source positions.")
     ] = False,
     no_neurons: Annotated[bool, typer.Option("--no-neurons", help="Skip the per-neuron scores.")] = False,
+    no_contributions: Annotated[
+        bool,
+        typer.Option(
+            "--no-contributions",
+            help="DLA only: skip the log-probability contributions C of heads, sources and neurons "
+            "(a score of the whole vocabulary each); the layers' C stays.",
+        ),
+    ] = False,
     decoder: Annotated[
         str,
         typer.Option(
@@ -87,6 +99,7 @@ def attribute(
                 top=top,
                 sources=not no_sources,
                 neurons=not no_neurons,
+                contributions=not no_contributions,
                 decoder=decoder,
                 rank_by=check_rank_by(rank_by),
                 **options.api_kwargs(one, loading, output),
@@ -102,6 +115,7 @@ def attribute(
             "top": top,
             "sources": None if in_corpus else not no_sources,
             "neurons": not no_neurons,
+            "contributions": None if in_corpus else not no_contributions,
             "decoder": decoder,
             "rank_by": rank_by,
             "candidates": candidates,
@@ -110,8 +124,20 @@ def attribute(
         options.write_corpus_mode_record(outputs, "attribute", settings, loading, sample, corpus_result)
     for line in terminal_summary(result):
         typer.echo(line)
+    if isinstance(result, AttributeResult):
+        typer.echo(f"computed: {result.computed}; {levels_hint(result)}")
     names = ", ".join(sorted(p.name for p in written))
     typer.echo(f"wrote attribute.json, {names} and run.json to {output.out}")
+
+
+def levels_hint(result: AttributeResult) -> str:
+    """How to ask for fewer or more levels than `result` computed, in flags."""
+    fewer = [flag for flag, on in (("--no-sources", result.sources), ("--no-neurons", result.neurons)) if on]
+    if any(math.isfinite(head.contribution) for head in result.heads):
+        fewer.append("--no-contributions")
+    more = "--rank-by c for every source's and neuron's C" if result.rank_by == "dla" else ""
+    parts = [f"fewer: {', '.join(fewer)}" if fewer else "", f"more: {more}" if more else ""]
+    return "; ".join(part for part in parts if part) or "every level computed"
 
 
 def check_mode(one: options.OneText, in_corpus: bool, decoder: str) -> None:

@@ -44,6 +44,7 @@ COMMAND_FLAGS: dict[str, dict[str, str]] = {
 
 #: Parameters whose False is a flag of its own.
 NEGATIVE_FLAGS: dict[str, str] = {
+    "contributions": "--no-contributions",
     "learned": "--no-learned",
     "layernorm": "--no-layernorm",
     "residual": "--no-residual",

@@ -68,6 +68,10 @@ def point_count(n_layers: int) -> int:
     return 2 * n_layers + 1
 
 
+#: Components summed at once by `Decomposition.total`.
+_TOTAL_BLOCK = 2048
+
+
 @dataclass(frozen=True, eq=False)
 class Decomposition:
     """Components of the state at residual point `point` at `positions` of one sequence.
@@ -91,8 +95,12 @@ class Decomposition:
         return int(self.vectors.shape[0])
 
     def total(self) -> Tensor:
-        """Σ components (N, d), summed in float64."""
-        return self.vectors.double().sum(0)
+        """Σ components (N, d), summed in float64 a block of components at a time (no float64
+        copy of every component at once: the finest decomposition has tens of thousands)."""
+        out = torch.zeros(self.vectors.shape[1:], dtype=torch.float64, device=self.vectors.device)
+        for start in range(0, self.vectors.shape[0], _TOTAL_BLOCK):
+            out += self.vectors[start : start + _TOTAL_BLOCK].double().sum(0)
+        return out
 
     def residual(self) -> tuple[float, float]:
         """max |Σ components − state| and that divided by max ‖state‖ over positions."""

@@ -277,6 +277,7 @@ class AttributeResult(Displayable, renderer="resstream.reporting.attribute.noteb
     # Mixtures of experts (with the neuron level): every routed expert of every layer.
     experts: tuple[ExpertAttribution, ...] = ()
     rank_by: RankBy = "dla"  # what sources and neurons were chosen and the outputs are led by
+    computed: str = ""  # which scores of which levels were computed, in words (`Levels.describe`)
 
     def to_dict(self) -> dict[str, Any]:
         """The content of attribute.json."""

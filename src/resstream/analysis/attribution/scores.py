@@ -56,7 +56,15 @@ class Levels:
     """What `attribute_position` computes beyond layers and heads: `top` items kept per list,
     attention `sources`, all `neurons`, the `linearity` check, and query contributions for
     the `queries` top neurons; `rank_by` which score chooses the listed sources and neurons
-    ("dla": the largest |DLA|, "c": the largest |C|)."""
+    ("dla": the largest |DLA|, "c": the largest |C|); `contributions` whether C is computed
+    beyond the layers (whose C the trajectory gives for free).
+
+    The cost follows the levels. DLA is one dot product per component; C scores the whole
+    vocabulary per component. So C is computed for every head, and for sources and neurons
+    only where it is needed: for the listed ones and the linearity check's with `rank_by`
+    "dla", for all of them with "c" (which ranks by it: the seed paper's neuron scores).
+    Without `contributions` every C but the layers' is NaN and the linearity check is
+    skipped: the cost is one forward plus the head-output projections."""
 
     top: int = 20
     sources: bool = True
@@ -65,6 +73,38 @@ class Levels:
     queries: int = 3
     linearity_count: int = 100
     rank_by: RankBy = "dla"
+    contributions: bool = True
+
+    def __post_init__(self) -> None:
+        if self.rank_by == "c" and not self.contributions:
+            raise ValueError("rank_by 'c' ranks by the contributions C: it needs contributions=True")
+
+    def describe(self) -> str:
+        """What these levels compute, in one line (`AttributeResult.computed`)."""
+        if not self.contributions:
+            c_of = "no C beyond the layers'"
+        elif self.every_c:
+            c_of = (
+                "C of every layer, head"
+                + (", source" if self.sources else "")
+                + (" and neuron" if self.neurons else "")
+            )
+        else:
+            listed = " and ".join(n for n, on in (("sources", self.sources), ("neurons", self.neurons)) if on)
+            c_of = "C of every layer and head" + (
+                f", and of the {self.top} listed {listed}" if listed else ""
+            )
+        dla = (
+            "DLA of every layer, head"
+            + (", source" if self.sources else "")
+            + (" and neuron" if self.neurons else "")
+        )
+        return f"{dla}; {c_of}"
+
+    @property
+    def every_c(self) -> bool:
+        """Whether every source's and neuron's C is computed (`rank_by` "c")."""
+        return self.contributions and self.rank_by == "c"
 
 
 def attribute_position(
@@ -86,17 +126,20 @@ def attribute_position(
     `promoted(layer, neuron_ids)` gives the tokens each neuron's value vector promotes."""
     p = _prediction(view, internals, decoder, position, target, foil, token_text)
     r, points, point_lp, ids, foil_ids = p.readouts, p.points, p.point_lp, p.ids, p.foil_ids
-    layers, heads, sources, neurons, experts = [], [], [], [], []
+    layers, heads, neurons, experts = [], [], [], []
+    sources: list[_SourceLayer] = []
     for layer in range(view.n_layers):
         layers.append(_layer_scores(p, layer))
-        heads += _head_scores(p, layer)
+        heads += _head_scores(p, layer, levels.contributions)
         if levels.sources:
-            sources += _source_scores(p, layer)
+            sources.append(_source_scores(p, layer, levels.every_c))
         if levels.neurons:
-            neurons.append(_neuron_scores(p, layer))
-            experts += _expert_scores(p, neurons[-1])
-    top_neurons = _top_neurons(neurons, levels, promoted)
-    result_check = _check(p)
+            neurons.append(_neuron_scores(p, layer, levels.every_c))
+            if levels.contributions:
+                experts += _expert_scores(p, neurons[-1])
+    listed = _listed_sources(p, sources, levels)
+    top_neurons = _top_neurons(p, neurons, levels, promoted)
+    result_check = _check(p, levels)
     trajectory = _trajectory(p)
     logit = actual_logits(decoder, points[-1], ids)[0]
     at = p.at
@@ -113,12 +156,12 @@ def attribute_position(
         rank=trajectory[-1].rank,
         layers=tuple(layers),
         heads=tuple(heads),
-        sources=tuple(sorted(sources, key=lambda s: -abs(ranked_score(s, levels.rank_by)))[: levels.top]),
+        sources=tuple(listed),
         neurons=top_neurons,
         trajectory=trajectory,
         query_contributions=_queries(view, internals, p.pos, top_neurons, levels) if levels.neurons else (),
-        linearity=_linearity(p.lp, ids, neurons, layers, levels)
-        if levels.neurons and levels.linearity
+        linearity=_linearity(p, neurons, layers, levels)
+        if levels.neurons and levels.linearity and levels.contributions
         else None,
         check=result_check,
         embed_dla=float((internals.embedding[at].double() * r.embed).sum()),
@@ -132,6 +175,7 @@ def attribute_position(
         logit_softcap=view.logit_softcap,
         experts=tuple(experts),
         rank_by=levels.rank_by,
+        computed=levels.describe(),
     )
 
 
@@ -223,11 +267,14 @@ def _bias_dla(bias: Tensor | None, readout: Tensor) -> float:
     return float((bias.detach().double().to(readout.device) * readout[0]).sum())
 
 
-def _head_scores(p: _Prediction, layer: int) -> list[HeadAttribution]:
+def _head_scores(p: _Prediction, layer: int, contributions: bool) -> list[HeadAttribution]:
     writes = sublayer_writes(p.view, p.internals, layer, "attn", p.pos)
     heads = writes.kinds == KINDS.index("head")
-    x = attention_base(p.internals.blocks[layer], p.at)
-    contribution = p.lp.added(x, writes.vectors[heads], p.ids.to(x.device))[:, 0]
+    if contributions:
+        x = attention_base(p.internals.blocks[layer], p.at)
+        contribution = p.lp.added(x, writes.vectors[heads], p.ids.to(x.device))[:, 0]
+    else:
+        contribution = torch.full((int(heads.sum()),), math.nan)
     dla = writes.vectors[heads].double()[:, 0] @ p.readouts.attn_added[layer][0]
     sinks = _sink_shares(p, layer)
     return [
@@ -265,39 +312,113 @@ def _expert_scores(p: _Prediction, neurons: _NeuronLayer) -> list[ExpertAttribut
     return [ExpertAttribution(layer, int(e), float(w), float(c), float(d)) for e, w, c, d in scores]
 
 
-def _source_scores(p: _Prediction, layer: int) -> list[SourceAttribution]:
+@dataclass(frozen=True, eq=False)
+class _SourceLayer:
+    """One layer's source scores at the position: (H, j) tensors of C (NaN where not computed)
+    and DLA."""
+
+    layer: int
+    contribution: Tensor
+    dla: Tensor
+
+
+def _source_scores(p: _Prediction, layer: int, contributions: bool) -> _SourceLayer:
     """Every head's sources j ≤ t, α_{t,j}·(x_j W_V[h] + b_V[h])·W_O[h] as added (Gemma-2:
     through the post-attention norm frozen at the actual output), scored through each head's
-    d_head-wide output space (`LogProbs.low_rank_added`)."""
+    d_head-wide output space (`LogProbs.low_rank_added`); without `contributions` their C is
+    NaN (`_listed_sources` computes it for the listed ones)."""
     rec = p.internals.blocks[layer]
     coefficients, basis = source_terms(
         p.view.blocks[layer], rec, 0, int(p.pos[0])
     )  # (H, j, d_head), (H, d_head, d)
     x = attention_base(rec, p.at)[0]
     readout = p.readouts.attn_added[layer][0].float()
-    tokens = p.internals.input_ids[0].tolist()
-    contribution = p.lp.low_rank_added(x, coefficients, basis, p.ids[0].to(x.device))  # (H, j)
+    if contributions:
+        contribution = p.lp.low_rank_added(x, coefficients, basis, p.ids[0].to(x.device))  # (H, j)
+    else:
+        contribution = torch.full(coefficients.shape[:2], math.nan, device=x.device)
     dla = torch.einsum("hjd,hd->hj", coefficients, basis @ readout)
+    return _SourceLayer(layer, contribution, dla)
+
+
+def _listed_sources(p: _Prediction, layers: list[_SourceLayer], levels: Levels) -> list[SourceAttribution]:
+    """The `levels.top` sources with the largest |score| of `levels.rank_by` (ties: the earlier
+    layer, head and position), largest first; with contributions but not every C, their C is
+    computed here: each vector added onto its layer's attention base."""
+    if not layers:
+        return []
+    field = "dla" if levels.rank_by == "dla" else "contribution"
+    scores = torch.cat([getattr(s, field).double().cpu().flatten() for s in layers])
+    order = scores.abs().argsort(descending=True, stable=True)[: levels.top].tolist()
+    n_heads, width = layers[0].dla.shape
+    picked = [(index // (n_heads * width), *divmod(index % (n_heads * width), width)) for index in order]
+    c = [float(layers[i].contribution[h, j]) for i, h, j in picked]
+    if levels.contributions and not levels.every_c:
+        c = _source_c(p, [(layers[i].layer, h, j) for i, h, j in picked])
+    tokens = p.internals.input_ids[0].tolist()
     return [
-        SourceAttribution(
-            layer, head, j, p.token_text(tokens[j]), float(contribution[head, j]), float(dla[head, j])
-        )
-        for head in range(basis.shape[0])
-        for j in range(coefficients.shape[1])
+        SourceAttribution(layers[i].layer, h, j, p.token_text(tokens[j]), c[n], float(layers[i].dla[h, j]))
+        for n, (i, h, j) in enumerate(picked)
     ]
 
 
-def _neuron_scores(p: _Prediction, layer: int) -> _NeuronLayer:
+def _source_c(p: _Prediction, picked: list[tuple[int, int, int]]) -> list[float]:
+    """C of the sources (layer, head, position) `picked`, each vector α_{t,j}·(x_j W_V + b_V)·W_O
+    added onto its layer's attention base, all scored in one batch."""
+    terms = {
+        layer: source_terms(p.view.blocks[layer], p.internals.blocks[layer], 0, int(p.pos[0]))
+        for layer in {layer for layer, _, _ in picked}
+    }
+    bases = torch.stack(
+        [attention_base(p.internals.blocks[layer], p.at)[0].float() for layer, _, _ in picked]
+    )
+    vectors = torch.stack([(terms[layer][0][h, j] @ terms[layer][1][h]).float() for layer, h, j in picked])
+    return _added_c(p, bases, vectors).tolist()
+
+
+def _added_c(p: _Prediction, bases: Tensor, vectors: Tensor) -> Tensor:
+    """C of each vector (n, d) added onto its own base state (n, d): log p(w | x + v) − log p(w | x)."""
+    ids = p.ids.to(bases.device).expand(bases.shape[0])
+    return p.lp.of_states(bases + vectors, ids) - p.lp.of_states(bases, ids)
+
+
+def _neuron_scores(p: _Prediction, layer: int, contributions: bool) -> _NeuronLayer:
+    """One layer's neuron scores; without `contributions` their C is NaN until `_fill_c`."""
     block, rec = p.view.blocks[layer], p.internals.blocks[layer]
     m = rec.coefficients[p.at].float()  # (1, d_ff)
     effective, values = neuron_terms(block, rec, p.at)
     x = p.points[2 * layer + 1]
-    contribution = p.lp.neurons(x, effective, values, p.ids.to(x.device))[:, 0]
+    if contributions:
+        contribution = p.lp.neurons(x, effective, values, p.ids.to(x.device))[:, 0]
+    else:
+        contribution = torch.full((m.shape[1],), math.nan, device=x.device)
     dla = m[0].double() * (block.read_mlp_weights().W_out.detach().double() @ p.readouts.mlp[layer][0])
     return _NeuronLayer(layer, contribution, dla, m[0], effective[0], values, x, block.experts)
 
 
+def _fill_c(p: _Prediction, wanted: list[tuple[_NeuronLayer, Tensor]]) -> None:
+    """Compute in place, in one batch, the C of the neurons `ks` of each (layer, ks) of
+    `wanted` that is still NaN: m_k·v_k added onto the layer's MLP base."""
+    todo = []
+    for neurons, ks in wanted:
+        ks = ks.cpu()
+        ks = ks[torch.isnan(neurons.contribution.cpu()[ks])]
+        if ks.numel():
+            todo.append((neurons, ks.to(neurons.effective.device)))
+    if not todo:
+        return
+    bases = torch.cat([n.base.float().expand(len(ks), -1) for n, ks in todo])
+    vectors = torch.cat([n.effective[ks].float().unsqueeze(-1) * n.values[ks].float() for n, ks in todo])
+    found = _added_c(p, bases, vectors)
+    start = 0
+    for neurons, ks in todo:
+        part = found[start : start + len(ks)]
+        neurons.contribution[ks.to(neurons.contribution.device)] = part.to(neurons.contribution.device)
+        start += len(ks)
+
+
 def _top_neurons(
+    p: _Prediction,
     layers: list[_NeuronLayer],
     levels: Levels,
     promoted: Callable[[int, Tensor], tuple[tuple[str, ...], ...]] | None,
@@ -314,6 +435,9 @@ def _top_neurons(
     for flat in order:
         index = max(i for i, s in enumerate(starts) if s <= flat)
         picked.append((index, flat - starts[index]))
+    if levels.contributions:
+        chosen = sorted({i for i, _ in picked})
+        _fill_c(p, [(layers[i], torch.tensor([k for j, k in picked if j == i])) for i in chosen])
     tokens: dict[tuple[int, int], tuple[str, ...]] = {}
     if promoted is not None:
         for index in sorted({i for i, _ in picked}):
@@ -377,9 +501,10 @@ def _trajectory_point(point: int, logprob: float, rank: int) -> TrajectoryPoint:
     return TrajectoryPoint(name, layer, stage, math.exp(logprob), rank, logprob)
 
 
-def _check(p: _Prediction) -> AttributionCheck:
+def _check(p: _Prediction, levels: Levels) -> AttributionCheck:
     """The decomposition's residual at every point (by heads and MLPs; the last point also by
-    sources and neurons) and the DLA's: Σ parts + constant against the actual logit."""
+    sources and neurons, where those levels are asked) and the DLA's: Σ parts + constant
+    against the actual logit."""
     view, internals, pos, r, at = p.view, p.internals, p.pos, p.readouts, p.at
     worst_abs, worst_rel = 0.0, 0.0
     last = point_count(view.n_layers) - 1
@@ -390,8 +515,8 @@ def _check(p: _Prediction) -> AttributionCheck:
             internals,
             pos,
             point=point,
-            sources=finest and internals.blocks[0].probs is not None,
-            neurons=finest,
+            sources=finest and levels.sources and internals.blocks[0].probs is not None,
+            neurons=finest and levels.neurons,
         )
         absolute, relative = parts.residual()
         worst_abs, worst_rel = max(worst_abs, absolute), max(worst_rel, relative)
@@ -467,19 +592,18 @@ def _layer_of(parts: Decomposition, index: int) -> int | None:
 
 
 def _linearity(
-    lp: LogProbs,
-    ids: Tensor,
-    layers: list[_NeuronLayer],
-    layer_scores: list[LayerAttribution],
-    levels: Levels,
+    p: _Prediction, layers: list[_NeuronLayer], layer_scores: list[LayerAttribution], levels: Levels
 ) -> LinearityCheck | None:
-    """The layer with the largest |MLP contribution|: its neurons ranked by C, then
-    C(v_1 + … + v_n) against Σ_{i≤n} C(v_i) for n = 1 .. `levels.linearity_count`."""
+    """The layer with the largest |MLP contribution|: its neurons ranked by the `rank_by`
+    score (largest first), then C(v_1 + … + v_n) against Σ_{i≤n} C(v_i) for n = 1 ..
+    `levels.linearity_count` (C computed for those neurons where it is not yet)."""
     if not layers:
         return None
+    lp, ids = p.lp, p.ids
     mlp_change = {layer.layer: abs(layer.mlp_contribution) for layer in layer_scores}
     chosen = max(layers, key=lambda neurons: mlp_change[neurons.layer])
-    order = chosen.contribution.argsort(descending=True)[: levels.linearity_count]
+    order = ranked_score(chosen, levels.rank_by).argsort(descending=True)[: levels.linearity_count]
+    _fill_c(p, [(chosen, order)])
     vectors = chosen.effective[order].unsqueeze(-1) * chosen.values[order]  # (n, d)
     cumulative = lp.added(chosen.base, vectors.cumsum(0).unsqueeze(1), ids.to(vectors.device))[:, 0]
     summed = chosen.contribution[order].cumsum(0)
