@@ -80,16 +80,21 @@ def diverging_heatmap(fig: Figure, ax: Axes, matrix: np.ndarray, title: str, lab
 def heads_figure(result: Result) -> Figure:
     """Two layer × head heatmaps side by side: DLA (left) and C (right; C left for a result
     ranked by C), each with its own symmetric colour scale centred at 0 (red raises the
-    target, blue lowers it)."""
+    target, blue lowers it); DLA alone where no head's C was computed."""
     rows = len(result.layers)
     order = rankings(result)
     matrices = [_head_matrix(result.heads, rows, SCORE_FIELDS[rank]) for rank in order]
+    kept = [
+        (rank, matrix) for rank, matrix in zip(order, matrices, strict=True) if not np.isnan(matrix).all()
+    ]
     layers, heads = matrices[0].shape
     per_head = 0.5 if layers * heads <= ANNOTATED_CELLS else 0.2  # room for the values written in cells
-    fig = new_figure(2 * min(8.0, max(4.0, 2.2 + per_head * heads)), min(9.0, max(3.4, 1.8 + 0.35 * layers)))
+    width = len(kept) * min(8.0, max(4.0, 2.2 + per_head * heads))
+    fig = new_figure(width, min(9.0, max(3.4, 1.8 + 0.35 * layers)))
     fig.set_layout_engine("constrained", w_pad=0.15)  # colour bars and titles never overlap
     mean = mean_prefix(result)
-    for ax, rank, matrix in zip(fig.subplots(1, 2), order, matrices, strict=True):
+    axes = fig.subplots(1, len(kept), squeeze=False)[0]
+    for ax, (rank, matrix) in zip(axes, kept, strict=True):
         title = f"{mean}{SCORE_NAMES[rank]} per head"
         diverging_heatmap(fig, ax, matrix, title, score_label(result, rank))
     fig.suptitle(figure_title(result), fontsize=9)

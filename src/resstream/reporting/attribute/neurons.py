@@ -93,6 +93,19 @@ def neurons_figure(result: Result) -> Figure:
         beside.text(1.04, row, tokens, transform=side, fontsize=7.5, va="center", family="monospace")
     if not neurons:
         lead.text(0.5, 0.5, "no neurons", transform=lead.transAxes, ha="center")
+    other = other_ranking(result.rank_by)
+    if neurons and all(np.isnan(score_value(ranked_score(n, other))) for n in neurons):
+        beside.text(
+            0.5,
+            0.5,
+            f"{SCORE_NAMES[other]} not computed (DLA only)",
+            transform=beside.transAxes,
+            ha="center",
+            va="center",
+            fontsize=9,
+            color="0.35",
+        )
+        beside.set_xticks([])
     fig.suptitle(f"{figure_title(result)}\n{selection_line(result, len(neurons))}", fontsize=9)
     fig.supxlabel(coefficient_note(result), fontsize=7.5, color="0.3")
     return fig

@@ -45,7 +45,10 @@ def _ranked(entries: Sequence[Entry]) -> list[Entry]:
 def _entry_text(entry: Entry, result: Result) -> str:
     """ "L0.mlp +1.2 (C +3.4)": the name, the leading score, the other one's value beside it."""
     name, lead, beside = entry
-    return f"{name} {_signed(lead)} ({SCORE_NAMES[other_ranking(result.rank_by)]} {score_value(beside):+.3g})"
+    other = score_value(beside)
+    if math.isnan(other):  # not computed (`contributions=False`)
+        return f"{name} {_signed(lead)}"
+    return f"{name} {_signed(lead)} ({SCORE_NAMES[other_ranking(result.rank_by)]} {other:+.3g})"
 
 
 def _largest(entries: Sequence[Entry], result: Result) -> str:
