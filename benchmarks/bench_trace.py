@@ -44,12 +44,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib
-import importlib.metadata
 import json
-import os
 import statistics
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,13 +58,16 @@ from torch import Tensor
 import resstream
 from harness import (
     device_name,
+    fresh_process_peaks,
     interleaved,
     load_average,
+    load_peer,
+    median_ratio,
     medians,
     peak_growth,
     random_gpt2,
-    round_ratios,
     timed,
+    transformer_lens_bridge,
     write_record,
 )
 
@@ -134,22 +133,9 @@ def make_trace(setup: Setup, names: list[str]) -> Variant:
     return run
 
 
-def load_peer(module: str, package: str) -> tuple[Any, str]:
-    """The imported peer module, or None; and its version, or why it is unavailable."""
-    try:
-        imported = importlib.import_module(module)
-    except ImportError as error:
-        return None, f"{package} does not import here ({type(error).__name__}: {error})"
-    return imported, f"{package} {importlib.metadata.version(package)}"
-
-
 def make_transformer_lens(setup: Setup, full_cache: bool) -> Variant:
-    """`run_with_cache` on a TransformerBridge around a copy of the model (it rewires the module
-    tree it wraps and switches it to eager attention)."""
-    sources, _ = load_peer("transformer_lens.model_bridge.sources", "transformer_lens")
-    twin = copy.deepcopy(setup.model)
-    bridge = sources.build_bridge_from_module(twin, "GPT2LMHeadModel", hf_config=twin.config)
-    bridge.eval()
+    """`run_with_cache` on a TransformerBridge around a copy of the model."""
+    bridge = transformer_lens_bridge(setup.model)
     hook = f"blocks.{setup.layer - 1}.hook_resid_post"
 
     def run() -> Tensor:
@@ -265,19 +251,12 @@ def shape_flags(args: argparse.Namespace) -> list[str]:
 
 def extra_peak_memory(args: argparse.Namespace, names: list[str]) -> dict[str, float]:
     """Extra peak RSS (bytes) of each variant: median over `--memory-repeats` fresh processes."""
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
     out: dict[str, float] = {}
     for name in names:
-        values = []
-        for _ in range(args.memory_repeats):
-            command = [sys.executable, __file__, "--measure-memory", name, *shape_flags(args)]
-            done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-            lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-            record = json.loads(lines[-1]) if done.returncode == 0 and lines else {}
-            if "extra_bytes" not in record:
-                print(f"memory of {name}: child failed ({done.returncode}): {done.stderr.strip()[-400:]}")
-                break
-            values.append(record["extra_bytes"])
+        command = [sys.executable, __file__, "--measure-memory", name, *shape_flags(args)]
+        values, failed = fresh_process_peaks(command, args.memory_repeats)
+        if failed is not None:
+            print(f"memory of {name}: {failed}")
         if values:
             out[name] = statistics.median(values)
             print(
@@ -328,13 +307,6 @@ def measure(setup: Setup, names: list[str], rounds: int) -> dict[str, Any]:
     }
 
 
-def per_round(seconds: dict[str, list[float]], name: str, den: str) -> float | None:
-    """The median of each round's ratio name ÷ den (None where either is missing)."""
-    if name not in seconds or den not in seconds:
-        return None
-    return statistics.median(round_ratios(seconds, name, den))
-
-
 def cell(value: float | None, fmt: str) -> str:
     return "–" if value is None else format(value, fmt)
 
@@ -347,7 +319,7 @@ def report(record: dict[str, Any], memory: dict[str, float]) -> None:
     for name, values in seconds.items():
         print(f"  {name:14s} {' '.join(f'{v:8.3f}' for v in values)}")
     print(f"trace-1 vs Hugging Face's own hidden state h_l: max |Δ| {diffs['hf']:.2e}")
-    ratio = per_round(seconds, "trace-1", "forward")
+    ratio = median_ratio(seconds, "trace-1", "forward")
     if ratio is not None:
         verdict = "met" if ratio <= TARGET_TRACE_1 else "MISSED"
         print(
@@ -355,7 +327,7 @@ def report(record: dict[str, Any], memory: dict[str, float]) -> None:
             f"(target ≤ {TARGET_TRACE_1}: {verdict})"
         )
     for peer in ("tl-cache", "tl-filter", "nnsight", "nnsight-trunk"):
-        ratio = per_round(seconds, peer, "trace-1")
+        ratio = median_ratio(seconds, peer, "trace-1")
         if ratio is not None:
             print(f"{peer} ÷ trace-1 (median of per-round ratios): {ratio:.2f} (> 1: trace-1 faster)")
     if "tl-cache" in memory and "trace-1" in memory:
@@ -367,8 +339,8 @@ def report(record: dict[str, Any], memory: dict[str, float]) -> None:
     print("| variant | ms | ÷ forward | ÷ trace-1 | extra peak memory (MB) | max abs Δ vs trace-1 |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for name, took in times.items():
-        fwd = per_round(seconds, name, "forward")
-        tr1 = per_round(seconds, name, "trace-1")
+        fwd = median_ratio(seconds, name, "forward")
+        tr1 = median_ratio(seconds, name, "trace-1")
         mem = memory.get(name)
         diff = diffs.get(name) if name != "trace-1" else diffs["hf"]
         note = " (vs HF hidden_states)" if name == "trace-1" else ""

@@ -7,11 +7,15 @@ each other: a script run as `python benchmarks/bench_x.py` has this folder on it
   synchronised on both sides);
 * interleaved rounds (absolute times on shared machines are noise; variants measured side by
   side, in an order that rotates every round, so drift in the machine's load falls on all of
-  them alike): `rotation`, `rounds_of`, `interleaved`, `medians`, and `round_ratios` (each
-  round's ratio of two variants, which cancels a change of load between rounds);
+  them alike): `rotation`, `rounds_of`, `interleaved`, `medians`, `round_ratios` (each
+  round's ratio of two variants, which cancels a change of load between rounds) and
+  `median_ratio` (their median);
 * memory: `status_kib` (a field of /proc/self/status), `release_free_memory`, `peak_growth`
   (how far the resident set peaks above its level before a call; Linux), `cuda_peak_growth`
-  (the same for the CUDA allocator);
+  (the same for the CUDA allocator), `fresh_process_peaks` (a script's own memory child, run
+  in fresh processes);
+* the peers (TransformerLens, nnsight, in a side environment): `load_peer` (the module, or
+  why it is unavailable), `transformer_lens_bridge` (TransformerLens around a copy of a model);
 * the machine: `cpu_name`, `device_name`, `load_average`, `load_averages`;
 * the model most benchmarks time: `random_gpt2` (GPT-2 small's shape, random weights);
 * `write_record`: a run's figures as JSON (`--json PATH`).
@@ -20,13 +24,17 @@ each other: a script run as `python benchmarks/bench_x.py` has this folder on it
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import gc
+import importlib
+import importlib.metadata
 import json
 import os
 import platform
 import re
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from functools import partial
@@ -39,9 +47,12 @@ __all__ = [
     "cpu_name",
     "cuda_peak_growth",
     "device_name",
+    "fresh_process_peaks",
     "interleaved",
     "load_average",
     "load_averages",
+    "load_peer",
+    "median_ratio",
     "medians",
     "peak_growth",
     "random_gpt2",
@@ -53,6 +64,7 @@ __all__ = [
     "status_kib",
     "sync",
     "timed",
+    "transformer_lens_bridge",
     "write_record",
 ]
 
@@ -143,6 +155,13 @@ def round_ratios(times: dict[str, list[float]], num: str, den: str) -> list[floa
     return [a / b for a, b in zip(times[num], times[den], strict=True)]
 
 
+def median_ratio(times: dict[str, list[float]], num: str, den: str) -> float | None:
+    """The median over rounds of `round_ratios(times, num, den)`; None where either is missing."""
+    if num not in times or den not in times:
+        return None
+    return statistics.median(round_ratios(times, num, den))
+
+
 # ---------------------------------------------------------------- memory
 
 
@@ -181,6 +200,51 @@ def cuda_peak_growth(fn: Callable[[], Any], device: str | torch.device) -> tuple
     out = fn()
     sync(device)
     return torch.cuda.max_memory_allocated(device) - before, out
+
+
+def fresh_process_peaks(command: list[str], repeats: int = 1) -> tuple[list[int], str | None]:
+    """What a benchmark's memory child says, from `repeats` fresh processes of `command` (the
+    script with its hidden memory flag): each prints a last JSON line with "extra_bytes" (the
+    `peak_growth` of one warmed call), or with "skipped" and the reason. The children run with
+    glibc's mmap threshold at 64 KiB (`MALLOC_MMAP_THRESHOLD_`), so that a freed tensor leaves
+    the resident set and the peak follows the live tensors. Returns the readings and, where a
+    child was skipped or failed, why (the readings stop there)."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    values: list[int] = []
+    for _ in range(repeats):
+        done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        record = json.loads(lines[-1]) if done.returncode == 0 and lines else {}
+        if "skipped" in record:
+            return values, f"skipped: {record['skipped']}"
+        if "extra_bytes" not in record:
+            return values, f"child failed ({done.returncode}): {done.stderr.strip()[-400:]}"
+        values.append(int(record["extra_bytes"]))
+    return values, None
+
+
+# ---------------------------------------------------------------- the peers
+
+
+def load_peer(module: str, package: str) -> tuple[Any, str]:
+    """The imported peer module, or None; and its version, or why it is unavailable (a peer
+    lives in a side environment; the benchmarks run without it)."""
+    try:
+        imported = importlib.import_module(module)
+    except ImportError as error:
+        return None, f"{package} does not import here ({type(error).__name__}: {error})"
+    return imported, f"{package} {importlib.metadata.version(package)}"
+
+
+def transformer_lens_bridge(model: Any) -> Any:
+    """TransformerLens's `TransformerBridge` around a deep copy of a `GPT2LMHeadModel`
+    (`build_bridge_from_module`: no Hub access), in eval mode. The bridge rewires the module
+    tree it wraps and switches it to eager attention, hence the copy. ImportError where
+    TransformerLens is not installed (`load_peer` says so first)."""
+    from transformer_lens.model_bridge.sources import build_bridge_from_module
+
+    twin = copy.deepcopy(model)
+    return build_bridge_from_module(twin, "GPT2LMHeadModel", hf_config=twin.config).eval()
 
 
 # ---------------------------------------------------------------- the machine

@@ -38,6 +38,10 @@ SHARED = {
     "gpt2_model",
     "random_gpt2",
     "write_record",
+    "load_peer",
+    "median_ratio",
+    "fresh_process_peaks",
+    "transformer_lens_bridge",
 }
 
 
