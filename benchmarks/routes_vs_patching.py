@@ -115,7 +115,7 @@ def measure_prompt(loaded: LoadedModel, text: str, args: argparse.Namespace) -> 
         "|DLA|": head_grid([(h.layer, h.head, abs(h.dla)) for h in scores.heads], n_layers, n_heads),
     }
     for mode in args.modes:
-        ablated = resstream.ablate(text, model=loaded, components=["L*.H*"], mode=mode)
+        ablated = resstream.ablate(text, model=loaded, components=["L*.H*"], mode=mode, direct=True)
         if ablated.target != route.prediction:
             raise RuntimeError(f"ablate's target {ablated.target!r} is not the route's {route.prediction!r}")
         for path in PATHS:
