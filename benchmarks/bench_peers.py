@@ -13,7 +13,7 @@ The peers live in a side environment, so that the project's own stays free of th
 
     python -m venv /tmp/peers
     /tmp/peers/bin/pip install torch==2.13.0
-    /tmp/peers/bin/pip install -e /work/main
+    /tmp/peers/bin/pip install -e .                # from the repository root
     /tmp/peers/bin/pip install transformer_lens==4.3.0 nnsight
     # → transformer_lens 4.3.0, nnsight 0.8.1, transformers 5.24
 
