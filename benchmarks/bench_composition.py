@@ -3,7 +3,7 @@ naive d×d products (issue 11, item 6).
 
     python benchmarks/bench_composition.py            # CPU, ~1 min; --device cuda when present
 
-Prints the seconds of `analysis.circuits.composition.composition` for all 9,504 pairs of heads (three
+Prints the seconds of `analysis.memories.composition.composition` for all 9,504 pairs of heads (three
 kinds; the baseline timed apart), the seconds per pair of the naive products
 ‖M_A R‖_F / (‖M_A‖_F ‖R‖_F) with M_A, R formed as d×d matrices (timed on `--naive-pairs`
 pairs and extrapolated), their ratio, and the largest difference between the two on those
@@ -18,7 +18,7 @@ import argparse
 import torch
 
 from harness import random_gpt2, timed
-from resstream.analysis.circuits.composition import composition, random_baseline
+from resstream.analysis.memories.composition import composition, random_baseline
 from resstream.models.adapters import view_of
 
 

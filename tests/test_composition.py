@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import resstream
-from resstream.analysis.circuits.composition import (
+from resstream.analysis.memories.composition import (
     KINDS,
     composition,
     pair_scores,
@@ -231,7 +231,7 @@ def naive_matrices(
     view: ModelView, l1: int, h1: int, l2: int, h2: int, convention: str = "resstream"
 ) -> tuple[torch.Tensor, dict]:
     """M_A and R_Q, R_K, R_V as d×d matrices, straight from the definitions (module docstring of
-    `resstream.analysis.circuits.composition`)."""
+    `resstream.analysis.memories.composition`)."""
     d = view.d_model
     a, b = view.blocks[l1], view.blocks[l2]
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import resstream
-from resstream.analysis.circuits.composition import CONVENTIONS, KINDS, composition
+from resstream.analysis.memories.composition import CONVENTIONS, KINDS, composition
 from resstream.cli.main import main
 from resstream.errors import UsageError
 from resstream.models.adapters import view_of

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from resstream.analysis.circuits.composition import (
+from resstream.analysis.memories.composition import (
     KINDS,
     composition,
     read_through_ln1,

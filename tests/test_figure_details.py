@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.transforms import Bbox
 
 from resstream.analysis.attribution.results import NeuronAttribution
-from resstream.analysis.circuits.neurons import NeuronReport
+from resstream.analysis.memories.neurons import NeuronReport
 from resstream.reporting.attention import LEGEND, attention_grid_figure, shared_scale
 from resstream.reporting.attribute.neurons import NEURONS_SHOWN, neurons_figure
 from resstream.reporting.attribute.page import logit_label

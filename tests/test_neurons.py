@@ -11,14 +11,14 @@ import torch
 from torch import nn
 
 import resstream
-from resstream.analysis.circuits.neurons import (
+from resstream.analysis.decoding.decoder import Decoder, decoder_of
+from resstream.analysis.memories.neurons import (
     TopActivations,
     promoted_tokens,
     rank_neurons,
     top_activations,
     value_logits,
 )
-from resstream.analysis.decoding.decoder import Decoder, decoder_of
 from resstream.api.neurons import layer_coefficients
 from resstream.capture import record
 from resstream.data.sampling import SequenceSample
@@ -317,7 +317,7 @@ def test_added_values_point_where_the_write_reaches_the_final_norm(case: str) ->
     import copy
 
     from resstream.analysis.attribution.decomposition import decompose
-    from resstream.analysis.circuits.neurons import added_values
+    from resstream.analysis.memories.neurons import added_values
     from resstream.capture import block_internals
 
     model = copy.deepcopy(tiny_model(case))

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from resstream.analysis.circuits.composition import COMPOSITION_COLUMNS, KINDS
-from resstream.analysis.circuits.neurons import NEURONS_COLUMNS
+from resstream.analysis.memories.composition import COMPOSITION_COLUMNS, KINDS
+from resstream.analysis.memories.neurons import NEURONS_COLUMNS
 from resstream.cli.main import main
 from resstream.reporting.notebook import frame_csv
 from tests.cli_support import strict_json

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from resstream.analysis.circuits.neurons import Context, NeuronReport, NeuronsResult
+from resstream.analysis.memories.neurons import Context, NeuronReport, NeuronsResult
 from resstream.reporting.neurons import summary_lines
 
 

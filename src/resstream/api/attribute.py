@@ -19,8 +19,8 @@ from tqdm.auto import tqdm
 from resstream.analysis.attribution.corpus import attribute_batches
 from resstream.analysis.attribution.results import AttributeResult, CorpusAttribution, RankBy, check_rank_by
 from resstream.analysis.attribution.scores import Levels, attribute_position, decoder_trajectory
-from resstream.analysis.circuits.neurons import added_values, promoted_tokens
 from resstream.analysis.decoding.decoder import Decoder, decoder_of
+from resstream.analysis.memories.neurons import added_values, promoted_tokens
 from resstream.api.decoders import DecoderLike, decoder_spec
 from resstream.api.inputs import (
     check_batch_size,

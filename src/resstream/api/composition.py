@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Unpack
 
-from resstream.analysis.circuits.composition import (
+from resstream.analysis.memories.composition import (
     BASELINE_SAMPLES,
     BASELINE_SEED,
     CompositionResult,
@@ -12,7 +12,7 @@ from resstream.analysis.circuits.composition import (
     check_convention,
     check_samples,
 )
-from resstream.analysis.circuits.composition import composition as composition_scores
+from resstream.analysis.memories.composition import composition as composition_scores
 from resstream.api.inputs import LoadOptions, one_model, takes_load_args
 from resstream.models import LoadArgs, ModelLike
 
@@ -32,7 +32,7 @@ def composition(
     **load: Unpack[LoadArgs],
 ) -> CompositionResult:
     """How much every later head reads what every earlier head writes, from the weights alone
-    (Elhage et al. 2021; formulas in `resstream.analysis.circuits.composition` and docs/attribution.md).
+    (Elhage et al. 2021; formulas in `resstream.analysis.memories.composition` and docs/attribution.md).
 
     `model` is a spec (loaded with `dtype`, `device`, `device_map`, `trust_remote_code`; None:
     the built-in reference model) or a model in memory, as for `resstream.lens`. `tokenizer`

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Unpack
 
 import torch
 
-from resstream.analysis.circuits.neurons import (
+from resstream.analysis.decoding.decoder import decoder_of
+from resstream.analysis.memories.neurons import (
     DEFAULT_WINDOW,
     RANK_RULE,
     VALUE_RULE,
@@ -20,7 +21,6 @@ from resstream.analysis.circuits.neurons import (
     neuron_reports,
     promoted_tokens,
 )
-from resstream.analysis.decoding.decoder import decoder_of
 from resstream.api.inputs import (
     CorpusRequest,
     check_top_k,
@@ -71,7 +71,7 @@ def neurons(
     Give the `neurons` (indices 0..d_ff−1) or `top` = N: the N neurons of the layer with the
     largest activation over the corpus. For each neuron: the `value_tokens` tokens its value
     vector W_out[k] promotes and suppresses most, read through the final norm's gain
-    (`resstream.analysis.circuits.neurons.value_logits`), and its `contexts` largest coefficients m_k
+    (`resstream.analysis.memories.neurons.value_logits`), and its `contexts` largest coefficients m_k
     over the corpus with the `window` tokens before each. The corpus is sampled as for
     `resstream.shift` (`num_seqs` windows of `seq_len` tokens of `dataset` with `seed`, or
     a `.jsonl` of input_ids rows used as given); `model` is a spec or a model in memory with

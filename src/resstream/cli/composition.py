@@ -32,7 +32,7 @@ def composition(
 ) -> None:
     """How much each later head's query, key and value read what earlier heads write (from the weights)."""
     import resstream
-    from resstream.analysis.circuits.composition import KINDS
+    from resstream.analysis.memories.composition import KINDS
     from resstream.io import write_json, write_text
     from resstream.reporting.composition import composition_csv, plot_composition, top_lines
     from resstream.rundir import output_set

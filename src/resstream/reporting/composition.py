@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from matplotlib.figure import Figure
 
-from resstream.analysis.circuits.composition import (
+from resstream.analysis.memories.composition import (
     COMPOSITION_COLUMNS,
     KIND_NAMES,
     KINDS,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from matplotlib.figure import Figure
 
-from resstream.analysis.circuits.neurons import NEURONS_COLUMNS, Context, NeuronReport, NeuronsResult
+from resstream.analysis.memories.neurons import NEURONS_COLUMNS, Context, NeuronReport, NeuronsResult
 from resstream.analysis.names import neuron_name
 from resstream.io import write_text
 from resstream.reporting.figures import figure_token, new_figure, save_figure

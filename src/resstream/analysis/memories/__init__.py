@@ -4,7 +4,7 @@
 - `composition`: Q-, K- and V-composition of pairs of heads (Elhage et al. 2021).
 """
 
-from resstream.analysis.circuits.composition import CompositionResult, composition
-from resstream.analysis.circuits.neurons import NeuronsResult, neuron_reports
+from resstream.analysis.memories.composition import CompositionResult, composition
+from resstream.analysis.memories.neurons import NeuronsResult, neuron_reports
 
 __all__ = ["CompositionResult", "NeuronsResult", "composition", "neuron_reports"]
