@@ -13,7 +13,9 @@ functions here, so a name read anywhere can be given back to `ablate` or `patch`
 ``L2.resid@5`` the residual state at the input of block 2 at position 5
 =============  ==========================================================================
 
-A pair of components (a writer and the reader it feeds) is ``L2.H1 -> L5.H2``. The terms of an
+A pair of components (a writer and the reader it feeds) is ``L2.H1 -> L5.H2``. An edge of a
+circuit's graph joins a writer to one input of a reader: ``L0.H3->L2.H1.q`` (head 1's query
+input; ``.k``, ``.v`` its key and value inputs), ``emb->L1.mlp``, ``L3.mlp->logits``. The terms of an
 exact decomposition that no intervention acts on alone, the output biases and a post-norm's
 bias, are named in the same style: ``L3.attn_bias``, ``L4.mlp_bias``, ``L4.norm_bias``.
 Indices are 0-based.
@@ -25,6 +27,7 @@ __all__ = [
     "EMBEDDING",
     "bias_name",
     "component_name",
+    "edge_name",
     "expert_name",
     "head_name",
     "neuron_name",
@@ -78,6 +81,11 @@ def bias_name(layer: int, kind: str) -> str:
 def pair_name(writer: str, reader: str) -> str:
     """A writer and the later component that reads it: L2.H1 -> L5.H2."""
     return f"{writer} -> {reader}"
+
+
+def edge_name(writer: str, reader: str) -> str:
+    """An edge of a circuit's graph: a writer and one reader input, L0.H3->L2.H1.q."""
+    return f"{writer}->{reader}"
 
 
 def component_name(layer: int, kind: str, index: int = -1, source: int = -1, position: int = -1) -> str:

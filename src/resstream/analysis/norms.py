@@ -63,6 +63,18 @@ class NormForm:
     def __call__(self, u: Tensor) -> Tensor:
         return self.freeze(u).apply(u) + self.offset(u)
 
+    def vjp(self, u: Tensor, r: Tensor) -> Tensor:
+        """The transpose of the norm's Jacobian at `u` (..., d) applied to `r` (..., d), r's
+        leading dims broadcasting against u's: ⟨∂norm(u)·v, r⟩ = ⟨v, vjp(u, r)⟩ for every v.
+        With c = centre(u) and s = s(u), it is centre(ĝ/s − c·⟨ĝ, c⟩/(d·s³)), ĝ = r·gain."""
+        g = r if self.gain is None else r * self.gain.to(r.dtype)
+        if self.identity:
+            return g
+        c = self.centred(u)
+        inv = self.inverse_scale(u)
+        out = g * inv - c * ((g * c).sum(-1, keepdim=True) * inv.pow(3) / u.shape[-1])
+        return self.centred(out)
+
     def to(self, dtype: torch.dtype) -> NormForm:
         """The same formula with its gain and bias in `dtype`."""
 
