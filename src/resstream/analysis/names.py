@@ -30,6 +30,7 @@ __all__ = [
     "edge_name",
     "expert_name",
     "head_name",
+    "input_name",
     "neuron_name",
     "pair_name",
     "residual_name",
@@ -81,6 +82,12 @@ def bias_name(layer: int, kind: str) -> str:
 def pair_name(writer: str, reader: str) -> str:
     """A writer and the later component that reads it: L2.H1 -> L5.H2."""
     return f"{writer} -> {reader}"
+
+
+def input_name(layer: int, kind: str, head: int = -1) -> str:
+    """One input of a component that reads the stream: head `head`'s query, key or value
+    input (`kind` "q", "k", "v"), L5.H3.q, or block `layer`'s MLP input ("mlp"), L5.mlp."""
+    return sublayer_name(layer, "mlp") if kind == "mlp" else f"{head_name(layer, head)}.{kind}"
 
 
 def edge_name(writer: str, reader: str) -> str:

@@ -32,7 +32,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from resstream.analysis.names import EMBEDDING, edge_name, head_name, sublayer_name
+from resstream.analysis.names import EMBEDDING, edge_name, head_name, input_name, sublayer_name
 from resstream.errors import UsageError
 from resstream.models.adapters.base import ModelView
 
@@ -77,11 +77,7 @@ class Reader:
 
     @property
     def name(self) -> str:
-        if self.kind == "logits":
-            return LOGITS
-        if self.kind == "mlp":
-            return sublayer_name(self.layer, "mlp")
-        return f"{head_name(self.layer, self.head)}.{self.kind}"
+        return LOGITS if self.kind == "logits" else input_name(self.layer, self.kind, self.head)
 
 
 @dataclass(frozen=True)

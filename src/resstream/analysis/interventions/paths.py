@@ -40,7 +40,7 @@ from resstream.analysis.interventions.engine import DEFAULT_BATCH, Edit, edits
 from resstream.analysis.interventions.metrics import Measured
 from resstream.analysis.interventions.results import Effect
 from resstream.analysis.interventions.runs import Run, Values
-from resstream.analysis.names import head_name, sublayer_name
+from resstream.analysis.names import input_name
 from resstream.capture.hooks import first_tensor
 from resstream.errors import UsageError
 from resstream.models.adapters.base import BlockView, ModelView
@@ -66,9 +66,7 @@ class Receiver:
     @property
     def name(self) -> str:
         """The receiver's spelling (``L5.H3.q``, ``L5.mlp``)."""
-        if self.kind == "mlp":
-            return sublayer_name(self.layer, "mlp")
-        return f"{head_name(self.layer, self.head)}.{self.kind}"
+        return input_name(self.layer, self.kind, self.head)
 
     def point(self, view: ModelView) -> int:
         """The residual point whose state the receiver reads (`carry`'s numbering)."""
